@@ -1,0 +1,208 @@
+#include "framework/autodiff/backward.h"
+
+#include <algorithm>
+#include <map>
+
+#include "framework/op/op_registry.h"
+
+namespace keel {
+
+namespace {
+
+bool IsFloat(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 ||
+         t == DType::kBFloat16;
+}
+
+const std::string kGradSuffix = "@GRAD";
+
+// "x@GRAD" -> "x"; "" when name is not a gradient name.
+std::string ForwardName(const std::string& grad) {
+  if (grad.size() <= kGradSuffix.size() ||
+      grad.compare(grad.size() - kGradSuffix.size(), kGradSuffix.size(), kGradSuffix) != 0)
+    return "";
+  return grad.substr(0, grad.size() - kGradSuffix.size());
+}
+
+void SetRole(OpDesc* op, OpRole role) { op->SetAttr(kOpRoleAttr, static_cast<int>(role)); }
+
+}  // namespace
+
+std::vector<ParamGrad> append_backward(Program& program, const std::string& loss,
+                                       const std::set<std::string>& no_grad_set) {
+  Block& block = program.global_block();
+  VarDesc* loss_var = block.FindVar(loss);
+  KEEL_ENFORCE(loss_var != nullptr, "append_backward: loss '", loss,
+               "' is not a variable of the program");
+  KEEL_ENFORCE(IsFloat(loss_var->dtype()), "append_backward: loss '", loss, "' has dtype ",
+               DTypeName(loss_var->dtype()), "; a loss must be floating point");
+  DDim loss_dims = loss_var->dims();
+  KEEL_ENFORCE(loss_dims.numel() == 1, "append_backward: loss '", loss, "' has shape ",
+               loss_dims.str(), "; it must hold one element (apply layers::mean first)");
+
+  int loss_op = -1;
+  for (size_t i = 0; i < block.num_ops(); ++i)
+    for (auto& out : block.op(i)->OutputArgumentNames())
+      if (out == loss) loss_op = static_cast<int>(i);
+  KEEL_ENFORCE(loss_op >= 0, "append_backward: no op writes the loss '", loss, "'");
+
+  // Forward: which vars carry a gradient (depend on a trainable leaf).
+  std::set<std::string> written;
+  std::set<std::string> needs_grad;
+  auto blocked = [&](const std::string& name) {
+    const VarDesc* v = block.FindVarRecursive(name);
+    return !v || v->stop_gradient() || no_grad_set.count(name) || !IsFloat(v->dtype());
+  };
+  for (int i = 0; i <= loss_op; ++i) {
+    OpDesc* op = block.op(i);
+    bool any = false;
+    for (auto& in : op->InputArgumentNames()) {
+      if (!written.count(in) && !blocked(in)) {
+        const VarDesc* v = block.FindVarRecursive(in);
+        if (v->is_parameter() || !v->persistable()) needs_grad.insert(in);
+      }
+      any = any || needs_grad.count(in);
+    }
+    for (auto& out : op->OutputArgumentNames()) {
+      written.insert(out);
+      if (any && !blocked(out)) needs_grad.insert(out);
+    }
+  }
+  KEEL_ENFORCE(needs_grad.count(loss), "append_backward: loss '", loss,
+               "' does not depend on any trainable parameter");
+
+  // Backward reachability: ops whose outputs lead to the loss.
+  std::set<std::string> leads{loss};
+  std::vector<int> relevant;
+  for (int i = loss_op; i >= 0; --i) {
+    OpDesc* op = block.op(i);
+    bool hit = false;
+    for (auto& out : op->OutputArgumentNames()) hit = hit || leads.count(out);
+    if (!hit) continue;
+    bool any_in = false;
+    for (auto& in : op->InputArgumentNames()) any_in = any_in || needs_grad.count(in);
+    if (!any_in) continue;
+    for (auto& in : op->InputArgumentNames())
+      if (needs_grad.count(in)) leads.insert(in);
+    relevant.push_back(i);
+  }
+
+  auto declare_grad = [&](const std::string& grad, const std::string& fwd) {
+    VarDesc* f = block.MustFindVar(fwd);
+    VarDesc* g = block.Var(grad);
+    g->set_dtype(f->dtype());
+    g->set_shape(f->shape());
+  };
+
+  const size_t first_grad_op = block.num_ops();
+  std::string loss_grad = GradVarName(loss);
+  OpDesc* fill = block.AppendOp("fill_constant");
+  fill->SetOutput("Out", {loss_grad});
+  fill->SetAttr("shape", loss_dims.vec());
+  fill->SetAttr("value", 1.0f);
+  fill->SetAttr("dtype", static_cast<int>(loss_var->dtype()));
+  fill->SetAttr(kOpRoleAttr,
+                static_cast<int>(OpRole::kBackward) | static_cast<int>(OpRole::kLoss));
+  declare_grad(loss_grad, loss);
+  InferShapeAtBuild(fill, &block);
+
+  std::set<std::string> produced{loss_grad};
+  for (int i : relevant) {
+    const OpDesc& fwd = *block.op(i);
+    const OpSchema& schema = OpRegistry::Get(fwd.type());
+    KEEL_ENFORCE(schema.has_grad(), "append_backward: op ", fwd.type(),
+                 " has no gradient, but its inputs need one; mark them stop_gradient");
+    for (auto& g : schema.grad_maker()(fwd)) {
+      bool any_out = false;
+      for (auto& kv : g->outputs()) {
+        std::vector<std::string> args = kv.second;
+        for (auto& a : args) {
+          std::string f = ForwardName(a);
+          if (!f.empty() && !needs_grad.count(f)) a = kEmptyVarName;
+          any_out = any_out || a != kEmptyVarName;
+        }
+        g->SetOutput(kv.first, args);
+      }
+      if (!any_out) continue;
+      // A grad input nobody produced (an output whose gradient never flows): zeros.
+      for (auto& kv : g->inputs())
+        for (auto& a : kv.second) {
+          std::string f = ForwardName(a);
+          if (f.empty() || produced.count(a)) continue;
+          OpDesc* z = block.AppendOp("fill_zeros_like");
+          z->SetInput("X", {f});
+          z->SetOutput("Out", {a});
+          SetRole(z, OpRole::kBackward);
+          declare_grad(a, f);
+          InferShapeAtBuild(z, &block);
+          produced.insert(a);
+        }
+      SetRole(g.get(), OpRole::kBackward);
+      for (auto& out : g->OutputArgumentNames()) {
+        if (out == kEmptyVarName) continue;
+        std::string f = ForwardName(out);
+        if (!f.empty()) declare_grad(out, f);
+        produced.insert(out);
+      }
+      OpDesc* added = block.InsertOp(block.num_ops(), std::move(g));
+      InferShapeAtBuild(added, &block);
+    }
+  }
+
+  // A gradient written by several grad ops: each writes a renamed copy, and a `sum` right after
+  // the last writer adds them. Writers all precede readers, since backward runs in reverse order.
+  std::map<std::string, std::vector<size_t>> writers;
+  for (size_t i = first_grad_op; i < block.num_ops(); ++i)
+    for (auto& out : block.op(i)->OutputArgumentNames())
+      if (out != kEmptyVarName && !ForwardName(out).empty()) writers[out].push_back(i);
+  struct PendingSum {
+    size_t after;  // index of the last writer
+    std::string target;
+    std::vector<std::string> parts;
+  };
+  std::vector<PendingSum> sums;
+  for (auto& kv : writers) {
+    if (kv.second.size() < 2) continue;
+    PendingSum s{kv.second.back(), kv.first, {}};
+    for (size_t k = 0; k < kv.second.size(); ++k) {
+      std::string part = kv.first + "@RENAME@" + std::to_string(k);
+      block.op(kv.second[k])->RenameOutput(kv.first, part);
+      declare_grad(part, ForwardName(kv.first));
+      s.parts.push_back(part);
+    }
+    sums.push_back(std::move(s));
+  }
+  // Insert from the back so earlier indices stay valid.
+  std::sort(sums.begin(), sums.end(),
+            [](const PendingSum& a, const PendingSum& b) { return a.after > b.after; });
+  for (auto& s : sums) {
+    OpDesc* sum = block.InsertOp(s.after + 1, "sum");
+    sum->SetInput("X", s.parts);
+    sum->SetOutput("Out", {s.target});
+    SetRole(sum, OpRole::kBackward);
+    InferShapeAtBuild(sum, &block);
+  }
+
+  // Parameters in creation order, with the op that last writes each gradient tagged.
+  std::vector<ParamGrad> result;
+  for (VarDesc* v : block.AllVars()) {
+    if (!v->is_parameter() || !needs_grad.count(v->name())) continue;
+    std::string grad = GradVarName(v->name());
+    if (!produced.count(grad)) continue;
+    for (size_t i = block.num_ops(); i-- > first_grad_op;) {
+      OpDesc* op = block.op(i);
+      auto outs = op->OutputArgumentNames();
+      if (std::find(outs.begin(), outs.end(), grad) == outs.end()) continue;
+      std::vector<std::string> role_var;
+      if (op->HasAttr(kOpRoleVarAttr)) role_var = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
+      role_var.push_back(v->name());
+      role_var.push_back(grad);
+      op->SetAttr(kOpRoleVarAttr, role_var);
+      break;
+    }
+    result.emplace_back(v->name(), grad);
+  }
+  return result;
+}
+
+}  // namespace keel

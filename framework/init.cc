@@ -1,0 +1,53 @@
+#include "framework/init.h"
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "framework/error.h"
+#include "framework/runtime/blas.h"
+
+extern char** environ;
+
+DEFINE_int32(cpu_math_threads, 1, "Threads the CPU BLAS (GEMM) may use per process.");
+
+namespace keel {
+
+int ApplyFlagsFromEnv() {
+  int applied = 0;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::strncmp(*e, "FLAGS_", 6) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    if (!eq) continue;
+    std::string name(*e + 6, static_cast<size_t>(eq - (*e + 6)));
+    std::string value(eq + 1);
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      LOG(WARNING) << "environment variable FLAGS_" << name << " names no keel flag; ignored";
+      continue;
+    }
+    if (!info.is_default) continue;  // the command line wins
+    std::string result = gflags::SetCommandLineOption(name.c_str(), value.c_str());
+    KEEL_ENFORCE(!result.empty(), "environment variable FLAGS_", name, "='", value,
+                 "' is not a valid ", info.type, " value");
+    ++applied;
+  }
+  return applied;
+}
+
+void Init(int* argc, char*** argv) {
+  gflags::ParseCommandLineFlags(argc, argv, true);
+  static bool glog_ready = false;
+  if (!glog_ready) {
+    FLAGS_logtostderr = FLAGS_logtostderr || std::getenv("GLOG_log_dir") == nullptr;
+    google::InitGoogleLogging((*argv)[0]);
+    glog_ready = true;
+  }
+  ApplyFlagsFromEnv();
+  blas::SetNumThreads(FLAGS_cpu_math_threads);
+}
+
+}  // namespace keel

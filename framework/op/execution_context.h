@@ -1,0 +1,93 @@
+// ExecutionContext: an op's inputs and outputs resolved to Variables once, when the executor
+// builds its plan; kernels read them here on every run without name lookups in scopes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "framework/ir/program.h"
+#include "framework/op/shape_inference.h"
+#include "framework/runtime/scope.h"
+
+namespace keel {
+
+class ExecutionContext {
+ public:
+  struct Slot {
+    std::string name;
+    std::vector<Variable*> vars;  // nullptr for @EMPTY@ arguments
+  };
+
+  ExecutionContext(const OpDesc* op, const Place& place) : op_(op), place_(place) {}
+
+  const OpDesc& op() const { return *op_; }
+  const Place& place() const { return place_; }
+  uint64_t seed() const { return seed_; }
+  void set_seed(uint64_t s) { seed_ = s; }
+
+  void AddInput(std::string slot, std::vector<Variable*> vars) {
+    ins_.push_back(Slot{std::move(slot), std::move(vars)});
+  }
+  void AddOutput(std::string slot, std::vector<Variable*> vars) {
+    outs_.push_back(Slot{std::move(slot), std::move(vars)});
+  }
+  const std::vector<Slot>& input_slots() const { return ins_; }
+  const std::vector<Slot>& output_slots() const { return outs_; }
+
+  int NumInputs(const std::string& slot) const { return Count(ins_, slot); }
+  bool HasInput(const std::string& slot) const { return InputOrNull(slot) != nullptr; }
+  // The input tensor; a keel::Error when absent or not initialized.
+  const Tensor& Input(const std::string& slot, int i = 0) const;
+  const Tensor* InputOrNull(const std::string& slot, int i = 0) const;
+  std::vector<const Tensor*> MultiInput(const std::string& slot) const;
+  // The output tensor; a keel::Error when the slot is absent.
+  Tensor* Output(const std::string& slot, int i = 0) const;
+  // nullptr when the slot is absent or its argument is @EMPTY@ (a gradient nobody needs).
+  Tensor* OutputOrNull(const std::string& slot, int i = 0) const;
+  std::vector<Tensor*> MultiOutput(const std::string& slot) const;
+
+  template <typename T>
+  const T& Attr(const std::string& name) const {
+    return op_->Attr<T>(name);
+  }
+
+ private:
+  static const Slot* Find(const std::vector<Slot>& v, const std::string& slot) {
+    for (auto& s : v)
+      if (s.name == slot) return &s;
+    return nullptr;
+  }
+  static int Count(const std::vector<Slot>& v, const std::string& slot) {
+    const Slot* s = Find(v, slot);
+    return s ? static_cast<int>(s->vars.size()) : 0;
+  }
+  const OpDesc* op_;
+  Place place_;
+  uint64_t seed_ = 0;
+  std::vector<Slot> ins_, outs_;
+};
+
+// Runs shape functions over live tensors: outputs are resized before the kernel runs.
+class RuntimeInferShapeContext : public InferShapeContext {
+ public:
+  explicit RuntimeInferShapeContext(const ExecutionContext& ctx) : ctx_(ctx) {}
+  const OpDesc& op() const override { return ctx_.op(); }
+  bool IsRuntime() const override { return true; }
+  DDim GetInputDim(const std::string& slot, int i) const override {
+    return ctx_.Input(slot, i).dims();
+  }
+  DType GetInputDType(const std::string& slot, int i) const override {
+    return ctx_.Input(slot, i).dtype();
+  }
+  void SetOutputDim(const std::string& slot, const DDim& dims, int i) override {
+    if (Tensor* t = ctx_.OutputOrNull(slot, i)) t->Resize(dims);
+  }
+  void SetOutputDType(const std::string& slot, DType dtype, int i) override {
+    if (Tensor* t = ctx_.OutputOrNull(slot, i)) t->set_dtype(dtype);
+  }
+
+ private:
+  const ExecutionContext& ctx_;
+};
+
+}  // namespace keel

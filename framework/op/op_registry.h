@@ -1,0 +1,220 @@
+// The op registry: per op type a declared schema (inputs, outputs, attrs with defaults and checks,
+// shape inference, grad maker) and kernels keyed by (place, dtype).
+//
+//   KEEL_REGISTER_OP(mul)
+//       .Doc("Out = flatten(X) * flatten(Y)")
+//       .Input("X", "left operand, flattened to 2-D at x_num_col_dims")
+//       .Input("Y", "right operand")
+//       .Output("Out", "the product")
+//       .Attr<int>("x_num_col_dims", 1, "dims of X that become rows")
+//       .Shape(MulShape)
+//       .DefaultGrad();
+//   KEEL_REGISTER_GRAD_OP(mul_grad, mul);
+//   KEEL_REGISTER_CPU_KERNEL(mul, MulKernel, float, double);
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "framework/ir/program.h"
+#include "framework/op/shape_inference.h"
+#include "framework/runtime/place.h"
+
+namespace keel {
+
+class ExecutionContext;
+
+class OpKernel {
+ public:
+  virtual ~OpKernel() = default;
+  virtual void Compute(ExecutionContext& ctx) = 0;
+};
+
+using KernelFactory = std::function<std::unique_ptr<OpKernel>(const OpDesc&)>;
+using InferShapeFn = std::function<void(InferShapeContext&)>;
+// Builds the grad ops of a forward op. Outputs named GradVarName(x) for every input x; autodiff
+// blanks the ones nobody needs.
+using GradOpMakerFn = std::function<std::vector<std::unique_ptr<OpDesc>>(const OpDesc&)>;
+// Returns an error message for a bad value, empty when fine.
+using AttrCheckFn = std::function<std::string(const Attribute&)>;
+
+struct ArgDef {
+  std::string name, doc;
+  bool duplicable = false;   // takes a list of vars
+  bool dispensable = false;  // may be absent
+};
+
+struct AttrDef {
+  std::string name, doc;
+  Attribute default_value;
+  bool required = false;
+  AttrCheckFn check;
+};
+
+class OpSchema {
+ public:
+  explicit OpSchema(std::string type) : type_(std::move(type)) {}
+
+  OpSchema& Doc(std::string d) {
+    doc_ = std::move(d);
+    return *this;
+  }
+  OpSchema& Input(const std::string& name, const std::string& doc = "") {
+    return AddArg(&inputs_, name, doc, false, false);
+  }
+  OpSchema& OptionalInput(const std::string& name, const std::string& doc = "") {
+    return AddArg(&inputs_, name, doc, false, true);
+  }
+  OpSchema& InputList(const std::string& name, const std::string& doc = "") {
+    return AddArg(&inputs_, name, doc, true, false);
+  }
+  OpSchema& Output(const std::string& name, const std::string& doc = "") {
+    return AddArg(&outputs_, name, doc, false, false);
+  }
+  OpSchema& OptionalOutput(const std::string& name, const std::string& doc = "") {
+    return AddArg(&outputs_, name, doc, false, true);
+  }
+  OpSchema& OutputList(const std::string& name, const std::string& doc = "") {
+    return AddArg(&outputs_, name, doc, true, false);
+  }
+  template <typename T>
+  OpSchema& Attr(const std::string& name, T default_value, const std::string& doc = "",
+                 AttrCheckFn check = nullptr) {
+    attrs_.push_back(AttrDef{name, doc, Attribute(std::in_place_type<T>, std::move(default_value)),
+                             false, std::move(check)});
+    return *this;
+  }
+  template <typename T>
+  OpSchema& RequiredAttr(const std::string& name, const std::string& doc = "",
+                         AttrCheckFn check = nullptr) {
+    attrs_.push_back(AttrDef{name, doc, Attribute(std::in_place_type<T>), true, std::move(check)});
+    return *this;
+  }
+  OpSchema& Shape(InferShapeFn fn) {
+    infer_shape_ = std::move(fn);
+    return *this;
+  }
+  OpSchema& Grad(GradOpMakerFn fn) {
+    grad_maker_ = std::move(fn);
+    return *this;
+  }
+  // Grad op "<type>_grad" taking every input, output and output grad, producing input grads.
+  OpSchema& DefaultGrad();
+  // The input slot whose dtype picks the kernel; default: the first input, or attr "dtype".
+  OpSchema& KernelDTypeFrom(const std::string& slot) {
+    kernel_dtype_slot_ = slot;
+    return *this;
+  }
+
+  const std::string& type() const { return type_; }
+  const std::string& doc() const { return doc_; }
+  const std::vector<ArgDef>& inputs() const { return inputs_; }
+  const std::vector<ArgDef>& outputs() const { return outputs_; }
+  const std::vector<AttrDef>& attrs() const { return attrs_; }
+  const InferShapeFn& infer_shape() const { return infer_shape_; }
+  const GradOpMakerFn& grad_maker() const { return grad_maker_; }
+  bool has_grad() const { return static_cast<bool>(grad_maker_); }
+  const std::string& kernel_dtype_slot() const { return kernel_dtype_slot_; }
+  const ArgDef* FindInput(const std::string& name) const;
+  const ArgDef* FindOutput(const std::string& name) const;
+  const AttrDef* FindAttr(const std::string& name) const;
+
+  // Fills absent attrs with defaults, then checks slots and attrs; throws keel::Error naming the op.
+  void Complete(OpDesc* op) const;
+
+ private:
+  friend class OpRegistry;
+  OpSchema& AddArg(std::vector<ArgDef>* v, const std::string& name, const std::string& doc,
+                   bool dup, bool disp) {
+    v->push_back(ArgDef{name, doc, dup, disp});
+    return *this;
+  }
+  std::string type_, doc_;
+  std::vector<ArgDef> inputs_, outputs_;
+  std::vector<AttrDef> attrs_;
+  InferShapeFn infer_shape_;
+  GradOpMakerFn grad_maker_;
+  std::string kernel_dtype_slot_;
+};
+
+struct KernelKey {
+  Place::Kind place;
+  DType dtype;
+  bool operator<(const KernelKey& o) const {
+    return std::tie(place, dtype) < std::tie(o.place, o.dtype);
+  }
+};
+
+class OpRegistry {
+ public:
+  static OpSchema& Register(const std::string& type);
+  // A grad op whose slots derive from the forward schema: inputs are the forward inputs, outputs
+  // and output grads (all optional); outputs are the input grads (optional); attrs are the same.
+  // Its shape inference gives each X@GRAD the shape and dtype of X.
+  static OpSchema& RegisterGrad(const std::string& grad_type, const std::string& fwd_type);
+  static void RegisterKernel(const std::string& type, KernelKey key, KernelFactory f);
+
+  static const OpSchema* Find(const std::string& type);
+  // The schema, or a keel::Error listing the known op types.
+  static const OpSchema& Get(const std::string& type);
+  // The kernel for (place, dtype), or a keel::Error listing what is registered for the op.
+  static std::unique_ptr<OpKernel> CreateKernel(const OpDesc& op, const Place& place, DType dtype);
+  static bool HasKernel(const std::string& type, Place::Kind place, DType dtype);
+  static std::vector<std::string> OpTypes();
+
+  // The dtype that picks op's kernel given the block's var descs.
+  static DType KernelDType(const OpDesc& op, const Block& block);
+};
+
+// Completes `op` against its schema and runs compile-time shape inference over `block`, setting
+// output var shapes and dtypes. Errors name the op, its vars and the shapes.
+void InferShapeAtBuild(OpDesc* op, Block* block);
+
+// Gives each X@GRAD output the shape and dtype of input X.
+void GradShapeFromInputs(InferShapeContext& ctx);
+
+namespace detail {
+template <template <typename> class K, typename T>
+KernelFactory MakeFactory() {
+  return [](const OpDesc& op) -> std::unique_ptr<OpKernel> {
+    if constexpr (std::is_constructible_v<K<T>, const OpDesc&>) {
+      return std::make_unique<K<T>>(op);
+    } else {
+      return std::make_unique<K<T>>();
+    }
+  };
+}
+template <template <typename> class K, typename... Ts>
+bool RegisterKernels(const char* type, Place::Kind place) {
+  (OpRegistry::RegisterKernel(type, KernelKey{place, DTypeOf<Ts>::value}, MakeFactory<K, Ts>()),
+   ...);
+  return true;
+}
+}  // namespace detail
+
+}  // namespace keel
+
+#define KEEL_CONCAT_(a, b) a##b
+#define KEEL_CONCAT(a, b) KEEL_CONCAT_(a, b)
+
+#define KEEL_REGISTER_OP(type)                                                   \
+  [[maybe_unused]] static ::keel::OpSchema& KEEL_CONCAT(keel_op_schema_, type) = \
+      ::keel::OpRegistry::Register(#type)
+
+#define KEEL_REGISTER_GRAD_OP(grad_type, fwd_type)                                    \
+  [[maybe_unused]] static ::keel::OpSchema& KEEL_CONCAT(keel_op_schema_, grad_type) = \
+      ::keel::OpRegistry::RegisterGrad(#grad_type, #fwd_type)
+
+// KEEL_REGISTER_CPU_KERNEL(mul, MulKernel, float, double): MulKernel<T> for each listed T.
+#define KEEL_REGISTER_CPU_KERNEL(type, Kernel, ...)                                         \
+  [[maybe_unused]] static bool KEEL_CONCAT(keel_cpu_kernel_, type) =                        \
+      ::keel::detail::RegisterKernels<Kernel, __VA_ARGS__>(#type, ::keel::Place::Kind::kCPU)
+
+#define KEEL_REGISTER_CUDA_KERNEL(type, Kernel, ...)                                        \
+  [[maybe_unused]] static bool KEEL_CONCAT(keel_cuda_kernel_, type) =                       \
+      ::keel::detail::RegisterKernels<Kernel, __VA_ARGS__>(#type, ::keel::Place::Kind::kCUDA)

@@ -1,0 +1,63 @@
+#include "framework/runtime/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "framework/error.h"
+
+namespace keel {
+
+#ifdef KEEL_WITH_CUDA
+void* CudaMalloc(int device, size_t size);  // cuda_runtime.cc
+void CudaFree(int device, void* p);
+void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
+                 size_t size);
+#endif
+
+Allocation::~Allocation() {
+  if (!ptr_) return;
+  if (place_.is_cpu()) {
+    std::free(ptr_);
+  } else {
+#ifdef KEEL_WITH_CUDA
+    CudaFree(place_.device, ptr_);
+#endif
+  }
+}
+
+std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
+  if (place.is_cpu()) {
+    size_t rounded = (size + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    if (rounded == 0) rounded = kCpuAlignment;
+    void* p = std::aligned_alloc(kCpuAlignment, rounded);
+    KEEL_ENFORCE(p != nullptr, "out of CPU memory allocating ", size, " bytes");
+    return std::make_shared<Allocation>(p, size, place);
+  }
+#ifdef KEEL_WITH_CUDA
+  return std::make_shared<Allocation>(CudaMalloc(place.device, size), size, place);
+#else
+  KEEL_THROW("cannot allocate on ", place.str(), ": this keel was built without CUDA");
+#endif
+}
+
+void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
+             size_t size) {
+  if (size == 0) return;
+  if (dst_place.is_cpu() && src_place.is_cpu()) {
+    std::memcpy(dst, src, size);
+    return;
+  }
+#ifdef KEEL_WITH_CUDA
+  CudaMemCopy(dst_place, dst, src_place, src, size);
+#else
+  KEEL_THROW("copy between ", src_place.str(), " and ", dst_place.str(),
+             " needs a CUDA build of keel");
+#endif
+}
+
+#ifndef KEEL_WITH_CUDA
+bool CudaAvailable() { return false; }
+int CudaDeviceCount() { return 0; }
+#endif
+
+}  // namespace keel

@@ -1,0 +1,37 @@
+// Allocation: one owned block of device memory. Tensors share it through shared_ptr, so views,
+// slices and (later) fused gradient buffers cost nothing.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "framework/runtime/place.h"
+
+namespace keel {
+
+class Allocation {
+ public:
+  Allocation(void* ptr, size_t size, Place place) : ptr_(ptr), size_(size), place_(place) {}
+  ~Allocation();
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+
+  void* ptr() const { return ptr_; }
+  size_t size() const { return size_; }
+  const Place& place() const { return place_; }
+
+ private:
+  void* ptr_;
+  size_t size_;
+  Place place_;
+};
+
+constexpr size_t kCpuAlignment = 64;
+
+// Allocates `size` bytes at `place`; CPU memory is 64-byte aligned. Throws keel::Error on failure.
+std::shared_ptr<Allocation> Allocate(const Place& place, size_t size);
+
+// Copies `size` bytes between places (CPU<->CUDA when built with CUDA).
+void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src, size_t size);
+
+}  // namespace keel

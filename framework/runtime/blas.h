@@ -1,0 +1,29 @@
+// Row-major GEMM on CPU: C = alpha * op(A) * op(B) + beta * C, with op = transpose when asked.
+// A is M x K after op, B is K x N after op, C is M x N; lda/ldb/ldc are row strides.
+// Goes to OpenBLAS when keel was built with it (KEEL_WITH_CBLAS), to Eigen otherwise.
+#pragma once
+
+#include <cstdint>
+
+namespace keel {
+namespace blas {
+
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+          const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
+          int64_t ldc);
+
+// Contiguous convenience form: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N.
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          const T* B, T beta, T* C) {
+  Gemm(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
+}
+
+// Threads the BLAS library may use (1 by default; set from --cpu_math_threads).
+void SetNumThreads(int n);
+const char* Backend();  // "openblas" or "eigen"
+
+}  // namespace blas
+}  // namespace keel

@@ -1,0 +1,15 @@
+// keel: the one header a user includes.
+//   Program, ProgramGuard, layers::, optimizer::, Executor, save/load, keel::Init.
+#pragma once
+
+#include "executor/executor.h"
+#include "framework/autodiff/backward.h"
+#include "framework/dsl/initializer.h"
+#include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
+#include "framework/dsl/program_guard.h"
+#include "framework/error.h"
+#include "framework/init.h"
+#include "framework/io/io.h"
+#include "framework/ir/program.h"
+#include "framework/runtime/tensor.h"

@@ -1,0 +1,392 @@
+// Losses: cross_entropy (on probabilities) and softmax_with_cross_entropy (fused, on logits).
+//
+// Hard labels are int64 class indices with a trailing dim of 1; soft labels are distributions of
+// the input's shape and dtype. A hard label equal to ignore_index contributes zero loss and zero
+// gradient; any other label outside [0, D) is a keel::Error naming the value and the row.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+
+namespace keel {
+namespace {
+
+template <typename T>
+using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <typename T>
+using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <typename T>
+using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <typename T>
+using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+// log(x) with -inf clamped to -1e20 (Paddle's TolerableValue), so x = 0 gives a large finite loss
+// and 0 * log(0) in soft labels stays 0.
+constexpr double kApproxInf = 1e20;
+template <typename T>
+T TolerableLog(T x) {
+  T l = std::log(x);
+  return l < T(-kApproxInf) ? T(-kApproxInf) : l;
+}
+
+// Shared by both losses: Label against the input (X or Logits) along `axis`, returns Loss's shape.
+DDim CheckLabel(InferShapeContext& ctx, const std::string& in_slot, int axis) {
+  DDim x = ctx.GetInputDim(in_slot);
+  DDim label = ctx.GetInputDim("Label");
+  const bool soft = ctx.Attr<bool>("soft_label");
+  KEEL_SHAPE_CHECK(x.size() >= 1, in_slot, " needs rank >= 1, got ", x.str());
+  KEEL_SHAPE_CHECK(label.size() == x.size(), "Label ", label.str(), " must have the rank of ",
+                   in_slot, " ", x.str());
+  for (int i = 0; i < x.size(); ++i) {
+    if (i == axis) continue;
+    KEEL_SHAPE_CHECK(ctx.DimEq(x[i], label[i]), in_slot, " ", x.str(), " and Label ", label.str(),
+                     " differ in dim ", i);
+  }
+  if (soft) {
+    KEEL_SHAPE_CHECK(ctx.DimEq(x[axis], label[axis]), "soft_label: Label ", label.str(),
+                     " must have the shape of ", in_slot, " ", x.str());
+    KEEL_SHAPE_CHECK(ctx.GetInputDType("Label") == ctx.GetInputDType(in_slot),
+                     "soft_label: Label is ", DTypeName(ctx.GetInputDType("Label")), ", ", in_slot,
+                     " is ", DTypeName(ctx.GetInputDType(in_slot)), "; they must match");
+  } else {
+    KEEL_SHAPE_CHECK(ctx.DimEq(label[axis], 1), "hard labels: Label ", label.str(),
+                     " must have size 1 in dim ", axis, " (", in_slot, " ", x.str(), ")");
+    KEEL_SHAPE_CHECK(ctx.GetInputDType("Label") == DType::kInt64,
+                     "hard labels must be int64 class indices, got Label of dtype ",
+                     DTypeName(ctx.GetInputDType("Label")),
+                     "; cast it to int64 (or set soft_label for distributions)");
+  }
+  DDim loss = x;
+  loss[axis] = 1;
+  return loss;
+}
+
+void CheckHardLabelTensor(const Tensor& label) {
+  KEEL_ENFORCE(label.dtype() == DType::kInt64, "hard labels must be int64 class indices, got ",
+               DTypeName(label.dtype()));
+}
+
+[[noreturn]] void ThrowBadLabel(const char* op, int64_t label, int64_t row, int64_t classes,
+                                int ignore_index) {
+  KEEL_THROW(op, ": Label value ", label, " at row ", row, " is outside [0, ", classes,
+             ") (ignore_index is ", ignore_index, ")");
+}
+
+// ---------------------------------------------------------------- cross_entropy
+
+void CrossEntropyShape(InferShapeContext& ctx) {
+  DDim x = ctx.GetInputDim("X");
+  DDim out = CheckLabel(ctx, "X", x.size() - 1);
+  ctx.SetOutputDim("Out", out);
+  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+}
+
+// cross_entropy_grad: X, Label, Out@GRAD -> X@GRAD.
+std::vector<std::unique_ptr<OpDesc>> CrossEntropyGradMaker(const OpDesc& fwd) {
+  auto g = std::make_unique<OpDesc>("cross_entropy_grad");
+  g->SetInput("X", fwd.Input("X"));
+  g->SetInput("Label", fwd.Input("Label"));
+  g->SetInput(GradVarName("Out"), {GradVarName(fwd.Output("Out").at(0))});
+  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
+  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
+  std::vector<std::unique_ptr<OpDesc>> r;
+  r.push_back(std::move(g));
+  return r;
+}
+
+// hard: out[i] = -log(x[i, label[i]]);  soft: out[i] = -sum_j label[i, j] * log(x[i, j]).
+template <typename T>
+class CrossEntropyKernel : public OpKernel {
+ public:
+  explicit CrossEntropyKernel(const OpDesc& op)
+      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& label = ctx.Input("Label");
+    Tensor* out = ctx.Output("Out");
+    const int64_t d = x.dims()[x.dims().size() - 1];
+    const int64_t n = d == 0 ? 0 : x.numel() / d;
+    const T* xp = x.data<T>();
+    T* op = out->mutable_data<T>(ctx.place());
+    if (soft_) {
+      ConstMat<T> xm(xp, n, d);
+      ConstMat<T> lm(label.data<T>(), n, d);
+      Vec<T>(op, n) = -(lm * xm.log().max(T(-kApproxInf))).rowwise().sum();
+      return;
+    }
+    CheckHardLabelTensor(label);
+    const int64_t* lp = label.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t l = lp[i];
+      if (l == ignore_index_) {
+        op[i] = T(0);
+        continue;
+      }
+      if (l < 0 || l >= d) ThrowBadLabel("cross_entropy", l, i, d, ignore_index_);
+      op[i] = -TolerableLog(xp[i * d + l]);
+    }
+  }
+
+ private:
+  bool soft_;
+  int ignore_index_;
+};
+
+// hard: dx[i, label[i]] = -dout[i] / x[i, label[i]], 0 elsewhere;  soft: dx = -dout * label / x.
+template <typename T>
+class CrossEntropyGradKernel : public OpKernel {
+ public:
+  explicit CrossEntropyGradKernel(const OpDesc& op)
+      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& x = ctx.Input("X");
+    const Tensor& label = ctx.Input("Label");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const int64_t d = x.dims()[x.dims().size() - 1];
+    const int64_t n = d == 0 ? 0 : x.numel() / d;
+    KEEL_ENFORCE(dout.numel() == n, "Out@GRAD ", dout.dims().str(), " does not match X ",
+                 x.dims().str());
+    const T* xp = x.data<T>();
+    const T* dyp = dout.data<T>();
+    T* dxp = dx->mutable_data<T>(ctx.place());
+    if (soft_) {
+      ConstMat<T> xm(xp, n, d);
+      ConstMat<T> lm(label.data<T>(), n, d);
+      Mat<T>(dxp, n, d) = ((-lm) / xm).colwise() * ConstVec<T>(dyp, n);
+      return;
+    }
+    CheckHardLabelTensor(label);
+    const int64_t* lp = label.data<int64_t>();
+    Vec<T>(dxp, n * d).setZero();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t l = lp[i];
+      if (l == ignore_index_) continue;
+      if (l < 0 || l >= d) ThrowBadLabel("cross_entropy_grad", l, i, d, ignore_index_);
+      dxp[i * d + l] = -dyp[i] / xp[i * d + l];
+    }
+  }
+
+ private:
+  bool soft_;
+  int ignore_index_;
+};
+
+// ---------------------------------------------------------------- softmax_with_cross_entropy
+
+int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
+
+void SoftmaxWithCrossEntropyShape(InferShapeContext& ctx) {
+  DDim logits = ctx.GetInputDim("Logits");
+  const int rank = logits.size();
+  const int axis_attr = ctx.Attr<int>("axis");
+  KEEL_SHAPE_CHECK(axis_attr >= -rank && axis_attr < rank, "axis ", axis_attr,
+                   " is outside [", -rank, ", ", rank, ") for Logits ", logits.str());
+  DDim loss = CheckLabel(ctx, "Logits", CanonicalAxis(axis_attr, rank));
+  ctx.ShareDimAndDType("Logits", "Softmax");
+  ctx.SetOutputDim("Loss", loss);
+  ctx.SetOutputDType("Loss", ctx.GetInputDType("Logits"));
+}
+
+// softmax_with_cross_entropy_grad: Softmax, Label, Loss@GRAD -> Logits@GRAD.
+std::vector<std::unique_ptr<OpDesc>> SoftmaxWithCrossEntropyGradMaker(const OpDesc& fwd) {
+  auto g = std::make_unique<OpDesc>("softmax_with_cross_entropy_grad");
+  g->SetInput("Label", fwd.Input("Label"));
+  g->SetInput("Softmax", fwd.Output("Softmax"));
+  g->SetInput(GradVarName("Loss"), {GradVarName(fwd.Output("Loss").at(0))});
+  g->SetOutput(GradVarName("Logits"), {GradVarName(fwd.Input("Logits").at(0))});
+  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
+  std::vector<std::unique_ptr<OpDesc>> r;
+  r.push_back(std::move(g));
+  return r;
+}
+
+void SoftmaxWithCrossEntropyGradShape(InferShapeContext& ctx) {
+  ctx.SetOutputDim(GradVarName("Logits"), ctx.GetInputDim("Softmax"));
+  ctx.SetOutputDType(GradVarName("Logits"), ctx.GetInputDType("Softmax"));
+}
+
+// Logits viewed as [pre, n, post] around the axis: row (i, j) is the n elements at
+// i * n * post + j with stride post. post == 1 (the last axis) gets contiguous, vectorized rows.
+struct AxisSplit {
+  int64_t pre, n, post;
+};
+AxisSplit SplitAt(const DDim& d, int axis) {
+  int a = CanonicalAxis(axis, d.size());
+  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
+}
+
+// Calls fn(row, offset, stride) for each softmax row, with stride an Eigen::InnerStride.
+template <typename Fn>
+void ForEachRow(const AxisSplit& s, Fn&& fn) {
+  if (s.post == 1) {
+    for (int64_t i = 0; i < s.pre; ++i) fn(i, i * s.n, Eigen::InnerStride<1>());
+    return;
+  }
+  for (int64_t i = 0; i < s.pre; ++i)
+    for (int64_t j = 0; j < s.post; ++j)
+      fn(i * s.post + j, i * s.n * s.post + j, Eigen::InnerStride<>(s.post));
+}
+
+template <typename T, typename S>
+using StridedVec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, 0, S>;
+template <typename T, typename S>
+using ConstStridedVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>, 0, S>;
+
+// Per row, with m = max(x) and lse = log(sum(exp(x - m))):
+//   softmax = exp(x - m - lse);  hard: loss = lse - (x[label] - m);
+//   soft: loss = sum_j label_j * (lse - (x_j - m)).
+template <typename T>
+class SoftmaxWithCrossEntropyKernel : public OpKernel {
+ public:
+  explicit SoftmaxWithCrossEntropyKernel(const OpDesc& op)
+      : soft_(op.Attr<bool>("soft_label")),
+        ignore_index_(op.Attr<int>("ignore_index")),
+        axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& logits = ctx.Input("Logits");
+    const Tensor& label = ctx.Input("Label");
+    const AxisSplit s = SplitAt(logits.dims(), axis_);
+    const T* xp = logits.data<T>();
+    T* smp = ctx.Output("Softmax")->mutable_data<T>(ctx.place());
+    T* lossp = ctx.Output("Loss")->mutable_data<T>(ctx.place());
+    const T* soft_lp = nullptr;
+    const int64_t* hard_lp = nullptr;
+    if (soft_) {
+      soft_lp = label.data<T>();
+    } else {
+      CheckHardLabelTensor(label);
+      hard_lp = label.data<int64_t>();
+    }
+    ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
+      using S = decltype(stride);
+      ConstStridedVec<T, S> x(xp + off, s.n, stride);
+      StridedVec<T, S> sm(smp + off, s.n, stride);
+      const T mx = x.maxCoeff();
+      sm = (x - mx).exp();
+      const T sum = sm.sum();
+      const T lse = std::log(sum);
+      sm *= T(1) / sum;
+      if (soft_) {
+        ConstStridedVec<T, S> l(soft_lp + off, s.n, stride);
+        lossp[row] = lse * l.sum() - (l * (x - mx)).sum();
+        return;
+      }
+      const int64_t l = hard_lp[row];
+      if (l == ignore_index_) {
+        lossp[row] = T(0);
+        return;
+      }
+      if (l < 0 || l >= s.n) ThrowBadLabel("softmax_with_cross_entropy", l, row, s.n, ignore_index_);
+      lossp[row] = lse - (x[l] - mx);
+    });
+  }
+
+ private:
+  bool soft_;
+  int ignore_index_;
+  int axis_;
+};
+
+// dlogits = (softmax - onehot(label)) * dloss per row (soft: softmax - label); 0 for ignored rows.
+template <typename T>
+class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
+ public:
+  explicit SoftmaxWithCrossEntropyGradKernel(const OpDesc& op)
+      : soft_(op.Attr<bool>("soft_label")),
+        ignore_index_(op.Attr<int>("ignore_index")),
+        axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("Logits"));
+    if (dx == nullptr) return;
+    const Tensor& softmax = ctx.Input("Softmax");
+    const Tensor& label = ctx.Input("Label");
+    const Tensor& dloss = ctx.Input(GradVarName("Loss"));
+    const AxisSplit s = SplitAt(softmax.dims(), axis_);
+    KEEL_ENFORCE(dloss.numel() == s.pre * s.post, "Loss@GRAD ", dloss.dims().str(),
+                 " does not match Softmax ", softmax.dims().str());
+    const T* smp = softmax.data<T>();
+    const T* dlp = dloss.data<T>();
+    T* dxp = dx->mutable_data<T>(ctx.place());
+    const T* soft_lp = nullptr;
+    const int64_t* hard_lp = nullptr;
+    if (soft_) {
+      soft_lp = label.data<T>();
+    } else {
+      CheckHardLabelTensor(label);
+      hard_lp = label.data<int64_t>();
+    }
+    ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
+      using S = decltype(stride);
+      ConstStridedVec<T, S> sm(smp + off, s.n, stride);
+      StridedVec<T, S> g(dxp + off, s.n, stride);
+      const T dl = dlp[row];
+      if (soft_) {
+        g = (sm - ConstStridedVec<T, S>(soft_lp + off, s.n, stride)) * dl;
+        return;
+      }
+      const int64_t l = hard_lp[row];
+      if (l == ignore_index_) {
+        g.setZero();
+        return;
+      }
+      if (l < 0 || l >= s.n)
+        ThrowBadLabel("softmax_with_cross_entropy_grad", l, row, s.n, ignore_index_);
+      g = sm * dl;
+      g[l] -= dl;
+    });
+  }
+
+ private:
+  bool soft_;
+  int ignore_index_;
+  int axis_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- registration
+
+KEEL_REGISTER_OP(cross_entropy)
+    .Doc("Out = -log(X[label]) per row, on probabilities X (e.g. softmax output). "
+         "X [N, D], Label int64 [N, 1] -> Out [N, 1]; soft_label: Label [N, D] floats, "
+         "Out = -sum(Label * log(X)).")
+    .Input("X", "probabilities [..., D]")
+    .Input("Label", "int64 [..., 1] class indices, or [..., D] distributions with soft_label")
+    .Output("Out", "loss [..., 1]")
+    .Attr<bool>("soft_label", false, "Label holds distributions, not class indices")
+    .Attr<int>("ignore_index", -100, "hard label value that yields zero loss and gradient")
+    .Shape(CrossEntropyShape)
+    .Grad(CrossEntropyGradMaker);
+KEEL_REGISTER_GRAD_OP(cross_entropy_grad, cross_entropy);
+KEEL_REGISTER_CPU_KERNEL(cross_entropy, CrossEntropyKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(cross_entropy_grad, CrossEntropyGradKernel, float, double);
+
+KEEL_REGISTER_OP(softmax_with_cross_entropy)
+    .Doc("Softmax = softmax(Logits, axis); Loss = cross_entropy(Softmax, Label), fused through "
+         "log-sum-exp so large logits do not overflow. Logits [N, D], Label int64 [N, 1] -> "
+         "Softmax [N, D], Loss [N, 1].")
+    .Input("Logits", "unnormalized scores [..., D, ...]")
+    .Input("Label", "int64 class indices (size 1 along axis), or distributions with soft_label")
+    .Output("Softmax", "softmax of Logits along axis")
+    .Output("Loss", "Logits' shape with size 1 along axis")
+    .Attr<bool>("soft_label", false, "Label holds distributions, not class indices")
+    .Attr<int>("ignore_index", -100, "hard label value that yields zero loss and gradient")
+    .Attr<bool>("numeric_stable_mode", true, "kept for Paddle compatibility; always stable")
+    .Attr<int>("axis", -1, "the class dimension; negative counts from the end")
+    .Shape(SoftmaxWithCrossEntropyShape)
+    .Grad(SoftmaxWithCrossEntropyGradMaker);
+KEEL_REGISTER_GRAD_OP(softmax_with_cross_entropy_grad, softmax_with_cross_entropy)
+    .Shape(SoftmaxWithCrossEntropyGradShape)
+    .KernelDTypeFrom("Softmax");
+KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel, float,
+                         double);
+
+}  // namespace keel
