@@ -42,6 +42,8 @@ class Executor {
                           const std::vector<std::string>& fetch = {});
 
   Scope& scope() { return *scope_; }
+  // The child scope holding temporaries (non-persistable vars).
+  Scope& local_scope() { return *local_scope_; }
   const Place& place() const { return place_; }
   const ExecutionStrategy& strategy() const { return strategy_; }
   void set_strategy(const ExecutionStrategy& s) { strategy_ = s; }

@@ -82,16 +82,16 @@ void CheckHardLabelTensor(const Tensor& label) {
 void CrossEntropyShape(InferShapeContext& ctx) {
   DDim x = ctx.GetInputDim("X");
   DDim out = CheckLabel(ctx, "X", x.size() - 1);
-  ctx.SetOutputDim("Out", out);
-  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+  ctx.SetOutputDim("Y", out);
+  ctx.SetOutputDType("Y", ctx.GetInputDType("X"));
 }
 
-// cross_entropy_grad: X, Label, Out@GRAD -> X@GRAD.
+// cross_entropy_grad: X, Label, Y@GRAD -> X@GRAD.
 std::vector<std::unique_ptr<OpDesc>> CrossEntropyGradMaker(const OpDesc& fwd) {
   auto g = std::make_unique<OpDesc>("cross_entropy_grad");
   g->SetInput("X", fwd.Input("X"));
   g->SetInput("Label", fwd.Input("Label"));
-  g->SetInput(GradVarName("Out"), {GradVarName(fwd.Output("Out").at(0))});
+  g->SetInput(GradVarName("Y"), {GradVarName(fwd.Output("Y").at(0))});
   g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
   for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
   std::vector<std::unique_ptr<OpDesc>> r;
@@ -99,7 +99,7 @@ std::vector<std::unique_ptr<OpDesc>> CrossEntropyGradMaker(const OpDesc& fwd) {
   return r;
 }
 
-// hard: out[i] = -log(x[i, label[i]]);  soft: out[i] = -sum_j label[i, j] * log(x[i, j]).
+// hard: y[i] = -log(x[i, label[i]]);  soft: y[i] = -sum_j label[i, j] * log(x[i, j]).
 template <typename T>
 class CrossEntropyKernel : public OpKernel {
  public:
@@ -108,7 +108,7 @@ class CrossEntropyKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
     const Tensor& label = ctx.Input("Label");
-    Tensor* out = ctx.Output("Out");
+    Tensor* out = ctx.Output("Y");
     const int64_t d = x.dims()[x.dims().size() - 1];
     const int64_t n = d == 0 ? 0 : x.numel() / d;
     const T* xp = x.data<T>();
@@ -137,7 +137,7 @@ class CrossEntropyKernel : public OpKernel {
   int ignore_index_;
 };
 
-// hard: dx[i, label[i]] = -dout[i] / x[i, label[i]], 0 elsewhere;  soft: dx = -dout * label / x.
+// hard: dx[i, label[i]] = -dy[i] / x[i, label[i]], 0 elsewhere;  soft: dx = -dy * label / x.
 template <typename T>
 class CrossEntropyGradKernel : public OpKernel {
  public:
@@ -148,10 +148,10 @@ class CrossEntropyGradKernel : public OpKernel {
     if (dx == nullptr) return;
     const Tensor& x = ctx.Input("X");
     const Tensor& label = ctx.Input("Label");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const Tensor& dout = ctx.Input(GradVarName("Y"));
     const int64_t d = x.dims()[x.dims().size() - 1];
     const int64_t n = d == 0 ? 0 : x.numel() / d;
-    KEEL_ENFORCE(dout.numel() == n, "Out@GRAD ", dout.dims().str(), " does not match X ",
+    KEEL_ENFORCE(dout.numel() == n, "Y@GRAD ", dout.dims().str(), " does not match X ",
                  x.dims().str());
     const T* xp = x.data<T>();
     const T* dyp = dout.data<T>();
@@ -354,12 +354,12 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(cross_entropy)
-    .Doc("Out = -log(X[label]) per row, on probabilities X (e.g. softmax output). "
-         "X [N, D], Label int64 [N, 1] -> Out [N, 1]; soft_label: Label [N, D] floats, "
-         "Out = -sum(Label * log(X)).")
+    .Doc("Y = -log(X[label]) per row, on probabilities X (e.g. softmax output). "
+         "X [N, D], Label int64 [N, 1] -> Y [N, 1]; soft_label: Label [N, D] floats, "
+         "Y = -sum(Label * log(X)).")
     .Input("X", "probabilities [..., D]")
     .Input("Label", "int64 [..., 1] class indices, or [..., D] distributions with soft_label")
-    .Output("Out", "loss [..., 1]")
+    .Output("Y", "loss [..., 1]")
     .Attr<bool>("soft_label", false, "Label holds distributions, not class indices")
     .Attr<int>("ignore_index", -100, "hard label value that yields zero loss and gradient")
     .Shape(CrossEntropyShape)

@@ -34,9 +34,8 @@ void CheckSameDType(const InferShapeContext& ctx, const std::string& a, const st
 }
 
 AttrCheckFn AtLeastOne() {
-  return [](const Attribute& a) -> std::string {
-    return std::get<int>(a) >= 1 ? "" : "must be >= 1";
-  };
+  return
+      [](const Attribute& a) -> std::string { return std::get<int>(a) >= 1 ? "" : "must be >= 1"; };
 }
 
 // C = alpha * op(A) * op(B) + beta * C over contiguous row-major matrices; also right when K == 0
@@ -68,16 +67,16 @@ void CopyIfDistinct(const T* src, T* dst, int64_t n) {
 void MulShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X"), y = ctx.GetInputDim("Y");
   const int xk = ctx.Attr<int>("x_num_col_dims"), yk = ctx.Attr<int>("y_num_col_dims");
-  KEEL_SHAPE_CHECK(x.size() > xk, "X's rank ", x.size(), " must exceed x_num_col_dims ", xk,
-                   " (X ", x, ", Y ", y, ")");
-  KEEL_SHAPE_CHECK(y.size() > yk, "Y's rank ", y.size(), " must exceed y_num_col_dims ", yk,
-                   " (X ", x, ", Y ", y, ")");
+  KEEL_SHAPE_CHECK(x.size() > xk, "X's rank ", x.size(), " must exceed x_num_col_dims ", xk, " (X ",
+                   x, ", Y ", y, ")");
+  KEEL_SHAPE_CHECK(y.size() > yk, "Y's rank ", y.size(), " must exceed y_num_col_dims ", yk, " (X ",
+                   x, ", Y ", y, ")");
   CheckSameDType(ctx, "X", "Y");
   const int64_t x_width = ProdOrUnknown(x, xk, x.size());
   const int64_t y_height = ProdOrUnknown(y, 0, yk);
   KEEL_SHAPE_CHECK(ctx.DimEq(x_width, y_height), "X's width ", x_width, " must equal Y's height ",
-                   y_height, " (X ", x, ", Y ", y, ", x_num_col_dims ", xk, ", y_num_col_dims ",
-                   yk, ")");
+                   y_height, " (X ", x, ", Y ", y, ", x_num_col_dims ", xk, ", y_num_col_dims ", yk,
+                   ")");
   DDim out;
   for (int i = 0; i < xk; ++i) out.push_back(x[i]);
   for (int i = yk; i < y.size(); ++i) out.push_back(y[i]);
@@ -158,7 +157,7 @@ MatMulPlan PlanMatMul(const DDim& x, const DDim& y, bool tx, bool ty) {
     p.M *= x_batch;
     return p;
   }
-  p.batch = std::max(x_batch, y_batch);
+  p.batch = xr > 2 ? x_batch : y_batch;  // equal when both are batched
   p.x_stride = xr > 2 ? x_rows * x_cols : 0;
   p.y_stride = yr > 2 ? y_rows * y_cols : 0;
   return p;
@@ -177,8 +176,9 @@ void MatMulShape(InferShapeContext& ctx) {
   const int xr = x.size(), yr = y.size();
   const int64_t M = tx ? x[xr - 1] : x[xr - 2], xK = tx ? x[xr - 2] : x[xr - 1];
   const int64_t yK = ty ? y[yr - 1] : y[yr - 2], N = ty ? y[yr - 2] : y[yr - 1];
-  KEEL_SHAPE_CHECK(ctx.DimEq(xK, yK), "X's contracted dim ", xK, " must equal Y's ", yK, " (X ",
-                   x, ", Y ", y, ", transpose_X ", tx, ", transpose_Y ", ty, ")");
+  KEEL_SHAPE_CHECK(ctx.DimEq(xK, yK), "X's contracted dim ", xK, " must equal Y's ", yK, " (X ", x,
+                   ", Y ", y, ", transpose_X ", tx ? "true" : "false", ", transpose_Y ",
+                   ty ? "true" : "false", ")");
   DDim out;
   if (xr > 2 && yr > 2) {
     bool same = xr == yr;
@@ -245,6 +245,7 @@ class MatMulGradKernel : public OpKernel {
     // A 2-D operand broadcast over the batch (stride 0) sums its gradient over the batch.
     if (Tensor* dx = ctx.OutputOrNull("X@GRAD")) {
       T* dxd = dx->mutable_data<T>(ctx.place());
+      if (p.batch == 0) std::fill(dxd, dxd + dx->numel(), T(0));  // a broadcast X got no grad
       for (int64_t b = 0; b < p.batch; ++b) {
         const T* yb = yd + b * p.y_stride;
         const T* gb = gd + b * M * N;
@@ -267,6 +268,7 @@ class MatMulGradKernel : public OpKernel {
     }
     if (Tensor* dy = ctx.OutputOrNull("Y@GRAD")) {
       T* dyd = dy->mutable_data<T>(ctx.place());
+      if (p.batch == 0) std::fill(dyd, dyd + dy->numel(), T(0));  // a broadcast Y got no grad
       for (int64_t b = 0; b < p.batch; ++b) {
         const T* xb = xd + b * p.x_stride;
         const T* gb = gd + b * M * N;
@@ -329,57 +331,80 @@ void ElementwiseShape(InferShapeContext& ctx) {
                    x.size(), " (X ", x, ", Y ", y, ")");
   CheckSameDType(ctx, "X", "Y");
   const int a = ResolveAxis(axis, x, y), yr = TrimmedRank(y);
-  KEEL_SHAPE_CHECK(a >= 0 && a + yr <= x.size(), "axis ", axis, " does not place Y inside X (X ",
-                   x, ", Y ", y, ")");
+  KEEL_SHAPE_CHECK(a >= 0 && a + yr <= x.size(), "axis ", axis, " places Y's ", yr,
+                   " non-trailing-1 dims outside X's ", x.size(), " dims (X ", x, ", Y ", y, ")");
   for (int i = 0; i < yr; ++i) {
-    KEEL_SHAPE_CHECK(ctx.DimEq(x[a + i], y[i]), "Y's dim ", i, " (", y[i],
-                     ") must equal X's dim ", a + i, " (", x[a + i], ") (X ", x, ", Y ", y,
-                     ", axis ", axis, ")");
+    KEEL_SHAPE_CHECK(ctx.DimEq(x[a + i], y[i]), "Y's dim ", i, " (", y[i], ") must equal X's dim ",
+                     a + i, " (", x[a + i], ") (X ", x, ", Y ", y, ", axis ", axis, ")");
   }
   ctx.ShareDimAndDType("X", "Out");
 }
 
 struct AddFunctor {
   template <typename T>
-  T operator()(T a, T b) const { return a + b; }
+  T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct SubFunctor {
   template <typename T>
-  T operator()(T a, T b) const { return a - b; }
+  T operator()(T a, T b) const {
+    return a - b;
+  }
 };
 struct MulFunctor {
   template <typename T>
-  T operator()(T a, T b) const { return a * b; }
+  T operator()(T a, T b) const {
+    return a * b;
+  }
 };
 struct DivFunctor {
   template <typename T>
-  T operator()(T a, T b) const { return a / b; }
+  T operator()(T a, T b) const {
+    return a / b;
+  }
 };
 
 // Gradient rules of z = f(x, y): DX(dz, x, y) = dz * df/dx, DY(dz, x, y) = dz * df/dy.
 struct AddGradFunctor {
   template <typename T>
-  static T DX(T g, T, T) { return g; }
+  static T DX(T g, T, T) {
+    return g;
+  }
   template <typename T>
-  static T DY(T g, T, T) { return g; }
+  static T DY(T g, T, T) {
+    return g;
+  }
 };
 struct SubGradFunctor {
   template <typename T>
-  static T DX(T g, T, T) { return g; }
+  static T DX(T g, T, T) {
+    return g;
+  }
   template <typename T>
-  static T DY(T g, T, T) { return -g; }
+  static T DY(T g, T, T) {
+    return -g;
+  }
 };
 struct MulGradFunctor {
   template <typename T>
-  static T DX(T g, T, T y) { return g * y; }
+  static T DX(T g, T, T y) {
+    return g * y;
+  }
   template <typename T>
-  static T DY(T g, T x, T) { return g * x; }
+  static T DY(T g, T x, T) {
+    return g * x;
+  }
 };
 struct DivGradFunctor {
   template <typename T>
-  static T DX(T g, T, T y) { return g / y; }
+  static T DX(T g, T, T y) {
+    return g / y;
+  }
   template <typename T>
-  static T DY(T g, T x, T y) { return -g * x / (y * y); }
+  static T DY(T g, T x, T y) {
+    return -g * x / (y * y);
+  }
 };
 
 template <typename T, typename F>
@@ -506,8 +531,8 @@ void SumShape(InferShapeContext& ctx) {
   DDim out = first;
   for (int i = 1; i < n; ++i) {
     const DDim d = ctx.GetInputDim("X", i);
-    KEEL_SHAPE_CHECK(ctx.DimsEq(first, d), "X[", i, "] (", ctx.InputName("X", i), ") has shape ",
-                     d, " but X[0] (", ctx.InputName("X", 0), ") has ", first);
+    KEEL_SHAPE_CHECK(ctx.DimsEq(first, d), "X[", i, "] (", ctx.InputName("X", i), ") has shape ", d,
+                     " but X[0] (", ctx.InputName("X", 0), ") has ", first);
     KEEL_SHAPE_CHECK(ctx.GetInputDType("X", i) == dtype, "X[", i, "] is ",
                      DTypeName(ctx.GetInputDType("X", i)), " but X[0] is ", DTypeName(dtype));
     for (int k = 0; k < out.size(); ++k)
@@ -620,8 +645,9 @@ class ScaleGradKernel : public OpKernel {
 // ----------------------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(mul)
-    .Doc("Out = flatten(X) * flatten(Y). X [2, 3, 4] with x_num_col_dims 2 is 6 x 4; times "
-         "Y [4, 5] gives Out [2, 3, 5] = X.dims[:x_num_col_dims] ++ Y.dims[y_num_col_dims:]")
+    .Doc(
+        "Out = flatten(X) * flatten(Y). X [2, 3, 4] with x_num_col_dims 2 is 6 x 4; times "
+        "Y [4, 5] gives Out [2, 3, 5] = X.dims[:x_num_col_dims] ++ Y.dims[y_num_col_dims:]")
     .Input("X", "left operand, flattened to 2-D at x_num_col_dims")
     .Input("Y", "right operand, flattened to 2-D at y_num_col_dims")
     .Output("Out", "the product")
@@ -634,8 +660,9 @@ KEEL_REGISTER_CPU_KERNEL(mul, MulKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(mul_grad, MulGradKernel, float, double);
 
 KEEL_REGISTER_OP(matmul)
-    .Doc("Out = alpha * op(X) * op(Y) over the last two dims. X [B, M, K] * Y [B, K, N] = "
-         "Out [B, M, N]; a 2-D operand is broadcast over the other's batch")
+    .Doc(
+        "Out = alpha * op(X) * op(Y) over the last two dims. X [B, M, K] * Y [B, K, N] = "
+        "Out [B, M, N]; a 2-D operand is broadcast over the other's batch")
     .Input("X", "left operand, rank >= 2")
     .Input("Y", "right operand, rank >= 2")
     .Output("Out", "the product")
@@ -648,18 +675,19 @@ KEEL_REGISTER_GRAD_OP(matmul_grad, matmul);
 KEEL_REGISTER_CPU_KERNEL(matmul, MatMulKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(matmul_grad, MatMulGradKernel, float, double);
 
-#define KEEL_REGISTER_ELEMENTWISE_OP(name, Kernel, GradKernel, formula)                        \
-  KEEL_REGISTER_OP(name)                                                                       \
-      .Doc("Out = " formula ", Y broadcast into X at axis: X [N, C, H, W], Y [C], axis 1 -> "  \
-           "Out [N, C, H, W]")                                                                 \
-      .Input("X", "the left operand; Out has its shape")                                       \
-      .Input("Y", "the right operand; its dims (trailing 1s dropped) equal X's from axis on")  \
-      .Output("Out", "the result, shaped like X")                                              \
-      .Attr<int>("axis", -1, "X's dim where Y's first dim lands; -1: rank(X) - rank(Y)")       \
-      .Shape(ElementwiseShape)                                                                 \
-      .DefaultGrad();                                                                          \
-  KEEL_REGISTER_GRAD_OP(name##_grad, name);                                                    \
-  KEEL_REGISTER_CPU_KERNEL(name, Kernel, float, double);                                       \
+#define KEEL_REGISTER_ELEMENTWISE_OP(name, Kernel, GradKernel, formula)                       \
+  KEEL_REGISTER_OP(name)                                                                      \
+      .Doc("Out = " formula                                                                   \
+           ", Y broadcast into X at axis: X [N, C, H, W], Y [C], axis 1 -> "                  \
+           "Out [N, C, H, W]")                                                                \
+      .Input("X", "the left operand; Out has its shape")                                      \
+      .Input("Y", "the right operand; its dims (trailing 1s dropped) equal X's from axis on") \
+      .Output("Out", "the result, shaped like X")                                             \
+      .Attr<int>("axis", -1, "X's dim where Y's first dim lands; -1: rank(X) - rank(Y)")      \
+      .Shape(ElementwiseShape)                                                                \
+      .DefaultGrad();                                                                         \
+  KEEL_REGISTER_GRAD_OP(name##_grad, name);                                                   \
+  KEEL_REGISTER_CPU_KERNEL(name, Kernel, float, double);                                      \
   KEEL_REGISTER_CPU_KERNEL(name##_grad, GradKernel, float, double)
 
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_add, ElementwiseAddKernel, ElementwiseAddGradKernel,
@@ -673,8 +701,9 @@ KEEL_REGISTER_ELEMENTWISE_OP(elementwise_div, ElementwiseDivKernel, ElementwiseD
 #undef KEEL_REGISTER_ELEMENTWISE_OP
 
 KEEL_REGISTER_OP(sum)
-    .Doc("Out = X[0] + X[1] + ...; all of one shape and dtype. Out may be X[0] (accumulation in "
-         "place)")
+    .Doc(
+        "Out = X[0] + X[1] + ...; all of one shape and dtype. Out may be X[0] (accumulation in "
+        "place)")
     .InputList("X", "the addends")
     .Output("Out", "their sum")
     .Shape(SumShape)
@@ -684,8 +713,9 @@ KEEL_REGISTER_CPU_KERNEL(sum, SumKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(sum_grad, SumGradKernel, float, double);
 
 KEEL_REGISTER_OP(scale)
-    .Doc("Out = scale * X + bias, or scale * (X + bias) when bias_after_scale is false; Out has "
-         "X's shape")
+    .Doc(
+        "Out = scale * X + bias, or scale * (X + bias) when bias_after_scale is false; Out has "
+        "X's shape")
     .Input("X", "the input")
     .Output("Out", "the scaled input")
     .Attr<float>("scale", 1.0f, "the factor")

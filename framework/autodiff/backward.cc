@@ -151,23 +151,33 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
 
   // A gradient written by several grad ops: each writes a renamed copy, and a `sum` right after
   // the last writer adds them. Writers all precede readers, since backward runs in reverse order.
-  std::map<std::string, std::vector<size_t>> writers;
+  struct Write {
+    size_t op;
+    std::string slot;
+    size_t pos;
+  };
+  std::map<std::string, std::vector<Write>> writers;
   for (size_t i = first_grad_op; i < block.num_ops(); ++i)
-    for (auto& out : block.op(i)->OutputArgumentNames())
-      if (out != kEmptyVarName && !ForwardName(out).empty()) writers[out].push_back(i);
+    for (auto& [slot, args] : block.op(i)->outputs())
+      for (size_t p = 0; p < args.size(); ++p)
+        if (args[p] != kEmptyVarName && !ForwardName(args[p]).empty())
+          writers[args[p]].push_back(Write{i, slot, p});
   struct PendingSum {
     size_t after;  // index of the last writer
     std::string target;
     std::vector<std::string> parts;
   };
   std::vector<PendingSum> sums;
-  for (auto& kv : writers) {
-    if (kv.second.size() < 2) continue;
-    PendingSum s{kv.second.back(), kv.first, {}};
-    for (size_t k = 0; k < kv.second.size(); ++k) {
-      std::string part = kv.first + "@RENAME@" + std::to_string(k);
-      block.op(kv.second[k])->RenameOutput(kv.first, part);
-      declare_grad(part, ForwardName(kv.first));
+  for (auto& [grad, writes] : writers) {
+    if (writes.size() < 2) continue;
+    PendingSum s{writes.back().op, grad, {}};
+    for (size_t k = 0; k < writes.size(); ++k) {
+      std::string part = grad + "@RENAME@" + std::to_string(k);
+      OpDesc* op = block.op(writes[k].op);
+      std::vector<std::string> args = op->Output(writes[k].slot);
+      args[writes[k].pos] = part;
+      op->SetOutput(writes[k].slot, args);
+      declare_grad(part, ForwardName(grad));
       s.parts.push_back(part);
     }
     sums.push_back(std::move(s));

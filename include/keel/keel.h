@@ -2,6 +2,9 @@
 //   Program, ProgramGuard, layers::, optimizer::, Executor, save/load, keel::Init.
 #pragma once
 
+#include <glog/logging.h>  // LOG(INFO) in user programs
+
+
 #include "executor/executor.h"
 #include "framework/autodiff/backward.h"
 #include "framework/dsl/initializer.h"

@@ -1,0 +1,582 @@
+// safetensors encode/decode: [u64 LE header length N][N bytes JSON header][data buffer].
+//
+// The decoder trusts nothing: the header length is checked against the file size (and capped),
+// the JSON is parsed strictly by a small depth-limited parser, and every dtype, shape and offset
+// is checked before a byte of data is copied. Every failure is a keel::Error starting with `what`.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "framework/error.h"
+#include "framework/io/io.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "keel's safetensors code copies tensor bytes as-is and needs a little-endian host"
+#endif
+
+namespace keel {
+namespace {
+
+// Headers larger than this are refused before any allocation (the Rust reader caps at 100 MB too).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// Nesting beyond this is never a valid header; the cap keeps the recursive parser's stack bounded.
+constexpr int kMaxJsonDepth = 32;
+
+// ---------------------------------------------------------------- dtype names
+
+struct DTypeCode {
+  DType dtype;
+  const char* code;
+};
+constexpr DTypeCode kDTypeCodes[] = {
+    {DType::kFloat32, "F32"}, {DType::kFloat64, "F64"}, {DType::kInt32, "I32"},
+    {DType::kInt64, "I64"},   {DType::kBool, "BOOL"},   {DType::kFloat16, "F16"},
+    {DType::kBFloat16, "BF16"}, {DType::kUInt8, "U8"}, {DType::kInt8, "I8"},
+};
+
+const char* SafetensorsCode(DType t) {
+  for (const auto& c : kDTypeCodes)
+    if (c.dtype == t) return c.code;
+  KEEL_THROW("dtype ", DTypeName(t), " has no safetensors code");
+}
+
+bool DTypeFromCode(const std::string& code, DType* out) {
+  for (const auto& c : kDTypeCodes)
+    if (code == c.code) {
+      *out = c.dtype;
+      return true;
+    }
+  return false;
+}
+
+// ---------------------------------------------------------------- JSON writer
+
+void AppendJsonString(std::string* out, const std::string& s) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          *out += buf;
+        } else {
+          out->push_back(static_cast<char>(c));  // UTF-8 passes through unchanged
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// ---------------------------------------------------------------- JSON parser
+
+struct Json {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  std::string text;  // string value, or a number's literal text
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> members;  // in file order, keys unique
+
+  const char* KindName() const {
+    switch (kind) {
+      case Kind::kNull: return "null";
+      case Kind::kBool: return "a boolean";
+      case Kind::kNumber: return "a number";
+      case Kind::kString: return "a string";
+      case Kind::kArray: return "an array";
+      case Kind::kObject: return "an object";
+    }
+    return "?";
+  }
+};
+
+// Strict RFC 8259 parser over [begin, end). Errors name `what` and the byte offset in the header.
+class JsonParser {
+ public:
+  JsonParser(const char* begin, const char* end, const std::string& what)
+      : begin_(begin), p_(begin), end_(end), what_(what) {}
+
+  Json ParseDocument() {
+    SkipSpace();
+    Json v = ParseValue(0);
+    SkipSpace();  // the writer pads the header with spaces
+    if (p_ != end_) Fail("unexpected trailing characters after the JSON value");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void Fail(const std::string& msg) const {
+    KEEL_THROW(what_, ": bad safetensors header: ", msg, " (at header byte ", p_ - begin_, ")");
+  }
+
+  void SkipSpace() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  bool Consume(char c) {
+    if (p_ < end_ && *p_ == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  void Expect(char c) {
+    if (!Consume(c)) Fail(StrCat("expected '", c, "'"));
+  }
+  void ExpectWord(const char* w) {
+    size_t n = std::strlen(w);
+    if (static_cast<size_t>(end_ - p_) < n || std::memcmp(p_, w, n) != 0) Fail("invalid literal");
+    p_ += n;
+  }
+
+  Json ParseValue(int depth) {
+    if (depth > kMaxJsonDepth) Fail("nesting deeper than " + std::to_string(kMaxJsonDepth));
+    if (p_ >= end_) Fail("unexpected end of header");
+    Json v;
+    switch (*p_) {
+      case '{': ParseObject(&v, depth); break;
+      case '[': ParseArray(&v, depth); break;
+      case '"':
+        v.kind = Json::Kind::kString;
+        v.text = ParseString();
+        break;
+      case 't': ExpectWord("true"); v.kind = Json::Kind::kBool; v.boolean = true; break;
+      case 'f': ExpectWord("false"); v.kind = Json::Kind::kBool; break;
+      case 'n': ExpectWord("null"); break;
+      default:
+        if (*p_ == '-' || (*p_ >= '0' && *p_ <= '9')) {
+          v.kind = Json::Kind::kNumber;
+          v.text = ParseNumber();
+        } else {
+          Fail(StrCat("unexpected character '", PrintableChar(*p_), "'"));
+        }
+    }
+    return v;
+  }
+
+  static std::string PrintableChar(char c) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) return std::string(1, c);
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "\\x%02x", u);
+    return buf;
+  }
+
+  void ParseObject(Json* v, int depth) {
+    v->kind = Json::Kind::kObject;
+    Expect('{');
+    SkipSpace();
+    if (Consume('}')) return;
+    for (;;) {
+      SkipSpace();
+      if (p_ >= end_ || *p_ != '"') Fail("expected a string key");
+      std::string key = ParseString();
+      for (const auto& m : v->members)
+        if (m.first == key) Fail("duplicate key \"" + key + "\"");
+      SkipSpace();
+      Expect(':');
+      SkipSpace();
+      v->members.emplace_back(std::move(key), ParseValue(depth + 1));
+      SkipSpace();
+      if (Consume('}')) return;
+      Expect(',');
+    }
+  }
+
+  void ParseArray(Json* v, int depth) {
+    v->kind = Json::Kind::kArray;
+    Expect('[');
+    SkipSpace();
+    if (Consume(']')) return;
+    for (;;) {
+      SkipSpace();
+      v->items.push_back(ParseValue(depth + 1));
+      SkipSpace();
+      if (Consume(']')) return;
+      Expect(',');
+    }
+  }
+
+  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, returned as literal text.
+  std::string ParseNumber() {
+    const char* start = p_;
+    auto digits = [&] {
+      const char* d = p_;
+      while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+      if (p_ == d) Fail("malformed number");
+    };
+    Consume('-');
+    if (p_ < end_ && *p_ == '0') {
+      ++p_;
+    } else {
+      digits();
+    }
+    if (Consume('.')) digits();
+    if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
+      ++p_;
+      if (!Consume('+')) Consume('-');
+      digits();
+    }
+    return std::string(start, p_);
+  }
+
+  unsigned Hex4() {
+    if (end_ - p_ < 4) Fail("truncated \\u escape");
+    unsigned v = 0;
+    for (int i = 0; i < 4; ++i, ++p_) {
+      char c = *p_;
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else Fail("bad hex digit in \\u escape");
+    }
+    return v;
+  }
+
+  static void AppendUtf8(std::string* s, uint32_t cp) {
+    if (cp < 0x80) {
+      s->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      s->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      s->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      s->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  // Copies one well-formed UTF-8 sequence (no overlongs, surrogates or > U+10FFFF).
+  void CopyUtf8Sequence(std::string* out) {
+    unsigned char c = static_cast<unsigned char>(*p_);
+    int extra;
+    uint32_t cp, min;
+    if (c >= 0xC2 && c <= 0xDF) extra = 1, cp = c & 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) extra = 2, cp = c & 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) extra = 3, cp = c & 0x07, min = 0x10000;
+    else Fail("invalid UTF-8 in string");
+    if (end_ - p_ <= extra) Fail("truncated UTF-8 sequence in string");
+    for (int i = 1; i <= extra; ++i) {
+      unsigned char cc = static_cast<unsigned char>(p_[i]);
+      if ((cc & 0xC0) != 0x80) Fail("invalid UTF-8 in string");
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) Fail("invalid UTF-8 in string");
+    out->append(p_, static_cast<size_t>(extra) + 1);
+    p_ += extra + 1;
+  }
+
+  std::string ParseString() {
+    Expect('"');
+    std::string s;
+    for (;;) {
+      if (p_ >= end_) Fail("unterminated string");
+      unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '"') {
+        ++p_;
+        return s;
+      }
+      if (c < 0x20) Fail("control character in string");
+      if (c >= 0x80) {
+        CopyUtf8Sequence(&s);
+        continue;
+      }
+      ++p_;
+      if (c != '\\') {
+        s.push_back(static_cast<char>(c));
+        continue;
+      }
+      if (p_ >= end_) Fail("unterminated escape");
+      char e = *p_++;
+      switch (e) {
+        case '"': s.push_back('"'); break;
+        case '\\': s.push_back('\\'); break;
+        case '/': s.push_back('/'); break;
+        case 'b': s.push_back('\b'); break;
+        case 'f': s.push_back('\f'); break;
+        case 'n': s.push_back('\n'); break;
+        case 'r': s.push_back('\r'); break;
+        case 't': s.push_back('\t'); break;
+        case 'u': {
+          uint32_t cp = Hex4();
+          if (cp >= 0xDC00 && cp <= 0xDFFF) Fail("unpaired low surrogate in \\u escape");
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') Fail("unpaired high surrogate");
+            p_ += 2;
+            uint32_t lo = Hex4();
+            if (lo < 0xDC00 || lo > 0xDFFF) Fail("unpaired high surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          AppendUtf8(&s, cp);
+          break;
+        }
+        default: Fail(StrCat("invalid escape '\\", PrintableChar(e), "'"));
+      }
+    }
+  }
+
+  const char* begin_;
+  const char* p_;
+  const char* end_;
+  const std::string& what_;
+};
+
+// ---------------------------------------------------------------- header interpretation
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// A JSON number that must be a non-negative integer fitting in int64.
+uint64_t ToUint(const Json& v, const std::string& what, const std::string& ctx) {
+  KEEL_ENFORCE(v.kind == Json::Kind::kNumber, what, ": bad safetensors header: ", ctx,
+               " must be a non-negative integer, got ", v.KindName());
+  const std::string& t = v.text;
+  bool digits_only = !t.empty() && std::all_of(t.begin(), t.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  KEEL_ENFORCE(digits_only, what, ": bad safetensors header: ", ctx,
+               " must be a non-negative integer, got ", t);
+  uint64_t r = 0;
+  for (char c : t) {
+    KEEL_ENFORCE(r <= (static_cast<uint64_t>(INT64_MAX) - (c - '0')) / 10, what,
+                 ": bad safetensors header: ", ctx, " ", t, " is too large");
+    r = r * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return r;
+}
+
+Entry ParseEntry(const std::string& name, const Json& v, const std::string& what) {
+  const std::string ctx = "tensor \"" + name + "\"";
+  KEEL_ENFORCE(v.kind == Json::Kind::kObject, what, ": bad safetensors header: ", ctx,
+               " must be an object, got ", v.KindName());
+  const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
+  for (const auto& m : v.members) {
+    if (m.first == "dtype") dtype = &m.second;
+    else if (m.first == "shape") shape = &m.second;
+    else if (m.first == "data_offsets") offsets = &m.second;
+    else KEEL_THROW(what, ": bad safetensors header: ", ctx, " has unknown field \"", m.first, "\"");
+  }
+  KEEL_ENFORCE(dtype && shape && offsets, what, ": bad safetensors header: ", ctx,
+               " needs \"dtype\", \"shape\" and \"data_offsets\"");
+
+  Entry e;
+  e.name = name;
+  KEEL_ENFORCE(dtype->kind == Json::Kind::kString, what, ": bad safetensors header: ", ctx,
+               " dtype must be a string, got ", dtype->KindName());
+  KEEL_ENFORCE(DTypeFromCode(dtype->text, &e.dtype), what, ": ", ctx, " has dtype \"",
+               dtype->text, "\", which keel does not support (F32 F64 I32 I64 BOOL F16 BF16 U8 I8)");
+
+  KEEL_ENFORCE(shape->kind == Json::Kind::kArray, what, ": bad safetensors header: ", ctx,
+               " shape must be an array, got ", shape->KindName());
+  KEEL_ENFORCE(shape->items.size() <= static_cast<size_t>(DDim::kMaxRank), what, ": ", ctx,
+               " has rank ", shape->items.size(), ", keel supports at most ", DDim::kMaxRank);
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const Json& d : shape->items) {
+    uint64_t dim = ToUint(d, what, ctx + " shape dim");
+    e.shape.push_back(static_cast<int64_t>(dim));
+    overflow |= __builtin_mul_overflow(numel, dim, &numel);
+  }
+  uint64_t nbytes = 0;
+  overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(SizeOf(e.dtype)), &nbytes);
+
+  KEEL_ENFORCE(offsets->kind == Json::Kind::kArray && offsets->items.size() == 2, what,
+               ": bad safetensors header: ", ctx, " data_offsets must be [begin, end]");
+  e.begin = ToUint(offsets->items[0], what, ctx + " data_offsets[0]");
+  e.end = ToUint(offsets->items[1], what, ctx + " data_offsets[1]");
+  KEEL_ENFORCE(e.begin <= e.end, what, ": ", ctx, " has data_offsets [", e.begin, ", ", e.end,
+               "] with begin > end");
+  KEEL_ENFORCE(!overflow && e.end - e.begin == nbytes, what, ": ", ctx, " of ", dtype->text,
+               DDim(e.shape).str(), " needs ",
+               overflow ? std::string("more than 2^64") : std::to_string(nbytes),
+               " bytes but data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin);
+  return e;
+}
+
+uint64_t ReadU64LE(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+}  // namespace
+
+std::string EncodeSafetensors(const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  // Largest element size first, then by name: each tensor then starts aligned to its element size
+  // (the data buffer itself starts 8-aligned), as the reference writer does.
+  std::vector<const std::pair<std::string, Tensor>*> order;
+  for (const auto& nt : tensors) {
+    const Tensor& t = nt.second;
+    KEEL_ENFORCE(t.initialized(), "safetensors: tensor '", nt.first, "' is not initialized");
+    KEEL_ENFORCE(t.place().is_cpu(), "safetensors: tensor '", nt.first, "' is on ",
+                 t.place().str(), "; copy it to CPU before saving");
+    KEEL_ENFORCE(t.dims().known(), "safetensors: tensor '", nt.first, "' has unknown shape ",
+                 t.dims().str());
+    KEEL_ENFORCE(nt.first != "__metadata__", "safetensors: '__metadata__' is reserved");
+    order.push_back(&nt);
+  }
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
+    size_t sa = SizeOf(a->second.dtype()), sb = SizeOf(b->second.dtype());
+    return sa != sb ? sa > sb : a->first < b->first;
+  });
+  for (size_t i = 1; i < order.size(); ++i)
+    KEEL_ENFORCE(order[i - 1]->first != order[i]->first, "safetensors: tensor '", order[i]->first,
+                 "' given twice");
+
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& kv : metadata) {
+      if (!first) header += ",";
+      first = false;
+      AppendJsonString(&header, kv.first);
+      header += ":";
+      AppendJsonString(&header, kv.second);
+    }
+    header += "}";
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Tensor& t = order[i]->second;
+    if (i > 0 || !metadata.empty()) header += ",";
+    AppendJsonString(&header, order[i]->first);
+    header += ":{\"dtype\":\"";
+    header += SafetensorsCode(t.dtype());
+    header += "\",\"shape\":[";
+    for (int d = 0; d < t.dims().size(); ++d) {
+      if (d) header += ",";
+      header += std::to_string(t.dims()[d]);
+    }
+    uint64_t end = offset + t.nbytes();
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
+    offset = end;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');  // data buffer starts 8-aligned
+
+  std::string out;
+  out.reserve(8 + header.size() + offset);
+  uint64_t n = header.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += header;
+  for (const auto* nt : order)
+    out.append(static_cast<const char*>(nt->second.raw_data()), nt->second.nbytes());
+  return out;
+}
+
+NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what,
+                               std::map<std::string, std::string>* metadata) {
+  KEEL_ENFORCE(bytes.size() >= 8, what, ": not a safetensors file (", bytes.size(),
+               " bytes, shorter than the 8-byte header length)");
+  const uint64_t n = ReadU64LE(bytes.data());
+  KEEL_ENFORCE(n <= kMaxHeaderBytes, what, ": safetensors header length ", n,
+               " exceeds the limit of ", kMaxHeaderBytes, " bytes (corrupt or not a safetensors file)");
+  KEEL_ENFORCE(n <= bytes.size() - 8, what, ": safetensors header length ", n,
+               " exceeds the file size of ", bytes.size(), " bytes (truncated file?)");
+  KEEL_ENFORCE(n >= 2 && bytes[8] == '{', what,
+               ": safetensors header does not start with '{' (not a safetensors file)");
+  const char* header = bytes.data() + 8;
+  const char* data = header + n;
+  const uint64_t data_size = bytes.size() - 8 - n;
+
+  Json doc = JsonParser(header, data, what).ParseDocument();
+  KEEL_ENFORCE(doc.kind == Json::Kind::kObject, what,
+               ": bad safetensors header: top level must be an object");
+
+  std::map<std::string, std::string> meta;
+  std::vector<Entry> entries;
+  for (const auto& m : doc.members) {
+    if (m.first == "__metadata__") {
+      KEEL_ENFORCE(m.second.kind == Json::Kind::kObject, what,
+                   ": bad safetensors header: __metadata__ must be an object of strings");
+      for (const auto& kv : m.second.members) {
+        KEEL_ENFORCE(kv.second.kind == Json::Kind::kString, what,
+                     ": bad safetensors header: __metadata__[\"", kv.first,
+                     "\"] must be a string, got ", kv.second.KindName());
+        meta[kv.first] = kv.second.text;
+      }
+      continue;
+    }
+    entries.push_back(ParseEntry(m.first, m.second, what));
+  }
+
+  // Every tensor inside the buffer, no two sharing a byte.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries) {
+    KEEL_ENFORCE(e.end <= data_size, what, ": tensor \"", e.name, "\" data_offsets [", e.begin,
+                 ", ", e.end, "] exceed the data buffer of ", data_size, " bytes (truncated file?)");
+    by_offset.push_back(&e);
+  }
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const Entry* a = by_offset[i - 1];
+    const Entry* b = by_offset[i];
+    KEEL_ENFORCE(a->end <= b->begin, what, ": tensors \"", a->name, "\" [", a->begin, ", ",
+                 a->end, ") and \"", b->name, "\" [", b->begin, ", ", b->end,
+                 ") overlap in the data buffer");
+  }
+
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.name < b.name; });
+  NamedTensors out;
+  out.reserve(entries.size());
+  for (const Entry& e : entries) {
+    const char* src = data + e.begin;
+    const size_t size = static_cast<size_t>(e.end - e.begin);
+    // A bool byte other than 0/1 is undefined behaviour once read as bool.
+    if (e.dtype == DType::kBool) {
+      for (size_t i = 0; i < size; ++i)
+        KEEL_ENFORCE(static_cast<unsigned char>(src[i]) <= 1, what, ": BOOL tensor \"", e.name,
+                     "\" holds byte value ", static_cast<int>(static_cast<unsigned char>(src[i])),
+                     " at element ", i, " (must be 0 or 1)");
+    }
+    Tensor t(e.dtype, DDim(e.shape));
+    if (size > 0) std::memcpy(t.raw_data(), src, size);
+    out.emplace_back(e.name, std::move(t));
+  }
+  if (metadata) *metadata = std::move(meta);
+  return out;
+}
+
+void SaveSafetensors(const std::string& path, const NamedTensors& tensors,
+                     const std::map<std::string, std::string>& metadata) {
+  std::string bytes;
+  try {
+    bytes = EncodeSafetensors(tensors, metadata);
+  } catch (const Error& e) {
+    KEEL_THROW(path, ": ", e.what());
+  }
+  WriteFileAtomic(path, bytes);
+}
+
+NamedTensors LoadSafetensors(const std::string& path,
+                             std::map<std::string, std::string>* metadata) {
+  return DecodeSafetensors(ReadFile(path), path, metadata);
+}
+
+}  // namespace keel

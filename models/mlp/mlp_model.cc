@@ -1,0 +1,36 @@
+#include "models/mlp/mlp_model.h"
+
+namespace keel {
+namespace models {
+
+Var mlp(Var x, Var y, int hid, int classes) {
+  Var h1 = layers::fc(x, hid, "tanh");
+  Var h2 = layers::fc(h1, hid, "tanh");
+  Var pred = layers::fc(h2, classes, "softmax");
+  return layers::mean(layers::cross_entropy(pred, y));
+}
+
+void SyntheticMlpData::Next(int64_t batch, Tensor* x, Tensor* y) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::uniform_int_distribution<int64_t> label(0, classes_ - 1);
+  float* px = static_cast<float*>(x->Alloc(DType::kFloat32, {batch, features_}));
+  int64_t* py = static_cast<int64_t*>(y->Alloc(DType::kInt64, {batch, 1}));
+  for (int64_t i = 0; i < batch * features_; ++i) px[i] = u(rng_);
+  if (classes_ != 2) {
+    for (int64_t i = 0; i < batch; ++i) py[i] = label(rng_);
+    return;
+  }
+  // Two classes: y = [sum of the first half of x > sum of the second half], a rule the MLP can
+  // learn, so its loss falls from ln 2 instead of hovering there as with coin-flip labels.
+  const int64_t half = features_ / 2;
+  for (int64_t i = 0; i < batch; ++i) {
+    const float* row = px + i * features_;
+    float a = 0, b = 0;
+    for (int64_t j = 0; j < half; ++j) a += row[j];
+    for (int64_t j = half; j < features_; ++j) b += row[j];
+    py[i] = a > b ? 1 : 0;
+  }
+}
+
+}  // namespace models
+}  // namespace keel

@@ -1,0 +1,33 @@
+// The seed's model: a 3-layer MLP with tanh and a softmax cross-entropy loss, and its synthetic
+// data (x uniform in [0, 1) of 32 floats, y in {0, 1}: whether the first half of x outweighs the
+// second, a rule the model can learn).
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "framework/dsl/layers.h"
+#include "framework/runtime/tensor.h"
+
+namespace keel {
+namespace models {
+
+// Returns mean(cross_entropy(softmax(fc(tanh(fc(tanh(fc(x))))))), y).
+Var mlp(Var x, Var y, int hid = 1280, int classes = 2);
+
+// Draws batches of the seed's synthetic data from its own engine, so a seed fixes the stream.
+class SyntheticMlpData {
+ public:
+  explicit SyntheticMlpData(uint64_t seed, int64_t features = 32, int classes = 2)
+      : rng_(seed), features_(features), classes_(classes) {}
+  // Fills x [batch, features] float32 and y [batch, 1] int64.
+  void Next(int64_t batch, Tensor* x, Tensor* y);
+
+ private:
+  std::mt19937_64 rng_;
+  int64_t features_;
+  int classes_;
+};
+
+}  // namespace models
+}  // namespace keel

@@ -1,0 +1,34 @@
+// The built-in models that `keel train --model=NAME` and `keel bench NAME` run without user C++:
+// each builds (main, startup) programs with its optimizer and brings its training data.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor/executor.h"
+#include "framework/ir/program.h"
+
+namespace keel {
+namespace models {
+
+struct ModelConfig {
+  std::string name = "mlp";
+  float lr = 0.01f;
+  uint64_t seed = 0;  // 0: nondeterministic initialization and data
+};
+
+struct TrainableModel {
+  std::unique_ptr<Program> main, startup;
+  std::string loss;
+  // Fills `feed` with the next training batch of `batch` samples.
+  std::function<void(int64_t batch, FeedMap* feed)> next_batch;
+};
+
+// Builds a model by name; an unknown name is a keel::Error listing the known ones.
+TrainableModel BuildModel(const ModelConfig& config);
+std::vector<std::string> ModelNames();
+
+}  // namespace models
+}  // namespace keel

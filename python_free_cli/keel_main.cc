@@ -1,0 +1,55 @@
+// keel: train | inspect | bench. `keel help` lists them.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "framework/error.h"
+#include "framework/init.h"
+#include "python_free_cli/commands.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: keel <command> [flags] [args]\n"
+    "commands:\n"
+    "  train    train a built-in model: --model=mlp --steps=N --batch_size=B --lr=F --seed=S\n"
+    "           --save_dir=DIR --load_dir=DIR --fetch_frequency=K\n"
+    "  inspect  print a saved program (__model__) or safetensors file, or a checkpoint dir\n"
+    "  bench    time a built-in model's training step, one JSON line: keel bench mlp\n"
+    "run `keel <command> --help` for all flags\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  // Drop the subcommand so gflags sees only flags and positional args.
+  std::vector<char*> rest{argv[0]};
+  for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+  int n = static_cast<int>(rest.size());
+  char** av = rest.data();
+  gflags::SetUsageMessage(kUsage);
+  try {
+    keel::Init(&n, &av);
+    std::vector<std::string> args(av + 1, av + n);
+    if (cmd == "train") return keel::cli::Train(args);
+    if (cmd == "inspect") return keel::cli::Inspect(args);
+    if (cmd == "bench") return keel::cli::Bench(args);
+    std::fprintf(stderr, "keel: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const keel::Error& e) {
+    std::fprintf(stderr, "keel %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,135 @@
+// Executor: feeds are checked, fetches are copies, fetch_frequency skips, drop-scope releases.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "executor/executor.h"
+#include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
+
+namespace keel {
+namespace {
+
+struct Net {
+  Program main, startup;
+  Var x, out;
+  Net() {
+    ProgramGuard g(main, startup);
+    x = layers::data("x", {-1, 3});
+    out = layers::scale(layers::tanh(x), 2.0f, 1.0f);
+  }
+};
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Executor, RunsAndFetchesCopies) {
+  Net n;
+  Executor exe;
+  Tensor x = Tensor::FromVector<float>({0, 1, -1, 0.5f, 2, 3}, {2, 3});
+  auto r = exe.Run(n.main, {{"x", x}}, {n.out});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].dims(), (DDim{2, 3}));
+  EXPECT_FLOAT_EQ(r[0].data<float>()[1], 2.0f * std::tanh(1.0f) + 1.0f);
+  float first = r[0].data<float>()[0];
+  exe.Run(n.main, {{"x", Tensor::FromVector<float>({5, 5, 5}, {1, 3})}}, {n.out});
+  EXPECT_EQ(r[0].data<float>()[0], first);  // the earlier result was a copy
+}
+
+TEST(Executor, WrongFeedShapeOrDtypeNamesTheVar) {
+  Net n;
+  Executor exe;
+  std::string e = ErrorOf([&] { exe.Run(n.main, {{"x", Tensor(DType::kFloat32, {2, 4})}}); });
+  EXPECT_NE(e.find("'x'"), std::string::npos) << e;
+  EXPECT_NE(e.find("[2, 4]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[-1, 3]"), std::string::npos) << e;
+  e = ErrorOf([&] { exe.Run(n.main, {{"x", Tensor(DType::kFloat64, {2, 3})}}); });
+  EXPECT_NE(e.find("float64"), std::string::npos) << e;
+  e = ErrorOf([&] { exe.Run(n.main, {{"nope", Tensor(DType::kFloat32, {1})}}); });
+  EXPECT_NE(e.find("nope"), std::string::npos) << e;
+}
+
+TEST(Executor, UnfedInputNamesTheVarAndOp) {
+  Net n;
+  Executor exe;
+  std::string e = ErrorOf([&] { exe.Run(n.main, {}, {n.out}); });
+  EXPECT_NE(e.find("tanh"), std::string::npos) << e;
+  EXPECT_NE(e.find("'x'"), std::string::npos) << e;
+}
+
+TEST(Executor, FetchFrequencySkipsRuns) {
+  Net n;
+  ExecutionStrategy s;
+  s.fetch_frequency = 3;
+  Executor exe(CPUPlace(), s);
+  Tensor x(DType::kFloat32, {1, 3});
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 7; ++i) sizes.push_back(exe.Run(n.main, {{"x", x}}, {n.out}).size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 0, 0, 1, 0, 0, 1}));
+  EXPECT_TRUE(exe.Run(n.main, {{"x", x}}).empty());
+  EXPECT_EQ(exe.RunCount(n.main), 8);
+}
+
+TEST(Executor, DropScopeReleasesTemporariesButKeepsParameters) {
+  Program main, startup;
+  Var loss;
+  {
+    ProgramGuard g(main, startup);
+    Var x = layers::data("x", {-1, 3});
+    loss = layers::mean(layers::fc(x, 2));
+    optimizer::SGD(0.1f).minimize(loss, &startup);
+  }
+  ExecutionStrategy s;
+  s.num_iteration_per_drop_scope = 2;
+  Executor exe(CPUPlace(), s);
+  exe.Run(startup);
+  Tensor x = Tensor::FromVector<float>({1, 2, 3}, {1, 3});
+  exe.Run(main, {{"x", x}});
+  Variable* tmp = exe.local_scope().FindLocalVar("fc_0.tmp_0");
+  ASSERT_NE(tmp, nullptr);
+  EXPECT_TRUE(tmp->tensor().initialized());
+  exe.Run(main, {{"x", x}});  // second run: dropped
+  EXPECT_FALSE(tmp->tensor().initialized());
+  EXPECT_TRUE(exe.scope().FindVar("fc_0.w_0")->tensor().initialized());
+  auto r = exe.Run(main, {{"x", x}}, {loss});  // and it runs on after the drop
+  EXPECT_EQ(r.size(), 1u);
+}
+
+TEST(Executor, RebuildsItsPlanWhenTheProgramChanges) {
+  Net n;
+  Executor exe;
+  Tensor x = Tensor::FromVector<float>({0, 0, 0}, {1, 3});
+  EXPECT_FLOAT_EQ(exe.Run(n.main, {{"x", x}}, {n.out})[0].data<float>()[0], 1.0f);
+  {
+    ProgramGuard g(n.main, n.startup);
+    n.out = layers::scale(n.out, 10.0f);
+  }
+  EXPECT_FLOAT_EQ(exe.Run(n.main, {{"x", x}}, {n.out})[0].data<float>()[0], 10.0f);
+}
+
+TEST(Executor, SameProgramSeedGivesSameInitialization) {
+  auto init = [](int64_t seed) {
+    Program main, startup;
+    startup.set_random_seed(seed);
+    {
+      ProgramGuard g(main, startup);
+      layers::fc(layers::data("x", {-1, 8}), 8);
+    }
+    Executor exe;
+    exe.Run(startup);
+    return exe.scope().FindVar("fc_0.w_0")->tensor().Clone();
+  };
+  Tensor a = init(5), b = init(5), c = init(6);
+  EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()));
+  EXPECT_NE(0, std::memcmp(a.raw_data(), c.raw_data(), a.nbytes()));
+}
+
+}  // namespace
+}  // namespace keel

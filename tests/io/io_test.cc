@@ -1,0 +1,788 @@
+// framework/io: atomic writes, safetensors (bit-exact, interoperable with the python package,
+// robust against damaged files), persistables, pruning and inference models.
+#include "framework/io/io.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "executor/executor.h"
+#include "tests/util/golden.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------- helpers
+
+class IoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/keel_io_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  std::string dir_;
+};
+
+std::string Bytes(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+void WritePlain(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A safetensors file from a literal header and data buffer (no padding, as a foreign writer might).
+std::string MakeSafetensors(const std::string& header, const std::string& data) {
+  uint64_t n = header.size();
+  std::string out(reinterpret_cast<const char*>(&n), 8);
+  return out + header + data;
+}
+
+// Expects loading `bytes` from a file to fail with a keel::Error naming the file and `needle`.
+void ExpectLoadError(const std::string& path, const std::string& bytes, const std::string& needle) {
+  SCOPED_TRACE("file " + path + " expecting '" + needle + "'");
+  WritePlain(path, bytes);
+  try {
+    LoadSafetensors(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(path, 0), 0u) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  }
+}
+
+template <typename T>
+Tensor Make(DType dtype, const DDim& dims, const std::vector<T>& values) {
+  Tensor t(dtype, dims);
+  EXPECT_EQ(values.size() * sizeof(T), t.nbytes());
+  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+// The tensors both interop tests agree on; kPythonTensors below builds the same values in numpy.
+NamedTensors InteropTensors(bool with_bf16) {
+  NamedTensors ts;
+  std::vector<float> f32(12);
+  for (int i = 0; i < 12; ++i) f32[i] = i * 0.5f - 1.0f;
+  ts.emplace_back("f32", Make(DType::kFloat32, {3, 4}, f32));
+  std::vector<double> f64(5);
+  for (int i = 0; i < 5; ++i) f64[i] = i / 3.0;
+  ts.emplace_back("f64", Make(DType::kFloat64, {5}, f64));
+  ts.emplace_back("i32", Make<int32_t>(DType::kInt32, {2, 3}, {-3, -2, -1, 0, 1, 2}));
+  ts.emplace_back("i64", Make<int64_t>(DType::kInt64, {4},
+                                       {std::numeric_limits<int64_t>::min(), -1, 0,
+                                        std::numeric_limits<int64_t>::max()}));
+  ts.emplace_back("bool", Make<uint8_t>(DType::kBool, {3}, {1, 0, 1}));
+  ts.emplace_back("f16", Make<uint16_t>(DType::kFloat16, {2, 3},
+                                        {0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000, 0x3555}));
+  ts.emplace_back("u8", Make<uint8_t>(DType::kUInt8, {4}, {0, 255, 128, 7}));
+  ts.emplace_back("i8", Make<int8_t>(DType::kInt8, {4}, {-128, 127, -1, 0}));
+  ts.emplace_back("scalar", Make<float>(DType::kFloat32, DDim{}, {3.5f}));
+  ts.emplace_back("empty", Tensor(DType::kFloat32, {0, 4}));
+  // A view 5 elements into a larger allocation: values 5..10.
+  std::vector<float> big(20);
+  for (int i = 0; i < 20; ++i) big[i] = static_cast<float>(i);
+  ts.emplace_back("view", Make(DType::kFloat32, {20}, big).View({2, 3}, 5));
+  if (with_bf16)
+    ts.emplace_back("bf16", Make<uint16_t>(DType::kBFloat16, {2, 2}, {0x3F80, 0xC000, 0x7F80, 0x0001}));
+  return ts;
+}
+
+const char* kPythonTensors = R"PY(
+import sys
+import numpy as np
+exp = {
+    "f32": np.arange(12, dtype=np.float32).reshape(3, 4) * np.float32(0.5) - np.float32(1),
+    "f64": np.arange(5, dtype=np.float64) / 3.0,
+    "i32": np.arange(-3, 3, dtype=np.int32).reshape(2, 3),
+    "i64": np.array([-2**63, -1, 0, 2**63 - 1], dtype=np.int64),
+    "bool": np.array([True, False, True]),
+    "f16": np.array([0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000, 0x3555], dtype=np.uint16)
+              .view(np.float16).reshape(2, 3),
+    "u8": np.array([0, 255, 128, 7], dtype=np.uint8),
+    "i8": np.array([-128, 127, -1, 0], dtype=np.int8),
+    "scalar": np.array(3.5, dtype=np.float32),
+    "empty": np.zeros((0, 4), dtype=np.float32),
+    "view": np.arange(5, 11, dtype=np.float32).reshape(2, 3),
+}
+)PY";
+
+bool HavePythonSafetensors() {
+  return std::system("/usr/bin/env python3 -c 'import safetensors, numpy' >/dev/null 2>&1") == 0;
+}
+
+// Runs a python script; returns its exit status, with stdout+stderr in *output.
+int RunPython(const std::string& script_path, const std::string& script, const std::string& arg,
+              std::string* output) {
+  WritePlain(script_path, script);
+  std::string cmd = "/usr/bin/env python3 '" + script_path + "' '" + arg + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  return pclose(p);
+}
+
+// ---------------------------------------------------------------- safetensors
+
+TEST_F(IoTest, SafetensorsRoundTripsEveryDtypeBitExactly) {
+  std::mt19937_64 rng(7);
+  NamedTensors in;
+  const DType all[] = {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64,
+                       DType::kBool,    DType::kFloat16, DType::kBFloat16, DType::kUInt8,
+                       DType::kInt8};
+  for (DType dt : all) {
+    // Random bit patterns (NaN payloads, -0, subnormals included) in a larger allocation, saved
+    // through a view that starts at an odd element offset.
+    Tensor big(dt, {64});
+    auto* p = static_cast<unsigned char*>(big.raw_data());
+    for (size_t i = 0; i < big.nbytes(); ++i)
+      p[i] = dt == DType::kBool ? rng() % 2 : static_cast<unsigned char>(rng());
+    in.emplace_back(std::string("view_") + DTypeName(dt), big.View({3, 5}, 7));
+    in.emplace_back(std::string("whole_") + DTypeName(dt), big);
+  }
+  in.emplace_back("scalar", Make<double>(DType::kFloat64, DDim{}, {-0.0}));
+  in.emplace_back("empty", Tensor(DType::kInt64, {2, 0, 3}));
+  in.emplace_back("nan", Make<float>(DType::kFloat32, {2}, {std::nanf("0x123"), -INFINITY}));
+  const std::map<std::string, std::string> meta = {
+      {"format", "keel"}, {"quote\"back\\slash", "line\nbreak\ttab \x01 h\xc3\xa9llo \xe2\x82\xac"}};
+
+  const std::string path = Path("all.safetensors");
+  SaveSafetensors(path, in, meta);
+  std::map<std::string, std::string> meta_out;
+  NamedTensors out = LoadSafetensors(path, &meta_out);
+  EXPECT_EQ(meta_out, meta);
+
+  ASSERT_EQ(out.size(), in.size());
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& nt : out) by_name[nt.first] = &nt.second;
+  for (const auto& [name, t] : in) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(by_name.count(name));
+    const Tensor& got = *by_name[name];
+    EXPECT_EQ(got.dtype(), t.dtype());
+    EXPECT_EQ(got.dims(), t.dims());
+    EXPECT_TRUE(got.place().is_cpu());
+    EXPECT_EQ(Bytes(got), Bytes(t));
+  }
+
+  // The header is space-padded so the data buffer starts 8-aligned.
+  std::string bytes = ReadFile(path);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+}
+
+TEST_F(IoTest, SafetensorsEncodeRejectsUninitializedAndDuplicateTensors) {
+  EXPECT_THROW(EncodeSafetensors({{"x", Tensor()}}), Error);
+  Tensor t = Make<float>(DType::kFloat32, {1}, {1.f});
+  EXPECT_THROW(EncodeSafetensors({{"x", t}, {"x", t}}), Error);
+  try {
+    SaveSafetensors(Path("bad.safetensors"), {{"x", Tensor()}});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(Path("bad.safetensors")), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(Path("bad.safetensors")));
+}
+
+TEST_F(IoTest, PythonSafetensorsReadsOurFile) {
+  if (!HavePythonSafetensors())
+    GTEST_SKIP() << "python3 with the safetensors and numpy packages is not available "
+                    "(pip install safetensors numpy)";
+  const std::string path = Path("ours.safetensors");
+  SaveSafetensors(path, InteropTensors(/*with_bf16=*/true),
+                  {{"format", "keel"}, {"note", "h\xc3\xa9llo \"q\"\n"}});
+  std::string script = std::string(kPythonTensors) + R"PY(
+from safetensors import safe_open
+with safe_open(sys.argv[1], framework="numpy") as f:
+    assert f.metadata() == {"format": "keel", "note": "h\u00e9llo \"q\"\n"}, f.metadata()
+    assert sorted(f.keys()) == sorted(list(exp) + ["bf16"]), f.keys()
+    for k, v in exp.items():
+        t = f.get_tensor(k)
+        assert t.dtype == v.dtype and t.shape == v.shape, (k, t.dtype, t.shape)
+        assert t.tobytes() == v.tobytes(), (k, t, v)
+    s = f.get_slice("bf16")
+    assert s.get_dtype() == "BF16" and s.get_shape() == [2, 2], (s.get_dtype(), s.get_shape())
+print("OK")
+)PY";
+  std::string output;
+  int rc = RunPython(Path("check.py"), script, path, &output);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_NE(output.find("OK"), std::string::npos) << output;
+}
+
+TEST_F(IoTest, WeReadPythonSafetensorsFile) {
+  if (!HavePythonSafetensors())
+    GTEST_SKIP() << "python3 with the safetensors and numpy packages is not available "
+                    "(pip install safetensors numpy)";
+  const std::string path = Path("theirs.safetensors");
+  std::string script = std::string(kPythonTensors) + R"PY(
+from safetensors.numpy import save_file
+save_file(exp, sys.argv[1], metadata={"src": "python"})
+)PY";
+  std::string output;
+  ASSERT_EQ(RunPython(Path("write.py"), script, path, &output), 0) << output;
+
+  std::map<std::string, std::string> meta;
+  NamedTensors got = LoadSafetensors(path, &meta);
+  EXPECT_EQ(meta, (std::map<std::string, std::string>{{"src", "python"}}));
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& nt : got) by_name[nt.first] = &nt.second;
+  NamedTensors want = InteropTensors(/*with_bf16=*/false);
+  EXPECT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(by_name.count(name));
+    EXPECT_EQ(by_name[name]->dtype(), t.dtype());
+    EXPECT_EQ(by_name[name]->dims(), t.dims());
+    EXPECT_EQ(Bytes(*by_name[name]), Bytes(t));
+  }
+}
+
+TEST_F(IoTest, EveryTruncationOfAFileIsAnErrorNamingIt) {
+  std::string bytes = EncodeSafetensors(
+      {{"a", Make<float>(DType::kFloat32, {2}, {1.f, 2.f})},
+       {"b", Make<uint8_t>(DType::kUInt8, {3}, {1, 2, 3})}},
+      {{"k", "v"}});
+  const std::string path = Path("trunc.safetensors");
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    SCOPED_TRACE("prefix length " + std::to_string(len) + " of " + std::to_string(bytes.size()));
+    WritePlain(path, bytes.substr(0, len));
+    try {
+      LoadSafetensors(path);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(path, 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST_F(IoTest, CorruptedBytesNeverCrash) {
+  // Every header byte set to a handful of values: decoding succeeds or throws keel::Error.
+  std::string bytes = EncodeSafetensors({{"w", Make<int32_t>(DType::kInt32, {2, 2}, {1, 2, 3, 4})},
+                                         {"z", Make<uint8_t>(DType::kBool, {2}, {0, 1})}},
+                                        {{"m", "x"}});
+  int errors = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (unsigned char v : {0x00, 0x01, 0x22, 0x2c, 0x30, 0x39, 0x5b, 0x5d, 0x7b, 0x7d, 0xff}) {
+      std::string b = bytes;
+      b[i] = static_cast<char>(v);
+      try {
+        DecodeSafetensors(b, "fuzz");
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).rfind("fuzz", 0), 0u) << e.what();
+        ++errors;
+      }
+    }
+  }
+  EXPECT_GT(errors, 0);
+}
+
+TEST_F(IoTest, BadHeaderLengthIsAnError) {
+  const std::string good = MakeSafetensors(
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  std::string huge = good;
+  uint64_t big = 1ull << 62;
+  std::memcpy(&huge[0], &big, 8);
+  ExpectLoadError(Path("huge.safetensors"), huge, "exceeds the limit");
+  std::string longer = good;
+  uint64_t past = good.size();  // header "ends" past the end of the file
+  std::memcpy(&longer[0], &past, 8);
+  ExpectLoadError(Path("longer.safetensors"), longer, "exceeds the file size");
+  std::string zero = good;
+  uint64_t z = 0;
+  std::memcpy(&zero[0], &z, 8);
+  ExpectLoadError(Path("zero.safetensors"), zero, "does not start with '{'");
+  ExpectLoadError(Path("tiny.safetensors"), "abc", "shorter than");
+  ExpectLoadError(Path("empty.safetensors"), "", "shorter than");
+}
+
+TEST_F(IoTest, MalformedHeadersAreErrorsNamingTheFile) {
+  const std::string d4(4, '\0'), d8(8, '\0'), d12(12, '\0');
+  struct Case {
+    const char* name;
+    std::string header, data, needle;
+  };
+  const std::vector<Case> cases = {
+      {"garbage", "{not json}", "", "bad safetensors header"},
+      {"unterminated", R"({"a":{"dtype":"F32")", "", "bad safetensors header"},
+      {"top_level_array", "[1]", "", "does not start with '{'"},
+      {"unclosed_object", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})", d4,
+       "bad safetensors header"},
+      {"trailing", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x)", d4,
+       "trailing characters"},
+      {"duplicate_name",
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       d8, "duplicate key"},
+      {"deep", std::string(1, '{') + "\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}",
+       "", "nesting deeper"},
+      {"bad_escape", R"({"a\q":{}})", "", "invalid escape"},
+      {"bad_utf8", "{\"a\xff\":{}}", "", "invalid UTF-8"},
+      {"wrong_dtype", R"({"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", d4,
+       "F8_E4M3"},
+      {"lowercase_dtype", R"({"a":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", d4,
+       "does not support"},
+      {"dtype_not_string", R"({"a":{"dtype":1,"shape":[1],"data_offsets":[0,4]}})", d4,
+       "dtype must be a string"},
+      {"missing_field", R"({"a":{"dtype":"F32","shape":[1]}})", d4, "needs"},
+      {"unknown_field", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", d4,
+       "unknown field"},
+      {"negative_dim", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", d4,
+       "non-negative integer"},
+      {"fractional_dim", R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", d4,
+       "non-negative integer"},
+      {"huge_dim", R"({"a":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,4]}})",
+       d4, "too large"},
+      {"numel_overflow",
+       R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})",
+       d4, "more than 2^64"},
+      {"rank_too_high",
+       R"({"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}})", d4, "rank"},
+      {"offsets_out_of_bounds", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d4,
+       "exceed the data buffer"},
+      {"offsets_reversed", R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", d4,
+       "begin > end"},
+      {"offsets_not_pair", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", d4,
+       "data_offsets must be"},
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       d12, "overlap"},
+      {"same_range",
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}})",
+       d4, "overlap"},
+      {"shape_offset_mismatch", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8,
+       "needs 12 bytes"},
+      {"metadata_not_strings", R"({"__metadata__":{"k":1}})", "", "must be a string"},
+      {"entry_not_object", R"({"a":[1,2]})", "", "must be an object"},
+      {"bool_byte", R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})",
+       std::string("\x01\x02", 2), "must be 0 or 1"},
+  };
+  for (const Case& c : cases) {
+    ExpectLoadError(Path(std::string(c.name) + ".safetensors"), MakeSafetensors(c.header, c.data),
+                    c.needle);
+  }
+}
+
+TEST_F(IoTest, ForeignLayoutsDecode) {
+  // Unpadded header, whitespace, escapes, empty tensors sharing an offset, trailing gap.
+  const std::string header =
+      "{\n \"__metadata__\" : {\"k\":\"\\u00e9\\ud83d\\ude00\"},\n"
+      " \"e1\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},\n"
+      " \"e2\":{\"dtype\":\"I8\",\"shape\":[3,0],\"data_offsets\":[4,4]},\n"
+      " \"a\\/b\":{\"shape\":[1],\"data_offsets\":[0,4],\"dtype\":\"I32\"}}";
+  std::string data("\x2a\0\0\0\xff\xff", 6);
+  std::map<std::string, std::string> meta;
+  NamedTensors got = DecodeSafetensors(MakeSafetensors(header, data), "foreign", &meta);
+  EXPECT_EQ(meta.at("k"), "\xc3\xa9\xf0\x9f\x98\x80");
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].first, "a/b");
+  EXPECT_EQ(got[0].second.data<int32_t>()[0], 42);
+  EXPECT_EQ(got[1].second.dims(), DDim({0}));
+  EXPECT_EQ(got[2].second.dims(), DDim({3, 0}));
+}
+
+// ---------------------------------------------------------------- atomic files
+
+TEST_F(IoTest, WriteFileAtomicReplacesAndLeavesNoTempFile) {
+  const std::string path = Path("f.bin");
+  WriteFileAtomic(path, "first");
+  EXPECT_EQ(ReadFile(path), "first");
+  std::string big(3 << 20, 'x');
+  big[12345] = '\0';
+  WriteFileAtomic(path, big);
+  EXPECT_EQ(ReadFile(path), big);
+  WriteFileAtomic(path, "");
+  EXPECT_EQ(ReadFile(path), "");
+  EXPECT_EQ(DirEntries(dir_), std::vector<std::string>{"f.bin"});
+}
+
+TEST_F(IoTest, WriteFileAtomicOntoADirectoryFailsCleanly) {
+  const std::string target = Path("adir");
+  fs::create_directory(target);
+  WritePlain(Path("adir/keep"), "k");
+  try {
+    WriteFileAtomic(target, "data");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(target), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Is a directory"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_directory(target));
+  EXPECT_EQ(ReadFile(Path("adir/keep")), "k");
+  EXPECT_EQ(DirEntries(dir_), std::vector<std::string>{"adir"});
+}
+
+TEST_F(IoTest, WriteFileAtomicIntoMissingDirectoryFails) {
+  const std::string path = Path("no/such/dir/f.bin");
+  try {
+    WriteFileAtomic(path, "data");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(DirEntries(dir_).empty());
+}
+
+TEST_F(IoTest, WriteFileAtomicKeepsOldFileWhenAWriteFails) {
+  // A file-size limit makes write() fail half way (EFBIG), the way a full disk would.
+  const std::string path = Path("ckpt.bin");
+  WriteFileAtomic(path, "old contents");
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto old_handler = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    WriteFileAtomic(path, std::string(1 << 20, 'n'));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, old_handler);
+  EXPECT_NE(error.find(path), std::string::npos) << error;
+  EXPECT_NE(error.find("File too large"), std::string::npos) << error;
+  EXPECT_EQ(ReadFile(path), "old contents");
+  EXPECT_EQ(DirEntries(dir_), std::vector<std::string>{"ckpt.bin"});
+}
+
+TEST_F(IoTest, ReadFileNamesMissingPath) {
+  const std::string path = Path("missing.bin");
+  try {
+    ReadFile(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
+  }
+  EXPECT_THROW(ReadFile(dir_), Error);
+}
+
+// ---------------------------------------------------------------- programs and checkpoints
+
+// b: f64[4], step: i64[1], w: f32[3,4] persistable (w declared last, so a bad w is found after
+// the others validated); x, h temporaries.
+std::unique_ptr<Program> CheckpointProgram(const std::vector<int64_t>& w_shape = {3, 4}) {
+  auto p = std::make_unique<Program>();
+  Block& b = p->global_block();
+  VarDesc* x = b.Var("x");
+  x->set_shape({-1, 3});
+  x->set_is_data(true);
+  VarDesc* bias = b.Var("b");
+  bias->set_dtype(DType::kFloat64);
+  bias->set_shape({4});
+  bias->set_persistable(true);
+  VarDesc* step = b.Var("step");
+  step->set_dtype(DType::kInt64);
+  step->set_shape({1});
+  step->set_persistable(true);
+  VarDesc* w = b.Var("w");
+  w->set_shape(w_shape);
+  w->set_persistable(true);
+  w->set_is_parameter(true);
+  b.Var("h")->set_shape({-1, 4});
+  return p;
+}
+
+void FillCheckpointScope(Scope* scope, float base) {
+  std::vector<float> w(12);
+  for (int i = 0; i < 12; ++i) w[i] = base + i * 0.1f;
+  *scope->Var("w")->mutable_tensor() = Make(DType::kFloat32, {3, 4}, w);
+  *scope->Var("b")->mutable_tensor() = Make<double>(DType::kFloat64, {4}, {base, -0.0, 1e300, 3});
+  *scope->Var("step")->mutable_tensor() = Make<int64_t>(DType::kInt64, {1}, {int64_t(base) + 7});
+}
+
+TEST_F(IoTest, ProgramRoundTrip) {
+  auto p = CheckpointProgram();
+  const std::string path = Path("__model__");
+  SaveProgram(*p, path);
+  EXPECT_EQ(LoadProgram(path)->ToText(), p->ToText());
+  try {
+    LoadProgram(Path("nope"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(Path("nope")), std::string::npos);
+  }
+  WritePlain(Path("junk"), "\xff\xff\xff junk");
+  try {
+    LoadProgram(Path("junk"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(Path("junk")), std::string::npos);
+  }
+}
+
+TEST_F(IoTest, PersistablesRoundTripBitExactly) {
+  auto p = CheckpointProgram();
+  Scope scope;
+  FillCheckpointScope(&scope, 1.5f);
+  const std::string dir = Path("ckpt/epoch_1");  // created on demand
+  save_persistables(scope, dir, *p);
+
+  std::map<std::string, std::string> meta;
+  NamedTensors file = LoadSafetensors(dir + "/" + kPersistablesFile, &meta);
+  EXPECT_EQ(meta.at("format"), "keel");
+  EXPECT_EQ(meta.at("keel.version"), "1");
+  EXPECT_EQ(file.size(), 3u);  // only persistables
+
+  Scope loaded;
+  load_persistables(loaded, dir, *p);
+  for (const char* name : {"w", "b", "step"}) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(loaded.FindVar(name), nullptr);
+    const Tensor& got = loaded.FindVar(name)->tensor();
+    const Tensor& want = scope.FindVar(name)->tensor();
+    EXPECT_EQ(got.dtype(), want.dtype());
+    EXPECT_EQ(got.dims(), want.dims());
+    EXPECT_EQ(Bytes(got), Bytes(want));
+  }
+  EXPECT_EQ(loaded.FindVar("x"), nullptr);
+
+  // Executor overloads go through exe.scope().
+  Executor exe;
+  load_persistables(exe, dir, *p);
+  EXPECT_EQ(Bytes(exe.scope().FindVar("w")->tensor()), Bytes(scope.FindVar("w")->tensor()));
+  save_persistables(exe, Path("ckpt2"), *p);
+  EXPECT_EQ(ReadFile(Path("ckpt2/") + kPersistablesFile), ReadFile(dir + "/" + kPersistablesFile));
+}
+
+TEST_F(IoTest, LoadPersistablesWritesIntoExistingViews) {
+  // A var that is a view into a fused buffer keeps its memory: the buffer sees the loaded values.
+  auto p = CheckpointProgram();
+  Scope src;
+  FillCheckpointScope(&src, 2.f);
+  save_persistables(src, dir_, *p);
+
+  Scope dst;
+  Tensor fused(DType::kFloat32, {32});
+  std::memset(fused.raw_data(), 0, fused.nbytes());
+  *dst.Var("w")->mutable_tensor() = fused.View({3, 4}, 8);
+  load_persistables(dst, dir_, *p);
+  EXPECT_EQ(dst.FindVar("w")->tensor().holder(), fused.holder());
+  EXPECT_EQ(std::memcmp(fused.data<float>() + 8, src.FindVar("w")->tensor().raw_data(), 48), 0);
+}
+
+TEST_F(IoTest, SavePersistablesMissingVarWritesNothing) {
+  auto p = CheckpointProgram();
+  Scope scope;
+  FillCheckpointScope(&scope, 0.f);
+  scope.EraseVar("b");
+  scope.Var("step")->mutable_tensor()->clear();
+  const std::string dir = Path("ckpt");
+  try {
+    save_persistables(scope, dir, *p);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("b (not in scope)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("step (uninitialized)"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST_F(IoTest, LoadPersistablesMismatchNamesVarAndShapesAndChangesNothing) {
+  auto p = CheckpointProgram();
+  Scope scope;
+  FillCheckpointScope(&scope, 1.f);
+  save_persistables(scope, dir_, *p);
+  const std::string file = dir_ + "/" + kPersistablesFile;
+
+  // "b" and "step" (checked first) would load fine; "w" is declared transposed.
+  auto other = CheckpointProgram({4, 3});
+  Scope target;
+  FillCheckpointScope(&target, 9.f);
+  const std::string w_before = Bytes(target.FindVar("w")->tensor());
+  const std::string b_before = Bytes(target.FindVar("b")->tensor());
+  const std::string step_before = Bytes(target.FindVar("step")->tensor());
+  try {
+    load_persistables(target, dir_, *other);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(file), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[4, 3]"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(Bytes(target.FindVar("w")->tensor()), w_before);
+  EXPECT_EQ(Bytes(target.FindVar("b")->tensor()), b_before);
+  EXPECT_EQ(Bytes(target.FindVar("step")->tensor()), step_before);
+
+  // A dtype mismatch and a var the file lacks are errors too; an extra var in the file is not.
+  auto wrong_dtype = CheckpointProgram();
+  wrong_dtype->global_block().Var("step")->set_dtype(DType::kInt32);
+  EXPECT_THROW(load_persistables(target, dir_, *wrong_dtype), Error);
+  auto needs_more = CheckpointProgram();
+  needs_more->global_block().Var("moment")->set_persistable(true);
+  try {
+    load_persistables(target, dir_, *needs_more);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'moment'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(Bytes(target.FindVar("b")->tensor()), b_before);
+  auto fewer = CheckpointProgram();
+  fewer->global_block().Var("step")->set_persistable(false);
+  load_persistables(target, dir_, *fewer);
+  EXPECT_EQ(Bytes(target.FindVar("w")->tensor()), Bytes(scope.FindVar("w")->tensor()));
+  EXPECT_EQ(Bytes(target.FindVar("step")->tensor()), step_before);
+}
+
+// ---------------------------------------------------------------- pruning and inference models
+
+// y = relu(x * w + b); loss = mse(y, label); its backward and sgd ops; an unrelated branch.
+std::unique_ptr<Program> TrainingProgram() {
+  auto p = CheckpointProgram();
+  Block& b = p->global_block();
+  b.Var("label")->set_is_data(true);
+  for (const char* n : {"y", "z", "loss", "loss@GRAD", "y@GRAD", "h@GRAD", "w@GRAD", "side"})
+    b.Var(n);
+  VarDesc* lr = b.Var("lr");
+  lr->set_persistable(true);
+  lr->set_shape({1});
+
+  OpDesc* mul = b.AppendOp("mul");  // no op_role: forward
+  mul->SetInput("X", {"x"});
+  mul->SetInput("Y", {"w"});
+  mul->SetOutput("Out", {"h"});
+  OpDesc* add = b.AppendOp("elementwise_add");
+  add->SetInput("X", {"h"});
+  add->SetInput("Y", {"b"});
+  add->SetOutput("Out", {"y"});
+  add->SetAttr(kOpRoleAttr, 0);
+  OpDesc* relu = b.AppendOp("relu");
+  relu->SetInput("X", {"y"});
+  relu->SetOutput("Out", {"z"});
+  relu->SetAttr(kOpRoleAttr, 0);
+  OpDesc* side = b.AppendOp("scale");  // forward but feeds no target
+  side->SetInput("X", {"x"});
+  side->SetOutput("Out", {"side"});
+  OpDesc* loss = b.AppendOp("mse");
+  loss->SetInput("X", {"z"});
+  loss->SetInput("Label", {"label"});
+  loss->SetOutput("Out", {"loss"});
+  loss->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward) | static_cast<int>(OpRole::kLoss));
+  OpDesc* fill = b.AppendOp("fill_constant");
+  fill->SetOutput("Out", {"loss@GRAD"});
+  fill->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward) | static_cast<int>(OpRole::kLoss));
+  // A backward op that (re)writes z: pruning must not keep it.
+  OpDesc* grad = b.AppendOp("mse_grad");
+  grad->SetInput("Out@GRAD", {"loss@GRAD"});
+  grad->SetOutput("X@GRAD", {"z"});
+  grad->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward));
+  OpDesc* sgd = b.AppendOp("sgd");
+  sgd->SetInput("Param", {"w"});
+  sgd->SetInput("Grad", {"w@GRAD"});
+  sgd->SetInput("LearningRate", {"lr"});
+  sgd->SetOutput("ParamOut", {"w"});
+  sgd->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kOptimize));
+  return p;
+}
+
+TEST_F(IoTest, PruneForInferenceKeepsTheForwardSliceOfTheTargets) {
+  auto p = TrainingProgram();
+  const std::string before = p->ToText();
+  auto pruned = PruneForInference(*p, {"x"}, {"z"});
+  EXPECT_EQ(p->ToText(), before);  // the input is untouched
+  testing::ExpectGolden(pruned->ToText(), "io_prune_for_inference.txt");
+
+  std::vector<std::string> types;
+  for (const auto& op : pruned->global_block().ops()) types.push_back(op->type());
+  EXPECT_EQ(types, (std::vector<std::string>{"mul", "elementwise_add", "relu"}));
+  std::vector<std::string> vars;
+  for (const VarDesc* v : pruned->global_block().AllVars()) vars.push_back(v->name());
+  EXPECT_EQ(vars, (std::vector<std::string>{"x", "b", "w", "h", "y", "z"}));
+
+  // Feeding an intermediate stops the walk there.
+  auto from_h = PruneForInference(*p, {"h"}, {"z"});
+  types.clear();
+  for (const auto& op : from_h->global_block().ops()) types.push_back(op->type());
+  EXPECT_EQ(types, (std::vector<std::string>{"elementwise_add", "relu"}));
+  EXPECT_EQ(from_h->global_block().FindVar("w"), nullptr);
+
+  try {
+    PruneForInference(*p, {"x"}, {"nope"});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'nope'"), std::string::npos) << e.what();
+  }
+  try {
+    PruneForInference(*p, {"nofeed"}, {"z"});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'nofeed'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(IoTest, InferenceModelRoundTrip) {
+  auto p = TrainingProgram();
+  Executor exe;
+  FillCheckpointScope(&exe.scope(), 4.f);
+  *exe.scope().Var("lr")->mutable_tensor() = Make<float>(DType::kFloat32, {1}, {0.1f});
+  const std::string dir = Path("infer");
+  save_inference_model(dir, {"x"}, {"z"}, exe, *p);
+
+  // Only what the pruned program uses: the optimizer's lr and the step counter are left out.
+  std::map<std::string, std::string> meta;
+  NamedTensors params = LoadSafetensors(dir + "/" + kParamsFile, &meta);
+  std::vector<std::string> names;
+  for (const auto& nt : params) names.push_back(nt.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"b", "w"}));
+  EXPECT_EQ(meta.at("keel.feeds"), "x");
+  EXPECT_EQ(meta.at("keel.targets"), "z");
+
+  Executor exe2;
+  InferenceModel m = load_inference_model(dir, exe2);
+  EXPECT_EQ(m.program->ToText(), PruneForInference(*p, {"x"}, {"z"})->ToText());
+  EXPECT_EQ(m.feeds, std::vector<std::string>{"x"});
+  EXPECT_EQ(m.targets, std::vector<std::string>{"z"});
+  for (const char* name : {"w", "b"}) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(exe2.scope().FindVar(name), nullptr);
+    EXPECT_EQ(Bytes(exe2.scope().FindVar(name)->tensor()),
+              Bytes(exe.scope().FindVar(name)->tensor()));
+  }
+  EXPECT_EQ(exe2.scope().FindVar("lr"), nullptr);
+
+  try {
+    load_inference_model(Path("nowhere"), exe2);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(Path("nowhere")), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace keel
