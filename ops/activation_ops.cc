@@ -5,7 +5,16 @@
 //   sigmoid: dx = dout * out * (1 - out)
 //   relu:    dx = dout * (out > 0)
 //   softmax: dx = out * (dout - sum(dout * out, axis))
+
+// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
+// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <Eigen/Core>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,8 +74,8 @@ void SoftmaxShape(InferShapeContext& ctx) {
   DDim x = ctx.GetInputDim("X");
   int axis = ctx.Attr<int>("axis");
   KEEL_SHAPE_CHECK(x.size() >= 1, "softmax needs rank >= 1, got X ", x.str());
-  KEEL_SHAPE_CHECK(axis >= -x.size() && axis < x.size(), "axis ", axis, " is outside [",
-                   -x.size(), ", ", x.size(), ") for X ", x.str());
+  KEEL_SHAPE_CHECK(axis >= -x.size() && axis < x.size(), "axis ", axis, " is outside [", -x.size(),
+                   ", ", x.size(), ") for X ", x.str());
   ctx.ShareDimAndDType("X", "Out");
 }
 
@@ -154,6 +163,9 @@ using ReluGradKernel = UnaryGradKernel<T, ReluGradFn>;
 
 // ---------------------------------------------------------------- softmax
 
+// Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
+constexpr int64_t kShortRow = 16;
+
 // dims = [pre, n, post] around the axis: n is the softmax length, post the stride between its
 // elements (1 for the last axis, the common case).
 struct AxisSplit {
@@ -175,6 +187,26 @@ class SoftmaxKernel : public OpKernel {
     const AxisSplit s = SplitAt(x.dims(), axis_);
     const T* xp = x.data<T>();
     T* op = out->mutable_data<T>(ctx.place());
+    if (s.post == 1 && s.n <= kShortRow) {
+      // Shift each row by its max, exp the whole buffer in one vectorized pass, normalize rows.
+      for (int64_t i = 0; i < s.pre; ++i) {
+        const T* xr = xp + i * s.n;
+        T* o = op + i * s.n;
+        T mx = xr[0];
+        for (int64_t k = 1; k < s.n; ++k) mx = std::max(mx, xr[k]);
+        for (int64_t k = 0; k < s.n; ++k) o[k] = xr[k] - mx;
+      }
+      Vec<T> all(op, s.pre * s.n);
+      all = all.exp();
+      for (int64_t i = 0; i < s.pre; ++i) {
+        T* o = op + i * s.n;
+        T sum = 0;
+        for (int64_t k = 0; k < s.n; ++k) sum += o[k];
+        const T inv = T(1) / sum;
+        for (int64_t k = 0; k < s.n; ++k) o[k] *= inv;
+      }
+      return;
+    }
     if (s.post == 1) {
       for (int64_t i = 0; i < s.pre; ++i) {
         ConstVec<T> xr(xp + i * s.n, s.n);
@@ -216,6 +248,14 @@ class SoftmaxGradKernel : public OpKernel {
     const T* yp = out.data<T>();
     const T* dyp = dout.data<T>();
     T* dxp = dx->mutable_data<T>(ctx.place());
+    if (s.post == 1 && s.n <= kShortRow) {
+      for (int64_t i = 0; i < s.pre * s.n; i += s.n) {
+        T dot = 0;
+        for (int64_t k = 0; k < s.n; ++k) dot += dyp[i + k] * yp[i + k];
+        for (int64_t k = 0; k < s.n; ++k) dxp[i + k] = yp[i + k] * (dyp[i + k] - dot);
+      }
+      return;
+    }
     if (s.post == 1) {
       for (int64_t i = 0; i < s.pre; ++i) {
         ConstVec<T> y(yp + i * s.n, s.n);
@@ -276,8 +316,9 @@ KEEL_REGISTER_CPU_KERNEL(relu, ReluKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(relu_grad, ReluGradKernel, float, double);
 
 KEEL_REGISTER_OP(softmax)
-    .Doc("Out = exp(X) / sum(exp(X), axis), computed as exp(X - max) for stability. "
-         "X [N, D] with axis -1 gives Out [N, D], each row summing to 1.")
+    .Doc(
+        "Out = exp(X) / sum(exp(X), axis), computed as exp(X - max) for stability. "
+        "X [N, D] with axis -1 gives Out [N, D], each row summing to 1.")
     .Input("X", "any shape, rank >= 1")
     .Output("Out", "shape of X")
     .Attr<int>("axis", -1, "the dimension normalized over; negative counts from the end")

@@ -3,7 +3,15 @@
 // Hard labels are int64 class indices with a trailing dim of 1; soft labels are distributions of
 // the input's shape and dtype. A hard label equal to ignore_index contributes zero loss and zero
 // gradient; any other label outside [0, D) is a keel::Error naming the value and the row.
+
+// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
+// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -25,14 +33,9 @@ using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 template <typename T>
 using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
-// log(x) with -inf clamped to -1e20 (Paddle's TolerableValue), so x = 0 gives a large finite loss
+// log(x) is clamped below at -1e20 (Paddle's TolerableValue), so x = 0 gives a large finite loss
 // and 0 * log(0) in soft labels stays 0.
 constexpr double kApproxInf = 1e20;
-template <typename T>
-T TolerableLog(T x) {
-  T l = std::log(x);
-  return l < T(-kApproxInf) ? T(-kApproxInf) : l;
-}
 
 // Shared by both losses: Label against the input (X or Logits) along `axis`, returns Loss's shape.
 DDim CheckLabel(InferShapeContext& ctx, const std::string& in_slot, int axis) {
@@ -121,15 +124,23 @@ class CrossEntropyKernel : public OpKernel {
     }
     CheckHardLabelTensor(label);
     const int64_t* lp = label.data<int64_t>();
+    // Gather x[label] (1 for ignored rows), then one vectorized log over the column.
+    bool any_ignored = false;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t l = lp[i];
       if (l == ignore_index_) {
-        op[i] = T(0);
+        op[i] = T(1);
+        any_ignored = true;
         continue;
       }
       if (l < 0 || l >= d) ThrowBadLabel("cross_entropy", l, i, d, ignore_index_);
-      op[i] = -TolerableLog(xp[i * d + l]);
+      op[i] = xp[i * d + l];
     }
+    Vec<T> o(op, n);
+    o = -(o.log().max(T(-kApproxInf)));
+    if (any_ignored)
+      for (int64_t i = 0; i < n; ++i)
+        if (lp[i] == ignore_index_) op[i] = T(0);
   }
 
  private:
@@ -186,8 +197,8 @@ void SoftmaxWithCrossEntropyShape(InferShapeContext& ctx) {
   DDim logits = ctx.GetInputDim("Logits");
   const int rank = logits.size();
   const int axis_attr = ctx.Attr<int>("axis");
-  KEEL_SHAPE_CHECK(axis_attr >= -rank && axis_attr < rank, "axis ", axis_attr,
-                   " is outside [", -rank, ", ", rank, ") for Logits ", logits.str());
+  KEEL_SHAPE_CHECK(axis_attr >= -rank && axis_attr < rank, "axis ", axis_attr, " is outside [",
+                   -rank, ", ", rank, ") for Logits ", logits.str());
   DDim loss = CheckLabel(ctx, "Logits", CanonicalAxis(axis_attr, rank));
   ctx.ShareDimAndDType("Logits", "Softmax");
   ctx.SetOutputDim("Loss", loss);
@@ -211,6 +222,9 @@ void SoftmaxWithCrossEntropyGradShape(InferShapeContext& ctx) {
   ctx.SetOutputDim(GradVarName("Logits"), ctx.GetInputDim("Softmax"));
   ctx.SetOutputDType(GradVarName("Logits"), ctx.GetInputDType("Softmax"));
 }
+
+// Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
+constexpr int64_t kShortRow = 16;
 
 // Logits viewed as [pre, n, post] around the axis: row (i, j) is the n elements at
 // i * n * post + j with stride post. post == 1 (the last axis) gets contiguous, vectorized rows.
@@ -264,6 +278,10 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       CheckHardLabelTensor(label);
       hard_lp = label.data<int64_t>();
     }
+    if (s.post == 1 && s.n <= kShortRow) {
+      ShortRows(s, xp, soft_lp, hard_lp, smp, lossp);
+      return;
+    }
     ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
       using S = decltype(stride);
       ConstStridedVec<T, S> x(xp + off, s.n, stride);
@@ -283,12 +301,58 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
         lossp[row] = T(0);
         return;
       }
-      if (l < 0 || l >= s.n) ThrowBadLabel("softmax_with_cross_entropy", l, row, s.n, ignore_index_);
+      if (l < 0 || l >= s.n)
+        ThrowBadLabel("softmax_with_cross_entropy", l, row, s.n, ignore_index_);
       lossp[row] = lse - (x[l] - mx);
     });
   }
 
  private:
+  // The same for rows along the last axis shorter than a SIMD register (a 2-class head): the
+  // exp runs once over the whole buffer instead of per row.
+  void ShortRows(const AxisSplit& s, const T* xp, const T* soft_lp, const int64_t* hard_lp, T* smp,
+                 T* lossp) const {
+    const int64_t n = s.n;
+    // Pass 1: softmax = x - max; loss = -(x[label] - max) (soft: -sum(label * (x - max))).
+    for (int64_t i = 0; i < s.pre; ++i) {
+      const T* x = xp + i * n;
+      T* sm = smp + i * n;
+      T mx = x[0];
+      for (int64_t k = 1; k < n; ++k) mx = std::max(mx, x[k]);
+      for (int64_t k = 0; k < n; ++k) sm[k] = x[k] - mx;
+      if (soft_) {
+        T dot = 0;
+        for (int64_t k = 0; k < n; ++k) dot += soft_lp[i * n + k] * sm[k];
+        lossp[i] = -dot;
+        continue;
+      }
+      const int64_t l = hard_lp[i];
+      if (l == ignore_index_) {
+        lossp[i] = T(0);
+        continue;
+      }
+      if (l < 0 || l >= n) ThrowBadLabel("softmax_with_cross_entropy", l, i, n, ignore_index_);
+      lossp[i] = -sm[l];
+    }
+    Vec<T> all(smp, s.pre * n);
+    all = all.exp();
+    // Pass 2: normalize; loss += lse (soft: lse * sum(label)).
+    for (int64_t i = 0; i < s.pre; ++i) {
+      T* sm = smp + i * n;
+      T sum = 0;
+      for (int64_t k = 0; k < n; ++k) sum += sm[k];
+      const T inv = T(1) / sum;
+      for (int64_t k = 0; k < n; ++k) sm[k] *= inv;
+      if (soft_) {
+        T label_sum = 0;
+        for (int64_t k = 0; k < n; ++k) label_sum += soft_lp[i * n + k];
+        lossp[i] += std::log(sum) * label_sum;
+      } else if (hard_lp[i] != ignore_index_) {
+        lossp[i] += std::log(sum);
+      }
+    }
+  }
+
   bool soft_;
   int ignore_index_;
   int axis_;
@@ -354,9 +418,10 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(cross_entropy)
-    .Doc("Y = -log(X[label]) per row, on probabilities X (e.g. softmax output). "
-         "X [N, D], Label int64 [N, 1] -> Y [N, 1]; soft_label: Label [N, D] floats, "
-         "Y = -sum(Label * log(X)).")
+    .Doc(
+        "Y = -log(X[label]) per row, on probabilities X (e.g. softmax output). "
+        "X [N, D], Label int64 [N, 1] -> Y [N, 1]; soft_label: Label [N, D] floats, "
+        "Y = -sum(Label * log(X)).")
     .Input("X", "probabilities [..., D]")
     .Input("Label", "int64 [..., 1] class indices, or [..., D] distributions with soft_label")
     .Output("Y", "loss [..., 1]")
@@ -369,9 +434,10 @@ KEEL_REGISTER_CPU_KERNEL(cross_entropy, CrossEntropyKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(cross_entropy_grad, CrossEntropyGradKernel, float, double);
 
 KEEL_REGISTER_OP(softmax_with_cross_entropy)
-    .Doc("Softmax = softmax(Logits, axis); Loss = cross_entropy(Softmax, Label), fused through "
-         "log-sum-exp so large logits do not overflow. Logits [N, D], Label int64 [N, 1] -> "
-         "Softmax [N, D], Loss [N, 1].")
+    .Doc(
+        "Softmax = softmax(Logits, axis); Loss = cross_entropy(Softmax, Label), fused through "
+        "log-sum-exp so large logits do not overflow. Logits [N, D], Label int64 [N, 1] -> "
+        "Softmax [N, D], Loss [N, 1].")
     .Input("Logits", "unnormalized scores [..., D, ...]")
     .Input("Label", "int64 class indices (size 1 along axis), or distributions with soft_label")
     .Output("Softmax", "softmax of Logits along axis")

@@ -3,7 +3,15 @@
 // reduce_* reduce the dims listed in `dim` (negative counts from the end), or every dim when
 // reduce_all is set or `dim` is empty. Reduced dims are dropped, or kept as 1 with keep_dim; a
 // result with no dims left has shape [1]. Example: X [2, 3, 4], dim {1} -> Out [2, 4].
+
+// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
+// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include <Eigen/Core>
+
 #include <limits>
 #include <memory>
 #include <string>
@@ -78,8 +86,8 @@ ReduceDims ResolveDims(const std::vector<int>& dim, bool reduce_all, const DDim&
   for (int i = 0; i < rank; ++i) r.reduced[i] = all;
   if (all) return r;
   for (int d : dim) {
-    KEEL_ENFORCE(d >= -rank && d < rank, "dim ", d, " is outside [", -rank, ", ", rank,
-                 ") for X ", x.str());
+    KEEL_ENFORCE(d >= -rank && d < rank, "dim ", d, " is outside [", -rank, ", ", rank, ") for X ",
+                 x.str());
     r.reduced[d < 0 ? d + rank : d] = true;
   }
   return r;
@@ -215,9 +223,8 @@ class ReduceGradKernel : public OpKernel {
     const int64_t inner = l.dims[l.n - 1];
     const T* dop = dout.data<T>();
     if (l.reduced[l.n - 1]) {
-      WalkRuns(l, [&](int64_t xo, int64_t oo) {
-        Vec<T>(dxp + xo, inner).setConstant(dop[oo] * scale);
-      });
+      WalkRuns(
+          l, [&](int64_t xo, int64_t oo) { Vec<T>(dxp + xo, inner).setConstant(dop[oo] * scale); });
     } else {
       WalkRuns(l, [&](int64_t xo, int64_t oo) {
         Vec<T>(dxp + xo, inner) = ConstVec<T>(dop + oo, inner) * scale;

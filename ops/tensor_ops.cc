@@ -43,8 +43,10 @@ std::string CheckComputeDType(const Attribute& a) {
     case DType::kInt8:
       return "";
     default:
-      return StrCat("not a dtype kernels compute in (float32=0, float64=1, int32=2, int64=3, "
-                    "bool=4, uint8=7, int8=8), got ", v);
+      return StrCat(
+          "not a dtype kernels compute in (float32=0, float64=1, int32=2, int64=3, "
+          "bool=4, uint8=7, int8=8), got ",
+          v);
   }
 }
 // As CheckComputeDType, also allowing -1 ("unset").
@@ -68,8 +70,7 @@ void ShapeFromAttrs(InferShapeContext& ctx) {
 template <typename T>
 class FillConstantKernel : public OpKernel {
  public:
-  explicit FillConstantKernel(const OpDesc& op)
-      : value_(static_cast<T>(op.Attr<float>("value"))) {}
+  explicit FillConstantKernel(const OpDesc& op) : value_(static_cast<T>(op.Attr<float>("value"))) {}
   void Compute(ExecutionContext& ctx) override {
     Tensor* out = ctx.Output("Out");
     std::fill_n(out->mutable_data<T>(ctx.place()), out->numel(), value_);
@@ -111,8 +112,8 @@ class SeededEngine {
 inline double Uniform01(std::mt19937_64& e) { return static_cast<double>(e() >> 11) * 0x1.0p-53; }
 
 void UniformRandomShape(InferShapeContext& ctx) {
-  KEEL_SHAPE_CHECK(ctx.Attr<float>("min") < ctx.Attr<float>("max"), "min ",
-                   ctx.Attr<float>("min"), " must be below max ", ctx.Attr<float>("max"));
+  KEEL_SHAPE_CHECK(ctx.Attr<float>("min") < ctx.Attr<float>("max"), "min ", ctx.Attr<float>("min"),
+                   " must be below max ", ctx.Attr<float>("max"));
   ShapeFromAttrs(ctx);
 }
 
@@ -265,8 +266,8 @@ DDim InferReshape(const DDim& in, const std::vector<int>& shape) {
       continue;
     }
     if (s == 0) {
-      KEEL_SHAPE_CHECK(i < in.size(), "shape ", ListStr(shape), " copies dim ", i,
-                       " (a 0) but X ", in.str(), " has rank ", in.size());
+      KEEL_SHAPE_CHECK(i < in.size(), "shape ", ListStr(shape), " copies dim ", i, " (a 0) but X ",
+                       in.str(), " has rank ", in.size());
       out.push_back(in[i]);
     } else {
       KEEL_SHAPE_CHECK(s > 0, "shape ", ListStr(shape), " has dim ", s,
@@ -390,19 +391,17 @@ KEEL_REGISTER_OP(cast)
     .Input("X", "any shape")
     .Output("Out", "shape of X, dtype out_dtype")
     .RequiredAttr<int>("out_dtype", "Out's keel::DType as int", CheckComputeDType)
-    .Attr<int>("in_dtype", -1, "X's keel::DType as int; -1: X's declared dtype",
-               CheckOptionalDType)
+    .Attr<int>("in_dtype", -1, "X's keel::DType as int; -1: X's declared dtype", CheckOptionalDType)
     .Shape(CastShape)
     .Grad(CastGradMaker);
-KEEL_REGISTER_GRAD_OP(cast_grad, cast)
-    .Shape(CastGradShape)
-    .KernelDTypeFrom(GradVarName("Out"));
+KEEL_REGISTER_GRAD_OP(cast_grad, cast).Shape(CastGradShape).KernelDTypeFrom(GradVarName("Out"));
 KEEL_REGISTER_CPU_KERNEL(cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
 KEEL_REGISTER_CPU_KERNEL(cast_grad, CastGradKernel, float, double);
 
 KEEL_REGISTER_OP(reshape)
-    .Doc("Out = X with shape `shape`: 0 copies X's dim, one -1 is inferred. "
-         "X [4, 6], shape {0, -1, 2} -> Out [4, 3, 2].")
+    .Doc(
+        "Out = X with shape `shape`: 0 copies X's dim, one -1 is inferred. "
+        "X [4, 6], shape {0, -1, 2} -> Out [4, 3, 2].")
     .Input("X", "any shape")
     .Output("Out", "same elements as X, in the new shape")
     .RequiredAttr<std::vector<int>>("shape", "the new shape; 0 copies X's dim, -1 is inferred")

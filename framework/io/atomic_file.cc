@@ -2,7 +2,8 @@
 //
 // Invariant: the target name only ever names a complete file. Bytes go to a temp file in the same
 // directory (same filesystem, so rename is atomic), which is fsync'ed before the rename and removed
-// on every failure path; the directory is fsync'ed afterwards so the rename itself survives a crash.
+// on every failure path; the directory is fsync'ed afterwards so the rename itself survives a
+// crash.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,8 +81,8 @@ void WriteFileAtomic(const std::string& path, const std::string& bytes) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
     int e = errno;
-    KEEL_THROW(path, ": written, but cannot open its directory ", dir, " to fsync it: ",
-               ErrnoText(e));
+    KEEL_THROW(path, ": written, but cannot open its directory ", dir,
+               " to fsync it: ", ErrnoText(e));
   }
   if (::fsync(dfd) != 0 && errno != EINVAL) {
     int e = errno;

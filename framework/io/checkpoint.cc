@@ -18,7 +18,7 @@ namespace keel {
 namespace {
 
 const std::map<std::string, std::string> kFormatMetadata = {{"format", "keel"},
-                                                             {"keel.version", "1"}};
+                                                            {"keel.version", "1"}};
 const std::string kFeedsKey = "keel.feeds";
 const std::string kTargetsKey = "keel.targets";
 
@@ -104,8 +104,8 @@ void ValidateAndAssign(Scope& scope, const Place* place, NamedTensors loaded,
   for (const VarDesc* v : PersistableVars(program)) {
     declared.insert(v->name());
     auto it = by_name.find(v->name());
-    KEEL_ENFORCE(it != by_name.end(), caller, ": persistable var '", v->name(),
-                 "' is not in ", path);
+    KEEL_ENFORCE(it != by_name.end(), caller, ": persistable var '", v->name(), "' is not in ",
+                 path);
     const Tensor& t = *it->second;
     KEEL_ENFORCE(t.dtype() == v->dtype(), caller, ": var '", v->name(), "' in ", path, " is ",
                  DTypeName(t.dtype()), ", the program declares ", DTypeName(v->dtype()));

@@ -19,11 +19,11 @@ namespace {
 bool IsForwardOp(const OpDesc& op) {
   auto it = op.attrs().find(kOpRoleAttr);
   if (it == op.attrs().end()) return true;
-  int64_t role;
-  if (const int* i = std::get_if<int>(&it->second)) role = *i;
-  else if (const int64_t* l = std::get_if<int64_t>(&it->second)) role = *l;
-  else KEEL_THROW("op ", op.type(), ": attribute '", kOpRoleAttr, "' is ", AttrTypeName(it->second),
-                  ", expected int");
+  const int* i = std::get_if<int>(&it->second);
+  const int64_t* l = std::get_if<int64_t>(&it->second);
+  KEEL_ENFORCE(i || l, "op ", op.type(), ": attribute '", kOpRoleAttr, "' is ",
+               AttrTypeName(it->second), ", expected int");
+  const int64_t role = i ? *i : *l;
   return (role & ~static_cast<int64_t>(OpRole::kLoss)) == static_cast<int64_t>(OpRole::kForward);
 }
 

@@ -5,8 +5,10 @@
 // is checked before a byte of data is copied. Every failure is a keel::Error starting with `what`.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,9 +35,9 @@ struct DTypeCode {
   const char* code;
 };
 constexpr DTypeCode kDTypeCodes[] = {
-    {DType::kFloat32, "F32"}, {DType::kFloat64, "F64"}, {DType::kInt32, "I32"},
-    {DType::kInt64, "I64"},   {DType::kBool, "BOOL"},   {DType::kFloat16, "F16"},
-    {DType::kBFloat16, "BF16"}, {DType::kUInt8, "U8"}, {DType::kInt8, "I8"},
+    {DType::kFloat32, "F32"},   {DType::kFloat64, "F64"}, {DType::kInt32, "I32"},
+    {DType::kInt64, "I64"},     {DType::kBool, "BOOL"},   {DType::kFloat16, "F16"},
+    {DType::kBFloat16, "BF16"}, {DType::kUInt8, "U8"},    {DType::kInt8, "I8"},
 };
 
 const char* SafetensorsCode(DType t) {
@@ -53,27 +55,52 @@ bool DTypeFromCode(const std::string& code, DType* out) {
   return false;
 }
 
+// ---------------------------------------------------------------- UTF-8
+
+// Length of the well-formed UTF-8 sequence at p (no overlongs, surrogates or code points past
+// U+10FFFF), or 0 when there is none.
+size_t Utf8SequenceLength(const char* p, const char* end) {
+  unsigned char c = static_cast<unsigned char>(*p);
+  if (c < 0x80) return 1;
+  if (c < 0xC2 || c > 0xF4) return 0;
+  const int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+  if (end - p <= extra) return 0;
+  uint32_t cp = c & (0x3F >> extra);
+  for (int i = 1; i <= extra; ++i) {
+    unsigned char cc = static_cast<unsigned char>(p[i]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  const uint32_t min = extra == 1 ? 0x80 : extra == 2 ? 0x800 : 0x10000;
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return static_cast<size_t>(extra) + 1;
+}
+
+bool IsValidUtf8(const std::string& s) {
+  const char* end = s.data() + s.size();
+  for (const char* p = s.data(); p < end;) {
+    size_t n = Utf8SequenceLength(p, end);
+    if (n == 0) return false;
+    p += n;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------- JSON writer
 
+// '"' and '\\' are escaped, control characters as \u00XX; UTF-8 passes through unchanged.
 void AppendJsonString(std::string* out, const std::string& s) {
   out->push_back('"');
   for (unsigned char c : s) {
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          *out += buf;
-        } else {
-          out->push_back(static_cast<char>(c));  // UTF-8 passes through unchanged
-        }
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      *out += buf;
+    } else {
+      out->push_back(static_cast<char>(c));
     }
   }
   out->push_back('"');
@@ -90,15 +117,9 @@ struct Json {
   std::vector<std::pair<std::string, Json>> members;  // in file order, keys unique
 
   const char* KindName() const {
-    switch (kind) {
-      case Kind::kNull: return "null";
-      case Kind::kBool: return "a boolean";
-      case Kind::kNumber: return "a number";
-      case Kind::kString: return "a string";
-      case Kind::kArray: return "an array";
-      case Kind::kObject: return "an object";
-    }
-    return "?";
+    static constexpr const char* kNames[] = {"null",     "a boolean", "a number",
+                                             "a string", "an array",  "an object"};
+    return kNames[static_cast<int>(kind)];
   }
 };
 
@@ -145,15 +166,28 @@ class JsonParser {
     if (p_ >= end_) Fail("unexpected end of header");
     Json v;
     switch (*p_) {
-      case '{': ParseObject(&v, depth); break;
-      case '[': ParseArray(&v, depth); break;
+      case '{':
+        ParseObject(&v, depth);
+        break;
+      case '[':
+        ParseArray(&v, depth);
+        break;
       case '"':
         v.kind = Json::Kind::kString;
         v.text = ParseString();
         break;
-      case 't': ExpectWord("true"); v.kind = Json::Kind::kBool; v.boolean = true; break;
-      case 'f': ExpectWord("false"); v.kind = Json::Kind::kBool; break;
-      case 'n': ExpectWord("null"); break;
+      case 't':
+        ExpectWord("true");
+        v.kind = Json::Kind::kBool;
+        v.boolean = true;
+        break;
+      case 'f':
+        ExpectWord("false");
+        v.kind = Json::Kind::kBool;
+        break;
+      case 'n':
+        ExpectWord("null");
+        break;
       default:
         if (*p_ == '-' || (*p_ >= '0' && *p_ <= '9')) {
           v.kind = Json::Kind::kNumber;
@@ -178,12 +212,12 @@ class JsonParser {
     Expect('{');
     SkipSpace();
     if (Consume('}')) return;
+    std::set<std::string> keys;  // a set, not a scan of members: headers may hold many tensors
     for (;;) {
       SkipSpace();
       if (p_ >= end_ || *p_ != '"') Fail("expected a string key");
       std::string key = ParseString();
-      for (const auto& m : v->members)
-        if (m.first == key) Fail("duplicate key \"" + key + "\"");
+      if (!keys.insert(key).second) Fail("duplicate key \"" + key + "\"");
       SkipSpace();
       Expect(':');
       SkipSpace();
@@ -237,10 +271,15 @@ class JsonParser {
     for (int i = 0; i < 4; ++i, ++p_) {
       char c = *p_;
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else Fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9') {
+        v |= c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        v |= c - 'a' + 10;
+      } else if (c >= 'A' && c <= 'F') {
+        v |= c - 'A' + 10;
+      } else {
+        Fail("bad hex digit in \\u escape");
+      }
     }
     return v;
   }
@@ -263,26 +302,6 @@ class JsonParser {
     }
   }
 
-  // Copies one well-formed UTF-8 sequence (no overlongs, surrogates or > U+10FFFF).
-  void CopyUtf8Sequence(std::string* out) {
-    unsigned char c = static_cast<unsigned char>(*p_);
-    int extra;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF) extra = 1, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) extra = 2, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) extra = 3, cp = c & 0x07, min = 0x10000;
-    else Fail("invalid UTF-8 in string");
-    if (end_ - p_ <= extra) Fail("truncated UTF-8 sequence in string");
-    for (int i = 1; i <= extra; ++i) {
-      unsigned char cc = static_cast<unsigned char>(p_[i]);
-      if ((cc & 0xC0) != 0x80) Fail("invalid UTF-8 in string");
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) Fail("invalid UTF-8 in string");
-    out->append(p_, static_cast<size_t>(extra) + 1);
-    p_ += extra + 1;
-  }
-
   std::string ParseString() {
     Expect('"');
     std::string s;
@@ -295,7 +314,10 @@ class JsonParser {
       }
       if (c < 0x20) Fail("control character in string");
       if (c >= 0x80) {
-        CopyUtf8Sequence(&s);
+        size_t n = Utf8SequenceLength(p_, end_);
+        if (n == 0) Fail("invalid UTF-8 in string");
+        s.append(p_, n);
+        p_ += n;
         continue;
       }
       ++p_;
@@ -304,31 +326,23 @@ class JsonParser {
         continue;
       }
       if (p_ >= end_) Fail("unterminated escape");
-      char e = *p_++;
-      switch (e) {
-        case '"': s.push_back('"'); break;
-        case '\\': s.push_back('\\'); break;
-        case '/': s.push_back('/'); break;
-        case 'b': s.push_back('\b'); break;
-        case 'f': s.push_back('\f'); break;
-        case 'n': s.push_back('\n'); break;
-        case 'r': s.push_back('\r'); break;
-        case 't': s.push_back('\t'); break;
-        case 'u': {
-          uint32_t cp = Hex4();
-          if (cp >= 0xDC00 && cp <= 0xDFFF) Fail("unpaired low surrogate in \\u escape");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') Fail("unpaired high surrogate");
-            p_ += 2;
-            uint32_t lo = Hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) Fail("unpaired high surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          AppendUtf8(&s, cp);
-          break;
-        }
-        default: Fail(StrCat("invalid escape '\\", PrintableChar(e), "'"));
+      const char e = *p_++;
+      static constexpr char kEscaped[] = "\"\\/bfnrt", kUnescaped[] = "\"\\/\b\f\n\r\t";
+      if (const char* hit = e ? std::strchr(kEscaped, e) : nullptr) {
+        s.push_back(kUnescaped[hit - kEscaped]);
+        continue;
       }
+      if (e != 'u') Fail(StrCat("invalid escape '\\", PrintableChar(e), "'"));
+      uint32_t cp = Hex4();
+      if (cp >= 0xDC00 && cp <= 0xDFFF) Fail("unpaired low surrogate in \\u escape");
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') Fail("unpaired high surrogate");
+        p_ += 2;
+        uint32_t lo = Hex4();
+        if (lo < 0xDC00 || lo > 0xDFFF) Fail("unpaired high surrogate");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      }
+      AppendUtf8(&s, cp);
     }
   }
 
@@ -352,9 +366,8 @@ uint64_t ToUint(const Json& v, const std::string& what, const std::string& ctx) 
   KEEL_ENFORCE(v.kind == Json::Kind::kNumber, what, ": bad safetensors header: ", ctx,
                " must be a non-negative integer, got ", v.KindName());
   const std::string& t = v.text;
-  bool digits_only = !t.empty() && std::all_of(t.begin(), t.end(), [](char c) {
-    return c >= '0' && c <= '9';
-  });
+  bool digits_only =
+      !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
   KEEL_ENFORCE(digits_only, what, ": bad safetensors header: ", ctx,
                " must be a non-negative integer, got ", t);
   uint64_t r = 0;
@@ -372,10 +385,15 @@ Entry ParseEntry(const std::string& name, const Json& v, const std::string& what
                " must be an object, got ", v.KindName());
   const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
   for (const auto& m : v.members) {
-    if (m.first == "dtype") dtype = &m.second;
-    else if (m.first == "shape") shape = &m.second;
-    else if (m.first == "data_offsets") offsets = &m.second;
-    else KEEL_THROW(what, ": bad safetensors header: ", ctx, " has unknown field \"", m.first, "\"");
+    if (m.first == "dtype") {
+      dtype = &m.second;
+    } else if (m.first == "shape") {
+      shape = &m.second;
+    } else if (m.first == "data_offsets") {
+      offsets = &m.second;
+    } else {
+      KEEL_THROW(what, ": bad safetensors header: ", ctx, " has unknown field \"", m.first, "\"");
+    }
   }
   KEEL_ENFORCE(dtype && shape && offsets, what, ": bad safetensors header: ", ctx,
                " needs \"dtype\", \"shape\" and \"data_offsets\"");
@@ -384,8 +402,8 @@ Entry ParseEntry(const std::string& name, const Json& v, const std::string& what
   e.name = name;
   KEEL_ENFORCE(dtype->kind == Json::Kind::kString, what, ": bad safetensors header: ", ctx,
                " dtype must be a string, got ", dtype->KindName());
-  KEEL_ENFORCE(DTypeFromCode(dtype->text, &e.dtype), what, ": ", ctx, " has dtype \"",
-               dtype->text, "\", which keel does not support (F32 F64 I32 I64 BOOL F16 BF16 U8 I8)");
+  KEEL_ENFORCE(DTypeFromCode(dtype->text, &e.dtype), what, ": ", ctx, " has dtype \"", dtype->text,
+               "\", which keel does not support (F32 F64 I32 I64 BOOL F16 BF16 U8 I8)");
 
   KEEL_ENFORCE(shape->kind == Json::Kind::kArray, what, ": bad safetensors header: ", ctx,
                " shape must be an array, got ", shape->KindName());
@@ -430,11 +448,13 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
   for (const auto& nt : tensors) {
     const Tensor& t = nt.second;
     KEEL_ENFORCE(t.initialized(), "safetensors: tensor '", nt.first, "' is not initialized");
-    KEEL_ENFORCE(t.place().is_cpu(), "safetensors: tensor '", nt.first, "' is on ",
-                 t.place().str(), "; copy it to CPU before saving");
+    KEEL_ENFORCE(t.place().is_cpu(), "safetensors: tensor '", nt.first, "' is on ", t.place().str(),
+                 "; copy it to CPU before saving");
     KEEL_ENFORCE(t.dims().known(), "safetensors: tensor '", nt.first, "' has unknown shape ",
                  t.dims().str());
     KEEL_ENFORCE(nt.first != "__metadata__", "safetensors: '__metadata__' is reserved");
+    KEEL_ENFORCE(IsValidUtf8(nt.first), "safetensors: tensor name '", nt.first,
+                 "' is not valid UTF-8");
     order.push_back(&nt);
   }
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
@@ -445,6 +465,9 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
     KEEL_ENFORCE(order[i - 1]->first != order[i]->first, "safetensors: tensor '", order[i]->first,
                  "' given twice");
 
+  for (const auto& kv : metadata)
+    KEEL_ENFORCE(IsValidUtf8(kv.first) && IsValidUtf8(kv.second), "safetensors: metadata entry '",
+                 kv.first, "' is not valid UTF-8");
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -493,7 +516,8 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
                " bytes, shorter than the 8-byte header length)");
   const uint64_t n = ReadU64LE(bytes.data());
   KEEL_ENFORCE(n <= kMaxHeaderBytes, what, ": safetensors header length ", n,
-               " exceeds the limit of ", kMaxHeaderBytes, " bytes (corrupt or not a safetensors file)");
+               " exceeds the limit of ", kMaxHeaderBytes,
+               " bytes (corrupt or not a safetensors file)");
   KEEL_ENFORCE(n <= bytes.size() - 8, what, ": safetensors header length ", n,
                " exceeds the file size of ", bytes.size(), " bytes (truncated file?)");
   KEEL_ENFORCE(n >= 2 && bytes[8] == '{', what,
@@ -527,7 +551,8 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries) {
     KEEL_ENFORCE(e.end <= data_size, what, ": tensor \"", e.name, "\" data_offsets [", e.begin,
-                 ", ", e.end, "] exceed the data buffer of ", data_size, " bytes (truncated file?)");
+                 ", ", e.end, "] exceed the data buffer of ", data_size,
+                 " bytes (truncated file?)");
     by_offset.push_back(&e);
   }
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
@@ -536,8 +561,8 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry* a = by_offset[i - 1];
     const Entry* b = by_offset[i];
-    KEEL_ENFORCE(a->end <= b->begin, what, ": tensors \"", a->name, "\" [", a->begin, ", ",
-                 a->end, ") and \"", b->name, "\" [", b->begin, ", ", b->end,
+    KEEL_ENFORCE(a->end <= b->begin, what, ": tensors \"", a->name, "\" [", a->begin, ", ", a->end,
+                 ") and \"", b->name, "\" [", b->begin, ", ", b->end,
                  ") overlap in the data buffer");
   }
 

@@ -110,7 +110,8 @@ NamedTensors InteropTensors(bool with_bf16) {
   for (int i = 0; i < 20; ++i) big[i] = static_cast<float>(i);
   ts.emplace_back("view", Make(DType::kFloat32, {20}, big).View({2, 3}, 5));
   if (with_bf16)
-    ts.emplace_back("bf16", Make<uint16_t>(DType::kBFloat16, {2, 2}, {0x3F80, 0xC000, 0x7F80, 0x0001}));
+    ts.emplace_back("bf16",
+                    Make<uint16_t>(DType::kBFloat16, {2, 2}, {0x3F80, 0xC000, 0x7F80, 0x0001}));
   return ts;
 }
 
@@ -155,9 +156,9 @@ int RunPython(const std::string& script_path, const std::string& script, const s
 TEST_F(IoTest, SafetensorsRoundTripsEveryDtypeBitExactly) {
   std::mt19937_64 rng(7);
   NamedTensors in;
-  const DType all[] = {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64,
-                       DType::kBool,    DType::kFloat16, DType::kBFloat16, DType::kUInt8,
-                       DType::kInt8};
+  const DType all[] = {DType::kFloat32,  DType::kFloat64, DType::kInt32,
+                       DType::kInt64,    DType::kBool,    DType::kFloat16,
+                       DType::kBFloat16, DType::kUInt8,   DType::kInt8};
   for (DType dt : all) {
     // Random bit patterns (NaN payloads, -0, subnormals included) in a larger allocation, saved
     // through a view that starts at an odd element offset.
@@ -172,7 +173,8 @@ TEST_F(IoTest, SafetensorsRoundTripsEveryDtypeBitExactly) {
   in.emplace_back("empty", Tensor(DType::kInt64, {2, 0, 3}));
   in.emplace_back("nan", Make<float>(DType::kFloat32, {2}, {std::nanf("0x123"), -INFINITY}));
   const std::map<std::string, std::string> meta = {
-      {"format", "keel"}, {"quote\"back\\slash", "line\nbreak\ttab \x01 h\xc3\xa9llo \xe2\x82\xac"}};
+      {"format", "keel"},
+      {"quote\"back\\slash", "line\nbreak\ttab \x01 h\xc3\xa9llo \xe2\x82\xac"}};
 
   const std::string path = Path("all.safetensors");
   SaveSafetensors(path, in, meta);
@@ -204,6 +206,8 @@ TEST_F(IoTest, SafetensorsEncodeRejectsUninitializedAndDuplicateTensors) {
   EXPECT_THROW(EncodeSafetensors({{"x", Tensor()}}), Error);
   Tensor t = Make<float>(DType::kFloat32, {1}, {1.f});
   EXPECT_THROW(EncodeSafetensors({{"x", t}, {"x", t}}), Error);
+  EXPECT_THROW(EncodeSafetensors({{"bad\xff", t}}), Error);  // no reader would accept it
+  EXPECT_THROW(EncodeSafetensors({{"x", t}}, {{"k", "\xc0\x80"}}), Error);
   try {
     SaveSafetensors(Path("bad.safetensors"), {{"x", Tensor()}});
     ADD_FAILURE() << "no error";
@@ -269,10 +273,9 @@ save_file(exp, sys.argv[1], metadata={"src": "python"})
 }
 
 TEST_F(IoTest, EveryTruncationOfAFileIsAnErrorNamingIt) {
-  std::string bytes = EncodeSafetensors(
-      {{"a", Make<float>(DType::kFloat32, {2}, {1.f, 2.f})},
-       {"b", Make<uint8_t>(DType::kUInt8, {3}, {1, 2, 3})}},
-      {{"k", "v"}});
+  std::string bytes = EncodeSafetensors({{"a", Make<float>(DType::kFloat32, {2}, {1.f, 2.f})},
+                                         {"b", Make<uint8_t>(DType::kUInt8, {3}, {1, 2, 3})}},
+                                        {{"k", "v"}});
   const std::string path = Path("trunc.safetensors");
   for (size_t len = 0; len < bytes.size(); ++len) {
     SCOPED_TRACE("prefix length " + std::to_string(len) + " of " + std::to_string(bytes.size()));
@@ -343,8 +346,9 @@ TEST_F(IoTest, MalformedHeadersAreErrorsNamingTheFile) {
       {"duplicate_name",
        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
        d8, "duplicate key"},
-      {"deep", std::string(1, '{') + "\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}",
-       "", "nesting deeper"},
+      {"deep",
+       std::string(1, '{') + "\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}", "",
+       "nesting deeper"},
       {"bad_escape", R"({"a\q":{}})", "", "invalid escape"},
       {"bad_utf8", "{\"a\xff\":{}}", "", "invalid UTF-8"},
       {"wrong_dtype", R"({"a":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", d4,

@@ -172,6 +172,7 @@ const SoftmaxParams kSoftmaxCases[] = {
     {"rank2_axis0", {3, 4}, -2, -3, 3},
     {"one_class", {3, 1}, -1, -3, 3},
     {"huge_logits", {3, 4}, -1, 900, 1000},
+    {"long_rows", {2, 20}, -1, -3, 3},  // past the short-row path
     {"mlp_head", {128, 2}, -1, -5, 5},
     {"wide", {128, 1280}, -1, -5, 5},
 };
@@ -207,7 +208,8 @@ TEST(SoftmaxOp, ForwardMatchesReference) {
   for (const auto& p : kSoftmaxCases)
     for (DType dt : kFloatTypes) {
       OpCase c = SoftmaxCase(p, dt);
-      ExpectForward(c, "Out", p.dims, NaiveSoftmax(ToDouble(c.inputs[0].second[0]), p.dims, p.axis));
+      ExpectForward(c, "Out", p.dims,
+                    NaiveSoftmax(ToDouble(c.inputs[0].second[0]), p.dims, p.axis));
     }
 }
 
@@ -298,8 +300,8 @@ TEST(CrossEntropyOp, LabelOutOfRangeIsARunError) {
     c.name = "label_" + std::to_string(bad);
     c.inputs[1].second[0] = Labels({0, bad, 1, 2});
     SCOPED_TRACE(Describe(c));
-    ExpectContainsAll(ForwardError(c), {"cross_entropy", "Label value " + std::to_string(bad),
-                                        "row 1", "[0, 3)"});
+    ExpectContainsAll(ForwardError(c),
+                      {"cross_entropy", "Label value " + std::to_string(bad), "row 1", "[0, 3)"});
   }
 }
 
@@ -348,6 +350,8 @@ const SwceParams kSwceCases[] = {
     {"huge_logits", {3, 4}, -1, {3, 0, 1}, -100, 500, 1000},
     {"soft", {4, 3}, -1, {}, -100, -3, 3},
     {"soft_axis0", {3, 2}, 0, {}, -100, -3, 3},
+    {"hard_long_rows", {3, 20}, -1, {0, 19, 7}, 7, -3, 3},  // past the short-row path
+    {"soft_long_rows", {2, 17}, -1, {}, -100, -3, 3},
     {"mlp_head", {128, 2}, -1, std::vector<int64_t>(128, 0), -100, -5, 5},
 };
 
@@ -396,8 +400,8 @@ TEST(SoftmaxWithCrossEntropyOp, ForwardMatchesReference) {
       std::vector<double> sm = NaiveSoftmax(x, p.logits, p.axis);
       Split s = SplitAt(p.logits, p.axis);
       std::vector<double> loss(s.pre * s.post, 0.0);
-      std::vector<double> soft = p.labels.empty() ? ToDouble(c.inputs[1].second[0])
-                                                  : std::vector<double>{};
+      std::vector<double> soft =
+          p.labels.empty() ? ToDouble(c.inputs[1].second[0]) : std::vector<double>{};
       for (int64_t i = 0; i < s.pre; ++i)
         for (int64_t j = 0; j < s.post; ++j) {
           auto at = [&](int64_t k) { return (i * s.n + k) * s.post + j; };
@@ -517,15 +521,16 @@ TEST(ReduceOps, ForwardMatchesReference) {
         for (int d : p.dim)
           if (!p.reduce_all) reduced[d < 0 ? d + p.x.size() : d] = true;
         OpCase c = ReduceCase(p, type, dt);
-        ExpectForward(c, "Out", p.out,
-                      NaiveReduce(ToDouble(c.inputs[0].second[0]), p.x, reduced,
-                                  type == "reduce_mean"));
+        ExpectForward(
+            c, "Out", p.out,
+            NaiveReduce(ToDouble(c.inputs[0].second[0]), p.x, reduced, type == "reduce_mean"));
       }
 }
 
 TEST(ReduceOps, IntegerSum) {
-  OpCase c = UnaryCase("int64", "reduce_sum",
-                       Tensor::FromVector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3}), {{"dim", std::vector<int>{1}}});
+  OpCase c =
+      UnaryCase("int64", "reduce_sum", Tensor::FromVector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3}),
+                {{"dim", std::vector<int>{1}}});
   auto out = RunForward(c)["Out"][0];
   EXPECT_EQ(out.dtype(), DType::kInt64);
   EXPECT_EQ(ToDouble(out), (std::vector<double>{6, 15}));
@@ -562,12 +567,12 @@ TEST(FillConstantOp, EveryDType) {
     float value;
     double want;
   };
-  const P cases[] = {{DType::kFloat32, 2.5f, 2.5},  {DType::kFloat64, -0.25f, -0.25},
-                     {DType::kInt32, 7.0f, 7},      {DType::kInt64, -3.0f, -3},
-                     {DType::kBool, 1.0f, 1},       {DType::kFloat32, 0.0f, 0}};
+  const P cases[] = {{DType::kFloat32, 2.5f, 2.5}, {DType::kFloat64, -0.25f, -0.25},
+                     {DType::kInt32, 7.0f, 7},     {DType::kInt64, -3.0f, -3},
+                     {DType::kBool, 1.0f, 1},      {DType::kFloat32, 0.0f, 0}};
   for (const P& p : cases) {
-    OpCase c = NoInputCase(DTypeName(p.dtype), "fill_constant", {2, 3}, p.dtype,
-                           {{"value", p.value}});
+    OpCase c =
+        NoInputCase(DTypeName(p.dtype), "fill_constant", {2, 3}, p.dtype, {{"value", p.value}});
     SCOPED_TRACE(Describe(c));
     Tensor out = RunForward(c)["Out"][0];
     EXPECT_EQ(out.dtype(), p.dtype);
@@ -597,8 +602,8 @@ TEST(FillZerosLikeOp, ShapeAndDTypeOfX) {
 struct RandomParams {
   std::string type;
   std::map<std::string, Attribute> attrs;
-  double mean, std;        // of the distribution
-  double lo, hi;           // every value in [lo, hi)
+  double mean, std;  // of the distribution
+  double lo, hi;     // every value in [lo, hi)
 };
 
 const RandomParams kRandomCases[] = {
@@ -714,8 +719,9 @@ TEST(CastOp, AllPairs) {
   for (DType from : kCastTypes)
     for (DType to : kCastTypes) {
       Tensor x = TypedTensor(values, from);
-      OpCase c = UnaryCase(std::string(DTypeName(from)) + "_to_" + DTypeName(to), "cast", x,
-                           {{"in_dtype", static_cast<int>(from)}, {"out_dtype", static_cast<int>(to)}});
+      OpCase c =
+          UnaryCase(std::string(DTypeName(from)) + "_to_" + DTypeName(to), "cast", x,
+                    {{"in_dtype", static_cast<int>(from)}, {"out_dtype", static_cast<int>(to)}});
       SCOPED_TRACE(Describe(c));
       // Reference: static_cast from the typed input.
       std::vector<double> want;
@@ -738,9 +744,9 @@ TEST(CastOp, GradCastsBack) {
   // float64 -> float32: the float32 round trip limits the finite differences to ~1e-4.
   for (DType to : {DType::kFloat32, DType::kFloat64})
     for (bool set_in_dtype : {true, false}) {
-      OpCase c = UnaryCase(std::string("to_") + DTypeName(to) + (set_in_dtype ? "" : "_no_in_dtype"),
-                           "cast", RandomTensor({3, 4}, DType::kFloat64, -1, 1, 71),
-                           {{"out_dtype", static_cast<int>(to)}});
+      OpCase c = UnaryCase(
+          std::string("to_") + DTypeName(to) + (set_in_dtype ? "" : "_no_in_dtype"), "cast",
+          RandomTensor({3, 4}, DType::kFloat64, -1, 1, 71), {{"out_dtype", static_cast<int>(to)}});
       if (set_in_dtype) c.attrs["in_dtype"] = static_cast<int>(DType::kFloat64);
       CheckGrad(c, 1e-2, 1e-3, 1e-3);
     }
@@ -763,18 +769,16 @@ struct ReshapeParams {
 };
 
 const ReshapeParams kReshapeCases[] = {
-    {"flatten_tail", {2, 3, 4}, {0, -1}, {2, 12}},
-    {"flatten_all", {2, 3, 4}, {-1}, {24}},
-    {"copy_middle", {2, 3, 4}, {4, 0, 2}, {4, 3, 2}},
-    {"explicit", {2, 3, 4}, {6, 4}, {6, 4}},
-    {"add_dims", {6}, {1, 2, 1, 3}, {1, 2, 1, 3}},
-    {"infer_first", {4, 6}, {-1, 3}, {8, 3}},
+    {"flatten_tail", {2, 3, 4}, {0, -1}, {2, 12}},    {"flatten_all", {2, 3, 4}, {-1}, {24}},
+    {"copy_middle", {2, 3, 4}, {4, 0, 2}, {4, 3, 2}}, {"explicit", {2, 3, 4}, {6, 4}, {6, 4}},
+    {"add_dims", {6}, {1, 2, 1, 3}, {1, 2, 1, 3}},    {"infer_first", {4, 6}, {-1, 3}, {8, 3}},
 };
 
 TEST(ReshapeOp, ForwardKeepsElementOrder) {
   for (const auto& p : kReshapeCases)
     for (DType dt : kFloatTypes) {
-      OpCase c = UnaryCase(p.name, "reshape", RandomTensor(p.x, dt, -1, 1, 81), {{"shape", p.shape}});
+      OpCase c =
+          UnaryCase(p.name, "reshape", RandomTensor(p.x, dt, -1, 1, 81), {{"shape", p.shape}});
       ExpectForward(c, "Out", p.out, ToDouble(c.inputs[0].second[0]));
     }
 }
@@ -799,7 +803,8 @@ TEST(ReshapeOp, BadShapesAreBuildErrors) {
       {"negative", {-2, 12}, {"[-2, 12]"}},
   };
   for (const P& p : cases) {
-    OpCase c = UnaryCase(p.name, "reshape", Tensor(DType::kFloat32, {2, 3, 4}), {{"shape", p.shape}});
+    OpCase c =
+        UnaryCase(p.name, "reshape", Tensor(DType::kFloat32, {2, 3, 4}), {{"shape", p.shape}});
     SCOPED_TRACE(Describe(c));
     std::vector<std::string> parts = p.parts;
     parts.push_back("reshape");
@@ -813,9 +818,12 @@ TEST(ReshapeOp, UnknownBatchDimAtBuildTimeIsCheckedAtRunTime) {
   VarDesc* x = block.Var("x");
   x->set_shape({-1, 6});
   x->set_is_data(true);
-  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"shape", std::vector<int>{-1, 2, 3}}});
-  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"z"}}}, {{"shape", std::vector<int>{0, 3, 2}}});
-  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"w"}}}, {{"shape", std::vector<int>{4, -1}}});
+  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"y"}}},
+           {{"shape", std::vector<int>{-1, 2, 3}}});
+  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"z"}}},
+           {{"shape", std::vector<int>{0, 3, 2}}});
+  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"w"}}},
+           {{"shape", std::vector<int>{4, -1}}});
   EXPECT_EQ(block.FindVar("y")->dims(), DDim({-1, 2, 3}));
   EXPECT_EQ(block.FindVar("z")->dims(), DDim({-1, 3, 2}));
   EXPECT_EQ(block.FindVar("w")->dims(), DDim({4, -1}));
