@@ -22,6 +22,9 @@ TrainableModel BuildMlp(const ModelConfig& cfg) {
   Var cost = mlp(x, y);
   optimizer::SGD(cfg.lr).minimize(cost, m.startup.get());
   m.loss = cost.name();
+  m.inputs = {x.name()};
+  for (auto& op : m.main->global_block().ops())
+    if (op->type() == "softmax") m.prediction = op->Output("Out")[0];
   uint64_t data_seed = cfg.seed ? cfg.seed : std::random_device{}();
   auto data = std::make_shared<SyntheticMlpData>(data_seed);
   m.next_batch = [data](int64_t batch, FeedMap* feed) {

@@ -22,6 +22,9 @@ struct ModelConfig {
 struct TrainableModel {
   std::unique_ptr<Program> main, startup;
   std::string loss;
+  // What an inference model takes and gives: input vars and the prediction var.
+  std::vector<std::string> inputs;
+  std::string prediction;
   // Fills `feed` with the next training batch of `batch` samples.
   std::function<void(int64_t batch, FeedMap* feed)> next_batch;
 };

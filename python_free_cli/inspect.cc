@@ -1,11 +1,15 @@
 // keel inspect FILE|DIR: a program as text, a safetensors file as a table, a checkpoint dir as both.
 #include <sys/stat.h>
 
+#include <gflags/gflags.h>
+
 #include <cstdio>
 
 #include "framework/error.h"
 #include "framework/io/io.h"
 #include "python_free_cli/commands.h"
+
+DEFINE_bool(dot, false, "keel inspect: print a program as a Graphviz digraph instead of text.");
 
 namespace keel {
 namespace cli {
@@ -25,7 +29,10 @@ void PrintTensors(const std::string& path) {
     std::printf("%s : %s%s\n", name.c_str(), DTypeName(t.dtype()), t.dims().str().c_str());
 }
 
-void PrintProgram(const std::string& path) { std::fputs(LoadProgram(path)->ToText().c_str(), stdout); }
+void PrintProgram(const std::string& path) {
+  auto program = LoadProgram(path);
+  std::fputs((FLAGS_dot ? program->ToDot() : program->ToText()).c_str(), stdout);
+}
 
 }  // namespace
 

@@ -16,6 +16,8 @@ DEFINE_int32(batch_size, 128, "Samples per step.");
 DEFINE_double(lr, 0.01, "Learning rate.");
 DEFINE_uint64(seed, 0, "Seed of initialization and synthetic data; 0 means nondeterministic.");
 DEFINE_string(save_dir, "", "Save the persistables here after training.");
+DEFINE_string(save_inference_dir, "",
+              "Save the inference model (pruned __model__ + params.safetensors) here after training.");
 DEFINE_string(load_dir, "", "Resume from the persistables saved here.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
@@ -66,6 +68,10 @@ int Train(const std::vector<std::string>& args) {
   if (!FLAGS_save_dir.empty()) {
     save_persistables(exe, FLAGS_save_dir, *m.main);
     std::printf("saved persistables to %s/%s\n", FLAGS_save_dir.c_str(), kPersistablesFile.c_str());
+  }
+  if (!FLAGS_save_inference_dir.empty()) {
+    save_inference_model(FLAGS_save_inference_dir, m.inputs, {m.prediction}, exe, *m.main);
+    std::printf("saved inference model to %s\n", FLAGS_save_inference_dir.c_str());
   }
   return 0;
 }

@@ -409,6 +409,28 @@ std::string Program::ToText() const {
   return os.str();
 }
 
+std::string Program::ToDot() const {
+  std::ostringstream os;
+  os << "digraph program {\n  rankdir=TB;\n  node [fontsize=10];\n";
+  const Block& b = global_block();
+  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  for (VarDesc* v : b.AllVars()) {
+    os << "  " << quoted("v:" + v->name()) << " [shape=ellipse, label=" << quoted(v->name())
+       << (v->is_parameter() ? ", style=filled, fillcolor=lightgrey" : "") << "];\n";
+  }
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    const OpDesc& op = *b.op(i);
+    std::string id = quoted("op:" + std::to_string(i));
+    os << "  " << id << " [shape=box, label=" << quoted(op.type()) << "];\n";
+    for (auto& in : op.InputArgumentNames())
+      if (in != kEmptyVarName) os << "  " << quoted("v:" + in) << " -> " << id << ";\n";
+    for (auto& out : op.OutputArgumentNames())
+      if (out != kEmptyVarName) os << "  " << id << " -> " << quoted("v:" + out) << ";\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
 uint64_t Program::Fingerprint() const {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : ToText()) {

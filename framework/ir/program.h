@@ -199,6 +199,8 @@ class Program {
 
   // The deterministic text form: vars in creation order, ops in order, attrs sorted by name.
   std::string ToText() const;
+  // Block 0 as a Graphviz digraph: ops are boxes, vars ellipses (parameters shaded).
+  std::string ToDot() const;
   // 64-bit FNV-1a over ToText(): equal programs have equal fingerprints.
   uint64_t Fingerprint() const;
 

@@ -60,6 +60,23 @@ TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   RunCommand("rm -rf " + dir);
 }
 
+TEST(KeelInspect, PrintsTheInferenceProgramAsTextAndDot) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Keel() + " train --steps=1 --seed=2 --save_inference_dir=" + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto text = RunCommand(Keel() + " inspect " + dir + "/__model__");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("softmax(X: "), std::string::npos) << text.output;
+  EXPECT_EQ(text.output.find("sgd("), std::string::npos) << text.output;
+  EXPECT_EQ(text.output.find("_grad("), std::string::npos) << text.output;
+  auto dot = RunCommand(Keel() + " inspect --dot " + dir + "/__model__");
+  ASSERT_EQ(dot.exit_code, 0) << dot.output;
+  EXPECT_EQ(dot.output.rfind("digraph program {", 0), 0u) << dot.output;
+  auto both = RunCommand(Keel() + " inspect " + dir);
+  EXPECT_NE(both.output.find("fc_0.w_0 : float32[32, 1280]"), std::string::npos) << both.output;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(KeelErrors, TruncatedCheckpointIsExitOneNamingTheFile) {
   std::string dir = MakeTempDir();
   ASSERT_EQ(RunCommand(Keel() + " train --steps=1 --seed=2 --save_dir=" + dir).exit_code, 0);
