@@ -6,13 +6,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <algorithm>
 
 #include "framework/error.h"
 #include "framework/runtime/blas.h"
 
 extern char** environ;
 
-DEFINE_int32(cpu_math_threads, 1, "Threads the CPU BLAS (GEMM) may use per process.");
+DEFINE_int32(cpu_math_threads, 0,
+             "Threads the CPU BLAS (GEMM) may use per process; 0 means one per core.");
 
 namespace keel {
 
@@ -47,6 +50,10 @@ void Init(int* argc, char*** argv) {
     glog_ready = true;
   }
   ApplyFlagsFromEnv();
+  KEEL_ENFORCE(FLAGS_cpu_math_threads >= 0, "--cpu_math_threads must be >= 0, got ",
+               FLAGS_cpu_math_threads);
+  if (FLAGS_cpu_math_threads == 0)
+    FLAGS_cpu_math_threads = std::max(1u, std::thread::hardware_concurrency());
   blas::SetNumThreads(FLAGS_cpu_math_threads);
 }
 

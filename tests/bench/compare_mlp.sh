@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Side by side, in one run: `keel bench mlp` and the PyTorch anchor (../shared/anchors/torch_mlp.py),
 # interleaved for ROUNDS rounds, in two pairings:
-#   strict:  both single-threaded (OPENBLAS_NUM_THREADS=1 for torch, keel's default);
+#   strict:  both single-threaded (OPENBLAS_NUM_THREADS=1 for torch, --cpu_math_threads=1 for keel);
 #   anchor:  torch as the anchor runs it (Debian's OpenBLAS then uses a thread per core for GEMM,
-#            whatever torch.set_num_threads says) against keel with --cpu_math_threads=$(nproc).
+#            whatever torch.set_num_threads says) against keel's default (a BLAS thread per core).
 # Prints every JSON line, then one JSON summary with the median step-time ratio keel/torch.
 #   tests/bench/compare_mlp.sh [ROUNDS] [BUILD_DIR]
 set -euo pipefail
@@ -16,12 +16,11 @@ keel=$build/bin/keel
 [ -f "$anchor" ] || { echo "no anchor at $anchor (set KEEL_ANCHORS)" >&2; exit 1; }
 /usr/bin/python3 -c 'import torch' 2>/dev/null ||
   { echo "needs Debian's python3-torch and libopenblas0-pthread (apt-get install)" >&2; exit 1; }
-cores=$(nproc)
 out=$(mktemp)
 for r in $(seq "$rounds"); do
-  "$keel" bench mlp --bench_steps=200 | sed 's/^/strict keel /' | tee -a "$out"
+  "$keel" bench mlp --bench_steps=200 --cpu_math_threads=1 | sed 's/^/strict keel /' | tee -a "$out"
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$anchor" --world 1 --steps 200 | sed 's/^/strict torch /' | tee -a "$out"
-  "$keel" bench mlp --bench_steps=200 --cpu_math_threads="$cores" | sed 's/^/anchor keel /' | tee -a "$out"
+  "$keel" bench mlp --bench_steps=200 | sed 's/^/anchor keel /' | tee -a "$out"
   /usr/bin/python3 "$anchor" --world 1 --steps 200 | sed 's/^/anchor torch /' | tee -a "$out"
 done
 python3 - "$out" <<'PY'
