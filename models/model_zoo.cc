@@ -19,13 +19,15 @@ TrainableModel BuildMlp(const ModelConfig& cfg) {
   ProgramGuard guard(*m.main, *m.startup);
   Var x = layers::data("x", {-1, 32}, DType::kFloat32);
   Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var cost = mlp(x, y);
-  optimizer::SGD(cfg.lr).minimize(cost, m.startup.get());
+  Var cost = mlp(x, y, cfg.hidden);
+  if (cfg.minimize) cfg.minimize(cost, m.startup.get());
+  else optimizer::SGD(cfg.lr).minimize(cost, m.startup.get());
   m.loss = cost.name();
   m.inputs = {x.name()};
   for (auto& op : m.main->global_block().ops())
     if (op->type() == "softmax") m.prediction = op->Output("Out")[0];
-  uint64_t data_seed = cfg.seed ? cfg.seed : std::random_device{}();
+  uint64_t data_seed = cfg.data_seed ? cfg.data_seed : cfg.seed;
+  if (data_seed == 0) data_seed = std::random_device{}();
   auto data = std::make_shared<SyntheticMlpData>(data_seed);
   m.next_batch = [data](int64_t batch, FeedMap* feed) {
     data->Next(batch, &(*feed)["x"], &(*feed)["y"]);

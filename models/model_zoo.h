@@ -8,15 +8,22 @@
 #include <vector>
 
 #include "executor/executor.h"
+#include "framework/dsl/program_guard.h"
 #include "framework/ir/program.h"
 
 namespace keel {
 namespace models {
 
+// Appends backward and update ops for `loss` (default: optimizer::SGD(lr).minimize).
+using MinimizeFn = std::function<void(Var loss, Program* startup)>;
+
 struct ModelConfig {
   std::string name = "mlp";
   float lr = 0.01f;
-  uint64_t seed = 0;  // 0: nondeterministic initialization and data
+  uint64_t seed = 0;       // 0: nondeterministic initialization and data
+  uint64_t data_seed = 0;  // 0: the same as seed; ranks pass seed + rank to draw different data
+  int hidden = 1280;       // mlp: width of the two hidden layers
+  MinimizeFn minimize;     // empty: plain SGD
 };
 
 struct TrainableModel {

@@ -5,12 +5,19 @@
 #include <string>
 #include <vector>
 
+#include "models/model_zoo.h"
+
 namespace keel {
 namespace cli {
 
 int Train(const std::vector<std::string>& args);
+// fleet::init, then the named model with a distributed SGD (plain SGD for one worker).
+models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed);
 int Inspect(const std::vector<std::string>& args);
 int Bench(const std::vector<std::string>& args);
+// `keel launch [flags] COMMAND [ARGS...]`; `command` is COMMAND ARGS..., cut off before gflags
+// ran by SplitLaunchArgs (launch.h).
+int Launch(const std::vector<std::string>& command);
 
 }  // namespace cli
 }  // namespace keel

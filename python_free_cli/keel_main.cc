@@ -1,4 +1,4 @@
-// keel: train | inspect | bench. `keel help` lists them.
+// keel: train | inspect | bench | launch. `keel help` lists them.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -10,6 +10,7 @@
 #include "framework/error.h"
 #include "framework/init.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/launch.h"
 
 namespace {
 
@@ -20,6 +21,10 @@ const char* kUsage =
     "           --save_dir=DIR --load_dir=DIR --fetch_frequency=K\n"
     "  inspect  print a saved program (__model__) or safetensors file, or a checkpoint dir\n"
     "  bench    time a built-in model's training step, one JSON line: keel bench mlp\n"
+    "  launch   start this node's workers of a job: keel launch [flags] COMMAND [ARGS...]\n"
+    "           --nproc_per_node=N | --selected_gpus=0,1  --nnodes=K --node_rank=R\n"
+    "           --cluster_node_ips=IP,IP --node_ip=IP --started_port=P --master_addr=A\n"
+    "           --master_port=P --log_dir=DIR (default log) --grace_period_s=S\n"
     "run `keel <command> --help` for all flags\n";
 
 }  // namespace
@@ -31,9 +36,16 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string cmd = argv[1];
-  // Drop the subcommand so gflags sees only flags and positional args.
+  // Drop the subcommand so gflags sees only flags and positional args. For launch, gflags sees
+  // only the launcher's flags: the worker command and its flags pass through untouched.
+  std::vector<std::string> tail(argv + 2, argv + argc), launch_command;
+  if (cmd == "launch") {
+    keel::cli::LaunchArgs split = keel::cli::SplitLaunchArgs(tail);
+    tail = split.flags;
+    launch_command = split.command;
+  }
   std::vector<char*> rest{argv[0]};
-  for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+  for (std::string& a : tail) rest.push_back(a.data());
   int n = static_cast<int>(rest.size());
   char** av = rest.data();
   gflags::SetUsageMessage(kUsage);
@@ -43,6 +55,10 @@ int main(int argc, char** argv) {
     if (cmd == "train") return keel::cli::Train(args);
     if (cmd == "inspect") return keel::cli::Inspect(args);
     if (cmd == "bench") return keel::cli::Bench(args);
+    if (cmd == "launch") {
+      args.insert(args.end(), launch_command.begin(), launch_command.end());
+      return keel::cli::Launch(args);
+    }
     std::fprintf(stderr, "keel: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const keel::Error& e) {

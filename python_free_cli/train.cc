@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "executor/executor.h"
+#include "fleet/fleet.h"
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
@@ -21,9 +22,29 @@ DEFINE_string(save_inference_dir, "",
 DEFINE_string(load_dir, "", "Resume from the persistables saved here.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
+DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
+DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
+DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
 
 namespace keel {
 namespace cli {
+
+models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
+  fleet::init();  // one worker unless a launcher's environment says otherwise
+  models::ModelConfig cfg;
+  cfg.name = name;
+  cfg.lr = lr;
+  cfg.seed = seed;
+  cfg.hidden = FLAGS_mlp_hidden;
+  // Every rank draws its own data; initialization comes from rank 0 by broadcast.
+  if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
+  fleet::DistributedStrategy strategy;
+  strategy.nccl_comm_num = FLAGS_nccl_comm_num;
+  cfg.minimize = [strategy, lr](Var loss, Program* startup) {
+    fleet::distributed_optimizer(optimizer::SGD(lr), strategy).minimize(loss, startup);
+  };
+  return models::BuildModel(cfg);
+}
 
 int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.empty(), "train takes no positional arguments, got '", args[0], "'");
@@ -32,20 +53,18 @@ int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_fetch_frequency > 0, "--fetch_frequency must be positive, got ",
                FLAGS_fetch_frequency);
 
-  models::ModelConfig cfg;
-  cfg.name = FLAGS_model;
-  cfg.lr = static_cast<float>(FLAGS_lr);
-  cfg.seed = FLAGS_seed;
-  models::TrainableModel m = models::BuildModel(cfg);
+  models::TrainableModel m = BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr),
+                                                   FLAGS_seed);
+  const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
 
   ExecutionStrategy strategy;
   strategy.fetch_frequency = FLAGS_fetch_frequency;
   strategy.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
-  Executor exe(CPUPlace(), strategy);
+  Executor exe(fleet::worker_place(), strategy);
   exe.Run(*m.startup);
   if (!FLAGS_load_dir.empty()) {
     load_persistables(exe, FLAGS_load_dir, *m.main);
-    std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
+    if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
   }
 
   FeedMap feed;
@@ -55,7 +74,7 @@ int Train(const std::vector<std::string>& args) {
     m.next_batch(FLAGS_batch_size, &feed);
     auto out = exe.Run(*m.main, feed, {m.loss});
     samples_since += FLAGS_batch_size;
-    if (!out.empty()) {
+    if (!out.empty() && !quiet) {
       auto now = std::chrono::steady_clock::now();
       double s = std::chrono::duration<double>(now - last).count();
       std::printf("step %d loss %.6f samples/s %.1f\n", step, out[0].item<float>(),
@@ -66,12 +85,14 @@ int Train(const std::vector<std::string>& args) {
     }
   }
   if (!FLAGS_save_dir.empty()) {
-    save_persistables(exe, FLAGS_save_dir, *m.main);
-    std::printf("saved persistables to %s/%s\n", FLAGS_save_dir.c_str(), kPersistablesFile.c_str());
+    fleet::save_persistables(exe, FLAGS_save_dir, m.main.get());
+    if (!quiet)
+      std::printf("saved persistables to %s/%s\n", FLAGS_save_dir.c_str(), kPersistablesFile.c_str());
   }
   if (!FLAGS_save_inference_dir.empty()) {
-    save_inference_model(FLAGS_save_inference_dir, m.inputs, {m.prediction}, exe, *m.main);
-    std::printf("saved inference model to %s\n", FLAGS_save_inference_dir.c_str());
+    fleet::save_inference_model(exe, FLAGS_save_inference_dir, m.inputs, {m.prediction},
+                                m.main.get());
+    if (!quiet) std::printf("saved inference model to %s\n", FLAGS_save_inference_dir.c_str());
   }
   return 0;
 }

@@ -16,5 +16,7 @@ CommandResult RunCommand(const std::string& cmd);
 std::string BinPath(const std::string& name);
 // A fresh empty directory under /tmp, removed by the caller.
 std::string MakeTempDir();
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
 
 }  // namespace keel::testing

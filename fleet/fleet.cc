@@ -1,0 +1,224 @@
+#include "fleet/fleet.h"
+
+#include <arpa/inet.h>
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "framework/comm/comm_context.h"
+#include "framework/comm/store.h"
+#include "framework/io/io.h"
+#include "transpiler/grad_allreduce_pass.h"
+
+DEFINE_int32(save_timeout_s, 1800,
+             "How long workers wait at the barrier around fleet::save_persistables.");
+
+namespace keel {
+namespace fleet {
+
+namespace {
+
+struct FleetState {
+  bool initialized = false;
+  Role role;
+  Program* main = nullptr;
+  Program* startup = nullptr;
+  int barrier_round = 0;
+};
+
+FleetState& State() {
+  static FleetState* s = new FleetState;
+  return *s;
+}
+
+// The local address that routes to `peer` (no gethostname: an explicit, routable address).
+std::string LocalAddressTowards(const std::string& peer, int port) {
+  if (peer == "127.0.0.1" || peer == "localhost") return "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (::getaddrinfo(peer.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    KEEL_THROW("cannot resolve the master address '", peer, "' (MASTER_ADDR / endpoints)");
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  std::string ip = "127.0.0.1";
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    char buf[INET_ADDRSTRLEN];
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+        ::inet_ntop(AF_INET, &me.sin_addr, buf, sizeof(buf)))
+      ip = buf;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return ip;
+}
+
+// A barrier through the store: each rank adds 1 to a counter and waits for the last to arrive.
+void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
+  const Role& r = State().role;
+  if (r.world_size <= 1) return;
+  StoreClient& s = CommContext::Get().store(name);
+  std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
+  if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
+  try {
+    s.Get(key + "/done", timeout);
+  } catch (const Error& e) {
+    KEEL_THROW(name, ": rank ", r.rank, " waited ", timeout.count() / 1000.0,
+               " s for the other workers: ", e.what());
+  }
+}
+
+// First line where two program texts differ, as "line N: <a> | <b>".
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  std::istringstream ia(a), ib(b);
+  std::string la, lb;
+  for (int line = 1;; ++line) {
+    bool ga = static_cast<bool>(std::getline(ia, la));
+    bool gb = static_cast<bool>(std::getline(ib, lb));
+    if (!ga && !gb) return "no difference";
+    if (!ga || !gb || la != lb)
+      return "line " + std::to_string(line) + ":\n    this rank: " + (ga ? la : "<end>") +
+             "\n    other:     " + (gb ? lb : "<end>");
+  }
+}
+
+}  // namespace
+
+void init(const RoleMaker& role_maker) {
+  FleetState& st = State();
+  st.role = role_maker.Generate();
+  st.initialized = true;
+  const Role& r = st.role;
+  LOG(INFO) << "fleet: " << r.ToString();
+  if (r.world_size <= 1) return;
+  CommConfig cfg;
+  cfg.rank = r.rank;
+  cfg.nranks = r.world_size;
+  cfg.store_host = r.master_addr;
+  cfg.store_port = r.master_port;
+  if (!r.current_endpoint.empty()) {
+    cfg.my_host = ParseEndpoint(r.current_endpoint, "PADDLE_CURRENT_ENDPOINT").first;
+  } else {
+    cfg.my_host = LocalAddressTowards(r.master_addr, r.master_port);
+  }
+  const char* token = std::getenv("KEEL_JOB_TOKEN");
+  cfg.token = token && *token ? token : "keel-job";
+  DistributedStrategy defaults;
+  cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
+  CommContext::Get().Init(cfg);
+}
+
+bool initialized() { return State().initialized; }
+
+const Role& role() {
+  KEEL_ENFORCE(State().initialized, "fleet::init has not been called");
+  return State().role;
+}
+
+int worker_index() { return role().rank; }
+int worker_num() { return role().world_size; }
+bool is_first_worker() { return role().rank == 0; }
+
+Place worker_place() {
+  const Role& r = role();
+  return r.selected_gpus.empty() ? CPUPlace() : CUDAPlace(r.selected_gpus[0]);
+}
+
+void barrier_worker() {
+  DistributedStrategy defaults;
+  StoreBarrier("barrier_worker", std::chrono::milliseconds(
+                                     static_cast<int64_t>(defaults.comm_timeout_s) * 1000));
+}
+
+DistributedOptimizer::DistributedOptimizer(std::unique_ptr<optimizer::Optimizer> opt,
+                                           DistributedStrategy strategy)
+    : opt_(std::move(opt)), strategy_(std::move(strategy)) {}
+
+std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup,
+                                                      const std::set<std::string>& no_grad_set) {
+  if (!State().initialized) init();
+  const Role& r = State().role;
+  strategy_.ApplyFlagOverrides();
+  strategy_.Validate(r);
+  DistributedStrategy::RequireImplemented(strategy_);
+  if (!startup) startup = &default_startup_program();
+  Program& main = *loss.block()->program();
+  auto pg = opt_->backward(loss, no_grad_set);
+  opt_->apply_gradients(pg, startup);
+  if (r.world_size > 1) {
+    transpiler::GradAllReducePass().Apply(main, *startup, strategy_, r);
+    CheckProgramsMatch(main, "main program");
+  }
+  State().main = &main;
+  State().startup = startup;
+  return pg;
+}
+
+Program& main_program() {
+  KEEL_ENFORCE(State().main, "fleet::main_program: call distributed_optimizer(...).minimize first");
+  return *State().main;
+}
+
+Program& startup_program() {
+  KEEL_ENFORCE(State().startup,
+               "fleet::startup_program: call distributed_optimizer(...).minimize first");
+  return *State().startup;
+}
+
+void CheckProgramsMatch(const Program& program, const std::string& what) {
+  const Role& r = role();
+  if (r.world_size <= 1) return;
+  StoreClient& s = CommContext::Get().store("fleet: program check");
+  const std::string text = program.ToText();
+  const std::string fp = FingerprintHex(program.Fingerprint());
+  const std::string prefix = "keel/program/" + what + "/";
+  s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
+  auto compare = [&](int other) {
+    std::string theirs = s.Get(prefix + std::to_string(other));
+    std::string their_fp = theirs.substr(0, theirs.find('\n'));
+    if (their_fp == fp) return;
+    KEEL_THROW("the ", what, " differs between ranks: rank ", r.rank, " has fingerprint ", fp,
+               ", rank ", other, " has ", their_fp, "; first difference at ",
+               FirstDifference(text, theirs.substr(theirs.find('\n') + 1)),
+               "\n  (every rank must build the same program)");
+  };
+  if (r.rank == 0) {
+    for (int other = 1; other < r.world_size; ++other) compare(other);
+  } else {
+    compare(0);
+  }
+}
+
+void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
+  const Program& p = program ? *program : main_program();
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
+  // Everyone arrives first, so nobody is mid-step while rank 0 reads the parameters.
+  // Keys must be equal on every rank, so they do not name the (possibly per-rank) directory.
+  StoreBarrier("save_persistables start", timeout);
+  if (!initialized() || role().rank == 0) keel::save_persistables(exe, dirname, p);
+  StoreBarrier("save_persistables done", timeout);
+}
+
+void save_inference_model(Executor& exe, const std::string& dirname,
+                          const std::vector<std::string>& feeds,
+                          const std::vector<std::string>& targets, const Program* program) {
+  const Program& p = program ? *program : main_program();
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
+  StoreBarrier("save_inference_model start", timeout);
+  if (!initialized() || role().rank == 0) keel::save_inference_model(dirname, feeds, targets, exe, p);
+  StoreBarrier("save_inference_model done", timeout);
+}
+
+void reset() {
+  CommContext::Get().Reset();
+  State() = FleetState();
+}
+
+}  // namespace fleet
+}  // namespace keel

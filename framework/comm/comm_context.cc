@@ -1,0 +1,74 @@
+#include "framework/comm/comm_context.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+
+#include "framework/error.h"
+
+namespace keel {
+
+CommContext& CommContext::Get() {
+  static CommContext* c = new CommContext;
+  return *c;
+}
+
+void CommContext::Init(const CommConfig& cfg) {
+  if (initialized()) {
+    KEEL_ENFORCE(cfg.rank == config_.rank && cfg.nranks == config_.nranks &&
+                     cfg.store_host == config_.store_host && cfg.store_port == config_.store_port,
+                 "communication is already initialized as rank ", config_.rank, " of ",
+                 config_.nranks, " with store ", config_.store_host, ":", config_.store_port);
+    return;
+  }
+  KEEL_ENFORCE(cfg.nranks >= 1 && cfg.rank >= 0 && cfg.rank < cfg.nranks, "rank ", cfg.rank,
+               " outside [0, ", cfg.nranks, ")");
+  auto t0 = std::chrono::steady_clock::now();
+  config_ = cfg;
+  if (cfg.rank == 0) {
+    server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token);
+    config_.store_port = server_->port();
+  }
+  client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
+                                          cfg.timeout);
+  LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
+            << client_->endpoint() << " in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+            << " s";
+}
+
+StoreClient& CommContext::store(const std::string& user) {
+  KEEL_ENFORCE(initialized(), user,
+               ": communication is not initialized; call fleet::init (or run under keel launch)");
+  return *client_;
+}
+
+void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int device) {
+  StoreClient& s = store("c_comm_init");
+  CommOptions opts;
+  opts.my_host = config_.my_host;
+  opts.timeout = config_.timeout;
+  // Unique per job (token) and per initialization round, so a re-created ring never reads the
+  // addresses of an earlier one.
+  int64_t round = s.Add("keel/ring" + std::to_string(ring_id) + "/round/rank" +
+                            std::to_string(rank), 1);
+  opts.prefix = config_.token + "/r" + std::to_string(round) + "/";
+  auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<Communicator> comm =
+      cuda ? CreateNcclCommunicator(ring_id, rank, nranks, device, s, opts)
+           : CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+  LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "
+            << nranks << ") connected in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+            << " s";
+  RingRegistry::Get().Put(ring_id, std::move(comm));
+}
+
+void CommContext::Reset() {
+  RingRegistry::Get().Clear();
+  client_.reset();
+  server_.reset();
+  config_ = CommConfig();
+}
+
+}  // namespace keel

@@ -1,0 +1,48 @@
+// CommContext: this process's place in the job (rank, world, the store) once fleet::init has run.
+// Collective ops reach the store and rings through it; rank 0 also serves the store from here.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "framework/comm/communicator.h"
+#include "framework/comm/store.h"
+
+namespace keel {
+
+struct CommConfig {
+  int rank = 0;
+  int nranks = 1;
+  std::string store_host = "127.0.0.1";  // rank 0's address: it serves the store there
+  int store_port = 0;
+  std::string my_host = "127.0.0.1";     // the address peers reach this rank at
+  std::string token = "keel";             // the job token every rank must present
+  std::chrono::milliseconds timeout{300000};  // store, setup and every collective
+};
+
+class CommContext {
+ public:
+  static CommContext& Get();
+
+  // Starts the store server on rank 0 and connects every rank to it. Idempotent for an equal
+  // config; re-initializing with another config is an error.
+  void Init(const CommConfig& config);
+  bool initialized() const { return client_ != nullptr; }
+  const CommConfig& config() const { return config_; }
+  // The store client; a keel::Error when Init has not run ("call fleet::init first").
+  StoreClient& store(const std::string& user);
+
+  // Creates ring `ring_id` over `ranks` of the job (all when empty) and registers it.
+  void CreateRing(int ring_id, int nranks, int rank, bool cuda, int device);
+
+  // Drops rings, the client and the server (tests).
+  void Reset();
+
+ private:
+  CommConfig config_;
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> client_;
+};
+
+}  // namespace keel

@@ -1,0 +1,79 @@
+// Communicator: the collectives of one ring (a group of ranks), with a Gloo backend for CPU
+// tensors and an NCCL backend for CUDA tensors. RingRegistry maps ring_id -> Communicator.
+//
+// Every collective carries a sequence number; a failure or timeout is a keel::Error naming the
+// collective, ring, rank and sequence number. After a transport error the ring is dead: later
+// calls fail at once instead of hanging.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "framework/runtime/tensor.h"
+
+namespace keel {
+
+class StoreClient;
+
+enum class ReduceOp { kSum, kMax, kMin, kProd, kAvg };
+const char* ReduceOpName(ReduceOp op);
+
+class Communicator {
+ public:
+  Communicator(int ring_id, int rank, int nranks) : ring_id_(ring_id), rank_(rank), nranks_(nranks) {}
+  virtual ~Communicator() = default;
+
+  int ring_id() const { return ring_id_; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  uint64_t seq() const { return seq_; }
+  virtual const char* backend() const = 0;
+
+  // In place over `t`.
+  virtual void AllReduce(Tensor* t, ReduceOp op) = 0;
+  virtual void Broadcast(Tensor* t, int root) = 0;
+  // out = concat over ranks of `in` along dim 0: [nranks * in.dims[0], ...].
+  virtual void AllGather(const Tensor& in, Tensor* out) = 0;
+  // out = this rank's 1/nranks slice (along dim 0) of the reduction of `in` over ranks.
+  virtual void ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) = 0;
+  virtual void Barrier() = 0;
+
+ protected:
+  // "c_allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
+  std::string Where(const std::string& what) const;
+  int ring_id_, rank_, nranks_;
+  uint64_t seq_ = 0;
+};
+
+struct CommOptions {
+  std::string my_host = "127.0.0.1";  // the address peers reach this rank at (never gethostname)
+  std::chrono::milliseconds timeout{300000};
+  std::string prefix;  // store key prefix, unique per job and ring
+};
+
+// A Gloo ring over the store; connects its full mesh now. Throws keel::Error on failure/timeout.
+std::unique_ptr<Communicator> CreateGlooCommunicator(int ring_id, int rank, int nranks,
+                                                     StoreClient& store, const CommOptions& opts);
+// An NCCL ring for CUDA tensors on `device` (the unique id goes through the store). Throws when
+// keel was built without NCCL.
+std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int rank, int nranks, int device,
+                                                     StoreClient& store, const CommOptions& opts);
+
+class RingRegistry {
+ public:
+  static RingRegistry& Get();
+  void Put(int ring_id, std::shared_ptr<Communicator> comm);
+  // The ring's communicator; a keel::Error when it was never initialized.
+  Communicator& At(int ring_id, const std::string& user);
+  bool Has(int ring_id);
+  void Clear();
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::shared_ptr<Communicator>> rings_;
+};
+
+}  // namespace keel

@@ -1,0 +1,187 @@
+// Collective ops. The executor sees them as ordinary ops; the work goes to the ring's
+// Communicator (Gloo for CPU tensors). On CPU the executor runs ops in order, so the stream-sync
+// ops have nothing to wait for; they keep Paddle's program shape for the CUDA executor.
+#include "framework/comm/comm_context.h"
+#include "framework/comm/communicator.h"
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+
+namespace keel {
+
+namespace {
+
+void SameAsX(InferShapeContext& ctx) {
+  if (ctx.HasInput("X") && ctx.HasOutput("Out")) ctx.ShareDimAndDType("X", "Out");
+}
+
+// Out aliases X in programs the transpiler writes; otherwise copy X into Out first.
+Tensor* InPlaceOut(ExecutionContext& ctx) {
+  const Tensor& x = ctx.Input("X");
+  Tensor* out = ctx.Output("Out");
+  if (out->holder() != x.holder() || out->offset() != x.offset()) {
+    out->Resize(x.dims());
+    out->mutable_data(x.dtype(), ctx.place());
+    out->CopyFrom(x);
+  }
+  return out;
+}
+
+Communicator& Ring(const ExecutionContext& ctx) {
+  return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
+}
+
+template <ReduceOp kOp>
+struct AllReduceOp {
+  template <typename T>
+  class Kernel : public OpKernel {
+   public:
+    void Compute(ExecutionContext& ctx) override { Ring(ctx).AllReduce(InPlaceOut(ctx), kOp); }
+  };
+};
+
+template <typename T>
+class BroadcastKernel : public OpKernel {
+ public:
+  explicit BroadcastKernel(const OpDesc& op) : root_(op.Attr<int>("root")) {}
+  void Compute(ExecutionContext& ctx) override { Ring(ctx).Broadcast(InPlaceOut(ctx), root_); }
+
+ private:
+  int root_;
+};
+
+template <typename T>
+class AllGatherKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Ring(ctx).AllGather(ctx.Input("X"), ctx.Output("Out"));
+  }
+};
+
+template <typename T>
+class ReduceScatterKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Ring(ctx).ReduceScatter(ctx.Input("X"), ctx.Output("Out"), ReduceOp::kSum);
+  }
+};
+
+template <typename T>
+class BarrierKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override { Ring(ctx).Barrier(); }
+};
+
+// CPU collectives complete before the op returns: nothing to order.
+template <typename T>
+class StreamSyncKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    if (ctx.HasInput("X") && ctx.OutputOrNull("Out")) InPlaceOut(ctx);
+  }
+};
+
+template <typename T>
+class CommInitKernel : public OpKernel {
+ public:
+  explicit CommInitKernel(const OpDesc& op)
+      : ring_(op.Attr<int>("ring_id")),
+        nranks_(op.Attr<int>("nranks")),
+        rank_(op.Attr<int>("rank")),
+        device_(op.Attr<int>("device_id")) {}
+  void Compute(ExecutionContext& ctx) override {
+    CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_);
+  }
+
+ private:
+  int ring_, nranks_, rank_, device_;
+};
+
+std::string RankCheck(const Attribute& a) {
+  return std::get<int>(a) >= 0 ? "" : "must be >= 0";
+}
+std::string PositiveCheck(const Attribute& a) {
+  return std::get<int>(a) >= 1 ? "" : "must be >= 1";
+}
+
+OpSchema& Collective(const std::string& type, const std::string& doc) {
+  return OpRegistry::Register(type)
+      .Doc(doc)
+      .Input("X", "the tensor")
+      .Output("Out", "the result; usually the X variable itself")
+      .Attr<int>("ring_id", 0, "which ring (communicator) runs it", RankCheck)
+      .Attr<bool>("use_calc_stream", false, "CUDA: run on the compute stream")
+      .Shape(SameAsX);
+}
+
+}  // namespace
+
+#define KEEL_REGISTER_ALLREDUCE(name, op)                                              \
+  [[maybe_unused]] static OpSchema& keel_schema_##name =                               \
+      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)");    \
+  KEEL_REGISTER_CPU_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, int32_t, \
+                           int64_t)
+
+KEEL_REGISTER_ALLREDUCE(c_allreduce_sum, kSum);
+KEEL_REGISTER_ALLREDUCE(c_allreduce_max, kMax);
+KEEL_REGISTER_ALLREDUCE(c_allreduce_min, kMin);
+KEEL_REGISTER_ALLREDUCE(c_allreduce_prod, kProd);
+
+[[maybe_unused]] static OpSchema& keel_schema_c_broadcast =
+    Collective("c_broadcast", "Out = X of rank `root`, on every rank of ring_id")
+        .Attr<int>("root", 0, "the rank whose X everybody gets", RankCheck);
+KEEL_REGISTER_CPU_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
+                         uint8_t, int8_t);
+
+[[maybe_unused]] static OpSchema& keel_schema_c_allgather =
+    Collective("c_allgather", "Out = concat over ranks of X along dim 0")
+        .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
+        .Shape([](InferShapeContext& ctx) {
+          DDim d = ctx.GetInputDim("X");
+          if (d.empty()) d = DDim{1};
+          if (d[0] > 0) d[0] *= ctx.Attr<int>("nranks");
+          ctx.SetOutputDim("Out", d);
+          ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+        });
+KEEL_REGISTER_CPU_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t);
+
+[[maybe_unused]] static OpSchema& keel_schema_c_reducescatter =
+    Collective("c_reducescatter", "Out = this rank's dim-0 slice of the sum of X over ranks")
+        .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
+        .Shape([](InferShapeContext& ctx) {
+          DDim d = ctx.GetInputDim("X");
+          int n = ctx.Attr<int>("nranks");
+          KEEL_SHAPE_CHECK(d.size() >= 1, "X must have rank >= 1, got ", d.str());
+          if (d[0] > 0) {
+            KEEL_SHAPE_CHECK(d[0] % n == 0, "dim 0 of X ", d.str(), " must divide by nranks ", n);
+            d[0] /= n;
+          }
+          ctx.SetOutputDim("Out", d);
+          ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+        });
+KEEL_REGISTER_CPU_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t, int64_t);
+
+KEEL_REGISTER_OP(c_barrier)
+    .Doc("Waits until every rank of ring_id arrives")
+    .OptionalInput("X", "ignored; orders the barrier after X's writer")
+    .OptionalOutput("Out", "ignored")
+    .Attr<int>("ring_id", 0, "which ring", RankCheck)
+    .KernelDTypeFrom("X");
+KEEL_REGISTER_CPU_KERNEL(c_barrier, BarrierKernel, float);
+
+[[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
+    Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
+KEEL_REGISTER_CPU_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+
+[[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
+    Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)");
+KEEL_REGISTER_CPU_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+
+KEEL_REGISTER_OP(c_comm_init)
+    .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")
+    .Attr<int>("ring_id", 0, "the ring to create", RankCheck)
+    .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
+    .Attr<int>("rank", 0, "this process's rank in the ring", RankCheck)
+    .Attr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a Gloo ring for CPU tensors");
+KEEL_REGISTER_CPU_KERNEL(c_comm_init, CommInitKernel, float);
+
+}  // namespace keel

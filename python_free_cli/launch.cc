@@ -1,0 +1,776 @@
+// keel launch [flags] COMMAND [ARGS...]: starts this node's workers of a data-parallel job, each
+// with its rank in the environment (Paddle's and torchrun's conventions both), and supervises
+// them: rank 0's output is copied to the console, every worker's goes to LOG_DIR/workerlog.N, a
+// failing worker stops all the others and is named with the tail of its log, and SIGINT/SIGTERM/
+// SIGHUP are forwarded.
+//
+// Process layout: every worker is its own process group (so the launcher can signal a worker's
+// whole tree, e.g. `sh -c '...; sleep 30'`, and a terminal's Ctrl-C reaches the workers exactly
+// once, through the launcher); workers die with the launcher (PR_SET_PDEATHSIG). The launcher is
+// one thread: signals are blocked and read from a signalfd in the same poll() as rank 0's pipe.
+#include "python_free_cli/launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "framework/error.h"
+#include "python_free_cli/commands.h"
+
+extern char** environ;
+
+// --log_dir is glog's flag (declared in glog/logging.h); the launcher reuses it, default "log".
+// --selected_gpus is defined in the library (fleet/role_maker.cc), so that FLAGS_selected_gpus in a
+// worker's environment is a known flag there too.
+DECLARE_string(selected_gpus);
+DEFINE_string(cluster_node_ips, "", "Every node's ip in node-rank order, e.g. 10.0.0.1,10.0.0.2.");
+DEFINE_string(node_ip, "",
+              "This node's ip: must be in --cluster_node_ips; single node: 127.0.0.1.");
+DEFINE_int32(started_port, 0,
+             "Local rank i on every node gets port started_port+i; 0: free ports on this node "
+             "(single node only).");
+DEFINE_int32(nproc_per_node, 1, "Workers on this node (default: the number of --selected_gpus).");
+DEFINE_int32(nnodes, 1, "Nodes in the job (default: the number of --cluster_node_ips).");
+DEFINE_int32(
+    node_rank, 0,
+    "This node's index in 0..nnodes-1 (default: --node_ip's place in --cluster_node_ips).");
+DEFINE_string(master_addr, "", "Rank 0's ip, where it serves the rendezvous store.");
+DEFINE_int32(master_port, 0, "Rank 0's port (default: --started_port, else a free port).");
+DEFINE_int32(grace_period_s, 5, "Seconds from SIGTERM to SIGKILL when stopping workers.");
+
+namespace keel {
+namespace cli {
+
+LaunchArgs SplitLaunchArgs(const std::vector<std::string>& args) {
+  LaunchArgs out;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') break;  // "-" or a word: the command
+    out.flags.push_back(a);
+    if (a.find('=') != std::string::npos) continue;
+    std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info) && info.type != "bool" &&
+        i + 1 < args.size())
+      out.flags.push_back(args[++i]);  // `--flag value`
+  }
+  out.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The plan: who runs where, computed from the flags and checked for contradictions.
+
+struct LaunchPlan {
+  int nnodes = 1, node_rank = 0, nproc_per_node = 1;
+  std::vector<std::string> endpoints;  // world size entries, "ip:port", in rank order
+  std::vector<int> gpus;               // FLAGS_selected_gpus per local rank; empty on CPU
+  std::string token;
+  std::string cpu_math_threads;  // empty: the environment already sets it
+  std::string log_dir;
+  std::string executable;  // command[0] resolved against PATH
+  int world() const { return nnodes * nproc_per_node; }
+  int rank(int local) const { return node_rank * nproc_per_node + local; }
+};
+
+bool FlagSet(const char* name) {
+  gflags::CommandLineFlagInfo info;
+  CHECK(gflags::GetCommandLineFlagInfo(name, &info)) << name;
+  return !info.is_default;
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// "a,b,c" -> {a, b, c}; an empty entry is an error naming the flag.
+std::vector<std::string> SplitList(const std::string& flag, const std::string& value) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t comma = value.find(',', start);
+    std::string item = Trim(value.substr(start, comma - start));
+    KEEL_ENFORCE(!item.empty(), flag, "='", value, "' has an empty entry");
+    out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void CheckHost(const std::string& flag, const std::string& host) {
+  KEEL_ENFORCE(!host.empty() && host.find_first_of(" \t:,") == std::string::npos, flag, ": '", host,
+               "' is not an IPv4 address or host name");
+}
+
+void CheckPort(const char* flag, int port) {
+  KEEL_ENFORCE(port >= 1 && port <= 65535, "--", flag, "=", port, " is not a port (1..65535)");
+}
+
+// One worker per GPU, each GPU at most once (NCCL: "Duplicate GPU"). Returns the ids the workers
+// see: unchanged, or their index in CUDA_VISIBLE_DEVICES when that is set.
+std::vector<int> SelectedGpus() {
+  std::vector<int> gpus;
+  if (FLAGS_selected_gpus.empty()) return gpus;
+  for (const std::string& s : SplitList("--selected_gpus", FLAGS_selected_gpus)) {
+    KEEL_ENFORCE(s.find_first_not_of("0123456789") == std::string::npos && s.size() < 6,
+                 "--selected_gpus='", FLAGS_selected_gpus, "': '", s, "' is not a GPU id");
+    int g = std::stoi(s);
+    KEEL_ENFORCE(std::find(gpus.begin(), gpus.end(), g) == gpus.end(), "--selected_gpus='",
+                 FLAGS_selected_gpus, "' lists GPU ", g,
+                 " twice; two ranks on one GPU fail in NCCL with \"Duplicate GPU\"");
+    gpus.push_back(g);
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return gpus;
+  std::vector<std::string> ids;
+  if (!Trim(visible).empty()) ids = SplitList("CUDA_VISIBLE_DEVICES", visible);
+  for (int& g : gpus) {
+    auto it = std::find(ids.begin(), ids.end(), std::to_string(g));
+    KEEL_ENFORCE(it != ids.end(), "--selected_gpus='", FLAGS_selected_gpus, "' lists GPU ", g,
+                 ", which CUDA_VISIBLE_DEVICES='", visible, "' does not make visible");
+    g = static_cast<int>(it - ids.begin());
+  }
+  return gpus;
+}
+
+// `count` distinct ports that are free on this node now (bound together, then released).
+std::vector<int> FreePorts(int count, int exclude) {
+  std::vector<int> fds, ports;
+  auto close_all = [&] {
+    for (int fd : fds) close(fd);
+  };
+  while (static_cast<int>(ports.size()) < count) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      close_all();
+      KEEL_THROW("cannot open a socket to find a free port: ", std::strerror(errno));
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      int err = errno;
+      close_all();
+      KEEL_THROW("cannot find a free port (bind to port 0): ", std::strerror(err),
+                 "; pass --started_port");
+    }
+    int port = ntohs(addr.sin_port);
+    if (port != exclude) ports.push_back(port);
+  }
+  close_all();
+  return ports;
+}
+
+// command[0] as execve needs it: a path with a '/' as is, else the first executable in PATH.
+std::string ResolveExecutable(const std::string& cmd) {
+  auto runnable = [](const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+  };
+  if (cmd.find('/') != std::string::npos) {
+    struct stat st;
+    KEEL_ENFORCE(stat(cmd.c_str(), &st) == 0, "cannot run command '", cmd,
+                 "': ", std::strerror(errno));
+    KEEL_ENFORCE(S_ISREG(st.st_mode), "cannot run command '", cmd, "': not a regular file");
+    KEEL_ENFORCE(access(cmd.c_str(), X_OK) == 0, "cannot run command '", cmd,
+                 "': not executable (chmod +x?)");
+    return cmd;
+  }
+  const char* env_path = std::getenv("PATH");
+  std::string path = env_path ? env_path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (true) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + cmd;
+    if (runnable(candidate)) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  KEEL_THROW("cannot run command '", cmd, "': not found in PATH (", path, ")");
+}
+
+std::string RandomToken() {
+  std::random_device rd;  // /dev/urandom (getrandom) on Linux
+  static const char* kHex = "0123456789abcdef";
+  std::string token;
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v = rd();
+    for (int b = 0; b < 8; ++b, v >>= 4) token += kHex[v & 0xF];
+  }
+  return token;
+}
+
+int CpuCount() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+LaunchPlan MakePlan(const std::vector<std::string>& command) {
+  KEEL_ENFORCE(!command.empty(),
+               "no command to launch; usage: keel launch [flags] COMMAND [ARGS...], "
+               "e.g. keel launch --nproc_per_node=2 keel train --steps=5");
+  LaunchPlan plan;
+  KEEL_ENFORCE(FLAGS_grace_period_s >= 0, "--grace_period_s must be >= 0, got ",
+               FLAGS_grace_period_s);
+
+  // Workers on this node.
+  plan.gpus = SelectedGpus();
+  int ngpus = static_cast<int>(plan.gpus.size());
+  plan.nproc_per_node = FLAGS_nproc_per_node;
+  if (FlagSet("nproc_per_node")) {
+    KEEL_ENFORCE(plan.nproc_per_node > 0, "--nproc_per_node must be positive, got ",
+                 plan.nproc_per_node);
+    KEEL_ENFORCE(ngpus == 0 || ngpus == plan.nproc_per_node,
+                 "--nproc_per_node=", plan.nproc_per_node, " but --selected_gpus='",
+                 FLAGS_selected_gpus, "' lists ", ngpus,
+                 " GPU(s); GPU mode runs one worker per GPU");
+  } else if (ngpus > 0) {
+    plan.nproc_per_node = ngpus;
+  }
+  const int nproc = plan.nproc_per_node;
+
+  // Nodes, and which one this is.
+  std::vector<std::string> ips;
+  if (!FLAGS_cluster_node_ips.empty()) {
+    ips = SplitList("--cluster_node_ips", FLAGS_cluster_node_ips);
+    for (size_t i = 0; i < ips.size(); ++i) {
+      CheckHost("--cluster_node_ips", ips[i]);
+      KEEL_ENFORCE(std::find(ips.begin(), ips.begin() + i, ips[i]) == ips.begin() + i,
+                   "--cluster_node_ips='", FLAGS_cluster_node_ips, "' lists ", ips[i], " twice");
+    }
+  }
+  if (!FLAGS_node_ip.empty()) CheckHost("--node_ip", FLAGS_node_ip);
+  if (!FLAGS_master_addr.empty()) CheckHost("--master_addr", FLAGS_master_addr);
+  plan.nnodes = FLAGS_nnodes;
+  if (FlagSet("nnodes")) {
+    KEEL_ENFORCE(plan.nnodes > 0, "--nnodes must be positive, got ", plan.nnodes);
+    KEEL_ENFORCE(ips.empty() || static_cast<int>(ips.size()) == plan.nnodes,
+                 "--nnodes=", plan.nnodes, " but --cluster_node_ips='", FLAGS_cluster_node_ips,
+                 "' lists ", ips.size(), " node ip(s)");
+  } else if (!ips.empty()) {
+    plan.nnodes = static_cast<int>(ips.size());
+  }
+  KEEL_ENFORCE(plan.nnodes == 1 || !ips.empty(), "--nnodes=", plan.nnodes,
+               " needs --cluster_node_ips listing every node's ip in node-rank order (the "
+               "launcher does not discover other nodes)");
+  bool rank_set = FlagSet("node_rank");
+  plan.node_rank = FLAGS_node_rank;
+  KEEL_ENFORCE(plan.node_rank >= 0 && plan.node_rank < plan.nnodes, "--node_rank=", plan.node_rank,
+               " is out of range for --nnodes=", plan.nnodes, " (0..", plan.nnodes - 1, ")");
+  if (!ips.empty()) {
+    if (!FLAGS_node_ip.empty()) {
+      auto it = std::find(ips.begin(), ips.end(), FLAGS_node_ip);
+      KEEL_ENFORCE(it != ips.end(), "--node_ip=", FLAGS_node_ip, " is not in --cluster_node_ips='",
+                   FLAGS_cluster_node_ips, "'");
+      int index = static_cast<int>(it - ips.begin());
+      KEEL_ENFORCE(!rank_set || index == plan.node_rank, "--node_rank=", plan.node_rank,
+                   " but --node_ip=", FLAGS_node_ip, " is node ", index, " in --cluster_node_ips='",
+                   FLAGS_cluster_node_ips, "'");
+      plan.node_rank = index;
+    } else {
+      KEEL_ENFORCE(plan.nnodes == 1 || rank_set, "a multi-node launch (--nnodes=", plan.nnodes,
+                   ") needs --node_rank or --node_ip to say which node this is");
+    }
+    KEEL_ENFORCE(FLAGS_master_addr.empty() || FLAGS_master_addr == ips[0],
+                 "--master_addr=", FLAGS_master_addr, " but --cluster_node_ips='",
+                 FLAGS_cluster_node_ips, "' puts rank 0 on ", ips[0]);
+  } else {
+    KEEL_ENFORCE(
+        FLAGS_master_addr.empty() || FLAGS_node_ip.empty() || FLAGS_master_addr == FLAGS_node_ip,
+        "--master_addr=", FLAGS_master_addr,
+        " but rank 0 runs on this node, --node_ip=", FLAGS_node_ip);
+    ips.push_back(!FLAGS_node_ip.empty()       ? FLAGS_node_ip
+                  : !FLAGS_master_addr.empty() ? FLAGS_master_addr
+                                               : "127.0.0.1");
+  }
+
+  // Ports: local rank i gets base+i on every node, or free ports on a single node.
+  int base = 0;
+  if (FlagSet("started_port")) {
+    base = FLAGS_started_port;
+    CheckPort("started_port", base);
+  }
+  if (FlagSet("master_port")) {
+    CheckPort("master_port", FLAGS_master_port);
+    KEEL_ENFORCE(base == 0 || FLAGS_master_port == base, "--master_port=", FLAGS_master_port,
+                 " but --started_port=", base, " gives rank 0 port ", base);
+    if (plan.nnodes > 1) base = FLAGS_master_port;
+  }
+  KEEL_ENFORCE(plan.nnodes == 1 || base > 0, "a multi-node launch (--nnodes=", plan.nnodes,
+               ") needs --started_port (or --master_port) so that every node computes the same "
+               "endpoints");
+  std::vector<int> ports;
+  if (base > 0) {
+    KEEL_ENFORCE(base + nproc - 1 <= 65535, "--started_port=", base,
+                 " with --nproc_per_node=", nproc, " needs ports up to ", base + nproc - 1,
+                 ", past 65535");
+    for (int i = 0; i < nproc; ++i) ports.push_back(base + i);
+  } else if (FlagSet("master_port")) {
+    ports = FreePorts(nproc - 1, FLAGS_master_port);
+    ports.insert(ports.begin(), FLAGS_master_port);
+  } else {
+    ports = FreePorts(nproc, 0);
+  }
+  for (const std::string& ip : ips)
+    for (int port : ports) plan.endpoints.push_back(ip + ":" + std::to_string(port));
+
+  // One token per job: every node's launcher must be given the same one.
+  const char* token = std::getenv("KEEL_JOB_TOKEN");
+  if (token != nullptr && *token != '\0') {
+    plan.token = token;
+  } else {
+    KEEL_ENFORCE(plan.nnodes == 1, "a multi-node launch (--nnodes=", plan.nnodes,
+                 ") needs the same KEEL_JOB_TOKEN in every node's environment, e.g. "
+                 "export KEEL_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')");
+    plan.token = RandomToken();
+  }
+
+  if (std::getenv("FLAGS_cpu_math_threads") == nullptr)
+    plan.cpu_math_threads = std::to_string(std::max(1, CpuCount() / nproc));
+  plan.log_dir = FlagSet("log_dir") ? FLAGS_log_dir : "log";
+  KEEL_ENFORCE(!plan.log_dir.empty(), "--log_dir must not be empty");
+  plan.executable = ResolveExecutable(command[0]);
+  return plan;
+}
+
+// The parent's environment with this worker's identity set. Another launcher's per-process rank
+// variables (the launcher itself may be an OpenMPI or Slurm task) are dropped: they describe the
+// launcher, not the worker.
+std::vector<std::string> WorkerEnv(const LaunchPlan& plan, int local) {
+  int rank = plan.rank(local);
+  std::string eps;
+  for (const std::string& ep : plan.endpoints) eps += (eps.empty() ? "" : ",") + ep;
+  const std::string& master = plan.endpoints[0];
+  std::vector<std::pair<std::string, std::string>> set = {
+      {"PADDLE_TRAINER_ID", std::to_string(rank)},
+      {"PADDLE_TRAINERS_NUM", std::to_string(plan.world())},
+      {"PADDLE_TRAINER_ENDPOINTS", eps},
+      {"PADDLE_CURRENT_ENDPOINT", plan.endpoints[rank]},
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(plan.world())},
+      {"LOCAL_RANK", std::to_string(local)},
+      {"LOCAL_WORLD_SIZE", std::to_string(plan.nproc_per_node)},
+      {"MASTER_ADDR", master.substr(0, master.rfind(':'))},
+      {"MASTER_PORT", master.substr(master.rfind(':') + 1)},
+      {"KEEL_JOB_TOKEN", plan.token},
+  };
+  if (!plan.gpus.empty()) set.push_back({"FLAGS_selected_gpus", std::to_string(plan.gpus[local])});
+  if (!plan.cpu_math_threads.empty())
+    set.push_back({"FLAGS_cpu_math_threads", plan.cpu_math_threads});
+  std::set<std::string> drop = {
+      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",         "SLURM_LOCALID"};
+  for (const auto& kv : set) drop.insert(kv.first);
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq && drop.count(std::string(*e, static_cast<size_t>(eq - *e)))) continue;
+    env.emplace_back(*e);
+  }
+  for (const auto& kv : set) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running and supervising the workers.
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    case SIGSYS:
+      return "SIGSYS";
+    default:
+      return "signal";
+  }
+}
+
+bool WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// The last `n` lines of a file (reading at most its last 64 KiB).
+std::string LogTail(const std::string& path, int n) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  off_t size = std::max<off_t>(0, lseek(fd, 0, SEEK_END));
+  off_t from = std::max<off_t>(0, size - 65536);
+  std::string text(static_cast<size_t>(size - from), '\0');
+  ssize_t got = pread(fd, text.data(), text.size(), from);
+  close(fd);
+  text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  size_t pos = text.size();
+  if (pos > 0 && text[pos - 1] == '\n') --pos;
+  for (int lines = 0; pos > 0; --pos)
+    if (text[pos - 1] == '\n' && ++lines == n) break;
+  return text.substr(pos);
+}
+
+int OpenHigh(const std::string& path, int flags, mode_t mode = 0644) {
+  int fd = open(path.c_str(), flags | O_CLOEXEC, mode);
+  KEEL_ENFORCE(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
+  if (fd <= 2) {  // keep 0-2 free so dup2 in the child never meets itself
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    fd = high;
+  }
+  return fd;
+}
+
+struct Worker {
+  int local = 0, rank = 0;
+  pid_t pid = -1;  // also its process group id
+  bool alive = false;
+  int status = 0;
+  std::string log_path;
+  int log_fd = -1;
+};
+
+using Clock = std::chrono::steady_clock;
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchPlan& plan, const std::vector<std::string>& command)
+      : plan_(plan), command_(command) {}
+
+  int Run() {
+    std::filesystem::path dir(plan_.log_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    KEEL_ENFORCE(!ec, "--log_dir=", plan_.log_dir, ": cannot create it: ", ec.message());
+    BlockSignals();
+    // Orphans of a worker (`sh -c 'x & wait'`) become the launcher's children, not init's.
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    for (int local = 0; local < plan_.nproc_per_node; ++local) {
+      Worker w;
+      w.local = local;
+      w.rank = plan_.rank(local);
+      w.log_path = (dir / ("workerlog." + std::to_string(local))).string();
+      w.log_fd = OpenHigh(w.log_path, O_WRONLY | O_CREAT | O_TRUNC);
+      workers_.push_back(w);
+    }
+    std::fprintf(
+        stderr,
+        "keel launch: %d worker(s), ranks %d..%d of %d, rank 0 at %s; logs in %s/workerlog.N\n",
+        plan_.nproc_per_node, plan_.rank(0), plan_.rank(plan_.nproc_per_node - 1), plan_.world(),
+        plan_.endpoints[0].c_str(), plan_.log_dir.c_str());
+    for (Worker& w : workers_) Spawn(&w);
+    Monitor();
+    return Report();
+  }
+
+ private:
+  // SIGCHLD and the forwarded signals arrive through a signalfd; SIGPIPE is blocked so that a
+  // closed console gives EPIPE instead of killing the launcher. A signal the launcher inherited
+  // as ignored (nohup, `&` in a script) stays ignored.
+  void BlockSignals() {
+    sigset_t handled, blocked;
+    sigemptyset(&handled);
+    sigaddset(&handled, SIGCHLD);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old;
+      sigaction(sig, nullptr, &old);
+      if (old.sa_handler != SIG_IGN) sigaddset(&handled, sig);
+    }
+    blocked = handled;
+    sigaddset(&blocked, SIGPIPE);
+    PCHECK(sigprocmask(SIG_BLOCK, &blocked, &old_mask_) == 0);
+    signal_fd_ = signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+    PCHECK(signal_fd_ >= 0);
+  }
+
+  void Spawn(Worker* w) {
+    std::vector<std::string> env = WorkerEnv(plan_, w->local);
+    std::vector<char*> argv, envp;
+    for (const std::string& a : command_) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    // Written by the child with write(2) only, if execve fails.
+    std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
+
+    int out_fd = w->log_fd;  // rank 0 (local 0) writes to a pipe that the launcher tees
+    if (w->local == 0) {
+      int fds[2];
+      PCHECK(pipe2(fds, O_CLOEXEC) == 0);
+      pipe_fd_ = fds[0];
+      out_fd = fds[1];
+      fcntl(pipe_fd_, F_SETFL, O_NONBLOCK);
+    }
+    int null_fd = OpenHigh("/dev/null", O_RDONLY);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+      int err = errno;
+      SignalAll(SIGKILL);
+      for (Worker& other : workers_)
+        if (other.alive) waitpid(other.pid, nullptr, 0);
+      KEEL_THROW("cannot start worker local rank ", w->local, ": fork: ", std::strerror(err));
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);  // the launcher died before prctl
+      dup2(null_fd, 0);
+      dup2(out_fd, 1);
+      dup2(out_fd, 2);
+      sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+      execve(plan_.executable.c_str(), argv.data(), envp.data());
+      int err = errno;
+      const char* why = err == ENOENT    ? "No such file or directory"
+                        : err == EACCES  ? "Permission denied"
+                        : err == ENOEXEC ? "Exec format error (no #! line?)"
+                        : err == E2BIG   ? "Argument list too long"
+                                         : "exec failed";
+      WriteAll(2, exec_error.data(), exec_error.size());
+      WriteAll(2, why, std::strlen(why));
+      WriteAll(2, "\n", 1);
+      _exit(err == ENOENT ? 127 : 126);
+    }
+    setpgid(pid, pid);  // also here, so the group exists before the launcher ever signals it
+    close(null_fd);
+    if (w->local == 0) close(out_fd);
+    w->pid = pid;
+    w->alive = true;
+  }
+
+  void SignalAll(int sig) {
+    for (const Worker& w : workers_)
+      if (w.pid > 0) kill(-w.pid, sig);  // the worker's whole process group
+  }
+
+  void Stop(int sig) {
+    stopping_ = true;
+    deadline_ = Clock::now() + std::chrono::seconds(FLAGS_grace_period_s);
+    SignalAll(sig);
+  }
+
+  // Reaps workers and the orphans they left (the launcher is their subreaper).
+  void Reap() {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (Worker& w : workers_) {
+        if (!w.alive || w.pid != pid) continue;
+        w.alive = false;
+        w.status = status;
+        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !stopping_) {
+          first_failed_ = &w;
+          Stop(SIGTERM);
+        }
+      }
+    }
+  }
+
+  void OnSignals() {
+    signalfd_siginfo si;
+    while (read(signal_fd_, &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+      int sig = static_cast<int>(si.ssi_signo);
+      if (sig == SIGCHLD) {
+        Reap();
+      } else if (!stopping_) {
+        std::fprintf(stderr, "keel launch: got %s, forwarding it to the workers\n",
+                     SignalName(sig));
+        stop_signal_ = sig;
+        Stop(sig);
+      } else if (!killed_) {
+        std::fprintf(stderr, "keel launch: got %s while stopping, killing the workers\n",
+                     SignalName(sig));
+        if (stop_signal_ == 0) stop_signal_ = sig;
+        SignalAll(SIGKILL);
+        killed_ = true;
+      }
+    }
+  }
+
+  // Copies what rank 0 wrote to its log and to the console; false at end of file.
+  bool PumpRank0() {
+    char buf[65536];
+    ssize_t n = read(pipe_fd_, buf, sizeof(buf));
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+    if (n <= 0) {
+      close(pipe_fd_);
+      pipe_fd_ = -1;
+      return false;
+    }
+    WriteAll(workers_[0].log_fd, buf, static_cast<size_t>(n));
+    if (console_ok_) console_ok_ = WriteAll(STDOUT_FILENO, buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  bool AnyAlive() const {
+    return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.alive; });
+  }
+
+  void Monitor() {
+    Reap();  // a worker may have exited before the first poll
+    while (AnyAlive()) {
+      int timeout = -1;
+      if (stopping_ && !killed_) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+        timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+      }
+      pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {pipe_fd_, POLLIN, 0}};
+      int n = poll(fds, pipe_fd_ >= 0 ? 2 : 1, timeout);
+      PCHECK(n >= 0 || errno == EINTR);
+      if (n > 0 && fds[0].revents) OnSignals();
+      if (n > 0 && pipe_fd_ >= 0 && fds[1].revents) PumpRank0();
+      if (stopping_ && !killed_ && Clock::now() >= deadline_) {
+        std::fprintf(stderr, "keel launch: workers still running %ds after SIGTERM, killing them\n",
+                     FLAGS_grace_period_s);
+        SignalAll(SIGKILL);
+        killed_ = true;
+      }
+    }
+    // Children of a stopped worker may outlive it, holding its group and rank 0's pipe: kill
+    // them and reap them, so that no process (not even a zombie) outlives a stopped job.
+    if (stopping_) {
+      SignalAll(SIGKILL);
+      auto until = Clock::now() + std::chrono::seconds(1);
+      while (Clock::now() < until) {
+        pid_t pid = waitpid(-1, nullptr, WNOHANG);
+        if (pid < 0) break;  // ECHILD: none left
+        if (pid == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    // Drain rank 0's output: to end of file, or until it has been quiet a moment (a daemon it
+    // left behind may keep the pipe open).
+    auto until = Clock::now() + std::chrono::seconds(2);
+    while (pipe_fd_ >= 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) break;
+      pollfd fd = {pipe_fd_, POLLIN, 0};
+      if (poll(&fd, 1, static_cast<int>(std::min<int64_t>(200, left.count()))) <= 0) break;
+      PumpRank0();
+    }
+    if (pipe_fd_ >= 0) close(pipe_fd_);
+    for (Worker& w : workers_) close(w.log_fd);
+  }
+
+  int Report() {
+    if (first_failed_ != nullptr) {
+      const Worker& w = *first_failed_;
+      int st = w.status;
+      std::string how = WIFEXITED(st)
+                            ? StrCat("exited with code ", WEXITSTATUS(st))
+                            : StrCat("was killed by signal ", SignalName(WTERMSIG(st)), " (",
+                                     WTERMSIG(st), ")", WCOREDUMP(st) ? ", core dumped" : "");
+      std::string tail = LogTail(w.log_path, 20);
+      std::fprintf(stderr,
+                   "keel launch: worker rank %d (local %d, pid %d) %s\n"
+                   "keel launch: last 20 lines of %s:\n%s%s",
+                   w.rank, w.local, static_cast<int>(w.pid), how.c_str(), w.log_path.c_str(),
+                   tail.empty() ? "(empty)\n" : tail.c_str(),
+                   !tail.empty() && tail.back() != '\n' ? "\n" : "");
+      if (workers_.size() > 1)
+        std::fprintf(stderr, "keel launch: stopped the other %zu worker(s)\n", workers_.size() - 1);
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    if (stop_signal_ != 0) {
+      std::fprintf(stderr, "keel launch: stopped %zu worker(s) after %s\n", workers_.size(),
+                   SignalName(stop_signal_));
+      return 128 + stop_signal_;
+    }
+    return 0;
+  }
+
+  const LaunchPlan& plan_;
+  const std::vector<std::string>& command_;
+  std::vector<Worker> workers_;
+  sigset_t old_mask_;
+  int signal_fd_ = -1;
+  int pipe_fd_ = -1;  // rank 0's stdout+stderr
+  bool console_ok_ = true;
+  bool stopping_ = false, killed_ = false;
+  Clock::time_point deadline_;
+  const Worker* first_failed_ = nullptr;
+  int stop_signal_ = 0;  // the signal that stopped the job, if one did
+};
+
+}  // namespace
+
+int Launch(const std::vector<std::string>& command) {
+  LaunchPlan plan = MakePlan(command);
+  return Supervisor(plan, command).Run();
+}
+
+}  // namespace cli
+}  // namespace keel

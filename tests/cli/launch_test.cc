@@ -1,0 +1,358 @@
+// `keel launch` end to end with shell commands as workers: the environment each worker sees
+// (Paddle's and torchrun's variables), logs and console, pass-through of the command's flags,
+// failure propagation (exit code, SIGKILL, exec failure), signal forwarding, and flag checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+// Each worker prints one line of its environment.
+const char* kEnvScript =
+    "'echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK lws=$LOCAL_WORLD_SIZE "
+    "pt=$PADDLE_TRAINER_ID pn=$PADDLE_TRAINERS_NUM cur=$PADDLE_CURRENT_ENDPOINT "
+    "eps=$PADDLE_TRAINER_ENDPOINTS master=$MASTER_ADDR:$MASTER_PORT tok=$KEEL_JOB_TOKEN "
+    "gpu=${FLAGS_selected_gpus-unset} threads=$FLAGS_cpu_math_threads'";
+
+std::string Keel() { return BinPath("keel"); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "k1=v1 k2=v2 ..." (the first line of `text` containing "rank=") -> {k1: v1, ...}.
+std::map<std::string, std::string> EnvLine(const std::string& text) {
+  std::map<std::string, std::string> kv;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("rank=", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w) {
+      size_t eq = w.find('=');
+      if (eq != std::string::npos) kv[w.substr(0, eq)] = w.substr(eq + 1);
+    }
+    break;
+  }
+  return kv;
+}
+
+struct Timed {
+  CommandResult result;
+  double seconds;
+};
+
+Timed RunTimed(const std::string& cmd) {
+  auto t0 = std::chrono::steady_clock::now();
+  CommandResult r = RunCommand(cmd);
+  return {r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(KeelLaunch, EveryWorkerSeesItsRankInBothConventions) {
+  std::string dir = MakeTempDir();
+  // stderr (the launcher's own lines) dropped: stdout is rank 0's output only.
+  auto r = RunCommand("env -u KEEL_JOB_TOKEN -u FLAGS_cpu_math_threads -u FLAGS_selected_gpus " +
+                      Keel() + " launch --nproc_per_node=3 --log_dir=" + dir + " sh -c " +
+                      kEnvScript + " 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::map<std::string, std::string>> env;
+  for (int i = 0; i < 3; ++i) {
+    env.push_back(EnvLine(ReadFile(dir + "/workerlog." + std::to_string(i))));
+    ASSERT_FALSE(env[i].empty()) << "workerlog." << i;
+  }
+  std::string eps = env[0]["eps"];
+  std::vector<std::string> endpoints;
+  std::istringstream split(eps);
+  for (std::string ep; std::getline(split, ep, ',');) endpoints.push_back(ep);
+  ASSERT_EQ(endpoints.size(), 3u) << eps;
+  std::set<std::string> distinct(endpoints.begin(), endpoints.end());
+  EXPECT_EQ(distinct.size(), 3u) << "ports must differ: " << eps;
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("local rank " + std::to_string(i));
+    std::string s = std::to_string(i);
+    EXPECT_EQ(env[i]["rank"], s);
+    EXPECT_EQ(env[i]["pt"], s);
+    EXPECT_EQ(env[i]["local"], s);
+    EXPECT_EQ(env[i]["world"], "3");
+    EXPECT_EQ(env[i]["pn"], "3");
+    EXPECT_EQ(env[i]["lws"], "3");
+    EXPECT_EQ(env[i]["eps"], eps);
+    EXPECT_EQ(env[i]["cur"], endpoints[i]);
+    EXPECT_EQ(env[i]["master"], endpoints[0]);  // rank 0 serves the rendezvous store
+    EXPECT_EQ(env[i]["tok"], env[0]["tok"]);
+    EXPECT_EQ(env[i]["gpu"], "unset");  // CPU mode
+    EXPECT_GE(std::stoi(env[i]["threads"]), 1);
+  }
+  EXPECT_EQ(endpoints[0].rfind("127.0.0.1:", 0), 0u) << eps;
+  EXPECT_GE(env[0]["tok"].size(), 16u);
+  EXPECT_EQ(env[0]["tok"].find_first_not_of("0123456789abcdef"), std::string::npos);
+  // The console carries rank 0's line, and only its.
+  EXPECT_EQ(EnvLine(r.output), env[0]) << r.output;
+  EXPECT_FALSE(Contains(r.output, "rank=1 ")) << r.output;
+
+  // A second job draws a fresh token; a token in the environment is reused.
+  auto again = RunCommand("env -u KEEL_JOB_TOKEN " + Keel() + " launch --log_dir=" + dir +
+                          " sh -c " + kEnvScript + " 2>/dev/null");
+  EXPECT_NE(EnvLine(again.output)["tok"], env[0]["tok"]);
+  auto given = RunCommand("KEEL_JOB_TOKEN=feedbeef " + Keel() + " launch --log_dir=" + dir +
+                          " sh -c " + kEnvScript + " 2>/dev/null");
+  EXPECT_EQ(EnvLine(given.output)["tok"], "feedbeef");
+  // FLAGS_cpu_math_threads from the environment is kept.
+  auto threads = RunCommand("FLAGS_cpu_math_threads=7 " + Keel() + " launch --nproc_per_node=2" +
+                            " --log_dir=" + dir + " sh -c " + kEnvScript + " 2>/dev/null");
+  EXPECT_EQ(EnvLine(threads.output)["threads"], "7") << threads.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, ArgumentsAfterTheCommandPassThroughUntouched) {
+  std::string dir = MakeTempDir();
+  // --nproc_per_node and --steps after the command belong to the worker, not to keel.
+  auto r = RunCommand(Keel() + " launch --log_dir " + dir +
+                      " sh -c 'echo \"args:$*\"' sh "
+                      "--steps=5 --nproc_per_node=7 'a b' -x");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "args:--steps=5 --nproc_per_node=7 a b -x")) << r.output;
+  EXPECT_FALSE(std::ifstream(dir + "/workerlog.1").good()) << "one worker expected";
+  // `--` ends the launcher's flags.
+  auto dashes = RunCommand(Keel() + " launch --nproc_per_node 2 --log_dir=" + dir +
+                           " -- sh -c 'echo \"args:$*\"' sh --steps=5");
+  ASSERT_EQ(dashes.exit_code, 0) << dashes.output;
+  EXPECT_TRUE(Contains(dashes.output, "args:--steps=5")) << dashes.output;
+  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.1"), "args:--steps=5"));
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, Rank0OutputReachesConsoleAndLogWhole) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir +
+                      " sh -c 'seq 1 100000; echo done-$RANK >&2' 2>/dev/null | wc -l");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(std::stoi(r.output), 100001) << r.output;
+  std::string log0 = ReadFile(dir + "/workerlog.0");
+  EXPECT_EQ(std::count(log0.begin(), log0.end(), '\n'), 100001);
+  EXPECT_TRUE(Contains(log0, "\n99999\n100000\ndone-0\n"));
+  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.1"), "done-1"));
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
+                      " launch --selected_gpus=2,5 --log_dir=" + dir + " sh -c " + kEnvScript);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto w0 = EnvLine(ReadFile(dir + "/workerlog.0")), w1 = EnvLine(ReadFile(dir + "/workerlog.1"));
+  EXPECT_EQ(w0["gpu"], "2");
+  EXPECT_EQ(w1["gpu"], "5");
+  EXPECT_EQ(w1["world"], "2");  // --nproc_per_node defaults to the number of GPUs
+  // With CUDA_VISIBLE_DEVICES, as in Paddle, a worker gets its GPU's index among the visible.
+  auto v = RunCommand("CUDA_VISIBLE_DEVICES=4,5,6 " + Keel() +
+                      " launch --selected_gpus=6,4 --log_dir=" + dir + " sh -c " + kEnvScript);
+  ASSERT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.0"))["gpu"], "2");
+  EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.1"))["gpu"], "0");
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, MultiNodeRanksAndEndpoints) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand("KEEL_JOB_TOKEN=0123abcd " + Keel() +
+                      " launch --nnodes=2 --node_rank=1 --cluster_node_ips=127.0.0.1,127.0.0.2 "
+                      "--node_ip=127.0.0.2 --nproc_per_node=2 --started_port=7000 --log_dir=" +
+                      dir + " sh -c " + kEnvScript);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string eps = "127.0.0.1:7000,127.0.0.1:7001,127.0.0.2:7000,127.0.0.2:7001";
+  for (int local = 0; local < 2; ++local) {
+    SCOPED_TRACE("local rank " + std::to_string(local));
+    auto w = EnvLine(ReadFile(dir + "/workerlog." + std::to_string(local)));
+    EXPECT_EQ(w["rank"], std::to_string(2 + local));
+    EXPECT_EQ(w["pt"], std::to_string(2 + local));
+    EXPECT_EQ(w["local"], std::to_string(local));
+    EXPECT_EQ(w["world"], "4");
+    EXPECT_EQ(w["lws"], "2");
+    EXPECT_EQ(w["eps"], eps);
+    EXPECT_EQ(w["cur"], "127.0.0.2:" + std::to_string(7000 + local));
+    EXPECT_EQ(w["master"], "127.0.0.1:7000");
+    EXPECT_EQ(w["tok"], "0123abcd");
+  }
+  // --node_ip alone says which node this is.
+  auto by_ip = RunCommand("KEEL_JOB_TOKEN=t " + Keel() +
+                          " launch --cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.2 "
+                          "--started_port=7100 --log_dir=" +
+                          dir + " sh -c " + kEnvScript);
+  ASSERT_EQ(by_ip.exit_code, 0) << by_ip.output;
+  auto w = EnvLine(ReadFile(dir + "/workerlog.0"));
+  EXPECT_EQ(w["rank"], "1");
+  EXPECT_EQ(w["eps"], "127.0.0.1:7100,127.0.0.2:7100");
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, FailingWorkerStopsTheOthersAndIsNamed) {
+  std::string dir = MakeTempDir();
+  auto t = RunTimed(Keel() + " launch --nproc_per_node=3 --log_dir=" + dir +
+                    " sh -c 'if [ $RANK = 1 ]; then echo first-line; echo boom-$RANK >&2; "
+                    "exit 3; fi; sleep 30'");
+  EXPECT_NE(t.result.exit_code, 0) << t.result.output;
+  EXPECT_FALSE(t.result.signaled) << t.result.output;
+  EXPECT_LT(t.seconds, 10.0) << "the sleeping workers were not stopped";
+  EXPECT_TRUE(Contains(t.result.output, "worker rank 1 (local 1, pid ")) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "exited with code 3")) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "first-line\nboom-1\n")) << t.result.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, KillNineOfOneWorkerEndsTheJobNamingIt) {
+  std::string dir = MakeTempDir();
+  auto t = RunTimed(Keel() + " launch --nproc_per_node=3 --log_dir=" + dir +
+                    " sh -c 'if [ $RANK = 1 ]; then sleep 0.3; kill -9 $$; fi; sleep 30'");
+  EXPECT_NE(t.result.exit_code, 0) << t.result.output;
+  EXPECT_LT(t.seconds, 10.0);
+  EXPECT_TRUE(Contains(t.result.output, "worker rank 1 (local 1, pid ")) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "was killed by signal SIGKILL (9)")) << t.result.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  std::string dir = MakeTempDir();
+  auto t = RunTimed(Keel() + " launch --nproc_per_node=2 --grace_period_s=1 --log_dir=" + dir +
+                    " sh -c 'if [ $RANK = 0 ]; then while [ ! -e " + dir +
+                    "/trapped ]; do sleep 0.05; done; exit 5; fi; trap \"\" TERM; touch " + dir +
+                    "/trapped; sleep 30'");
+  EXPECT_EQ(t.result.exit_code, 5) << t.result.output;
+  EXPECT_LT(t.seconds, 8.0);
+  EXPECT_GE(t.seconds, 0.9);
+  EXPECT_TRUE(Contains(t.result.output, "worker rank 0 (local 0, pid ")) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "killing them")) << t.result.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, SigtermToTheLauncherStopsEveryWorkerAndItsChildren) {
+  std::string dir = MakeTempDir();
+  // Each worker records its own pid and its child's, then waits.
+  std::string script =
+      "export D=" + dir + "\n" + Keel() +
+      " launch --nproc_per_node=3 --log_dir=$D sh -c "
+      "'sleep 30 & echo $! > $D/child.$RANK; echo $$ > $D/pid.$RANK; wait' &\n"
+      "L=$!\n"
+      "for i in $(seq 100); do\n"
+      "  [ -s $D/pid.0 ] && [ -s $D/pid.1 ] && [ -s $D/pid.2 ] && break\n"
+      "  sleep 0.1\n"
+      "done\n"
+      "kill -TERM $L; wait $L; echo launcher_rc=$?\n"
+      "for f in $D/pid.* $D/child.*; do p=$(cat $f)\n"
+      "  if kill -0 $p 2>/dev/null; then echo alive $f; kill -9 $p; else echo gone $f; fi\n"
+      "done\n";
+  auto t = RunTimed(script);
+  EXPECT_LT(t.seconds, 10.0) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "launcher_rc=143")) << t.result.output;  // 128 + SIGTERM
+  EXPECT_TRUE(Contains(t.result.output, "got SIGTERM")) << t.result.output;
+  EXPECT_FALSE(Contains(t.result.output, "alive")) << t.result.output;
+  int gone = 0;
+  for (size_t p = t.result.output.find("gone "); p != std::string::npos;
+       p = t.result.output.find("gone ", p + 1))
+    ++gone;
+  EXPECT_EQ(gone, 6) << t.result.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, WorkersDieWithAKilledLauncher) {
+  std::string dir = MakeTempDir();
+  // kill -9 leaves the launcher no chance to stop anyone: PR_SET_PDEATHSIG does. A dead worker
+  // may linger as a zombie of init, so a process counts as gone when it is one.
+  std::string script =
+      "export D=" + dir + "\n" + Keel() +
+      " launch --nproc_per_node=2 --log_dir=$D sh -c 'echo $$ > $D/pid.$RANK; exec sleep 30' &\n"
+      "L=$!\n"
+      "for i in $(seq 100); do [ -s $D/pid.0 ] && [ -s $D/pid.1 ] && break; sleep 0.1; done\n"
+      "kill -9 $L; wait $L; sleep 0.3\n"
+      "for f in $D/pid.*; do p=$(cat $f)\n"
+      "  if [ -e /proc/$p ] && ! grep -q '^State:.*Z' /proc/$p/status; then\n"
+      "    echo alive $f; kill -9 $p\n"
+      "  else echo gone $f; fi\n"
+      "done\n";
+  auto r = RunCommand(script);
+  EXPECT_FALSE(Contains(r.output, "alive")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "gone " + dir + "/pid.1")) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, UnrunnableCommandIsReported) {
+  std::string dir = MakeTempDir();
+  auto missing = RunCommand(Keel() + " launch --log_dir=" + dir + " no_such_keel_worker --x");
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_TRUE(Contains(missing.output, "'no_such_keel_worker'")) << missing.output;
+  EXPECT_TRUE(Contains(missing.output, "not found in PATH")) << missing.output;
+  auto path = RunCommand(Keel() + " launch --log_dir=" + dir + " " + dir + "/nothing");
+  EXPECT_EQ(path.exit_code, 1) << path.output;
+  EXPECT_TRUE(Contains(path.output, dir + "/nothing")) << path.output;
+  // Executable but not a program: execve fails in the worker, which the launcher reports.
+  RunCommand("printf 'echo hi\\n' > " + dir + "/noshebang && chmod +x " + dir + "/noshebang");
+  auto bad = RunCommand(Keel() + " launch --log_dir=" + dir + " " + dir + "/noshebang");
+  EXPECT_EQ(bad.exit_code, 126) << bad.output;
+  EXPECT_TRUE(Contains(bad.output, "worker rank 0 (local 0")) << bad.output;
+  EXPECT_TRUE(Contains(bad.output, "cannot execute '" + dir + "/noshebang'")) << bad.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
+  struct Case {
+    std::string flags, message;
+  };
+  const std::vector<Case> cases = {
+      {"--nnodes=2 --node_rank=2 --cluster_node_ips=127.0.0.1,127.0.0.2 sh",
+       "--node_rank=2 is out of range for --nnodes=2"},
+      {"--node_rank=1 sh", "--node_rank=1 is out of range for --nnodes=1"},
+      {"--selected_gpus=0,1,0 sh", "lists GPU 0 twice"},
+      {"--selected_gpus=0,x sh", "'x' is not a GPU id"},
+      {"--selected_gpus=0,1 --nproc_per_node=3 sh", "--nproc_per_node=3 but --selected_gpus"},
+      {"--nproc_per_node=0 sh", "--nproc_per_node must be positive"},
+      {"--nnodes=2 --cluster_node_ips=127.0.0.1 sh", "--nnodes=2 but --cluster_node_ips"},
+      {"--nnodes=2 --node_rank=1 sh", "--nnodes=2 needs --cluster_node_ips"},
+      {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.3 sh",
+       "--node_ip=127.0.0.3 is not in --cluster_node_ips"},
+      {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.2 --node_rank=0 sh",
+       "--node_rank=0 but --node_ip=127.0.0.2 is node 1"},
+      {"--cluster_node_ips=127.0.0.1,127.0.0.2 --started_port=7000 sh",
+       "needs --node_rank or --node_ip"},
+      {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_rank=1 sh", "needs --started_port"},
+      {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_rank=1 --master_addr=127.0.0.2 sh",
+       "--master_addr=127.0.0.2 but --cluster_node_ips"},
+      {"--started_port=7000 --master_port=7001 sh", "--master_port=7001 but --started_port=7000"},
+      {"--started_port=65535 --nproc_per_node=2 sh", "past 65535"},
+      {"--grace_period_s=-1 sh", "--grace_period_s must be >= 0"},
+      {"", "no command to launch"},
+      {"--nproc_per_node=2", "no command to launch"},
+  };
+  for (const Case& c : cases) {
+    auto r =
+        RunCommand("env -u CUDA_VISIBLE_DEVICES KEEL_JOB_TOKEN=t " + Keel() + " launch " + c.flags);
+    EXPECT_EQ(r.exit_code, 1) << c.flags << "\n" << r.output;
+    EXPECT_TRUE(Contains(r.output, c.message)) << c.flags << "\n" << r.output;
+  }
+  // A multi-node job without a shared token would be refused by the rendezvous: refuse it here.
+  auto r = RunCommand("env -u KEEL_JOB_TOKEN " + Keel() +
+                      " launch --cluster_node_ips=127.0.0.1,127.0.0.2 --node_rank=1 "
+                      "--started_port=7000 sh");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(Contains(r.output, "KEEL_JOB_TOKEN")) << r.output;
+}
+
+}  // namespace
+}  // namespace keel::testing

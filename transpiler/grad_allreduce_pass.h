@@ -1,0 +1,29 @@
+// GradAllReducePass: Paddle's collective GradAllReduce for data parallelism.
+//
+// Requires: main holds forward, backward (append_backward: the loss-grad op carries
+//   op_role = Backward|Loss, each param grad's last writer carries op_role_var) and optimizer
+//   ops; startup initializes every parameter.
+// Guarantees:
+//   startup: one c_comm_init per ring (strategy.nccl_comm_num rings), then a c_broadcast of every
+//     parameter from rank 0 and a c_sync_comm_stream, so all ranks start equal;
+//   main: the loss gradient is scaled by 1/nranks right after it is filled; right after the op
+//     that last writes each parameter gradient, c_sync_calc_stream then c_allreduce_sum on ring
+//     (i % nccl_comm_num), i counting gradients in the order backward produces them; one
+//     c_sync_comm_stream per ring before the first optimizer op.
+// Leaves alone: forward and optimizer ops, var declarations (no new vars), block structure.
+#pragma once
+
+#include "transpiler/pass.h"
+
+namespace keel {
+namespace transpiler {
+
+class GradAllReducePass : public Pass {
+ public:
+  std::string name() const override { return "grad_allreduce"; }
+  void Apply(Program& main, Program& startup, const fleet::DistributedStrategy& strategy,
+             const fleet::Role& role) const override;
+};
+
+}  // namespace transpiler
+}  // namespace keel
