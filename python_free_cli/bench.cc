@@ -9,6 +9,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "framework/dsl/program_guard.h"
 #include "framework/runtime/blas.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
@@ -18,11 +19,59 @@ DECLARE_double(lr);
 DECLARE_int32(cpu_math_threads);
 DEFINE_int32(bench_steps, 200, "Timed steps for keel bench.");
 DEFINE_int32(bench_warmup, 10, "Untimed warm-up steps for keel bench.");
+DEFINE_int64(bench_numel, 1680000,
+             "keel bench allreduce: floats per all-reduce (default: the seed MLP's 6.72 MB of "
+             "gradients).");
 
 namespace keel {
 namespace cli {
 
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// keel bench allreduce: c_allreduce_sum of --bench_numel floats through a program, as training
+// runs it; rank 0 prints one JSON line.
+int BenchAllReduce() {
+  fleet::init();
+  const int world = fleet::worker_num();
+  KEEL_ENFORCE(world > 1, "bench allreduce needs several workers: run it under keel launch");
+  Program startup, main;
+  AppendOp(startup.global_block(), "c_comm_init", {}, {},
+           {{"ring_id", 0}, {"nranks", world}, {"rank", fleet::worker_index()}});
+  Block& b = main.global_block();
+  VarDesc* g = b.Var("grad");
+  g->set_shape({FLAGS_bench_numel});
+  g->set_is_data(true);
+  AppendOp(b, "c_allreduce_sum", {{"X", {"grad"}}}, {{"Out", {"grad"}}});
+  Executor exe(fleet::worker_place());
+  exe.Run(startup);
+  Tensor t(DType::kFloat32, {FLAGS_bench_numel});
+  std::fill(t.data<float>(), t.data<float>() + t.numel(), 1.0f);
+  FeedMap feed{{"grad", t}};
+  for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(main, feed);
+  std::vector<double> ms;
+  for (int i = 0; i < FLAGS_bench_steps; ++i) {
+    auto a = std::chrono::steady_clock::now();
+    exe.Run(main, feed);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+  }
+  fleet::barrier_worker();
+  if (fleet::worker_index() != 0) return 0;
+  double med = Median(ms), bytes = 4.0 * FLAGS_bench_numel;
+  std::printf("{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"bytes\": %.0f, "
+              "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f}\n",
+              world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9);
+  return 0;
+}
+
+}  // namespace
+
 int Bench(const std::vector<std::string>& args) {
+  if (args.size() == 1 && args[0] == "allreduce") return BenchAllReduce();
   KEEL_ENFORCE(args.size() == 1, "bench takes one model name (", [] {
     std::string s;
     for (auto& n : models::ModelNames()) s += (s.empty() ? "" : ", ") + n;
@@ -48,9 +97,7 @@ int Bench(const std::vector<std::string>& args) {
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fleet::barrier_worker();
   float loss = exe.Run(*m.main, feed, {m.loss})[0].item<float>();
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
-  double median = sorted[sorted.size() / 2];
+  double median = Median(ms);
   double mean = total * 1e3 / FLAGS_bench_steps;
   if (fleet::worker_index() != 0) return 0;
   std::printf(

@@ -1,0 +1,99 @@
+// Multi-worker training end to end under `keel launch`, and its failure modes: a worker killed
+// mid-training, ranks built with different programs.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+std::string Launch(int n, const std::string& dir) {
+  return "FLAGS_cpu_math_threads=1 " + BinPath("keel") + " launch --nproc_per_node=" +
+         std::to_string(n) + " --log_dir=" + dir + "/log ";
+}
+
+TEST(FleetTraining, TwoWorkersTrainTheSeedProgramAndOnlyRankZeroSaves) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand("cd " + dir + " && " + Launch(2, dir) + BinPath("train_mlp_fleet"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 99 cost="), std::string::npos) << r.output;
+  EXPECT_TRUE(std::ifstream(dir + "/model/persistables.safetensors").good());
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(FleetTraining, KeelTrainUnderLaunchMatchesItsCheckpointFormat) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Launch(2, dir) + BinPath("keel") +
+                      " train --steps=20 --seed=3 --mlp_hidden=64 --fetch_frequency=10 "
+                      "--save_dir=" + dir + "/ckpt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 10 loss"), std::string::npos) << r.output;
+  auto i = RunCommand(BinPath("keel") + " inspect " + dir + "/ckpt");
+  EXPECT_NE(i.output.find("fc_0.w_0 : float32[32, 64]"), std::string::npos) << i.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(FleetFaults, DifferentProgramsOnDifferentRanksFailAtStartNamingTheOp) {
+  std::string dir = MakeTempDir();
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand(Launch(2, dir) + "sh -c '" + BinPath("keel") +
+                      " train --steps=5 --mlp_hidden=$((32 + RANK))'");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(secs, 30);
+  auto logs = RunCommand("cat " + dir + "/log/workerlog.*");
+  EXPECT_NE(logs.output.find("differs between ranks"), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("fingerprint"), std::string::npos) << logs.output;
+  EXPECT_NE(logs.output.find("[32, 32]"), std::string::npos) << logs.output;  // the first diff
+  RunCommand("rm -rf " + dir);
+}
+
+// The pid of the process running with RANK=<rank> in its environment, among `pattern` matches.
+int FindRankPid(const std::string& pattern, int rank) {
+  auto r = RunCommand("pgrep -f '" + pattern + "'");
+  std::istringstream in(r.output);
+  int pid;
+  while (in >> pid) {
+    std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (all.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos)
+      return pid;
+  }
+  return -1;
+}
+
+TEST(FleetFaults, KillingAWorkerMidTrainingStopsTheJobWithin10sNamingIt) {
+  std::string dir = MakeTempDir();
+  std::string marker = "--seed=" + std::to_string(40000 + ::getpid() % 20000);
+  std::string cmd = Launch(2, dir) + BinPath("keel") + " train --steps=1000000 --mlp_hidden=64 " +
+                    marker + " > " + dir + "/out.txt 2>&1; echo $? > " + dir + "/rc.txt";
+  std::thread job([&] { RunCommand(cmd); });
+  int pid = -1;
+  for (int i = 0; i < 200 && pid < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Mid-training: rank 0 has printed a few steps.
+    if (RunCommand("grep -q '^step 3 ' " + dir + "/out.txt && echo yes").output != "yes\n")
+      continue;
+    pid = FindRankPid("train --steps=1000000 --mlp_hidden=64 " + marker, 1);
+  }
+  ASSERT_GT(pid, 0) << RunCommand("cat " + dir + "/out.txt").output;
+  auto t0 = std::chrono::steady_clock::now();
+  ::kill(pid, SIGKILL);
+  job.join();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 10);
+  std::string out = RunCommand("cat " + dir + "/out.txt").output;
+  EXPECT_NE(RunCommand("cat " + dir + "/rc.txt").output, "0\n");
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("SIGKILL"), std::string::npos) << out;
+  RunCommand("rm -rf " + dir);
+}
+
+}  // namespace
+}  // namespace keel::testing
