@@ -115,11 +115,22 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
 
 }  // namespace
 
-#define KEEL_REGISTER_ALLREDUCE(name, op)                                              \
-  [[maybe_unused]] static OpSchema& keel_schema_##name =                               \
-      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)");    \
-  KEEL_REGISTER_CPU_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, int32_t, \
-                           int64_t)
+// The kernels are place-agnostic (the ring's Communicator takes CPU or CUDA memory), so a CUDA
+// build registers the same classes for CUDA places; an NCCL ring then serves them.
+#ifdef KEEL_WITH_CUDA
+#define KEEL_REGISTER_COLLECTIVE_KERNEL(name, Kernel, ...)  \
+  KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__);      \
+  KEEL_REGISTER_CUDA_KERNEL(name, Kernel, __VA_ARGS__)
+#else
+#define KEEL_REGISTER_COLLECTIVE_KERNEL(name, Kernel, ...) \
+  KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__)
+#endif
+
+#define KEEL_REGISTER_ALLREDUCE(name, op)                                                \
+  [[maybe_unused]] static OpSchema& keel_schema_##name =                                 \
+      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)");      \
+  KEEL_REGISTER_COLLECTIVE_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, \
+                                  int32_t, int64_t)
 
 KEEL_REGISTER_ALLREDUCE(c_allreduce_sum, kSum);
 KEEL_REGISTER_ALLREDUCE(c_allreduce_max, kMax);
@@ -129,7 +140,7 @@ KEEL_REGISTER_ALLREDUCE(c_allreduce_prod, kProd);
 [[maybe_unused]] static OpSchema& keel_schema_c_broadcast =
     Collective("c_broadcast", "Out = X of rank `root`, on every rank of ring_id")
         .Attr<int>("root", 0, "the rank whose X everybody gets", RankCheck);
-KEEL_REGISTER_CPU_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
                          uint8_t, int8_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_allgather =
@@ -142,7 +153,7 @@ KEEL_REGISTER_CPU_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, i
           ctx.SetOutputDim("Out", d);
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
-KEEL_REGISTER_CPU_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_reducescatter =
     Collective("c_reducescatter", "Out = this rank's dim-0 slice of the sum of X over ranks")
@@ -158,7 +169,7 @@ KEEL_REGISTER_CPU_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, i
           ctx.SetOutputDim("Out", d);
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
-KEEL_REGISTER_CPU_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(c_barrier)
     .Doc("Waits until every rank of ring_id arrives")
@@ -166,15 +177,15 @@ KEEL_REGISTER_OP(c_barrier)
     .OptionalOutput("Out", "ignored")
     .Attr<int>("ring_id", 0, "which ring", RankCheck)
     .KernelDTypeFrom("X");
-KEEL_REGISTER_CPU_KERNEL(c_barrier, BarrierKernel, float);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_barrier, BarrierKernel, float);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
     Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
-KEEL_REGISTER_CPU_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t, int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
     Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)");
-KEEL_REGISTER_CPU_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(c_comm_init)
     .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")
@@ -182,6 +193,6 @@ KEEL_REGISTER_OP(c_comm_init)
     .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
     .Attr<int>("rank", 0, "this process's rank in the ring", RankCheck)
     .Attr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a Gloo ring for CPU tensors");
-KEEL_REGISTER_CPU_KERNEL(c_comm_init, CommInitKernel, float);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_comm_init, CommInitKernel, float);
 
 }  // namespace keel
