@@ -73,7 +73,7 @@ int Train(const std::vector<std::string>& args) {
   for (int step = 0; step < FLAGS_steps; ++step) {
     m.next_batch(FLAGS_batch_size, &feed);
     auto out = exe.Run(*m.main, feed, {m.loss});
-    samples_since += FLAGS_batch_size;
+    samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
     if (!out.empty() && !quiet) {
       auto now = std::chrono::steady_clock::now();
       double s = std::chrono::duration<double>(now - last).count();
