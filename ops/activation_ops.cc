@@ -5,35 +5,15 @@
 //   sigmoid: dx = dout * out * (1 - out)
 //   relu:    dx = dout * (out > 0)
 //   softmax: dx = out * (dout - sum(dout * out, axis))
-
-// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
-// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <Eigen/Core>
-
 #include <algorithm>
-#include <memory>
-#include <string>
-#include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-// A [rows, cols] row-major block: rows run along the softmax axis, cols are the trailing dims.
-template <typename T>
-using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-template <typename T>
-using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 template <typename T>
 ConstVec<T> Flat(const Tensor& t) {
@@ -42,41 +22,6 @@ ConstVec<T> Flat(const Tensor& t) {
 template <typename T>
 Vec<T> FlatOut(Tensor* t, const Place& place) {
   return Vec<T>(t->mutable_data<T>(place), t->numel());
-}
-
-// ---------------------------------------------------------------- shapes and grad makers
-
-void SameShapeAsX(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
-
-// X@GRAD has the shape and dtype of Out (the grad op does not see X).
-void GradShapeFromOut(InferShapeContext& ctx) {
-  ctx.SetOutputDim(GradVarName("X"), ctx.GetInputDim("Out"));
-  ctx.SetOutputDType(GradVarName("X"), ctx.GetInputDType("Out"));
-}
-
-// "<type>_grad" with inputs Out, Out@GRAD and output X@GRAD.
-std::vector<std::unique_ptr<OpDesc>> GradFromOut(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>(fwd.type() + "_grad");
-  const std::string& out = fwd.Output("Out").at(0);
-  g->SetInput("Out", {out});
-  g->SetInput(GradVarName("Out"), {GradVarName(out)});
-  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
-}
-
-// Normalizes a possibly negative axis against `rank`.
-int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
-
-void SoftmaxShape(InferShapeContext& ctx) {
-  DDim x = ctx.GetInputDim("X");
-  int axis = ctx.Attr<int>("axis");
-  KEEL_SHAPE_CHECK(x.size() >= 1, "softmax needs rank >= 1, got X ", x.str());
-  KEEL_SHAPE_CHECK(axis >= -x.size() && axis < x.size(), "axis ", axis, " is outside [", -x.size(),
-                   ", ", x.size(), ") for X ", x.str());
-  ctx.ShareDimAndDType("X", "Out");
 }
 
 // ---------------------------------------------------------------- elementwise kernels
@@ -163,17 +108,12 @@ using ReluGradKernel = UnaryGradKernel<T, ReluGradFn>;
 
 // ---------------------------------------------------------------- softmax
 
-// Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
-constexpr int64_t kShortRow = 16;
-
-// dims = [pre, n, post] around the axis: n is the softmax length, post the stride between its
-// elements (1 for the last axis, the common case).
-struct AxisSplit {
-  int64_t pre, n, post;
-};
-AxisSplit SplitAt(const DDim& d, int axis) {
-  int a = CanonicalAxis(axis, d.size());
-  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
+void SoftmaxShape(InferShapeContext& ctx) {
+  DDim x = ctx.GetInputDim("X");
+  int axis = ctx.Attr<int>("axis");
+  KEEL_SHAPE_CHECK(x.size() >= 1, "softmax needs rank >= 1, got X ", x.str());
+  CheckAxisInRange("axis", axis, "X", x);
+  ctx.ShareDimAndDType("X", "Out");
 }
 
 // Out = exp(X - max) / sum(exp(X - max)) along `axis`.
@@ -290,8 +230,8 @@ KEEL_REGISTER_OP(tanh)
     .Input("X", "any shape")
     .Output("Out", "shape of X")
     .Shape(SameShapeAsX)
-    .Grad(GradFromOut);
-KEEL_REGISTER_GRAD_OP(tanh_grad, tanh).Shape(GradShapeFromOut).KernelDTypeFrom("Out");
+    .Grad(GradMaker("tanh_grad", {"Out"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(tanh_grad, tanh).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
 KEEL_REGISTER_CPU_KERNEL(tanh, TanhKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(tanh_grad, TanhGradKernel, float, double);
 
@@ -300,8 +240,10 @@ KEEL_REGISTER_OP(sigmoid)
     .Input("X", "any shape")
     .Output("Out", "shape of X")
     .Shape(SameShapeAsX)
-    .Grad(GradFromOut);
-KEEL_REGISTER_GRAD_OP(sigmoid_grad, sigmoid).Shape(GradShapeFromOut).KernelDTypeFrom("Out");
+    .Grad(GradMaker("sigmoid_grad", {"Out"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(sigmoid_grad, sigmoid)
+    .Shape(GradShapeLike("X", "Out"))
+    .KernelDTypeFrom("Out");
 KEEL_REGISTER_CPU_KERNEL(sigmoid, SigmoidKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(sigmoid_grad, SigmoidGradKernel, float, double);
 
@@ -310,8 +252,8 @@ KEEL_REGISTER_OP(relu)
     .Input("X", "any shape")
     .Output("Out", "shape of X")
     .Shape(SameShapeAsX)
-    .Grad(GradFromOut);
-KEEL_REGISTER_GRAD_OP(relu_grad, relu).Shape(GradShapeFromOut).KernelDTypeFrom("Out");
+    .Grad(GradMaker("relu_grad", {"Out"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(relu_grad, relu).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
 KEEL_REGISTER_CPU_KERNEL(relu, ReluKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(relu_grad, ReluGradKernel, float, double);
 
@@ -323,8 +265,10 @@ KEEL_REGISTER_OP(softmax)
     .Output("Out", "shape of X")
     .Attr<int>("axis", -1, "the dimension normalized over; negative counts from the end")
     .Shape(SoftmaxShape)
-    .Grad(GradFromOut);
-KEEL_REGISTER_GRAD_OP(softmax_grad, softmax).Shape(GradShapeFromOut).KernelDTypeFrom("Out");
+    .Grad(GradMaker("softmax_grad", {"Out"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(softmax_grad, softmax)
+    .Shape(GradShapeLike("X", "Out"))
+    .KernelDTypeFrom("Out");
 KEEL_REGISTER_CPU_KERNEL(softmax, SoftmaxKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(softmax_grad, SoftmaxGradKernel, float, double);
 

@@ -3,35 +3,17 @@
 // Hard labels are int64 class indices with a trailing dim of 1; soft labels are distributions of
 // the input's shape and dtype. A hard label equal to ignore_index contributes zero loss and zero
 // gradient; any other label outside [0, D) is a keel::Error naming the value and the row.
-
-// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
-// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <string>
-#include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-template <typename T>
-using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 // log(x) is clamped below at -1e20 (Paddle's TolerableValue), so x = 0 gives a large finite loss
 // and 0 * log(0) in soft labels stays 0.
@@ -87,19 +69,6 @@ void CrossEntropyShape(InferShapeContext& ctx) {
   DDim out = CheckLabel(ctx, "X", x.size() - 1);
   ctx.SetOutputDim("Y", out);
   ctx.SetOutputDType("Y", ctx.GetInputDType("X"));
-}
-
-// cross_entropy_grad: X, Label, Y@GRAD -> X@GRAD.
-std::vector<std::unique_ptr<OpDesc>> CrossEntropyGradMaker(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>("cross_entropy_grad");
-  g->SetInput("X", fwd.Input("X"));
-  g->SetInput("Label", fwd.Input("Label"));
-  g->SetInput(GradVarName("Y"), {GradVarName(fwd.Output("Y").at(0))});
-  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
 }
 
 // hard: y[i] = -log(x[i, label[i]]);  soft: y[i] = -sum_j label[i, j] * log(x[i, j]).
@@ -191,49 +160,15 @@ class CrossEntropyGradKernel : public OpKernel {
 
 // ---------------------------------------------------------------- softmax_with_cross_entropy
 
-int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
-
 void SoftmaxWithCrossEntropyShape(InferShapeContext& ctx) {
   DDim logits = ctx.GetInputDim("Logits");
   const int rank = logits.size();
   const int axis_attr = ctx.Attr<int>("axis");
-  KEEL_SHAPE_CHECK(axis_attr >= -rank && axis_attr < rank, "axis ", axis_attr, " is outside [",
-                   -rank, ", ", rank, ") for Logits ", logits.str());
+  CheckAxisInRange("axis", axis_attr, "Logits", logits);
   DDim loss = CheckLabel(ctx, "Logits", CanonicalAxis(axis_attr, rank));
   ctx.ShareDimAndDType("Logits", "Softmax");
   ctx.SetOutputDim("Loss", loss);
   ctx.SetOutputDType("Loss", ctx.GetInputDType("Logits"));
-}
-
-// softmax_with_cross_entropy_grad: Softmax, Label, Loss@GRAD -> Logits@GRAD.
-std::vector<std::unique_ptr<OpDesc>> SoftmaxWithCrossEntropyGradMaker(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>("softmax_with_cross_entropy_grad");
-  g->SetInput("Label", fwd.Input("Label"));
-  g->SetInput("Softmax", fwd.Output("Softmax"));
-  g->SetInput(GradVarName("Loss"), {GradVarName(fwd.Output("Loss").at(0))});
-  g->SetOutput(GradVarName("Logits"), {GradVarName(fwd.Input("Logits").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
-}
-
-void SoftmaxWithCrossEntropyGradShape(InferShapeContext& ctx) {
-  ctx.SetOutputDim(GradVarName("Logits"), ctx.GetInputDim("Softmax"));
-  ctx.SetOutputDType(GradVarName("Logits"), ctx.GetInputDType("Softmax"));
-}
-
-// Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
-constexpr int64_t kShortRow = 16;
-
-// Logits viewed as [pre, n, post] around the axis: row (i, j) is the n elements at
-// i * n * post + j with stride post. post == 1 (the last axis) gets contiguous, vectorized rows.
-struct AxisSplit {
-  int64_t pre, n, post;
-};
-AxisSplit SplitAt(const DDim& d, int axis) {
-  int a = CanonicalAxis(axis, d.size());
-  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
 }
 
 // Calls fn(row, offset, stride) for each softmax row, with stride an Eigen::InnerStride.
@@ -428,7 +363,7 @@ KEEL_REGISTER_OP(cross_entropy)
     .Attr<bool>("soft_label", false, "Label holds distributions, not class indices")
     .Attr<int>("ignore_index", -100, "hard label value that yields zero loss and gradient")
     .Shape(CrossEntropyShape)
-    .Grad(CrossEntropyGradMaker);
+    .Grad(GradMaker("cross_entropy_grad", {"X", "Label"}, {"Y"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(cross_entropy_grad, cross_entropy);
 KEEL_REGISTER_CPU_KERNEL(cross_entropy, CrossEntropyKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(cross_entropy_grad, CrossEntropyGradKernel, float, double);
@@ -447,9 +382,9 @@ KEEL_REGISTER_OP(softmax_with_cross_entropy)
     .Attr<bool>("numeric_stable_mode", true, "kept for Paddle compatibility; always stable")
     .Attr<int>("axis", -1, "the class dimension; negative counts from the end")
     .Shape(SoftmaxWithCrossEntropyShape)
-    .Grad(SoftmaxWithCrossEntropyGradMaker);
+    .Grad(GradMaker("softmax_with_cross_entropy_grad", {"Label", "Softmax"}, {"Loss"}, {"Logits"}));
 KEEL_REGISTER_GRAD_OP(softmax_with_cross_entropy_grad, softmax_with_cross_entropy)
-    .Shape(SoftmaxWithCrossEntropyGradShape)
+    .Shape(GradShapeLike("Logits", "Softmax"))
     .KernelDTypeFrom("Softmax");
 KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel, float,

@@ -12,6 +12,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/blas.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
@@ -721,7 +722,7 @@ KEEL_REGISTER_OP(scale)
     .Attr<float>("scale", 1.0f, "the factor")
     .Attr<float>("bias", 0.0f, "the offset")
     .Attr<bool>("bias_after_scale", true, "add bias after scaling (else before)")
-    .Shape([](InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); })
+    .Shape(SameShapeAsX)
     .DefaultGrad();
 KEEL_REGISTER_GRAD_OP(scale_grad, scale);
 KEEL_REGISTER_CPU_KERNEL(scale, ScaleKernel, float, double);

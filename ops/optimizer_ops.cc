@@ -1,16 +1,10 @@
 // Optimizer update ops. ParamOut is normally the same variable as Param: the update is in place.
-#include <Eigen/Core>
-
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 void SgdShape(InferShapeContext& ctx) {
   DDim p = ctx.GetInputDim("Param");

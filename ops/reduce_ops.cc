@@ -3,42 +3,16 @@
 // reduce_* reduce the dims listed in `dim` (negative counts from the end), or every dim when
 // reduce_all is set or `dim` is empty. Reduced dims are dropped, or kept as 1 with keep_dim; a
 // result with no dims left has shape [1]. Example: X [2, 3, 4], dim {1} -> Out [2, 4].
-
-// GCC 12's AVX-512 intrinsics trip a false -Wmaybe-uninitialized inside Eigen's reductions
-// (GCC PR 105593); it fires at inlined sites, so it is silenced before Eigen is included.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#include <Eigen/Core>
-
+// Each grad op reads X (for X@GRAD's shape) and Out@GRAD.
 #include <limits>
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-// "<type>_grad" with inputs X (for its shape), Out@GRAD and output X@GRAD.
-std::vector<std::unique_ptr<OpDesc>> GradFromXAndOutGrad(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>(fwd.type() + "_grad");
-  g->SetInput("X", fwd.Input("X"));
-  g->SetInput(GradVarName("Out"), {GradVarName(fwd.Output("Out").at(0))});
-  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
-}
 
 // ---------------------------------------------------------------- mean
 
@@ -86,8 +60,7 @@ ReduceDims ResolveDims(const std::vector<int>& dim, bool reduce_all, const DDim&
   for (int i = 0; i < rank; ++i) r.reduced[i] = all;
   if (all) return r;
   for (int d : dim) {
-    KEEL_ENFORCE(d >= -rank && d < rank, "dim ", d, " is outside [", -rank, ", ", rank, ") for X ",
-                 x.str());
+    CheckAxisInRange("dim", d, "X", x);
     r.reduced[d < 0 ? d + rank : d] = true;
   }
   return r;
@@ -255,7 +228,7 @@ KEEL_REGISTER_OP(mean)
     .Input("X", "any shape")
     .Output("Out", "[1]")
     .Shape(MeanShape)
-    .Grad(GradFromXAndOutGrad);
+    .Grad(GradMaker("mean_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(mean_grad, mean);
 KEEL_REGISTER_CPU_KERNEL(mean, MeanKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(mean_grad, MeanGradKernel, float, double);
@@ -268,7 +241,7 @@ KEEL_REGISTER_OP(reduce_sum)
     .Attr<bool>("keep_dim", false, "keep reduced dims with size 1")
     .Attr<bool>("reduce_all", false, "reduce every dim, ignoring `dim`")
     .Shape(ReduceShape)
-    .Grad(GradFromXAndOutGrad);
+    .Grad(GradMaker("reduce_sum_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(reduce_sum_grad, reduce_sum);
 KEEL_REGISTER_CPU_KERNEL(reduce_sum, ReduceSumKernel, float, double, int32_t, int64_t);
 KEEL_REGISTER_CPU_KERNEL(reduce_sum_grad, ReduceSumGradKernel, float, double);
@@ -281,7 +254,7 @@ KEEL_REGISTER_OP(reduce_mean)
     .Attr<bool>("keep_dim", false, "keep reduced dims with size 1")
     .Attr<bool>("reduce_all", false, "reduce every dim, ignoring `dim`")
     .Shape(ReduceShape)
-    .Grad(GradFromXAndOutGrad);
+    .Grad(GradMaker("reduce_mean_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(reduce_mean_grad, reduce_mean);
 KEEL_REGISTER_CPU_KERNEL(reduce_mean, ReduceMeanKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(reduce_mean_grad, ReduceMeanGradKernel, float, double);

@@ -3,10 +3,8 @@
 //
 // dtype attrs are ints holding a keel::DType (0 = float32). Ops without inputs pick their kernel
 // from attr "dtype" (the registry's default).
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -14,14 +12,10 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <typename T>
-using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 template <typename V>
 std::string ListStr(const std::vector<V>& v) {
@@ -201,15 +195,12 @@ void CastShape(InferShapeContext& ctx) {
 }
 
 // cast_grad: Out@GRAD (and X when in_dtype is unset, for its dtype) -> X@GRAD, cast back.
-std::vector<std::unique_ptr<OpDesc>> CastGradMaker(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>("cast_grad");
-  if (fwd.Attr<int>("in_dtype") == -1) g->SetInput("X", fwd.Input("X"));
-  g->SetInput(GradVarName("Out"), {GradVarName(fwd.Output("Out").at(0))});
-  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
+GradOpMakerFn CastGradMaker() {
+  GradOpMakerFn with_x = GradMaker("cast_grad", {"X"}, {"Out"}, {"X"});
+  GradOpMakerFn without_x = GradMaker("cast_grad", {}, {"Out"}, {"X"});
+  return [with_x, without_x](const OpDesc& fwd) {
+    return fwd.Attr<int>("in_dtype") == -1 ? with_x(fwd) : without_x(fwd);
+  };
 }
 
 void CastGradShape(InferShapeContext& ctx) {
@@ -299,18 +290,6 @@ void ReshapeShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
 
-// reshape_grad: X (for its shape), Out@GRAD -> X@GRAD.
-std::vector<std::unique_ptr<OpDesc>> ReshapeGradMaker(const OpDesc& fwd) {
-  auto g = std::make_unique<OpDesc>("reshape_grad");
-  g->SetInput("X", fwd.Input("X"));
-  g->SetInput(GradVarName("Out"), {GradVarName(fwd.Output("Out").at(0))});
-  g->SetOutput(GradVarName("X"), {GradVarName(fwd.Input("X").at(0))});
-  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-  std::vector<std::unique_ptr<OpDesc>> r;
-  r.push_back(std::move(g));
-  return r;
-}
-
 // Copies `from` into `to` (already shaped by the shape function), unless they share memory.
 template <typename T>
 void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
@@ -358,7 +337,7 @@ KEEL_REGISTER_OP(fill_zeros_like)
     .Doc("Out = zeros of X's shape and dtype.")
     .Input("X", "any shape and dtype")
     .Output("Out", "shape and dtype of X")
-    .Shape([](InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); });
+    .Shape(SameShapeAsX);
 KEEL_REGISTER_CPU_KERNEL(fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
                          bool);
 
@@ -393,7 +372,7 @@ KEEL_REGISTER_OP(cast)
     .RequiredAttr<int>("out_dtype", "Out's keel::DType as int", CheckComputeDType)
     .Attr<int>("in_dtype", -1, "X's keel::DType as int; -1: X's declared dtype", CheckOptionalDType)
     .Shape(CastShape)
-    .Grad(CastGradMaker);
+    .Grad(CastGradMaker());
 KEEL_REGISTER_GRAD_OP(cast_grad, cast).Shape(CastGradShape).KernelDTypeFrom(GradVarName("Out"));
 KEEL_REGISTER_CPU_KERNEL(cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
 KEEL_REGISTER_CPU_KERNEL(cast_grad, CastGradKernel, float, double);
@@ -406,7 +385,7 @@ KEEL_REGISTER_OP(reshape)
     .Output("Out", "same elements as X, in the new shape")
     .RequiredAttr<std::vector<int>>("shape", "the new shape; 0 copies X's dim, -1 is inferred")
     .Shape(ReshapeShape)
-    .Grad(ReshapeGradMaker);
+    .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(reshape_grad, reshape);
 KEEL_REGISTER_CPU_KERNEL(reshape, ReshapeKernel, float, double, int32_t, int64_t, bool, uint8_t,
                          int8_t);

@@ -36,6 +36,21 @@ std::string SlotsDebug(const OpDesc::VarMap& m) {
   return s;
 }
 
+// The grad vars of `args`, in order.
+std::vector<std::string> GradArgs(const std::vector<std::string>& args) {
+  std::vector<std::string> grads;
+  for (auto& a : args) grads.push_back(GradVarName(a));
+  return grads;
+}
+
+// A grad maker's result: the one grad op `g`, given the forward op's attrs.
+std::vector<std::unique_ptr<OpDesc>> OneGradOp(std::unique_ptr<OpDesc> g, const OpDesc& fwd) {
+  for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
+  std::vector<std::unique_ptr<OpDesc>> r;
+  r.push_back(std::move(g));
+  return r;
+}
+
 class CompileTimeInferShapeContext : public InferShapeContext {
  public:
   CompileTimeInferShapeContext(const OpDesc& op, Block* block) : op_(op), block_(block) {}
@@ -137,27 +152,30 @@ const AttrDef* OpSchema::FindAttr(const std::string& name) const {
 }
 
 OpSchema& OpSchema::DefaultGrad() {
-  std::string grad_type = type_ + "_grad";
-  grad_maker_ = [grad_type](const OpDesc& fwd) {
+  // Each output sits next to its grad, as in the slots RegisterGrad declares.
+  grad_maker_ = [grad_type = type_ + "_grad"](const OpDesc& fwd) {
     auto g = std::make_unique<OpDesc>(grad_type);
     for (auto& kv : fwd.inputs()) g->SetInput(kv.first, kv.second);
     for (auto& kv : fwd.outputs()) {
       g->SetInput(kv.first, kv.second);
-      std::vector<std::string> grads;
-      for (auto& a : kv.second) grads.push_back(GradVarName(a));
-      g->SetInput(GradVarName(kv.first), grads);
+      g->SetInput(GradVarName(kv.first), GradArgs(kv.second));
     }
-    for (auto& kv : fwd.inputs()) {
-      std::vector<std::string> grads;
-      for (auto& a : kv.second) grads.push_back(GradVarName(a));
-      g->SetOutput(GradVarName(kv.first), grads);
-    }
-    for (auto& kv : fwd.attrs()) g->SetAttr(kv.first, kv.second);
-    std::vector<std::unique_ptr<OpDesc>> r;
-    r.push_back(std::move(g));
-    return r;
+    for (auto& kv : fwd.inputs()) g->SetOutput(GradVarName(kv.first), GradArgs(kv.second));
+    return OneGradOp(std::move(g), fwd);
   };
   return *this;
+}
+
+GradOpMakerFn GradMaker(std::string grad_type, std::vector<std::string> fwd_slots,
+                        std::vector<std::string> out_grads, std::vector<std::string> in_grads) {
+  return [grad_type = std::move(grad_type), fwd_slots = std::move(fwd_slots),
+          out_grads = std::move(out_grads), in_grads = std::move(in_grads)](const OpDesc& fwd) {
+    auto g = std::make_unique<OpDesc>(grad_type);
+    for (auto& s : fwd_slots) g->SetInput(s, fwd.HasInput(s) ? fwd.Input(s) : fwd.Output(s));
+    for (auto& s : out_grads) g->SetInput(GradVarName(s), GradArgs(fwd.Output(s)));
+    for (auto& s : in_grads) g->SetOutput(GradVarName(s), GradArgs(fwd.Input(s)));
+    return OneGradOp(std::move(g), fwd);
+  };
 }
 
 void OpSchema::Complete(OpDesc* op) const {

@@ -103,7 +103,8 @@ class OpSchema {
     grad_maker_ = std::move(fn);
     return *this;
   }
-  // Grad op "<type>_grad" taking every input, output and output grad, producing input grads.
+  // Grad op "<type>_grad" taking every input, then each output and its grad, producing the grads
+  // of every input.
   OpSchema& DefaultGrad();
   // The input slot whose dtype picks the kernel; default: the first input, or attr "dtype".
   OpSchema& KernelDTypeFrom(const std::string& slot) {
@@ -170,6 +171,16 @@ class OpRegistry {
   // The dtype that picks op's kernel given the block's var descs.
   static DType KernelDType(const OpDesc& op, const Block& block);
 };
+
+// A grad op maker for one grad op `grad_type` that reads a chosen part of the forward op. Its
+// inputs are the forward vars in `fwd_slots` (input or output slots of the forward op, inputs
+// first), then the grads of the forward outputs in `out_grads` (as slot "Out@GRAD"); its outputs
+// are the grads of the forward inputs in `in_grads` (as slot "X@GRAD"); it copies the forward
+// attrs. Slots are set in that order, the order the program text prints them.
+//   .Grad(GradMaker("softmax_grad", {"Out"}, {"Out"}, {"X"}))
+//   // softmax_grad(Out: y, Out@GRAD: y@GRAD) -> (X@GRAD: x@GRAD)
+GradOpMakerFn GradMaker(std::string grad_type, std::vector<std::string> fwd_slots,
+                        std::vector<std::string> out_grads, std::vector<std::string> in_grads);
 
 // Completes `op` against its schema and runs compile-time shape inference over `block`, setting
 // output var shapes and dtypes. Errors name the op, its vars and the shapes.

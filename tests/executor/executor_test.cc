@@ -7,9 +7,12 @@
 #include "executor/executor.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
+#include "tests/util/op_test_util.h"
 
 namespace keel {
 namespace {
+
+using testing::ErrorOf;
 
 struct Net {
   Program main, startup;
@@ -20,15 +23,6 @@ struct Net {
     out = layers::scale(layers::tanh(x), 2.0f, 1.0f);
   }
 };
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Executor, RunsAndFetchesCopies) {
   Net n;

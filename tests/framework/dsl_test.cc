@@ -3,18 +3,12 @@
 
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
+#include "tests/util/op_test_util.h"
 
 namespace keel {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 bool Has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 

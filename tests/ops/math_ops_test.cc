@@ -3,73 +3,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "executor/executor.h"
 #include "framework/dsl/program_guard.h"
-#include "framework/error.h"
 #include "tests/util/grad_checker.h"
+#include "tests/util/op_test_util.h"
 
-namespace keel {
+namespace keel::testing {
 namespace {
-
-using testing::CheckGrad;
-using testing::OpCase;
-using testing::RandomTensor;
-using testing::RunForward;
 
 const DType kDTypes[] = {DType::kFloat32, DType::kFloat64};
 
-std::vector<double> ToDouble(const Tensor& t) {
-  std::vector<double> v(t.numel());
-  VisitDType(t.dtype(), [&](auto z) {
-    using V = decltype(z);
-    const V* p = t.data<V>();
-    for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<double>(p[i]);
-  });
-  return v;
-}
-
-std::string Describe(const OpCase& c) {
-  std::ostringstream os;
-  os << "case '" << c.name << "' op " << c.type;
-  for (auto& [slot, ts] : c.inputs)
-    for (auto& t : ts) os << " " << slot << "=" << DTypeName(t.dtype()) << t.dims().str();
-  for (auto& [k, v] : c.attrs) os << " " << k << "=" << AttrToString(v);
-  return os.str();
-}
-
-// Runs c forward and compares Out with `want` (computed in double from the same inputs).
+// Runs c forward and compares Out, of X's dtype, with `want` (computed in double from the same
+// inputs).
 void ExpectForward(const OpCase& c, const DDim& want_dims, const std::vector<double>& want) {
-  SCOPED_TRACE(Describe(c));
-  auto outs = RunForward(c);
-  ASSERT_EQ(outs.count("Out"), 1u);
-  const Tensor& out = outs["Out"][0];
-  ASSERT_EQ(out.dims(), want_dims);
-  ASSERT_EQ(out.dtype(), c.inputs[0].second[0].dtype());
-  const double tol = out.dtype() == DType::kFloat32 ? 1e-5 : 1e-12;
-  std::vector<double> got = ToDouble(out);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "at flat index " << i;
-}
-
-// The keel::Error message of running c forward (which builds the program); "" when none.
-std::string ForwardError(const OpCase& c) {
-  try {
-    RunForward(c);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
-  for (auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' in: " << msg;
+  ExpectOutputNear(c, "Out", want_dims, want, {1e-5, /*dtype_of_first_input=*/true});
 }
 
 // ------------------------------------------------------------------------------------------ mul
@@ -532,4 +482,4 @@ TEST(ScaleOp, InPlace) {
 }
 
 }  // namespace
-}  // namespace keel
+}  // namespace keel::testing

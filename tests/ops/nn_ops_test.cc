@@ -7,7 +7,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,64 +15,17 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
 #include "tests/util/grad_checker.h"
+#include "tests/util/op_test_util.h"
 
-namespace keel {
+namespace keel::testing {
 namespace {
 
-using testing::CheckGrad;
-using testing::OpCase;
-using testing::RandomTensor;
-using testing::RunForward;
-
 const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64};
-
-std::vector<double> ToDouble(const Tensor& t) {
-  std::vector<double> v(t.numel());
-  VisitDType(t.dtype(), [&](auto z) {
-    using V = decltype(z);
-    const V* p = t.data<V>();
-    for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<double>(p[i]);
-  });
-  return v;
-}
-
-std::string Describe(const OpCase& c) {
-  std::ostringstream os;
-  os << "case '" << c.name << "' op " << c.type;
-  for (auto& [slot, ts] : c.inputs)
-    for (auto& t : ts) os << " " << slot << "=" << DTypeName(t.dtype()) << t.dims().str();
-  for (auto& [k, v] : c.attrs) os << " " << k << "=" << AttrToString(v);
-  return os.str();
-}
 
 // Output `slot` of c's forward run equals `want` (shape and values, to the dtype's precision).
 void ExpectForward(const OpCase& c, const std::string& slot, const DDim& want_dims,
                    const std::vector<double>& want) {
-  SCOPED_TRACE(Describe(c));
-  auto outs = RunForward(c);
-  ASSERT_EQ(outs.count(slot), 1u) << "no output " << slot;
-  const Tensor& out = outs[slot][0];
-  ASSERT_EQ(out.dims(), want_dims);
-  const double tol = out.dtype() == DType::kFloat32 ? 2e-6 : 1e-12;
-  std::vector<double> got = ToDouble(out);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << slot << " at flat index " << i;
-}
-
-// The keel::Error message of running c forward (which builds the program first); "" when none.
-std::string ForwardError(const OpCase& c) {
-  try {
-    RunForward(c);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
-  EXPECT_FALSE(msg.empty()) << "expected a keel::Error";
-  for (auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' in: " << msg;
+  ExpectOutputNear(c, slot, want_dims, want, {2e-6});
 }
 
 OpCase UnaryCase(const std::string& name, const std::string& type, Tensor x,
@@ -220,7 +172,7 @@ TEST(SoftmaxOp, GradMatchesFiniteDifferences) {
 
 TEST(SoftmaxOp, AxisOutOfRangeIsABuildError) {
   OpCase c = UnaryCase("axis_2_rank_2", "softmax", Tensor(DType::kFloat32, {3, 4}), {{"axis", 2}});
-  ExpectContainsAll(ForwardError(c), {"softmax", "axis 2", "[3, 4]"});
+  ExpectErrorContainsAll(ForwardError(c), {"softmax", "axis 2", "[3, 4]"});
 }
 
 // -------------------------------------------------------------------------------- cross_entropy
@@ -291,7 +243,7 @@ TEST(CrossEntropyOp, GradMatchesFiniteDifferences) {
 TEST(CrossEntropyOp, Int32LabelIsABuildErrorMentioningInt64) {
   OpCase c = CrossEntropyCase(kCrossEntropyCases[0], DType::kFloat32);
   c.inputs[1].second[0] = Tensor::FromVector<int32_t>({0, 2, 1, 2}, {4, 1});
-  ExpectContainsAll(ForwardError(c), {"cross_entropy", "int64", "int32"});
+  ExpectErrorContainsAll(ForwardError(c), {"cross_entropy", "int64", "int32"});
 }
 
 TEST(CrossEntropyOp, LabelOutOfRangeIsARunError) {
@@ -300,8 +252,8 @@ TEST(CrossEntropyOp, LabelOutOfRangeIsARunError) {
     c.name = "label_" + std::to_string(bad);
     c.inputs[1].second[0] = Labels({0, bad, 1, 2});
     SCOPED_TRACE(Describe(c));
-    ExpectContainsAll(ForwardError(c),
-                      {"cross_entropy", "Label value " + std::to_string(bad), "row 1", "[0, 3)"});
+    ExpectErrorContainsAll(ForwardError(c), {"cross_entropy", "Label value " + std::to_string(bad),
+                                             "row 1", "[0, 3)"});
   }
 }
 
@@ -309,16 +261,16 @@ TEST(CrossEntropyOp, BadLabelShapesAreBuildErrors) {
   OpCase c = CrossEntropyCase(kCrossEntropyCases[0], DType::kFloat32);
   c.name = "label_rows_differ";
   c.inputs[1].second[0] = Labels({0, 1, 2});
-  ExpectContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[3, 1]"});
+  ExpectErrorContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[3, 1]"});
 
   c.name = "label_rank_1";
   c.inputs[1].second[0] = Tensor::FromVector<int64_t>({0, 1, 2, 0}, {4});
-  ExpectContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[4]", "rank"});
+  ExpectErrorContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[4]", "rank"});
 
   c.name = "soft_label_width";
   c.attrs["soft_label"] = true;
   c.inputs[1].second[0] = RandomTensor({4, 2}, DType::kFloat32, 0, 1, 3);
-  ExpectContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[4, 2]"});
+  ExpectErrorContainsAll(ForwardError(c), {"cross_entropy", "[4, 3]", "[4, 2]"});
 }
 
 TEST(CrossEntropyOp, UnknownBatchDimPassesBuildTimeCheck) {
@@ -431,14 +383,14 @@ TEST(SoftmaxWithCrossEntropyOp, GradMatchesFiniteDifferences) {
 TEST(SoftmaxWithCrossEntropyOp, LabelOutOfRangeIsARunError) {
   OpCase c = SwceCase(kSwceCases[0], DType::kFloat32);
   c.inputs[1].second[0] = Labels({0, 2, 7, 2});
-  ExpectContainsAll(ForwardError(c),
-                    {"softmax_with_cross_entropy", "Label value 7", "row 2", "[0, 3)"});
+  ExpectErrorContainsAll(ForwardError(c),
+                         {"softmax_with_cross_entropy", "Label value 7", "row 2", "[0, 3)"});
 }
 
 TEST(SoftmaxWithCrossEntropyOp, Int32LabelIsABuildErrorMentioningInt64) {
   OpCase c = SwceCase(kSwceCases[0], DType::kFloat32);
   c.inputs[1].second[0] = Tensor::FromVector<int32_t>({0, 2, 1, 2}, {4, 1});
-  ExpectContainsAll(ForwardError(c), {"softmax_with_cross_entropy", "int64", "int32"});
+  ExpectErrorContainsAll(ForwardError(c), {"softmax_with_cross_entropy", "int64", "int32"});
 }
 
 // ------------------------------------------------------------------------------------------ mean
@@ -545,7 +497,7 @@ TEST(ReduceOps, GradMatchesFiniteDifferences) {
 TEST(ReduceOps, DimOutOfRangeIsABuildError) {
   OpCase c = UnaryCase("dim_2_rank_2", "reduce_sum", Tensor(DType::kFloat32, {3, 4}),
                        {{"dim", std::vector<int>{2}}});
-  ExpectContainsAll(ForwardError(c), {"reduce_sum", "dim 2", "[3, 4]"});
+  ExpectErrorContainsAll(ForwardError(c), {"reduce_sum", "dim 2", "[3, 4]"});
 }
 
 // --------------------------------------------------------------------- fill_constant, zeros_like
@@ -583,7 +535,7 @@ TEST(FillConstantOp, EveryDType) {
 
 TEST(FillConstantOp, BadDTypeIsABuildError) {
   OpCase c = NoInputCase("dtype_99", "fill_constant", {2}, static_cast<DType>(99), {});
-  ExpectContainsAll(ForwardError(c), {"fill_constant", "dtype", "99"});
+  ExpectErrorContainsAll(ForwardError(c), {"fill_constant", "dtype", "99"});
 }
 
 TEST(FillZerosLikeOp, ShapeAndDTypeOfX) {
@@ -696,7 +648,7 @@ TEST(RandomOps, ProgramSeedMakesUnseededOpsReproducible) {
 TEST(RandomOps, MinNotBelowMaxIsABuildError) {
   OpCase c = NoInputCase("min_eq_max", "uniform_random", {2}, DType::kFloat32,
                          {{"min", 1.0f}, {"max", 1.0f}});
-  ExpectContainsAll(ForwardError(c), {"uniform_random", "min", "max"});
+  ExpectErrorContainsAll(ForwardError(c), {"uniform_random", "min", "max"});
 }
 
 // ------------------------------------------------------------------------------------------ cast
@@ -756,7 +708,7 @@ TEST(CastOp, WrongInDTypeIsABuildError) {
   OpCase c = UnaryCase("in_dtype_mismatch", "cast", Tensor(DType::kFloat32, {2}),
                        {{"in_dtype", static_cast<int>(DType::kInt64)},
                         {"out_dtype", static_cast<int>(DType::kFloat64)}});
-  ExpectContainsAll(ForwardError(c), {"cast", "in_dtype", "int64", "float32"});
+  ExpectErrorContainsAll(ForwardError(c), {"cast", "in_dtype", "int64", "float32"});
 }
 
 // --------------------------------------------------------------------------------------- reshape
@@ -808,7 +760,7 @@ TEST(ReshapeOp, BadShapesAreBuildErrors) {
     SCOPED_TRACE(Describe(c));
     std::vector<std::string> parts = p.parts;
     parts.push_back("reshape");
-    ExpectContainsAll(ForwardError(c), parts);
+    ExpectErrorContainsAll(ForwardError(c), parts);
   }
 }
 
@@ -837,7 +789,7 @@ TEST(ReshapeOp, UnknownBatchDimAtBuildTimeIsCheckedAtRunTime) {
     exe.Run(prog, {{"x", RandomTensor({3, 6}, DType::kFloat32)}}, {"w"});
     ADD_FAILURE() << "18 elements reshaped to [4, -1] did not fail";
   } catch (const Error& e) {
-    ExpectContainsAll(e.what(), {"reshape", "[3, 6]", "[4, -1]"});
+    ExpectErrorContainsAll(e.what(), {"reshape", "[3, 6]", "[4, -1]"});
   }
 }
 
@@ -892,8 +844,8 @@ TEST(SgdOp, InPlaceUpdate) {
 
 TEST(SgdOp, ShapeMismatchIsABuildError) {
   OpCase c = SgdCase("grad_shape", DType::kFloat32, {3, 4}, {4, 3}, 0.1f);
-  ExpectContainsAll(ForwardError(c), {"sgd", "[3, 4]", "[4, 3]"});
+  ExpectErrorContainsAll(ForwardError(c), {"sgd", "[3, 4]", "[4, 3]"});
 }
 
 }  // namespace
-}  // namespace keel
+}  // namespace keel::testing

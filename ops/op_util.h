@@ -1,0 +1,62 @@
+// What the CPU op files share: Eigen views of tensor buffers, the (pre, n, post) split of a shape
+// around an axis, and shape functions more than one op uses.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <string>
+
+#include "framework/ir/program.h"
+#include "framework/op/op_registry.h"
+#include "framework/op/shape_inference.h"
+#include "framework/runtime/ddim.h"
+
+namespace keel {
+
+// A flat buffer of n elements as an Eigen array (elementwise math, reductions).
+template <typename T>
+using Vec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <typename T>
+using ConstVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+// A [rows, cols] row-major block, e.g. rows along a softmax axis and cols the trailing dims.
+template <typename T>
+using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+template <typename T>
+using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+// Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
+constexpr int64_t kShortRow = 16;
+
+// Normalizes a possibly negative axis against `rank`.
+inline int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
+
+// dims = [pre, n, post] around the axis: row (i, j) is the n elements at i * n * post + j with
+// stride post, so post == 1 (the last axis, the common case) gives contiguous rows.
+struct AxisSplit {
+  int64_t pre, n, post;
+};
+inline AxisSplit SplitAt(const DDim& d, int axis) {
+  int a = CanonicalAxis(axis, d.size());
+  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
+}
+
+// ---------------------------------------------------------------- shape checks and functions
+
+// `axis` (negative counts from the end) must index a dim of input `slot`, of shape d; `what`
+// names the attr ("axis", "dim") in the error.
+inline void CheckAxisInRange(const char* what, int axis, const char* slot, const DDim& d) {
+  KEEL_SHAPE_CHECK(axis >= -d.size() && axis < d.size(), what, " ", axis, " is outside [",
+                   -d.size(), ", ", d.size(), ") for ", slot, " ", d.str());
+}
+
+// Out has the shape and dtype of X.
+inline void SameShapeAsX(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
+
+// For a grad op that does not read forward input `x`: x@GRAD takes the shape and dtype of input
+// `like` (e.g. Out, which has x's shape).
+inline InferShapeFn GradShapeLike(const std::string& x, const std::string& like) {
+  return
+      [grad = GradVarName(x), like](InferShapeContext& ctx) { ctx.ShareDimAndDType(like, grad); };
+}
+
+}  // namespace keel

@@ -1,0 +1,70 @@
+#include "tests/util/op_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "framework/error.h"
+
+namespace keel::testing {
+
+std::vector<double> ToDouble(const Tensor& t) {
+  std::vector<double> v(t.numel());
+  VisitDType(t.dtype(), [&](auto z) {
+    using V = decltype(z);
+    const V* p = t.data<V>();
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<double>(p[i]);
+  });
+  return v;
+}
+
+std::string Describe(const OpCase& c) {
+  std::ostringstream os;
+  os << "case '" << c.name << "' op " << c.type;
+  for (auto& [slot, ts] : c.inputs)
+    for (auto& t : ts) os << " " << slot << "=" << DTypeName(t.dtype()) << t.dims().str();
+  for (auto& [k, v] : c.attrs) os << " " << k << "=" << AttrToString(v);
+  return os.str();
+}
+
+void ExpectOutputNear(const OpCase& c, const std::string& slot, const DDim& want_dims,
+                      const std::vector<double>& want, const OutputCheck& check) {
+  SCOPED_TRACE(Describe(c));
+  auto outs = RunForward(c);
+  ASSERT_EQ(outs.count(slot), 1u) << "no output " << slot;
+  const Tensor& out = outs[slot][0];
+  ASSERT_EQ(out.dims(), want_dims);
+  if (check.dtype_of_first_input) {
+    ASSERT_EQ(out.dtype(), c.inputs[0].second[0].dtype());
+  }
+  const double tol = out.dtype() == DType::kFloat32 ? check.f32_tol : 1e-12;
+  std::vector<double> got = ToDouble(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << slot << " at flat index " << i;
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string ForwardError(const OpCase& c) {
+  return ErrorOf([&] { RunForward(c); });
+}
+
+void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
+  for (auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' in: " << msg;
+}
+
+void ExpectErrorContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(msg.empty()) << "expected a keel::Error";
+  ExpectContainsAll(msg, parts);
+}
+
+}  // namespace keel::testing
