@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include <glog/logging.h>
@@ -186,7 +187,8 @@ VarDesc* Block::MustFindVar(const std::string& name) const {
   return v;
 }
 
-void Block::RemoveVar(const std::string& name) {
+void Block::RemoveVar(const std::string& name_ref) {
+  const std::string name = name_ref;  // name_ref may live in the VarDesc erased below
   if (vars_.erase(name)) {
     var_order_.erase(std::find(var_order_.begin(), var_order_.end(), name));
     Touch();
@@ -385,6 +387,30 @@ std::unique_ptr<Program> Program::Clone() const {
   ToProto(&desc);
   auto p = FromProto(desc);
   p->name_counters_ = name_counters_;
+  return p;
+}
+
+std::unique_ptr<Program> Program::clone_for_test() const {
+  auto p = Clone();
+  for (int bi = 0; bi < p->num_blocks(); ++bi) {
+    Block& b = p->block(bi);
+    for (size_t i = b.num_ops(); i-- > 0;) {
+      OpDesc* op = b.op(i);
+      int role = op->HasAttr(kOpRoleAttr) ? op->Attr<int>(kOpRoleAttr) : 0;
+      if ((role & ~static_cast<int>(OpRole::kLoss)) != static_cast<int>(OpRole::kForward)) {
+        b.RemoveOp(i);
+        continue;
+      }
+      if (op->HasAttr("is_test")) op->SetAttr("is_test", true);
+    }
+    std::set<std::string> used;
+    for (auto& op : b.ops()) {
+      for (auto& n : op->InputArgumentNames()) used.insert(n);
+      for (auto& n : op->OutputArgumentNames()) used.insert(n);
+    }
+    for (VarDesc* v : b.AllVars())
+      if (!used.count(v->name()) && !v->is_data() && !v->persistable()) b.RemoveVar(v->name());
+  }
   return p;
 }
 

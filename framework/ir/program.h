@@ -196,6 +196,9 @@ class Program {
   static std::unique_ptr<Program> ParseFromString(const std::string& bytes,
                                                   const std::string& what = "program");
   std::unique_ptr<Program> Clone() const;
+  // A copy for evaluation: ops with an `is_test` attribute (batch_norm, dropout) switch to
+  // inference; backward and optimizer ops, and the vars only they use, are dropped.
+  std::unique_ptr<Program> clone_for_test() const;
 
   // The deterministic text form: vars in creation order, ops in order, attrs sorted by name.
   std::string ToText() const;

@@ -116,3 +116,25 @@ TEST(Block, InsertRemoveAndVersion) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+TEST(CloneForTest, DropsBackwardAndOptimizerOpsAndTheirVars) {
+  Program main, startup;
+  BuildSmallMlp(main, startup, true);
+  main.global_block().op(0)->SetAttr("is_test", false);  // stands in for batch_norm/dropout
+  auto test = main.clone_for_test();
+  for (auto& op : test->global_block().ops()) {
+    EXPECT_EQ(op->Attr<int>(kOpRoleAttr), 0) << op->type();
+    EXPECT_EQ(op->type().find("_grad"), std::string::npos);
+  }
+  EXPECT_EQ(test->global_block().num_ops(), 8u);  // the forward ops
+  EXPECT_TRUE(test->global_block().op(0)->Attr<bool>("is_test"));
+  EXPECT_FALSE(main.global_block().op(0)->Attr<bool>("is_test"));  // the original is unchanged
+  EXPECT_EQ(test->global_block().FindVar("fc_0.w_0@GRAD"), nullptr);
+  EXPECT_NE(test->global_block().FindVar("fc_0.w_0"), nullptr);
+}
+
+}  // namespace
+}  // namespace keel
