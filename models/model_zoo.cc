@@ -2,45 +2,237 @@
 
 #include <random>
 
-#include "framework/dsl/optimizer.h"
+#include "framework/data/data_loader.h"
+#include "framework/data/mnist_dataset.h"
+#include "models/lenet/lenet_model.h"
 #include "models/mlp/mlp_model.h"
+#include "models/resnet/resnet_model.h"
+#include "models/transformer/transformer_model.h"
 
 namespace keel {
 namespace models {
 
 namespace {
 
-TrainableModel BuildMlp(const ModelConfig& cfg) {
+uint64_t DataSeed(const ModelConfig& cfg) {
+  uint64_t s = cfg.data_seed ? cfg.data_seed : cfg.seed;
+  return s ? s : std::random_device{}();
+}
+
+// Appends the optimizer (the config's choice or the model's default) and the test program.
+void Finish(TrainableModel& m, const ModelConfig& cfg, Var loss, const std::string& default_opt,
+            float default_lr) {
+  std::string name = cfg.optimizer.empty() ? default_opt : cfg.optimizer;
+  float lr = cfg.lr > 0 ? cfg.lr : default_lr;
+  auto opt = MakeOptimizer(name, lr);
+  m.test = m.main->clone_for_test();  // before backward: the forward program
+  if (cfg.minimize) cfg.minimize(loss, m.startup.get(), *opt);
+  else opt->minimize(loss, m.startup.get());
+  m.loss = loss.name();
+  m.optimizer = name + " lr=" + std::to_string(lr);
+}
+
+TrainableModel NewModel(const ModelConfig& cfg) {
   TrainableModel m;
   m.main = std::make_unique<Program>();
   m.startup = std::make_unique<Program>();
   m.main->set_random_seed(static_cast<int64_t>(cfg.seed));
   m.startup->set_random_seed(static_cast<int64_t>(cfg.seed));
+  return m;
+}
+
+// Accuracy over `batches` batches drawn by `next`, weighting each batch by its size.
+double EvaluateBatches(Executor& exe, const Program& test, const std::string& acc,
+                       const std::function<bool(FeedMap*)>& next) {
+  double correct = 0, total = 0;
+  FeedMap feed;
+  // Evaluation needs every result: fetch_frequency is the training loop's knob.
+  ExecutionStrategy saved = exe.strategy(), every = saved;
+  every.fetch_frequency = 1;
+  exe.set_strategy(every);
+  struct Restore {
+    Executor& e;
+    ExecutionStrategy s;
+    ~Restore() { e.set_strategy(s); }
+  } restore{exe, saved};
+  while (next(&feed)) {
+    auto out = exe.Run(test, feed, {acc});
+    double n = static_cast<double>(feed.begin()->second.dims()[0]);
+    correct += out[0].item<double>() * n;
+    total += n;
+  }
+  return total > 0 ? correct / total : 0;
+}
+
+TrainableModel BuildMlp(const ModelConfig& cfg) {
+  TrainableModel m = NewModel(cfg);
   ProgramGuard guard(*m.main, *m.startup);
   Var x = layers::data("x", {-1, 32}, DType::kFloat32);
   Var y = layers::data("y", {-1, 1}, DType::kInt64);
   Var cost = mlp(x, y, cfg.hidden);
-  if (cfg.minimize) cfg.minimize(cost, m.startup.get());
-  else optimizer::SGD(cfg.lr).minimize(cost, m.startup.get());
-  m.loss = cost.name();
   m.inputs = {x.name()};
   for (auto& op : m.main->global_block().ops())
     if (op->type() == "softmax") m.prediction = op->Output("Out")[0];
-  uint64_t data_seed = cfg.data_seed ? cfg.data_seed : cfg.seed;
-  if (data_seed == 0) data_seed = std::random_device{}();
-  auto data = std::make_shared<SyntheticMlpData>(data_seed);
+  Finish(m, cfg, cost, "sgd", 0.01f);
+  auto data = std::make_shared<SyntheticMlpData>(DataSeed(cfg));
   m.next_batch = [data](int64_t batch, FeedMap* feed) {
     data->Next(batch, &(*feed)["x"], &(*feed)["y"]);
   };
   return m;
 }
 
+TrainableModel BuildLenet(const ModelConfig& cfg) {
+  const std::string prefix = "mnist:";
+  KEEL_ENFORCE(cfg.data.compare(0, prefix.size(), prefix) == 0,
+               "model lenet trains on MNIST: pass --data=mnist:DIR (DIR holds "
+               "t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz]), got --data='",
+               cfg.data, "'");
+  std::string dir = cfg.data.substr(prefix.size());
+  auto find = [&](const std::string& base) {
+    for (const std::string& f : {dir + "/" + base + ".gz", dir + "/" + base})
+      if (FILE* fp = std::fopen(f.c_str(), "rb")) {
+        std::fclose(fp);
+        return f;
+      }
+    KEEL_THROW("MNIST: neither ", dir, "/", base, ".gz nor ", dir, "/", base, " exists");
+  };
+  std::string images = find("t10k-images-idx3-ubyte"), labels = find("t10k-labels-idx1-ubyte");
+  // The 10,000-image test set: the first 8,000 train, the last 2,000 test.
+  auto train_set = std::make_shared<MnistDataset>(images, labels, 0, 8000, /*normalize=*/true);
+  auto test_set = std::make_shared<MnistDataset>(images, labels, 8000, 10000, /*normalize=*/true);
+
+  TrainableModel m = NewModel(cfg);
+  {
+    ProgramGuard guard(*m.main, *m.startup);
+    Var image = layers::data("image", {-1, 1, 28, 28});
+    Var label = layers::data("label", {-1, 1}, DType::kInt64);
+    ClassifierOutputs out = lenet(image, label);
+    m.inputs = {image.name()};
+    m.prediction = out.logits.name();
+    m.accuracy = out.accuracy.name();
+    Finish(m, cfg, out.loss, "adam", 0.001f);
+  }
+  LoaderOptions train_opts;
+  train_opts.batch_size = cfg.batch_size;
+  train_opts.shuffle = true;
+  train_opts.seed = DataSeed(cfg);
+  train_opts.num_workers = 1;
+  train_opts.rank = cfg.rank;
+  train_opts.nranks = cfg.nranks;
+  auto loader = std::make_shared<DataLoader>(train_set, train_opts);
+  m.batches_per_epoch = loader->batches_per_epoch();
+  auto epoch = std::make_shared<int64_t>(0);
+  loader->StartEpoch(0);
+  const int64_t want = cfg.batch_size;
+  m.next_batch = [loader, epoch, want](int64_t batch, FeedMap* feed) {
+    KEEL_ENFORCE(batch == want, "lenet's loader batches ", want, " samples, asked for ", batch);
+    while (!loader->Next(feed)) loader->StartEpoch(++*epoch);
+  };
+  LoaderOptions test_opts;
+  test_opts.batch_size = 500;
+  auto test_loader = std::make_shared<DataLoader>(test_set, test_opts);
+  const Program* test = m.test.get();
+  const std::string acc = m.accuracy;
+  m.evaluate = [test_loader, test, acc](Executor& exe) {
+    test_loader->StartEpoch(0);
+    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) { return test_loader->Next(f); });
+  };
+  return m;
+}
+
+TrainableModel BuildResnet(const ModelConfig& cfg) {
+  TrainableModel m = NewModel(cfg);
+  {
+    ProgramGuard guard(*m.main, *m.startup);
+    Var image = layers::data("image", {-1, 3, 32, 32});
+    Var label = layers::data("label", {-1, 1}, DType::kInt64);
+    ClassifierOutputs out = resnet_cifar(image, label, 20);
+    m.inputs = {image.name()};
+    m.prediction = out.logits.name();
+    m.accuracy = out.accuracy.name();
+    Finish(m, cfg, out.loss, "momentum", 0.05f);
+  }
+  // Synthetic images whose class is their brightest colour channel plus a coarse pattern, so the
+  // network has something to learn and its loss falls.
+  auto rng = std::make_shared<std::mt19937_64>(DataSeed(cfg));
+  auto draw = [rng](int64_t batch, FeedMap* feed) {
+    float* x = static_cast<float*>((*feed)["image"].Alloc(DType::kFloat32, {batch, 3, 32, 32}));
+    int64_t* y = static_cast<int64_t*>((*feed)["label"].Alloc(DType::kInt64, {batch, 1}));
+    std::normal_distribution<float> noise(0.0f, 0.5f);
+    for (int64_t n = 0; n < batch; ++n) {
+      int cls = static_cast<int>((*rng)() % 10);
+      y[n] = cls;
+      for (int c = 0; c < 3; ++c)
+        for (int i = 0; i < 32 * 32; ++i) {
+          int row = i / 32, col = i % 32;
+          bool on = ((row / (4 + cls % 5)) + (col / 8)) % 2 == 0;
+          float signal = (c == cls % 3 ? 1.0f : 0.0f) + (on == (cls >= 5) ? 0.5f : 0.0f);
+          x[((n * 3) + c) * 1024 + i] = signal + noise(*rng);
+        }
+    }
+  };
+  m.next_batch = draw;
+  const Program* test = m.test.get();
+  const std::string acc = m.accuracy;
+  m.evaluate = [draw, test, acc](Executor& exe) {
+    int left = 8;
+    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) {
+      if (left-- == 0) return false;
+      draw(64, f);
+      return true;
+    });
+  };
+  return m;
+}
+
+TrainableModel BuildTransformer(const ModelConfig& cfg) {
+  TrainableModel m = NewModel(cfg);
+  TransformerConfig tc;
+  {
+    ProgramGuard guard(*m.main, *m.startup);
+    Var ids = layers::data("ids", {-1, tc.seq_len, 1}, DType::kInt64);
+    Var labels = layers::data("labels", {-1, tc.seq_len, 1}, DType::kInt64);
+    ClassifierOutputs out = transformer_encoder(ids, labels, tc);
+    m.inputs = {ids.name()};
+    m.prediction = out.logits.name();
+    m.accuracy = out.accuracy.name();
+    Finish(m, cfg, out.loss, "adam", 0.003f);
+  }
+  auto data = std::make_shared<ReversalTaskData>(tc, DataSeed(cfg));
+  m.next_batch = [data](int64_t batch, FeedMap* feed) {
+    data->Next(batch, &(*feed)["ids"], &(*feed)["labels"]);
+  };
+  auto test_data = std::make_shared<ReversalTaskData>(tc, DataSeed(cfg) ^ 0x5eed);
+  const Program* test = m.test.get();
+  const std::string acc = m.accuracy;
+  m.evaluate = [test_data, test, acc](Executor& exe) {
+    int left = 4;
+    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) {
+      if (left-- == 0) return false;
+      test_data->Next(256, &(*f)["ids"], &(*f)["labels"]);
+      return true;
+    });
+  };
+  return m;
+}
+
 }  // namespace
 
-std::vector<std::string> ModelNames() { return {"mlp"}; }
+std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const std::string& name, float lr) {
+  if (name == "sgd") return std::make_unique<optimizer::SGD>(lr);
+  if (name == "momentum") return std::make_unique<optimizer::Momentum>(lr, 0.9f);
+  if (name == "adam") return std::make_unique<optimizer::Adam>(lr);
+  if (name == "adamw") return std::make_unique<optimizer::AdamW>(lr);
+  KEEL_THROW("unknown optimizer '", name, "' (known: sgd, momentum, adam, adamw)");
+}
+
+std::vector<std::string> ModelNames() { return {"mlp", "lenet", "resnet", "transformer"}; }
 
 TrainableModel BuildModel(const ModelConfig& cfg) {
   if (cfg.name == "mlp") return BuildMlp(cfg);
+  if (cfg.name == "lenet") return BuildLenet(cfg);
+  if (cfg.name == "resnet") return BuildResnet(cfg);
+  if (cfg.name == "transformer") return BuildTransformer(cfg);
   std::string known;
   for (auto& n : ModelNames()) known += (known.empty() ? "" : ", ") + n;
   KEEL_THROW("unknown model '", cfg.name, "' (known: ", known, ")");

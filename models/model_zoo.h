@@ -1,5 +1,9 @@
 // The built-in models that `keel train --model=NAME` and `keel bench NAME` run without user C++:
-// each builds (main, startup) programs with its optimizer and brings its training data.
+// each builds (main, startup, test) programs with its optimizer and brings its data.
+//   mlp          the seed MLP on its synthetic data
+//   lenet        LeNet-5 on MNIST (--data=mnist:DIR: first 8,000 images train, last 2,000 test)
+//   resnet       ResNet-20 on synthetic 32x32x3 images
+//   transformer  a 2-layer encoder on the synthetic sequence-reversal task
 #pragma once
 
 #include <functional>
@@ -8,37 +12,52 @@
 #include <vector>
 
 #include "executor/executor.h"
+#include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/ir/program.h"
 
 namespace keel {
 namespace models {
 
-// Appends backward and update ops for `loss` (default: optimizer::SGD(lr).minimize).
-using MinimizeFn = std::function<void(Var loss, Program* startup)>;
+// Appends backward and update ops for `loss` with `opt` (default: opt.minimize). fleet passes a
+// distributed optimizer here.
+using MinimizeFn = std::function<void(Var loss, Program* startup, const optimizer::Optimizer& opt)>;
 
 struct ModelConfig {
   std::string name = "mlp";
-  float lr = 0.01f;
+  std::string optimizer;   // "" : the model's default; sgd | momentum | adam | adamw
+  float lr = 0;            // 0 : the model's default
   uint64_t seed = 0;       // 0: nondeterministic initialization and data
   uint64_t data_seed = 0;  // 0: the same as seed; ranks pass seed + rank to draw different data
   int hidden = 1280;       // mlp: width of the two hidden layers
-  MinimizeFn minimize;     // empty: plain SGD
+  std::string data;        // lenet: "mnist:DIR"
+  int64_t batch_size = 128;
+  int rank = 0, nranks = 1;  // data sharding for models with a finite training set
+  MinimizeFn minimize;       // empty: plain opt.minimize
 };
 
 struct TrainableModel {
   std::unique_ptr<Program> main, startup;
-  std::string loss;
+  std::unique_ptr<Program> test;  // main.clone_for_test(): inference mode, no backward/update
+  std::string loss, accuracy;     // accuracy: "" when the model has none
   // What an inference model takes and gives: input vars and the prediction var.
   std::vector<std::string> inputs;
   std::string prediction;
-  // Fills `feed` with the next training batch of `batch` samples.
+  // Fills `feed` with the next training batch of `batch` samples (models with a finite training
+  // set cycle through epochs and need batch == config.batch_size).
   std::function<void(int64_t batch, FeedMap* feed)> next_batch;
+  int64_t batches_per_epoch = 0;  // 0: an endless synthetic stream
+  // Accuracy of the test program on the model's test data (run in `exe`'s scope).
+  std::function<double(Executor& exe)> evaluate;
+  std::string optimizer;  // what was used, e.g. "adam lr=0.001"
 };
 
 // Builds a model by name; an unknown name is a keel::Error listing the known ones.
 TrainableModel BuildModel(const ModelConfig& config);
 std::vector<std::string> ModelNames();
+
+// "sgd" | "momentum" | "adam" | "adamw" at learning rate `lr`.
+std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const std::string& name, float lr);
 
 }  // namespace models
 }  // namespace keel

@@ -1,12 +1,20 @@
-// Activations: tanh, relu, sigmoid (elementwise) and softmax (along one axis).
+// Activations: tanh, relu, sigmoid, gelu, leaky_relu, clip (elementwise) and softmax,
+// log_softmax (along one axis).
 //
-// Every grad op reads Out and Out@GRAD only, never X, so X may be freed after the forward pass:
-//   tanh:    dx = dout * (1 - out^2)
-//   sigmoid: dx = dout * out * (1 - out)
-//   relu:    dx = dout * (out > 0)
-//   softmax: dx = out * (dout - sum(dout * out, axis))
+// Grad ops of tanh, sigmoid, relu, softmax and log_softmax read Out and Out@GRAD only, never X,
+// so X may be freed after the forward pass:
+//   tanh:        dx = dout * (1 - out^2)
+//   sigmoid:     dx = dout * out * (1 - out)
+//   relu:        dx = dout * (out > 0)
+//   softmax:     dx = out * (dout - sum(dout * out, axis))
+//   log_softmax: dx = dout - exp(out) * sum(dout, axis)
+// gelu, leaky_relu and clip read X (their derivative is not a function of Out):
+//   gelu:        dx = dout * (Phi(x) + x * phi(x))            (erf form; tanh form below)
+//   leaky_relu:  dx = dout * (x > 0 ? 1 : alpha)
+//   clip:        dx = dout * (min < x < max)
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
@@ -106,12 +114,158 @@ using ReluKernel = UnaryKernel<T, ReluFn>;
 template <typename T>
 using ReluGradKernel = UnaryGradKernel<T, ReluGradFn>;
 
+// ---------------------------------------------------------------- gelu, leaky_relu, clip
+
+// erf form: out = x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))).
+// tanh form: out = 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3).
+constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kSqrt2_Pi = 0.79788456080286535588;    // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+
+template <typename T>
+class GeluKernel : public OpKernel {
+ public:
+  explicit GeluKernel(const OpDesc& op) : approximate_(op.Attr<bool>("approximate")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const T* xp = x.data<T>();
+    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    const int64_t n = x.numel();
+    if (approximate_) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = xp[i];
+        op[i] = T(0.5) * v * (T(1) + std::tanh(T(kSqrt2_Pi) * (v + T(kGeluCubic) * v * v * v)));
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        op[i] = T(0.5) * xp[i] * (T(1) + std::erf(xp[i] * T(kSqrt1_2)));
+    }
+  }
+
+ private:
+  bool approximate_;
+};
+
+// erf form:  dx = dout * (Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi)).
+// tanh form: dx = dout * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi) (1 + 3 * 0.044715 x^2)).
+template <typename T>
+class GeluGradKernel : public OpKernel {
+ public:
+  explicit GeluGradKernel(const OpDesc& op) : approximate_(op.Attr<bool>("approximate")) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& x = ctx.Input("X");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
+                 dout.dims().str(), " differ in size");
+    const T* xp = x.data<T>();
+    const T* dyp = dout.data<T>();
+    T* dxp = dx->mutable_data<T>(ctx.place());
+    const int64_t n = x.numel();
+    if (approximate_) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = xp[i];
+        const T t = std::tanh(T(kSqrt2_Pi) * (v + T(kGeluCubic) * v * v * v));
+        const T du = T(kSqrt2_Pi) * (T(1) + T(3 * kGeluCubic) * v * v);
+        dxp[i] = dyp[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = xp[i];
+        const T cdf = T(0.5) * (T(1) + std::erf(v * T(kSqrt1_2)));
+        dxp[i] = dyp[i] * (cdf + v * T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v));
+      }
+    }
+  }
+
+ private:
+  bool approximate_;
+};
+
+// out = x > 0 ? x : alpha * x.
+template <typename T>
+class LeakyReluKernel : public OpKernel {
+ public:
+  explicit LeakyReluKernel(const OpDesc& op) : alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    ConstVec<T> xv = Flat<T>(x);
+    FlatOut<T>(ctx.Output("Out"), ctx.place()) = (xv > T(0)).select(xv, alpha_ * xv);
+  }
+
+ private:
+  T alpha_;
+};
+
+template <typename T>
+class LeakyReluGradKernel : public OpKernel {
+ public:
+  explicit LeakyReluGradKernel(const OpDesc& op)
+      : alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& x = ctx.Input("X");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
+                 dout.dims().str(), " differ in size");
+    ConstVec<T> dy = Flat<T>(dout);
+    FlatOut<T>(dx, ctx.place()) = (Flat<T>(x) > T(0)).select(dy, alpha_ * dy);
+  }
+
+ private:
+  T alpha_;
+};
+
+void ClipShape(InferShapeContext& ctx) {
+  const float lo = ctx.Attr<float>("min"), hi = ctx.Attr<float>("max");
+  KEEL_SHAPE_CHECK(lo <= hi, "min ", lo, " must not exceed max ", hi);
+  ctx.ShareDimAndDType("X", "Out");
+}
+
+// out = min(max(x, min), max).
+template <typename T>
+class ClipKernel : public OpKernel {
+ public:
+  explicit ClipKernel(const OpDesc& op)
+      : lo_(static_cast<T>(op.Attr<float>("min"))), hi_(static_cast<T>(op.Attr<float>("max"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    FlatOut<T>(ctx.Output("Out"), ctx.place()) = Flat<T>(ctx.Input("X")).max(lo_).min(hi_);
+  }
+
+ private:
+  T lo_, hi_;
+};
+
+// dx = dout where min < x < max, else 0.
+template <typename T>
+class ClipGradKernel : public OpKernel {
+ public:
+  explicit ClipGradKernel(const OpDesc& op)
+      : lo_(static_cast<T>(op.Attr<float>("min"))), hi_(static_cast<T>(op.Attr<float>("max"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& x = ctx.Input("X");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
+                 dout.dims().str(), " differ in size");
+    ConstVec<T> xv = Flat<T>(x);
+    FlatOut<T>(dx, ctx.place()) = (xv > lo_ && xv < hi_).select(Flat<T>(dout), T(0));
+  }
+
+ private:
+  T lo_, hi_;
+};
+
 // ---------------------------------------------------------------- softmax
 
 void SoftmaxShape(InferShapeContext& ctx) {
   DDim x = ctx.GetInputDim("X");
   int axis = ctx.Attr<int>("axis");
-  KEEL_SHAPE_CHECK(x.size() >= 1, "softmax needs rank >= 1, got X ", x.str());
+  KEEL_SHAPE_CHECK(x.size() >= 1, "needs rank >= 1, got X ", x.str());
   CheckAxisInRange("axis", axis, "X", x);
   ctx.ShareDimAndDType("X", "Out");
 }
@@ -221,6 +375,83 @@ class SoftmaxGradKernel : public OpKernel {
   int axis_;
 };
 
+// ---------------------------------------------------------------- log_softmax
+
+// Out = X - max - log(sum(exp(X - max))) along `axis`: never exponentiates a positive number.
+template <typename T>
+class LogSoftmaxKernel : public OpKernel {
+ public:
+  explicit LogSoftmaxKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    Tensor* out = ctx.Output("Out");
+    const AxisSplit s = SplitAt(x.dims(), axis_);
+    const T* xp = x.data<T>();
+    T* op = out->mutable_data<T>(ctx.place());
+    if (s.post == 1) {
+      for (int64_t i = 0; i < s.pre; ++i) {
+        ConstVec<T> xr(xp + i * s.n, s.n);
+        Vec<T> o(op + i * s.n, s.n);
+        const T mx = xr.maxCoeff();
+        o = xr - mx;  // exact for x near max, so shift and log-sum-exp are not merged
+        o -= std::log(o.exp().sum());
+      }
+      return;
+    }
+    Eigen::Array<T, 1, Eigen::Dynamic> acc(s.post);
+    for (int64_t i = 0; i < s.pre; ++i) {
+      ConstMat<T> xm(xp + i * s.n * s.post, s.n, s.post);
+      Mat<T> om(op + i * s.n * s.post, s.n, s.post);
+      acc = xm.colwise().maxCoeff();
+      om = xm.rowwise() - acc;
+      acc = om.exp().colwise().sum().log();
+      om.rowwise() -= acc;
+    }
+  }
+
+ private:
+  int axis_;
+};
+
+// dx = dout - exp(out) * sum(dout, axis).
+template <typename T>
+class LogSoftmaxGradKernel : public OpKernel {
+ public:
+  explicit LogSoftmaxGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& out = ctx.Input("Out");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(out.dims() == dout.dims(), "Out ", out.dims().str(), " and Out@GRAD ",
+                 dout.dims().str(), " differ");
+    const AxisSplit s = SplitAt(out.dims(), axis_);
+    const T* yp = out.data<T>();
+    const T* dyp = dout.data<T>();
+    T* dxp = dx->mutable_data<T>(ctx.place());
+    if (s.post == 1) {
+      for (int64_t i = 0; i < s.pre; ++i) {
+        ConstVec<T> y(yp + i * s.n, s.n);
+        ConstVec<T> dy(dyp + i * s.n, s.n);
+        Vec<T>(dxp + i * s.n, s.n) = dy - y.exp() * dy.sum();
+      }
+      return;
+    }
+    Eigen::Array<T, 1, Eigen::Dynamic> sum(s.post);
+    for (int64_t i = 0; i < s.pre; ++i) {
+      const int64_t off = i * s.n * s.post;
+      ConstMat<T> y(yp + off, s.n, s.post);
+      ConstMat<T> dy(dyp + off, s.n, s.post);
+      Mat<T> g(dxp + off, s.n, s.post);
+      sum = dy.colwise().sum();
+      g = dy - y.exp().rowwise() * sum;
+    }
+  }
+
+ private:
+  int axis_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------- registration
@@ -271,5 +502,56 @@ KEEL_REGISTER_GRAD_OP(softmax_grad, softmax)
     .KernelDTypeFrom("Out");
 KEEL_REGISTER_CPU_KERNEL(softmax, SoftmaxKernel, float, double);
 KEEL_REGISTER_CPU_KERNEL(softmax_grad, SoftmaxGradKernel, float, double);
+
+KEEL_REGISTER_OP(log_softmax)
+    .Doc(
+        "Out = X - log(sum(exp(X), axis)), computed as X - max - log(sum(exp(X - max))). "
+        "X [N, D] with axis -1 gives Out [N, D], each row's exp summing to 1.")
+    .Input("X", "any shape, rank >= 1")
+    .Output("Out", "shape of X")
+    .Attr<int>("axis", -1, "the dimension normalized over; negative counts from the end")
+    .Shape(SoftmaxShape)
+    .Grad(GradMaker("log_softmax_grad", {"Out"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(log_softmax_grad, log_softmax)
+    .Shape(GradShapeLike("X", "Out"))
+    .KernelDTypeFrom("Out");
+KEEL_REGISTER_CPU_KERNEL(log_softmax, LogSoftmaxKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(log_softmax_grad, LogSoftmaxGradKernel, float, double);
+
+KEEL_REGISTER_OP(gelu)
+    .Doc(
+        "Out = X * Phi(X), Phi the standard normal CDF, elementwise; approximate: "
+        "0.5 X (1 + tanh(sqrt(2 / pi) (X + 0.044715 X^3))).")
+    .Input("X", "any shape")
+    .Output("Out", "shape of X")
+    .Attr<bool>("approximate", false, "false: the exact erf form; true: the tanh approximation")
+    .Shape(SameShapeAsX)
+    .Grad(GradMaker("gelu_grad", {"X"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(gelu_grad, gelu);
+KEEL_REGISTER_CPU_KERNEL(gelu, GeluKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(gelu_grad, GeluGradKernel, float, double);
+
+KEEL_REGISTER_OP(leaky_relu)
+    .Doc("Out = X > 0 ? X : alpha * X, elementwise.")
+    .Input("X", "any shape")
+    .Output("Out", "shape of X")
+    .Attr<float>("alpha", 0.02f, "the slope for X <= 0")
+    .Shape(SameShapeAsX)
+    .Grad(GradMaker("leaky_relu_grad", {"X"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(leaky_relu_grad, leaky_relu);
+KEEL_REGISTER_CPU_KERNEL(leaky_relu, LeakyReluKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(leaky_relu_grad, LeakyReluGradKernel, float, double);
+
+KEEL_REGISTER_OP(clip)
+    .Doc("Out = min(max(X, min), max), elementwise. The gradient passes where min < X < max.")
+    .Input("X", "any shape")
+    .Output("Out", "shape of X")
+    .RequiredAttr<float>("min", "lower bound, <= max")
+    .RequiredAttr<float>("max", "upper bound")
+    .Shape(ClipShape)
+    .Grad(GradMaker("clip_grad", {"X"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(clip_grad, clip);
+KEEL_REGISTER_CPU_KERNEL(clip, ClipKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(clip_grad, ClipGradKernel, float, double);
 
 }  // namespace keel

@@ -2,6 +2,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -14,7 +15,12 @@
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
-DEFINE_double(lr, 0.01, "Learning rate.");
+DEFINE_double(lr, 0, "Learning rate; 0: the model's default.");
+DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
+DEFINE_string(data, "", "The model's dataset, e.g. mnist:DIR for lenet.");
+DEFINE_int32(epochs, 0,
+             "Train this many epochs, evaluating on the test split after each (models with a "
+             "finite training set; synthetic ones count --steps as an epoch). 0: --steps only.");
 DEFINE_uint64(seed, 0, "Seed of initialization and synthetic data; 0 means nondeterministic.");
 DEFINE_string(save_dir, "", "Save the persistables here after training.");
 DEFINE_string(save_inference_dir, "",
@@ -34,14 +40,19 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   models::ModelConfig cfg;
   cfg.name = name;
   cfg.lr = lr;
+  cfg.optimizer = FLAGS_optimizer;
   cfg.seed = seed;
   cfg.hidden = FLAGS_mlp_hidden;
+  cfg.data = FLAGS_data;
+  cfg.batch_size = FLAGS_batch_size;
+  cfg.rank = fleet::worker_index();
+  cfg.nranks = fleet::worker_num();
   // Every rank draws its own data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
   fleet::DistributedStrategy strategy;
   strategy.nccl_comm_num = FLAGS_nccl_comm_num;
-  cfg.minimize = [strategy, lr](Var loss, Program* startup) {
-    fleet::distributed_optimizer(optimizer::SGD(lr), strategy).minimize(loss, startup);
+  cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
+    fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
   return models::BuildModel(cfg);
 }
@@ -53,6 +64,7 @@ int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_fetch_frequency > 0, "--fetch_frequency must be positive, got ",
                FLAGS_fetch_frequency);
 
+  KEEL_ENFORCE(FLAGS_epochs >= 0, "--epochs must be >= 0, got ", FLAGS_epochs);
   models::TrainableModel m = BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr),
                                                    FLAGS_seed);
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
@@ -67,21 +79,35 @@ int Train(const std::vector<std::string>& args) {
     if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
   }
 
+  const int epochs = std::max(1, FLAGS_epochs);
+  const int64_t steps_per_epoch = FLAGS_epochs > 0 && m.batches_per_epoch > 0
+                                      ? m.batches_per_epoch
+                                      : static_cast<int64_t>(FLAGS_steps);
+  if (!quiet)
+    std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n",
+                FLAGS_model.c_str(), m.optimizer.c_str(), fleet::worker_num(),
+                static_cast<long long>(steps_per_epoch));
   FeedMap feed;
   auto last = std::chrono::steady_clock::now();
-  int64_t samples_since = 0;
-  for (int step = 0; step < FLAGS_steps; ++step) {
-    m.next_batch(FLAGS_batch_size, &feed);
-    auto out = exe.Run(*m.main, feed, {m.loss});
-    samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
-    if (!out.empty() && !quiet) {
-      auto now = std::chrono::steady_clock::now();
-      double s = std::chrono::duration<double>(now - last).count();
-      std::printf("step %d loss %.6f samples/s %.1f\n", step, out[0].item<float>(),
-                  s > 0 ? samples_since / s : 0.0);
+  int64_t samples_since = 0, step = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (int64_t i = 0; i < steps_per_epoch; ++i, ++step) {
+      m.next_batch(FLAGS_batch_size, &feed);
+      auto out = exe.Run(*m.main, feed, {m.loss});
+      samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
+      if (!out.empty() && !quiet) {
+        auto now = std::chrono::steady_clock::now();
+        double s = std::chrono::duration<double>(now - last).count();
+        std::printf("step %lld loss %.6f samples/s %.1f\n", static_cast<long long>(step),
+                    out[0].item<float>(), s > 0 ? samples_since / s : 0.0);
+        std::fflush(stdout);
+        last = now;
+        samples_since = 0;
+      }
+    }
+    if (FLAGS_epochs > 0 && m.evaluate && !quiet) {
+      std::printf("epoch %d test_accuracy %.4f\n", epoch, m.evaluate(exe));
       std::fflush(stdout);
-      last = now;
-      samples_since = 0;
     }
   }
   if (!FLAGS_save_dir.empty()) {

@@ -3,28 +3,47 @@
 namespace keel {
 namespace optimizer {
 
+namespace {
+constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
+
+// The attrs every update op carries: its role and the (param, grad) it updates.
+std::map<std::string, Attribute> UpdateRole(const ParamGrad& pg) {
+  return {{kOpRoleAttr, kOptimize},
+          {kOpRoleVarAttr, std::vector<std::string>{pg.first, pg.second}}};
+}
+}  // namespace
+
 std::vector<ParamGrad> Optimizer::backward(Var loss, const std::set<std::string>& no_grad_set) {
   KEEL_ENFORCE(loss.valid(), type(), ": minimize needs a loss variable");
   return append_backward(*loss.block()->program(), loss.name(), no_grad_set);
+}
+
+void Optimizer::set_grad_clip(GradientClipByGlobalNorm clip) {
+  KEEL_ENFORCE(clip.clip_norm > 0, type(), ": GradientClipByGlobalNorm needs clip_norm > 0, got ",
+               clip.clip_norm);
+  grad_clip_ = clip;
 }
 
 void Optimizer::apply_gradients(const std::vector<ParamGrad>& params_grads, Program* startup) {
   if (!startup) startup = &default_startup_program();
   Program& main = default_main_program();
   KEEL_ENFORCE(!params_grads.empty(), type(), ": no parameter receives a gradient from the loss");
-  std::string lr = main.UniqueName("learning_rate");
-  for (Program* p : {&main, startup}) {
-    VarDesc* v = p->global_block().Var(lr);
-    v->set_shape({1});
-    v->set_dtype(DType::kFloat32);
-    v->set_persistable(true);
-    v->set_stop_gradient(true);
+  lr_var_ = lr_schedule::AppendLearningRate(learning_rate_, main, *startup);
+  Block& block = main.global_block();
+  if (grad_clip_) {
+    std::vector<std::string> grads, role_var;
+    for (auto& pg : params_grads) {
+      grads.push_back(pg.second);
+      role_var.insert(role_var.end(), {pg.first, pg.second});
+    }
+    std::string norm = main.UniqueName("global_grad_norm");
+    block.Var(norm)->set_stop_gradient(true);
+    AppendOp(block, "clip_by_global_norm", {{"X", grads}}, {{"Out", grads}, {"GlobalNorm", {norm}}},
+             {{"clip_norm", grad_clip_->clip_norm},
+              {kOpRoleAttr, kOptimize},
+              {kOpRoleVarAttr, role_var}});
   }
-  AppendOp(startup->global_block(), "fill_constant", {}, {{"Out", {lr}}},
-           {{"shape", std::vector<int64_t>{1}},
-            {"dtype", static_cast<int>(DType::kFloat32)},
-            {"value", learning_rate_}});
-  for (auto& pg : params_grads) AppendUpdateOp(main.global_block(), pg, lr);
+  for (auto& pg : params_grads) AppendUpdateOp(block, startup->global_block(), pg, lr_var_);
 }
 
 std::vector<ParamGrad> Optimizer::minimize(Var loss, Program* startup,
@@ -34,12 +53,91 @@ std::vector<ParamGrad> Optimizer::minimize(Var loss, Program* startup,
   return pg;
 }
 
-void SGD::AppendUpdateOp(Block& block, const ParamGrad& pg, const std::string& lr) {
-  AppendOp(block, "sgd",
-           {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"LearningRate", {lr}}},
-           {{"ParamOut", {pg.first}}},
-           {{kOpRoleAttr, static_cast<int>(OpRole::kOptimize)},
-            {kOpRoleVarAttr, std::vector<std::string>{pg.first, pg.second}}});
+std::string Optimizer::AddAccumulator(Block& main, Block& startup, const std::string& param,
+                                      const std::string& what, float value, bool scalar) {
+  const VarDesc* p = main.MustFindVar(param);
+  const std::vector<int64_t> shape = scalar ? std::vector<int64_t>{1} : p->shape();
+  const DType dtype = scalar ? DType::kFloat32 : p->dtype();
+  const std::string name = main.program()->UniqueName(param + "_" + what);
+  for (Block* b : {&main, &startup}) {
+    VarDesc* v = b->Var(name);
+    v->set_shape(shape);
+    v->set_dtype(dtype);
+    v->set_persistable(true);
+    v->set_stop_gradient(true);
+  }
+  AppendOp(startup, "fill_constant", {}, {{"Out", {name}}},
+           {{"shape", shape}, {"dtype", static_cast<int>(dtype)}, {"value", value}});
+  return name;
+}
+
+// ------------------------------------------------------------------------------------------ SGD
+
+void SGD::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr) {
+  AppendOp(main, "sgd", {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"LearningRate", {lr}}},
+           {{"ParamOut", {pg.first}}}, UpdateRole(pg));
+}
+
+// ------------------------------------------------------------------------------------- Momentum
+
+Momentum::Momentum(LearningRate learning_rate, float momentum, bool use_nesterov)
+    : Optimizer(std::move(learning_rate)), momentum_(momentum), use_nesterov_(use_nesterov) {}
+
+void Momentum::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                              const std::string& lr) {
+  std::string v = AddAccumulator(main, startup, pg.first, "velocity", 0.0f);
+  auto attrs = UpdateRole(pg);
+  attrs["mu"] = momentum_;
+  attrs["use_nesterov"] = use_nesterov_;
+  AppendOp(
+      main, "momentum",
+      {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"Velocity", {v}}, {"LearningRate", {lr}}},
+      {{"ParamOut", {pg.first}}, {"VelocityOut", {v}}}, attrs);
+}
+
+// ----------------------------------------------------------------------------------- Adam, AdamW
+
+Adam::Adam(LearningRate learning_rate, float beta1, float beta2, float epsilon)
+    : Optimizer(std::move(learning_rate)), beta1_(beta1), beta2_(beta2), epsilon_(epsilon) {}
+
+void Adam::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr) {
+  AppendAdamOp(main, startup, pg, lr, "adam", {});
+}
+
+void Adam::AppendAdamOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr,
+                        const std::string& op_type, std::map<std::string, Attribute> extra_attrs) {
+  std::string m1 = AddAccumulator(main, startup, pg.first, "moment1", 0.0f);
+  std::string m2 = AddAccumulator(main, startup, pg.first, "moment2", 0.0f);
+  std::string b1 = AddAccumulator(main, startup, pg.first, "beta1_pow_acc", beta1_, true);
+  std::string b2 = AddAccumulator(main, startup, pg.first, "beta2_pow_acc", beta2_, true);
+  auto attrs = UpdateRole(pg);
+  attrs["beta1"] = beta1_;
+  attrs["beta2"] = beta2_;
+  attrs["epsilon"] = epsilon_;
+  for (auto& kv : extra_attrs) attrs[kv.first] = kv.second;
+  AppendOp(main, op_type,
+           {{"Param", {pg.first}},
+            {"Grad", {pg.second}},
+            {"LearningRate", {lr}},
+            {"Moment1", {m1}},
+            {"Moment2", {m2}},
+            {"Beta1Pow", {b1}},
+            {"Beta2Pow", {b2}}},
+           {{"ParamOut", {pg.first}},
+            {"Moment1Out", {m1}},
+            {"Moment2Out", {m2}},
+            {"Beta1PowOut", {b1}},
+            {"Beta2PowOut", {b2}}},
+           attrs);
+}
+
+AdamW::AdamW(LearningRate learning_rate, float weight_decay, float beta1, float beta2,
+             float epsilon)
+    : Adam(std::move(learning_rate), beta1, beta2, epsilon), weight_decay_(weight_decay) {}
+
+void AdamW::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                           const std::string& lr) {
+  AppendAdamOp(main, startup, pg, lr, "adamw", {{"coeff", weight_decay_}});
 }
 
 }  // namespace optimizer

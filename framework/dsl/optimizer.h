@@ -1,52 +1,137 @@
-// optimizer::: appends backward and parameter-update ops. minimize() = backward() + apply_gradients(),
-// split so that fleet's distributed optimizer can rewrite the gradients in between.
+// optimizer::: appends backward and parameter-update ops. minimize() = backward() +
+// apply_gradients(), split so that fleet's distributed optimizer can rewrite the gradients in
+// between.
+//
+// apply_gradients appends, in order: the learning rate (a constant filled by startup, or a
+// schedule's increment + lr_schedule ops, see lr_schedule.h), the gradient clip when set, then
+// one update op per (param, grad). Accumulators are persistable vars of main and startup named
+// "<param>_<what>_0" (velocity, moment1, moment2, beta1_pow_acc, beta2_pow_acc), so
+// save_persistables checkpoints the optimizer's state with the parameters.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "framework/autodiff/backward.h"
+#include "framework/dsl/lr_schedule.h"
 #include "framework/dsl/program_guard.h"
 
 namespace keel {
 namespace optimizer {
 
+// Scales all gradients by clip_norm / max(global_norm, clip_norm), global_norm being the L2 norm
+// of all of them together (one clip_by_global_norm op, in place on the gradients).
+struct GradientClipByGlobalNorm {
+  float clip_norm;
+};
+
 class Optimizer {
  public:
-  explicit Optimizer(float learning_rate) : learning_rate_(learning_rate) {}
+  explicit Optimizer(LearningRate learning_rate) : learning_rate_(std::move(learning_rate)) {}
   virtual ~Optimizer() = default;
   virtual std::unique_ptr<Optimizer> Clone() const = 0;
   virtual std::string type() const = 0;
 
   // Appends the backward ops of `loss`; returns (param, grad) pairs.
   std::vector<ParamGrad> backward(Var loss, const std::set<std::string>& no_grad_set = {});
-  // Appends the learning-rate var (initialized in `startup`) and one update op per pair.
+  // Appends the learning rate (vars initialized in `startup`), the gradient clip and one update
+  // op per pair.
   void apply_gradients(const std::vector<ParamGrad>& params_grads, Program* startup = nullptr);
   // backward + apply_gradients. `startup` defaults to the current ProgramGuard's startup program.
   std::vector<ParamGrad> minimize(Var loss, Program* startup = nullptr,
                                   const std::set<std::string>& no_grad_set = {});
 
-  float learning_rate() const { return learning_rate_; }
+  void set_grad_clip(GradientClipByGlobalNorm clip);
+  // The constant learning rate; a keel::Error when it is a schedule (see lr()).
+  float learning_rate() const { return learning_rate_.value(); }
+  const LearningRate& lr() const { return learning_rate_; }
+  // The [1] learning-rate var the last apply_gradients created (fetch it to log the rate).
+  const std::string& learning_rate_var() const { return lr_var_; }
 
  protected:
-  // Appends the update of one parameter; `lr` names the [1] learning-rate var.
-  virtual void AppendUpdateOp(Block& block, const ParamGrad& pg, const std::string& lr) = 0;
+  // Appends the update of one parameter to `main`; `lr` names the [1] learning-rate var;
+  // accumulators are declared with AddAccumulator.
+  virtual void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                              const std::string& lr) = 0;
+  // Declares "<param>_<what>_N", persistable in main and startup, and fills it with `value` in
+  // startup: Param's shape and dtype, or float32 [1] when `scalar`. Returns its name.
+  static std::string AddAccumulator(Block& main, Block& startup, const std::string& param,
+                                    const std::string& what, float value, bool scalar = false);
 
  private:
-  float learning_rate_;
+  LearningRate learning_rate_;
+  std::optional<GradientClipByGlobalNorm> grad_clip_;
+  std::string lr_var_;
 };
 
 // param -= learning_rate * grad
 class SGD : public Optimizer {
  public:
-  explicit SGD(float learning_rate) : Optimizer(learning_rate) {}
+  explicit SGD(LearningRate learning_rate) : Optimizer(std::move(learning_rate)) {}
   std::unique_ptr<Optimizer> Clone() const override { return std::make_unique<SGD>(*this); }
   std::string type() const override { return "sgd"; }
 
  protected:
-  void AppendUpdateOp(Block& block, const ParamGrad& pg, const std::string& lr) override;
+  void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                      const std::string& lr) override;
+};
+
+// v = momentum * v + grad; param -= lr * v, or lr * (grad + momentum * v) with Nesterov.
+// Accumulator: <param>_velocity_0 (zeros).
+class Momentum : public Optimizer {
+ public:
+  Momentum(LearningRate learning_rate, float momentum, bool use_nesterov = false);
+  std::unique_ptr<Optimizer> Clone() const override { return std::make_unique<Momentum>(*this); }
+  std::string type() const override { return "momentum"; }
+
+ protected:
+  void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                      const std::string& lr) override;
+
+ private:
+  float momentum_;
+  bool use_nesterov_;
+};
+
+// Paddle's Adam (bias-corrected; the adam op's formula is in ops/optimizer_ops.cc).
+// Accumulators: <param>_moment1_0, <param>_moment2_0 (zeros), <param>_beta1_pow_acc_0 (beta1),
+// <param>_beta2_pow_acc_0 (beta2), the last two float32 [1].
+class Adam : public Optimizer {
+ public:
+  explicit Adam(LearningRate learning_rate = 0.001f, float beta1 = 0.9f, float beta2 = 0.999f,
+                float epsilon = 1e-8f);
+  std::unique_ptr<Optimizer> Clone() const override { return std::make_unique<Adam>(*this); }
+  std::string type() const override { return "adam"; }
+
+ protected:
+  void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                      const std::string& lr) override;
+  // The op of `op_type` (adam or adamw) with Adam's slots and attrs plus `extra_attrs`.
+  void AppendAdamOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr,
+                    const std::string& op_type, std::map<std::string, Attribute> extra_attrs);
+
+ private:
+  float beta1_, beta2_, epsilon_;
+};
+
+// Adam with decoupled weight decay (Paddle 2's AdamW): param -= lr * weight_decay * param before
+// each Adam step, for every parameter.
+class AdamW : public Adam {
+ public:
+  explicit AdamW(LearningRate learning_rate = 0.001f, float weight_decay = 0.01f,
+                 float beta1 = 0.9f, float beta2 = 0.999f, float epsilon = 1e-8f);
+  std::unique_ptr<Optimizer> Clone() const override { return std::make_unique<AdamW>(*this); }
+  std::string type() const override { return "adamw"; }
+
+ protected:
+  void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
+                      const std::string& lr) override;
+
+ private:
+  float weight_decay_;
 };
 
 }  // namespace optimizer

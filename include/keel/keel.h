@@ -1,5 +1,5 @@
 // keel: the one header a user includes.
-//   Program, ProgramGuard, layers::, optimizer::, Executor, save/load, keel::Init.
+//   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init.
 #pragma once
 
 #include <glog/logging.h>  // LOG(INFO) in user programs
@@ -9,6 +9,9 @@
 #include "framework/autodiff/backward.h"
 #include "framework/dsl/initializer.h"
 #include "framework/dsl/layers.h"
+#include "framework/dsl/lr_schedule.h"
+#include "framework/dsl/nn_layers.h"
+#include "framework/dsl/tensor_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"

@@ -1,0 +1,160 @@
+#include "framework/dsl/nn_layers.h"
+
+namespace keel {
+namespace layers {
+
+namespace {
+
+Program& Main() { return default_main_program(); }
+
+// A fresh temporary "<prefix>.tmp_N" in the main program's global block.
+std::string TmpName(const std::string& prefix) { return Main().UniqueName(prefix + ".tmp"); }
+
+// Marks the named vars as carrying no gradient (statistics, masks).
+void StopGradient(const std::vector<std::string>& names) {
+  for (auto& n : names) Main().global_block().MustFindVar(n)->set_stop_gradient(true);
+}
+
+// The channel count of an NCHW input, which must be known to size parameters.
+int64_t Channels(const char* layer, Var input, int min_rank) {
+  const DDim d = input.shape();
+  KEEL_ENFORCE(d.size() >= min_rank, "layers::", layer, "(", input.name(), "): input has shape ",
+               d.str(), ", needs rank >= ", min_rank, " (NCHW)");
+  KEEL_ENFORCE(d[1] > 0, "layers::", layer, "(", input.name(), "): input shape ", d.str(),
+               " has an unknown channel dim 1");
+  return d[1];
+}
+
+}  // namespace
+
+Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding, int dilation,
+           int groups, const std::string& act, const ParamAttr& param_attr,
+           const ParamAttr& bias_attr, bool with_bias) {
+  const int64_t C = Channels("conv2d", input, 4);
+  KEEL_ENFORCE(num_filters > 0 && filter_size > 0 && groups > 0, "layers::conv2d(", input.name(),
+               "): num_filters ", num_filters, ", filter_size ", filter_size, " and groups ",
+               groups, " must be positive");
+  KEEL_ENFORCE(C % groups == 0 && num_filters % groups == 0, "layers::conv2d(", input.name(),
+               "): input channels ", C, " and num_filters ", num_filters, " must divide by groups ",
+               groups, " (input ", input.shape().str(), ")");
+  Program& prog = Main();
+  Block& block = prog.global_block();
+  const std::string layer = prog.UniqueName("conv2d");
+  const DType dt = input.dtype();
+  Var w = create_parameter({num_filters, C / groups, filter_size, filter_size}, dt, layer, "w_0",
+                           param_attr, initializer::MSRA());
+  std::string out = prog.UniqueName(layer + ".tmp");
+  AppendOp(block, "conv2d", {{"Input", {input.name()}}, {"Filter", {w.name()}}},
+           {{"Output", {out}}},
+           {{"strides", std::vector<int>{stride, stride}},
+            {"paddings", std::vector<int>{padding, padding}},
+            {"dilations", std::vector<int>{dilation, dilation}},
+            {"groups", groups}});
+  if (with_bias) {
+    Var b =
+        create_parameter({num_filters}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+    std::string sum = prog.UniqueName(layer + ".tmp");
+    AppendOp(block, "elementwise_add", {{"X", {out}}, {"Y", {b.name()}}}, {{"Out", {sum}}},
+             {{"axis", 1}});
+    out = sum;
+  }
+  return activation(Var(&block, out), act);
+}
+
+Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stride,
+           int pool_padding, bool global_pooling, bool ceil_mode, bool exclusive) {
+  Program& prog = Main();
+  Block& block = prog.global_block();
+  std::string out = TmpName(prog.UniqueName("pool2d"));
+  AppendOp(block, "pool2d", {{"X", {input.name()}}}, {{"Out", {out}}},
+           {{"pooling_type", pool_type},
+            {"ksize", std::vector<int>{pool_size, pool_size}},
+            {"strides", std::vector<int>{pool_stride, pool_stride}},
+            {"paddings", std::vector<int>{pool_padding, pool_padding}},
+            {"global_pooling", global_pooling},
+            {"ceil_mode", ceil_mode},
+            {"exclusive", exclusive}});
+  return Var(&block, out);
+}
+
+Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, float epsilon,
+               const ParamAttr& param_attr, const ParamAttr& bias_attr) {
+  const int64_t C = Channels("batch_norm", input, 2);
+  Program& prog = Main();
+  Block& block = prog.global_block();
+  const std::string layer = prog.UniqueName("batch_norm");
+  const DType dt = input.dtype();
+  Var scale = create_parameter({C}, dt, layer, "w_0", param_attr, initializer::Constant(1.0f));
+  Var bias = create_parameter({C}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+  // Moving stats: persistable, saved with the model, never trained.
+  Var mean = create_parameter({C}, dt, layer, "w_1", ParamAttr("", nullptr, false),
+                              initializer::Constant(0.0f));
+  Var var = create_parameter({C}, dt, layer, "w_2", ParamAttr("", nullptr, false),
+                             initializer::Constant(1.0f));
+  const std::string y = prog.UniqueName(layer + ".tmp");
+  const std::string saved_mean = prog.UniqueName(layer + ".tmp");
+  const std::string saved_var = prog.UniqueName(layer + ".tmp");
+  AppendOp(block, "batch_norm",
+           {{"X", {input.name()}},
+            {"Scale", {scale.name()}},
+            {"Bias", {bias.name()}},
+            {"Mean", {mean.name()}},
+            {"Variance", {var.name()}}},
+           {{"Y", {y}},
+            {"MeanOut", {mean.name()}},
+            {"VarianceOut", {var.name()}},
+            {"SavedMean", {saved_mean}},
+            {"SavedVariance", {saved_var}}},
+           {{"momentum", momentum}, {"epsilon", epsilon}, {"is_test", is_test}});
+  StopGradient({saved_mean, saved_var});
+  return activation(Var(&block, y), act);
+}
+
+Var dropout(Var x, float dropout_prob, bool is_test, int seed,
+            const std::string& dropout_implementation) {
+  Program& prog = Main();
+  Block& block = prog.global_block();
+  const std::string layer = prog.UniqueName("dropout");
+  const std::string out = prog.UniqueName(layer + ".tmp");
+  const std::string mask = prog.UniqueName(layer + ".tmp");
+  AppendOp(block, "dropout", {{"X", {x.name()}}}, {{"Out", {out}}, {"Mask", {mask}}},
+           {{"dropout_prob", dropout_prob},
+            {"is_test", is_test},
+            {"seed", seed},
+            {"fix_seed", seed != 0},
+            {"dropout_implementation", dropout_implementation}});
+  StopGradient({mask});
+  return Var(&block, out);
+}
+
+Var layer_norm(Var input, int begin_norm_axis, float epsilon, const ParamAttr& param_attr,
+               const ParamAttr& bias_attr) {
+  const DDim d = input.shape();
+  KEEL_ENFORCE(begin_norm_axis >= 1 && begin_norm_axis < d.size(), "layers::layer_norm(",
+               input.name(), "): begin_norm_axis ", begin_norm_axis, " must lie in [1, ", d.size(),
+               ") for input ", d.str());
+  int64_t R = 1;
+  for (int i = begin_norm_axis; i < d.size(); ++i) {
+    KEEL_ENFORCE(d[i] > 0, "layers::layer_norm(", input.name(), "): input shape ", d.str(),
+                 " has an unknown dim ", i, " among the normalized ones");
+    R *= d[i];
+  }
+  Program& prog = Main();
+  Block& block = prog.global_block();
+  const std::string layer = prog.UniqueName("layer_norm");
+  const DType dt = input.dtype();
+  Var scale = create_parameter({R}, dt, layer, "w_0", param_attr, initializer::Constant(1.0f));
+  Var bias = create_parameter({R}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+  const std::string y = prog.UniqueName(layer + ".tmp");
+  const std::string mean = prog.UniqueName(layer + ".tmp");
+  const std::string var = prog.UniqueName(layer + ".tmp");
+  AppendOp(block, "layer_norm",
+           {{"X", {input.name()}}, {"Scale", {scale.name()}}, {"Bias", {bias.name()}}},
+           {{"Y", {y}}, {"Mean", {mean}}, {"Variance", {var}}},
+           {{"begin_norm_axis", begin_norm_axis}, {"epsilon", epsilon}});
+  StopGradient({mean, var});
+  return Var(&block, y);
+}
+
+}  // namespace layers
+}  // namespace keel

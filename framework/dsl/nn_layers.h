@@ -1,0 +1,44 @@
+// layers:: for convolutional and normalized nets: conv2d, pool2d, batch_norm, dropout, layer_norm
+// (Paddle Fluid 1.x signatures). Like layers.h, each call appends its op(s) to the current main
+// program, parameters' initializers to the startup program, and checks shapes as it appends. Inputs
+// are NCHW.
+#pragma once
+
+#include <string>
+
+#include "framework/dsl/layers.h"
+
+namespace keel {
+namespace layers {
+
+// out = act(conv2d(input, W) + b): W [num_filters, C / groups, filter_size, filter_size] (MSRA
+// normal by default), b [num_filters] (zeros) added along the channel dim.
+Var conv2d(Var input, int num_filters, int filter_size, int stride = 1, int padding = 0,
+           int dilation = 1, int groups = 1, const std::string& act = "",
+           const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {},
+           bool with_bias = true);
+
+// pool_type "max" or "avg"; exclusive: avg ignores padded positions.
+Var pool2d(Var input, int pool_size, const std::string& pool_type = "max", int pool_stride = 1,
+           int pool_padding = 0, bool global_pooling = false, bool ceil_mode = false,
+           bool exclusive = true);
+
+// out = act(batch_norm(input)) over dim 1: scale "<layer>.w_0" (ones), bias "<layer>.b_0" (zeros),
+// moving mean "<layer>.w_1" (zeros) and variance "<layer>.w_2" (ones), persistable and not trained,
+// updated in place by each training step.
+Var batch_norm(Var input, const std::string& act = "", bool is_test = false, float momentum = 0.9f,
+               float epsilon = 1e-5f, const ParamAttr& param_attr = {},
+               const ParamAttr& bias_attr = {});
+
+// dropout_implementation "upscale_in_train" (default) or "downgrade_in_infer"; seed 0: from the
+// program's random_seed.
+Var dropout(Var x, float dropout_prob, bool is_test = false, int seed = 0,
+            const std::string& dropout_implementation = "upscale_in_train");
+
+// Normalizes over the dims from begin_norm_axis; scale "<layer>.w_0" (ones) and bias "<layer>.b_0"
+// (zeros) of that many elements.
+Var layer_norm(Var input, int begin_norm_axis = 1, float epsilon = 1e-5f,
+               const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {});
+
+}  // namespace layers
+}  // namespace keel

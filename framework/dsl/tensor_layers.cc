@@ -1,0 +1,101 @@
+#include "framework/dsl/tensor_layers.h"
+
+#include <map>
+#include <string>
+
+namespace keel {
+namespace layers {
+
+namespace {
+
+// Appends `type` with one fresh var "<type>.tmp_N" in each of `out_slots` (count each); returns
+// them in order.
+std::vector<Var> AppendWithOutputs(const std::string& type, const OpDesc::VarMap& inputs,
+                                   const std::vector<std::pair<std::string, int>>& out_slots,
+                                   const std::map<std::string, Attribute>& attrs = {}) {
+  Program& prog = default_main_program();
+  Block& block = prog.global_block();
+  OpDesc::VarMap outputs;
+  std::vector<Var> vars;
+  for (const auto& [slot, count] : out_slots) {
+    std::vector<std::string> names;
+    for (int i = 0; i < count; ++i) {
+      names.push_back(prog.UniqueName(type + ".tmp"));
+      vars.emplace_back(&block, names.back());
+    }
+    outputs.emplace_back(slot, names);
+  }
+  AppendOp(block, type, inputs, outputs, attrs);
+  return vars;
+}
+
+// Appends `type` with X = x and one output Out; returns Out.
+Var UnaryOp(const std::string& type, Var x, const std::map<std::string, Attribute>& attrs = {}) {
+  return AppendWithOutputs(type, {{"X", {x.name()}}}, {{"Out", 1}}, attrs)[0];
+}
+
+std::vector<Var> SplitOp(Var x, int num, const std::vector<int>& sections, int dim) {
+  const int parts = sections.empty() ? num : static_cast<int>(sections.size());
+  KEEL_ENFORCE(parts > 0, "layers::split(", x.name(), "): need num > 0 or non-empty sections");
+  return AppendWithOutputs(
+      "split", {{"X", {x.name()}}}, {{"Out", parts}},
+      {{"num", sections.empty() ? num : 0}, {"sections", sections}, {"axis", dim}});
+}
+
+}  // namespace
+
+Var embedding(Var ids, const std::vector<int64_t>& size, int64_t padding_idx,
+              const ParamAttr& param_attr, DType dtype) {
+  KEEL_ENFORCE(size.size() == 2, "layers::embedding(", ids.name(),
+               "): size must be {vocab, dim}, got ", DDim(size).str());
+  const std::string layer = default_main_program().UniqueName("embedding");
+  Var w = create_parameter(size, dtype, layer, "w_0", param_attr, initializer::Xavier());
+  return AppendWithOutputs("lookup_table", {{"W", {w.name()}}, {"Ids", {ids.name()}}}, {{"Out", 1}},
+                           {{"padding_idx", padding_idx}})[0];
+}
+
+Var concat(const std::vector<Var>& xs, int axis) {
+  std::vector<std::string> names;
+  for (const Var& v : xs) names.push_back(v.name());
+  return AppendWithOutputs("concat", {{"X", names}}, {{"Out", 1}}, {{"axis", axis}})[0];
+}
+
+std::vector<Var> split(Var x, int num, int dim) { return SplitOp(x, num, {}, dim); }
+std::vector<Var> split(Var x, const std::vector<int>& sections, int dim) {
+  return SplitOp(x, 0, sections, dim);
+}
+
+Var transpose(Var x, const std::vector<int>& perm) {
+  return UnaryOp("transpose", x, {{"axis", perm}});
+}
+Var flatten(Var x, int axis) { return UnaryOp("flatten", x, {{"axis", axis}}); }
+Var unsqueeze(Var x, const std::vector<int>& axes) {
+  return UnaryOp("unsqueeze", x, {{"axes", axes}});
+}
+Var squeeze(Var x, const std::vector<int>& axes) { return UnaryOp("squeeze", x, {{"axes", axes}}); }
+
+Var gelu(Var x, bool approximate) { return UnaryOp("gelu", x, {{"approximate", approximate}}); }
+Var leaky_relu(Var x, float alpha) { return UnaryOp("leaky_relu", x, {{"alpha", alpha}}); }
+Var log_softmax(Var x, int axis) { return UnaryOp("log_softmax", x, {{"axis", axis}}); }
+Var clip(Var x, float min, float max) { return UnaryOp("clip", x, {{"min", min}, {"max", max}}); }
+
+std::pair<Var, Var> topk(Var x, int k) {
+  std::vector<Var> r =
+      AppendWithOutputs("top_k", {{"X", {x.name()}}}, {{"Out", 1}, {"Indices", 1}}, {{"k", k}});
+  return {r[0], r[1]};
+}
+
+Var argmax(Var x, int axis, bool keepdims) {
+  return UnaryOp("arg_max", x, {{"axis", static_cast<int64_t>(axis)}, {"keepdims", keepdims}});
+}
+
+Var accuracy(Var input, Var label, int k) {
+  auto [values, indices] = topk(input, k);
+  return AppendWithOutputs(
+      "accuracy",
+      {{"Out", {values.name()}}, {"Indices", {indices.name()}}, {"Label", {label.name()}}},
+      {{"Accuracy", 1}, {"Correct", 1}, {"Total", 1}})[0];
+}
+
+}  // namespace layers
+}  // namespace keel

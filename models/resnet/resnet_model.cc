@@ -1,0 +1,42 @@
+#include "models/resnet/resnet_model.h"
+
+#include "framework/dsl/nn_layers.h"
+#include "framework/dsl/tensor_layers.h"
+
+namespace keel {
+namespace models {
+
+namespace {
+
+// conv (no bias: batch_norm follows) -> batch_norm -> act
+Var ConvBn(Var x, int filters, int k, int stride, const std::string& act) {
+  Var c = layers::conv2d(x, filters, k, stride, (k - 1) / 2, 1, 1, "", {}, {}, /*with_bias=*/false);
+  return layers::batch_norm(c, act);
+}
+
+Var BasicBlock(Var x, int filters, int stride) {
+  Var h = ConvBn(x, filters, 3, stride, "relu");
+  h = ConvBn(h, filters, 3, 1, "");
+  Var shortcut = x;
+  if (stride != 1 || x.shape()[1] != filters) shortcut = ConvBn(x, filters, 1, stride, "");
+  return layers::relu(layers::elementwise_add(h, shortcut));
+}
+
+}  // namespace
+
+ClassifierOutputs resnet_cifar(Var image, Var label, int depth, int classes) {
+  KEEL_ENFORCE(depth >= 8 && (depth - 2) % 6 == 0, "resnet: depth must be 6n+2, got ", depth);
+  const int n = (depth - 2) / 6;
+  Var h = ConvBn(image, 16, 3, 1, "relu");
+  for (int stage = 0; stage < 3; ++stage)
+    for (int b = 0; b < n; ++b)
+      h = BasicBlock(h, 16 << stage, stage > 0 && b == 0 ? 2 : 1);
+  h = layers::pool2d(h, 8, "avg", 1, 0, /*global_pooling=*/true);
+  Var logits = layers::fc(h, classes);
+  Var loss = layers::mean(layers::softmax_with_cross_entropy(logits, label));
+  Var acc = layers::accuracy(layers::softmax(logits), label, 1);
+  return {logits, loss, acc};
+}
+
+}  // namespace models
+}  // namespace keel

@@ -1,0 +1,15 @@
+// ResNet-20 for 32x32x3 images (He et al. 2016, CIFAR variant): a 3x3 conv, three stages of three
+// basic blocks (16, 32, 64 channels; stride 2 entering stages 2 and 3, with 1x1 projection
+// shortcuts), global average pooling and a classifier.
+#pragma once
+
+#include "models/lenet/lenet_model.h"
+
+namespace keel {
+namespace models {
+
+// image: [N, 3, 32, 32] float32, label: [N, 1] int64. depth = 6n + 2 (20: n = 3).
+ClassifierOutputs resnet_cifar(Var image, Var label, int depth = 20, int classes = 10);
+
+}  // namespace models
+}  // namespace keel

@@ -1,0 +1,34 @@
+// A small Transformer encoder (token + learned position embeddings, post-LN blocks of multi-head
+// self-attention built from matmul/softmax and a GELU feed-forward) that labels every position.
+// Its synthetic task: output the input sequence reversed, which needs attention across positions.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "models/lenet/lenet_model.h"
+#include "framework/runtime/tensor.h"
+
+namespace keel {
+namespace models {
+
+struct TransformerConfig {
+  int vocab = 10, seq_len = 8, d_model = 32, heads = 2, d_ff = 64, layers = 2;
+};
+
+// ids: [N, L, 1] int64, labels: [N, L, 1] int64. Loss and accuracy are per token.
+ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& cfg);
+
+// Batches of the reversal task: ids uniform in [0, vocab), labels[i] = ids[L-1-i].
+class ReversalTaskData {
+ public:
+  ReversalTaskData(const TransformerConfig& cfg, uint64_t seed) : cfg_(cfg), rng_(seed) {}
+  void Next(int64_t batch, Tensor* ids, Tensor* labels);
+
+ private:
+  TransformerConfig cfg_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace models
+}  // namespace keel

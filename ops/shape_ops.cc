@@ -1,0 +1,599 @@
+// Embedding lookup and layout ops (PaddlePaddle Fluid 1.x slots and attrs): lookup_table, concat,
+// split, transpose, flatten, unsqueeze, squeeze; each with its grad.
+//
+// Legend: V, D = vocabulary size and embedding width; [pre, n, post] = a shape split around the
+// concat/split axis, so the n-slab of row i starts at i * n * post and is n * post contiguous.
+//
+//   lookup_table: Out[r, :] = W[Ids[r], :] (zeros where Ids[r] == padding_idx)
+//                 dW[v, :] = sum over r with Ids[r] == v != padding_idx of dOut[r, :]  (dense)
+//   concat / split: each other's gradient (split's grad op is a concat)
+//   transpose:    dx = transpose(dout, inverse(perm))
+//   flatten, unsqueeze, squeeze: copies in a new shape; dx = dout in X's shape
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+#include "ops/op_util.h"
+
+namespace keel {
+namespace {
+
+template <typename V>
+std::string ListStr(const std::vector<V>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Product of dims [b, e), or -1 when any of them is unknown (build time).
+int64_t ProdOrUnknown(const DDim& d, int b, int e) {
+  int64_t n = 1;
+  for (int i = b; i < e; ++i) {
+    if (d[i] < 0) return -1;
+    n *= d[i];
+  }
+  return n;
+}
+
+// Copies `from` into `to` (already shaped by the shape function), unless they share memory.
+template <typename T>
+void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
+  KEEL_ENFORCE(from.numel() == to->numel(), "cannot copy ", from.dims().str(), " into ",
+               to->dims().str());
+  const T* src = from.data<T>();
+  T* dst = to->mutable_data<T>(place);
+  if (dst != src) std::copy_n(src, from.numel(), dst);
+}
+
+// Out = X's elements in Out's shape (flatten, squeeze, unsqueeze).
+template <typename T>
+class CopyKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    CopyElements<T>(ctx.Input("X"), ctx.Output("Out"), ctx.place());
+  }
+};
+
+// X@GRAD = Out@GRAD's elements in X's shape.
+template <typename T>
+class CopyGradKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    CopyElements<T>(ctx.Input(GradVarName("Out")), dx, ctx.place());
+  }
+};
+
+// ---------------------------------------------------------------- lookup_table
+
+void LookupTableShape(InferShapeContext& ctx) {
+  const DDim w = ctx.GetInputDim("W");
+  const DDim ids = ctx.GetInputDim("Ids");
+  const int64_t padding_idx = ctx.Attr<int64_t>("padding_idx");
+  KEEL_SHAPE_CHECK(w.size() == 2, "W must be [V, D], got W ", w.str());
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("Ids") == DType::kInt64, "Ids must be int64, got ",
+                   DTypeName(ctx.GetInputDType("Ids")));
+  KEEL_SHAPE_CHECK(ids.size() >= 1 && ctx.DimEq(ids[ids.size() - 1], 1),
+                   "Ids must be [..., 1], got Ids ", ids.str(), " (W ", w.str(), ")");
+  KEEL_SHAPE_CHECK(padding_idx == -1 || (padding_idx >= 0 && (w[0] < 0 || padding_idx < w[0])),
+                   "padding_idx ", padding_idx, " is outside [0, ", w[0], ") for W ", w.str(),
+                   "; use -1 for none");
+  DDim out = ids;
+  out[ids.size() - 1] = w[1];
+  ctx.SetOutputDim("Out", out);
+  ctx.SetOutputDType("Out", ctx.GetInputDType("W"));
+}
+
+[[noreturn]] void ThrowBadId(int64_t id, int64_t at, const DDim& ids, const DDim& w) {
+  KEEL_THROW("Ids value ", id, " at flat index ", at, " of Ids ", ids.str(), " is outside [0, ",
+             w[0], ") for W ", w.str());
+}
+
+// Out[r, :] = W[Ids[r], :], zeros where Ids[r] == padding_idx.
+template <typename T>
+class LookupTableKernel : public OpKernel {
+ public:
+  explicit LookupTableKernel(const OpDesc& op) : padding_idx_(op.Attr<int64_t>("padding_idx")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& w = ctx.Input("W");
+    const Tensor& ids = ctx.Input("Ids");
+    const int64_t V = w.dims()[0], D = w.dims()[1], rows = ids.numel();
+    const T* wp = w.data<T>();
+    const int64_t* idp = ids.data<int64_t>();
+    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = idp[r];
+      if (id == padding_idx_) {
+        std::fill_n(op + r * D, D, T(0));
+        continue;
+      }
+      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), w.dims());
+      std::copy_n(wp + id * D, D, op + r * D);
+    }
+  }
+
+ private:
+  int64_t padding_idx_;
+};
+
+// dW = 0; dW[Ids[r], :] += dOut[r, :] for Ids[r] != padding_idx.
+template <typename T>
+class LookupTableGradKernel : public OpKernel {
+ public:
+  explicit LookupTableGradKernel(const OpDesc& op)
+      : padding_idx_(op.Attr<int64_t>("padding_idx")) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dw = ctx.OutputOrNull(GradVarName("W"));
+    if (dw == nullptr) return;
+    const Tensor& ids = ctx.Input("Ids");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const DDim wd = dw->dims();
+    const int64_t V = wd[0], D = wd[1], rows = ids.numel();
+    KEEL_ENFORCE(dout.numel() == rows * D, "Out@GRAD ", dout.dims().str(), " does not match Ids ",
+                 ids.dims().str(), " and W ", wd.str());
+    const int64_t* idp = ids.data<int64_t>();
+    const T* dyp = dout.data<T>();
+    T* dwp = dw->mutable_data<T>(ctx.place());
+    std::fill_n(dwp, V * D, T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = idp[r];
+      if (id == padding_idx_) continue;
+      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), wd);
+      Vec<T>(dwp + id * D, D) += ConstVec<T>(dyp + r * D, D);
+    }
+  }
+
+ private:
+  int64_t padding_idx_;
+};
+
+// ---------------------------------------------------------------- concat, split
+
+// Walks the slabs of a [pre, sum(ns), post] tensor `whole` cut along its middle dim into parts
+// [pre, ns[k], post]: f(part row, whole row, length) for each row i of each part k. A null part
+// (a gradient nobody needs) is skipped.
+template <typename WholePtr, typename PartPtr, typename F>
+void ForEachSlab(int64_t pre, int64_t post, const std::vector<int64_t>& ns, WholePtr whole,
+                 const std::vector<PartPtr>& parts, F f) {
+  int64_t total = 0;
+  for (int64_t n : ns) total += n;
+  int64_t off = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const int64_t len = ns[k] * post;
+    if (parts[k] != nullptr)
+      for (int64_t i = 0; i < pre; ++i) f(parts[k] + i * len, whole + i * total * post + off, len);
+    off += len;
+  }
+}
+
+template <typename T>
+void CopyPartIntoWhole(const T* part, T* whole, int64_t len) {
+  std::copy_n(part, len, whole);
+}
+template <typename T>
+void CopyWholeIntoPart(T* part, const T* whole, int64_t len) {
+  std::copy_n(whole, len, part);
+}
+
+void ConcatShape(InferShapeContext& ctx) {
+  const std::vector<DDim> xs = ctx.GetInputsDim("X");
+  KEEL_SHAPE_CHECK(!xs.empty(), "needs at least one X");
+  const int axis = ctx.Attr<int>("axis");
+  CheckAxisInRange("axis", axis, "X[0]", xs[0]);
+  const int a = CanonicalAxis(axis, xs[0].size());
+  const DType dt = ctx.GetInputDType("X", 0);
+  DDim out = xs[0];
+  for (size_t k = 1; k < xs.size(); ++k) {
+    const DDim& x = xs[k];
+    KEEL_SHAPE_CHECK(ctx.GetInputDType("X", k) == dt, "X[", k, "] is ",
+                     DTypeName(ctx.GetInputDType("X", k)), " but X[0] is ", DTypeName(dt));
+    bool ok = x.size() == out.size();
+    for (int d = 0; ok && d < x.size(); ++d) ok = d == a || ctx.DimEq(x[d], xs[0][d]);
+    KEEL_SHAPE_CHECK(ok, "X[", k, "] ", x.str(), " does not match X[0] ", xs[0].str(),
+                     " outside axis ", a);
+    for (int d = 0; d < x.size(); ++d) {
+      if (d == a) {
+        out[d] = out[d] < 0 || x[d] < 0 ? -1 : out[d] + x[d];
+      } else if (out[d] < 0) {
+        out[d] = x[d];
+      }
+    }
+  }
+  ctx.SetOutputDim("Out", out);
+  ctx.SetOutputDType("Out", dt);
+}
+
+// Out = X[0], X[1], ... back to back along `axis`.
+template <typename T>
+class ConcatKernel : public OpKernel {
+ public:
+  explicit ConcatKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<const Tensor*> xs = ctx.MultiInput("X");
+    Tensor* out = ctx.Output("Out");
+    const AxisSplit s = SplitAt(out->dims(), axis_);
+    const int a = CanonicalAxis(axis_, out->dims().size());
+    std::vector<int64_t> ns;
+    std::vector<const T*> parts;
+    for (const Tensor* x : xs) {
+      ns.push_back(x->dims()[a]);
+      parts.push_back(x->data<T>());
+    }
+    ForEachSlab(s.pre, s.post, ns, out->mutable_data<T>(ctx.place()), parts, CopyPartIntoWhole<T>);
+  }
+
+ private:
+  int axis_;
+};
+
+// X@GRAD[k] = the slab of Out@GRAD that X[k] filled.
+template <typename T>
+class ConcatGradKernel : public OpKernel {
+ public:
+  explicit ConcatGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<Tensor*> dxs = ctx.MultiOutput(GradVarName("X"));
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const AxisSplit s = SplitAt(dout.dims(), axis_);
+    const int a = CanonicalAxis(axis_, dout.dims().size());
+    std::vector<int64_t> ns;
+    std::vector<T*> parts;
+    for (size_t k = 0; k < dxs.size(); ++k) {
+      ns.push_back(ctx.Input("X", static_cast<int>(k)).dims()[a]);
+      parts.push_back(dxs[k] ? dxs[k]->mutable_data<T>(ctx.place()) : nullptr);
+    }
+    ForEachSlab(s.pre, s.post, ns, dout.data<T>(), parts, CopyWholeIntoPart<T>);
+  }
+
+ private:
+  int axis_;
+};
+
+void SplitShape(InferShapeContext& ctx) {
+  const DDim x = ctx.GetInputDim("X");
+  const int axis = ctx.Attr<int>("axis");
+  const int num = ctx.Attr<int>("num");
+  const std::vector<int>& sections = ctx.Attr<std::vector<int>>("sections");
+  const int outs = ctx.NumOutputs("Out");
+  CheckAxisInRange("axis", axis, "X", x);
+  const int a = CanonicalAxis(axis, x.size());
+  const int64_t n = x[a];
+  std::vector<int64_t> sizes;
+  if (sections.empty()) {
+    KEEL_SHAPE_CHECK(num > 0, "set num > 0 or sections; got num ", num, " for X ", x.str());
+    KEEL_SHAPE_CHECK(num == outs, "num ", num, " differs from the ", outs, " Out variables");
+    KEEL_SHAPE_CHECK(n < 0 || n % num == 0, "X ", x.str(), " has ", n, " along axis ", a,
+                     ", not divisible into num ", num, " parts");
+    sizes.assign(num, n < 0 ? -1 : n / num);
+  } else {
+    KEEL_SHAPE_CHECK(num == 0, "set num or sections, not both (num ", num, ", sections ",
+                     ListStr(sections), ")");
+    KEEL_SHAPE_CHECK(static_cast<int>(sections.size()) == outs, "sections ", ListStr(sections),
+                     " has ", sections.size(), " parts but there are ", outs, " Out variables");
+    int infer_at = -1;
+    int64_t known = 0;
+    for (size_t k = 0; k < sections.size(); ++k) {
+      const int sec = sections[k];
+      if (sec == -1) {
+        KEEL_SHAPE_CHECK(infer_at < 0, "sections ", ListStr(sections), " has more than one -1");
+        infer_at = static_cast<int>(k);
+      } else {
+        KEEL_SHAPE_CHECK(sec >= 0, "sections ", ListStr(sections), " has size ", sec);
+        known += sec;
+      }
+      sizes.push_back(sec);
+    }
+    if (n >= 0) {
+      if (infer_at >= 0) {
+        KEEL_SHAPE_CHECK(known <= n, "sections ", ListStr(sections), " sum past X ", x.str(), "'s ",
+                         n, " along axis ", a);
+        sizes[infer_at] = n - known;
+      } else {
+        KEEL_SHAPE_CHECK(known == n, "sections ", ListStr(sections), " sum to ", known, " but X ",
+                         x.str(), " has ", n, " along axis ", a);
+      }
+    }
+  }
+  for (int k = 0; k < outs; ++k) {
+    DDim o = x;
+    o[a] = sizes[k];
+    ctx.SetOutputDim("Out", o, k);
+    ctx.SetOutputDType("Out", ctx.GetInputDType("X"), k);
+  }
+}
+
+// Out[k] = the k-th slab of X along `axis`, of the size the shape function gave it.
+template <typename T>
+class SplitKernel : public OpKernel {
+ public:
+  explicit SplitKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
+    const AxisSplit s = SplitAt(x.dims(), axis_);
+    const int a = CanonicalAxis(axis_, x.dims().size());
+    std::vector<int64_t> ns;
+    std::vector<T*> parts;
+    for (Tensor* o : outs) {
+      KEEL_ENFORCE(o != nullptr, "every Out of split must be set");
+      ns.push_back(o->dims()[a]);
+      parts.push_back(o->mutable_data<T>(ctx.place()));
+    }
+    ForEachSlab(s.pre, s.post, ns, x.data<T>(), parts, CopyWholeIntoPart<T>);
+  }
+
+ private:
+  int axis_;
+};
+
+// split's gradient: X@GRAD = concat(Out@GRAD, axis). Unused Out@GRADs are zeros (autodiff).
+std::vector<std::unique_ptr<OpDesc>> SplitGradMaker(const OpDesc& fwd) {
+  auto g = std::make_unique<OpDesc>("concat");
+  std::vector<std::string> douts;
+  for (const std::string& o : fwd.Output("Out")) douts.push_back(GradVarName(o));
+  g->SetInput("X", douts);
+  g->SetOutput("Out", {GradVarName(fwd.Input("X")[0])});
+  g->SetAttr("axis", fwd.Attr<int>("axis"));
+  std::vector<std::unique_ptr<OpDesc>> r;
+  r.push_back(std::move(g));
+  return r;
+}
+
+// ---------------------------------------------------------------- transpose
+
+// perm must be a permutation of [0, rank of `x`).
+void CheckPerm(const std::vector<int>& perm, const char* slot, const DDim& x) {
+  std::vector<bool> seen(x.size(), false);
+  bool ok = static_cast<int>(perm.size()) == x.size();
+  for (size_t i = 0; ok && i < perm.size(); ++i) {
+    ok = perm[i] >= 0 && perm[i] < x.size() && !seen[perm[i]];
+    if (ok) seen[perm[i]] = true;
+  }
+  KEEL_SHAPE_CHECK(ok, "axis ", ListStr(perm), " is not a permutation of the ", x.size(),
+                   " dims of ", slot, " ", x.str());
+}
+
+std::vector<int> InversePerm(const std::vector<int>& perm) {
+  std::vector<int> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int>(i);
+  return inv;
+}
+
+DDim Permuted(const DDim& x, const std::vector<int>& perm) {
+  DDim out = x;
+  for (size_t i = 0; i < perm.size(); ++i) out[i] = x[perm[i]];
+  return out;
+}
+
+void TransposeShape(InferShapeContext& ctx) {
+  const DDim x = ctx.GetInputDim("X");
+  const std::vector<int>& perm = ctx.Attr<std::vector<int>>("axis");
+  CheckPerm(perm, "X", x);
+  ctx.SetOutputDim("Out", Permuted(x, perm));
+  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+}
+
+void TransposeGradShape(InferShapeContext& ctx) {
+  const std::string dout = GradVarName("Out");
+  const DDim dy = ctx.GetInputDim(dout);
+  const std::vector<int>& perm = ctx.Attr<std::vector<int>>("axis");
+  CheckPerm(perm, "Out@GRAD", dy);
+  ctx.SetOutputDim(GradVarName("X"), Permuted(dy, InversePerm(perm)));
+  ctx.SetOutputDType(GradVarName("X"), ctx.GetInputDType(dout));
+}
+
+// out[i_0, ..., i_r] = in[j] with j's dim perm[d] equal to i_d: walks out in order, stepping
+// through in with in's stride of dim perm[d].
+template <typename T>
+void TransposeInto(const Tensor& in, const std::vector<int>& perm, Tensor* out,
+                   const Place& place) {
+  const DDim id = in.dims();
+  const int rank = id.size();
+  const T* src = in.data<T>();
+  T* dst = out->mutable_data<T>(place);
+  const int64_t n = in.numel();
+  if (rank == 0 || n == 0) {
+    std::copy_n(src, n, dst);
+    return;
+  }
+  std::vector<int64_t> in_stride(rank, 1), step(rank), size(rank), idx(rank, 0);
+  for (int d = rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * id[d + 1];
+  for (int d = 0; d < rank; ++d) {
+    step[d] = in_stride[perm[d]];
+    size[d] = id[perm[d]];
+  }
+  int64_t off = 0;
+  for (int64_t o = 0; o < n; ++o) {
+    dst[o] = src[off];
+    for (int d = rank - 1; d >= 0; --d) {
+      off += step[d];
+      if (++idx[d] < size[d]) break;
+      off -= step[d] * size[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+class TransposeKernel : public OpKernel {
+ public:
+  explicit TransposeKernel(const OpDesc& op) : perm_(op.Attr<std::vector<int>>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    TransposeInto<T>(ctx.Input("X"), perm_, ctx.Output("Out"), ctx.place());
+  }
+
+ private:
+  std::vector<int> perm_;
+};
+
+// dx = transpose(dout, inverse(perm)).
+template <typename T>
+class TransposeGradKernel : public OpKernel {
+ public:
+  explicit TransposeGradKernel(const OpDesc& op)
+      : inv_(InversePerm(op.Attr<std::vector<int>>("axis"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    TransposeInto<T>(ctx.Input(GradVarName("Out")), inv_, dx, ctx.place());
+  }
+
+ private:
+  std::vector<int> inv_;
+};
+
+// ---------------------------------------------------------------- flatten, unsqueeze, squeeze
+
+void FlattenShape(InferShapeContext& ctx) {
+  const DDim x = ctx.GetInputDim("X");
+  const int axis = ctx.Attr<int>("axis");
+  KEEL_SHAPE_CHECK(axis >= 0 && axis <= x.size(), "axis ", axis, " is outside [0, ", x.size(),
+                   "] for X ", x.str());
+  ctx.SetOutputDim("Out", DDim{ProdOrUnknown(x, 0, axis), ProdOrUnknown(x, axis, x.size())});
+  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+}
+
+// Inserts a 1 at each of `axes` in turn; a negative axis counts from the end of the shape built
+// so far (-1 appends). X [3, 4], axes {0, -1} -> [1, 3, 4, 1].
+void UnsqueezeShape(InferShapeContext& ctx) {
+  const DDim x = ctx.GetInputDim("X");
+  const std::vector<int>& axes = ctx.Attr<std::vector<int>>("axes");
+  KEEL_SHAPE_CHECK(!axes.empty(), "axes is empty for X ", x.str());
+  KEEL_SHAPE_CHECK(x.size() + static_cast<int>(axes.size()) <= DDim::kMaxRank, "X ", x.str(),
+                   " with axes ", ListStr(axes), " exceeds rank ", DDim::kMaxRank);
+  std::vector<int64_t> out = x.vec();
+  for (int axis : axes) {
+    const int rank = static_cast<int>(out.size());
+    const int at = axis < 0 ? axis + rank + 1 : axis;
+    KEEL_SHAPE_CHECK(at >= 0 && at <= rank, "axis ", axis, " of axes ", ListStr(axes),
+                     " is outside [", -rank - 1, ", ", rank, "] for X ", x.str());
+    out.insert(out.begin() + at, 1);
+  }
+  ctx.SetOutputDim("Out", DDim(out));
+  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+}
+
+// Removes the size-1 dims at `axes` (negative counts from the end), or every size-1 dim when axes
+// is empty. At build time an unknown (-1) dim named in axes is taken to be 1; with empty axes it
+// is kept.
+void SqueezeShape(InferShapeContext& ctx) {
+  const DDim x = ctx.GetInputDim("X");
+  const std::vector<int>& axes = ctx.Attr<std::vector<int>>("axes");
+  std::vector<bool> drop(x.size(), false);
+  if (axes.empty())
+    for (int d = 0; d < x.size(); ++d) drop[d] = x[d] == 1;
+  for (int axis : axes) {
+    KEEL_SHAPE_CHECK(axis >= -x.size() && axis < x.size(), "axis ", axis, " of axes ",
+                     ListStr(axes), " is outside [", -x.size(), ", ", x.size(), ") for X ",
+                     x.str());
+    const int a = CanonicalAxis(axis, x.size());
+    KEEL_SHAPE_CHECK(ctx.DimEq(x[a], 1), "axis ", axis, " of X ", x.str(), " has size ", x[a],
+                     ", not 1");
+    drop[a] = true;
+  }
+  DDim out;
+  for (int d = 0; d < x.size(); ++d)
+    if (!drop[d]) out.push_back(x[d]);
+  ctx.SetOutputDim("Out", out);
+  ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- registration
+
+KEEL_REGISTER_OP(lookup_table)
+    .Doc(
+        "Out[..., :] = W[Ids[..., 0], :]; rows whose id is padding_idx are zeros. "
+        "W [V, D], Ids int64 [N, 1] -> Out [N, D]; Ids [B, T, 1] -> Out [B, T, D].")
+    .Input("W", "the embedding table [V, D]")
+    .Input("Ids", "int64 [..., 1], each in [0, V)")
+    .Output("Out", "Ids' shape with the last dim D, W's dtype")
+    .Attr<int64_t>("padding_idx", -1, "an id whose output is zeros and gets no gradient; -1: none")
+    .Shape(LookupTableShape)
+    .Grad(GradMaker("lookup_table_grad", {"W", "Ids"}, {"Out"}, {"W"}));
+// W only for W@GRAD's shape; the gradient is a dense [V, D] tensor.
+KEEL_REGISTER_GRAD_OP(lookup_table_grad, lookup_table);
+KEEL_REGISTER_CPU_KERNEL(lookup_table, LookupTableKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(lookup_table_grad, LookupTableGradKernel, float, double);
+
+KEEL_REGISTER_OP(concat)
+    .Doc(
+        "Out = X[0], X[1], ... joined along axis; the other dims must agree. "
+        "X [2, 3], [2, 5], axis 1 -> Out [2, 8].")
+    .InputList("X", "one or more tensors of one dtype and rank")
+    .Output("Out", "the sum of the X along axis, their dims elsewhere")
+    .Attr<int>("axis", 0, "the joined dimension; negative counts from the end")
+    .Shape(ConcatShape)
+    .Grad(GradMaker("concat_grad", {"X"}, {"Out"}, {"X"}));  // X for the slab sizes
+KEEL_REGISTER_GRAD_OP(concat_grad, concat);
+KEEL_REGISTER_CPU_KERNEL(concat, ConcatKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(concat_grad, ConcatGradKernel, float, double);
+
+KEEL_REGISTER_OP(split)
+    .Doc(
+        "Out[k] = the k-th part of X along axis: num equal parts, or parts of the given "
+        "sections (one may be -1, inferred). "
+        "X [4, 6], sections {1, -1, 2}, axis 1 -> Out [4, 1], [4, 3], [4, 2].")
+    .Input("X", "any shape")
+    .OutputList("Out", "the parts, one var each")
+    .Attr<int>("num", 0, "number of equal parts; 0: use sections")
+    .Attr<std::vector<int>>("sections", {}, "size of each part along axis; one -1 is inferred")
+    .Attr<int>("axis", 0, "the split dimension; negative counts from the end")
+    .Shape(SplitShape)
+    .Grad(SplitGradMaker);
+KEEL_REGISTER_CPU_KERNEL(split, SplitKernel, float, double, int32_t, int64_t);
+
+KEEL_REGISTER_OP(transpose)
+    .Doc("Out's dim i is X's dim axis[i]. X [2, 3, 4], axis {2, 0, 1} -> Out [4, 2, 3].")
+    .Input("X", "any shape")
+    .Output("Out", "X's dims permuted")
+    .RequiredAttr<std::vector<int>>("axis", "a permutation of [0, rank of X)")
+    .Shape(TransposeShape)
+    .Grad(GradMaker("transpose_grad", {}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(transpose_grad, transpose)
+    .Shape(TransposeGradShape)
+    .KernelDTypeFrom(GradVarName("Out"));
+KEEL_REGISTER_CPU_KERNEL(transpose, TransposeKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(transpose_grad, TransposeGradKernel, float, double);
+
+KEEL_REGISTER_OP(flatten)
+    .Doc("Out = X as [prod(dims[:axis]), prod(dims[axis:])]. X [2, 3, 4], axis 1 -> [2, 12].")
+    .Input("X", "any shape")
+    .Output("Out", "2-D, X's elements")
+    .Attr<int>("axis", 1, "dims before it become rows, the rest columns; in [0, rank]")
+    .Shape(FlattenShape)
+    .Grad(GradMaker("flatten_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
+KEEL_REGISTER_GRAD_OP(flatten_grad, flatten);
+KEEL_REGISTER_CPU_KERNEL(flatten, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(flatten_grad, CopyGradKernel, float, double);
+
+KEEL_REGISTER_OP(unsqueeze)
+    .Doc("Out = X with a size-1 dim inserted at each of axes, in turn. X [3], axes {0} -> [1, 3].")
+    .Input("X", "any shape")
+    .Output("Out", "X's elements, rank + len(axes)")
+    .RequiredAttr<std::vector<int>>("axes", "where to insert; negative counts from the end")
+    .Shape(UnsqueezeShape)
+    .Grad(GradMaker("unsqueeze_grad", {"X"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(unsqueeze_grad, unsqueeze);
+KEEL_REGISTER_CPU_KERNEL(unsqueeze, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(unsqueeze_grad, CopyGradKernel, float, double);
+
+KEEL_REGISTER_OP(squeeze)
+    .Doc("Out = X without the size-1 dims at axes (all of them if empty). [1, 3, 1] -> [3].")
+    .Input("X", "any shape")
+    .Output("Out", "X's elements")
+    .Attr<std::vector<int>>("axes", {}, "size-1 dims to drop; empty: every size-1 dim")
+    .Shape(SqueezeShape)
+    .Grad(GradMaker("squeeze_grad", {"X"}, {"Out"}, {"X"}));
+KEEL_REGISTER_GRAD_OP(squeeze_grad, squeeze);
+KEEL_REGISTER_CPU_KERNEL(squeeze, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(squeeze_grad, CopyGradKernel, float, double);
+
+}  // namespace keel
