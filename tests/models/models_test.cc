@@ -1,0 +1,121 @@
+// The built-in models train on their data: LeNet on the real MNIST test set, the transformer
+// solves its reversal task, ResNet-20's loss falls; their test programs run in inference mode.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "executor/executor.h"
+#include "framework/dsl/nn_layers.h"
+#include "models/model_zoo.h"
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+std::vector<double> Column(const std::string& out, const char* fmt) {
+  std::vector<double> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    long long k;
+    double x;
+    if (std::sscanf(line.c_str(), fmt, &k, &x) == 2) v.push_back(x);
+  }
+  return v;
+}
+
+std::string MnistDir() {
+  std::string d = std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist";
+  struct stat st;
+  return ::stat((d + "/t10k-images-idx3-ubyte.gz").c_str(), &st) == 0 ? d : "";
+}
+
+TEST(Lenet, ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit) {
+  std::string dir = MnistDir();
+  if (dir.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand(BinPath("keel") + " train --model=lenet --data=mnist:" + dir +
+                      " --epochs=8 --batch_size=64 --seed=1 --fetch_frequency=1000");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto acc = Column(r.output, "epoch %lld test_accuracy %lf");
+  ASSERT_EQ(acc.size(), 8u) << r.output;
+  EXPECT_GE(acc.back(), 0.97) << r.output;
+  EXPECT_LT(secs, 180) << r.output;  // the bound on this 2-core machine
+}
+
+TEST(Lenet, MissingOrBadDataIsAClearError) {
+  auto r = RunCommand(BinPath("keel") + " train --model=lenet --epochs=1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--data=mnist:DIR"), std::string::npos) << r.output;
+  std::string tmp = MakeTempDir();
+  RunCommand("head -c 100 /dev/urandom > " + tmp + "/t10k-images-idx3-ubyte; cp " + tmp +
+             "/t10k-images-idx3-ubyte " + tmp + "/t10k-labels-idx1-ubyte");
+  r = RunCommand(BinPath("keel") + " train --model=lenet --epochs=1 --data=mnist:" + tmp);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_FALSE(r.signaled);
+  EXPECT_NE(r.output.find(tmp + "/t10k-images-idx3-ubyte"), std::string::npos) << r.output;
+  RunCommand("rm -rf " + tmp);
+}
+
+TEST(Transformer, SolvesTheReversalTask) {
+  auto r = RunCommand(BinPath("keel") +
+                      " train --model=transformer --epochs=3 --steps=100 --batch_size=64 --seed=1 "
+                      "--fetch_frequency=100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto acc = Column(r.output, "epoch %lld test_accuracy %lf");
+  auto loss = Column(r.output, "step %lld loss %lf");
+  ASSERT_EQ(acc.size(), 3u) << r.output;
+  EXPECT_GE(acc.back(), 0.99) << r.output;
+  EXPECT_LT(loss.back(), 0.05) << r.output;
+  EXPECT_GT(loss.front(), 2.0) << r.output;  // starts near ln(10)
+}
+
+TEST(Resnet20, LossFalls) {
+  auto r = RunCommand(BinPath("keel") +
+                      " train --model=resnet --steps=40 --batch_size=32 --seed=1 --fetch_frequency=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto loss = Column(r.output, "step %lld loss %lf");
+  ASSERT_EQ(loss.size(), 40u) << r.output;
+  double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[37] + loss[38] + loss[39]) / 3;
+  EXPECT_LT(last, first - 0.5) << r.output;
+}
+
+// The test program switches batch_norm and dropout to inference: repeatable outputs, moving
+// statistics untouched; the training program updates them.
+TEST(CloneForTest, BatchNormAndDropoutSwitchToInference) {
+  Program main, startup;
+  startup.set_random_seed(1);
+  main.set_random_seed(1);
+  Var out;
+  {
+    ProgramGuard g(main, startup);
+    Var x = layers::data("x", {-1, 2, 4, 4});
+    out = layers::dropout(layers::batch_norm(x), 0.5f);
+  }
+  auto test = main.clone_for_test();
+  Executor exe;
+  exe.Run(startup);
+  std::string mean_name;
+  for (auto& op : main.global_block().ops())
+    if (op->type() == "batch_norm") mean_name = op->Input("Mean")[0];
+  const Tensor& moving = exe.scope().FindVar(mean_name)->tensor();
+  std::vector<float> xs(2 * 2 * 4 * 4);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 7) + 1.0f;
+  FeedMap feed{{"x", Tensor::FromVector(xs, {2, 2, 4, 4})}};
+  Tensor a = exe.Run(*test, feed, {out})[0], b = exe.Run(*test, feed, {out})[0];
+  EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()));
+  EXPECT_EQ(moving.data<float>()[0], 0.0f);  // inference leaves the statistics alone
+  Tensor c = exe.Run(main, feed, {out})[0];
+  EXPECT_NE(moving.data<float>()[0], 0.0f);  // training updates them
+  int zeros = 0;
+  for (int64_t i = 0; i < c.numel(); ++i) zeros += c.data<float>()[i] == 0.0f;
+  EXPECT_GT(zeros, 0);  // dropout dropped some in training
+}
+
+}  // namespace
+}  // namespace keel::testing
