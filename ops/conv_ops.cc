@@ -8,8 +8,11 @@
 //   Output[n, g*Mg + m, p] = sum_k Filter_g[m, k] * col_n_g[k, p]
 //
 // Small output planes (P below kMinGemmCols) unfold several images side by side, so one GEMM of
-// [Mg, K] x [K, B * P] covers B images; the product is then scattered back to NCHW. A 1x1 conv with
-// stride 1 and no padding skips im2col: the input plane is already the column matrix.
+// [Mg, K] x [K, B * P] covers B images; the product is then scattered back to NCHW. Larger planes
+// unfold in chunks of whole output rows of about kMinGemmCols columns, each GEMM writing its
+// columns of the NCHW output directly (ldc = P): narrow GEMMs keep the unfolded chunk in cache and
+// run much faster than one over the whole plane. A 1x1 conv with stride 1 and no padding skips
+// im2col: the input plane is already the column matrix.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +28,7 @@ namespace keel {
 namespace {
 
 // GEMMs narrower than this (in columns) batch several images.
-constexpr int64_t kMinGemmCols = 512;
+constexpr int64_t kMinGemmCols = 256;
 // Cap on the unfolded buffer of one batch, in elements (64 MiB of float).
 constexpr int64_t kMaxColElems = int64_t{16} << 20;
 
@@ -129,79 +132,215 @@ void Conv2DShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Output", ctx.GetInputDType("Input"));
 }
 
-// Unfolds one image's group of channels x [Cg, H, W] into col rows of length P, row
-// (c * kh + i) * kw + j holding x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside
-// the input); consecutive rows are ld elements apart (ld >= P: several images side by side).
-template <typename T>
-void Im2Col(const T* x, const ConvGeom& g, T* col, int64_t ld) {
-  for (int64_t c = 0; c < g.Cg; ++c) {
-    const T* xc = x + c * g.H * g.W;
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
-        T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
-        // Output columns ow in [lo, hi) read inside the input: 0 <= ow * sw + off < W.
-        const int64_t off = j * g.dw - g.pw;
-        const int64_t lo = off >= 0 ? 0 : std::min(g.Wo, (-off + g.sw - 1) / g.sw);
-        const int64_t hi =
-            g.W - 1 - off < 0 ? lo : std::max(lo, std::min(g.Wo, (g.W - 1 - off) / g.sw + 1));
-        for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          T* r = row + oh * g.Wo;
-          const int64_t ih = oh * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.H) {
-            std::fill(r, r + g.Wo, T(0));
-            continue;
-          }
-          const T* xr = xc + ih * g.W + off;
-          std::fill(r, r + lo, T(0));
-          if (g.sw == 1) {
-            std::memcpy(r + lo, xr + lo, static_cast<size_t>(hi - lo) * sizeof(T));
-          } else {
-            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sw];
-          }
-          std::fill(r + hi, r + g.Wo, T(0));
-        }
-      }
+// GCC turns short copy / zero loops into memcpy / memset calls, which cost more than the copies
+// for rows of 8 to 32 elements; keep them inline.
+#if defined(__GNUC__) && !defined(__clang__)
+#define KEEL_INLINE_LOOPS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define KEEL_INLINE_LOOPS
+#endif
+
+// Output columns ow in [lo, hi) of filter column j read inside the input: 0 <= ow * sw + off < W,
+// off = j * dw - pw. Likewise output rows oh in [lo, hi) of filter row i.
+struct Span {
+  int64_t off, lo, hi;
+};
+inline Span ValidSpan(int64_t tap, int64_t dil, int64_t pad, int64_t stride, int64_t in,
+                      int64_t out) {
+  Span s;
+  s.off = tap * dil - pad;
+  s.lo = s.off >= 0 ? 0 : std::min(out, (-s.off + stride - 1) / stride);
+  s.hi = in - 1 - s.off < 0 ? s.lo
+                            : std::max(s.lo, std::min(out, (in - 1 - s.off) / stride + 1));
+  return s;
+}
+
+// The common case of a 3x3 pad-1 conv, stride S in {1, 2}, with input rows S times as wide as
+// output rows and a column shift off in {-1, 0, 1}, for a compile-time width WO: output column k
+// reads input column S * k + off, which lies inside the row for all k but k = 0 when off < 0 and
+// k = WO - 1 when S == 1 and off > 0. Each output row is then a fixed-size copy (or add) and at
+// most one zero, which the compiler unrolls into a few vector moves.
+template <typename T, int WO, int S>
+KEEL_INLINE_LOOPS void Im2ColRowsFixed(const T* __restrict xc, int64_t W, int64_t sh,
+                                       int64_t roff, int64_t base, int64_t oh0, int64_t oh1,
+                                       int64_t off, T* __restrict row) {
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    T* __restrict r = row + (oh - base) * WO;
+    const T* __restrict xr = xc + (oh * sh + roff) * W;
+    if (off == 0) {
+      for (int k = 0; k < WO; ++k) r[k] = xr[S * k];
+    } else if (off < 0) {
+      r[0] = T(0);
+      for (int k = 1; k < WO; ++k) r[k] = xr[S * k - 1];
+    } else {
+      constexpr int kHi = S == 1 ? WO - 1 : WO;
+      for (int k = 0; k < kHi; ++k) r[k] = xr[S * k + 1];
+      for (int k = kHi; k < WO; ++k) r[k] = T(0);
+    }
   }
 }
 
-// The adjoint of Im2Col: dx[c, ih, iw] += col[row, p] for every (row, p) that Im2Col read from
-// (c, ih, iw). dx must be zeroed (or hold a sum to add to) beforehand.
+template <typename T, int WO, int S>
+KEEL_INLINE_LOOPS void Col2ImRowsFixed(const T* __restrict row, int64_t W, int64_t sh,
+                                       int64_t roff, int64_t base, int64_t oh0, int64_t oh1,
+                                       int64_t off, T* __restrict dc) {
+  for (int64_t oh = oh0; oh < oh1; ++oh) {
+    const T* __restrict r = row + (oh - base) * WO;
+    T* __restrict dr = dc + (oh * sh + roff) * W;
+    if (off == 0) {
+      for (int k = 0; k < WO; ++k) dr[S * k] += r[k];
+    } else if (off < 0) {
+      for (int k = 1; k < WO; ++k) dr[S * k - 1] += r[k];
+    } else {
+      constexpr int kHi = S == 1 ? WO - 1 : WO;
+      for (int k = 0; k < kHi; ++k) dr[S * k + 1] += r[k];
+    }
+  }
+}
+
+// Whether Im2ColRowsFixed / Col2ImRowsFixed cover this geometry and column shift.
+inline bool FixedRows(const ConvGeom& g, int64_t off) {
+  return (g.sw == 1 || g.sw == 2) && g.W == g.sw * g.Wo && off >= -1 && off <= 1 &&
+         (g.Wo == 8 || g.Wo == 16 || g.Wo == 32);
+}
+
+// Dispatches F<T, WO, S> over the widths and strides FixedRows accepts.
+#define KEEL_FIXED_ROWS(F, ...)                                       \
+  do {                                                               \
+    if (g.sw == 1) {                                                 \
+      if (Wo == 8) F<T, 8, 1>(__VA_ARGS__);                          \
+      else if (Wo == 16) F<T, 16, 1>(__VA_ARGS__);                   \
+      else F<T, 32, 1>(__VA_ARGS__);                                 \
+    } else {                                                         \
+      if (Wo == 8) F<T, 8, 2>(__VA_ARGS__);                          \
+      else if (Wo == 16) F<T, 16, 2>(__VA_ARGS__);                   \
+      else F<T, 32, 2>(__VA_ARGS__);                                 \
+    }                                                                \
+  } while (0)
+
+// Unfolds output rows [oh0, oh1) of one image's group of channels x [Cg, H, W] into col rows of
+// length (oh1 - oh0) * Wo, row (c * kh + i) * kw + j holding, at (oh - oh0) * Wo + ow,
+// x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside the input); consecutive rows are
+// ld elements apart (several images side by side).
+// Rows outside the input are zeroed in bulk; inside, each output row is a zero head, a copy (or a
+// strided gather) and a zero tail, all inline loops (no per-row memcpy / memset calls).
 template <typename T>
-void Col2Im(const T* col, int64_t ld, const ConvGeom& g, T* dx) {
-  for (int64_t c = 0; c < g.Cg; ++c) {
-    T* dc = dx + c * g.H * g.W;
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) {
+KEEL_INLINE_LOOPS void Im2Col(const T* __restrict x, const ConvGeom& g, T* __restrict col,
+                              int64_t ld, int64_t oh0, int64_t oh1) {
+  const int64_t Wo = g.Wo;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const Span rs = ValidSpan(i, g.dh, g.ph, g.sh, g.H, g.Ho);
+    // Valid rows of this chunk: [vlo, vhi), within [oh0, oh1).
+    const int64_t vlo = std::min(std::max(rs.lo, oh0), oh1);
+    const int64_t vhi = std::max(std::min(rs.hi, oh1), vlo);
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const Span cs = ValidSpan(j, g.dw, g.pw, g.sw, g.W, Wo);
+      const int64_t lo = cs.lo, hi = cs.hi;
+      // Whole rows copy as one block: stride 1, no column padding, input rows as wide as output.
+      const bool block = g.sw == 1 && g.sh == 1 && lo == 0 && hi == Wo && Wo == g.W;
+      const bool fixed = !block && FixedRows(g, cs.off);
+      for (int64_t c = 0; c < g.Cg; ++c) {
+        const T* xc = x + c * g.H * g.W;
+        T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
+        if (vlo > oh0) Vec<T>(row, (vlo - oh0) * Wo).setZero();
+        if (vhi < oh1) Vec<T>(row + (vhi - oh0) * Wo, (oh1 - vhi) * Wo).setZero();
+        if (vhi <= vlo) continue;
+        if (fixed) {
+          KEEL_FIXED_ROWS(Im2ColRowsFixed, xc, g.W, g.sh, rs.off, oh0, vlo, vhi, cs.off, row);
+          continue;
+        }
+        if (block) {
+          const int64_t ih0 = vlo * g.sh + rs.off;
+          Vec<T>(row + (vlo - oh0) * Wo, (vhi - vlo) * Wo) =
+              ConstVec<T>(xc + ih0 * g.W + cs.off, (vhi - vlo) * Wo);
+          continue;
+        }
+        for (int64_t oh = vlo; oh < vhi; ++oh) {
+          T* __restrict r = row + (oh - oh0) * Wo;
+          const T* __restrict xr = xc + (oh * g.sh + rs.off) * g.W + cs.off;
+          for (int64_t ow = 0; ow < lo; ++ow) r[ow] = T(0);
+          if (g.sw == 1) {
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow];
+          } else if (g.sw == 2) {
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[2 * ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.sw];
+          }
+          for (int64_t ow = hi; ow < Wo; ++ow) r[ow] = T(0);
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of Im2Col (same chunk of output rows [oh0, oh1)): dx[c, ih, iw] += col[row, p] for
+// every (row, p) that Im2Col read from (c, ih, iw). dx must be zeroed (or hold a sum to add to)
+// beforehand.
+template <typename T>
+KEEL_INLINE_LOOPS void Col2Im(const T* __restrict col, int64_t ld, const ConvGeom& g,
+                              int64_t oh0, int64_t oh1, T* __restrict dx) {
+  const int64_t Wo = g.Wo;
+  for (int64_t i = 0; i < g.kh; ++i) {
+    const Span rs = ValidSpan(i, g.dh, g.ph, g.sh, g.H, g.Ho);
+    const int64_t vlo = std::max(rs.lo, oh0), vhi = std::min(rs.hi, oh1);
+    if (vhi <= vlo) continue;
+    for (int64_t j = 0; j < g.kw; ++j) {
+      const Span cs = ValidSpan(j, g.dw, g.pw, g.sw, g.W, Wo);
+      const int64_t lo = cs.lo, hi = cs.hi;
+      const bool block = g.sw == 1 && g.sh == 1 && lo == 0 && hi == Wo && Wo == g.W;
+      const bool fixed = !block && FixedRows(g, cs.off);
+      for (int64_t c = 0; c < g.Cg; ++c) {
+        T* dc = dx + c * g.H * g.W;
         const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
-        const int64_t off = j * g.dw - g.pw;
-        const int64_t lo = off >= 0 ? 0 : std::min(g.Wo, (-off + g.sw - 1) / g.sw);
-        const int64_t hi =
-            g.W - 1 - off < 0 ? lo : std::max(lo, std::min(g.Wo, (g.W - 1 - off) / g.sw + 1));
-        for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          const int64_t ih = oh * g.sh - g.ph + i * g.dh;
-          if (ih < 0 || ih >= g.H) continue;
-          const T* r = row + oh * g.Wo;
-          T* dr = dc + ih * g.W + off;
+        if (fixed) {
+          KEEL_FIXED_ROWS(Col2ImRowsFixed, row, g.W, g.sh, rs.off, oh0, vlo, vhi, cs.off, dc);
+          continue;
+        }
+        if (block) {
+          const int64_t ih0 = vlo * g.sh + rs.off;
+          Vec<T>(dc + ih0 * g.W + cs.off, (vhi - vlo) * Wo) +=
+              ConstVec<T>(row + (vlo - oh0) * Wo, (vhi - vlo) * Wo);
+          continue;
+        }
+        for (int64_t oh = vlo; oh < vhi; ++oh) {
+          const T* __restrict r = row + (oh - oh0) * Wo;
+          T* __restrict dr = dc + (oh * g.sh + rs.off) * g.W + cs.off;
           if (g.sw == 1) {
             for (int64_t ow = lo; ow < hi; ++ow) dr[ow] += r[ow];
+          } else if (g.sw == 2) {
+            for (int64_t ow = lo; ow < hi; ++ow) dr[2 * ow] += r[ow];
           } else {
             for (int64_t ow = lo; ow < hi; ++ow) dr[ow * g.sw] += r[ow];
           }
         }
       }
+    }
   }
 }
 
-// C = alpha * op(A) * op(B) + beta * C over contiguous row-major matrices.
+#undef KEEL_FIXED_ROWS
+#undef KEEL_INLINE_LOOPS
+
+// C = alpha * op(A) * op(B) + beta * C over row-major matrices with row strides lda, ldb, ldc.
 template <typename T>
-void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, const T* B,
-          T beta, T* C) {
+void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
-    for (int64_t i = 0; i < M * N; ++i) C[i] = beta == T(0) ? T(0) : C[i] * beta;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        C[i * ldc + j] = beta == T(0) ? T(0) : C[i * ldc + j] * beta;
     return;
   }
-  blas::Gemm<T>(ta, tb, M, N, K, alpha, A, B, beta, C);
+  blas::Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// Output rows per GEMM chunk: one image's plane is split into chunks of whole output rows of about
+// kMinGemmCols columns (narrow GEMMs keep the unfolded chunk in cache and run faster); batched
+// small planes and 1x1 convs take whole planes.
+int64_t RowsPerChunk(const ConvGeom& g, int64_t b) {
+  if (g.one_by_one || b > 1 || g.P <= kMinGemmCols) return std::max<int64_t>(1, g.Ho);
+  return std::max<int64_t>(1, kMinGemmCols / std::max<int64_t>(1, g.Wo));
 }
 
 // Attrs read once, in the constructor.
@@ -218,11 +357,14 @@ struct ConvAttrs {
   int groups;
 };
 
-// Unfolds images [n0, n0 + b) of group gi into col_ ([K, b * P]).
+// Unfolds output rows [oh0, oh1) of images [n0, n0 + b) of group gi into col ([K, b * cols],
+// cols = (oh1 - oh0) * Wo).
 template <typename T>
-void UnfoldBatch(const T* x, const ConvGeom& g, int64_t n0, int64_t b, int64_t gi, T* col) {
+void UnfoldBatch(const T* x, const ConvGeom& g, int64_t n0, int64_t b, int64_t gi, int64_t oh0,
+                 int64_t oh1, T* col) {
+  const int64_t cols = (oh1 - oh0) * g.Wo;
   for (int64_t k = 0; k < b; ++k)
-    Im2Col(x + ((n0 + k) * g.C + gi * g.Cg) * g.H * g.W, g, col + k * g.P, b * g.P);
+    Im2Col(x + ((n0 + k) * g.C + gi * g.Cg) * g.H * g.W, g, col + k * cols, b * cols, oh0, oh1);
 }
 
 template <typename T>
@@ -239,21 +381,39 @@ class Conv2DKernel : public OpKernel {
     const T* fd = f.data<T>();
     T* od = out->mutable_data<T>(ctx.place());
     const int64_t B = ImagesPerGemm(g);
-    if (!g.one_by_one) col_.resize(static_cast<size_t>(g.K * B * g.P));
+    if (!g.one_by_one) {
+      const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
+      col_.resize(static_cast<size_t>(g.K * cols));
+    }
     if (B > 1) prod_.resize(static_cast<size_t>(g.Mg * B * g.P));
     for (int64_t n0 = 0; n0 < g.N; n0 += B) {
       const int64_t b = std::min(B, g.N - n0);
+      const int64_t rows = RowsPerChunk(g, b);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
         const T* w = fd + gi * g.Mg * g.K;
-        const T* col = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W;  // 1x1: the plane itself
-        if (!g.one_by_one) {
-          UnfoldBatch(xd, g, n0, b, gi, col_.data());
-          col = col_.data();
-        }
         T* dst = od + (n0 * g.M + gi * g.Mg) * g.P;
-        // out_g = w_g * col. out_g: Mg x (b * P), w_g: Mg x K, col: K x (b * P)
-        Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, col, T(0), b > 1 ? prod_.data() : dst);
-        if (b > 1) {
+        if (b == 1) {
+          // One image, in chunks of output rows written straight into NCHW (ldc = P).
+          for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
+            const int64_t oh1 = std::min(g.Ho, oh0 + rows), cols = (oh1 - oh0) * g.Wo;
+            // 1x1: the input plane is the column matrix.
+            const T* col = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W + oh0 * g.Wo;
+            int64_t ldcol = g.P;
+            if (!g.one_by_one) {
+              UnfoldBatch(xd, g, n0, 1, gi, oh0, oh1, col_.data());
+              col = col_.data(), ldcol = cols;
+            }
+            // out_g[:, chunk] = w_g * col. w_g: Mg x K, col: K x cols
+            Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0),
+                    dst + oh0 * g.Wo, g.P);
+          }
+          continue;
+        }
+        UnfoldBatch(xd, g, n0, b, gi, 0, g.Ho, col_.data());
+        // prod = w_g * col. prod: Mg x (b * P), w_g: Mg x K, col: K x (b * P)
+        Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, g.K, col_.data(), b * g.P, T(0),
+                prod_.data(), b * g.P);
+        {
           for (int64_t m = 0; m < g.Mg; ++m)
             for (int64_t k = 0; k < b; ++k)
               std::memcpy(dst + (k * g.M + m) * g.P, prod_.data() + (m * b + k) * g.P,
@@ -295,7 +455,10 @@ class Conv2DGradKernel : public OpKernel {
     // col2im accumulates into dx; the 1x1 path writes it by GEMM directly.
     if (dxd && !g.one_by_one) std::fill(dxd, dxd + dx->numel(), T(0));
     const int64_t B = ImagesPerGemm(g);
-    if (!g.one_by_one) col_.resize(static_cast<size_t>(g.K * B * g.P));
+    if (!g.one_by_one) {
+      const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
+      col_.resize(static_cast<size_t>(g.K * cols));
+    }
     if (B > 1) prod_.resize(static_cast<size_t>(g.Mg * B * g.P));
     for (int64_t n0 = 0; n0 < g.N; n0 += B) {
       const int64_t b = std::min(B, g.N - n0);
@@ -311,26 +474,37 @@ class Conv2DGradKernel : public OpKernel {
         }
         const T* w = fd + gi * g.Mg * g.K;
         const T* xg = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W;
-        if (dfd) {
-          const T* col = xg;
-          if (!g.one_by_one) {
-            UnfoldBatch(xd, g, n0, b, gi, col_.data());
-            col = col_.data();
+        T* dxg = dxd ? dxd + (n0 * g.C + gi * g.Cg) * g.H * g.W : nullptr;
+        // Chunks of output rows (whole planes when b > 1 or 1x1); dout's chunk is read in place
+        // (ld P) for one image, from the gathered [Mg, b * P] otherwise.
+        const int64_t rows = RowsPerChunk(g, b), lddg = b > 1 ? b * g.P : g.P;
+        for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
+          const int64_t oh1 = std::min(g.Ho, oh0 + rows), cols = (oh1 - oh0) * g.Wo;
+          const int64_t width = b * cols;
+          const T* dgc = b > 1 ? dg : dg + oh0 * g.Wo;
+          if (dfd) {
+            const T* col = xg + oh0 * g.Wo;  // 1x1: the input plane, ld P
+            int64_t ldcol = g.P;
+            if (!g.one_by_one) {
+              UnfoldBatch(xd, g, n0, b, gi, oh0, oh1, col_.data());
+              col = col_.data(), ldcol = width;
+            }
+            // df_g' += col * dout_g'. df_g': K x Mg, col: K x width, dout_g: Mg x width
+            Gemm<T>(false, true, g.K, g.Mg, width, T(1), col, ldcol, dgc, lddg, T(1),
+                    dft_.data() + gi * g.K * g.Mg, g.Mg);
           }
-          // df_g' += col * dout_g'. df_g': K x Mg, col: K x (b * P), dout_g: Mg x (b * P)
-          Gemm<T>(false, true, g.K, g.Mg, b * g.P, T(1), col, dg, T(1),
-                  dft_.data() + gi * g.K * g.Mg);
-        }
-        if (dxd) {
-          T* dxg = dxd + (n0 * g.C + gi * g.Cg) * g.H * g.W;
-          // dcol = w_g' * dout_g. dcol: K x (b * P), w_g: Mg x K, dout_g: Mg x (b * P)
-          if (g.one_by_one) {
-            Gemm<T>(true, false, g.K, g.P, g.Mg, T(1), w, dg, T(0), dxg);
-            continue;
+          if (dxd) {
+            // dcol = w_g' * dout_g. dcol: K x width, w_g: Mg x K, dout_g: Mg x width
+            if (g.one_by_one) {
+              Gemm<T>(true, false, g.K, cols, g.Mg, T(1), w, g.K, dgc, lddg, T(0),
+                      dxg + oh0 * g.Wo, g.P);
+              continue;
+            }
+            Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), col_.data(),
+                    width);
+            for (int64_t k = 0; k < b; ++k)
+              Col2Im(col_.data() + k * cols, width, g, oh0, oh1, dxg + k * g.C * g.H * g.W);
           }
-          Gemm<T>(true, false, g.K, b * g.P, g.Mg, T(1), w, dg, T(0), col_.data());
-          for (int64_t k = 0; k < b; ++k)
-            Col2Im(col_.data() + k * g.P, b * g.P, g, dxg + k * g.C * g.H * g.W);
         }
       }
     }
