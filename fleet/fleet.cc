@@ -65,9 +65,16 @@ void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
   if (r.world_size <= 1) return;
   StoreClient& s = CommContext::Get().store(name);
   std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
-  if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
   try {
+    if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
     s.Get(key + "/done", timeout);
+    // Rank 0 serves the store, so it leaves last: if it exits right after, no other rank is still
+    // waiting for a reply from it.
+    if (r.rank != 0) {
+      if (s.Add(key + "/left", 1) == r.world_size - 1) s.Set(key + "/all_left", "1");
+    } else {
+      s.Get(key + "/all_left", timeout);
+    }
   } catch (const Error& e) {
     KEEL_THROW(name, ": rank ", r.rank, " waited ", timeout.count() / 1000.0,
                " s for the other workers: ", e.what());

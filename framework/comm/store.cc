@@ -231,12 +231,16 @@ void StoreServer::Serve(int fd, std::string peer) {
         break;
       }
       if (op == kSet) {
+        // Reply before the value becomes visible: a set may release rank 0 (this process) from a
+        // barrier, and rank 0 may then exit; the setter must have its reply by then.
         std::string value = r.Bytes(frame.size() - r.pos);
+        if (!WriteFrame(fd, reply)) break;
         {
           std::lock_guard<std::mutex> lk(mu_);
           data_[key] = std::move(value);
         }
         cv_.notify_all();
+        continue;
       } else if (op == kGet) {
         uint64_t wait_ms = r.Int(8);
         if (!r.ok) {
@@ -262,8 +266,10 @@ void StoreServer::Serve(int fd, std::string peer) {
           cur.clear();
           PutU64(&cur, static_cast<uint64_t>(v));
         }
-        cv_.notify_all();
         PutU64(&reply, static_cast<uint64_t>(v));
+        if (!WriteFrame(fd, reply)) break;
+        cv_.notify_all();  // after the reply, as for set
+        continue;
       } else if (op == kCheck) {
         std::lock_guard<std::mutex> lk(mu_);
         reply.push_back(data_.count(key) ? 1 : 0);
