@@ -32,21 +32,6 @@ constexpr int64_t kMinGemmCols = 256;
 // Cap on the unfolded buffer of one batch, in elements (64 MiB of float).
 constexpr int64_t kMaxColElems = int64_t{16} << 20;
 
-std::string IntsStr(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-AttrCheckFn PairAtLeast(int lo) {
-  return [lo](const Attribute& a) -> std::string {
-    const auto& v = std::get<std::vector<int>>(a);
-    if (v.size() != 2) return "must hold 2 values (height, width), got " + IntsStr(v);
-    if (v[0] < lo || v[1] < lo) return "values must be >= " + std::to_string(lo);
-    return "";
-  };
-}
-
 AttrCheckFn NchwOnly() {
   return [](const Attribute& a) -> std::string {
     const auto& s = std::get<std::string>(a);

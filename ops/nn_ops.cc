@@ -19,21 +19,6 @@
 namespace keel {
 namespace {
 
-std::string IntsStr(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-AttrCheckFn PairAtLeast(int lo) {
-  return [lo](const Attribute& a) -> std::string {
-    const auto& v = std::get<std::vector<int>>(a);
-    if (v.size() != 2) return "must hold 2 values (height, width), got " + IntsStr(v);
-    if (v[0] < lo || v[1] < lo) return "values must be >= " + std::to_string(lo);
-    return "";
-  };
-}
-
 AttrCheckFn OneOf(std::vector<std::string> allowed) {
   return [allowed](const Attribute& a) -> std::string {
     const auto& s = std::get<std::string>(a);

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "framework/ir/program.h"
+#include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/ddim.h"
@@ -58,5 +61,55 @@ inline InferShapeFn GradShapeLike(const std::string& x, const std::string& like)
   return
       [grad = GradVarName(x), like](InferShapeContext& ctx) { ctx.ShareDimAndDType(like, grad); };
 }
+
+// ---------------------------------------------------------------- attrs and kernels shared by ops
+
+// "[1, 2]"
+inline std::string IntsStr(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Checks a (height, width) pair attr whose values must be >= lo (strides, paddings, ...).
+inline AttrCheckFn PairAtLeast(int lo) {
+  return [lo](const Attribute& a) -> std::string {
+    const auto& v = std::get<std::vector<int>>(a);
+    if (v.size() != 2) return "must hold 2 values (height, width), got " + IntsStr(v);
+    if (v[0] < lo || v[1] < lo) return "values must be >= " + std::to_string(lo);
+    return "";
+  };
+}
+
+// Copies `from` into `to` (already shaped by the shape function), unless they share memory.
+// Copying, not sharing, keeps `to`'s allocation (maybe a view into a fused buffer) in place.
+template <typename T>
+void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
+  KEEL_ENFORCE(from.numel() == to->numel(), "cannot copy ", from.dims().str(), " into ",
+               to->dims().str());
+  const T* src = from.data<T>();
+  T* dst = to->mutable_data<T>(place);
+  if (dst != src) std::copy_n(src, from.numel(), dst);
+}
+
+// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze).
+template <typename T>
+class CopyKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    CopyElements<T>(ctx.Input("X"), ctx.Output("Out"), ctx.place());
+  }
+};
+
+// X@GRAD = Out@GRAD's elements in X's shape.
+template <typename T>
+class CopyGradKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    CopyElements<T>(ctx.Input(GradVarName("Out")), dx, ctx.place());
+  }
+};
 
 }  // namespace keel

@@ -40,36 +40,6 @@ int64_t ProdOrUnknown(const DDim& d, int b, int e) {
   return n;
 }
 
-// Copies `from` into `to` (already shaped by the shape function), unless they share memory.
-template <typename T>
-void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
-  KEEL_ENFORCE(from.numel() == to->numel(), "cannot copy ", from.dims().str(), " into ",
-               to->dims().str());
-  const T* src = from.data<T>();
-  T* dst = to->mutable_data<T>(place);
-  if (dst != src) std::copy_n(src, from.numel(), dst);
-}
-
-// Out = X's elements in Out's shape (flatten, squeeze, unsqueeze).
-template <typename T>
-class CopyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    CopyElements<T>(ctx.Input("X"), ctx.Output("Out"), ctx.place());
-  }
-};
-
-// X@GRAD = Out@GRAD's elements in X's shape.
-template <typename T>
-class CopyGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    CopyElements<T>(ctx.Input(GradVarName("Out")), dx, ctx.place());
-  }
-};
-
 // ---------------------------------------------------------------- lookup_table
 
 void LookupTableShape(InferShapeContext& ctx) {

@@ -290,35 +290,6 @@ void ReshapeShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
 
-// Copies `from` into `to` (already shaped by the shape function), unless they share memory.
-template <typename T>
-void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
-  KEEL_ENFORCE(from.numel() == to->numel(), "cannot copy ", from.dims().str(), " into ",
-               to->dims().str());
-  const T* src = from.data<T>();
-  T* dst = to->mutable_data<T>(place);
-  if (dst != src) std::copy_n(src, from.numel(), dst);
-}
-
-// Out = X with a new shape. Copies, so Out's allocation (maybe a view) is never replaced.
-template <typename T>
-class ReshapeKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    CopyElements<T>(ctx.Input("X"), ctx.Output("Out"), ctx.place());
-  }
-};
-
-template <typename T>
-class ReshapeGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    CopyElements<T>(ctx.Input(GradVarName("Out")), dx, ctx.place());
-  }
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------- registration
@@ -387,8 +358,8 @@ KEEL_REGISTER_OP(reshape)
     .Shape(ReshapeShape)
     .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(reshape_grad, reshape);
-KEEL_REGISTER_CPU_KERNEL(reshape, ReshapeKernel, float, double, int32_t, int64_t, bool, uint8_t,
+KEEL_REGISTER_CPU_KERNEL(reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
                          int8_t);
-KEEL_REGISTER_CPU_KERNEL(reshape_grad, ReshapeGradKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(reshape_grad, CopyGradKernel, float, double);
 
 }  // namespace keel
