@@ -301,49 +301,42 @@ KEEL_REGISTER_OP(momentum)
     .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(momentum, MomentumKernel, float, double);
 
-KEEL_REGISTER_OP(adam)
-    .Doc(
-        "Paddle's Adam with bias correction; Beta1Pow/Beta2Pow hold beta^t for this step t "
-        "(beta at the first step) and are multiplied by beta. In place.")
-    .Input("Param", "the parameter")
-    .Input("Grad", "its gradient, shape of Param")
-    .Input("LearningRate", "[1] float tensor")
-    .Input("Moment1", "first-moment accumulator, shape of Param")
-    .Input("Moment2", "second-moment accumulator, shape of Param")
-    .Input("Beta1Pow", "[1] float: beta1^t")
-    .Input("Beta2Pow", "[1] float: beta2^t")
-    .Output("ParamOut", "the updated parameter (usually Param itself)")
-    .Output("Moment1Out", "usually Moment1 itself")
-    .Output("Moment2Out", "usually Moment2 itself")
-    .Output("Beta1PowOut", "Beta1Pow * beta1 (usually Beta1Pow itself)")
-    .Output("Beta2PowOut", "Beta2Pow * beta2 (usually Beta2Pow itself)")
-    .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
-    .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
-    .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
-    .Shape(AdamShape)
-    .KernelDTypeFrom("Param");
+// adam and adamw share every slot and attr but adamw's coeff.
+static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
+  return OpRegistry::Register(type)
+      .Doc(doc)
+      .Input("Param", "the parameter")
+      .Input("Grad", "its gradient, shape of Param")
+      .Input("LearningRate", "[1] float tensor")
+      .Input("Moment1", "first-moment accumulator, shape of Param")
+      .Input("Moment2", "second-moment accumulator, shape of Param")
+      .Input("Beta1Pow", "[1] float: beta1^t")
+      .Input("Beta2Pow", "[1] float: beta2^t")
+      .Output("ParamOut", "the updated parameter (usually Param itself)")
+      .Output("Moment1Out", "usually Moment1 itself")
+      .Output("Moment2Out", "usually Moment2 itself")
+      .Output("Beta1PowOut", "Beta1Pow * beta1 (usually Beta1Pow itself)")
+      .Output("Beta2PowOut", "Beta2Pow * beta2 (usually Beta2Pow itself)")
+      .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
+      .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
+      .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability");
+}
+
+[[maybe_unused]] static OpSchema& keel_op_schema_adam =
+    AdamSchema("adam",
+               "Paddle's Adam with bias correction; Beta1Pow/Beta2Pow hold beta^t for this step t "
+               "(beta at the first step) and are multiplied by beta. In place.")
+        .Shape(AdamShape)
+        .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(adam, AdamKernel, float, double);
 
-KEEL_REGISTER_OP(adamw)
-    .Doc("Param -= LearningRate * coeff * Param (decoupled weight decay), then adam's update.")
-    .Input("Param", "the parameter")
-    .Input("Grad", "its gradient, shape of Param")
-    .Input("LearningRate", "[1] float tensor")
-    .Input("Moment1", "first-moment accumulator, shape of Param")
-    .Input("Moment2", "second-moment accumulator, shape of Param")
-    .Input("Beta1Pow", "[1] float: beta1^t")
-    .Input("Beta2Pow", "[1] float: beta2^t")
-    .Output("ParamOut", "the updated parameter (usually Param itself)")
-    .Output("Moment1Out", "usually Moment1 itself")
-    .Output("Moment2Out", "usually Moment2 itself")
-    .Output("Beta1PowOut", "Beta1Pow * beta1 (usually Beta1Pow itself)")
-    .Output("Beta2PowOut", "Beta2Pow * beta2 (usually Beta2Pow itself)")
-    .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
-    .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
-    .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
-    .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
-    .Shape(AdamShape)
-    .KernelDTypeFrom("Param");
+[[maybe_unused]] static OpSchema& keel_op_schema_adamw =
+    AdamSchema("adamw",
+               "Param -= LearningRate * coeff * Param (decoupled weight decay), then adam's "
+               "update.")
+        .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
+        .Shape(AdamShape)
+        .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(adamw, AdamWKernel, float, double);
 
 KEEL_REGISTER_OP(squared_l2_norm)
