@@ -499,6 +499,7 @@ struct Worker {
   pid_t pid = -1;  // also its process group id
   bool alive = false;
   int status = 0;
+  bool reaped_after_kill = false;  // it may have died of the launcher's own SIGKILL
   std::string log_path;
   int log_fd = -1;
 };
@@ -631,6 +632,7 @@ class Supervisor {
         if (!w.alive || w.pid != pid) continue;
         w.alive = false;
         w.status = status;
+        w.reaped_after_kill = killed_;
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !stopping_) {
           first_failed_ = &w;
@@ -725,14 +727,40 @@ class Supervisor {
     for (Worker& w : workers_) close(w.log_fd);
   }
 
+  static std::string HowItEnded(int st) {
+    return WIFEXITED(st) ? StrCat("exited with code ", WEXITSTATUS(st))
+                         : StrCat("was killed by signal ", SignalName(WTERMSIG(st)), " (",
+                                  WTERMSIG(st), ")", WCOREDUMP(st) ? ", core dumped" : "");
+  }
+
+  // Whether a signal that nobody in the job sent (kill -9, the OOM killer, a crash) ended `w`.
+  // SIGPIPE is a dead peer's echo, SIGTERM (or the forwarded signal) and the final SIGKILL are
+  // the launcher's own.
+  bool DiedOfOutsideSignal(const Worker& w) const {
+    if (!WIFSIGNALED(w.status)) return false;
+    int sig = WTERMSIG(w.status);
+    if (sig == SIGPIPE) return false;
+    if (stopping_ && (sig == SIGTERM || sig == stop_signal_)) return false;
+    if (sig == SIGKILL && w.reaped_after_kill) return false;
+    return true;
+  }
+
+  // The worker whose failure started the stop. When a worker is killed, a peer blocked in a
+  // collective with it often fails (EPIPE, reset) at the same instant and may be reaped first;
+  // the killed one is the cause and the peer's failure is its consequence.
+  const Worker* RootCause() const {
+    if (first_failed_ == nullptr || DiedOfOutsideSignal(*first_failed_)) return first_failed_;
+    for (const Worker& w : workers_)
+      if (&w != first_failed_ && !w.alive && DiedOfOutsideSignal(w)) return &w;
+    return first_failed_;
+  }
+
   int Report() {
-    if (first_failed_ != nullptr) {
-      const Worker& w = *first_failed_;
+    const Worker* cause = RootCause();
+    if (cause != nullptr) {
+      const Worker& w = *cause;
       int st = w.status;
-      std::string how = WIFEXITED(st)
-                            ? StrCat("exited with code ", WEXITSTATUS(st))
-                            : StrCat("was killed by signal ", SignalName(WTERMSIG(st)), " (",
-                                     WTERMSIG(st), ")", WCOREDUMP(st) ? ", core dumped" : "");
+      std::string how = HowItEnded(st);
       std::string tail = LogTail(w.log_path, 20);
       std::fprintf(stderr,
                    "keel launch: worker rank %d (local %d, pid %d) %s\n"
@@ -740,6 +768,13 @@ class Supervisor {
                    w.rank, w.local, static_cast<int>(w.pid), how.c_str(), w.log_path.c_str(),
                    tail.empty() ? "(empty)\n" : tail.c_str(),
                    !tail.empty() && tail.back() != '\n' ? "\n" : "");
+      if (cause != first_failed_) {
+        const Worker& f = *first_failed_;
+        std::fprintf(stderr,
+                     "keel launch: worker rank %d (local %d) failed too (%s), as a consequence; "
+                     "its log is %s\n",
+                     f.rank, f.local, HowItEnded(f.status).c_str(), f.log_path.c_str());
+      }
       if (workers_.size() > 1)
         std::fprintf(stderr, "keel launch: stopped the other %zu worker(s)\n", workers_.size() - 1);
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <chrono>
+#include <csignal>
 
 #include "framework/error.h"
 
@@ -23,6 +24,12 @@ void CommContext::Init(const CommConfig& cfg) {
   }
   KEEL_ENFORCE(cfg.nranks >= 1 && cfg.rank >= 0 && cfg.rank < cfg.nranks, "rank ", cfg.rank,
                " outside [0, ", cfg.nranks, ")");
+  // Gloo writes to its sockets with write(2): a peer that dies would otherwise kill this process
+  // with SIGPIPE, hiding the real failure. Ignored, a dead peer is an EPIPE that becomes a
+  // keel::Error naming the collective. A handler the program installed itself is kept.
+  struct sigaction old;
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL)
+    std::signal(SIGPIPE, SIG_IGN);
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
   if (cfg.rank == 0) {

@@ -229,6 +229,37 @@ TEST(KeelLaunch, KillNineOfOneWorkerEndsTheJobNamingIt) {
   RunCommand("rm -rf " + dir);
 }
 
+// A killed worker's peer often fails at the same instant (EPIPE in a collective) and can be
+// reaped first. The launcher is stopped while rank 1 is killed and rank 0 then exits with an
+// error, so both deaths wait in one batch, rank 0's first in waitpid order: the report must still
+// name rank 1's SIGKILL as the cause and rank 0's exit as its consequence.
+TEST(KeelLaunch, KilledWorkerIsTheRootCauseEvenWhenAPeerIsReapedFirst) {
+  std::string dir = MakeTempDir();
+  std::string script =
+      "export D=" + dir + "\n" + Keel() +
+      " launch --nproc_per_node=2 --log_dir=$D sh -c 'echo $$ > $D/pid.$RANK; "
+      "if [ $RANK = 0 ]; then while [ ! -e $D/go ]; do sleep 0.02; done; "
+      "echo peer-gone >&2; exit 1; fi; sleep 30' > $D/out.txt 2>&1 &\n"
+      "L=$!\n"
+      "for i in $(seq 100); do [ -s $D/pid.0 ] && [ -s $D/pid.1 ] && break; sleep 0.1; done\n"
+      "kill -STOP $L\n"
+      "kill -9 $(cat $D/pid.1)\n"
+      "touch $D/go\n"
+      "p0=$(cat $D/pid.0)\n"
+      "for i in $(seq 200); do grep -q '^State:.*Z' /proc/$p0/status 2>/dev/null && break; "
+      "sleep 0.02; done\n"
+      "kill -CONT $L; wait $L; echo launcher_rc=$?\n"
+      "cat $D/out.txt\n";
+  auto t = RunTimed(script);
+  const std::string& out = t.result.output;
+  EXPECT_LT(t.seconds, 10.0) << out;
+  EXPECT_TRUE(Contains(out, "launcher_rc=137")) << out;  // 128 + SIGKILL: the cause's status
+  EXPECT_TRUE(Contains(out, "worker rank 1 (local 1, pid ")) << out;
+  EXPECT_TRUE(Contains(out, "was killed by signal SIGKILL (9)")) << out;
+  EXPECT_TRUE(Contains(out, "worker rank 0 (local 0) failed too (exited with code 1)")) << out;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(KeelLaunch, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   std::string dir = MakeTempDir();
   auto t = RunTimed(Keel() + " launch --nproc_per_node=2 --grace_period_s=1 --log_dir=" + dir +
