@@ -7,6 +7,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/profiler/profiler.h"
 
 namespace keel {
 
@@ -38,6 +39,7 @@ struct Executor::Plan {
     const OpSchema* schema;
     std::unique_ptr<OpKernel> kernel;
     std::unique_ptr<ExecutionContext> ctx;
+    std::string trace_detail;  // "#i -> first output", for the profiler
   };
   uint64_t version = 0;
   std::vector<Op> ops;
@@ -91,6 +93,12 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program) {
       KEEL_THROW("op #", i, " ", op->type(), " (", SlotsText(op->inputs()), "): ", e.what());
     }
     p.ctx = std::make_unique<ExecutionContext>(op, place_);
+    p.trace_detail = "#" + std::to_string(i);
+    for (auto& kv : op->outputs())
+      if (!kv.second.empty()) {
+        p.trace_detail += " -> " + kv.second[0];
+        break;
+      }
     auto resolve = [&](const std::vector<std::string>& args) {
       std::vector<Variable*> vars;
       for (auto& a : args) {
@@ -147,6 +155,7 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
 
   for (size_t i = 0; i < plan.ops.size(); ++i) {
     Plan::Op& op = plan.ops[i];
+    profiler::RecordEvent span("op", op.desc->type(), op.trace_detail);
     try {
       if (op.schema->infer_shape()) {
         RuntimeInferShapeContext shape_ctx(*op.ctx);

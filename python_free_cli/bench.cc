@@ -9,6 +9,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "framework/profiler/profiler.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/blas.h"
 #include "models/model_zoo.h"
@@ -53,12 +54,14 @@ int BenchAllReduce() {
   std::fill(t.data<float>(), t.data<float>() + t.numel(), 1.0f);
   FeedMap feed{{"grad", t}};
   for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(main, feed);
+  profiler::StartFromFlags();
   std::vector<double> ms;
   for (int i = 0; i < FLAGS_bench_steps; ++i) {
     auto a = std::chrono::steady_clock::now();
     exe.Run(main, feed);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
+  FinishProfile();
   fleet::barrier_worker();
   if (fleet::worker_index() != 0) return 0;
   double med = Median(ms), bytes = 4.0 * FLAGS_bench_numel;
@@ -86,6 +89,7 @@ int Bench(const std::vector<std::string>& args) {
   m.next_batch(FLAGS_batch_size, &feed);  // one batch, reused, as the torch anchor does
   for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(*m.main, feed);
   fleet::barrier_worker();
+  profiler::StartFromFlags();
   std::vector<double> ms;
   ms.reserve(FLAGS_bench_steps);
   auto t0 = std::chrono::steady_clock::now();
@@ -95,6 +99,7 @@ int Bench(const std::vector<std::string>& args) {
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  FinishProfile();
   fleet::barrier_worker();
   float loss = exe.Run(*m.main, feed, {m.loss})[0].item<float>();
   double median = Median(ms);

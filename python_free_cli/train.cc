@@ -8,6 +8,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "framework/profiler/profiler.h"
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
@@ -57,6 +58,16 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   return models::BuildModel(cfg);
 }
 
+void FinishProfile() {
+  if (!profiler::Enabled()) return;
+  profiler::Stop();
+  std::string path = profiler::ProfilePathForRank(fleet::worker_index(), fleet::worker_num());
+  if (path.empty()) return;
+  profiler::WriteChromeTrace(path, fleet::worker_index());
+  std::fprintf(stderr, "profile of rank %d: %s\n%s", fleet::worker_index(), path.c_str(),
+               profiler::Summary().c_str());
+}
+
 int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.empty(), "train takes no positional arguments, got '", args[0], "'");
   KEEL_ENFORCE(FLAGS_steps >= 0, "--steps must be >= 0, got ", FLAGS_steps);
@@ -88,6 +99,7 @@ int Train(const std::vector<std::string>& args) {
                 FLAGS_model.c_str(), m.optimizer.c_str(), fleet::worker_num(),
                 static_cast<long long>(steps_per_epoch));
   FeedMap feed;
+  profiler::StartFromFlags();
   auto last = std::chrono::steady_clock::now();
   int64_t samples_since = 0, step = 0;
   for (int epoch = 0; epoch < epochs; ++epoch) {
@@ -110,6 +122,7 @@ int Train(const std::vector<std::string>& args) {
       std::fflush(stdout);
     }
   }
+  FinishProfile();
   if (!FLAGS_save_dir.empty()) {
     fleet::save_persistables(exe, FLAGS_save_dir, m.main.get());
     if (!quiet)

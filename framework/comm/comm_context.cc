@@ -1,11 +1,16 @@
 #include "framework/comm/comm_context.h"
 
+#include <gflags/gflags.h>
 #include <glog/logging.h>
 
 #include <chrono>
 #include <csignal>
 
 #include "framework/error.h"
+
+DEFINE_string(cpu_comm_backend, "auto",
+              "Collectives on CPU tensors: shm (shared memory; every rank of a ring on this "
+              "host), gloo (TCP), or auto: shm where every rank is local, else gloo.");
 
 namespace keel {
 
@@ -61,9 +66,25 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
                             std::to_string(rank), 1);
   opts.prefix = config_.token + "/r" + std::to_string(round) + "/";
   auto t0 = std::chrono::steady_clock::now();
-  std::shared_ptr<Communicator> comm =
-      cuda ? CreateNcclCommunicator(ring_id, rank, nranks, device, s, opts)
-           : CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+  const std::string& want = FLAGS_cpu_comm_backend;
+  KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo", "--cpu_comm_backend must be "
+               "auto, shm or gloo, got '", want, "'");
+  std::shared_ptr<Communicator> comm;
+  if (cuda) {
+    comm = CreateNcclCommunicator(ring_id, rank, nranks, device, s, opts);
+  } else {
+    if (want != "gloo") {
+      std::string why_not;
+      comm = CreateShmCommunicator(ring_id, rank, nranks, s, opts, &why_not);
+      KEEL_ENFORCE(comm || want != "shm", "c_comm_init ring ", ring_id, " (rank ", rank, " of ",
+                   nranks, "): --cpu_comm_backend=shm, but shared memory cannot be used: ",
+                   why_not);
+      if (!comm)
+        LOG(INFO) << "ring " << ring_id << ": shared memory not usable (" << why_not
+                  << "); using gloo";
+    }
+    if (!comm) comm = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+  }
   LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "
             << nranks << ") connected in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()

@@ -57,6 +57,13 @@ struct CommOptions {
 // A Gloo ring over the store; connects its full mesh now. Throws keel::Error on failure/timeout.
 std::unique_ptr<Communicator> CreateGlooCommunicator(int ring_id, int rank, int nranks,
                                                      StoreClient& store, const CommOptions& opts);
+// A ring over POSIX shared memory, for CPU tensors when every rank runs on this host (same
+// boot, pid and mount namespace). Returns nullptr, with the reason in *why_not, when it cannot be
+// used; every rank of the ring then gets nullptr, so they fall back together. Throws keel::Error
+// on a store timeout.
+std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int nranks,
+                                                    StoreClient& store, const CommOptions& opts,
+                                                    std::string* why_not);
 // An NCCL ring for CUDA tensors on `device` (the unique id goes through the store). Throws when
 // keel was built without NCCL.
 std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int rank, int nranks, int device,

@@ -1,27 +1,90 @@
-// Every collective op on 2, 3 and 4 real processes over loopback, for f32, f64, i32 and i64, on
-// two rings; and the failures: a rank that never arrives, a rank killed mid-collective.
+// Every collective op on 2, 3 and 4 real processes, over shared memory and over Gloo on loopback,
+// for f32, f64, i32 and i64, on two rings; and the failures: a rank that never arrives, ranks
+// running different collectives, a peer that exits mid-job.
 #include <gtest/gtest.h>
+
+#include <chrono>
 
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
 namespace {
 
+// Both CPU backends: shared memory (what auto picks on one host) and Gloo over TCP.
 TEST(CollectiveOps, AllMatchOnTwoThreeAndFourRanks) {
-  for (int n : {2, 3, 4}) {
-    std::string dir = MakeTempDir();
-    auto r = RunCommand("FLAGS_cpu_math_threads=1 " + BinPath("keel") +
-                        " launch --nproc_per_node=" + std::to_string(n) + " --log_dir=" + dir +
-                        " " + BinPath("collective_worker"));
-    EXPECT_EQ(r.exit_code, 0) << n << " ranks:\n" << r.output;
-    EXPECT_NE(r.output.find("rank 0: all collectives match"), std::string::npos) << r.output;
-    auto logs = RunCommand("cat " + dir + "/workerlog.*");
-    for (int k = 0; k < n; ++k)
-      EXPECT_NE(logs.output.find("rank " + std::to_string(k) + ": all collectives match"),
-                std::string::npos)
-          << logs.output;
-    RunCommand("rm -rf " + dir);
+  for (std::string backend : {"shm", "gloo"}) {
+    for (int n : {2, 3, 4}) {
+      std::string dir = MakeTempDir();
+      auto r = RunCommand("FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=" + backend + " " +
+                          BinPath("keel") + " launch --nproc_per_node=" + std::to_string(n) +
+                          " --log_dir=" + dir + " " + BinPath("collective_worker"));
+      EXPECT_EQ(r.exit_code, 0) << backend << ", " << n << " ranks:\n" << r.output;
+      EXPECT_NE(r.output.find("rank 0: all collectives match"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("rank 0: " + backend + " rings"), std::string::npos) << r.output;
+      auto logs = RunCommand("cat " + dir + "/workerlog.*");
+      for (int k = 0; k < n; ++k)
+        EXPECT_NE(logs.output.find("rank " + std::to_string(k) + ": all collectives match"),
+                  std::string::npos)
+            << logs.output;
+      RunCommand("rm -rf " + dir);
+    }
   }
+}
+
+struct FaultRun {
+  CommandResult result;
+  double seconds;
+};
+
+FaultRun RunFault(const std::string& mode, const std::string& env = "") {
+  std::string dir = MakeTempDir();
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand("KEEL_TEST_MODE=" + mode + " FLAGS_cpu_comm_backend=shm " + env + " " +
+                      BinPath("keel") + " launch --nproc_per_node=2 --log_dir=" + dir + " " +
+                      BinPath("collective_worker") + "; rc=$?; cat " + dir + "/workerlog.*; exit $rc");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RunCommand("rm -rf " + dir);
+  return {r, secs};
+}
+
+TEST(ShmRing, LeavesNoNameInDevShm) {
+  auto f = RunFault("shm_names");
+  EXPECT_NE(f.result.output.find("rank 0: shm rings, 0 shm names left"), std::string::npos)
+      << f.result.output;
+}
+
+TEST(ShmRing, RanksRunningDifferentCollectivesFailNamingBoth) {
+  auto f = RunFault("mismatch");
+  const std::string& out = f.result.output;
+  EXPECT_NE(f.result.exit_code, 0) << out;
+  EXPECT_LT(f.seconds, 20) << out;
+  EXPECT_NE(out.find("the ranks run different programs"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 runs broadcast #1 (float32, 32 bytes, root 0) while this rank runs "
+                     "allreduce #1 (float32, 32 bytes)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("ran to the end"), std::string::npos) << out;
+}
+
+TEST(ShmRing, APeerThatExitsIsNamedWithinSeconds) {
+  // Rank 1 exits cleanly, so the launcher waits on rank 0, which must notice by itself, well
+  // before the 300 s collective timeout.
+  auto f = RunFault("exit");
+  const std::string& out = f.result.output;
+  EXPECT_NE(f.result.exit_code, 0) << out;
+  EXPECT_LT(f.seconds, 20) << out;
+  EXPECT_NE(out.find("rank 1 (pid "), std::string::npos) << out;
+  EXPECT_NE(out.find(") exited while this rank waited"), std::string::npos) << out;
+  EXPECT_NE(out.find("c_allreduce_sum"), std::string::npos) << out;
+}
+
+TEST(ShmRing, APeerThatNeverComesIsATimeoutNamingIt) {
+  auto f = RunFault("stall", "FLAGS_comm_timeout_s=2");
+  const std::string& out = f.result.output;
+  EXPECT_NE(f.result.exit_code, 0) << out;
+  EXPECT_LT(f.seconds, 20) << out;
+  EXPECT_NE(out.find("timed out after 2 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank(s) 1 did not arrive"), std::string::npos) << out;
 }
 
 TEST(CollectiveOps, ARankThatNeverArrivesIsATimeoutNotAHang) {

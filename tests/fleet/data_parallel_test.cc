@@ -1,5 +1,6 @@
 // The invariant: N ranks each on B/N rows train to the same parameters as one rank on B rows,
-// for 2, 3 and 4 ranks and 1 or 2 rings; only rank 0 writes the checkpoint, and it loads back.
+// for 2, 3 and 4 ranks, 1 or 2 rings, over shared memory and over Gloo; only rank 0 writes the
+// checkpoint, and it loads back.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -11,11 +12,13 @@
 namespace keel::testing {
 namespace {
 
-NamedTensors Train(int nranks, int rings, const std::string& dir) {
+NamedTensors Train(int nranks, int rings, const std::string& dir,
+                   const std::string& backend = "auto") {
   std::string worker = BinPath("mlp_dp_worker") + " --global_batch=24 --steps=20 --rings=" +
                        std::to_string(rings) + " --out=" + dir + "/rank${RANK:-0}";
   std::string cmd = nranks == 1 ? worker
-                                : "FLAGS_cpu_math_threads=1 " + BinPath("keel") +
+                                : "FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=" + backend +
+                                      " " + BinPath("keel") +
                                       " launch --nproc_per_node=" + std::to_string(nranks) +
                                       " --log_dir=" + dir + "/log sh -c '" + worker + "'";
   auto r = RunCommand(cmd);
@@ -27,11 +30,17 @@ TEST(DataParallel, NRanksOnBOverNRowsMatchOneRankOnB) {
   std::string dir = MakeTempDir();
   NamedTensors ref = Train(1, 1, dir + "/single");
   ASSERT_FALSE(ref.empty());
-  for (int rings : {1, 2}) {
+  struct Config {
+    const char* backend;
+    int rings;
+  };
+  for (Config c : {Config{"shm", 1}, Config{"shm", 2}, Config{"gloo", 1}}) {
+    const int rings = c.rings;
     for (int n : {2, 3, 4}) {
-      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(rings) + " rings");
-      std::string d = dir + "/n" + std::to_string(n) + "r" + std::to_string(rings);
-      NamedTensors got = Train(n, rings, d);
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(rings) + " rings, " +
+                   c.backend);
+      std::string d = dir + "/n" + std::to_string(n) + "r" + std::to_string(rings) + c.backend;
+      NamedTensors got = Train(n, rings, d, c.backend);
       ASSERT_EQ(got.size(), ref.size());
       for (size_t k = 0; k < ref.size(); ++k) {
         ASSERT_EQ(got[k].first, ref[k].first);

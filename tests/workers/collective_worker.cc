@@ -1,11 +1,24 @@
 // Runs every collective op on every dtype through real programs, on the ranks `keel launch` gives,
-// and checks the results against values computed locally. Exit 0 when all match; 1 with the first
+// and checks the results against values computed locally, for a tiny tensor and for one that
+// spans several shared-memory chunks with uneven slices. Exit 0 when all match; 1 with the first
 // mismatch otherwise. Used by tests/comm/collective_ops_test.cc.
+//
+// KEEL_TEST_MODE selects a fault instead: "mismatch" (rank 1 broadcasts while the others
+// all-reduce), "exit" (rank 1 exits cleanly right after setup), "stall" (rank 1 sleeps 30 s before
+// its first collective), "shm_names" (print how many /dev/shm names of this job remain).
 #include <keel/keel.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include "fleet/fleet.h"
+#include "framework/comm/communicator.h"
 
 using namespace keel;
 
@@ -21,9 +34,8 @@ void Expect(bool ok, const std::string& what) {
 }
 
 template <typename T>
-void RunAll(DType dtype, int ring) {
+void RunAll(DType dtype, int ring, int64_t len) {
   const int rank = fleet::worker_index(), n = fleet::worker_num();
-  const int64_t len = 6 * n;  // divisible for reduce-scatter
   Program main;
   Block& b = main.global_block();
   auto var = [&](const std::string& name, std::vector<int64_t> shape) {
@@ -52,26 +64,36 @@ void RunAll(DType dtype, int ring) {
   auto out = exe.Run(main, {{"x", Tensor::FromVector<T>(x, {len})}},
                      {"c_allreduce_sum_out", "c_allreduce_max_out", "c_allreduce_min_out",
                       "c_allreduce_prod_out", "c_broadcast_out", "gathered", "scattered"});
-  std::string tag = std::string(DTypeName(dtype)) + " ring " + std::to_string(ring);
+  std::string tag = std::string(DTypeName(dtype)) + " ring " + std::to_string(ring) + " len " +
+                    std::to_string(len);
+  const T* got[7];
+  for (int k = 0; k < 7; ++k) got[k] = out[k].template data<T>();
+  // Counts mismatches per check and reports the first index of each (no string work per element).
+  auto check = [&](const char* what, int64_t count, auto&& ok) {
+    for (int64_t i = 0; i < count; ++i)
+      if (!ok(i)) {
+        Expect(false, tag + " " + what + "[" + std::to_string(i) + "]");
+        return;
+      }
+  };
+  std::vector<T> sum(len), mx(len), mn(len), prod(len);
   for (int64_t i = 0; i < len; ++i) {
-    T sum = 0, mx = value(0, i), mn = value(0, i), prod = 1;
+    sum[i] = 0, mx[i] = value(0, i), mn[i] = value(0, i), prod[i] = 1;
     for (int r = 0; r < n; ++r) {
-      sum += value(r, i);
-      mx = std::max(mx, value(r, i));
-      mn = std::min(mn, value(r, i));
-      prod *= value(r, i);
+      sum[i] += value(r, i);
+      mx[i] = std::max(mx[i], value(r, i));
+      mn[i] = std::min(mn[i], value(r, i));
+      prod[i] *= value(r, i);
     }
-    Expect(out[0].template data<T>()[i] == sum, tag + " allreduce_sum[" + std::to_string(i) + "]");
-    Expect(out[1].template data<T>()[i] == mx, tag + " allreduce_max");
-    Expect(out[2].template data<T>()[i] == mn, tag + " allreduce_min");
-    Expect(out[3].template data<T>()[i] == prod, tag + " allreduce_prod");
-    Expect(out[4].template data<T>()[i] == value(n - 1, i), tag + " broadcast");
   }
-  for (int r = 0; r < n; ++r)
-    for (int64_t i = 0; i < len; ++i)
-      Expect(out[5].template data<T>()[r * len + i] == value(r, i), tag + " allgather");
-  for (int64_t i = 0; i < len / n; ++i)
-    Expect(out[6].template data<T>()[i] == out[0].template data<T>()[rank * (len / n) + i], tag + " reducescatter");
+  check("allreduce_sum", len, [&](int64_t i) { return got[0][i] == sum[i]; });
+  check("allreduce_max", len, [&](int64_t i) { return got[1][i] == mx[i]; });
+  check("allreduce_min", len, [&](int64_t i) { return got[2][i] == mn[i]; });
+  check("allreduce_prod", len, [&](int64_t i) { return got[3][i] == prod[i]; });
+  check("broadcast", len, [&](int64_t i) { return got[4][i] == value(n - 1, i); });
+  check("allgather", len * n, [&](int64_t i) { return got[5][i] == value(int(i / len), i % len); });
+  check("reducescatter", len / n,
+        [&](int64_t i) { return got[6][i] == sum[rank * (len / n) + i]; });
 }
 
 }  // namespace
@@ -87,12 +109,48 @@ int main(int argc, char** argv) {
                {{"ring_id", ring}, {"nranks", n}, {"rank", fleet::worker_index()}});
     Executor exe;
     exe.Run(startup);
-    for (int ring = 0; ring < 2; ++ring) {
-      RunAll<float>(DType::kFloat32, ring);
-      RunAll<double>(DType::kFloat64, ring);
-      RunAll<int64_t>(DType::kInt64, ring);
-      RunAll<int32_t>(DType::kInt32, ring);
+    const int rank = fleet::worker_index();
+    const char* backend = RingRegistry::Get().At(0, "collective_worker").backend();
+    const char* env_mode = std::getenv("KEEL_TEST_MODE");
+    const std::string mode = env_mode ? env_mode : "";
+    if (mode == "shm_names") {
+      // Names the rings of this job created: /dev/shm/keel-<rank 0's pid>-...
+      int left = 0;
+      if (DIR* d = opendir("/dev/shm")) {
+        std::string prefix = "keel-" + std::to_string(getpid()) + "-";
+        while (dirent* e = readdir(d)) left += std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+        closedir(d);
+      }
+      std::printf("rank %d: %s rings, %d shm names left\n", rank, backend, left);
+      return 0;
     }
+    if (!mode.empty()) {
+      if (rank == 1 && mode == "exit") return 0;
+      if (rank == 1 && mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(30));
+      Program p;
+      Block& b = p.global_block();
+      VarDesc* x = b.Var("x");
+      x->set_shape({8});
+      x->set_is_data(true);
+      bool odd = rank == 1 && mode == "mismatch";
+      AppendOp(b, odd ? "c_broadcast" : "c_allreduce_sum", {{"X", {"x"}}}, {{"Out", {"x"}}},
+               {{"ring_id", 0}});
+      Tensor t(DType::kFloat32, {8});
+      std::fill(t.data<float>(), t.data<float>() + 8, 1.0f);
+      exe.Run(p, {{"x", t}});
+      std::printf("rank %d: fault mode %s ran to the end\n", rank, mode.c_str());
+      return 0;
+    }
+    // Tiny, and 1.2 MB of float32 per rank: several 1 MiB chunks, slices that do not divide.
+    for (int64_t len : {int64_t{6} * n, int64_t{300007} * n}) {
+      for (int ring = 0; ring < 2; ++ring) {
+        RunAll<float>(DType::kFloat32, ring, len);
+        RunAll<double>(DType::kFloat64, ring, len);
+        RunAll<int64_t>(DType::kInt64, ring, len);
+        RunAll<int32_t>(DType::kInt32, ring, len);
+      }
+    }
+    if (!g_failures) std::printf("rank %d: %s rings\n", rank, backend);
   } catch (const Error& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", fleet::initialized() ? fleet::worker_index() : -1,
                  e.what());

@@ -1,0 +1,517 @@
+// Shared-memory backend: the collectives of a CPU ring whose ranks all run on this host.
+//
+// Rank 0 creates one POSIX shared-memory segment per ring; every rank maps it, checks a nonce that
+// went through the store, and the name is unlinked as soon as all have mapped it, so nothing is
+// left in /dev/shm even when a rank is killed. The segment holds a header line per rank and two
+// sets of per-rank slots of kSlotBytes (double buffering). A collective moves its data through the
+// slots in chunks; ranks meet at barriers built from per-rank arrival counters (a short spin, then
+// a futex wait) and no lock.
+//
+// All-reduce of a chunk: every rank copies its chunk into its slot; barrier; rank r reduces the
+// r-th 1/N slice over all slots into its output and into slot 0; barrier; every rank copies the
+// other slices from slot 0. Each element is reduced once, by one rank, so every rank ends with the
+// same bits. The next chunk uses the other buffer, so no third barrier is needed: a rank writes a
+// buffer again only after a barrier that every rank reached after reading it.
+//
+// While waiting, a rank checks its peers' pids: a peer that exited (killed, crashed) is an error
+// naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks.
+// Before the first barrier of each collective the ranks compare what they run (collective, dtype,
+// bytes): ranks running different programs fail naming both collectives instead of mixing data.
+#include <fcntl.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <thread>
+
+#include "framework/comm/communicator.h"
+#include "framework/comm/store.h"
+#include "framework/error.h"
+
+namespace keel {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x6b65656c73686d31ull;  // "keelshm1"
+constexpr size_t kSlotBytes = size_t{1} << 20;      // per rank and buffer
+constexpr int kMaxShmRanks = 64;
+
+// What a rank runs, posted before a collective's first barrier and compared by its peers.
+struct Intent {
+  uint64_t seq;
+  uint32_t kind;  // Kind below
+  uint32_t dtype;
+  uint64_t bytes;
+  int32_t root;
+};
+
+enum Kind : uint32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+
+const char* KindName(uint32_t k) {
+  switch (k) {
+    case kAllReduce: return "allreduce";
+    case kBroadcast: return "broadcast";
+    case kAllGather: return "allgather";
+    case kReduceScatter: return "reduce_scatter";
+    case kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+struct alignas(64) RankLine {
+  std::atomic<uint64_t> arrived;  // barriers this rank has reached
+  std::atomic<int32_t> pid;
+  // By collective parity: a rank posts collective k+1's intent while slower peers may still be
+  // reading collective k's.
+  Intent intent[2];
+};
+
+struct Header {
+  uint64_t magic;
+  uint64_t nonce;
+  int32_t nranks;
+  alignas(64) std::atomic<uint32_t> wake;  // futex word: bumped at every arrival
+  std::atomic<uint32_t> sleepers;
+  alignas(64) RankLine ranks[kMaxShmRanks];
+};
+
+size_t SegmentBytes(int nranks) {
+  size_t head = (sizeof(Header) + 4095) / 4096 * 4096;
+  return head + 2 * static_cast<size_t>(nranks) * kSlotBytes;
+}
+
+long Futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+// What must match for two processes to share a segment and check each other's pids: the same
+// kernel boot, pid namespace and mount namespace (/dev/shm).
+std::string HostIdentity() {
+  std::string id;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::getline(boot, id);
+  char buf[256];
+  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/mnt", "/proc/self/ns/ipc"}) {
+    ssize_t n = readlink(ns, buf, sizeof(buf) - 1);
+    id += "|" + (n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?"));
+  }
+  return id;
+}
+
+template <typename T>
+void ReduceInto(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] + b[i]);
+      break;
+    case ReduceOp::kProd:
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] * b[i]);
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) dst[i] = a[i] < b[i] ? b[i] : a[i];
+      break;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) dst[i] = b[i] < a[i] ? b[i] : a[i];
+      break;
+  }
+}
+
+// "broadcast #3 (float32, 400 bytes, root 1)"
+std::string Describe(const Intent& i) {
+  if (i.kind == kBarrier) return StrCat("barrier #", i.seq);
+  return StrCat(KindName(i.kind), " #", i.seq, " (", DTypeName(static_cast<DType>(i.dtype)), ", ",
+                i.bytes, " bytes", i.root >= 0 ? StrCat(", root ", i.root) : std::string(), ")");
+}
+
+class ShmCommunicator : public Communicator {
+ public:
+  ShmCommunicator(int ring_id, int rank, int nranks, void* base, size_t bytes,
+                  std::chrono::milliseconds timeout)
+      : Communicator(ring_id, rank, nranks),
+        base_(static_cast<char*>(base)),
+        bytes_(bytes),
+        timeout_(timeout) {
+    header_ = reinterpret_cast<Header*>(base_);
+    slots_ = base_ + (sizeof(Header) + 4095) / 4096 * 4096;
+    // Spinning only pays when every rank has a core of its own.
+    cpu_set_t cpus;
+    int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    spin_ = nranks <= ncpu ? 20000 : 0;
+    arrived_ = header_->ranks[rank].arrived.load();
+  }
+  ~ShmCommunicator() override { munmap(base_, bytes_); }
+
+  const char* backend() const override { return "shm"; }
+
+  void AllReduce(Tensor* t, ReduceOp op) override {
+    Run("allreduce_" + std::string(ReduceOpName(op)), kAllReduce, *t, -1, [&] {
+      VisitDType(t->dtype(), [&](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, bool>) {
+          KEEL_THROW("allreduce of bool tensors is not supported; cast to int32");
+        } else {
+          AllReduceT<T>(t->data<T>(), static_cast<size_t>(t->numel()), op);
+        }
+      });
+    });
+  }
+
+  void Broadcast(Tensor* t, int root) override {
+    KEEL_ENFORCE(root >= 0 && root < nranks_, "broadcast root ", root, " outside [0, ", nranks_,
+                 ")");
+    Run("broadcast", kBroadcast, *t, root, [&] {
+      char* p = static_cast<char*>(t->raw_data());
+      const size_t n = t->nbytes();
+      for (size_t o = 0; o < n; o += kSlotBytes) {
+        size_t c = std::min(kSlotBytes, n - o);
+        char* slot = Slot(0);
+        if (rank_ == root) std::memcpy(slot, p + o, c);
+        Arrive("the root's data");
+        if (rank_ != root) std::memcpy(p + o, slot, c);
+        NextBuffer();
+      }
+    });
+  }
+
+  void AllGather(const Tensor& in, Tensor* out) override {
+    DDim d = in.dims();
+    if (d.empty()) d = DDim{1};
+    d[0] *= nranks_;
+    out->Resize(d);
+    out->mutable_data(in.dtype(), in.place());
+    Run("allgather", kAllGather, in, -1, [&] {
+      const char* p = static_cast<const char*>(in.raw_data());
+      char* q = static_cast<char*>(out->raw_data());
+      const size_t n = in.nbytes();
+      for (size_t o = 0; o < n; o += kSlotBytes) {
+        size_t c = std::min(kSlotBytes, n - o);
+        std::memcpy(Slot(rank_), p + o, c);
+        Arrive("every rank's part");
+        for (int j = 0; j < nranks_; ++j) std::memcpy(q + j * n + o, Slot(j), c);
+        NextBuffer();
+      }
+    });
+  }
+
+  void ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) override {
+    KEEL_ENFORCE(in.dims().size() >= 1 && in.dims()[0] % nranks_ == 0, "reduce_scatter: dim 0 of ",
+                 in.dims().str(), " must divide by ", nranks_, " ranks");
+    int64_t rows = in.dims()[0] / nranks_;
+    DDim d = in.dims();
+    d[0] = rows;
+    out->Resize(d);
+    out->mutable_data(in.dtype(), in.place());
+    Run("reduce_scatter_" + std::string(ReduceOpName(op)), kReduceScatter, in, -1, [&] {
+      VisitDType(in.dtype(), [&](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, bool>) {
+          KEEL_THROW("reduce_scatter of bool tensors is not supported; cast to int32");
+        } else {
+          ReduceScatterT<T>(in.data<T>(), out->data<T>(), static_cast<size_t>(out->numel()), op);
+        }
+      });
+    });
+  }
+
+  void Barrier() override {
+    Tensor none;
+    Run("barrier", kBarrier, none, -1, [&] {});
+  }
+
+  // Waits for every rank to have mapped the segment and posted its pid.
+  void Join() {
+    try {
+      Arrive("every rank to map the segment");
+    } catch (const Error& e) {
+      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_, "): setup failed: ",
+                 e.what());
+    }
+  }
+
+ private:
+  template <typename T>
+  void AllReduceT(T* data, size_t n, ReduceOp op) {
+    const size_t per_chunk = kSlotBytes / sizeof(T);
+    for (size_t o = 0; o < n; o += per_chunk) {
+      const size_t m = std::min(per_chunk, n - o);
+      T* mine = reinterpret_cast<T*>(Slot(rank_));
+      std::memcpy(mine, data + o, m * sizeof(T));
+      Arrive("every rank's chunk");
+      // My slice of the chunk, reduced over every rank's slot.
+      const size_t lo = m * rank_ / nranks_, hi = m * (rank_ + 1) / nranks_;
+      T* out = data + o + lo;
+      if (hi > lo) {
+        const T* s0 = reinterpret_cast<const T*>(Slot(0)) + lo;
+        if (nranks_ == 1) {
+          std::memcpy(out, s0, (hi - lo) * sizeof(T));
+        } else {
+          ReduceInto(out, s0, reinterpret_cast<const T*>(Slot(1)) + lo, hi - lo, op);
+          for (int j = 2; j < nranks_; ++j)
+            ReduceInto(out, out, reinterpret_cast<const T*>(Slot(j)) + lo, hi - lo, op);
+        }
+        if (op == ReduceOp::kAvg)
+          for (size_t i = 0; i < hi - lo; ++i) out[i] = static_cast<T>(out[i] / nranks_);
+        std::memcpy(reinterpret_cast<T*>(Slot(0)) + lo, out, (hi - lo) * sizeof(T));
+      }
+      Arrive("every rank's reduced slice");
+      const T* result = reinterpret_cast<const T*>(Slot(0));
+      if (lo > 0) std::memcpy(data + o, result, lo * sizeof(T));
+      if (m > hi) std::memcpy(data + o + hi, result + hi, (m - hi) * sizeof(T));
+      NextBuffer();
+    }
+  }
+
+  // in: nranks pieces of n elements; out: this rank's piece, reduced.
+  template <typename T>
+  void ReduceScatterT(const T* in, T* out, size_t n, ReduceOp op) {
+    const size_t per_chunk = std::max<size_t>(1, kSlotBytes / sizeof(T) / nranks_);
+    for (size_t o = 0; o < n; o += per_chunk) {
+      const size_t m = std::min(per_chunk, n - o);
+      T* mine = reinterpret_cast<T*>(Slot(rank_));
+      for (int j = 0; j < nranks_; ++j) std::memcpy(mine + j * m, in + j * n + o, m * sizeof(T));
+      Arrive("every rank's chunk");
+      const T* s0 = reinterpret_cast<const T*>(Slot(0)) + rank_ * m;
+      if (nranks_ == 1) {
+        std::memcpy(out + o, s0, m * sizeof(T));
+      } else {
+        ReduceInto(out + o, s0, reinterpret_cast<const T*>(Slot(1)) + rank_ * m, m, op);
+        for (int j = 2; j < nranks_; ++j)
+          ReduceInto(out + o, out + o, reinterpret_cast<const T*>(Slot(j)) + rank_ * m, m, op);
+      }
+      if (op == ReduceOp::kAvg)
+        for (size_t i = 0; i < m; ++i) out[o + i] = static_cast<T>(out[o + i] / nranks_);
+      // The next chunk writes the other buffer. This one is written again only after the next
+      // barrier (a chunk's or the next collective's first), which every rank reaches after
+      // reading it here.
+      NextBuffer();
+    }
+  }
+
+  char* Slot(int j) { return slots_ + (static_cast<size_t>(buffer_) * nranks_ + j) * kSlotBytes; }
+  void NextBuffer() { buffer_ ^= 1; }
+
+  template <typename F>
+  void Run(const std::string& what, uint32_t kind, const Tensor& t, int root, F&& f) {
+    ++seq_;
+    KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (",
+                 dead_, ")");
+    try {
+      const int parity = static_cast<int>(seq_ & 1);
+      Intent& m = header_->ranks[rank_].intent[parity];
+      m = Intent{seq_, kind, static_cast<uint32_t>(t.initialized() ? t.dtype() : DType{}),
+                 t.initialized() ? t.nbytes() : 0, root};
+      Arrive("every rank to start it");
+      for (int j = 0; j < nranks_; ++j) {
+        const Intent& o = header_->ranks[j].intent[parity];
+        if (o.seq != m.seq || o.kind != m.kind || o.dtype != m.dtype || o.bytes != m.bytes ||
+            o.root != m.root)
+          KEEL_THROW("rank ", j, " runs ", Describe(o), " while this rank runs ", Describe(m),
+                     ": the ranks run different programs");
+      }
+      f();
+    } catch (const Error& e) {
+      dead_ = e.what();
+      KEEL_THROW(Where(what), ": ", e.what());
+    }
+  }
+
+  // Marks this rank's arrival at the next barrier and waits for every rank to reach it.
+  void Arrive(const char* waiting_for) {
+    const uint64_t target = ++arrived_;
+    header_->ranks[rank_].arrived.store(target, std::memory_order_release);
+    header_->wake.fetch_add(1, std::memory_order_release);
+    if (header_->sleepers.load(std::memory_order_acquire) > 0)
+      Futex(&header_->wake, FUTEX_WAKE, INT32_MAX, nullptr);
+    auto all_here = [&] {
+      for (int j = 0; j < nranks_; ++j)
+        if (header_->ranks[j].arrived.load(std::memory_order_acquire) < target) return false;
+      return true;
+    };
+    for (int i = 0; i < spin_; ++i) {
+      if (all_here()) return;
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout_;
+    while (true) {
+      uint32_t w = header_->wake.load(std::memory_order_acquire);
+      if (all_here()) return;
+      header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+      timespec ts{0, 50 * 1000 * 1000};
+      if (!all_here()) Futex(&header_->wake, FUTEX_WAIT, w, &ts);
+      header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+      if (all_here()) return;
+      std::string missing;
+      for (int j = 0; j < nranks_; ++j) {
+        if (header_->ranks[j].arrived.load(std::memory_order_acquire) >= target) continue;
+        int pid = header_->ranks[j].pid.load();
+        if (pid > 0 && !Alive(pid))
+          KEEL_THROW("rank ", j, " (pid ", pid, ") exited while this rank waited for ",
+                     waiting_for);
+        missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        KEEL_THROW("timed out after ", timeout_.count() / 1000.0, " s waiting for ", waiting_for,
+                   "; rank(s) ", missing,
+                   " did not arrive (a peer stopped or runs another program?)");
+    }
+  }
+
+  // Whether `pid` still runs: not gone, and not a zombie its parent has yet to reap.
+  static bool Alive(int pid) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    size_t paren = text.rfind(')');
+    return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+  }
+
+  char* base_;
+  size_t bytes_;
+  Header* header_;
+  char* slots_;
+  std::chrono::milliseconds timeout_;
+  int spin_ = 0;
+  int buffer_ = 0;
+  uint64_t arrived_ = 0;
+  std::string dead_;
+};
+
+struct Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+};
+
+// Rank 0: creates, sizes (reserving the pages: a full /dev/shm fails here, not with SIGBUS
+// later) and maps the segment.
+Mapping CreateSegment(const std::string& name, int nranks, uint64_t nonce) {
+  size_t bytes = SegmentBytes(nranks);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  KEEL_ENFORCE(fd >= 0, "shm_open(", name, "): ", std::strerror(errno));
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    KEEL_THROW("cannot reserve ", bytes, " bytes of shared memory for ", name, ": ",
+               std::strerror(err), " (is /dev/shm full or small?)");
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    KEEL_THROW("mmap of ", name, ": ", std::strerror(errno));
+  }
+  auto* h = new (base) Header();
+  h->magic = kMagic;
+  h->nonce = nonce;
+  h->nranks = nranks;
+  return {base, bytes};
+}
+
+Mapping OpenSegment(const std::string& name, int nranks, uint64_t nonce) {
+  size_t bytes = SegmentBytes(nranks);
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  KEEL_ENFORCE(fd >= 0, "shm_open(", name, "): ", std::strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    KEEL_THROW("shared memory ", name, " has the wrong size");
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  KEEL_ENFORCE(base != MAP_FAILED, "mmap of ", name, ": ", std::strerror(errno));
+  auto* h = static_cast<Header*>(base);
+  if (h->magic != kMagic || h->nonce != nonce || h->nranks != nranks) {
+    munmap(base, bytes);
+    KEEL_THROW("shared memory ", name, " is not this job's (another /dev/shm?)");
+  }
+  return {base, bytes};
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int nranks,
+                                                    StoreClient& store, const CommOptions& opts,
+                                                    std::string* why_not) {
+  auto refuse = [&](const std::string& why) -> std::unique_ptr<Communicator> {
+    if (why_not) *why_not = why;
+    return nullptr;
+  };
+  if (nranks > kMaxShmRanks) return refuse(StrCat(nranks, " ranks (at most ", kMaxShmRanks, ")"));
+  const std::string key = opts.prefix + "shm" + std::to_string(ring_id) + "/";
+  // 1. Are all ranks on this host, in one pid and mount namespace?
+  const std::string me = HostIdentity();
+  store.Set(key + "host" + std::to_string(rank), me);
+  for (int j = 0; j < nranks; ++j)
+    if (store.Get(key + "host" + std::to_string(j), opts.timeout) != me)
+      return refuse(StrCat("rank ", j, " runs on another host or namespace"));
+  // 2. Rank 0 creates the segment and publishes its name and nonce (or why it failed).
+  Mapping m;
+  std::string error;
+  if (rank == 0) {
+    std::random_device rd;
+    uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    std::string name = StrCat("/keel-", getpid(), "-", ring_id, "-", std::hash<std::string>()(key),
+                              "-", nonce % 100000);
+    try {
+      m = CreateSegment(name, nranks, nonce);
+      store.Set(key + "segment", StrCat(name, " ", nonce));
+    } catch (const Error& e) {
+      store.Set(key + "segment", "-");
+      return refuse(e.what());
+    }
+    // 3. Wait until every rank mapped it (or failed to), then unlink the name.
+    int ok = 1;
+    for (int j = 1; j < nranks; ++j) {
+      std::string s = store.Get(key + "mapped" + std::to_string(j), opts.timeout);
+      if (s != "ok") {
+        ok = 0;
+        error = StrCat("rank ", j, ": ", s);
+      }
+    }
+    shm_unlink(name.c_str());
+    store.Set(key + "verdict", ok ? "ok" : error);
+  } else {
+    std::string seg = store.Get(key + "segment", opts.timeout);
+    if (seg == "-") return refuse("rank 0 could not create the segment");
+    std::string name = seg.substr(0, seg.find(' '));
+    uint64_t nonce = std::stoull(seg.substr(seg.find(' ') + 1));
+    try {
+      m = OpenSegment(name, nranks, nonce);
+      store.Set(key + "mapped" + std::to_string(rank), "ok");
+    } catch (const Error& e) {
+      store.Set(key + "mapped" + std::to_string(rank), e.what());
+    }
+  }
+  std::string verdict = store.Get(key + "verdict", opts.timeout);
+  if (verdict != "ok") {
+    if (m.base) munmap(m.base, m.bytes);
+    return refuse(verdict);
+  }
+  auto* h = static_cast<Header*>(m.base);
+  h->ranks[rank].pid.store(static_cast<int32_t>(getpid()));
+  auto comm = std::make_unique<ShmCommunicator>(ring_id, rank, nranks, m.base, m.bytes,
+                                                opts.timeout);
+  comm->Join();  // every pid is posted before anyone relies on them
+  return comm;
+}
+
+}  // namespace keel

@@ -1,0 +1,198 @@
+#include "framework/profiler/profiler.h"
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "framework/error.h"
+#include "framework/io/io.h"
+
+DEFINE_string(profile_path, "",
+              "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "
+              "collective to this file when keel train or keel bench ends, and print a per-op "
+              "summary; under keel launch each rank writes PATH.rankN.");
+
+namespace keel {
+namespace profiler {
+
+namespace {
+
+constexpr size_t kMaxEvents = size_t{1} << 22;
+
+struct State {
+  std::mutex mu;
+  std::vector<Event> events;
+  int64_t dropped = 0;
+  int next_tid = 0;
+};
+
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+const std::chrono::steady_clock::time_point& Epoch() {
+  static const auto epoch = std::chrono::steady_clock::now();
+  return epoch;
+}
+
+int ThreadNumber() {
+  thread_local int tid = -1;
+  if (tid < 0) {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    tid = s.next_tid++;
+  }
+  return tid;
+}
+
+std::string JsonEscape(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  for (char c : in) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace internal {
+
+std::atomic<bool> g_enabled{false};
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              Epoch())
+      .count();
+}
+
+void Record(std::string name, const char* category, std::string detail, int64_t start_ns,
+            int64_t end_ns) {
+  int tid = ThreadNumber();
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.events.size() >= kMaxEvents) {
+    if (s.dropped++ == 0)
+      LOG(WARNING) << "profiler: " << kMaxEvents << " events recorded; dropping the rest";
+    return;
+  }
+  s.events.push_back(
+      Event{std::move(name), category, std::move(detail), start_ns, end_ns - start_ns, tid});
+}
+
+}  // namespace internal
+
+void Start() {
+  Epoch();
+  internal::g_enabled.store(true);
+}
+
+void Stop() { internal::g_enabled.store(false); }
+
+void Reset() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.events.clear();
+  s.dropped = 0;
+}
+
+std::vector<Event> Events() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.events;
+}
+
+int64_t Dropped() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.dropped;
+}
+
+void WriteChromeTrace(const std::string& path, int pid) {
+  std::vector<Event> events = Events();
+  std::ostringstream out;
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid
+      << ", \"args\": {\"name\": \"keel rank " << pid << "\"}}";
+  char num[64];
+  for (const Event& e : events) {
+    out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << JsonEscape(e.category)
+        << "\", \"ph\": \"X\", \"pid\": " << pid << ", \"tid\": " << e.tid;
+    std::snprintf(num, sizeof(num), "%.3f", e.start_ns / 1e3);
+    out << ", \"ts\": " << num;
+    std::snprintf(num, sizeof(num), "%.3f", e.dur_ns / 1e3);
+    out << ", \"dur\": " << num;
+    if (!e.detail.empty()) out << ", \"args\": {\"detail\": \"" << JsonEscape(e.detail) << "\"}";
+    out << "}";
+  }
+  out << "\n]}\n";
+  try {
+    WriteFileAtomic(path, out.str());
+  } catch (const Error& e) {
+    KEEL_THROW("profiler: cannot write the trace: ", e.what());
+  }
+}
+
+std::string Summary() {
+  struct Row {
+    int64_t calls = 0, total_ns = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Row> rows;
+  int64_t all_ns = 0;
+  for (const Event& e : Events()) {
+    Row& r = rows[{e.category, e.name}];
+    ++r.calls;
+    r.total_ns += e.dur_ns;
+    all_ns += e.dur_ns;
+  }
+  std::vector<std::pair<std::pair<std::string, std::string>, Row>> sorted(rows.begin(),
+                                                                          rows.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.total_ns > b.second.total_ns; });
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-6s %-28s %9s %12s %11s %7s\n", "kind", "name", "calls",
+                "total_ms", "mean_us", "share");
+  out << line;
+  for (const auto& kv : sorted) {
+    const Row& r = kv.second;
+    std::snprintf(line, sizeof(line), "%-6s %-28s %9lld %12.3f %11.2f %6.1f%%\n",
+                  kv.first.first.c_str(), kv.first.second.c_str(),
+                  static_cast<long long>(r.calls), r.total_ns / 1e6,
+                  r.total_ns / 1e3 / static_cast<double>(r.calls),
+                  all_ns > 0 ? 100.0 * r.total_ns / all_ns : 0.0);
+    out << line;
+  }
+  return out.str();
+}
+
+std::string ProfilePathForRank(int rank, int nranks) {
+  if (FLAGS_profile_path.empty()) return "";
+  return nranks > 1 ? FLAGS_profile_path + ".rank" + std::to_string(rank) : FLAGS_profile_path;
+}
+
+bool StartFromFlags() {
+  if (FLAGS_profile_path.empty()) return false;
+  Start();
+  return true;
+}
+
+}  // namespace profiler
+}  // namespace keel
