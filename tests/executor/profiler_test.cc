@@ -1,0 +1,115 @@
+// Profiler: off records nothing; on, every op the executor runs is one span in run order, the
+// Chrome trace is valid JSON that real readers load, the summary adds up, and a bad path is a
+// keel::Error naming it. Also `keel train --profile_path` end to end.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "executor/executor.h"
+#include "framework/dsl/layers.h"
+#include "framework/profiler/profiler.h"
+#include "tests/util/op_test_util.h"
+#include "tests/util/subprocess.h"
+
+namespace keel {
+namespace {
+
+using testing::ErrorOf;
+
+struct Net {
+  Program main, startup;
+  Var x, out;
+  Net() {
+    ProgramGuard g(main, startup);
+    x = layers::data("x", {-1, 3});
+    out = layers::scale(layers::tanh(x), 2.0f, 1.0f);
+  }
+};
+
+class ProfilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    profiler::Stop();
+    profiler::Reset();
+  }
+  void TearDown() override {
+    profiler::Stop();
+    profiler::Reset();
+  }
+};
+
+TEST_F(ProfilerTest, OffRecordsNothing) {
+  Net n;
+  Executor exe;
+  exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
+  EXPECT_TRUE(profiler::Events().empty());
+}
+
+TEST_F(ProfilerTest, EveryOpRunIsOneSpanInOrder) {
+  Net n;
+  Executor exe;
+  profiler::Start();
+  for (int i = 0; i < 3; ++i) exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
+  profiler::Stop();
+  exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});  // not recorded
+  auto events = profiler::Events();
+  const Block& b = n.main.global_block();
+  ASSERT_EQ(events.size(), 3 * b.num_ops());
+  int64_t last_end = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    EXPECT_EQ(e.name, b.op(i % b.num_ops())->type());
+    EXPECT_EQ(e.category, "op");
+    EXPECT_EQ(e.detail.rfind("#" + std::to_string(i % b.num_ops()) + " -> ", 0), 0u) << e.detail;
+    EXPECT_GE(e.start_ns, last_end);  // sequential, in run order
+    EXPECT_GE(e.dur_ns, 0);
+    last_end = e.start_ns + e.dur_ns;
+  }
+  std::string summary = profiler::Summary();
+  EXPECT_NE(summary.find("tanh"), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" 3 "), std::string::npos) << summary;  // 3 calls each
+}
+
+TEST_F(ProfilerTest, ChromeTraceIsValidJsonWithOneEventPerSpan) {
+  Net n;
+  Executor exe;
+  profiler::Start();
+  exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
+  profiler::Stop();
+  std::string dir = testing::MakeTempDir();
+  std::string path = dir + "/trace \"quoted\".json";
+  profiler::WriteChromeTrace(path, 3);
+  auto r = testing::RunCommand(
+      "python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))[\"traceEvents\"]; "
+      "x=[e for e in t if e[\"ph\"]==\"X\"]; "
+      "print(len(x), sorted(set(e[\"pid\"] for e in t)), x[0][\"name\"], "
+      "all(e[\"dur\"]>=0 for e in x))' '" + path + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, std::to_string(n.main.global_block().num_ops()) + " [3] " +
+                          n.main.global_block().op(0)->type() + " True\n");
+  testing::RunCommand("rm -rf '" + dir + "'");
+}
+
+TEST_F(ProfilerTest, UnwritablePathIsAnErrorNamingIt) {
+  std::string msg = ErrorOf([] { profiler::WriteChromeTrace("/no/such/dir/trace.json"); });
+  EXPECT_NE(msg.find("/no/such/dir/trace.json"), std::string::npos) << msg;
+}
+
+TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
+  std::string dir = testing::MakeTempDir();
+  auto r = testing::RunCommand(testing::BinPath("keel") +
+                               " train --steps=3 --mlp_hidden=16 --seed=1 --profile_path=" + dir +
+                               "/t.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/t.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mul_grad"), std::string::npos) << r.output;
+  auto j = testing::RunCommand("python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); "
+                               "print(sum(e[\"name\"]==\"sgd\" for e in t[\"traceEvents\"]))' " +
+                               dir + "/t.json");
+  EXPECT_EQ(j.output, "18\n");  // 6 parameters x 3 steps
+  testing::RunCommand("rm -rf " + dir);
+}
+
+}  // namespace
+}  // namespace keel
