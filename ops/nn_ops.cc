@@ -131,6 +131,13 @@ inline Span Clip(int64_t o, int64_t s, int64_t p, int64_t k, int64_t in) {
   return Span{std::max<int64_t>(lo, 0), std::min(lo + k, in)};
 }
 
+// The common 2x2 window with stride 2 and no padding, every window inside the input: no clipping,
+// and each input element in at most one window.
+inline bool Is2x2Tiling(const PoolGeom& g) {
+  return g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 &&
+         2 * g.Ho <= g.H && 2 * g.Wo <= g.W;
+}
+
 // max: the largest value in the window; avg: the window's sum over its clipped size (exclusive) or
 // over kh * kw (padding counted as zeros). An empty window (ceil_mode overhang) gives 0.
 template <typename T>
@@ -142,6 +149,27 @@ class Pool2DKernel : public OpKernel {
     const PoolGeom g = a_.Geom(x.dims());
     const T* xd = x.data<T>();
     T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    if (Is2x2Tiling(g)) {
+      // Same values, in the same order of comparison, as the general loop below.
+      const T lowest = -std::numeric_limits<T>::infinity();
+      for (int64_t c = 0; c < g.planes; ++c)
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          const T* r0 = xd + (c * g.H + 2 * oh) * g.W;
+          const T* r1 = r0 + g.W;
+          T* o = od + (c * g.Ho + oh) * g.Wo;
+          if (a_.max) {
+            for (int64_t ow = 0; ow < g.Wo; ++ow)
+              o[ow] = std::max(std::max(std::max(std::max(lowest, r0[2 * ow]), r0[2 * ow + 1]),
+                                        r1[2 * ow]),
+                               r1[2 * ow + 1]);
+          } else {
+            for (int64_t ow = 0; ow < g.Wo; ++ow)
+              o[ow] = (((T(0) + r0[2 * ow]) + r0[2 * ow + 1]) + r1[2 * ow] + r1[2 * ow + 1]) /
+                      T(4);
+          }
+        }
+      return;
+    }
     for (int64_t c = 0; c < g.planes; ++c) {
       const T* xp = xd + c * g.H * g.W;
       T* op = od + c * g.Ho * g.Wo;
@@ -193,6 +221,37 @@ class Pool2DGradKernel : public OpKernel {
     const T* od = out.data<T>();
     const T* gd = dout.data<T>();
     T* dxd = dx->mutable_data<T>(ctx.place());
+    if (Is2x2Tiling(g)) {
+      // Every covered element is written once; only a leftover odd row or column needs zeros.
+      if (2 * g.Ho != g.H || 2 * g.Wo != g.W) std::fill(dxd, dxd + dx->numel(), T(0));
+      for (int64_t c = 0; c < g.planes; ++c)
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          const int64_t r = (c * g.H + 2 * oh) * g.W;
+          const T* x0 = xd + r;
+          const T* x1 = x0 + g.W;
+          T* d0 = dxd + r;
+          T* d1 = d0 + g.W;
+          const int64_t o = (c * g.Ho + oh) * g.Wo;
+          for (int64_t ow = 0; ow < g.Wo; ++ow) {
+            const T go = gd[o + ow];
+            const int64_t i = 2 * ow;
+            if (a_.max) {
+              // The first of the window, in row-major order, equal to the max takes it all.
+              const T y = od[o + ow];
+              const bool a = x0[i] == y, b = !a && x0[i + 1] == y, c2 = !a && !b && x1[i] == y,
+                         d = !a && !b && !c2 && x1[i + 1] == y;
+              d0[i] = a ? go : T(0);
+              d0[i + 1] = b ? go : T(0);
+              d1[i] = c2 ? go : T(0);
+              d1[i + 1] = d ? go : T(0);
+            } else {
+              const T share = go / T(4);
+              d0[i] = d0[i + 1] = d1[i] = d1[i + 1] = share;
+            }
+          }
+        }
+      return;
+    }
     std::fill(dxd, dxd + dx->numel(), T(0));
     for (int64_t c = 0; c < g.planes; ++c) {
       const T* xp = xd + c * g.H * g.W;

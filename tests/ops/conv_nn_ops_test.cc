@@ -201,6 +201,9 @@ struct PoolParams {
 const PoolParams kPoolCases[] = {
     {"max_2x2_s2", {2, 3, 6, 6}, "max", {2, 2}, {2, 2}, {0, 0}, false, false, true},
     {"avg_2x2_s2", {2, 3, 6, 6}, "avg", {2, 2}, {2, 2}, {0, 0}, false, false, true},
+    // The 2x2 fast path with an odd row and column left out of every window.
+    {"max_2x2_s2_odd", {1, 2, 5, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, false, true},
+    {"avg_2x2_s2_odd", {1, 2, 5, 7}, "avg", {2, 2}, {2, 2}, {0, 0}, false, false, true},
     {"max_3x3_s2_pad1", {1, 2, 7, 7}, "max", {3, 3}, {2, 2}, {1, 1}, false, false, true},
     {"avg_pad_exclusive", {1, 2, 5, 5}, "avg", {3, 3}, {2, 2}, {1, 1}, false, false, true},
     {"avg_pad_inclusive", {1, 2, 5, 5}, "avg", {3, 3}, {2, 2}, {1, 1}, false, false, false},
@@ -283,6 +286,35 @@ TEST(Pool2DOp, CeilModeAddsTheOverhangingWindow) {
 
 TEST(Pool2DOp, GradMatchesFiniteDifferences) {
   for (const auto& p : kPoolCases) CheckGrad(PoolCase(p, DType::kFloat64));
+}
+
+// Ties (ReLU zeros feed max pools all the time): the gradient goes to the first maximum of each
+// window in row-major order, once, on both the 2x2 fast path and the general path.
+TEST(Pool2DOp, MaxGradGoesToTheFirstOfTiedMaxima) {
+  for (const char* name : {"max_2x2_s2", "max_overlap_s1"}) {
+    const PoolParams* p = nullptr;
+    for (const auto& q : kPoolCases)
+      if (std::string(q.name) == name) p = &q;
+    ASSERT_NE(p, nullptr);
+    OpCase c = PoolCase(*p, DType::kFloat32);
+    Tensor x(DType::kFloat32, p->x);
+    std::fill(x.data<float>(), x.data<float>() + x.numel(), 0.0f);  // every window all ties
+    c.inputs[0].second[0] = x;
+    const PoolDims g = PoolGeometry(*p);
+    const int64_t H = p->x[2], W = p->x[3], planes = p->x[0] * p->x[1];
+    std::vector<double> want(static_cast<size_t>(x.numel()), 0.0);
+    for (int64_t pl = 0; pl < planes; ++pl)
+      for (int64_t oh = 0; oh < g.Ho; ++oh)
+        for (int64_t ow = 0; ow < g.Wo; ++ow) want[(pl * H + oh * g.sh) * W + ow * g.sw] += 1.0;
+    Tensor out = RunForward(c)["Out"][0];
+    Tensor ones(DType::kFloat32, out.dims());
+    std::fill(ones.data<float>(), ones.data<float>() + ones.numel(), 1.0f);
+    OpCase gc = c;
+    gc.type = "pool2d_grad";
+    gc.inputs = {{"X", {x}}, {"Out", {out}}, {GradVarName("Out"), {ones}}};
+    gc.outputs = {{GradVarName("X"), 1}};
+    EXPECT_EQ(ToDouble(RunForward(gc)[GradVarName("X")][0]), want) << name;
+  }
 }
 
 TEST(Pool2DOp, BadInputIsABuildError) {
