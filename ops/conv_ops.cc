@@ -12,7 +12,10 @@
 // unfold in chunks of whole output rows of about kMinGemmCols columns, each GEMM writing its
 // columns of the NCHW output directly (ldc = P): narrow GEMMs keep the unfolded chunk in cache and
 // run much faster than one over the whole plane. A 1x1 conv with stride 1 and no padding skips
-// im2col: the input plane is already the column matrix.
+// im2col: the input plane is already the column matrix. 3x3 stride-1 convs with at least 32
+// channels in and out run by Winograd F(2x2, 3x3) instead (ops/conv_winograd.h, --conv_winograd).
+#include <gflags/gflags.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -22,7 +25,12 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/blas.h"
+#include "ops/conv_winograd.h"
 #include "ops/op_util.h"
+
+DEFINE_bool(conv_winograd, true,
+            "Run 3x3 stride-1 convolutions with at least 32 channels in and out by Winograd "
+            "F(2x2, 3x3) (forward, dInput and dFilter); false: im2col + GEMM for every conv.");
 
 namespace keel {
 namespace {
@@ -320,6 +328,18 @@ void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
   blas::Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// The GEMM Winograd's blocks run: C = A * op(B) + beta * C.
+template <typename T>
+void WinogradGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                  const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  Gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
+}
+
+inline bool UseWinograd(const ConvGeom& g) {
+  if (!FLAGS_conv_winograd) return false;
+  return winograd::Applies(g.C, g.M, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, g.groups);
+}
+
 // Output rows per GEMM chunk: one image's plane is split into chunks of whole output rows of about
 // kMinGemmCols columns (narrow GEMMs keep the unfolded chunk in cache and run faster); batched
 // small planes and 1x1 convs take whole planes.
@@ -365,6 +385,10 @@ class Conv2DKernel : public OpKernel {
     const T* xd = x.data<T>();
     const T* fd = f.data<T>();
     T* od = out->mutable_data<T>(ctx.place());
+    if (UseWinograd(g)) {
+      wino_.Forward(xd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, od);
+      return;
+    }
     const int64_t B = ImagesPerGemm(g);
     if (!g.one_by_one) {
       const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
@@ -411,6 +435,7 @@ class Conv2DKernel : public OpKernel {
  private:
   ConvAttrs attrs_;
   std::vector<T> col_, prod_;  // scratch, kept across runs
+  winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
 };
 
 template <typename T>
@@ -434,6 +459,11 @@ class Conv2DGradKernel : public OpKernel {
     const T* gd = dout.data<T>();
     T* dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     T* dfd = df ? df->mutable_data<T>(ctx.place()) : nullptr;
+    if (UseWinograd(g)) {
+      if (dfd) wino_.FilterGrad(xd, g.N, g.C, g.H, g.W, g.ph, gd, g.M, dfd);
+      if (dxd) wino_.DataGrad(gd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, dxd);
+      return;
+    }
     // dFilter accumulates transposed, as [groups][K][Mg]: OpenBLAS runs the tall product col *
     // dout' about twice as fast as the wide dout * col' for the few filters of small convs.
     if (dfd) dft_.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
@@ -504,6 +534,7 @@ class Conv2DGradKernel : public OpKernel {
  private:
   ConvAttrs attrs_;
   std::vector<T> col_, prod_, dft_;  // scratch, kept across runs
+  winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
 };
 
 }  // namespace

@@ -53,6 +53,12 @@ const ConvParams kConvCases[] = {
     {"batched_tail_chunk", {5, 2, 16, 16}, {3, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
     {"lenet_conv1", {4, 1, 28, 28}, {6, 1, 5, 5}, {1, 1}, {0, 0}, {1, 1}, 1},
     {"resnet_3x3", {2, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+    // Winograd F(2x2, 3x3) (3x3, stride 1, >= 32 channels in and out): even and odd planes, each
+    // padding it serves, more tile rows than one block holds.
+    {"winograd_pad1", {2, 32, 6, 6}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+    {"winograd_odd_pad0", {1, 32, 7, 9}, {33, 32, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
+    {"winograd_odd_pad2", {1, 33, 5, 3}, {32, 33, 3, 3}, {1, 1}, {2, 2}, {1, 1}, 1},
+    {"winograd_blocks", {3, 32, 40, 10}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
 };
 
 int64_t ConvOut(int64_t in, int64_t k, int s, int p, int d) {
@@ -118,6 +124,52 @@ TEST(Conv2DOp, ForwardMatchesReference) {
 TEST(Conv2DOp, GradMatchesFiniteDifferences) {
   for (const auto& p : kConvCases)
     if (p.x.numel() + p.filter.numel() <= 400) CheckGrad(ConvCase(p, DType::kFloat64));
+}
+
+// Too many elements for finite differences (the Winograd cases among them): conv2d_grad against
+// the adjoint of NaiveConv, summed in double, for a random Output@GRAD.
+TEST(Conv2DOp, LargeCaseGradsMatchTheNaiveAdjoint) {
+  int checked = 0;
+  for (const auto& p : kConvCases) {
+    if (p.x.numel() + p.filter.numel() <= 400) continue;
+    for (DType dt : kFloatTypes) {
+      OpCase fwd = ConvCase(p, dt);
+      const std::vector<double> x = ToDouble(fwd.inputs[0].second[0]);
+      const std::vector<double> f = ToDouble(fwd.inputs[1].second[0]);
+      const DDim o = ConvOutDims(p);
+      Tensor dout = RandomTensor(o, dt, -1, 1, 103);
+      const std::vector<double> g = ToDouble(dout);
+      const int64_t C = p.x[1], H = p.x[2], W = p.x[3], M = p.filter[0], Cg = p.filter[1];
+      const int64_t kh = p.filter[2], kw = p.filter[3], Mg = M / p.groups;
+      std::vector<double> dx(x.size(), 0.0), df(f.size(), 0.0);
+      for (int64_t n = 0; n < o[0]; ++n)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t oh = 0; oh < o[2]; ++oh)
+            for (int64_t ow = 0; ow < o[3]; ++ow) {
+              const double go = g[((n * M + m) * o[2] + oh) * o[3] + ow];
+              const int64_t gr = m / Mg;
+              for (int64_t c = 0; c < Cg; ++c)
+                for (int64_t i = 0; i < kh; ++i)
+                  for (int64_t j = 0; j < kw; ++j) {
+                    const int64_t ih = oh * p.strides[0] - p.paddings[0] + i * p.dilations[0];
+                    const int64_t iw = ow * p.strides[1] - p.paddings[1] + j * p.dilations[1];
+                    if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                    const int64_t xi = ((n * C + gr * Cg + c) * H + ih) * W + iw;
+                    const int64_t fi = ((m * Cg + c) * kh + i) * kw + j;
+                    dx[xi] += go * f[fi];
+                    df[fi] += go * x[xi];
+                  }
+            }
+      OpCase c = fwd;
+      c.type = "conv2d_grad";
+      c.inputs.push_back({GradVarName("Output"), {dout}});
+      c.outputs = {{GradVarName("Input"), 1}, {GradVarName("Filter"), 1}};
+      ExpectOutputNear(c, GradVarName("Input"), p.x, dx, {2e-4});
+      ExpectOutputNear(c, GradVarName("Filter"), p.filter, df, {2e-4});
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 8);  // the four Winograd cases, in both types, at least
 }
 
 // Four images of 13 x 13 (P = 169): three share a GEMM, the fourth runs alone.
