@@ -13,7 +13,7 @@ namespace cli {
 int Train(const std::vector<std::string>& args);
 // fleet::init, then the named model with a distributed SGD (plain SGD for one worker).
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed);
-// --profile_path: writes this rank's Chrome trace and prints the per-op summary to stderr.
+// --profile: writes this rank's Chrome trace and prints the per-op summary to stderr.
 // Does nothing when the profiler is off.
 void FinishProfile();
 int Inspect(const std::vector<std::string>& args);

@@ -13,7 +13,7 @@
 #include "framework/error.h"
 #include "framework/io/io.h"
 
-DEFINE_string(profile_path, "",
+DEFINE_string(profile, "",
               "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "
               "collective to this file when keel train or keel bench ends, and print a per-op "
               "summary; under keel launch each rank writes PATH.rankN.");
@@ -184,12 +184,12 @@ std::string Summary() {
 }
 
 std::string ProfilePathForRank(int rank, int nranks) {
-  if (FLAGS_profile_path.empty()) return "";
-  return nranks > 1 ? FLAGS_profile_path + ".rank" + std::to_string(rank) : FLAGS_profile_path;
+  if (FLAGS_profile.empty()) return "";
+  return nranks > 1 ? FLAGS_profile + ".rank" + std::to_string(rank) : FLAGS_profile;
 }
 
 bool StartFromFlags() {
-  if (FLAGS_profile_path.empty()) return false;
+  if (FLAGS_profile.empty()) return false;
   Start();
   return true;
 }

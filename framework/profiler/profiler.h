@@ -1,8 +1,8 @@
 // Profiler: timed spans of what a process runs (every op the executor runs, every collective),
 // written as a Chrome trace (chrome://tracing, ui.perfetto.dev) and summarized per name.
 //
-// Off by default, and then a span costs one relaxed atomic load. On with --profile_path=FILE (or
-// FLAGS_profile_path=FILE in the environment; keel train and keel bench write FILE at the end,
+// Off by default, and then a span costs one relaxed atomic load. On with --profile=FILE (or
+// FLAGS_profile=FILE in the environment; keel train and keel bench write FILE at the end,
 // with ".rankN" appended under keel launch), or with profiler::Start() from a program.
 #pragma once
 
@@ -49,9 +49,9 @@ void WriteChromeTrace(const std::string& path, int pid = 0);
 // fixed-width table.
 std::string Summary();
 
-// The --profile_path flag, for the CLI: "" when off; under several workers the rank's own file.
+// The --profile flag, for the CLI: "" when off; under several workers the rank's own file.
 std::string ProfilePathForRank(int rank, int nranks);
-// Turns the profiler on when --profile_path is set. Returns whether it is on.
+// Turns the profiler on when --profile is set. Returns whether it is on.
 bool StartFromFlags();
 
 // Times a span from construction to destruction when the profiler is on.

@@ -1,6 +1,6 @@
 // Profiler: off records nothing; on, every op the executor runs is one span in run order, the
 // Chrome trace is valid JSON that real readers load, the summary adds up, and a bad path is a
-// keel::Error naming it. Also `keel train --profile_path` end to end.
+// keel::Error naming it. Also `keel train --profile` end to end.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -99,7 +99,7 @@ TEST_F(ProfilerTest, UnwritablePathIsAnErrorNamingIt) {
 TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
   std::string dir = testing::MakeTempDir();
   auto r = testing::RunCommand(testing::BinPath("keel") +
-                               " train --steps=3 --mlp_hidden=16 --seed=1 --profile_path=" + dir +
+                               " train --steps=3 --mlp_hidden=16 --seed=1 --profile=" + dir +
                                "/t.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/t.json"), std::string::npos) << r.output;
