@@ -33,7 +33,7 @@ struct StrategyPass {
 
 const StrategyPass kStrategyPasses[] = {
     {"fuse_all_reduce_ops", [](const DistributedStrategy& s) { return s.fuse_all_reduce_ops; },
-     false},
+     true},
     {"use_hierarchical_allreduce",
      [](const DistributedStrategy& s) { return s.use_hierarchical_allreduce; }, false},
     {"use_local_sgd", [](const DistributedStrategy& s) { return s.use_local_sgd; }, false},

@@ -31,6 +31,10 @@ DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
+DEFINE_bool(fuse_all_reduce_ops, true,
+            "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
+            "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
+            "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
 
 namespace keel {
@@ -52,6 +56,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
   fleet::DistributedStrategy strategy;
   strategy.nccl_comm_num = FLAGS_nccl_comm_num;
+  strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };

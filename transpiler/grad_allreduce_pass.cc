@@ -1,6 +1,8 @@
 #include "transpiler/grad_allreduce_pass.h"
 
+#include <algorithm>
 #include <set>
+#include <vector>
 
 #include "framework/op/op_registry.h"
 
@@ -26,6 +28,76 @@ OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const
   for (auto& kv : attrs) op->SetAttr(kv.first, kv.second);
   InferShapeAtBuild(op, &block);
   return op;
+}
+
+// Groups consecutive gradients of one dtype up to fuse_grad_size_in_MB megabytes and
+// fuse_grad_size_in_num tensors (a gradient bigger than the size limit is a group of its own);
+// each group gets a coalesce_tensor before the first backward op, making its gradients slices of
+// "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
+// group's last gradient is written.
+template <typename GradList>
+void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nrings,
+                   std::set<int>* rings_used, const GradList& grads) {
+  const double limit_bytes = strategy.fuse_grad_size_in_MB * 1024.0 * 1024.0;
+  const size_t limit_num = static_cast<size_t>(strategy.fuse_grad_size_in_num);
+  struct Group {
+    std::vector<std::string> names;
+    std::vector<int64_t> numels;
+    DType dtype;
+    double bytes = 0;
+    size_t last_writer = 0;
+  };
+  std::vector<Group> groups;
+  for (const auto& g : grads) {
+    const VarDesc* v = mb.MustFindVar(g.name);
+    const DDim d = v->dims();
+    KEEL_ENFORCE(d.known(), "fuse_all_reduce_ops: gradient '", g.name, "' has shape ", d.str(),
+                 "; only gradients of known shape can be fused");
+    const double bytes = static_cast<double>(d.numel()) * SizeOf(v->dtype());
+    if (groups.empty() || groups.back().dtype != v->dtype() ||
+        groups.back().names.size() >= limit_num || groups.back().bytes + bytes > limit_bytes)
+      groups.push_back(Group{{}, {}, v->dtype(), 0, 0});
+    Group& grp = groups.back();
+    grp.names.push_back(g.name);
+    grp.numels.push_back(d.numel());
+    grp.bytes += bytes;
+    grp.last_writer = std::max(grp.last_writer, g.writer);
+  }
+  // The fused buffers, declared.
+  std::vector<std::string> fused(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    fused[k] = "@FUSED_GRAD@" + std::to_string(k);
+    KEEL_ENFORCE(mb.FindVar(fused[k]) == nullptr, "fuse_all_reduce_ops: the program already has a "
+                 "var named '", fused[k], "' (transpiled twice?)");
+    VarDesc* v = mb.Var(fused[k]);
+    v->set_dtype(groups[k].dtype);
+    int64_t total = 0;
+    for (int64_t n : groups[k].numels) total += n;
+    v->set_shape({total});
+  }
+  // One all-reduce per group after its last writer, from the back so indices stay valid (groups
+  // sharing a last writer keep their order).
+  for (size_t k = groups.size(); k-- > 0;) {
+    const int ring = static_cast<int>(k) % nrings;
+    rings_used->insert(ring);
+    const size_t at = groups[k].last_writer + 1;
+    InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], ring, kBackward);
+    InsertInPlace(mb, at + 1, "c_allreduce_sum", fused[k], ring, kBackward);
+  }
+  // The coalesce ops, before the first backward op (the loss-gradient fill).
+  size_t first = 0;
+  while (first < mb.num_ops() && !(Role(*mb.op(first)) & kBackward)) ++first;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    OpDesc* op = mb.InsertOp(first + k, "coalesce_tensor");
+    op->SetInput("Input", groups[k].names);
+    op->SetOutput("Output", groups[k].names);
+    op->SetOutput("FusedOutput", {fused[k]});
+    op->SetAttr("numels", groups[k].numels);
+    op->SetAttr("dtype", static_cast<int>(groups[k].dtype));
+    op->SetAttr("copy_data", false);
+    op->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(op, &mb);
+  }
 }
 
 }  // namespace
@@ -81,24 +153,36 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   KEEL_ENFORCE(scaled, "grad_allreduce: the main program has no loss-gradient op; call "
                        "minimize (append_backward) before transpiling");
 
-  // All-reduce each gradient right after its last writer.
-  int grad_count = 0;
-  std::set<int> rings_used;
+  // Parameter gradients in the order backward produces them, with the op that last writes each.
+  struct Grad {
+    std::string name;
+    size_t writer;
+  };
+  std::vector<Grad> grads;
   for (size_t i = 0; i < mb.num_ops(); ++i) {
     const OpDesc& op = *mb.op(i);
     if (Role(op) != kBackward || !op.HasAttr(kOpRoleVarAttr)) continue;
     const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     KEEL_ENFORCE(pairs.size() % 2 == 0, "grad_allreduce: op ", op.type(),
                  " has an odd op_role_var list");
-    size_t at = i + 1;
-    for (size_t k = 0; k < pairs.size(); k += 2) {
-      const std::string& grad = pairs[k + 1];
-      int ring = grad_count++ % nrings;
+    for (size_t k = 0; k < pairs.size(); k += 2) grads.push_back({pairs[k + 1], i});
+  }
+
+  std::set<int> rings_used;
+  if (!strategy.fuse_all_reduce_ops) {
+    // All-reduce each gradient right after its last writer (from the back, so that the writer
+    // indices stay valid).
+    for (size_t k = grads.size(); k-- > 0;) {
+      const int ring = static_cast<int>(k) % nrings;
       rings_used.insert(ring);
-      InsertInPlace(mb, at++, "c_sync_calc_stream", grad, ring, kBackward);
-      InsertInPlace(mb, at++, "c_allreduce_sum", grad, ring, kBackward);
+      // Right after the writer: a later gradient of the same writer was placed there already
+      // and moves down behind this one.
+      const size_t at = grads[k].writer + 1;
+      InsertInPlace(mb, at, "c_sync_calc_stream", grads[k].name, ring, kBackward);
+      InsertInPlace(mb, at + 1, "c_allreduce_sum", grads[k].name, ring, kBackward);
     }
-    i = at - 1;
+  } else {
+    FuseGradients(mb, strategy, nrings, &rings_used, grads);
   }
 
   // Wait for the rings before the first optimizer op.

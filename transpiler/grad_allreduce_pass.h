@@ -9,8 +9,15 @@
 //   main: the loss gradient is scaled by 1/nranks right after it is filled; right after the op
 //     that last writes each parameter gradient, c_sync_calc_stream then c_allreduce_sum on ring
 //     (i % nccl_comm_num), i counting gradients in the order backward produces them; one
-//     c_sync_comm_stream per ring before the first optimizer op.
-// Leaves alone: forward and optimizer ops, var declarations (no new vars), block structure.
+//     c_sync_comm_stream per ring before the first optimizer op;
+//   with strategy.fuse_all_reduce_ops: gradients, in the order backward produces them, are
+//     grouped (same dtype, up to fuse_grad_size_in_MB megabytes and fuse_grad_size_in_num
+//     tensors; a gradient over the size limit alone); before the first backward op a
+//     coalesce_tensor per group makes its gradients slices of a new var "@FUSED_GRAD@k", and
+//     right after the group's last gradient is written, c_sync_calc_stream then one
+//     c_allreduce_sum of that buffer on ring (k % nccl_comm_num).
+// Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
+//   buffers.
 #pragma once
 
 #include "transpiler/pass.h"

@@ -11,6 +11,8 @@
 DEFINE_int32(global_batch, 24, "Rows per step over all ranks.");
 DEFINE_int32(steps, 20, "Training steps.");
 DEFINE_int32(rings, 1, "nccl_comm_num.");
+DEFINE_bool(fuse, false, "fuse_all_reduce_ops.");
+DEFINE_int32(fuse_num, 8, "fuse_grad_size_in_num.");
 DEFINE_string(out, "", "Directory rank 0 saves the parameters to.");
 DEFINE_int32(hidden, 16, "Hidden width.");
 
@@ -35,6 +37,8 @@ int main(int argc, char** argv) {
       loss = layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y));
       fleet::DistributedStrategy strategy;
       strategy.nccl_comm_num = FLAGS_rings;
+      strategy.fuse_all_reduce_ops = FLAGS_fuse;
+      strategy.fuse_grad_size_in_num = FLAGS_fuse_num;
       fleet::distributed_optimizer(optimizer::SGD(0.5f), strategy).minimize(loss, &startup);
     }
     Executor exe;

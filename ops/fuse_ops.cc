@@ -1,0 +1,123 @@
+// coalesce_tensor (Paddle's op of that name): lays several tensors out as slices of one contiguous
+// buffer, so that one collective covers them all. The transpiler's gradient fusion runs it at the
+// start of backward on each group of parameter gradients (Input = Output = the gradients,
+// copy_data false): every gradient becomes a view into FusedOutput, the kernels that write the
+// gradients write into those views (a kernel keeps an output's allocation when it has room), and
+// one c_allreduce_sum of FusedOutput reduces the whole group.
+#include <cstring>
+
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+
+namespace keel {
+
+namespace {
+
+int64_t Total(const std::vector<int64_t>& numels) {
+  int64_t t = 0;
+  for (int64_t n : numels) t += n;
+  return t;
+}
+
+// Output[i] = Input[i] (the same vars); FusedOutput = [sum of numels], numels[i] being Input[i]'s
+// element count, which must be known at build time.
+void CoalesceShape(InferShapeContext& ctx) {
+  const auto& numels = ctx.Attr<std::vector<int64_t>>("numels");
+  const int n = ctx.NumInputs("Input");
+  KEEL_SHAPE_CHECK(ctx.NumOutputs("Output") == n, "Output must list the ", n,
+                   " Input vars, got ", ctx.NumOutputs("Output"));
+  KEEL_SHAPE_CHECK(static_cast<int>(numels.size()) == n, "numels has ", numels.size(),
+                   " entries for ", n, " inputs");
+  const DType dtype = static_cast<DType>(ctx.Attr<int>("dtype"));
+  for (int i = 0; i < n; ++i) {
+    KEEL_SHAPE_CHECK(ctx.op().Output("Output")[i] == ctx.op().Input("Input")[i], "Output[", i,
+                     "] '", ctx.op().Output("Output")[i], "' must be Input[", i, "] '",
+                     ctx.op().Input("Input")[i], "' (the slices replace the vars in place)");
+    KEEL_SHAPE_CHECK(numels[i] > 0, "numels[", i, "] must be positive, got ", numels[i]);
+    if (ctx.IsRuntime()) continue;  // a gradient has no tensor before its first backward
+    const DDim d = ctx.GetInputDim("Input", i);
+    KEEL_SHAPE_CHECK(d.known() && d.numel() == numels[i], "Input[", i, "] '",
+                     ctx.InputName("Input", i), "' has shape ", d, ", numels[", i, "] says ",
+                     numels[i], " elements");
+    KEEL_SHAPE_CHECK(ctx.GetInputDType("Input", i) == dtype, "Input[", i, "] '",
+                     ctx.InputName("Input", i), "' is ", DTypeName(ctx.GetInputDType("Input", i)),
+                     ", the fused buffer ", DTypeName(dtype));
+  }
+  ctx.SetOutputDim("FusedOutput", DDim{Total(numels)});
+  ctx.SetOutputDType("FusedOutput", dtype);
+}
+
+class CoalesceKernel : public OpKernel {
+ public:
+  explicit CoalesceKernel(const OpDesc& op)
+      : numels_(op.Attr<std::vector<int64_t>>("numels")),
+        dtype_(static_cast<DType>(op.Attr<int>("dtype"))),
+        copy_data_(op.Attr<bool>("copy_data")),
+        set_constant_(op.Attr<bool>("set_constant")),
+        constant_(op.Attr<float>("constant")) {}
+
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* fused = ctx.Output("FusedOutput");
+    fused->Resize(DDim{Total(numels_)});
+    char* base = static_cast<char*>(fused->mutable_data(dtype_, ctx.place()));
+    const size_t esize = SizeOf(dtype_);
+    if (set_constant_) {
+      VisitDType(dtype_, [&](auto v) {
+        using T = decltype(v);
+        T* p = reinterpret_cast<T*>(base);
+        std::fill(p, p + fused->numel(), static_cast<T>(constant_));
+      });
+    }
+    int64_t offset = 0;
+    for (size_t i = 0; i < numels_.size(); ++i) {
+      Tensor* out = ctx.Output("Output", static_cast<int>(i));
+      char* slot = base + offset * esize;
+      if (copy_data_) {
+        const Tensor& in = ctx.Input("Input", static_cast<int>(i));
+        KEEL_ENFORCE(in.initialized() && in.numel() == numels_[i] && in.dtype() == dtype_,
+                     "copy_data: Input[", i, "] '", ctx.op().Input("Input")[i], "' holds ",
+                     in.initialized() ? in.dims().str() : "nothing", ", expected ", numels_[i],
+                     " elements of ", DTypeName(dtype_));
+        if (in.raw_data() != slot) std::memmove(slot, in.raw_data(), numels_[i] * esize);
+      }
+      // A view of the slice; it keeps the var's own shape once it has one.
+      const DDim dims = out->initialized() && out->dims().known() &&
+                                out->dims().numel() == numels_[i]
+                            ? out->dims()
+                            : DDim{numels_[i]};
+      *out = fused->Slice(offset, offset + numels_[i]);
+      out->Resize(dims);
+      offset += numels_[i];
+    }
+  }
+
+ private:
+  std::vector<int64_t> numels_;
+  DType dtype_;
+  bool copy_data_, set_constant_;
+  float constant_;
+};
+
+template <typename T>
+class CoalesceKernelT : public CoalesceKernel {
+ public:
+  using CoalesceKernel::CoalesceKernel;
+};
+
+}  // namespace
+
+KEEL_REGISTER_OP(coalesce_tensor)
+    .Doc("Makes Input[i] (= Output[i]) views into one contiguous FusedOutput, in order; "
+         "copy_data copies their values in first, set_constant fills the buffer")
+    .InputList("Input", "the tensors to lay out contiguously")
+    .OutputList("Output", "the same vars, now slices of FusedOutput")
+    .Output("FusedOutput", "the contiguous buffer, 1-D")
+    .RequiredAttr<std::vector<int64_t>>("numels", "elements of each input, in order")
+    .RequiredAttr<int>("dtype", "the common dtype (DType code)")
+    .Attr<bool>("copy_data", false, "copy the inputs' values into the buffer")
+    .Attr<bool>("set_constant", false, "fill the buffer with `constant`")
+    .Attr<float>("constant", 0.0f, "the fill value for set_constant")
+    .Shape(CoalesceShape);
+KEEL_REGISTER_CPU_KERNEL(coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
+
+}  // namespace keel
