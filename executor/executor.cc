@@ -42,6 +42,7 @@ struct Executor::Plan {
     std::string trace_detail;  // "#i -> first output", for the profiler
   };
   uint64_t version = 0;
+  int block = 0;
   std::vector<Op> ops;
   std::unordered_map<std::string, std::pair<Variable*, const VarDesc*>> vars;
   std::vector<Variable*> temporaries;
@@ -58,28 +59,36 @@ Executor::Executor(const Place& place, ExecutionStrategy strategy)
 Executor::~Executor() = default;
 
 int64_t Executor::RunCount(const Program& program) const {
-  auto it = plans_.find(program.id());
+  auto it = plans_.find({program.id(), 0});
   return it == plans_.end() ? 0 : it->second->runs;
 }
 
-Executor::Plan& Executor::GetPlan(const Program& program) {
-  auto& slot = plans_[program.id()];
+Executor::Plan& Executor::GetPlan(const Program& program, int block) {
+  KEEL_ENFORCE(block >= 0 && block < program.num_blocks(), "block ", block,
+               " is not a block of the program (it has ", program.num_blocks(), ")");
+  auto& slot = plans_[{program.id(), block}];
   if (!slot || slot->version != program.version()) {
     int64_t runs = slot ? slot->runs : 0;
-    slot = BuildPlan(program);
+    slot = BuildPlan(program, block);
     slot->runs = runs;
   }
   return *slot;
 }
 
-std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program) {
+std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int block_idx) {
   auto plan = std::make_unique<Plan>();
   plan->version = program.version();
-  const Block& block = program.global_block();
-  for (VarDesc* v : block.AllVars()) {
-    Variable* var = v->persistable() ? scope_->Var(v->name()) : local_scope_->Var(v->name());
-    plan->vars[v->name()] = {var, v};
-    if (!v->persistable()) plan->temporaries.push_back(var);
+  plan->block = block_idx;
+  const Block& block = program.block(block_idx);
+  // The block's vars and those of its ancestors (a sub-block reads and writes its parent's):
+  // the nearest declaration of a name wins.
+  for (int b = block_idx; b >= 0; b = program.block(b).parent_idx()) {
+    for (VarDesc* v : program.block(b).AllVars()) {
+      if (plan->vars.count(v->name())) continue;
+      Variable* var = v->persistable() ? scope_->Var(v->name()) : local_scope_->Var(v->name());
+      plan->vars[v->name()] = {var, v};
+      if (!v->persistable() && b == block_idx) plan->temporaries.push_back(var);
+    }
   }
   std::random_device rd;
   for (size_t i = 0; i < block.num_ops(); ++i) {
@@ -93,6 +102,8 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program) {
       KEEL_THROW("op #", i, " ", op->type(), " (", SlotsText(op->inputs()), "): ", e.what());
     }
     p.ctx = std::make_unique<ExecutionContext>(op, place_);
+    const Program* prog = &program;
+    p.ctx->set_block_runner([this, prog](int idx) { RunOps(*prog, GetPlan(*prog, idx)); });
     p.trace_detail = "#" + std::to_string(i);
     for (auto& kv : op->outputs())
       if (!kv.second.empty()) {
@@ -153,20 +164,7 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     }
   }
 
-  for (size_t i = 0; i < plan.ops.size(); ++i) {
-    Plan::Op& op = plan.ops[i];
-    profiler::RecordEvent span("op", op.desc->type(), op.trace_detail);
-    try {
-      if (op.schema->infer_shape()) {
-        RuntimeInferShapeContext shape_ctx(*op.ctx);
-        op.schema->infer_shape()(shape_ctx);
-      }
-      op.kernel->Compute(*op.ctx);
-    } catch (const Error& e) {
-      KEEL_THROW("op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
-                 SlotsText(op.desc->outputs()), "): ", e.what());
-    }
-  }
+  RunOps(program, plan);
   ++plan.runs;
 
   std::vector<Tensor> results;
@@ -183,9 +181,32 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   }
 
   int drop = strategy_.num_iteration_per_drop_scope;
-  if (drop > 0 && plan.runs % drop == 0)
-    for (Variable* v : plan.temporaries) v->mutable_tensor()->clear();
+  if (drop > 0 && plan.runs % drop == 0) {
+    // This block's temporaries and those of the sub-blocks it ran.
+    for (auto it = plans_.lower_bound({program.id(), 0});
+         it != plans_.end() && it->first.first == program.id(); ++it)
+      for (Variable* v : it->second->temporaries) v->mutable_tensor()->clear();
+  }
   return results;
+}
+
+void Executor::RunOps(const Program& program, Plan& plan) {
+  const std::string where =
+      plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    Plan::Op& op = plan.ops[i];
+    profiler::RecordEvent span("op", op.desc->type(), op.trace_detail);
+    try {
+      if (op.schema->infer_shape()) {
+        RuntimeInferShapeContext shape_ctx(*op.ctx);
+        op.schema->infer_shape()(shape_ctx);
+      }
+      op.kernel->Compute(*op.ctx);
+    } catch (const Error& e) {
+      KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()),
+                 " -> ", SlotsText(op.desc->outputs()), "): ", e.what());
+    }
+  }
 }
 
 }  // namespace keel

@@ -1,4 +1,4 @@
-// Executor: runs block 0 of a program on one place.
+// Executor: runs block 0 of a program on one place (and the sub-blocks its control-flow ops run).
 //
 // A plan (kernels created once, every op's inputs/outputs resolved to Variable pointers) is built
 // the first time a program is run and reused while the program is unchanged, so a step does no
@@ -52,14 +52,16 @@ class Executor {
 
  private:
   struct Plan;
-  Plan& GetPlan(const Program& program);
-  std::unique_ptr<Plan> BuildPlan(const Program& program);
+  // The plan of block `block` of `program`, built or rebuilt when the program changed.
+  Plan& GetPlan(const Program& program, int block = 0);
+  std::unique_ptr<Plan> BuildPlan(const Program& program, int block);
+  void RunOps(const Program& program, Plan& plan);
 
   Place place_;
   ExecutionStrategy strategy_;
   std::unique_ptr<Scope> scope_;
   Scope* local_scope_;
-  std::map<uint64_t, std::unique_ptr<Plan>> plans_;
+  std::map<std::pair<uint64_t, int>, std::unique_ptr<Plan>> plans_;  // (program id, block)
 };
 
 }  // namespace keel

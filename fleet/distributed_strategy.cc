@@ -36,7 +36,7 @@ const StrategyPass kStrategyPasses[] = {
      true},
     {"use_hierarchical_allreduce",
      [](const DistributedStrategy& s) { return s.use_hierarchical_allreduce; }, false},
-    {"use_local_sgd", [](const DistributedStrategy& s) { return s.use_local_sgd; }, false},
+    {"use_local_sgd", [](const DistributedStrategy& s) { return s.use_local_sgd; }, true},
 };
 
 const char* Bool(bool b) { return b ? "true" : "false"; }

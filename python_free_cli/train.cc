@@ -31,6 +31,12 @@ DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
+DEFINE_int32(local_sgd_steps, 0,
+             "Multi-worker: LocalSGD (DistributedStrategy.use_local_sgd): each worker steps alone "
+             "and parameters are averaged every this many steps; 0: synchronous training.");
+DEFINE_int32(local_sgd_warmup_steps, 0,
+             "LocalSGD: synchronous steps (parameters averaged every step) before the first local "
+             "one.");
 DEFINE_bool(fuse_all_reduce_ops, true,
             "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
             "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
@@ -57,6 +63,11 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   fleet::DistributedStrategy strategy;
   strategy.nccl_comm_num = FLAGS_nccl_comm_num;
   strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
+  KEEL_ENFORCE(FLAGS_local_sgd_steps >= 0, "--local_sgd_steps must be >= 0, got ",
+               FLAGS_local_sgd_steps);
+  strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
+  if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
+  strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };

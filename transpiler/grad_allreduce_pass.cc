@@ -102,12 +102,9 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
 
 }  // namespace
 
-void GradAllReducePass::Apply(Program& main, Program& startup,
-                              const fleet::DistributedStrategy& strategy,
-                              const fleet::Role& role) const {
-  const int nrings = strategy.nccl_comm_num;
+void AppendRingsAndParamBroadcast(const Program& main, Program& startup, int nrings,
+                                  const fleet::Role& role) {
   const int nranks = role.world_size;
-  KEEL_ENFORCE(nrings >= 1, "grad_allreduce: nccl_comm_num must be >= 1, got ", nrings);
   const int device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
 
   // ---- startup: rings, then every parameter from rank 0.
@@ -133,6 +130,15 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   if (!last_param.empty())
     InsertInPlace(sb, sb.num_ops(), "c_sync_comm_stream", last_param, 0,
                   static_cast<int>(OpRole::kForward));
+}
+
+void GradAllReducePass::Apply(Program& main, Program& startup,
+                              const fleet::DistributedStrategy& strategy,
+                              const fleet::Role& role) const {
+  const int nrings = strategy.nccl_comm_num;
+  const int nranks = role.world_size;
+  KEEL_ENFORCE(nrings >= 1, "grad_allreduce: nccl_comm_num must be >= 1, got ", nrings);
+  AppendRingsAndParamBroadcast(main, startup, nrings, role);
 
   // ---- main.
   Block& mb = main.global_block();

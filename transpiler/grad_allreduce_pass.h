@@ -25,6 +25,12 @@
 namespace keel {
 namespace transpiler {
 
+// Startup for any data-parallel pass: one c_comm_init per ring (nrings rings), then a c_broadcast
+// of every parameter of `main` from rank 0 and a c_sync_comm_stream. A parameter the startup
+// program does not initialize is a keel::Error naming it.
+void AppendRingsAndParamBroadcast(const Program& main, Program& startup, int nrings,
+                                  const fleet::Role& role);
+
 class GradAllReducePass : public Pass {
  public:
   std::string name() const override { return "grad_allreduce"; }

@@ -2,6 +2,7 @@
 // builds its plan; kernels read them here on every run without name lookups in scopes.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,13 @@ class ExecutionContext {
   const Place& place() const { return place_; }
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
+  // Runs block `idx` of the op's program in the same scopes (control-flow ops); set by the
+  // executor.
+  void RunBlock(int idx) const {
+    KEEL_ENFORCE(run_block_ != nullptr, "op ", op_->type(), ": this executor cannot run blocks");
+    run_block_(idx);
+  }
+  void set_block_runner(std::function<void(int)> f) { run_block_ = std::move(f); }
 
   void AddInput(std::string slot, std::vector<Variable*> vars) {
     ins_.push_back(Slot{std::move(slot), std::move(vars)});
@@ -65,6 +73,7 @@ class ExecutionContext {
   Place place_;
   uint64_t seed_ = 0;
   std::vector<Slot> ins_, outs_;
+  std::function<void(int)> run_block_;
 };
 
 // Runs shape functions over live tensors: outputs are resized before the kernel runs.

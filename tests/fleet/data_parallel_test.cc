@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <set>
+#include <sstream>
 
 #include "framework/io/io.h"
 #include "tests/util/subprocess.h"
@@ -13,17 +15,20 @@ namespace keel::testing {
 namespace {
 
 NamedTensors Train(int nranks, int rings, const std::string& dir,
-                   const std::string& backend = "auto", int fuse_num = 0) {
+                   const std::string& backend = "auto", int fuse_num = 0,
+                   const std::string& extra = "", std::string* output = nullptr) {
   std::string worker = BinPath("mlp_dp_worker") + " --global_batch=24 --steps=20 --rings=" +
                        std::to_string(rings) + " --out=" + dir + "/rank${RANK:-0}" +
-                       (fuse_num > 0 ? " --fuse --fuse_num=" + std::to_string(fuse_num) : "");
+                       (fuse_num > 0 ? " --fuse --fuse_num=" + std::to_string(fuse_num) : "") +
+                       extra;
   std::string cmd = nranks == 1 ? worker
                                 : "FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=" + backend +
                                       " " + BinPath("keel") +
                                       " launch --nproc_per_node=" + std::to_string(nranks) +
                                       " --log_dir=" + dir + "/log sh -c '" + worker + "'";
-  auto r = RunCommand(cmd);
+  auto r = RunCommand(cmd + (nranks == 1 ? "" : "; cat " + dir + "/log/workerlog.*"));
   EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  if (output) *output = r.output;
   return LoadSafetensors(dir + "/rank0/" + kPersistablesFile);
 }
 
@@ -61,6 +66,68 @@ TEST(DataParallel, NRanksOnBOverNRowsMatchOneRankOnB) {
       for (int r = 1; r < n; ++r)
         EXPECT_NE(::stat((d + "/rank" + std::to_string(r)).c_str(), &st), 0) << "rank " << r;
     }
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// Every tensor of `ref` is in `got` (which may hold more: LocalSGD's snapshots and counters).
+const Tensor* Find(const NamedTensors& t, const std::string& name) {
+  for (auto& kv : t)
+    if (kv.first == name) return &kv.second;
+  return nullptr;
+}
+
+void ExpectNear(const NamedTensors& got, const NamedTensors& ref) {
+  for (size_t k = 0; k < ref.size(); ++k) {
+    const Tensor* found = Find(got, ref[k].first);
+    ASSERT_NE(found, nullptr) << ref[k].first;
+    const Tensor& a = ref[k].second;
+    const Tensor& b = *found;
+    ASSERT_EQ(a.dims(), b.dims());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      float x = a.data<float>()[i], y = b.data<float>()[i];
+      ASSERT_NEAR(y, x, 1e-5f * std::abs(x) + 1e-6f) << ref[k].first << "[" << i << "]";
+    }
+  }
+}
+
+// The "rank R params S W" lines of every rank, which must all be equal.
+std::set<std::string> ParamLines(const std::string& output) {
+  std::set<std::string> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("rank ", 0) == 0 && line.find(" params ") != std::string::npos)
+      lines.insert(line.substr(line.find(" params ")));
+  return lines;
+}
+
+// LocalSGD with plain SGD and K = 1 averages, every step, the ranks' steps from equal parameters:
+// that is synchronous SGD on the whole batch. With K = 3 after 2 warm-up steps the ranks drift
+// apart between averages and agree again after each; 20 steps end on an average.
+TEST(DataParallel, LocalSgdWithKOneIsSynchronousAndRanksAgreeAfterEachAverage) {
+  std::string dir = MakeTempDir();
+  NamedTensors ref = Train(1, 1, dir + "/single");
+  ASSERT_FALSE(ref.empty());
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    std::string out;
+    NamedTensors k1 = Train(n, 2, dir + "/k1n" + std::to_string(n), "auto", 0,
+                            " --local_sgd_steps=1", &out);
+    ExpectNear(k1, ref);
+    EXPECT_EQ(ParamLines(out).size(), 1u) << out;
+
+    NamedTensors k3 = Train(n, 1, dir + "/k3n" + std::to_string(n), "auto", 0,
+                            " --local_sgd_steps=3 --local_sgd_warmup=2", &out);
+    auto lines = ParamLines(out);
+    EXPECT_EQ(lines.size(), 1u) << out;  // every rank printed the same parameters
+    // Local steps change the result: not the synchronous one.
+    double diff = 0;
+    for (size_t k = 0; k < ref.size(); ++k)
+      for (int64_t i = 0; i < ref[k].second.numel(); ++i)
+        diff = std::max<double>(diff, std::abs(ref[k].second.data<float>()[i] -
+                                               Find(k3, ref[k].first)->data<float>()[i]));
+    EXPECT_GT(diff, 1e-4);
   }
   RunCommand("rm -rf " + dir);
 }

@@ -134,7 +134,6 @@ TEST(DistributedStrategy, SwitchesWithoutAPassAreRefusedNotIgnored) {
   const std::vector<std::pair<std::string, std::function<void(DistributedStrategy*)>>> cases = {
       {"use_hierarchical_allreduce",
        [](DistributedStrategy* s) { s->use_hierarchical_allreduce = true; }},
-      {"use_local_sgd", [](DistributedStrategy* s) { s->use_local_sgd = true; }},
   };
   for (const auto& [field, edit] : cases) {
     SCOPED_TRACE(field);
@@ -156,6 +155,7 @@ TEST(DistributedStrategy, SwitchesWithoutAPassAreRefusedNotIgnored) {
   allowed.sync_nccl_allreduce = false;
   allowed.fuse_grad_size_in_MB = 1;
   allowed.fuse_all_reduce_ops = true;  // has its pass
+  allowed.use_local_sgd = true;        // likewise
   EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(allowed));
 }
 

@@ -13,6 +13,8 @@ DEFINE_int32(steps, 20, "Training steps.");
 DEFINE_int32(rings, 1, "nccl_comm_num.");
 DEFINE_bool(fuse, false, "fuse_all_reduce_ops.");
 DEFINE_int32(fuse_num, 8, "fuse_grad_size_in_num.");
+DEFINE_int32(local_sgd_steps, 0, "use_local_sgd with these local_sgd_steps (0: off).");
+DEFINE_int32(local_sgd_warmup, 0, "local_sgd_warmup_steps.");
 DEFINE_string(out, "", "Directory rank 0 saves the parameters to.");
 DEFINE_int32(hidden, 16, "Hidden width.");
 
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
       strategy.nccl_comm_num = FLAGS_rings;
       strategy.fuse_all_reduce_ops = FLAGS_fuse;
       strategy.fuse_grad_size_in_num = FLAGS_fuse_num;
+      strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
+      if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
+      strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup;
       fleet::distributed_optimizer(optimizer::SGD(0.5f), strategy).minimize(loss, &startup);
     }
     Executor exe;
@@ -56,6 +61,18 @@ int main(int argc, char** argv) {
       exe.Run(fleet::main_program(),
               {{"x", Tensor::FromVector(lx, {local, 8})}, {"y", Tensor::FromVector(ly, {local, 1})}});
     }
+    // A fingerprint of this rank's parameters, to compare ranks by.
+    double sum = 0, weighted = 0;
+    int64_t k = 0;
+    for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+      if (!v->is_parameter()) continue;
+      const Tensor& t = exe.scope().FindVar(v->name())->tensor();
+      for (int64_t i = 0; i < t.numel(); ++i, ++k) {
+        sum += t.data<float>()[i];
+        weighted += t.data<float>()[i] * static_cast<double>(k % 7 + 1);
+      }
+    }
+    std::printf("rank %d params %.9g %.9g\n", rank, sum, weighted);
     if (!FLAGS_out.empty()) fleet::save_persistables(exe, FLAGS_out);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,0 +1,130 @@
+#include "transpiler/local_sgd_pass.h"
+
+#include <set>
+#include <vector>
+
+#include "framework/op/op_registry.h"
+#include "transpiler/grad_allreduce_pass.h"
+
+namespace keel {
+namespace transpiler {
+
+namespace {
+
+constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
+constexpr int kForward = static_cast<int>(OpRole::kForward);
+
+int Role(const OpDesc& op) { return op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0; }
+
+// Appends `type` to `block` with the given slots and attrs (role included), checked at build.
+OpDesc* Add(Block& block, const std::string& type,
+            const std::map<std::string, std::vector<std::string>>& ins,
+            const std::map<std::string, std::vector<std::string>>& outs,
+            std::map<std::string, Attribute> attrs, int role) {
+  OpDesc* op = block.AppendOp(type);
+  for (auto& kv : ins) op->SetInput(kv.first, kv.second);
+  for (auto& kv : outs) op->SetOutput(kv.first, kv.second);
+  for (auto& kv : attrs) op->SetAttr(kv.first, kv.second);
+  op->SetAttr(kOpRoleAttr, role);
+  InferShapeAtBuild(op, &block);
+  return op;
+}
+
+VarDesc* Declare(Block& block, const std::string& name, DType dtype, std::vector<int64_t> shape,
+                 bool persistable) {
+  KEEL_ENFORCE(block.FindVar(name) == nullptr, "local_sgd: the program already has a var named '",
+               name, "' (transpiled twice?)");
+  VarDesc* v = block.Var(name);
+  v->set_dtype(dtype);
+  v->set_shape(shape);
+  v->set_persistable(persistable);
+  v->set_stop_gradient(true);
+  return v;
+}
+
+}  // namespace
+
+void LocalSGDPass::Apply(Program& main, Program& startup,
+                         const fleet::DistributedStrategy& strategy,
+                         const fleet::Role& role) const {
+  const int nrings = strategy.nccl_comm_num;
+  KEEL_ENFORCE(nrings >= 1, "local_sgd: nccl_comm_num must be >= 1, got ", nrings);
+  KEEL_ENFORCE(strategy.local_sgd_steps >= 1, "local_sgd: local_sgd_steps must be >= 1, got ",
+               strategy.local_sgd_steps);
+  KEEL_ENFORCE(strategy.local_sgd_warmup_steps >= 0,
+               "local_sgd: local_sgd_warmup_steps must be >= 0, got ",
+               strategy.local_sgd_warmup_steps);
+  Block& mb = main.global_block();
+  bool has_optimizer = false;
+  for (size_t i = 0; i < mb.num_ops(); ++i) has_optimizer |= Role(*mb.op(i)) == kOptimize;
+  KEEL_ENFORCE(has_optimizer, "local_sgd: the main program has no optimizer ops; call minimize "
+                              "before transpiling");
+
+  AppendRingsAndParamBroadcast(main, startup, nrings, role);
+
+  // ---- the state: snapshots and counters, declared in both programs, set by startup.
+  Block& sb = startup.global_block();
+  std::vector<std::string> params;
+  for (VarDesc* v : mb.AllVars())
+    if (v->is_parameter()) params.push_back(v->name());
+  KEEL_ENFORCE(!params.empty(), "local_sgd: the main program has no parameters");
+  auto snapshot = [](const std::string& p) { return p + "@LOCAL_SGD_SNAPSHOT"; };
+  for (const std::string& p : params) {
+    const VarDesc* pv = mb.MustFindVar(p);
+    for (Block* b : {&mb, &sb}) Declare(*b, snapshot(p), pv->dtype(), pv->shape(), true);
+    Add(sb, "assign", {{"X", {p}}}, {{"Out", {snapshot(p)}}}, {}, kForward);
+  }
+  const std::string step = "@LOCAL_SGD_STEP@", since = "@LOCAL_SGD_SINCE@",
+                    warmup = "@LOCAL_SGD_WARMUP@", k = "@LOCAL_SGD_K@";
+  const std::vector<std::pair<std::string, int64_t>> counters = {
+      {step, 0}, {since, 0}, {warmup, strategy.local_sgd_warmup_steps},
+      {k, strategy.local_sgd_steps}};
+  for (const auto& [name, value] : counters) {
+    for (Block* b : {&mb, &sb}) Declare(*b, name, DType::kInt64, {1}, true);
+    Add(sb, "fill_constant", {}, {{"Out", {name}}},
+        {{"shape", std::vector<int64_t>{1}}, {"value", static_cast<float>(value)},
+         {"dtype", static_cast<int>(DType::kInt64)}},
+        kForward);
+  }
+
+  // ---- main: count, decide, and maybe average.
+  const std::string in_warmup = "@LOCAL_SGD_IN_WARMUP@", due = "@LOCAL_SGD_DUE@",
+                    sync = "@LOCAL_SGD_SYNC@";
+  for (const std::string& c : {in_warmup, due, sync}) Declare(mb, c, DType::kBool, {1}, false);
+  Add(mb, "increment", {{"X", {step}}}, {{"Out", {step}}}, {{"step", 1.0f}}, kOptimize);
+  Add(mb, "increment", {{"X", {since}}}, {{"Out", {since}}}, {{"step", 1.0f}}, kOptimize);
+  Add(mb, "less_equal", {{"X", {step}}, {"Y", {warmup}}}, {{"Out", {in_warmup}}}, {}, kOptimize);
+  Add(mb, "greater_equal", {{"X", {since}}, {"Y", {k}}}, {{"Out", {due}}}, {}, kOptimize);
+  Add(mb, "logical_or", {{"X", {in_warmup}}, {"Y", {due}}}, {{"Out", {sync}}}, {}, kOptimize);
+
+  Block& avg = main.AppendBlock(0);
+  std::set<int> rings;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& p = params[i];
+    const int ring = static_cast<int>(i) % nrings;
+    rings.insert(ring);
+    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {},
+        kOptimize);
+    Add(avg, "c_sync_calc_stream", {{"X", {p}}}, {{"Out", {p}}}, {{"ring_id", ring}}, kOptimize);
+    Add(avg, "c_allreduce_sum", {{"X", {p}}}, {{"Out", {p}}}, {{"ring_id", ring}}, kOptimize);
+  }
+  for (int ring : rings)
+    Add(avg, "c_sync_comm_stream", {{"X", {params.back()}}}, {{"Out", {params.back()}}},
+        {{"ring_id", ring}}, kOptimize);
+  for (const std::string& p : params) {
+    Add(avg, "scale", {{"X", {p}}}, {{"Out", {p}}},
+        {{"scale", 1.0f / static_cast<float>(role.world_size)}}, kOptimize);
+    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {},
+        kOptimize);
+    Add(avg, "assign", {{"X", {p}}}, {{"Out", {snapshot(p)}}}, {}, kOptimize);
+  }
+  Add(avg, "fill_constant", {}, {{"Out", {since}}},
+      {{"shape", std::vector<int64_t>{1}}, {"value", 0.0f},
+       {"dtype", static_cast<int>(DType::kInt64)}},
+      kOptimize);
+  Add(mb, "conditional_block", {{"Cond", {sync}}}, {},
+      {{"sub_block", BlockRef{avg.idx()}}}, kOptimize);
+}
+
+}  // namespace transpiler
+}  // namespace keel
