@@ -35,7 +35,7 @@ const StrategyPass kStrategyPasses[] = {
     {"fuse_all_reduce_ops", [](const DistributedStrategy& s) { return s.fuse_all_reduce_ops; },
      true},
     {"use_hierarchical_allreduce",
-     [](const DistributedStrategy& s) { return s.use_hierarchical_allreduce; }, false},
+     [](const DistributedStrategy& s) { return s.use_hierarchical_allreduce; }, true},
     {"use_local_sgd", [](const DistributedStrategy& s) { return s.use_local_sgd; }, true},
 };
 
@@ -86,6 +86,12 @@ void DistributedStrategy::Validate(const Role& role) const {
                  "; it is the number of ranks per node");
   }
   KEEL_ENFORCE(local_sgd_steps >= 1, s, "local_sgd_steps=", local_sgd_steps, " must be >= 1");
+  // LocalSGD averages parameters instead of all-reducing gradients: the gradient all-reduce
+  // switches would have nothing to act on, and are refused rather than ignored.
+  KEEL_ENFORCE(!use_local_sgd || (!fuse_all_reduce_ops && !use_hierarchical_allreduce), s,
+               "use_local_sgd=true does not combine with ",
+               fuse_all_reduce_ops ? "fuse_all_reduce_ops=true" : "use_hierarchical_allreduce=true",
+               ": LocalSGD averages parameters and all-reduces no gradients");
   KEEL_ENFORCE(local_sgd_warmup_steps >= 0, s, "local_sgd_warmup_steps=", local_sgd_warmup_steps,
                " must be >= 0");
   KEEL_ENFORCE(comm_timeout_s > 0, s, "comm_timeout_s=", comm_timeout_s, " must be > 0");

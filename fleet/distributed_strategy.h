@@ -65,7 +65,7 @@ struct DistributedStrategy {
   void ApplyFlagOverrides();
 
   // Throws keel::Error listing every switch that is on but whose transpiler pass keel does not
-  // have yet (today: use_hierarchical_allreduce): refused
+  // have yet (today: every switch has its pass; the table stays for the next one): refused
   // rather than silently ignored. The table of passes is in distributed_strategy.cc.
   static void RequireImplemented(const DistributedStrategy& strategy);
 };

@@ -87,13 +87,15 @@ class CommInitKernel : public OpKernel {
       : ring_(op.Attr<int>("ring_id")),
         nranks_(op.Attr<int>("nranks")),
         rank_(op.Attr<int>("rank")),
-        device_(op.Attr<int>("device_id")) {}
+        device_(op.Attr<int>("device_id")),
+        group_(op.Attr<std::string>("group")) {}
   void Compute(ExecutionContext& ctx) override {
-    CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_);
+    CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_);
   }
 
  private:
   int ring_, nranks_, rank_, device_;
+  std::string group_;
 };
 
 std::string RankCheck(const Attribute& a) {
@@ -192,7 +194,9 @@ KEEL_REGISTER_OP(c_comm_init)
     .Attr<int>("ring_id", 0, "the ring to create", RankCheck)
     .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
     .Attr<int>("rank", 0, "this process's rank in the ring", RankCheck)
-    .Attr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a Gloo ring for CPU tensors");
+    .Attr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a ring for CPU tensors")
+    .Attr<std::string>("group", "",
+                       "which ranks meet in this ring (\"node0\": one node's ranks); empty: all");
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_comm_init, CommInitKernel, float);
 
 }  // namespace keel

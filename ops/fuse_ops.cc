@@ -13,10 +13,12 @@ namespace keel {
 
 namespace {
 
-int64_t Total(const std::vector<int64_t>& numels) {
+// The buffer's length: the inputs' elements, rounded up to a multiple of `multiple` (the tail is
+// padding that no input covers, e.g. for a reduce-scatter over that many ranks).
+int64_t Total(const std::vector<int64_t>& numels, int64_t multiple) {
   int64_t t = 0;
   for (int64_t n : numels) t += n;
-  return t;
+  return multiple > 1 ? (t + multiple - 1) / multiple * multiple : t;
 }
 
 // Output[i] = Input[i] (the same vars); FusedOutput = [sum of numels], numels[i] being Input[i]'s
@@ -43,7 +45,9 @@ void CoalesceShape(InferShapeContext& ctx) {
                      ctx.InputName("Input", i), "' is ", DTypeName(ctx.GetInputDType("Input", i)),
                      ", the fused buffer ", DTypeName(dtype));
   }
-  ctx.SetOutputDim("FusedOutput", DDim{Total(numels)});
+  KEEL_SHAPE_CHECK(ctx.Attr<int>("pad_to_multiple") >= 1, "pad_to_multiple must be >= 1, got ",
+                   ctx.Attr<int>("pad_to_multiple"));
+  ctx.SetOutputDim("FusedOutput", DDim{Total(numels, ctx.Attr<int>("pad_to_multiple"))});
   ctx.SetOutputDType("FusedOutput", dtype);
 }
 
@@ -54,11 +58,12 @@ class CoalesceKernel : public OpKernel {
         dtype_(static_cast<DType>(op.Attr<int>("dtype"))),
         copy_data_(op.Attr<bool>("copy_data")),
         set_constant_(op.Attr<bool>("set_constant")),
-        constant_(op.Attr<float>("constant")) {}
+        constant_(op.Attr<float>("constant")),
+        multiple_(op.Attr<int>("pad_to_multiple")) {}
 
   void Compute(ExecutionContext& ctx) override {
     Tensor* fused = ctx.Output("FusedOutput");
-    fused->Resize(DDim{Total(numels_)});
+    fused->Resize(DDim{Total(numels_, multiple_)});
     char* base = static_cast<char*>(fused->mutable_data(dtype_, ctx.place()));
     const size_t esize = SizeOf(dtype_);
     if (set_constant_) {
@@ -68,6 +73,10 @@ class CoalesceKernel : public OpKernel {
         std::fill(p, p + fused->numel(), static_cast<T>(constant_));
       });
     }
+    int64_t covered = 0;
+    for (int64_t n : numels_) covered += n;
+    if (fused->numel() > covered && !set_constant_)  // the padding holds zeros
+      std::memset(base + covered * esize, 0, (fused->numel() - covered) * esize);
     int64_t offset = 0;
     for (size_t i = 0; i < numels_.size(); ++i) {
       Tensor* out = ctx.Output("Output", static_cast<int>(i));
@@ -96,6 +105,7 @@ class CoalesceKernel : public OpKernel {
   DType dtype_;
   bool copy_data_, set_constant_;
   float constant_;
+  int multiple_;
 };
 
 template <typename T>
@@ -117,6 +127,7 @@ KEEL_REGISTER_OP(coalesce_tensor)
     .Attr<bool>("copy_data", false, "copy the inputs' values into the buffer")
     .Attr<bool>("set_constant", false, "fill the buffer with `constant`")
     .Attr<float>("constant", 0.0f, "the fill value for set_constant")
+    .Attr<int>("pad_to_multiple", 1, "FusedOutput's length is rounded up to a multiple of this")
     .Shape(CoalesceShape);
 KEEL_REGISTER_CPU_KERNEL(coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
 

@@ -37,6 +37,10 @@ DEFINE_int32(local_sgd_steps, 0,
 DEFINE_int32(local_sgd_warmup_steps, 0,
              "LocalSGD: synchronous steps (parameters averaged every step) before the first local "
              "one.");
+DEFINE_int32(hierarchical_allreduce_inter_nranks, 0,
+             "Multi-worker: > 0 turns on hierarchical all-reduce (use_hierarchical_allreduce) "
+             "with this many ranks per node: reduce-scatter inside a node, all-reduce across "
+             "nodes, all-gather inside the node.");
 DEFINE_bool(fuse_all_reduce_ops, true,
             "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
             "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
@@ -63,9 +67,16 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   fleet::DistributedStrategy strategy;
   strategy.nccl_comm_num = FLAGS_nccl_comm_num;
   strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
+  KEEL_ENFORCE(FLAGS_hierarchical_allreduce_inter_nranks >= 0,
+               "--hierarchical_allreduce_inter_nranks must be >= 0, got ",
+               FLAGS_hierarchical_allreduce_inter_nranks);
+  strategy.use_hierarchical_allreduce = FLAGS_hierarchical_allreduce_inter_nranks > 0;
+  strategy.hierarchical_allreduce_inter_nranks = FLAGS_hierarchical_allreduce_inter_nranks;
   KEEL_ENFORCE(FLAGS_local_sgd_steps >= 0, "--local_sgd_steps must be >= 0, got ",
                FLAGS_local_sgd_steps);
   strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
+  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside.
+  if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
   if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
   strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {

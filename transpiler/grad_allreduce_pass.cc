@@ -35,11 +35,20 @@ OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const
 // each group gets a coalesce_tensor before the first backward op, making its gradients slices of
 // "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
 // group's last gradient is written.
+// Hierarchical all-reduce: rings nrings + r (inside a node of k ranks) and 2 * nrings + r (across
+// nodes, among ranks of one local index) for flat ring r.
+struct Hierarchy {
+  bool on = false;
+  int k = 1;  // ranks per node
+};
+
 template <typename GradList>
 void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nrings,
-                   std::set<int>* rings_used, const GradList& grads) {
+                   std::set<int>* rings_used, const GradList& grads, const Hierarchy& hier) {
   const double limit_bytes = strategy.fuse_grad_size_in_MB * 1024.0 * 1024.0;
-  const size_t limit_num = static_cast<size_t>(strategy.fuse_grad_size_in_num);
+  // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
+  const size_t limit_num =
+      strategy.fuse_all_reduce_ops ? static_cast<size_t>(strategy.fuse_grad_size_in_num) : 1;
   struct Group {
     std::vector<std::string> names;
     std::vector<int64_t> numels;
@@ -73,16 +82,46 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
     v->set_dtype(groups[k].dtype);
     int64_t total = 0;
     for (int64_t n : groups[k].numels) total += n;
+    total = (total + hier.k - 1) / hier.k * hier.k;  // scattered over a node's k ranks
     v->set_shape({total});
+    if (hier.on) {
+      VarDesc* part = mb.Var(fused[k] + "@PART");
+      part->set_dtype(groups[k].dtype);
+      part->set_shape({total / hier.k});
+    }
   }
   // One all-reduce per group after its last writer, from the back so indices stay valid (groups
   // sharing a last writer keep their order).
   for (size_t k = groups.size(); k-- > 0;) {
     const int ring = static_cast<int>(k) % nrings;
-    rings_used->insert(ring);
     const size_t at = groups[k].last_writer + 1;
-    InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], ring, kBackward);
-    InsertInPlace(mb, at + 1, "c_allreduce_sum", fused[k], ring, kBackward);
+    if (!hier.on) {
+      rings_used->insert(ring);
+      InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], ring, kBackward);
+      InsertInPlace(mb, at + 1, "c_allreduce_sum", fused[k], ring, kBackward);
+      continue;
+    }
+    // Reduce-scatter inside the node, all-reduce the part across nodes, all-gather inside.
+    const int intra = nrings + ring, inter = 2 * nrings + ring;
+    rings_used->insert(intra);
+    rings_used->insert(inter);
+    const std::string part = fused[k] + "@PART";
+    InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], intra, kBackward);
+    OpDesc* rs = mb.InsertOp(at + 1, "c_reducescatter");
+    rs->SetInput("X", {fused[k]});
+    rs->SetOutput("Out", {part});
+    rs->SetAttr("ring_id", intra);
+    rs->SetAttr("nranks", hier.k);
+    rs->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(rs, &mb);
+    InsertInPlace(mb, at + 2, "c_allreduce_sum", part, inter, kBackward);
+    OpDesc* ag = mb.InsertOp(at + 3, "c_allgather");
+    ag->SetInput("X", {part});
+    ag->SetOutput("Out", {fused[k]});
+    ag->SetAttr("ring_id", intra);
+    ag->SetAttr("nranks", hier.k);
+    ag->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(ag, &mb);
   }
   // The coalesce ops, before the first backward op (the loss-gradient fill).
   size_t first = 0;
@@ -95,6 +134,7 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
     op->SetAttr("numels", groups[k].numels);
     op->SetAttr("dtype", static_cast<int>(groups[k].dtype));
     op->SetAttr("copy_data", false);
+    if (hier.k > 1) op->SetAttr("pad_to_multiple", hier.k);
     op->SetAttr(kOpRoleAttr, kBackward);
     InferShapeAtBuild(op, &mb);
   }
@@ -139,6 +179,29 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   const int nranks = role.world_size;
   KEEL_ENFORCE(nrings >= 1, "grad_allreduce: nccl_comm_num must be >= 1, got ", nrings);
   AppendRingsAndParamBroadcast(main, startup, nrings, role);
+  if (strategy.use_hierarchical_allreduce) {
+    // Per flat ring r: ring nrings + r inside this node, ring 2 * nrings + r across nodes.
+    const int k = strategy.HierarchicalInterNranks(role);
+    KEEL_ENFORCE(k >= 1 && nranks % k == 0, "grad_allreduce: ", k,
+                 " ranks per node (hierarchical_allreduce_inter_nranks) do not divide ", nranks,
+                 " ranks");
+    const int node = role.rank / k, local = role.rank % k;
+    const int device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
+    Block& sb = startup.global_block();
+    for (int r = 0; r < nrings; ++r) {
+      for (int inter = 0; inter < 2; ++inter) {
+        OpDesc* init = sb.AppendOp("c_comm_init");
+        init->SetAttr("ring_id", (inter ? 2 * nrings : nrings) + r);
+        init->SetAttr("nranks", inter ? nranks / k : k);
+        init->SetAttr("rank", inter ? node : local);
+        init->SetAttr("device_id", device);
+        init->SetAttr("group", inter ? "local" + std::to_string(local)
+                                     : "node" + std::to_string(node));
+        init->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+        InferShapeAtBuild(init, &sb);
+      }
+    }
+  }
 
   // ---- main.
   Block& mb = main.global_block();
@@ -175,7 +238,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   }
 
   std::set<int> rings_used;
-  if (!strategy.fuse_all_reduce_ops) {
+  if (!strategy.fuse_all_reduce_ops && !strategy.use_hierarchical_allreduce) {
     // All-reduce each gradient right after its last writer (from the back, so that the writer
     // indices stay valid).
     for (size_t k = grads.size(); k-- > 0;) {
@@ -188,7 +251,12 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
       InsertInPlace(mb, at + 1, "c_allreduce_sum", grads[k].name, ring, kBackward);
     }
   } else {
-    FuseGradients(mb, strategy, nrings, &rings_used, grads);
+    Hierarchy hier;
+    if (strategy.use_hierarchical_allreduce) {
+      hier.on = true;
+      hier.k = strategy.HierarchicalInterNranks(role);
+    }
+    FuseGradients(mb, strategy, nrings, &rings_used, grads, hier);
   }
 
   // Wait for the rings before the first optimizer op.

@@ -55,16 +55,18 @@ StoreClient& CommContext::store(const std::string& user) {
   return *client_;
 }
 
-void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int device) {
+void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
+                             const std::string& group) {
   StoreClient& s = store("c_comm_init");
   CommOptions opts;
   opts.my_host = config_.my_host;
   opts.timeout = config_.timeout;
-  // Unique per job (token) and per initialization round, so a re-created ring never reads the
-  // addresses of an earlier one.
-  int64_t round = s.Add("keel/ring" + std::to_string(ring_id) + "/round/rank" +
+  // Unique per job (token), group and initialization round, so a re-created ring never reads the
+  // addresses of an earlier one and sub-group rings never mix.
+  const std::string tag = group.empty() ? std::string() : "/g" + group;
+  int64_t round = s.Add("keel/ring" + std::to_string(ring_id) + tag + "/round/rank" +
                             std::to_string(rank), 1);
-  opts.prefix = config_.token + "/r" + std::to_string(round) + "/";
+  opts.prefix = config_.token + tag + "/r" + std::to_string(round) + "/";
   auto t0 = std::chrono::steady_clock::now();
   const std::string& want = FLAGS_cpu_comm_backend;
   KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo", "--cpu_comm_backend must be "

@@ -33,8 +33,11 @@ class CommContext {
   // The store client; a keel::Error when Init has not run ("call fleet::init first").
   StoreClient& store(const std::string& user);
 
-  // Creates ring `ring_id` over `ranks` of the job (all when empty) and registers it.
-  void CreateRing(int ring_id, int nranks, int rank, bool cuda, int device);
+  // Creates ring `ring_id` of `nranks` ranks, this process being `rank` in it, and registers it.
+  // `group` names which ranks meet (e.g. "node1" for an intra-node ring): rings with one id but
+  // different groups rendezvous apart. Empty: the ring spans the job.
+  void CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
+                  const std::string& group = "");
 
   // Drops rings, the client and the server (tests).
   void Reset();

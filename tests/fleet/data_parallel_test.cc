@@ -102,6 +102,31 @@ std::set<std::string> ParamLines(const std::string& output) {
   return lines;
 }
 
+// Hierarchical all-reduce (reduce-scatter in the node, all-reduce across nodes, all-gather in the
+// node), with nodes of k ranks simulated on this host: the same parameters as one rank.
+TEST(DataParallel, HierarchicalAllReduceMatchesOneRank) {
+  std::string dir = MakeTempDir();
+  NamedTensors ref = Train(1, 1, dir + "/single");
+  ASSERT_FALSE(ref.empty());
+  struct Config {
+    int n, k, rings, fuse_num;
+    const char* backend;
+  };
+  for (Config c : {Config{4, 2, 2, 8, "auto"}, Config{4, 2, 1, 0, "auto"},
+                   Config{2, 1, 1, 8, "auto"}, Config{3, 3, 1, 2, "gloo"}}) {
+    SCOPED_TRACE(std::to_string(c.n) + " ranks, " + std::to_string(c.k) + " per node, " +
+                 std::to_string(c.rings) + " rings, fuse_num " + std::to_string(c.fuse_num) +
+                 ", " + c.backend);
+    NamedTensors got =
+        Train(c.n, c.rings,
+              dir + "/h" + std::to_string(c.n) + std::to_string(c.k) + std::to_string(c.rings) +
+                  std::to_string(c.fuse_num),
+              c.backend, c.fuse_num, " --hier=" + std::to_string(c.k));
+    ExpectNear(got, ref);
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 // LocalSGD with plain SGD and K = 1 averages, every step, the ranks' steps from equal parameters:
 // that is synchronous SGD on the whole batch. With K = 3 after 2 warm-up steps the ranks drift
 // apart between averages and agree again after each; 20 steps end on an average.

@@ -130,33 +130,29 @@ TEST(DistributedStrategy, HierarchicalInterNranksZeroMeansLocalWorldSize) {
   EXPECT_EQ(s.HierarchicalInterNranks(World(8, 4)), 2);
 }
 
-TEST(DistributedStrategy, SwitchesWithoutAPassAreRefusedNotIgnored) {
-  const std::vector<std::pair<std::string, std::function<void(DistributedStrategy*)>>> cases = {
-      {"use_hierarchical_allreduce",
-       [](DistributedStrategy* s) { s->use_hierarchical_allreduce = true; }},
-  };
-  for (const auto& [field, edit] : cases) {
-    SCOPED_TRACE(field);
-    DistributedStrategy s;
-    edit(&s);
-    std::string e = ErrorOf([&] { DistributedStrategy::RequireImplemented(s); });
-    EXPECT_NE(e.find("DistributedStrategy." + field + "=true"), std::string::npos) << e;
-    EXPECT_NE(e.find("not implemented yet in keel; it is refused rather than ignored"),
-              std::string::npos)
-        << e;
-  }
+TEST(DistributedStrategy, EverySwitchHasItsPass) {
   DistributedStrategy all;
-  for (const auto& c : cases) c.second(&all);
-  std::string e = ErrorOf([&] { DistributedStrategy::RequireImplemented(all); });
-  for (const auto& c : cases) EXPECT_NE(e.find(c.first), std::string::npos) << e;
+  all.nccl_comm_num = 4;
+  all.sync_nccl_allreduce = false;
+  all.fuse_all_reduce_ops = true;
+  all.use_hierarchical_allreduce = true;
+  all.use_local_sgd = true;
+  EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(all));
+}
 
-  DistributedStrategy allowed;  // switches with a pass, or none
-  allowed.nccl_comm_num = 4;
-  allowed.sync_nccl_allreduce = false;
-  allowed.fuse_grad_size_in_MB = 1;
-  allowed.fuse_all_reduce_ops = true;  // has its pass
-  allowed.use_local_sgd = true;        // likewise
-  EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(allowed));
+TEST(DistributedStrategy, LocalSgdRefusesTheGradientAllReduceSwitches) {
+  DistributedStrategy s;
+  s.use_local_sgd = true;
+  EXPECT_NO_THROW(s.Validate(World(4, 4)));
+  s.fuse_all_reduce_ops = true;
+  std::string e = ErrorOf([&] { s.Validate(World(4, 4)); });
+  EXPECT_NE(e.find("use_local_sgd=true does not combine with fuse_all_reduce_ops=true"),
+            std::string::npos)
+      << e;
+  s.fuse_all_reduce_ops = false;
+  s.use_hierarchical_allreduce = true;
+  e = ErrorOf([&] { s.Validate(World(4, 4)); });
+  EXPECT_NE(e.find("use_hierarchical_allreduce=true"), std::string::npos) << e;
 }
 
 TEST(DistributedStrategy, FlagOverridesSetFusionSizesOnlyWhenSet) {

@@ -98,6 +98,24 @@ TEST(GradAllReducePass, FusionSplitsGroupsByCountAndSize) {
   EXPECT_EQ(allreduce, 4);
 }
 
+// Hierarchical all-reduce over nodes of 2 ranks (rank 1 of 4: node 0, local index 1), fused, two
+// rings: startup adds an intra-node and an inter-node ring per flat ring, each with its group;
+// main reduce-scatters each padded group inside the node, all-reduces the part across nodes and
+// all-gathers it back.
+TEST(GradAllReducePass, HierarchicalMatchesGolden) {
+  Program main, startup;
+  BuildTrainedMlp(main, startup);
+  fleet::DistributedStrategy s;
+  s.use_hierarchical_allreduce = true;
+  s.hierarchical_allreduce_inter_nranks = 2;
+  s.fuse_all_reduce_ops = true;
+  s.fuse_grad_size_in_num = 2;
+  s.nccl_comm_num = 2;
+  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  testing::ExpectGolden(main.ToText(), "grad_allreduce_hierarchical_main.txt");
+  testing::ExpectGolden(startup.ToText(), "grad_allreduce_hierarchical_startup.txt");
+}
+
 // layer_norm_grad writes two parameter gradients: their collectives follow it directly, in the
 // order of its op_role_var, and the op that followed it still follows them.
 TEST(GradAllReducePass, AnOpWritingTwoGradientsGetsBothRightAfterIt) {

@@ -15,6 +15,7 @@ DEFINE_bool(fuse, false, "fuse_all_reduce_ops.");
 DEFINE_int32(fuse_num, 8, "fuse_grad_size_in_num.");
 DEFINE_int32(local_sgd_steps, 0, "use_local_sgd with these local_sgd_steps (0: off).");
 DEFINE_int32(local_sgd_warmup, 0, "local_sgd_warmup_steps.");
+DEFINE_int32(hier, 0, "use_hierarchical_allreduce with this many ranks per node (0: off).");
 DEFINE_string(out, "", "Directory rank 0 saves the parameters to.");
 DEFINE_int32(hidden, 16, "Hidden width.");
 
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
       strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
       if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
       strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup;
+      strategy.use_hierarchical_allreduce = FLAGS_hier > 0;
+      strategy.hierarchical_allreduce_inter_nranks = FLAGS_hier;
       fleet::distributed_optimizer(optimizer::SGD(0.5f), strategy).minimize(loss, &startup);
     }
     Executor exe;
