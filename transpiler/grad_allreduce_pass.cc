@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "framework/op/op_registry.h"
@@ -17,17 +18,24 @@ constexpr int kBackward = static_cast<int>(OpRole::kBackward);
 constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
 constexpr int kLoss = static_cast<int>(OpRole::kLoss);
 
-// Inserts a collective op on `var` (X = Out = var) at `index` and runs its shape inference.
-OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const std::string& var,
-                      int ring, int role, std::map<std::string, Attribute> attrs = {}) {
+// Inserts a collective op X -> Out at `index` and runs its shape inference.
+OpDesc* InsertCollective(Block& block, size_t index, const std::string& type,
+                         const std::string& x, const std::string& out, int ring, int role,
+                         std::map<std::string, Attribute> attrs = {}) {
   OpDesc* op = block.InsertOp(index, type);
-  op->SetInput("X", {var});
-  op->SetOutput("Out", {var});
+  op->SetInput("X", {x});
+  op->SetOutput("Out", {out});
   op->SetAttr("ring_id", ring);
   op->SetAttr(kOpRoleAttr, role);
   for (auto& kv : attrs) op->SetAttr(kv.first, kv.second);
   InferShapeAtBuild(op, &block);
   return op;
+}
+
+// The same on `var` in place (X = Out = var).
+OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const std::string& var,
+                      int ring, int role, std::map<std::string, Attribute> attrs = {}) {
+  return InsertCollective(block, index, type, var, var, ring, role, std::move(attrs));
 }
 
 // Groups consecutive gradients of one dtype up to fuse_grad_size_in_MB megabytes and
@@ -107,21 +115,11 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
     rings_used->insert(inter);
     const std::string part = fused[k] + "@PART";
     InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], intra, kBackward);
-    OpDesc* rs = mb.InsertOp(at + 1, "c_reducescatter");
-    rs->SetInput("X", {fused[k]});
-    rs->SetOutput("Out", {part});
-    rs->SetAttr("ring_id", intra);
-    rs->SetAttr("nranks", hier.k);
-    rs->SetAttr(kOpRoleAttr, kBackward);
-    InferShapeAtBuild(rs, &mb);
+    InsertCollective(mb, at + 1, "c_reducescatter", fused[k], part, intra, kBackward,
+                     {{"nranks", hier.k}});
     InsertInPlace(mb, at + 2, "c_allreduce_sum", part, inter, kBackward);
-    OpDesc* ag = mb.InsertOp(at + 3, "c_allgather");
-    ag->SetInput("X", {part});
-    ag->SetOutput("Out", {fused[k]});
-    ag->SetAttr("ring_id", intra);
-    ag->SetAttr("nranks", hier.k);
-    ag->SetAttr(kOpRoleAttr, kBackward);
-    InferShapeAtBuild(ag, &mb);
+    InsertCollective(mb, at + 3, "c_allgather", part, fused[k], intra, kBackward,
+                     {{"nranks", hier.k}});
   }
   // The coalesce ops, before the first backward op (the loss-gradient fill).
   size_t first = 0;

@@ -44,6 +44,9 @@ class Communicator {
  protected:
   // "c_allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
   std::string Where(const std::string& what) const;
+  // Sizes `out` for AllGather of `in`: [nranks * in.dims[0], ...] (a scalar counts as [1]), in's
+  // dtype and place.
+  void AllocateGathered(const Tensor& in, Tensor* out) const;
   int ring_id_, rank_, nranks_;
   uint64_t seq_ = 0;
 };

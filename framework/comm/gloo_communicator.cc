@@ -118,11 +118,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void AllGather(const Tensor& in, Tensor* out) override {
-    DDim d = in.dims();
-    if (d.empty()) d = DDim{1};
-    d[0] *= nranks_;
-    out->Resize(d);
-    out->mutable_data(in.dtype(), in.place());
+    AllocateGathered(in, out);
     Run("allgather", [&] {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in.raw_data())), in.nbytes());
@@ -199,6 +195,14 @@ const char* ReduceOpName(ReduceOp op) {
 std::string Communicator::Where(const std::string& what) const {
   return StrCat(what, " on ring ", ring_id_, " (rank ", rank_, " of ", nranks_, ", collective #",
                 seq_, ")");
+}
+
+void Communicator::AllocateGathered(const Tensor& in, Tensor* out) const {
+  DDim d = in.dims();
+  if (d.empty()) d = DDim{1};
+  d[0] *= nranks_;
+  out->Resize(d);
+  out->mutable_data(in.dtype(), in.place());
 }
 
 std::unique_ptr<Communicator> CreateGlooCommunicator(int ring_id, int rank, int nranks,

@@ -85,11 +85,7 @@ class NcclCommunicator : public Communicator {
     });
   }
   void AllGather(const Tensor& in, Tensor* out) override {
-    DDim d = in.dims();
-    if (d.empty()) d = DDim{1};
-    d[0] *= nranks_;
-    out->Resize(d);
-    out->mutable_data(in.dtype(), in.place());
+    AllocateGathered(in, out);
     Run("allgather", [&] {
       return ncclAllGather(in.raw_data(), out->raw_data(), static_cast<size_t>(in.numel()),
                            NcclType(in.dtype()), comm_, stream_);

@@ -190,11 +190,7 @@ class ShmCommunicator : public Communicator {
   }
 
   void AllGather(const Tensor& in, Tensor* out) override {
-    DDim d = in.dims();
-    if (d.empty()) d = DDim{1};
-    d[0] *= nranks_;
-    out->Resize(d);
-    out->mutable_data(in.dtype(), in.place());
+    AllocateGathered(in, out);
     Run("allgather", kAllGather, in, -1, [&] {
       const char* p = static_cast<const char*>(in.raw_data());
       char* q = static_cast<char*>(out->raw_data());

@@ -71,18 +71,18 @@ DDim ConvOutDims(const ConvParams& p) {
           ConvOut(p.x[3], p.filter[3], p.strides[1], p.paddings[1], p.dilations[1])};
 }
 
-// out[n, m, oh, ow] = sum over the group's c and taps (i, j) of x[n, c, ih, iw] * f[m, c', i, j].
-std::vector<double> NaiveConv(const ConvParams& p, const std::vector<double>& x,
-                              const std::vector<double>& f) {
+// Calls fn(out_index, x_index, f_index) for every product x[n, c, ih, iw] * f[m, c', i, j] that the
+// convolution adds into out[n, m, oh, ow] (taps outside the input skipped), flat NCHW indices.
+template <typename Fn>
+void ForEachTap(const ConvParams& p, Fn&& fn) {
   const DDim o = ConvOutDims(p);
   const int64_t C = p.x[1], H = p.x[2], W = p.x[3], M = p.filter[0], Cg = p.filter[1];
   const int64_t kh = p.filter[2], kw = p.filter[3], Mg = M / p.groups;
-  std::vector<double> out(o.numel(), 0.0);
   for (int64_t n = 0; n < o[0]; ++n)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t oh = 0; oh < o[2]; ++oh)
         for (int64_t ow = 0; ow < o[3]; ++ow) {
-          double s = 0;
+          const int64_t oi = ((n * M + m) * o[2] + oh) * o[3] + ow;
           const int64_t g = m / Mg;
           for (int64_t c = 0; c < Cg; ++c)
             for (int64_t i = 0; i < kh; ++i)
@@ -90,11 +90,16 @@ std::vector<double> NaiveConv(const ConvParams& p, const std::vector<double>& x,
                 const int64_t ih = oh * p.strides[0] - p.paddings[0] + i * p.dilations[0];
                 const int64_t iw = ow * p.strides[1] - p.paddings[1] + j * p.dilations[1];
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                s += x[((n * C + g * Cg + c) * H + ih) * W + iw] *
-                     f[((m * Cg + c) * kh + i) * kw + j];
+                fn(oi, ((n * C + g * Cg + c) * H + ih) * W + iw, ((m * Cg + c) * kh + i) * kw + j);
               }
-          out[((n * M + m) * o[2] + oh) * o[3] + ow] = s;
         }
+}
+
+// out[n, m, oh, ow] = sum over the group's c and taps (i, j) of x[n, c, ih, iw] * f[m, c', i, j].
+std::vector<double> NaiveConv(const ConvParams& p, const std::vector<double>& x,
+                              const std::vector<double>& f) {
+  std::vector<double> out(ConvOutDims(p).numel(), 0.0);
+  ForEachTap(p, [&](int64_t oi, int64_t xi, int64_t fi) { out[oi] += x[xi] * f[fi]; });
   return out;
 }
 
@@ -139,27 +144,11 @@ TEST(Conv2DOp, LargeCaseGradsMatchTheNaiveAdjoint) {
       const DDim o = ConvOutDims(p);
       Tensor dout = RandomTensor(o, dt, -1, 1, 103);
       const std::vector<double> g = ToDouble(dout);
-      const int64_t C = p.x[1], H = p.x[2], W = p.x[3], M = p.filter[0], Cg = p.filter[1];
-      const int64_t kh = p.filter[2], kw = p.filter[3], Mg = M / p.groups;
       std::vector<double> dx(x.size(), 0.0), df(f.size(), 0.0);
-      for (int64_t n = 0; n < o[0]; ++n)
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t oh = 0; oh < o[2]; ++oh)
-            for (int64_t ow = 0; ow < o[3]; ++ow) {
-              const double go = g[((n * M + m) * o[2] + oh) * o[3] + ow];
-              const int64_t gr = m / Mg;
-              for (int64_t c = 0; c < Cg; ++c)
-                for (int64_t i = 0; i < kh; ++i)
-                  for (int64_t j = 0; j < kw; ++j) {
-                    const int64_t ih = oh * p.strides[0] - p.paddings[0] + i * p.dilations[0];
-                    const int64_t iw = ow * p.strides[1] - p.paddings[1] + j * p.dilations[1];
-                    if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                    const int64_t xi = ((n * C + gr * Cg + c) * H + ih) * W + iw;
-                    const int64_t fi = ((m * Cg + c) * kh + i) * kw + j;
-                    dx[xi] += go * f[fi];
-                    df[fi] += go * x[xi];
-                  }
-            }
+      ForEachTap(p, [&](int64_t oi, int64_t xi, int64_t fi) {
+        dx[xi] += g[oi] * f[fi];
+        df[fi] += g[oi] * x[xi];
+      });
       OpCase c = fwd;
       c.type = "conv2d_grad";
       c.inputs.push_back({GradVarName("Output"), {dout}});
