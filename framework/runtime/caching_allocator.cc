@@ -32,6 +32,8 @@ const std::string* AllocationOpScope::Current() { return g_current_op; }
 // A piece of a segment. Blocks of one segment form a doubly linked list in address order; a
 // segment is wholly free when its only block (no prev, no next) is free.
 struct CachingAllocator::Block {
+  Block(char* p, size_t n, DeviceMemory::Stream s, bool is_small, bool is_reserve)
+      : ptr(p), size(n), stream(s), small(is_small), reserve(is_reserve) {}
   char* ptr;
   size_t size;
   DeviceMemory::Stream stream;  // the stream the segment serves
@@ -95,7 +97,7 @@ size_t CachingAllocator::RoundSize(size_t bytes) {
 
 CachingAllocator::Block* CachingAllocator::FindFree(Pool& pool, size_t size,
                                                     DeviceMemory::Stream stream) {
-  Block key{nullptr, size, stream, false, false};
+  Block key(nullptr, size, stream, false, false);
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
@@ -111,14 +113,14 @@ CachingAllocator::Block* CachingAllocator::NewSegment(size_t size, bool small,
   ++stats_.device_mallocs;
   stats_.reserved_bytes += size;
   UpdatePeaks();
-  return new Block{static_cast<char*>(p), size, stream, small, is_reserve};
+  return new Block(static_cast<char*>(p), size, stream, small, is_reserve);
 }
 
 CachingAllocator::Block* CachingAllocator::Split(Block* b, size_t size, Pool& pool) {
   const size_t rest = b->size - size;
   const size_t min_rest = (b->small || size <= kSmallRequest) ? kRound : kMinLargeSplit;
   if (rest < min_rest) return b;
-  Block* r = new Block{b->ptr + size, rest, b->stream, b->small, b->reserve};
+  Block* r = new Block(b->ptr + size, rest, b->stream, b->small, b->reserve);
   r->prev = b;
   r->next = b->next;
   if (b->next) b->next->prev = r;
