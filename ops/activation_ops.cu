@@ -47,7 +47,7 @@ using ReluKernel = CudaActivation<T, fn::Relu>;
 template <typename T>
 using ReluGradKernel = CudaActivationGradFromOut<T, fn::ReluGrad>;
 template <typename T>
-using TanhKernel = CudaActivation<T, fn::Tanh>;
+using TanhKernel = CudaActivation<T, fn::TanhAct>;
 template <typename T>
 using TanhGradKernel = CudaActivationGradFromOut<T, fn::TanhGrad>;
 template <typename T>

@@ -22,8 +22,8 @@ struct ReluGrad {
   }
 };
 
-// out = tanh(x);  dx = dout * (1 - out^2)
-struct Tanh {
+// out = tanh(x);  dx = dout * (1 - out^2)  (TanhAct: fn::Tanh is the math function)
+struct TanhAct {
   template <typename T>
   KEEL_HD T operator()(T x) const {
     return fn::Tanh(x);

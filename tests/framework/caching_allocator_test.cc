@@ -266,7 +266,9 @@ TEST(CachingAllocator, RandomWorkloadKeepsBlocksDisjointAndAccountsEveryByte) {
       size_t bytes = rng() % 4 == 0 ? rng() % (8 * kMiB) : rng() % 4096;
       auto p = reinterpret_cast<uintptr_t>(f.alloc->Allocate(bytes, S(1 + rng() % 2)));
       auto next = live.lower_bound(p);
-      if (next != live.end()) ASSERT_LE(p + bytes, next->first) << "overlaps the next block";
+      if (next != live.end()) {
+        ASSERT_LE(p + bytes, next->first) << "overlaps the next block";
+      }
       if (next != live.begin()) {
         auto prev = std::prev(next);
         ASSERT_LE(prev->first + prev->second, p) << "overlaps the previous block";
