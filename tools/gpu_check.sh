@@ -22,7 +22,6 @@ DEB_PACKAGES=(libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler libgfl
 
 if [ "${1:-}" = "fetch-debs" ]; then
   mkdir -p .debs && cd .debs && apt-get download "${DEB_PACKAGES[@]}" && ls -la
-  grep -qxF '/.debs/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.debs/' >>"$ROOT/.git/info/exclude"
   exit $?
 fi
 
@@ -38,6 +37,7 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
 # Debian libraries: from .debs/ when the system lacks them.
 PREFIXES=()
+EXTRA=()
 if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/logging.h ]; then
   [ -d .debs ] || { echo "gpu_check: no system protobuf/glog and no .debs/ (run: tools/gpu_check.sh fetch-debs on a Debian machine)"; exit 1; }
   log "unpacking .debs into .debs/root"
@@ -47,8 +47,8 @@ if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/l
   PREFIXES+=("$SYS")
   export PATH=$SYS/bin:$PATH
   export LD_LIBRARY_PATH=$SYS/lib/x86_64-linux-gnu:$SYS/lib:${LD_LIBRARY_PATH:-}
-  EXTRA=(-DProtobuf_PROTOC_EXECUTABLE=$SYS/bin/protoc -DEigen3_DIR=$SYS/share/eigen3/cmake
-         -DGTest_DIR=$SYS/lib/x86_64-linux-gnu/cmake/GTest)
+  EXTRA+=(-DProtobuf_PROTOC_EXECUTABLE=$SYS/bin/protoc -DEigen3_DIR=$SYS/share/eigen3/cmake
+          -DGTest_DIR=$SYS/lib/x86_64-linux-gnu/cmake/GTest)
 fi
 # cuDNN and NCCL: the toolkit's, else PyTorch's wheels.
 CUDA_INC=$(dirname "$NVCC")/../include
@@ -67,7 +67,7 @@ PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]:-}")
 
 log "configure + build (build-gpu/)"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_WITH_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_PREFIX_PATH="$PREFIX_PATH" "${EXTRA[@]:-}" \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_PREFIX_PATH="$PREFIX_PATH" "${EXTRA[@]}" \
   >"$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1
 RESULT[build]=$([ $? -eq 0 ] && echo ok || echo "FAILED (see build.log)")
 if [ "${RESULT[build]}" != ok ]; then tail -30 "$OUT/configure.log" "$OUT/build.log"; fi
