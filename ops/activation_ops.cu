@@ -172,8 +172,8 @@ class SoftmaxKernel : public OpKernel {
     const int64_t rows = s.pre * s.post;
     if (rows == 0 || s.n == 0) return;
     KEEL_ENFORCE(rows < (int64_t(1) << 31), "softmax: ", rows, " rows exceed the grid");
-    SoftmaxRows<T, kLog><<<rows, RowThreads(s.n), 0, Cuda(ctx).stream()>>>(x.data<T>(), op, s.n,
-                                                                           s.post);
+    SoftmaxRows<T, kLog>
+        <<<rows, RowThreads(s.n), 0, Cuda(ctx).stream()>>>(x.data<T>(), op, s.n, s.post);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 

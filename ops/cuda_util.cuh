@@ -13,7 +13,9 @@
 
 namespace keel {
 
-inline CudaContext& Cuda(const ExecutionContext& ctx) { return CudaContext::Get(ctx.place().device); }
+inline CudaContext& Cuda(const ExecutionContext& ctx) {
+  return CudaContext::Get(ctx.place().device);
+}
 
 template <typename F>
 __global__ void ForEachKernel(int64_t n, F f) {
@@ -74,8 +76,8 @@ inline AxisSplit SplitAt(const DDim& d, int axis) {
 template <typename T>
 void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) {
   if (src == dst || n == 0) return;
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice,
-                                  Cuda(ctx).stream()));
+  KEEL_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
 }
 
 }  // namespace keel

@@ -103,9 +103,8 @@ class MatMulKernel : public OpKernel {
     const Tensor& y = ctx.Input("Y");
     const MatMulPlan p = PlanMatMul(x.dims(), y.dims(), tx_, ty_);
     // out_b = alpha * op(x_b) * op(y_b). out_b: M x N, op(x_b): M x K, op(y_b): K x N
-    Gemm<T>(ctx, tx_, ty_, p.M, p.N, p.K, alpha_, x.data<T>(), p.x_stride, y.data<T>(),
-            p.y_stride, T(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), p.M * p.N,
-            p.batch);
+    Gemm<T>(ctx, tx_, ty_, p.M, p.N, p.K, alpha_, x.data<T>(), p.x_stride, y.data<T>(), p.y_stride,
+            T(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), p.M * p.N, p.batch);
   }
 
  private:
@@ -215,8 +214,7 @@ class ElementwiseKernel : public OpKernel {
 
 // dy[j] = sum_{i, k} DY(dout[i, j, k], x[i, j, k], y[j]): one block per j.
 template <typename T, typename G>
-__global__ void ElementwiseDyKernel(const T* g, const T* x, const T* y, T* dy,
-                                    fn::BroadcastMid m) {
+__global__ void ElementwiseDyKernel(const T* g, const T* x, const T* y, T* dy, fn::BroadcastMid m) {
   const int64_t j = blockIdx.x;
   const T yv = y[j];
   T acc = 0;

@@ -11,8 +11,8 @@ namespace {
 template <typename T>
 void EnforceLike(const ExecutionContext& ctx, const Tensor& param, const char* slot) {
   const Tensor& t = ctx.Input(slot);
-  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(),
-               " and ", slot, " ", t.dims().str(), " must have the same shape");
+  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
+               slot, " ", t.dims().str(), " must have the same shape");
 }
 
 template <typename T>
@@ -25,7 +25,8 @@ class SgdKernel : public OpKernel {
     const T* p = param.data<T>();
     const T* g = ctx.Input("Grad").data<T>();
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], *lr); });
+    ForEach(ctx, param.numel(),
+            [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], *lr); });
   }
 };
 
@@ -70,10 +71,14 @@ template <typename T>
 __global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, void* b2o,
                               double beta1, double beta2) {
   const double v1 = b1p.Get() * beta1, v2 = b2p.Get() * beta2;
-  if (b1p.is_double) *static_cast<double*>(b1o) = v1;
-  else *static_cast<float*>(b1o) = static_cast<float>(v1);
-  if (b2p.is_double) *static_cast<double*>(b2o) = v2;
-  else *static_cast<float*>(b2o) = static_cast<float>(v2);
+  if (b1p.is_double)
+    *static_cast<double*>(b1o) = v1;
+  else
+    *static_cast<float*>(b1o) = static_cast<float>(v1);
+  if (b2p.is_double)
+    *static_cast<double*>(b2o) = v2;
+  else
+    *static_cast<float*>(b2o) = static_cast<float>(v2);
 }
 
 // Adam (coeff 0) and AdamW. Every thread derives the step's scalars in double from the device
@@ -99,7 +104,8 @@ class AdamKernel : public OpKernel {
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
     ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      const fn::Adam<T> f = fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, eps, coeff);
+      const fn::Adam<T> f =
+          fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, eps, coeff);
       f(p[i], g[i], m1[i], m2[i], &po[i], &m1o[i], &m2o[i]);
     });
     // Beta powers advance after every thread has read them (stream order: the next launch).

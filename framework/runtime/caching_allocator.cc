@@ -185,8 +185,7 @@ void CachingAllocator::RecordStream(void* ptr, DeviceMemory::Stream stream) {
   CHECK(it != allocated_.end()) << "RecordStream of a pointer the allocator did not hand out";
   Block* b = it->second;
   if (stream == b->stream) return;
-  if (std::find(b->other_streams.begin(), b->other_streams.end(), stream) ==
-      b->other_streams.end())
+  if (std::find(b->other_streams.begin(), b->other_streams.end(), stream) == b->other_streams.end())
     b->other_streams.push_back(stream);
 }
 

@@ -77,11 +77,11 @@ class AllocationOpScope {
 
 class CachingAllocator {
  public:
-  static constexpr size_t kRound = 512;                      // every size is a multiple
-  static constexpr size_t kSmallRequest = 1 << 20;           // <= this: small pool
-  static constexpr size_t kSmallSegment = 2 << 20;           // small pool's segment size
-  static constexpr size_t kLargeRound = 2 << 20;             // large segments round to this
-  static constexpr size_t kMinLargeSplit = 1 << 20;          // large rest kept only from this size
+  static constexpr size_t kRound = 512;              // every size is a multiple
+  static constexpr size_t kSmallRequest = 1 << 20;   // <= this: small pool
+  static constexpr size_t kSmallSegment = 2 << 20;   // small pool's segment size
+  static constexpr size_t kLargeRound = 2 << 20;     // large segments round to this
+  static constexpr size_t kMinLargeSplit = 1 << 20;  // large rest kept only from this size
   static constexpr const char* kFractionFlag = "FLAGS_fraction_of_gpu_memory_to_use";
 
   // `reserve_bytes` > 0: one segment of that size (rounded to kLargeRound) for `reserve_stream` is
@@ -120,8 +120,8 @@ class CachingAllocator {
   Block* FindFree(Pool& pool, size_t size, DeviceMemory::Stream stream);
   Block* NewSegment(size_t size, bool small, DeviceMemory::Stream stream, bool is_reserve);
   Block* Split(Block* b, size_t size, Pool& pool);
-  void Release(Block* b);  // a free block back into its pool, merged with free neighbours
-  void ProcessEvents();    // blocks whose cross-stream events have completed go back to pools
+  void Release(Block* b);        // a free block back into its pool, merged with free neighbours
+  void ProcessEvents();          // blocks whose cross-stream events have completed go back to pools
   size_t ReleaseFreeSegments();  // bytes given back
   [[noreturn]] void ThrowOutOfMemory(size_t asked);
   void UpdatePeaks();

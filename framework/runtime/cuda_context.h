@@ -23,23 +23,23 @@ namespace keel {
 [[noreturn]] void ThrowCudaError(const char* what, const char* detail, const char* file, int line);
 
 // Checks a CUDA runtime / cuBLAS / cuDNN status; throws keel::Error naming the call.
-#define KEEL_CUDA_CHECK(call)                                                          \
+#define KEEL_CUDA_CHECK(call)                                                         \
+  do {                                                                                \
+    cudaError_t keel_e_ = (call);                                                     \
+    if (keel_e_ != cudaSuccess)                                                       \
+      ::keel::ThrowCudaError(#call, cudaGetErrorString(keel_e_), __FILE__, __LINE__); \
+  } while (0)
+#define KEEL_CUBLAS_CHECK(call)                                                          \
+  do {                                                                                   \
+    cublasStatus_t keel_s_ = (call);                                                     \
+    if (keel_s_ != CUBLAS_STATUS_SUCCESS)                                                \
+      ::keel::ThrowCudaError(#call, cublasGetStatusString(keel_s_), __FILE__, __LINE__); \
+  } while (0)
+#define KEEL_CUDNN_CHECK(call)                                                         \
   do {                                                                                 \
-    cudaError_t keel_e_ = (call);                                                      \
-    if (keel_e_ != cudaSuccess)                                                        \
-      ::keel::ThrowCudaError(#call, cudaGetErrorString(keel_e_), __FILE__, __LINE__);  \
-  } while (0)
-#define KEEL_CUBLAS_CHECK(call)                                                            \
-  do {                                                                                     \
-    cublasStatus_t keel_s_ = (call);                                                       \
-    if (keel_s_ != CUBLAS_STATUS_SUCCESS)                                                  \
-      ::keel::ThrowCudaError(#call, cublasGetStatusString(keel_s_), __FILE__, __LINE__);   \
-  } while (0)
-#define KEEL_CUDNN_CHECK(call)                                                             \
-  do {                                                                                     \
-    cudnnStatus_t keel_s_ = (call);                                                        \
-    if (keel_s_ != CUDNN_STATUS_SUCCESS)                                                   \
-      ::keel::ThrowCudaError(#call, cudnnGetErrorString(keel_s_), __FILE__, __LINE__);     \
+    cudnnStatus_t keel_s_ = (call);                                                    \
+    if (keel_s_ != CUDNN_STATUS_SUCCESS)                                               \
+      ::keel::ThrowCudaError(#call, cudnnGetErrorString(keel_s_), __FILE__, __LINE__); \
   } while (0)
 // After a kernel launch: a bad launch configuration shows up here, not at the next sync.
 #define KEEL_CUDA_LAUNCH_CHECK() KEEL_CUDA_CHECK(cudaGetLastError())

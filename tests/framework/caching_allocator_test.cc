@@ -177,8 +177,7 @@ TEST(CachingAllocator, ReserveLargerThanTheDeviceNamesTheFlag) {
     CachingAllocator a(std::make_unique<FakeDevice>(&dev), 200 * kMiB, S(1));
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FLAGS_fraction_of_gpu_memory_to_use"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("FLAGS_fraction_of_gpu_memory_to_use"), std::string::npos)
         << e.what();
   }
 }
@@ -186,7 +185,7 @@ TEST(CachingAllocator, ReserveLargerThanTheDeviceNamesTheFlag) {
 TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheThenRetries) {
   Fixture f(10 * kMiB);
   void* a = f.alloc->Allocate(6 * kMiB, S(1));
-  f.alloc->Free(a);  // 6 MiB cached
+  f.alloc->Free(a);                             // 6 MiB cached
   void* b = f.alloc->Allocate(8 * kMiB, S(1));  // 6 + 8 > 10: the cache is given back first
   EXPECT_NE(b, nullptr);
   EXPECT_EQ(f.alloc->stats().oom_retries, 1);
@@ -205,9 +204,9 @@ TEST(CachingAllocator, OutOfMemoryErrorNamesOpBytesInUseCachedAndFlag) {
     FAIL() << "no error";
   } catch (const Error& e) {
     std::string m = e.what();
-    for (const char* want : {"FakeDevice(0)", "op 'conv2d'", "asked for 4.00 MiB (4194304 bytes)",
-                             "in use 8.00 MiB", "cached 0.00 MiB",
-                             "FLAGS_fraction_of_gpu_memory_to_use"})
+    for (const char* want :
+         {"FakeDevice(0)", "op 'conv2d'", "asked for 4.00 MiB (4194304 bytes)", "in use 8.00 MiB",
+          "cached 0.00 MiB", "FLAGS_fraction_of_gpu_memory_to_use"})
       EXPECT_NE(m.find(want), std::string::npos) << want << " not in: " << m;
   }
   EXPECT_EQ(f.alloc->stats().in_use_bytes, 8 * kMiB) << "a failed request changes nothing";

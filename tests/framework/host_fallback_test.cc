@@ -11,19 +11,13 @@ DECLARE_bool(cuda_host_fallback);
 namespace keel {
 namespace {
 
-OpDesc MakeOp(const std::string& type) {
-  OpDesc op;
-  op.set_type(type);
-  return op;
-}
-
 TEST(HostFallback, CudaKernelsAreRegisteredForTheHotOps) {
 #ifndef KEEL_WITH_CUDA
   GTEST_SKIP() << "built without CUDA";
 #endif
-  for (const char* type : {"mul", "mul_grad", "matmul", "elementwise_add", "elementwise_add_grad",
-                           "tanh", "tanh_grad", "relu", "softmax", "softmax_grad", "sgd",
-                           "momentum", "adam", "adamw", "sum", "scale"})
+  for (const char* type :
+       {"mul", "mul_grad", "matmul", "elementwise_add", "elementwise_add_grad", "tanh", "tanh_grad",
+        "relu", "softmax", "softmax_grad", "sgd", "momentum", "adam", "adamw", "sum", "scale"})
     EXPECT_TRUE(OpRegistry::HasKernel(type, Place::Kind::kCUDA, DType::kFloat32)) << type;
 }
 
@@ -33,7 +27,7 @@ TEST(HostFallback, OpWithoutCudaKernelFallsBackOnlyWhileTheFlagAllows) {
 #endif
   const std::string type = "accuracy";  // a metric: no CUDA kernel, runs on the host
   ASSERT_FALSE(OpRegistry::HasKernel(type, Place::Kind::kCUDA, DType::kFloat32));
-  OpDesc op = MakeOp(type);
+  OpDesc op(type);
   EXPECT_NE(OpRegistry::CreateKernel(op, CUDAPlace(0), DType::kFloat32), nullptr);
   FLAGS_cuda_host_fallback = false;
   try {

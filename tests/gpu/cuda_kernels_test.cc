@@ -65,60 +65,72 @@ struct GpuCase {
 std::vector<GpuCase> Cases() {
   std::vector<GpuCase> v;
   auto add = [&](OpCase c, double tol = 1e-5) { v.push_back({std::move(c), tol}); };
-  for (const char* act : {"relu", "tanh", "sigmoid"})
-    add(Op(act, act, {{"X", {R({17, 33})}}}));
+  for (const char* act : {"relu", "tanh", "sigmoid"}) add(Op(act, act, {{"X", {R({17, 33})}}}));
   add(Op("gelu", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}}, {{"approximate", false}}));
-  add(Op("gelu_tanh", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}}, {{"approximate", true}}));
+  add(Op("gelu_tanh", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}},
+         {{"approximate", true}}));
   add(Op("leaky_relu", "leaky_relu", {{"X", {R({9, 8})}}}, {{"Out", 1}}, {{"alpha", 0.1f}}));
   add(Op("clip", "clip", {{"X", {R({9, 8})}}}, {{"Out", 1}}, {{"min", -0.5f}, {"max", 0.5f}}));
   add(Op("softmax_last", "softmax", {{"X", {R({8, 37}, -4, 4)}}}, {{"Out", 1}}, {{"axis", -1}}));
   add(Op("softmax_mid", "softmax", {{"X", {R({3, 5, 7}, -4, 4)}}}, {{"Out", 1}}, {{"axis", 1}}));
   add(Op("softmax_long", "softmax", {{"X", {R({4, 1000}, -4, 4)}}}, {{"Out", 1}}, {{"axis", -1}}));
-  add(Op("log_softmax", "log_softmax", {{"X", {R({6, 300}, -4, 4)}}}, {{"Out", 1}}, {{"axis", -1}}));
+  add(Op("log_softmax", "log_softmax", {{"X", {R({6, 300}, -4, 4)}}}, {{"Out", 1}},
+         {{"axis", -1}}));
   add(Op("mul", "mul", {{"X", {R({16, 24})}}, {"Y", {R({24, 40}, -1, 1, 2)}}}), 1e-4);
   add(Op("mul_flatten", "mul", {{"X", {R({2, 3, 4, 5})}}, {"Y", {R({20, 6}, -1, 1, 2)}}},
-       {{"Out", 1}}, {{"x_num_col_dims", 2}}), 1e-4);
+         {{"Out", 1}}, {{"x_num_col_dims", 2}}),
+      1e-4);
   for (bool tx : {false, true})
     for (bool ty : {false, true}) {
       DDim xd = tx ? DDim{3, 8, 5} : DDim{3, 5, 8}, yd = ty ? DDim{3, 6, 8} : DDim{3, 8, 6};
       add(Op(std::string("matmul_batched_") + (tx ? "T" : "N") + (ty ? "T" : "N"), "matmul",
-           {{"X", {R(xd)}}, {"Y", {R(yd, -1, 1, 2)}}}, {{"Out", 1}},
-           {{"transpose_X", tx}, {"transpose_Y", ty}, {"alpha", 0.5f}}), 1e-4);
+             {{"X", {R(xd)}}, {"Y", {R(yd, -1, 1, 2)}}}, {{"Out", 1}},
+             {{"transpose_X", tx}, {"transpose_Y", ty}, {"alpha", 0.5f}}),
+          1e-4);
       DDim y2 = ty ? DDim{6, 8} : DDim{8, 6};
       add(Op(std::string("matmul_shared_y_") + (tx ? "T" : "N") + (ty ? "T" : "N"), "matmul",
-           {{"X", {R(xd)}}, {"Y", {R(y2, -1, 1, 2)}}}, {{"Out", 1}},
-           {{"transpose_X", tx}, {"transpose_Y", ty}}), 1e-4);
+             {{"X", {R(xd)}}, {"Y", {R(y2, -1, 1, 2)}}}, {{"Out", 1}},
+             {{"transpose_X", tx}, {"transpose_Y", ty}}),
+          1e-4);
     }
   for (const char* ew : {"elementwise_add", "elementwise_sub", "elementwise_mul"}) {
     add(Op(std::string(ew) + "_same", ew, {{"X", {R({7, 9})}}, {"Y", {R({7, 9}, -1, 1, 2)}}}));
     add(Op(std::string(ew) + "_bias", ew, {{"X", {R({7, 9})}}, {"Y", {R({9}, -1, 1, 2)}}}), 1e-4);
     add(Op(std::string(ew) + "_axis1", ew, {{"X", {R({2, 3, 4, 5})}}, {"Y", {R({3}, -1, 1, 2)}}},
-         {{"Out", 1}}, {{"axis", 1}}), 1e-4);
+           {{"Out", 1}}, {{"axis", 1}}),
+        1e-4);
   }
-  add(Op("elementwise_div", "elementwise_div",
-       {{"X", {R({7, 9})}}, {"Y", {R({9}, 0.5, 2, 2)}}}), 1e-4);
+  add(Op("elementwise_div", "elementwise_div", {{"X", {R({7, 9})}}, {"Y", {R({9}, 0.5, 2, 2)}}}),
+      1e-4);
   add(Op("sum", "sum", {{"X", {R({5, 6}), R({5, 6}, -1, 1, 2), R({5, 6}, -1, 1, 3)}}}));
   add(Op("scale", "scale", {{"X", {R({5, 6})}}}, {{"Out", 1}},
-       {{"scale", 2.5f}, {"bias", 0.5f}, {"bias_after_scale", false}}));
+         {{"scale", 2.5f}, {"bias", 0.5f}, {"bias_after_scale", false}}));
   // Ops that may run through the host fallback still must agree with the CPU.
   add(Op("mean", "mean", {{"X", {R({13, 7})}}}), 1e-4);
   add(Op("reduce_sum", "reduce_sum", {{"X", {R({4, 5, 6})}}}, {{"Out", 1}},
-       {{"dim", std::vector<int>{1}}}), 1e-4);
+         {{"dim", std::vector<int>{1}}}),
+      1e-4);
   add(Op("cross_entropy", "cross_entropy",
-       {{"X", {R({8, 5}, 0.1, 1)}}, {"Label", {Labels({8, 1}, 5)}}}, {{"Y", 1}}));
+         {{"X", {R({8, 5}, 0.1, 1)}}, {"Label", {Labels({8, 1}, 5)}}}, {{"Y", 1}}));
   add(Op("softmax_with_cross_entropy", "softmax_with_cross_entropy",
-       {{"Logits", {R({8, 5}, -3, 3)}}, {"Label", {Labels({8, 1}, 5)}}},
-       {{"Softmax", 1}, {"Loss", 1}}), 1e-4);
+         {{"Logits", {R({8, 5}, -3, 3)}}, {"Label", {Labels({8, 1}, 5)}}},
+         {{"Softmax", 1}, {"Loss", 1}}),
+      1e-4);
   add(Op("layer_norm", "layer_norm",
-       {{"X", {R({6, 16})}}, {"Scale", {R({16}, 0.5, 1.5, 2)}}, {"Bias", {R({16}, -1, 1, 3)}}},
-       {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 1}}), 1e-4);
+         {{"X", {R({6, 16})}}, {"Scale", {R({16}, 0.5, 1.5, 2)}}, {"Bias", {R({16}, -1, 1, 3)}}},
+         {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 1}}),
+      1e-4);
   add(Op("transpose", "transpose", {{"X", {R({2, 3, 4})}}}, {{"Out", 1}},
-       {{"axis", std::vector<int>{2, 0, 1}}}));
-  add(Op("conv2d", "conv2d", {{"Input", {R({2, 3, 8, 8})}}, {"Filter", {R({4, 3, 3, 3}, -1, 1, 2)}}},
-       {{"Output", 1}}, {{"paddings", std::vector<int>{1, 1}}}), 1e-4);
+         {{"axis", std::vector<int>{2, 0, 1}}}));
+  add(Op("conv2d", "conv2d",
+         {{"Input", {R({2, 3, 8, 8})}}, {"Filter", {R({4, 3, 3, 3}, -1, 1, 2)}}}, {{"Output", 1}},
+         {{"paddings", std::vector<int>{1, 1}}}),
+      1e-4);
   add(Op("pool2d_max", "pool2d", {{"X", {R({2, 3, 8, 8})}}}, {{"Out", 1}},
-       {{"pooling_type", std::string("max")}, {"ksize", std::vector<int>{2, 2}},
-        {"strides", std::vector<int>{2, 2}}}), 1e-4);
+         {{"pooling_type", std::string("max")},
+          {"ksize", std::vector<int>{2, 2}},
+          {"strides", std::vector<int>{2, 2}}}),
+      1e-4);
   return v;
 }
 
