@@ -12,6 +12,9 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/blas.h"
+#include "ops/functors/activation_functors.h"
+#include "ops/functors/elementwise_functors.h"
+#include "ops/matmul_plan.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -135,34 +138,6 @@ class MulGradKernel : public OpKernel {
 };
 
 // ----------------------------------------------------------------------------------- matmul
-
-// The GEMMs of one matmul: `batch` products op(X_b) [M x K] * op(Y_b) [K x N], where X_b starts
-// x_stride elements into X (0: X is 2-D and broadcast over the batch), likewise Y_b.
-struct MatMulPlan {
-  int64_t batch = 1, M = 0, K = 0, N = 0;
-  int64_t x_stride = 0, y_stride = 0;
-};
-
-// Assumes the shapes were validated by MatMulShape.
-MatMulPlan PlanMatMul(const DDim& x, const DDim& y, bool tx, bool ty) {
-  const int xr = x.size(), yr = y.size();
-  const int64_t x_rows = x[xr - 2], x_cols = x[xr - 1];
-  const int64_t y_rows = y[yr - 2], y_cols = y[yr - 1];
-  MatMulPlan p;
-  p.M = tx ? x_cols : x_rows;
-  p.K = tx ? x_rows : x_cols;
-  p.N = ty ? y_rows : y_cols;
-  const int64_t x_batch = x.prod(0, xr - 2), y_batch = y.prod(0, yr - 2);
-  if (yr == 2 && !tx) {
-    // Batched X times a shared Y is one GEMM over X's rows stacked: [batch * M, K] * [K, N].
-    p.M *= x_batch;
-    return p;
-  }
-  p.batch = xr > 2 ? x_batch : y_batch;  // equal when both are batched
-  p.x_stride = xr > 2 ? x_rows * x_cols : 0;
-  p.y_stride = yr > 2 ? y_rows * y_cols : 0;
-  return p;
-}
 
 // X [B, M, K] * Y [B, K, N] = Out [B, M, N]; X [B, M, K] * Y [K, N] = Out [B, M, N];
 // X [M, K] * Y [B, K, N] = Out [B, M, N]; transpose_X/Y transpose the last two dims first.
@@ -313,9 +288,7 @@ int ResolveAxis(int axis, const DDim& x, const DDim& y) {
 }
 
 // X as (pre, n, post) around the dims Y covers. Assumes ElementwiseShape validated the shapes.
-struct BroadcastMid {
-  int64_t pre = 1, n = 1, post = 1;
-};
+using fn::BroadcastMid;
 
 BroadcastMid GetMid(const DDim& x, const DDim& y, int axis) {
   axis = ResolveAxis(axis, x, y);
@@ -341,72 +314,16 @@ void ElementwiseShape(InferShapeContext& ctx) {
   ctx.ShareDimAndDType("X", "Out");
 }
 
-struct AddFunctor {
-  template <typename T>
-  T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-struct SubFunctor {
-  template <typename T>
-  T operator()(T a, T b) const {
-    return a - b;
-  }
-};
-struct MulFunctor {
-  template <typename T>
-  T operator()(T a, T b) const {
-    return a * b;
-  }
-};
-struct DivFunctor {
-  template <typename T>
-  T operator()(T a, T b) const {
-    return a / b;
-  }
-};
-
-// Gradient rules of z = f(x, y): DX(dz, x, y) = dz * df/dx, DY(dz, x, y) = dz * df/dy.
-struct AddGradFunctor {
-  template <typename T>
-  static T DX(T g, T, T) {
-    return g;
-  }
-  template <typename T>
-  static T DY(T g, T, T) {
-    return g;
-  }
-};
-struct SubGradFunctor {
-  template <typename T>
-  static T DX(T g, T, T) {
-    return g;
-  }
-  template <typename T>
-  static T DY(T g, T, T) {
-    return -g;
-  }
-};
-struct MulGradFunctor {
-  template <typename T>
-  static T DX(T g, T, T y) {
-    return g * y;
-  }
-  template <typename T>
-  static T DY(T g, T x, T) {
-    return g * x;
-  }
-};
-struct DivGradFunctor {
-  template <typename T>
-  static T DX(T g, T, T y) {
-    return g / y;
-  }
-  template <typename T>
-  static T DY(T g, T x, T y) {
-    return -g * x / (y * y);
-  }
-};
+// The element-wise math (Add, Sub, Mul, Div and their gradient rules) is shared with the CUDA
+// kernels: ops/functors/elementwise_functors.h.
+using AddFunctor = fn::Add;
+using SubFunctor = fn::Sub;
+using MulFunctor = fn::Mul;
+using DivFunctor = fn::Div;
+using AddGradFunctor = fn::AddGrad;
+using SubGradFunctor = fn::SubGrad;
+using MulGradFunctor = fn::MulGrad;
+using DivGradFunctor = fn::DivGrad;
 
 template <typename T, typename F>
 class ElementwiseKernel : public OpKernel {
@@ -460,7 +377,7 @@ class ElementwiseGradKernel : public OpKernel {
     const T* gd = dout.data<T>();
     if (Tensor* dx = ctx.OutputOrNull("X@GRAD")) {
       T* dxd = dx->mutable_data<T>(ctx.place());
-      if constexpr (std::is_same_v<G, AddGradFunctor> || std::is_same_v<G, SubGradFunctor>) {
+      if constexpr (G::kDxIsDout) {
         // dx = dout
         CopyIfDistinct(gd, dxd, dout.numel());
       } else {
@@ -612,8 +529,8 @@ class ScaleKernel : public OpKernel {
     const T* xd = x.data<T>();
     T* od = out->mutable_data<T>(ctx.place());  // may be X itself
     // out = scale * x + bias, or scale * (x + bias) when !bias_after_scale
-    const T b = bias_after_scale_ ? bias_ : scale_ * bias_;
-    for (int64_t i = 0; i < n; ++i) od[i] = scale_ * xd[i] + b;
+    const fn::ScaleShift<T> f{scale_, bias_after_scale_ ? bias_ : scale_ * bias_};
+    for (int64_t i = 0; i < n; ++i) od[i] = f(xd[i]);
   }
 
  private:

@@ -14,6 +14,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/philox.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -476,11 +477,11 @@ struct DropoutAttrs {
   bool is_test, fix_seed, upscale;
 };
 
-// Training: Mask = (u >= p) for u ~ U[0, 1) per element, Out = X * Mask * TrainScale. is_test: Out
-// = X * TestScale and Mask is left unwritten. The engine is seeded from ctx.seed() (the executor
-// resolves attr seed, else the program's random_seed, else a random one) once, and continues its
-// stream on later runs; with fix_seed it is reseeded every run, so every run draws the same mask
-// (Paddle 1.x's fix_seed).
+// Training: Mask = (u >= p) for a uniform 32-bit draw u per element, Out = X * Mask * TrainScale.
+// is_test: Out = X * TestScale and Mask is left unwritten. The draws are Philox4x32 keyed by
+// ctx.seed() (the executor resolves attr seed, else the program's random_seed, else a random one)
+// with the run count as counter, so the CUDA kernel draws the same mask; with fix_seed every run
+// uses counter 0, the same mask each run (Paddle 1.x's fix_seed).
 template <typename T>
 class DropoutKernel : public OpKernel {
  public:
@@ -495,17 +496,18 @@ class DropoutKernel : public OpKernel {
       out = xv * static_cast<T>(a_.TestScale());
       return;
     }
-    if (!seeded_ || a_.fix_seed) {
-      engine_.seed(ctx.seed());
-      seeded_ = true;
-    }
+    const uint64_t offset = a_.fix_seed ? 0 : runs_++;
+    const uint64_t seed = ctx.seed();
     uint8_t* mask = ctx.Output("Mask")->mutable_data<uint8_t>(ctx.place());
-    // Keep when a uniform 32-bit draw is >= p * 2^32; each 64-bit draw serves two elements.
-    const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(a_.p) * 4294967296.0);
-    for (int64_t i = 0; i < n; i += 2) {
-      const uint64_t r = engine_();
-      mask[i] = (r & 0xffffffffu) >= threshold;
-      if (i + 1 < n) mask[i + 1] = (r >> 32) >= threshold;
+    const uint64_t threshold = fn::DropoutThreshold(a_.p);
+    // One Philox block serves four elements (fn::DropoutKeep draws the same words one at a time).
+    for (int64_t i = 0; i < n; i += 4) {
+      const uint64_t block = static_cast<uint64_t>(i) >> 2;
+      const fn::Philox4 r = fn::Philox4x32(
+          fn::Philox4{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                       static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
+          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+      for (int64_t k = 0; k < 4 && i + k < n; ++k) mask[i + k] = r.v[k] >= threshold;
     }
     const T s = static_cast<T>(a_.TrainScale());
     const T* xd = x.data<T>();
@@ -515,8 +517,7 @@ class DropoutKernel : public OpKernel {
 
  private:
   DropoutAttrs a_;
-  std::mt19937_64 engine_;
-  bool seeded_ = false;
+  uint64_t runs_ = 0;
 };
 
 // dx = dout * Mask * TrainScale; is_test: dx = dout * TestScale.

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "framework/op/execution_context.h"
+#include "framework/op/host_fallback_kernel.h"
 
 namespace keel {
 
@@ -278,6 +279,10 @@ std::unique_ptr<OpKernel> OpRegistry::CreateKernel(const OpDesc& op, const Place
   if (it != Reg().kernels.end()) {
     auto k = it->second.find(KernelKey{place.kind, dtype});
     if (k != it->second.end()) return k->second(op);
+    // No CUDA kernel: the CPU kernel on host copies, when FLAGS_cuda_host_fallback allows.
+    auto cpu = it->second.find(KernelKey{Place::Kind::kCPU, dtype});
+    if (place.is_cuda() && cpu != it->second.end() && CudaHostFallbackAllowed())
+      return MakeHostFallbackKernel(cpu->second(op), op.type());
   }
   std::vector<std::string> have;
   if (it != Reg().kernels.end())
@@ -285,7 +290,10 @@ std::unique_ptr<OpKernel> OpRegistry::CreateKernel(const OpDesc& op, const Place
       have.push_back(std::string(kv.first.place == Place::Kind::kCPU ? "CPU" : "CUDA") + "/" +
                      DTypeName(kv.first.dtype));
   KEEL_THROW("op ", op.type(), ": no kernel for ", place.is_cpu() ? "CPU" : "CUDA", "/",
-             DTypeName(dtype), " (registered: ", have.empty() ? "none" : JoinNames(have), ")");
+             DTypeName(dtype), " (registered: ", have.empty() ? "none" : JoinNames(have), ")",
+             place.is_cuda() && !CudaHostFallbackAllowed()
+                 ? "; FLAGS_cuda_host_fallback=false forbids running the CPU kernel"
+                 : "");
 }
 
 DType OpRegistry::KernelDType(const OpDesc& op, const Block& block) {

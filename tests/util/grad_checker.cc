@@ -89,18 +89,79 @@ Tensor RandomTensor(const DDim& dims, DType dtype, double lo, double hi, uint64_
   return t;
 }
 
-std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c) {
+std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c, const Place& place) {
   Built b;
   Build(c, &b);
   std::vector<std::string> fetch;
   for (auto& [slot, names] : b.out_names) fetch.insert(fetch.end(), names.begin(), names.end());
-  Executor exe;
+  Executor exe(place);
   auto res = exe.Run(b.prog, b.feed, fetch);
   std::map<std::string, std::vector<Tensor>> out;
   size_t k = 0;
   for (auto& [slot, names] : b.out_names)
     for (size_t i = 0; i < names.size(); ++i) out[slot].push_back(res[k++]);
   return out;
+}
+
+namespace {
+// Appends loss = sum_k reduce_sum(out_k * w_k) (w_k fed as fixed random data) and its backward;
+// returns (input var, grad var) for every checked input. Empty when there is nothing to check.
+std::vector<std::pair<std::string, std::string>> AppendLossAndBackward(
+    const OpCase& c, const std::vector<std::string>& loss_outputs, Built* bp) {
+  Built& b = *bp;
+  Block& block = b.prog.global_block();
+  std::vector<std::string> terms;
+  uint64_t seed = 7;
+  for (auto& [slot, names] : b.out_names) {
+    if (!loss_outputs.empty() &&
+        std::find(loss_outputs.begin(), loss_outputs.end(), slot) == loss_outputs.end())
+      continue;
+    for (auto& n : names) {
+      VarDesc* out = block.FindVar(n);
+      if (!IsFloat(out->dtype())) continue;
+      std::string w = n + "_w", prod = n + "_prod", s = n + "_sum";
+      KEEL_ENFORCE(out->dims().known(), "output ", n, " has unknown shape ", out->dims().str());
+      b.feed[w] = RandomTensor(out->dims(), out->dtype(), 0.5, 1.5, seed++);
+      VarDesc* wv = block.Var(w);
+      wv->set_dtype(out->dtype());
+      wv->set_shape(out->shape());
+      wv->set_is_data(true);
+      wv->set_stop_gradient(true);
+      AppendOp(block, "elementwise_mul", {{"X", {n}}, {"Y", {w}}}, {{"Out", {prod}}});
+      AppendOp(block, "reduce_sum", {{"X", {prod}}}, {{"Out", {s}}}, {{"reduce_all", true}});
+      terms.push_back(s);
+    }
+  }
+  if (terms.empty()) return {};
+  AppendOp(block, "sum", {{"X", terms}}, {{"Out", {"loss"}}});
+  append_backward(b.prog, "loss");
+  std::vector<std::pair<std::string, std::string>> checked;
+  for (auto& [slot, names] : b.in_names) {
+    if (std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), slot) !=
+        c.no_grad_inputs.end())
+      continue;
+    for (auto& n : names) {
+      if (!IsFloat(block.FindVar(n)->dtype())) continue;
+      std::string g = GradVarName(n);
+      if (block.FindVar(g) != nullptr) checked.emplace_back(n, g);
+    }
+  }
+  return checked;
+}
+}  // namespace
+
+std::map<std::string, Tensor> RunGrads(const OpCase& c, const Place& place) {
+  Built b;
+  Build(c, &b);
+  auto checked = AppendLossAndBackward(c, {}, &b);
+  std::vector<std::string> fetch;
+  for (auto& kv : checked) fetch.push_back(kv.second);
+  std::map<std::string, Tensor> r;
+  if (fetch.empty()) return r;
+  Executor exe(place);
+  auto grads = exe.Run(b.prog, b.feed, fetch);
+  for (size_t k = 0; k < checked.size(); ++k) r[checked[k].first] = grads[k];
+  return r;
 }
 
 void CheckGrad(const OpCase& c, double eps, double rtol, double atol,

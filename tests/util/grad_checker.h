@@ -21,9 +21,14 @@ struct OpCase {
   std::vector<std::string> no_grad_inputs;  // input slots not checked
 };
 
-// Appends the op to a fresh program (build-time shape inference runs), runs it on CPU; returns
-// each output slot's tensors.
-std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c);
+// Appends the op to a fresh program (build-time shape inference runs), runs it on `place`;
+// returns each output slot's tensors (on the CPU).
+std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c,
+                                                      const Place& place = CPUPlace());
+
+// The analytic gradients CheckGrad checks (loss = sum_k sum(out_k * w_k)), computed on `place`:
+// input var name -> its gradient (on the CPU).
+std::map<std::string, Tensor> RunGrads(const OpCase& c, const Place& place);
 
 // Checks analytic gradients of loss = sum_k sum(out_k * w_k) (fixed random w_k over the float
 // outputs in loss_outputs, default all) w.r.t. every float input slot not in no_grad_inputs,

@@ -1,0 +1,210 @@
+#include "framework/runtime/cuda_context.h"
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "framework/runtime/device.h"
+#include "framework/runtime/place.h"
+
+DECLARE_double(fraction_of_gpu_memory_to_use);
+DECLARE_bool(allow_tf32);
+
+namespace keel {
+
+namespace {
+
+std::atomic<int64_t> g_device_mallocs{0};
+
+// DeviceMemory on a real CUDA device.
+class CudaDeviceMemory : public DeviceMemory {
+ public:
+  explicit CudaDeviceMemory(int device) : device_(device) {}
+  void* Malloc(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it so the retry and later calls start clean
+      return nullptr;
+    }
+    KEEL_CUDA_CHECK(e);
+    ++g_device_mallocs;
+    return p;
+  }
+  void Free(void* p) override { KEEL_CUDA_CHECK(cudaFree(p)); }
+  size_t TotalBytes() const override {
+    size_t free_b = 0, total = 0;
+    KEEL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return total;
+  }
+  Event RecordEvent(Stream stream) override {
+    cudaEvent_t e;
+    KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    KEEL_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+    return e;
+  }
+  bool EventDone(Event e) override {
+    cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    KEEL_CUDA_CHECK(r);
+    return true;
+  }
+  void DestroyEvent(Event e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+  std::string Name() const override { return CUDAPlace(device_).str(); }
+
+ private:
+  int device_;
+};
+
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<CudaContext*>, kMaxDevices> g_contexts{};
+std::mutex g_contexts_mu;
+thread_local int t_current_device = -1;
+
+}  // namespace
+
+void ThrowCudaError(const char* what, const char* detail, const char* file, int line) {
+  KEEL_THROW(what, " failed: ", detail, " (", file, ":", line, ")");
+}
+
+struct CudaContext::Staging {
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t size = 0;
+    cudaEvent_t done = nullptr;  // recorded after the copy that used it
+    bool busy = false;
+  };
+  std::vector<Buffer> buffers;
+};
+
+CudaContext& CudaContext::Get(int device) {
+  KEEL_ENFORCE(device >= 0 && device < kMaxDevices, "CUDAPlace(", device, ") is not a device id");
+  CudaContext* c = g_contexts[device].load(std::memory_order_acquire);
+  if (c == nullptr) {
+    std::lock_guard<std::mutex> lock(g_contexts_mu);
+    c = g_contexts[device].load(std::memory_order_relaxed);
+    if (c == nullptr) {
+      const int n = CudaDeviceCount();
+      KEEL_ENFORCE(device < n, "CUDAPlace(", device, "): this process sees ", n,
+                   " CUDA device(s) (CUDA_VISIBLE_DEVICES, FLAGS_selected_gpus)");
+      c = new CudaContext(device);  // lives until the process ends
+      g_contexts[device].store(c, std::memory_order_release);
+    }
+  }
+  // The calling thread's current device is the context's (executor worker threads too).
+  if (t_current_device != device) {
+    KEEL_CUDA_CHECK(cudaSetDevice(device));
+    t_current_device = device;
+  }
+  return *c;
+}
+
+CudaContext::CudaContext(int device) : device_(device), staging_(std::make_unique<Staging>()) {
+  KEEL_CUDA_CHECK(cudaSetDevice(device));
+  t_current_device = device;
+  KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  KEEL_CUBLAS_CHECK(cublasCreate(&cublas_));
+  KEEL_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  allow_tf32_ = FLAGS_allow_tf32;
+  KEEL_CUBLAS_CHECK(
+      cublasSetMathMode(cublas_, allow_tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  const double fraction = FLAGS_fraction_of_gpu_memory_to_use;
+  KEEL_ENFORCE(fraction >= 0 && fraction <= 1, "FLAGS_fraction_of_gpu_memory_to_use=", fraction,
+               " must be in [0, 1] (0: allocate on demand)");
+  auto mem = std::make_unique<CudaDeviceMemory>(device);
+  const size_t reserve = static_cast<size_t>(fraction * static_cast<double>(mem->TotalBytes()));
+  allocator_ = std::make_unique<CachingAllocator>(std::move(mem), reserve, stream_);
+  VLOG(1) << CUDAPlace(device).str() << ": stream ready, reserve " << reserve << " bytes, tf32 "
+          << (allow_tf32_ ? "on" : "off");
+}
+
+CudaContext::~CudaContext() = default;  // contexts live as long as the process
+
+cudnnHandle_t CudaContext::cudnn() {
+  std::call_once(cudnn_once_, [this] {
+    KEEL_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    KEEL_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  });
+  return cudnn_;
+}
+
+void* CudaContext::Workspace(size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  if (workspace_) allocator_->Free(workspace_);  // stream-ordered: safe for the next kernel
+  workspace_ = allocator_->Allocate(bytes, stream_);
+  workspace_bytes_ = bytes;
+  return workspace_;
+}
+
+void* CudaContext::StagingBuffer(size_t bytes) {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  Staging::Buffer* best = nullptr;
+  for (auto& b : staging_->buffers) {
+    if (b.busy || b.size < bytes) continue;
+    if (b.done) {
+      cudaError_t r = cudaEventQuery(b.done);
+      if (r == cudaErrorNotReady) continue;
+      KEEL_CUDA_CHECK(r);
+    }
+    if (best == nullptr || b.size < best->size) best = &b;
+  }
+  if (best == nullptr) {
+    Staging::Buffer b;
+    b.size = 64 << 10;
+    while (b.size < bytes) b.size *= 2;
+    KEEL_CUDA_CHECK(cudaHostAlloc(&b.ptr, b.size, cudaHostAllocDefault));
+    KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+    staging_->buffers.push_back(b);
+    best = &staging_->buffers.back();
+  }
+  best->busy = true;
+  return best->ptr;
+}
+
+void CudaContext::DoneWithStaging(void* buffer) {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  for (auto& b : staging_->buffers) {
+    if (b.ptr != buffer) continue;
+    KEEL_CUDA_CHECK(cudaEventRecord(b.done, stream_));
+    b.busy = false;
+    return;
+  }
+  LOG(FATAL) << "DoneWithStaging of a buffer StagingBuffer did not hand out";
+}
+
+// ---------------------------------------------------------------- device.h
+
+void DeviceSynchronize(const Place& place) {
+  if (!place.is_cuda()) return;
+  KEEL_CUDA_CHECK(cudaStreamSynchronize(CudaContext::Get(place.device).stream()));
+}
+
+AllocatorStats DeviceAllocatorStats(const Place& place) {
+  if (!place.is_cuda()) return {};
+  return CudaContext::Get(place.device).allocator().stats();
+}
+
+void DeviceResetPeakStats(const Place& place) {
+  if (place.is_cuda()) CudaContext::Get(place.device).allocator().ResetPeak();
+}
+
+void DeviceEmptyCache(const Place& place) {
+  if (place.is_cuda()) CudaContext::Get(place.device).allocator().EmptyCache();
+}
+
+int64_t DeviceMallocCount() { return g_device_mallocs.load(); }
+
+void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size) {
+  if (size == 0) return;
+  CudaContext& c = CudaContext::Get(dst_place.device);
+  void* staging = c.StagingBuffer(size);
+  std::memcpy(staging, src, size);
+  KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, staging, size, cudaMemcpyHostToDevice, c.stream()));
+  c.DoneWithStaging(staging);
+}
+
+}  // namespace keel

@@ -1,0 +1,28 @@
+// What code without CUDA headers (executor, tests, the CLI) may ask of a device. In a build
+// without CUDA these throw for a CUDA place (none can exist) and do nothing for CPUPlace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "framework/runtime/caching_allocator.h"
+#include "framework/runtime/place.h"
+
+namespace keel {
+
+// Waits until every kernel and copy queued on the place's compute stream has finished.
+void DeviceSynchronize(const Place& place);
+// The caching allocator's statistics for a CUDA place (zeros for CPUPlace).
+AllocatorStats DeviceAllocatorStats(const Place& place);
+void DeviceResetPeakStats(const Place& place);
+// Gives the place's wholly free cached segments back to the driver.
+void DeviceEmptyCache(const Place& place);
+// cudaMalloc calls this process made for the caching allocator, over all devices.
+int64_t DeviceMallocCount();
+
+// Copies `size` bytes from host memory `src` to CUDA memory `dst` on the device's compute
+// stream, staged through pinned memory, without waiting for the copy: `src` may be reused as
+// soon as this returns.
+void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size);
+
+}  // namespace keel

@@ -1,0 +1,83 @@
+// What the CUDA op files share: the device context of a kernel's place, a grid-stride launch of
+// a device lambda over n indices, and block-wide sums. Kernels favour one obvious thread-per-
+// element (or per-row) mapping over cleverness; cuBLAS and cuDNN carry the heavy math.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+#include "framework/runtime/cuda_context.h"
+
+namespace keel {
+
+inline CudaContext& Cuda(const ExecutionContext& ctx) {
+  return CudaContext::Get(ctx.place().device);
+}
+
+template <typename F>
+__global__ void ForEachKernel(int64_t n, F f) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x)
+    f(i);
+}
+
+// f(i) for i in [0, n) on the context's stream; no synchronisation.
+template <typename F>
+void ForEach(const ExecutionContext& ctx, int64_t n, F f) {
+  if (n <= 0) return;
+  ForEachKernel<<<GridFor(n), 256, 0, Cuda(ctx).stream()>>>(n, f);
+  KEEL_CUDA_LAUNCH_CHECK();
+}
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <typename T>
+__device__ T BlockSum(T v) {
+  __shared__ T partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // partial may still be read from a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? partial[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T>
+__device__ T BlockMax(T v) {
+  __shared__ T partial[32];
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  v = lane < warps ? partial[lane] : partial[0];
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+namespace cuda {
+// dims = [pre, n, post] around `axis` (negative counts from the end); as op_util.h's SplitAt,
+// which .cu files do not include (it pulls in Eigen).
+struct AxisSplit {
+  int64_t pre, n, post;
+};
+inline AxisSplit SplitAt(const DDim& d, int axis) {
+  const int a = axis < 0 ? axis + d.size() : axis;
+  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
+}
+}  // namespace cuda
+
+// Copies n elements on the stream unless src and dst are the same memory.
+template <typename T>
+void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) {
+  if (src == dst || n == 0) return;
+  KEEL_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
+}
+
+}  // namespace keel

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""PyTorch anchors for tools/gpu_check.sh on the same GPU: the seed MLP at batch 128 (eager and
+torch.compile(mode="reduce-overhead")) and ResNet-20 at batch 128 (eager). One JSON line per run
+with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated."""
+import json, os, statistics, sys, time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import ResNet20  # noqa: E402
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(32, 1280), nn.Tanh(), nn.Linear(1280, 1280), nn.Tanh(),
+                         nn.Linear(1280, 2))
+
+
+def bench(name, model, shape, classes, opt, steps=200, compile_mode=None):
+    dev = torch.device("cuda")
+    model = model.to(dev)
+    optim = opt(model.parameters())
+    x = torch.rand(*shape, device=dev)
+    y = torch.randint(0, classes, (shape[0],), device=dev)
+
+    def step():
+        optim.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optim.step()
+        return loss
+
+    fn = torch.compile(step, mode=compile_mode) if compile_mode else step
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    print(json.dumps({"system": "torch " + torch.__version__, "run": name, "batch": shape[0],
+                      "step_ms": round(statistics.median(times), 4),
+                      "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}),
+          flush=True)
+
+
+def main():
+    torch.manual_seed(0)
+    sgd = lambda lr, m=0.0: (lambda p: torch.optim.SGD(p, lr=lr, momentum=m))  # noqa: E731
+    bench("mlp_eager", mlp(), (128, 32), 2, sgd(0.01))
+    try:
+        bench("mlp_compile_reduce_overhead", mlp(), (128, 32), 2, sgd(0.01),
+              compile_mode="reduce-overhead")
+    except Exception as e:  # a missing compiler toolchain must not hide the other numbers
+        print(json.dumps({"run": "mlp_compile_reduce_overhead", "error": str(e)[:200]}))
+    bench("resnet20_eager", ResNet20(), (128, 3, 32, 32), 10, sgd(0.05, 0.9), steps=50)
+
+
+if __name__ == "__main__":
+    main()

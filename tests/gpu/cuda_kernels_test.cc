@@ -1,0 +1,235 @@
+// GPU tests (ctest label `gpu`): every CUDA kernel against its CPU twin on the same random inputs,
+// forward and gradient; the built-in models on CUDAPlace(0) against CPUPlace; steady-state steps
+// without cudaMalloc; the out-of-memory message; copies between places. Each test skips with a
+// message when this machine has no CUDA device (or keel was built without CUDA).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "executor/executor.h"
+#include "framework/runtime/device.h"
+#include "models/model_zoo.h"
+#include "tests/util/grad_checker.h"
+#include "tests/util/op_test_util.h"
+
+namespace keel::testing {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
+
+// max |a - b| / max(|b|, 1) over the elements: float32 results compared with a tolerance that
+// is relative for large values and absolute near zero.
+double MaxRelErr(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = ToDouble(a), y = ToDouble(b);
+  EXPECT_EQ(x.size(), y.size());
+  double err = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
+    err = std::max(err, std::abs(x[i] - y[i]) / std::max(std::abs(y[i]), 1.0));
+  }
+  return err;
+}
+
+Tensor R(const DDim& d, double lo = -1, double hi = 1, uint64_t seed = 1) {
+  return RandomTensor(d, DType::kFloat32, lo, hi, seed);
+}
+Tensor Labels(const DDim& d, int64_t classes, uint64_t seed = 3) {
+  Tensor t(DType::kInt64, d);
+  uint64_t s = seed;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.data<int64_t>()[i] = static_cast<int64_t>((s >> 33) % classes);
+  }
+  return t;
+}
+
+OpCase Op(std::string name, std::string type,
+          std::vector<std::pair<std::string, std::vector<Tensor>>> inputs,
+          std::vector<std::pair<std::string, int>> outputs = {{"Out", 1}},
+          std::map<std::string, Attribute> attrs = {}) {
+  OpCase c;
+  c.name = std::move(name);
+  c.type = std::move(type);
+  c.inputs = std::move(inputs);
+  c.outputs = std::move(outputs);
+  c.attrs = std::move(attrs);
+  return c;
+}
+
+struct GpuCase {
+  OpCase op;
+  double tol;  // 1e-5 element-wise, 1e-4 GEMM/conv/reductions
+};
+
+std::vector<GpuCase> Cases() {
+  std::vector<GpuCase> v;
+  auto add = [&](OpCase c, double tol = 1e-5) { v.push_back({std::move(c), tol}); };
+  for (const char* act : {"relu", "tanh", "sigmoid"}) add(Op(act, act, {{"X", {R({17, 33})}}}));
+  add(Op("gelu", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}}, {{"approximate", false}}));
+  add(Op("gelu_tanh", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}},
+         {{"approximate", true}}));
+  add(Op("leaky_relu", "leaky_relu", {{"X", {R({9, 8})}}}, {{"Out", 1}}, {{"alpha", 0.1f}}));
+  add(Op("clip", "clip", {{"X", {R({9, 8})}}}, {{"Out", 1}}, {{"min", -0.5f}, {"max", 0.5f}}));
+  add(Op("softmax_last", "softmax", {{"X", {R({8, 37}, -4, 4)}}}, {{"Out", 1}}, {{"axis", -1}}));
+  add(Op("softmax_mid", "softmax", {{"X", {R({3, 5, 7}, -4, 4)}}}, {{"Out", 1}}, {{"axis", 1}}));
+  add(Op("softmax_long", "softmax", {{"X", {R({4, 1000}, -4, 4)}}}, {{"Out", 1}}, {{"axis", -1}}));
+  add(Op("log_softmax", "log_softmax", {{"X", {R({6, 300}, -4, 4)}}}, {{"Out", 1}},
+         {{"axis", -1}}));
+  add(Op("mul", "mul", {{"X", {R({16, 24})}}, {"Y", {R({24, 40}, -1, 1, 2)}}}), 1e-4);
+  add(Op("mul_flatten", "mul", {{"X", {R({2, 3, 4, 5})}}, {"Y", {R({20, 6}, -1, 1, 2)}}},
+         {{"Out", 1}}, {{"x_num_col_dims", 2}}),
+      1e-4);
+  for (bool tx : {false, true})
+    for (bool ty : {false, true}) {
+      DDim xd = tx ? DDim{3, 8, 5} : DDim{3, 5, 8}, yd = ty ? DDim{3, 6, 8} : DDim{3, 8, 6};
+      add(Op(std::string("matmul_batched_") + (tx ? "T" : "N") + (ty ? "T" : "N"), "matmul",
+             {{"X", {R(xd)}}, {"Y", {R(yd, -1, 1, 2)}}}, {{"Out", 1}},
+             {{"transpose_X", tx}, {"transpose_Y", ty}, {"alpha", 0.5f}}),
+          1e-4);
+      DDim y2 = ty ? DDim{6, 8} : DDim{8, 6};
+      add(Op(std::string("matmul_shared_y_") + (tx ? "T" : "N") + (ty ? "T" : "N"), "matmul",
+             {{"X", {R(xd)}}, {"Y", {R(y2, -1, 1, 2)}}}, {{"Out", 1}},
+             {{"transpose_X", tx}, {"transpose_Y", ty}}),
+          1e-4);
+    }
+  for (const char* ew : {"elementwise_add", "elementwise_sub", "elementwise_mul"}) {
+    add(Op(std::string(ew) + "_same", ew, {{"X", {R({7, 9})}}, {"Y", {R({7, 9}, -1, 1, 2)}}}));
+    add(Op(std::string(ew) + "_bias", ew, {{"X", {R({7, 9})}}, {"Y", {R({9}, -1, 1, 2)}}}), 1e-4);
+    add(Op(std::string(ew) + "_axis1", ew, {{"X", {R({2, 3, 4, 5})}}, {"Y", {R({3}, -1, 1, 2)}}},
+           {{"Out", 1}}, {{"axis", 1}}),
+        1e-4);
+  }
+  add(Op("elementwise_div", "elementwise_div", {{"X", {R({7, 9})}}, {"Y", {R({9}, 0.5, 2, 2)}}}),
+      1e-4);
+  add(Op("sum", "sum", {{"X", {R({5, 6}), R({5, 6}, -1, 1, 2), R({5, 6}, -1, 1, 3)}}}));
+  add(Op("scale", "scale", {{"X", {R({5, 6})}}}, {{"Out", 1}},
+         {{"scale", 2.5f}, {"bias", 0.5f}, {"bias_after_scale", false}}));
+  // Ops that may run through the host fallback still must agree with the CPU.
+  add(Op("mean", "mean", {{"X", {R({13, 7})}}}), 1e-4);
+  add(Op("reduce_sum", "reduce_sum", {{"X", {R({4, 5, 6})}}}, {{"Out", 1}},
+         {{"dim", std::vector<int>{1}}}),
+      1e-4);
+  add(Op("cross_entropy", "cross_entropy",
+         {{"X", {R({8, 5}, 0.1, 1)}}, {"Label", {Labels({8, 1}, 5)}}}, {{"Y", 1}}));
+  add(Op("softmax_with_cross_entropy", "softmax_with_cross_entropy",
+         {{"Logits", {R({8, 5}, -3, 3)}}, {"Label", {Labels({8, 1}, 5)}}},
+         {{"Softmax", 1}, {"Loss", 1}}),
+      1e-4);
+  add(Op("layer_norm", "layer_norm",
+         {{"X", {R({6, 16})}}, {"Scale", {R({16}, 0.5, 1.5, 2)}}, {"Bias", {R({16}, -1, 1, 3)}}},
+         {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 1}}),
+      1e-4);
+  add(Op("transpose", "transpose", {{"X", {R({2, 3, 4})}}}, {{"Out", 1}},
+         {{"axis", std::vector<int>{2, 0, 1}}}));
+  add(Op("conv2d", "conv2d",
+         {{"Input", {R({2, 3, 8, 8})}}, {"Filter", {R({4, 3, 3, 3}, -1, 1, 2)}}}, {{"Output", 1}},
+         {{"paddings", std::vector<int>{1, 1}}}),
+      1e-4);
+  add(Op("pool2d_max", "pool2d", {{"X", {R({2, 3, 8, 8})}}}, {{"Out", 1}},
+         {{"pooling_type", std::string("max")},
+          {"ksize", std::vector<int>{2, 2}},
+          {"strides", std::vector<int>{2, 2}}}),
+      1e-4);
+  return v;
+}
+
+TEST(CudaKernels, EveryCaseMatchesItsCpuTwinForwardAndGrad) {
+  SKIP_WITHOUT_GPU();
+  for (GpuCase& gc : Cases()) {
+    const OpCase& c = gc.op;
+    SCOPED_TRACE(Describe(c));
+    auto cpu = RunForward(c, CPUPlace());
+    auto gpu = RunForward(c, CUDAPlace(0));
+    for (auto& [slot, ts] : cpu)
+      for (size_t i = 0; i < ts.size(); ++i) {
+        ASSERT_EQ(gpu[slot][i].dims(), ts[i].dims()) << slot;
+        EXPECT_LT(MaxRelErr(gpu[slot][i], ts[i]), gc.tol) << "forward " << slot << "[" << i << "]";
+      }
+    auto gcpu = RunGrads(c, CPUPlace());
+    auto ggpu = RunGrads(c, CUDAPlace(0));
+    for (auto& [name, g] : gcpu) {
+      ASSERT_TRUE(ggpu.count(name)) << name;
+      EXPECT_LT(MaxRelErr(ggpu[name], g), gc.tol) << "gradient of " << name;
+    }
+  }
+}
+
+TEST(CudaKernels, DropoutMaskOnTheGpuEqualsTheCpuMask) {
+  SKIP_WITHOUT_GPU();
+  OpCase c = Op("dropout", "dropout", {{"X", {R({33, 65})}}}, {{"Out", 1}, {"Mask", 1}},
+                {{"dropout_prob", 0.3f}, {"seed", 77}});
+  auto cpu = RunForward(c, CPUPlace());
+  auto gpu = RunForward(c, CUDAPlace(0));
+  EXPECT_EQ(ToDouble(cpu["Mask"][0]), ToDouble(gpu["Mask"][0]));
+  EXPECT_LT(MaxRelErr(gpu["Out"][0], cpu["Out"][0]), 1e-6);
+}
+
+// Losses of `steps` steps of a built-in model on `place` (same seed, same data).
+std::vector<double> TrainLosses(const std::string& model, const Place& place, int steps,
+                                int64_t batch) {
+  models::ModelConfig cfg;
+  cfg.name = model;
+  cfg.seed = 5;
+  cfg.batch_size = batch;
+  if (model == "mlp") cfg.hidden = 256;
+  models::TrainableModel m = models::BuildModel(cfg);
+  Executor exe(place);
+  exe.Run(*m.startup);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    FeedMap feed;
+    m.next_batch(batch, &feed);
+    losses.push_back(exe.Run(*m.main, feed, {m.loss})[0].item<double>());
+  }
+  return losses;
+}
+
+TEST(CudaModels, ThirtyStepsOnTheGpuFollowTheCpuLosses) {
+  SKIP_WITHOUT_GPU();
+  for (const char* model : {"mlp", "resnet", "transformer"}) {
+    SCOPED_TRACE(model);
+    const int64_t batch = std::string(model) == "resnet" ? 8 : 32;
+    auto cpu = TrainLosses(model, CPUPlace(), 30, batch);
+    auto gpu = TrainLosses(model, CUDAPlace(0), 30, batch);
+    for (size_t s = 0; s < cpu.size(); ++s)
+      EXPECT_NEAR(gpu[s], cpu[s], 1e-4 * std::max(1.0, std::abs(cpu[s]))) << "step " << s;
+  }
+}
+
+TEST(CudaRuntime, SteadyStateStepsCallCudaMallocZeroTimes) {
+  SKIP_WITHOUT_GPU();
+  models::ModelConfig cfg;
+  cfg.seed = 1;
+  models::TrainableModel m = models::BuildModel(cfg);
+  Executor exe(CUDAPlace(0));
+  exe.Run(*m.startup);
+  FeedMap feed;
+  m.next_batch(128, &feed);
+  for (int s = 0; s < 3; ++s) exe.Run(*m.main, feed, {m.loss});
+  const int64_t before = DeviceMallocCount();
+  for (int s = 0; s < 20; ++s) exe.Run(*m.main, feed, {m.loss});
+  EXPECT_EQ(DeviceMallocCount(), before) << "cudaMalloc in steady state";
+  AllocatorStats st = DeviceAllocatorStats(CUDAPlace(0));
+  EXPECT_GT(st.peak_in_use_bytes, 0u);
+}
+
+TEST(CudaRuntime, OutOfMemoryNamesBytesCacheAndFlag) {
+  SKIP_WITHOUT_GPU();
+  Tensor huge;
+  std::string msg = ErrorOf([&] { huge.Alloc(DType::kFloat32, {int64_t(1) << 40}, CUDAPlace(0)); });
+  ExpectContainsAll(msg, {"out of memory on CUDAPlace(0)", "asked for", "in use", "cached",
+                          "FLAGS_fraction_of_gpu_memory_to_use"});
+}
+
+TEST(CudaRuntime, TensorsCopyBetweenPlacesExactly) {
+  SKIP_WITHOUT_GPU();
+  Tensor a = R({1000, 3});
+  Tensor d = a.Clone(CUDAPlace(0));
+  Tensor d2 = d.Clone();  // device to device
+  Tensor back = d2.Clone(CPUPlace());
+  EXPECT_EQ(ToDouble(back), ToDouble(a));
+}
+
+}  // namespace
+}  // namespace keel::testing
