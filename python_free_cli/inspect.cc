@@ -7,9 +7,8 @@
 //                without starting any worker (--diff: only what the transpiler changed)
 //   keel inspect --summary [--model=NAME | FILE|DIR]
 //                parameters with shapes and counts, totals, forward FLOPs per sample
-#include <sys/stat.h>
-
 #include <gflags/gflags.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <memory>
@@ -50,7 +49,8 @@ namespace cli {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool IsDir(const std::string& path) {
@@ -100,8 +100,8 @@ models::TrainableModel BuildLocal(models::MinimizeFn minimize) {
 }
 
 int Strategy(const std::vector<std::string>& args) {
-  KEEL_ENFORCE(args.size() <= 1, "inspect --strategy takes at most one FILE|DIR, got ",
-               args.size(), " arguments");
+  KEEL_ENFORCE(args.size() <= 1, "inspect --strategy takes at most one FILE|DIR, got ", args.size(),
+               " arguments");
   KEEL_ENFORCE(FLAGS_nranks >= 1, "--nranks must be >= 1, got ", FLAGS_nranks);
   KEEL_ENFORCE(FLAGS_nnodes >= 1 && FLAGS_nranks % FLAGS_nnodes == 0, "--nnodes=", FLAGS_nnodes,
                " must divide --nranks=", FLAGS_nranks);
@@ -176,8 +176,8 @@ int Strategy(const std::vector<std::string>& args) {
 }
 
 int Summary(const std::vector<std::string>& args) {
-  KEEL_ENFORCE(args.size() <= 1, "inspect --summary takes at most one FILE|DIR, got ",
-               args.size(), " arguments");
+  KEEL_ENFORCE(args.size() <= 1, "inspect --summary takes at most one FILE|DIR, got ", args.size(),
+               " arguments");
   KEEL_ENFORCE(args.empty() || !FlagIsSet("model"),
                "--model and a FILE both name the program: pick one");
   if (args.empty()) {
@@ -208,15 +208,19 @@ int Inspect(const std::vector<std::string>& args) {
       std::string p = path + "/" + f;
       if (::stat(p.c_str(), &st) != 0) continue;
       any = true;
-      if (f == kModelFile) PrintProgram(p);
-      else PrintTensors(p);
+      if (f == kModelFile)
+        PrintProgram(p);
+      else
+        PrintTensors(p);
     }
     KEEL_ENFORCE(any, path, ": holds none of ", kModelFile, ", ", kParamsFile, ", ",
                  kPersistablesFile);
     return 0;
   }
-  if (EndsWith(path, ".safetensors")) PrintTensors(path);
-  else PrintProgram(path);
+  if (EndsWith(path, ".safetensors"))
+    PrintTensors(path);
+  else
+    PrintProgram(path);
   return 0;
 }
 
