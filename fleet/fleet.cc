@@ -13,8 +13,7 @@
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "framework/io/io.h"
-#include "transpiler/grad_allreduce_pass.h"
-#include "transpiler/local_sgd_pass.h"
+#include "transpiler/transpile.h"
 
 DEFINE_int32(save_timeout_s, 1800,
              "How long workers wait at the barrier around fleet::save_persistables.");
@@ -160,10 +159,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   auto pg = opt_->backward(loss, no_grad_set);
   opt_->apply_gradients(pg, startup);
   if (r.world_size > 1) {
-    if (strategy_.use_local_sgd)
-      transpiler::LocalSGDPass().Apply(main, *startup, strategy_, r);
-    else
-      transpiler::GradAllReducePass().Apply(main, *startup, strategy_, r);
+    transpiler::TranspileCollective(main, *startup, strategy_, r);
     CheckProgramsMatch(main, "main program");
   }
   State().main = &main;

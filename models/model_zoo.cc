@@ -24,12 +24,19 @@ void Finish(TrainableModel& m, const ModelConfig& cfg, Var loss, const std::stri
             float default_lr) {
   std::string name = cfg.optimizer.empty() ? default_opt : cfg.optimizer;
   float lr = cfg.lr > 0 ? cfg.lr : default_lr;
-  auto opt = MakeOptimizer(name, lr);
+  auto opt = cfg.make_optimizer ? cfg.make_optimizer(default_opt, default_lr)
+                                : MakeOptimizer(name, lr);
   m.test = m.main->clone_for_test();  // before backward: the forward program
   if (cfg.minimize) cfg.minimize(loss, m.startup.get(), *opt);
   else opt->minimize(loss, m.startup.get());
   m.loss = loss.name();
-  m.optimizer = name + " lr=" + std::to_string(lr);
+  m.optimizer = cfg.make_optimizer ? opt->type() : name + " lr=" + std::to_string(lr);
+  // The rate every update op reads (the optimizer's var; fleet may have used a clone).
+  for (auto& op : m.main->global_block().ops())
+    if (op->HasInput("LearningRate") && !op->Input("LearningRate").empty()) {
+      m.learning_rate = op->Input("LearningRate")[0];
+      break;
+    }
 }
 
 TrainableModel NewModel(const ModelConfig& cfg) {
@@ -82,6 +89,18 @@ TrainableModel BuildMlp(const ModelConfig& cfg) {
 }
 
 TrainableModel BuildLenet(const ModelConfig& cfg) {
+  TrainableModel m = NewModel(cfg);
+  {
+    ProgramGuard guard(*m.main, *m.startup);
+    Var image = layers::data("image", {-1, 1, 28, 28});
+    Var label = layers::data("label", {-1, 1}, DType::kInt64);
+    ClassifierOutputs out = lenet(image, label);
+    m.inputs = {image.name()};
+    m.prediction = out.logits.name();
+    m.accuracy = out.accuracy.name();
+    Finish(m, cfg, out.loss, "adam", 0.001f);
+  }
+  if (cfg.programs_only) return m;
   const std::string prefix = "mnist:";
   KEEL_ENFORCE(cfg.data.compare(0, prefix.size(), prefix) == 0,
                "model lenet trains on MNIST: pass --data=mnist:DIR (DIR holds "
@@ -101,17 +120,6 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
   auto train_set = std::make_shared<MnistDataset>(images, labels, 0, 8000, /*normalize=*/true);
   auto test_set = std::make_shared<MnistDataset>(images, labels, 8000, 10000, /*normalize=*/true);
 
-  TrainableModel m = NewModel(cfg);
-  {
-    ProgramGuard guard(*m.main, *m.startup);
-    Var image = layers::data("image", {-1, 1, 28, 28});
-    Var label = layers::data("label", {-1, 1}, DType::kInt64);
-    ClassifierOutputs out = lenet(image, label);
-    m.inputs = {image.name()};
-    m.prediction = out.logits.name();
-    m.accuracy = out.accuracy.name();
-    Finish(m, cfg, out.loss, "adam", 0.001f);
-  }
   LoaderOptions train_opts;
   train_opts.batch_size = cfg.batch_size;
   train_opts.shuffle = true;

@@ -34,6 +34,12 @@ struct ModelConfig {
   int64_t batch_size = 128;
   int rank = 0, nranks = 1;  // data sharding for models with a finite training set
   MinimizeFn minimize;       // empty: plain opt.minimize
+  bool programs_only = false;  // build the programs, load no data (keel inspect)
+  // Makes the optimizer from the model's default name and rate (keel train's flags); empty:
+  // MakeOptimizer(optimizer or the default, lr or the default).
+  std::function<std::unique_ptr<optimizer::Optimizer>(const std::string& default_optimizer,
+                                                      float default_lr)>
+      make_optimizer;
 };
 
 struct TrainableModel {
@@ -50,6 +56,8 @@ struct TrainableModel {
   // Accuracy of the test program on the model's test data (run in `exe`'s scope).
   std::function<double(Executor& exe)> evaluate;
   std::string optimizer;  // what was used, e.g. "adam lr=0.001"
+  // The [1] learning-rate var of main (fetch it to log the rate; it follows a schedule).
+  std::string learning_rate;
 };
 
 // Builds a model by name; an unknown name is a keel::Error listing the known ones.

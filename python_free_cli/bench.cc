@@ -17,6 +17,7 @@
 
 DECLARE_int32(batch_size);
 DECLARE_double(lr);
+DECLARE_uint64(seed);
 DECLARE_int32(cpu_math_threads);
 DEFINE_int32(bench_steps, 200, "Timed steps for keel bench.");
 DEFINE_int32(bench_warmup, 10, "Untimed warm-up steps for keel bench.");
@@ -81,7 +82,8 @@ int Bench(const std::vector<std::string>& args) {
     return s;
   }(), "), got ", args.size(), " arguments");
   KEEL_ENFORCE(FLAGS_bench_steps > 0, "--bench_steps must be positive");
-  models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr), 1);
+  models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr),
+                                                   FLAGS_seed ? FLAGS_seed : 1);
   const int world = fleet::worker_num();
   Executor exe(fleet::worker_place());
   exe.Run(*m.startup);

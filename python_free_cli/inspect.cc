@@ -1,15 +1,47 @@
-// keel inspect FILE|DIR: a program as text, a safetensors file as a table, a checkpoint dir as both.
+// keel inspect: look at programs and checkpoints without training.
+//   keel inspect FILE|DIR        a __model__ program as text, a .safetensors file as a table, a
+//                                checkpoint directory as both (--dot: programs as Graphviz)
+//   keel inspect --strategy [--model=NAME | FILE [--startup=FILE]] --nranks=N --nnodes=K
+//                [keel train's strategy flags] [--diff] [--dot] [--program=main|startup|all]
+//                the main and startup programs one rank of that job runs, transpiled here
+//                without starting any worker (--diff: only what the transpiler changed)
+//   keel inspect --summary [--model=NAME | FILE|DIR]
+//                parameters with shapes and counts, totals, forward FLOPs per sample
+#include <gflags/gflags.h>
 #include <sys/stat.h>
 
-#include <gflags/gflags.h>
-
 #include <cstdio>
+#include <memory>
 
+#include "fleet/fleet.h"
 #include "framework/error.h"
 #include "framework/io/io.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/model_summary.h"
+#include "python_free_cli/text_diff.h"
+#include "python_free_cli/train_flags.h"
+#include "transpiler/transpile.h"
 
-DEFINE_bool(dot, false, "keel inspect: print a program as a Graphviz digraph instead of text.");
+DEFINE_bool(dot, false, "keel inspect: print programs as Graphviz digraphs instead of text.");
+DEFINE_bool(strategy, false,
+            "keel inspect: transpile the program for --nranks/--nnodes and keel train's strategy "
+            "flags, and print the main and startup programs one rank runs.");
+DEFINE_int32(nranks, 2, "keel inspect --strategy: workers in the job.");
+DEFINE_int32(rank, 0, "keel inspect --strategy: the rank whose programs are shown.");
+DEFINE_bool(diff, false,
+            "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
+DEFINE_string(program, "all", "keel inspect --strategy: main | startup | all.");
+DEFINE_string(startup, "",
+              "keel inspect --strategy FILE: the startup program saved with the __model__ "
+              "(default: one that declares main's persistables and initializes nothing).");
+DEFINE_bool(summary, false,
+            "keel inspect: parameters with shapes and counts, totals, and forward FLOPs per "
+            "sample of a built-in model (--model) or a saved program.");
+DECLARE_string(model);
+DECLARE_int32(nnodes);
+DECLARE_int32(mlp_hidden);
+DECLARE_string(data);
+DECLARE_int32(batch_size);
 
 namespace keel {
 namespace cli {
@@ -17,7 +49,14 @@ namespace cli {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  KEEL_ENFORCE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
+  return S_ISDIR(st.st_mode);
 }
 
 void PrintTensors(const std::string& path) {
@@ -34,28 +73,154 @@ void PrintProgram(const std::string& path) {
   std::fputs((FLAGS_dot ? program->ToDot() : program->ToText()).c_str(), stdout);
 }
 
+// A __model__ path: FILE itself, or DIR/__model__.
+std::string ModelPath(const std::string& path) {
+  if (!IsDir(path)) return path;
+  std::string p = path + "/" + kModelFile;
+  struct stat st;
+  KEEL_ENFORCE(::stat(p.c_str(), &st) == 0, path, ": holds no ", kModelFile);
+  return p;
+}
+
+// The built-in model's programs before any transpiling; `minimize` (may be empty) appends
+// backward and the optimizer.
+models::TrainableModel BuildLocal(models::MinimizeFn minimize) {
+  models::ModelConfig cfg;
+  cfg.name = FLAGS_model;
+  cfg.seed = 1;  // program text does not depend on it but for the seeds it records
+  cfg.hidden = FLAGS_mlp_hidden;
+  cfg.data = FLAGS_data;
+  cfg.batch_size = FLAGS_batch_size;
+  cfg.make_optimizer = [](const std::string& default_name, float default_lr) {
+    return OptimizerFromFlags(default_name, default_lr, 0);
+  };
+  cfg.minimize = std::move(minimize);
+  cfg.programs_only = true;
+  return models::BuildModel(cfg);
+}
+
+int Strategy(const std::vector<std::string>& args) {
+  KEEL_ENFORCE(args.size() <= 1, "inspect --strategy takes at most one FILE|DIR, got ", args.size(),
+               " arguments");
+  KEEL_ENFORCE(FLAGS_nranks >= 1, "--nranks must be >= 1, got ", FLAGS_nranks);
+  KEEL_ENFORCE(FLAGS_nnodes >= 1 && FLAGS_nranks % FLAGS_nnodes == 0, "--nnodes=", FLAGS_nnodes,
+               " must divide --nranks=", FLAGS_nranks);
+  KEEL_ENFORCE(FLAGS_rank >= 0 && FLAGS_rank < FLAGS_nranks, "--rank=", FLAGS_rank,
+               " is not in 0..", FLAGS_nranks - 1);
+  KEEL_ENFORCE(FLAGS_program == "main" || FLAGS_program == "startup" || FLAGS_program == "all",
+               "--program='", FLAGS_program, "' is not one of main, startup, all");
+  KEEL_ENFORCE(!(FLAGS_diff && FLAGS_dot), "--diff and --dot do not combine: pick one");
+  KEEL_ENFORCE(args.empty() || !FlagIsSet("model"),
+               "--model and a FILE both name the program: pick one");
+  KEEL_ENFORCE(!args.empty() || FLAGS_startup.empty(), "--startup goes with a saved FILE");
+
+  fleet::Role role;
+  role.world_size = FLAGS_nranks;
+  role.rank = FLAGS_rank;
+  role.local_world_size = FLAGS_nranks / FLAGS_nnodes;
+  role.local_rank = FLAGS_rank % role.local_world_size;
+  role.master_port = 1;  // no store is started: the passes only read ranks
+  fleet::DistributedStrategy strategy = StrategyFromFlags();
+  strategy.ApplyFlagOverrides();
+  strategy.Validate(role);
+  fleet::DistributedStrategy::RequireImplemented(strategy);
+
+  std::string what, main_before, startup_before;
+  std::unique_ptr<Program> main, startup;
+  models::TrainableModel m;
+  if (args.empty()) {
+    what = "model " + FLAGS_model;
+    m = BuildLocal([&](Var loss, Program* st, const optimizer::Optimizer& opt) {
+      auto o = opt.Clone();
+      o->apply_gradients(o->backward(loss), st);
+      main_before = loss.block()->program()->ToText();
+      startup_before = st->ToText();
+      transpiler::TranspileCollective(*loss.block()->program(), *st, strategy, role);
+    });
+  } else {
+    what = ModelPath(args[0]);
+    main = LoadProgram(what);
+    if (!FLAGS_startup.empty()) {
+      startup = LoadProgram(FLAGS_startup);
+    } else {
+      startup = std::make_unique<Program>();
+      for (const VarDesc* v : main->global_block().AllVars())
+        if (v->persistable()) *startup->global_block().Var(v->name()) = *v;
+    }
+    main_before = main->ToText();
+    startup_before = startup->ToText();
+    transpiler::TranspileCollective(*main, *startup, strategy, role);
+  }
+  const Program& main_after = main ? *main : *m.main;
+  const Program& startup_after = startup ? *startup : *m.startup;
+
+  std::printf("# %s, rank %d of %d on %d node(s); %s\n", what.c_str(), FLAGS_rank, FLAGS_nranks,
+              FLAGS_nnodes, strategy.ToString().c_str());
+  auto show = [&](const char* name, const Program& after, const std::string& before) {
+    if (FLAGS_program != "all" && FLAGS_program != name) return;
+    if (FLAGS_dot) {
+      std::fputs(after.ToDot().c_str(), stdout);
+      return;
+    }
+    if (FLAGS_diff) {
+      std::string d = LineDiff(before, after.ToText());
+      std::printf("# ---- %s program: transpiler changes (-before +after)\n%s", name,
+                  d.empty() ? "# (none)\n" : d.c_str());
+      return;
+    }
+    std::printf("# ---- %s program\n%s", name, after.ToText().c_str());
+  };
+  show("main", main_after, main_before);
+  show("startup", startup_after, startup_before);
+  return 0;
+}
+
+int Summary(const std::vector<std::string>& args) {
+  KEEL_ENFORCE(args.size() <= 1, "inspect --summary takes at most one FILE|DIR, got ", args.size(),
+               " arguments");
+  KEEL_ENFORCE(args.empty() || !FlagIsSet("model"),
+               "--model and a FILE both name the program: pick one");
+  if (args.empty()) {
+    models::TrainableModel m = BuildLocal(nullptr);
+    std::fputs(SummarizeModel(*m.test, "model " + FLAGS_model).text.c_str(), stdout);
+  } else {
+    std::string path = ModelPath(args[0]);
+    std::fputs(SummarizeModel(*LoadProgram(path), path).text.c_str(), stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int Inspect(const std::vector<std::string>& args) {
+  KEEL_ENFORCE(!(FLAGS_strategy && FLAGS_summary), "--strategy and --summary: pick one");
+  if (FLAGS_strategy) return Strategy(args);
+  if (FLAGS_summary) return Summary(args);
+  for (const char* f : {"nranks", "rank", "nnodes", "diff", "program", "startup", "model"})
+    KEEL_ENFORCE(!FlagIsSet(f), "--", f, " goes with inspect --strategy",
+                 std::string(f) == "model" ? " or --summary" : "");
   KEEL_ENFORCE(args.size() == 1, "inspect takes one FILE or DIR, got ", args.size(), " arguments");
   const std::string& path = args[0];
-  struct stat st;
-  KEEL_ENFORCE(::stat(path.c_str(), &st) == 0, path, ": no such file or directory");
-  if (S_ISDIR(st.st_mode)) {
+  if (IsDir(path)) {
     bool any = false;
+    struct stat st;
     for (const std::string& f : {kModelFile, kParamsFile, kPersistablesFile}) {
       std::string p = path + "/" + f;
       if (::stat(p.c_str(), &st) != 0) continue;
       any = true;
-      if (f == kModelFile) PrintProgram(p);
-      else PrintTensors(p);
+      if (f == kModelFile)
+        PrintProgram(p);
+      else
+        PrintTensors(p);
     }
     KEEL_ENFORCE(any, path, ": holds none of ", kModelFile, ", ", kParamsFile, ", ",
                  kPersistablesFile);
     return 0;
   }
-  if (EndsWith(path, ".safetensors")) PrintTensors(path);
-  else PrintProgram(path);
+  if (EndsWith(path, ".safetensors"))
+    PrintTensors(path);
+  else
+    PrintProgram(path);
   return 0;
 }
 

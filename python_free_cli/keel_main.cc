@@ -10,6 +10,7 @@
 #include "framework/error.h"
 #include "framework/init.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/help.h"
 #include "python_free_cli/launch.h"
 
 namespace {
@@ -17,17 +18,18 @@ namespace {
 const char* kUsage =
     "usage: keel <command> [flags] [args]\n"
     "commands:\n"
-    "  train    train a built-in model: --model=mlp|lenet|resnet|transformer --steps=N\n"
-    "           --epochs=E --batch_size=B --optimizer=sgd|momentum|adam|adamw --lr=F --seed=S\n"
-    "           --data=mnist:DIR --save_dir=DIR --load_dir=DIR --fetch_frequency=K\n"
-    "  inspect  print a saved program (__model__) or safetensors file, or a checkpoint dir\n"
-    "  bench    time a built-in model's training step (or `allreduce` under keel launch), one\n"
-    "           JSON line: keel bench mlp|lenet|resnet|transformer|allreduce\n"
-    "  launch   start this node's workers of a job: keel launch [flags] COMMAND [ARGS...]\n"
-    "           --nproc_per_node=N | --selected_gpus=0,1  --nnodes=K --node_rank=R\n"
-    "           --cluster_node_ips=IP,IP --node_ip=IP --started_port=P --master_addr=A\n"
-    "           --master_port=P --log_dir=DIR (default log) --grace_period_s=S\n"
-    "run `keel <command> --help` for all flags\n";
+    "  train    train a built-in model: keel train --model=mlp|lenet|resnet|transformer\n"
+    "  launch   start this node's workers: keel launch --nproc_per_node=N COMMAND [ARGS...]\n"
+    "  inspect  print a saved program, safetensors file or checkpoint; --strategy: the programs\n"
+    "           a job's workers would run; --summary: parameters and FLOPs of a model\n"
+    "  bench    time a built-in model's training step, or all-reduce under keel launch\n"
+    "run `keel <command> --help` for its flags\n";
+
+bool AsksForHelp(const std::vector<std::string>& flags) {
+  for (const std::string& a : flags)
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort") return true;
+  return false;
+}
 
 }  // namespace
 
@@ -45,6 +47,11 @@ int main(int argc, char** argv) {
     keel::cli::LaunchArgs split = keel::cli::SplitLaunchArgs(tail);
     tail = split.flags;
     launch_command = split.command;
+  }
+  const std::string help = keel::cli::CommandHelp(cmd);
+  if (!help.empty() && AsksForHelp(tail)) {
+    std::fputs(help.c_str(), stdout);
+    return 0;
   }
   std::vector<char*> rest{argv[0]};
   for (std::string& a : tail) rest.push_back(a.data());

@@ -3,8 +3,8 @@
 #include <glog/logging.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
@@ -12,12 +12,12 @@
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/train_flags.h"
+#include "python_free_cli/train_monitor.h"
 
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
-DEFINE_double(lr, 0, "Learning rate; 0: the model's default.");
-DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
 DEFINE_string(data, "", "The model's dataset, e.g. mnist:DIR for lenet.");
 DEFINE_int32(epochs, 0,
              "Train this many epochs, evaluating on the test split after each (models with a "
@@ -30,21 +30,6 @@ DEFINE_string(load_dir, "", "Resume from the persistables saved here.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
-DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
-DEFINE_int32(local_sgd_steps, 0,
-             "Multi-worker: LocalSGD (DistributedStrategy.use_local_sgd): each worker steps alone "
-             "and parameters are averaged every this many steps; 0: synchronous training.");
-DEFINE_int32(local_sgd_warmup_steps, 0,
-             "LocalSGD: synchronous steps (parameters averaged every step) before the first local "
-             "one.");
-DEFINE_int32(hierarchical_allreduce_inter_nranks, 0,
-             "Multi-worker: > 0 turns on hierarchical all-reduce (use_hierarchical_allreduce) "
-             "with this many ranks per node: reduce-scatter inside a node, all-reduce across "
-             "nodes, all-gather inside the node.");
-DEFINE_bool(fuse_all_reduce_ops, true,
-            "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
-            "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
-            "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
 
 namespace keel {
@@ -64,25 +49,21 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.nranks = fleet::worker_num();
   // Every rank draws its own data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
-  fleet::DistributedStrategy strategy;
-  strategy.nccl_comm_num = FLAGS_nccl_comm_num;
-  strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
-  KEEL_ENFORCE(FLAGS_hierarchical_allreduce_inter_nranks >= 0,
-               "--hierarchical_allreduce_inter_nranks must be >= 0, got ",
-               FLAGS_hierarchical_allreduce_inter_nranks);
-  strategy.use_hierarchical_allreduce = FLAGS_hierarchical_allreduce_inter_nranks > 0;
-  strategy.hierarchical_allreduce_inter_nranks = FLAGS_hierarchical_allreduce_inter_nranks;
-  KEEL_ENFORCE(FLAGS_local_sgd_steps >= 0, "--local_sgd_steps must be >= 0, got ",
-               FLAGS_local_sgd_steps);
-  strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
-  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside.
-  if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
-  if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
-  strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
+  fleet::DistributedStrategy strategy = StrategyFromFlags();
+  const int64_t total_steps = FLAGS_epochs > 0 ? 0 : FLAGS_steps;  // unknown with --epochs
+  auto described = std::make_shared<std::string>();
+  cfg.make_optimizer = [total_steps, described](const std::string& default_name,
+                                                float default_lr) {
+    auto opt = OptimizerFromFlags(default_name, default_lr, total_steps);
+    *described = DescribeOptimizer(*opt);
+    return opt;
+  };
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
-  return models::BuildModel(cfg);
+  models::TrainableModel m = models::BuildModel(cfg);
+  m.optimizer = *described;
+  return m;
 }
 
 void FinishProfile() {
@@ -125,30 +106,33 @@ int Train(const std::vector<std::string>& args) {
     std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n",
                 FLAGS_model.c_str(), m.optimizer.c_str(), fleet::worker_num(),
                 static_cast<long long>(steps_per_epoch));
+  KEEL_ENFORCE(FLAGS_eval_every >= 0, "--eval_every must be >= 0, got ", FLAGS_eval_every);
+  KEEL_ENFORCE(FLAGS_eval_every == 0 || m.evaluate, "--eval_every: model ", FLAGS_model,
+               " has no test data to evaluate on");
+  const int64_t total_steps = steps_per_epoch * epochs;
+  TrainMonitor monitor(total_steps, static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num(),
+                       fleet::worker_index(), quiet);
+  const bool evaluates = m.evaluate && (!quiet || FLAGS_logdir_all_ranks);
+  std::vector<std::string> fetch = {m.loss};
+  if (!m.learning_rate.empty()) fetch.push_back(m.learning_rate);
   FeedMap feed;
   profiler::StartFromFlags();
-  auto last = std::chrono::steady_clock::now();
-  int64_t samples_since = 0, step = 0;
+  int64_t step = 0;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     for (int64_t i = 0; i < steps_per_epoch; ++i, ++step) {
       m.next_batch(FLAGS_batch_size, &feed);
-      auto out = exe.Run(*m.main, feed, {m.loss});
-      samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
-      if (!out.empty() && !quiet) {
-        auto now = std::chrono::steady_clock::now();
-        double s = std::chrono::duration<double>(now - last).count();
-        std::printf("step %lld loss %.6f samples/s %.1f\n", static_cast<long long>(step),
-                    out[0].item<float>(), s > 0 ? samples_since / s : 0.0);
-        std::fflush(stdout);
-        last = now;
-        samples_since = 0;
-      }
+      auto out = exe.Run(*m.main, feed, fetch);
+      std::optional<float> loss, lr;
+      if (!out.empty()) loss = out[0].item<float>();
+      if (out.size() > 1) lr = out[1].item<float>();
+      monitor.OnStep(step, loss, lr);
+      const bool last = step + 1 == total_steps;
+      if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last))
+        monitor.OnEval(step, -1, m.evaluate(exe));
     }
-    if (FLAGS_epochs > 0 && m.evaluate && !quiet) {
-      std::printf("epoch %d test_accuracy %.4f\n", epoch, m.evaluate(exe));
-      std::fflush(stdout);
-    }
+    if (FLAGS_epochs > 0 && evaluates) monitor.OnEval(step - 1, epoch, m.evaluate(exe));
   }
+  monitor.Finish();
   FinishProfile();
   if (!FLAGS_save_dir.empty()) {
     fleet::save_persistables(exe, FLAGS_save_dir, m.main.get());

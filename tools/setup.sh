@@ -20,11 +20,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Optional: the real safetensors reader, used by the io tests to check our files (skipped if absent).
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  python3 -m pip install -q safetensors numpy 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages safetensors numpy 2>/dev/null ||
-    echo "setup: python safetensors not installed; its cross-check tests will skip"
+# Optional: the real safetensors and TensorBoard readers, which the io and summary tests use to
+# check keel's files (those checks skip when the packages are absent).
+if ! python3 -c 'import safetensors, numpy, tensorboard' 2>/dev/null; then
+  python3 -m pip install -q safetensors numpy tensorboard 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages safetensors numpy tensorboard 2>/dev/null ||
+    echo "setup: python safetensors/tensorboard not installed; their cross-check tests will skip"
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"

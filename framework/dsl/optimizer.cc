@@ -24,6 +24,11 @@ void Optimizer::set_grad_clip(GradientClipByGlobalNorm clip) {
   grad_clip_ = clip;
 }
 
+void Optimizer::set_weight_decay(float coeff) {
+  KEEL_ENFORCE(coeff >= 0, type(), ": weight decay needs coeff >= 0, got ", coeff);
+  weight_decay_ = coeff;
+}
+
 void Optimizer::apply_gradients(const std::vector<ParamGrad>& params_grads, Program* startup) {
   if (!startup) startup = &default_startup_program();
   Program& main = default_main_program();
@@ -43,7 +48,31 @@ void Optimizer::apply_gradients(const std::vector<ParamGrad>& params_grads, Prog
               {kOpRoleAttr, kOptimize},
               {kOpRoleVarAttr, role_var}});
   }
-  for (auto& pg : params_grads) AppendUpdateOp(block, startup->global_block(), pg, lr_var_);
+  for (const ParamGrad& pg : params_grads) {
+    ParamGrad update = pg;
+    if (weight_decay_ > 0) {
+      // grad + coeff * param, into a var of its own: the raw gradient stays what backward (and
+      // the all-reduce) wrote.
+      const VarDesc* g = block.MustFindVar(pg.second);
+      std::string decay = main.UniqueName(pg.first + "@L2DECAY_SCALED");
+      update.second = main.UniqueName(pg.second + "@L2DECAY");
+      for (const std::string& name : {decay, update.second}) {
+        VarDesc* v = block.Var(name);
+        v->set_shape(g->shape());
+        v->set_dtype(g->dtype());
+        v->set_stop_gradient(true);
+      }
+      std::map<std::string, Attribute> role = {
+          {kOpRoleAttr, kOptimize}, {kOpRoleVarAttr, std::vector<std::string>{pg.first, pg.second}}};
+      auto scale_attrs = role;
+      scale_attrs["scale"] = weight_decay_;
+      scale_attrs["bias"] = 0.0f;
+      scale_attrs["bias_after_scale"] = true;
+      AppendOp(block, "scale", {{"X", {pg.first}}}, {{"Out", {decay}}}, scale_attrs);
+      AppendOp(block, "sum", {{"X", {pg.second, decay}}}, {{"Out", {update.second}}}, role);
+    }
+    AppendUpdateOp(block, startup->global_block(), update, lr_var_);
+  }
 }
 
 std::vector<ParamGrad> Optimizer::minimize(Var loss, Program* startup,

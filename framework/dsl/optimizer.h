@@ -3,8 +3,8 @@
 // between.
 //
 // apply_gradients appends, in order: the learning rate (a constant filled by startup, or a
-// schedule's increment + lr_schedule ops, see lr_schedule.h), the gradient clip when set, then
-// one update op per (param, grad). Accumulators are persistable vars of main and startup named
+// schedule's increment + lr_schedule ops, see lr_schedule.h), the gradient clip when set, the L2
+// weight decay when set, then one update op per (param, grad). Accumulators are persistable vars of main and startup named
 // "<param>_<what>_0" (velocity, moment1, moment2, beta1_pow_acc, beta2_pow_acc), so
 // save_persistables checkpoints the optimizer's state with the parameters.
 #pragma once
@@ -45,6 +45,11 @@ class Optimizer {
                                   const std::set<std::string>& no_grad_set = {});
 
   void set_grad_clip(GradientClipByGlobalNorm clip);
+  // L2 regularization (Paddle's regularization=L2Decay(coeff)): each update op reads
+  // grad + coeff * param, computed after the clip into "<grad>@L2DECAY". AdamW's decoupled decay
+  // is its constructor's weight_decay instead.
+  void set_weight_decay(float coeff);
+  float weight_decay() const { return weight_decay_; }
   // The constant learning rate; a keel::Error when it is a schedule (see lr()).
   float learning_rate() const { return learning_rate_.value(); }
   const LearningRate& lr() const { return learning_rate_; }
@@ -64,6 +69,7 @@ class Optimizer {
  private:
   LearningRate learning_rate_;
   std::optional<GradientClipByGlobalNorm> grad_clip_;
+  float weight_decay_ = 0;
   std::string lr_var_;
 };
 

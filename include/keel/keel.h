@@ -1,11 +1,12 @@
 // keel: the one header a user includes.
-//   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init.
+//   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init,
+//   fleet:: (data-parallel training), SummaryWriter (TensorBoard).
 #pragma once
 
 #include <glog/logging.h>  // LOG(INFO) in user programs
 
-
 #include "executor/executor.h"
+#include "fleet/fleet.h"
 #include "framework/autodiff/backward.h"
 #include "framework/dsl/initializer.h"
 #include "framework/dsl/layers.h"
@@ -19,3 +20,4 @@
 #include "framework/io/io.h"
 #include "framework/ir/program.h"
 #include "framework/runtime/tensor.h"
+#include "framework/summary/summary_writer.h"

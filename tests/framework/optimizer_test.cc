@@ -352,5 +352,60 @@ TEST(GradientClip, OneOpBeforeTheUpdatesAndBadNormsRefused) {
   EXPECT_NE(ErrorOf([&] { adam.set_grad_clip({0.0f}); }).find("clip_norm"), std::string::npos);
 }
 
+// ------------------------------------------------------------------------------- weight decay
+
+TEST(WeightDecay, L2DecayUpdatesWithGradPlusCoeffTimesParam) {
+  // One SGD step with decay: param' = param - lr * (grad + coeff * param), the raw gradient
+  // left as backward wrote it.
+  const float lr = 0.1f, coeff = 0.5f;
+  std::unique_ptr<Program> backward_only;
+  std::vector<ParamGrad> pgs;
+  optimizer::SGD sgd(lr);
+  sgd.set_weight_decay(coeff);
+  auto r = BuildRegression([&](Var loss, Program* startup) {
+    pgs = sgd.backward(loss);
+    backward_only = loss.block()->program()->Clone();
+    sgd.apply_gradients(pgs, startup);
+  });
+  Executor exe;
+  exe.Run(r->startup);
+  std::vector<std::string> names;
+  for (auto& pg : pgs) names.push_back(pg.first);
+  for (auto& pg : pgs) names.push_back(pg.second);
+  std::vector<Tensor> before = exe.Run(*backward_only, r->feed, names);
+  exe.Run(r->main, r->feed, {});
+  for (size_t i = 0; i < pgs.size(); ++i) {
+    std::vector<double> p = ToDouble(before[i]), g = ToDouble(before[pgs.size() + i]);
+    std::vector<double> after = ToDouble(ScopeTensor(exe, pgs[i].first));
+    for (size_t k = 0; k < p.size(); ++k)
+      EXPECT_NEAR(after[k], p[k] - lr * (g[k] + coeff * p[k]), 1e-6) << pgs[i].first << " " << k;
+  }
+  EXPECT_NE(ErrorOf([&] { sgd.set_weight_decay(-1.0f); }).find("weight decay"), std::string::npos);
+}
+
+TEST(WeightDecay, AppendedAfterTheClipAndKeepsTheRawGradient) {
+  optimizer::Momentum m(0.1f, 0.9f);
+  m.set_grad_clip({1.0f});
+  m.set_weight_decay(0.01f);
+  auto r = BuildWith(m);
+  const Block& b = r->main.global_block();
+  int clip_at = -1, first_sum = -1, first_update = -1;
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    const std::string& t = b.op(i)->type();
+    if (t == "clip_by_global_norm") clip_at = static_cast<int>(i);
+    if (t == "sum" && first_sum < 0 && b.op(i)->Output("Out")[0].find("@L2DECAY") !=
+                                           std::string::npos)
+      first_sum = static_cast<int>(i);
+    if (t == "momentum" && first_update < 0) first_update = static_cast<int>(i);
+  }
+  ASSERT_GE(clip_at, 0);
+  ASSERT_GE(first_sum, 0);
+  EXPECT_LT(clip_at, first_sum);
+  EXPECT_LT(first_sum, first_update);
+  const OpDesc* update = b.op(first_update);
+  EXPECT_NE(update->Input("Grad")[0].find("@GRAD@L2DECAY"), std::string::npos);
+  EXPECT_EQ(update->Attr<int>(kOpRoleAttr), static_cast<int>(OpRole::kOptimize));
+}
+
 }  // namespace
 }  // namespace keel

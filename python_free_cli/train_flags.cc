@@ -1,0 +1,209 @@
+// Flags of `keel train` that choose the distributed strategy and the optimizer; shared with
+// `keel inspect --strategy` and `keel bench`.
+#include "python_free_cli/train_flags.h"
+
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "framework/error.h"
+
+// ---- distributed strategy (multi-worker)
+DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
+DEFINE_int32(local_sgd_steps, 0,
+             "Multi-worker: LocalSGD (DistributedStrategy.use_local_sgd): each worker steps alone "
+             "and parameters are averaged every this many steps; 0: synchronous training.");
+DEFINE_int32(local_sgd_warmup_steps, 0,
+             "LocalSGD: synchronous steps (parameters averaged every step) before the first local "
+             "one.");
+DEFINE_int32(hierarchical_allreduce_inter_nranks, 0,
+             "Multi-worker: > 0 turns on hierarchical all-reduce (use_hierarchical_allreduce) "
+             "with this many ranks per node: reduce-scatter inside a node, all-reduce across "
+             "nodes, all-gather inside the node.");
+DEFINE_bool(fuse_all_reduce_ops, true,
+            "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
+            "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
+            "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
+
+// ---- optimizer
+DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
+DEFINE_double(lr, 0, "Learning rate (the base of a schedule); 0: the model's default.");
+DEFINE_double(momentum, 0.9, "--optimizer=momentum: the velocity's decay mu.");
+DEFINE_bool(nesterov, false, "--optimizer=momentum: Nesterov momentum.");
+DEFINE_double(beta1, 0.9, "--optimizer=adam|adamw: decay of the first moment.");
+DEFINE_double(beta2, 0.999, "--optimizer=adam|adamw: decay of the second moment.");
+DEFINE_double(epsilon, 1e-8, "--optimizer=adam|adamw: added to the second moment's root.");
+DEFINE_double(weight_decay, -1,
+              "Weight decay: decoupled for adamw (default 0.01), L2 regularization (grad + "
+              "wd * param) for sgd, momentum and adam (default 0).");
+DEFINE_double(clip_global_norm, 0,
+              "Scale all gradients together so their global L2 norm is at most this; 0: off.");
+DEFINE_string(lr_schedule, "constant",
+              "constant | piecewise (--lr_boundaries, --lr_values) | cosine (--lr from step 0 "
+              "down to --min_lr at --lr_decay_steps).");
+DEFINE_string(lr_boundaries, "", "piecewise: steps where the rate changes, e.g. 1000,2000.");
+DEFINE_string(lr_values, "", "piecewise: one more rate than boundaries, e.g. 0.1,0.01,0.001.");
+DEFINE_int32(lr_decay_steps, 0, "cosine: steps from --lr down to --min_lr; 0: the whole run.");
+DEFINE_double(min_lr, 0, "cosine: the rate at --lr_decay_steps and after.");
+DEFINE_int32(warmup_steps, 0,
+             "Linear warm-up from --warmup_start_lr over this many steps before the schedule "
+             "(any schedule); 0: none.");
+DEFINE_double(warmup_start_lr, 0, "The rate at step 0 of the warm-up.");
+
+namespace keel {
+namespace cli {
+
+namespace {
+
+template <typename T>
+std::vector<T> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<T> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::istringstream is(item);
+    T v;
+    KEEL_ENFORCE(!item.empty() && (is >> v) && is.eof(), "--", flag, "='", text, "': '", item,
+                 "' is not a number");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Refuses a set flag that the chosen optimizer or schedule ignores.
+void RefuseUnless(bool applies, const char* flag, const std::string& why) {
+  KEEL_ENFORCE(applies || !FlagIsSet(flag), "--", flag, " applies only to ", why);
+}
+
+lr_schedule::Schedule Copy(const LearningRate& lr) { return lr.schedule(); }
+
+}  // namespace
+
+bool FlagIsSet(const char* name) {
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name, &info) && !info.is_default;
+}
+
+fleet::DistributedStrategy StrategyFromFlags() {
+  fleet::DistributedStrategy strategy;
+  strategy.nccl_comm_num = FLAGS_nccl_comm_num;
+  strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
+  KEEL_ENFORCE(FLAGS_hierarchical_allreduce_inter_nranks >= 0,
+               "--hierarchical_allreduce_inter_nranks must be >= 0, got ",
+               FLAGS_hierarchical_allreduce_inter_nranks);
+  strategy.use_hierarchical_allreduce = FLAGS_hierarchical_allreduce_inter_nranks > 0;
+  strategy.hierarchical_allreduce_inter_nranks = FLAGS_hierarchical_allreduce_inter_nranks;
+  KEEL_ENFORCE(FLAGS_local_sgd_steps >= 0, "--local_sgd_steps must be >= 0, got ",
+               FLAGS_local_sgd_steps);
+  strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
+  RefuseUnless(strategy.use_local_sgd, "local_sgd_warmup_steps",
+               "LocalSGD (--local_sgd_steps > 0)");
+  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside.
+  if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
+  if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
+  strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
+  return strategy;
+}
+
+std::unique_ptr<optimizer::Optimizer> OptimizerFromFlags(const std::string& default_name,
+                                                         float default_lr, int64_t total_steps) {
+  const std::string name = FLAGS_optimizer.empty() ? default_name : FLAGS_optimizer;
+  KEEL_ENFORCE(FLAGS_lr >= 0, "--lr must be >= 0, got ", FLAGS_lr);
+  const float base = FLAGS_lr > 0 ? static_cast<float>(FLAGS_lr) : default_lr;
+
+  // The learning rate: a constant or a schedule, optionally warmed up.
+  const std::string& sched = FLAGS_lr_schedule;
+  RefuseUnless(sched == "piecewise", "lr_boundaries", "--lr_schedule=piecewise");
+  RefuseUnless(sched == "piecewise", "lr_values", "--lr_schedule=piecewise");
+  RefuseUnless(sched == "cosine", "lr_decay_steps", "--lr_schedule=cosine");
+  RefuseUnless(sched == "cosine", "min_lr", "--lr_schedule=cosine");
+  RefuseUnless(FLAGS_warmup_steps > 0, "warmup_start_lr", "a warm-up (--warmup_steps > 0)");
+  LearningRate lr = base;
+  if (sched == "piecewise") {
+    KEEL_ENFORCE(!FLAGS_lr_values.empty(),
+                 "--lr_schedule=piecewise needs --lr_values (and --lr_boundaries)");
+    KEEL_ENFORCE(!FlagIsSet("lr"),
+                 "--lr_schedule=piecewise takes its rates from --lr_values; drop --lr");
+    lr = lr_schedule::Piecewise(ParseList<int>("lr_boundaries", FLAGS_lr_boundaries),
+                                ParseList<float>("lr_values", FLAGS_lr_values));
+  } else if (sched == "cosine") {
+    int64_t steps = FLAGS_lr_decay_steps > 0 ? FLAGS_lr_decay_steps : total_steps;
+    KEEL_ENFORCE(steps > 0,
+                 "--lr_schedule=cosine needs --lr_decay_steps (the run's length is "
+                 "not known before training with --epochs)");
+    KEEL_ENFORCE(FLAGS_min_lr >= 0 && FLAGS_min_lr <= base, "--min_lr must be in [0, ", base,
+                 "], got ", FLAGS_min_lr);
+    lr = lr_schedule::Cosine(base, static_cast<int>(steps), static_cast<float>(FLAGS_min_lr));
+  } else {
+    KEEL_ENFORCE(sched == "constant", "--lr_schedule='", sched,
+                 "' is not one of constant, piecewise, cosine");
+  }
+  KEEL_ENFORCE(FLAGS_warmup_steps >= 0, "--warmup_steps must be >= 0, got ", FLAGS_warmup_steps);
+  if (FLAGS_warmup_steps > 0)
+    lr = lr_schedule::LinearWarmup(lr, FLAGS_warmup_steps,
+                                   static_cast<float>(FLAGS_warmup_start_lr));
+
+  // The optimizer and its settings.
+  RefuseUnless(name == "momentum", "momentum", "--optimizer=momentum");
+  RefuseUnless(name == "momentum", "nesterov", "--optimizer=momentum");
+  const bool adam = name == "adam" || name == "adamw";
+  for (const char* f : {"beta1", "beta2", "epsilon"})
+    RefuseUnless(adam, f, "--optimizer=adam|adamw");
+  KEEL_ENFORCE(FLAGS_beta1 >= 0 && FLAGS_beta1 < 1, "--beta1 must be in [0, 1), got ", FLAGS_beta1);
+  KEEL_ENFORCE(FLAGS_beta2 >= 0 && FLAGS_beta2 < 1, "--beta2 must be in [0, 1), got ", FLAGS_beta2);
+  KEEL_ENFORCE(FLAGS_epsilon > 0, "--epsilon must be > 0, got ", FLAGS_epsilon);
+  KEEL_ENFORCE(FLAGS_momentum >= 0 && FLAGS_momentum < 1, "--momentum must be in [0, 1), got ",
+               FLAGS_momentum);
+  KEEL_ENFORCE(!FlagIsSet("weight_decay") || FLAGS_weight_decay >= 0,
+               "--weight_decay must be >= 0, got ", FLAGS_weight_decay);
+  const float b1 = static_cast<float>(FLAGS_beta1), b2 = static_cast<float>(FLAGS_beta2),
+              eps = static_cast<float>(FLAGS_epsilon);
+  const bool wd_set = FlagIsSet("weight_decay");
+  std::unique_ptr<optimizer::Optimizer> opt;
+  if (name == "sgd") {
+    opt = std::make_unique<optimizer::SGD>(lr);
+  } else if (name == "momentum") {
+    opt = std::make_unique<optimizer::Momentum>(lr, static_cast<float>(FLAGS_momentum),
+                                                FLAGS_nesterov);
+  } else if (name == "adam") {
+    opt = std::make_unique<optimizer::Adam>(lr, b1, b2, eps);
+  } else if (name == "adamw") {
+    opt = std::make_unique<optimizer::AdamW>(
+        lr, wd_set ? static_cast<float>(FLAGS_weight_decay) : 0.01f, b1, b2, eps);
+  } else {
+    KEEL_THROW("--optimizer='", name, "' is not one of sgd, momentum, adam, adamw");
+  }
+  if (name != "adamw" && wd_set) opt->set_weight_decay(static_cast<float>(FLAGS_weight_decay));
+  KEEL_ENFORCE(FLAGS_clip_global_norm >= 0, "--clip_global_norm must be >= 0, got ",
+               FLAGS_clip_global_norm);
+  if (FLAGS_clip_global_norm > 0) opt->set_grad_clip({static_cast<float>(FLAGS_clip_global_norm)});
+  return opt;
+}
+
+std::string DescribeOptimizer(const optimizer::Optimizer& opt) {
+  std::ostringstream os;
+  os << opt.type();
+  if (opt.type() == "momentum")
+    os << "(mu=" << FLAGS_momentum << (FLAGS_nesterov ? ", nesterov" : "") << ")";
+  if (opt.type() == "adam" || opt.type() == "adamw")
+    os << "(beta1=" << FLAGS_beta1 << ", beta2=" << FLAGS_beta2 << ", epsilon=" << FLAGS_epsilon
+       << ")";
+  lr_schedule::Schedule s = Copy(opt.lr());
+  if (s.type == "constant") os << " lr=" << s.base_lr;
+  if (s.type == "cosine")
+    os << " lr=cosine(" << s.base_lr << " -> " << s.min_lr << " over " << s.total_steps
+       << " steps)";
+  if (s.type == "piecewise")
+    os << " lr=piecewise(" << FLAGS_lr_values << " at " << FLAGS_lr_boundaries << ")";
+  if (s.warmup_steps > 0)
+    os << " warm-up " << s.warmup_steps << " steps from " << s.warmup_start_lr;
+  if (opt.weight_decay() > 0) os << " l2_decay=" << opt.weight_decay();
+  if (opt.type() == "adamw")
+    os << " weight_decay=" << (FlagIsSet("weight_decay") ? FLAGS_weight_decay : 0.01);
+  if (FLAGS_clip_global_norm > 0) os << " clip_global_norm=" << FLAGS_clip_global_norm;
+  return os.str();
+}
+
+}  // namespace cli
+}  // namespace keel

@@ -1,0 +1,218 @@
+// keel inspect --strategy / --summary end to end: the programs one rank of a job runs, printed
+// without any worker (golden texts for flat, fused, hierarchical and LocalSGD), --diff showing
+// only the transpiler's changes, a saved training __model__ transpiled, and a model summary whose
+// parameter count equals the sum over the saved params.safetensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
+#include "framework/io/io.h"
+#include "tests/util/golden.h"
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+std::string Keel() { return BinPath("keel"); }
+
+// stdout only (glog's lines go to stderr).
+CommandResult Inspect(const std::string& flags) {
+  return RunCommand(Keel() + " inspect " + flags + " 2>/dev/null");
+}
+// stdout and stderr, for error messages.
+CommandResult InspectAll(const std::string& flags) {
+  return RunCommand(Keel() + " inspect " + flags);
+}
+
+const char* kSmallMlp = " --model=mlp --mlp_hidden=8 --optimizer=sgd";
+
+TEST(InspectStrategy, FlatAllReduceGolden) {
+  auto r = Inspect("--strategy --nranks=2 --fuse_all_reduce_ops=false" + std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_flat.txt");
+}
+
+TEST(InspectStrategy, FusedAllReduceGolden) {
+  auto r = Inspect("--strategy --nranks=2 --nccl_comm_num=2 --fuse_parameter_groups_size=3" +
+                   std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_fused.txt");
+}
+
+TEST(InspectStrategy, HierarchicalAllReduceGolden) {
+  auto r = Inspect(
+      "--strategy --nranks=4 --nnodes=2 --rank=3 "
+      "--hierarchical_allreduce_inter_nranks=2" +
+      std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 3 of 4 on 2 node(s)"), std::string::npos) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_hierarchical.txt");
+}
+
+TEST(InspectStrategy, LocalSgdGolden) {
+  auto r = Inspect("--strategy --nranks=2 --local_sgd_steps=4 --local_sgd_warmup_steps=2" +
+                   std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("conditional_block("), std::string::npos) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_local_sgd.txt");
+}
+
+// Every "+" line of --diff is a line of the full transpiled text, every "-" line one of the
+// untranspiled (one-rank) text, and a one-rank job changes nothing.
+TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {
+  const std::string flags = " --nranks=2" + std::string(kSmallMlp);
+  auto full = Inspect("--strategy" + flags);
+  auto diff = Inspect("--strategy --diff" + flags);
+  auto single = Inspect("--strategy --nranks=1 --diff" + std::string(kSmallMlp));
+  ASSERT_EQ(diff.exit_code, 0) << diff.output;
+  std::istringstream in(diff.output);
+  std::string line;
+  int added = 0, removed = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line[0] == '+') {
+      ++added;
+      EXPECT_NE(full.output.find(line.substr(1) + "\n"), std::string::npos) << line;
+    }
+    if (line[0] == '-') ++removed;
+  }
+  EXPECT_GT(added, 8);  // comm init, broadcasts, coalesce, sync, all-reduce, scale
+  EXPECT_EQ(removed, 0) << diff.output;
+  EXPECT_NE(diff.output.find("+  c_allreduce_sum("), std::string::npos) << diff.output;
+  EXPECT_NE(diff.output.find("+  c_comm_init("), std::string::npos) << diff.output;
+  EXPECT_EQ(diff.output.find("+  mul("), std::string::npos) << diff.output;
+  ASSERT_EQ(single.exit_code, 0);
+  EXPECT_EQ(single.output.find("\n+"), std::string::npos) << single.output;
+  EXPECT_NE(single.output.find("(none)"), std::string::npos) << single.output;
+}
+
+TEST(InspectStrategy, DotAndOneProgram) {
+  auto dot = Inspect("--strategy --dot --program=main --nranks=2" + std::string(kSmallMlp));
+  ASSERT_EQ(dot.exit_code, 0) << dot.output;
+  EXPECT_NE(dot.output.find("digraph program {"), std::string::npos) << dot.output;
+  EXPECT_NE(dot.output.find("c_allreduce_sum"), std::string::npos);
+  auto startup = Inspect("--strategy --program=startup --nranks=2" + std::string(kSmallMlp));
+  EXPECT_EQ(startup.output.find("---- main program"), std::string::npos);
+  EXPECT_NE(startup.output.find("c_broadcast("), std::string::npos);
+}
+
+// A training program saved with SaveProgram (what `keel inspect` reads as __model__).
+TEST(InspectStrategy, TranspilesASavedTrainingProgram) {
+  std::string dir = MakeTempDir();
+  {
+    Program main, startup;
+    ProgramGuard guard(main, startup);
+    Var x = layers::data("x", {-1, 4});
+    Var y = layers::data("y", {-1, 1}, DType::kInt64);
+    Var cost = layers::mean(layers::cross_entropy(layers::fc(x, 2, "softmax"), y));
+    optimizer::SGD(0.1f).minimize(cost, &startup);
+    SaveProgram(main, dir + "/__model__");
+    SaveProgram(startup, dir + "/startup");
+  }
+  auto with_startup = Inspect("--strategy --nranks=3 --fuse_all_reduce_ops=false " + dir +
+                              " --startup=" + dir + "/startup");
+  ASSERT_EQ(with_startup.exit_code, 0) << with_startup.output;
+  EXPECT_NE(with_startup.output.find("# " + dir + "/__model__, rank 0 of 3"), std::string::npos);
+  EXPECT_NE(with_startup.output.find("uniform_random("), std::string::npos);
+  EXPECT_NE(with_startup.output.find("c_broadcast(X: fc_0.w_0)"), std::string::npos);
+  EXPECT_NE(with_startup.output.find("scale=0.333333343"), std::string::npos);
+  EXPECT_NE(with_startup.output.find("c_allreduce_sum(X: fc_0.w_0@GRAD)"), std::string::npos);
+  // Without the startup program: one declaring main's persistables stands in.
+  auto alone = Inspect("--strategy --nranks=3 " + dir + "/__model__");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_EQ(alone.output.find("uniform_random("), std::string::npos);
+  EXPECT_NE(alone.output.find("c_broadcast(X: fc_0.w_0)"), std::string::npos);
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(InspectStrategy, BadJobsAreErrorsNamingTheFlag) {
+  struct Case {
+    std::string flags, expect;
+  } cases[] = {
+      {"--strategy --nranks=4 --nnodes=3", "--nnodes=3"},
+      {"--strategy --nranks=0", "--nranks"},
+      {"--strategy --nranks=2 --rank=2", "--rank=2"},
+      {"--strategy --nranks=6 --hierarchical_allreduce_inter_nranks=4", "inter_nranks"},
+      {"--strategy --program=both", "--program='both'"},
+      {"--strategy --diff --dot", "--diff and --dot"},
+      {"--strategy --model=mlp /nonexistent", "--model and a FILE"},
+      {"--strategy /nonexistent", "/nonexistent"},
+      {"--strategy --startup=/x", "--startup"},
+      {"--strategy --local_sgd_warmup_steps=2", "--local_sgd_warmup_steps"},
+      {"--strategy --model=vgg", "unknown model 'vgg'"},
+      {"--nranks=2 somefile", "--nranks goes with inspect --strategy"},
+      {"--strategy --summary", "pick one"},
+  };
+  for (const Case& c : cases) {
+    auto r = InspectAll(c.flags);
+    EXPECT_EQ(r.exit_code, 1) << c.flags << "\n" << r.output;
+    EXPECT_FALSE(r.signaled) << c.flags;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.flags << "\n" << r.output;
+  }
+}
+
+// Sum of the element counts in `keel inspect FILE.safetensors`'s "name : dtype[d0, d1]" lines.
+int64_t SafetensorsElements(const std::string& path) {
+  auto r = Inspect(path);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  std::string line;
+  int64_t total = 0;
+  while (std::getline(in, line)) {
+    size_t open = line.find('['), close = line.find(']');
+    if (line[0] == '#' || open == std::string::npos) continue;
+    int64_t n = 1;
+    std::istringstream dims(line.substr(open + 1, close - open - 1));
+    std::string d;
+    while (std::getline(dims, d, ',')) n *= std::stoll(d);
+    total += n;
+  }
+  return total;
+}
+
+int64_t SummaryNumber(const std::string& out, const std::string& label) {
+  size_t at = out.find(label);
+  EXPECT_NE(at, std::string::npos) << out;
+  if (at == std::string::npos) return -1;
+  std::string digits;
+  for (size_t i = at + label.size(); i < out.size() && out[i] != '\n'; ++i)
+    if (std::isdigit(static_cast<unsigned char>(out[i]))) digits += out[i];
+  return std::stoll(digits);
+}
+
+TEST(InspectSummary, ParameterCountEqualsTheSavedCheckpoint) {
+  for (std::string model : {"mlp --mlp_hidden=16", "resnet"}) {
+    std::string dir = MakeTempDir();
+    auto train = RunCommand(Keel() + " train --model=" + model + " --steps=1 --batch_size=4 " +
+                            "--seed=1 --save_inference_dir=" + dir);
+    ASSERT_EQ(train.exit_code, 0) << train.output;
+    auto s = Inspect("--summary --model=" + model);
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    const int64_t saved = SafetensorsElements(dir + "/params.safetensors");
+    EXPECT_EQ(SummaryNumber(s.output, "total:"), saved) << model << "\n" << s.output;
+    // The saved inference program summarizes to the same numbers.
+    auto f = Inspect("--summary " + dir);
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    EXPECT_EQ(SummaryNumber(f.output, "total:"), saved) << f.output;
+    if (model == "resnet") {
+      EXPECT_GT(SummaryNumber(s.output, "state not trained:"), 0) << s.output;  // BN statistics
+      EXPECT_NE(s.output.find("flops conv2d"), std::string::npos);
+    }
+    RunCommand("rm -rf " + dir);
+  }
+}
+
+TEST(InspectSummary, FlopsOfTheMlpAreTwoPerMultiplyAdd) {
+  const int64_t h = 16;
+  auto s = Inspect("--summary --model=mlp --mlp_hidden=16");
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_EQ(SummaryNumber(s.output, "flops mul"), 2 * (32 * h + h * h + h * 2)) << s.output;
+  EXPECT_EQ(SummaryNumber(s.output, "trainable parameters:"), 32 * h + h + h * h + h + h * 2 + 2);
+  EXPECT_NE(s.output.find("fc_1.w_0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel::testing

@@ -1,0 +1,278 @@
+// keel train's user-facing options end to end: every optimizer and schedule flag changes the
+// training it names (or is refused where it does not apply), --eval_every, the progress bar and
+// lines, TensorBoard files read back with the tensorboard package, and the grouped --help.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "tests/util/golden.h"
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+std::string Keel() { return BinPath("keel"); }
+
+// A small, fast model: the seed MLP 16 wide.
+const std::string kTrain = " train --model=mlp --mlp_hidden=16 --seed=3 --progress=lines ";
+
+struct Line {
+  double loss = 0, lr = -1;
+};
+
+// "step N loss L ... [lr R]" lines by step.
+std::map<int, Line> Steps(const std::string& out) {
+  std::map<int, Line> steps;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    int step;
+    double loss;
+    if (std::sscanf(line.c_str(), "step %d loss %lf", &step, &loss) != 2) continue;
+    steps[step].loss = loss;
+    size_t at = line.find(" lr ");
+    if (at != std::string::npos) steps[step].lr = std::atof(line.c_str() + at + 4);
+  }
+  return steps;
+}
+
+std::vector<double> Losses(const std::string& out) {
+  std::vector<double> l;
+  for (auto& [step, line] : Steps(out)) l.push_back(line.loss);
+  return l;
+}
+
+CommandResult Train(const std::string& flags) {
+  return RunCommand(Keel() + kTrain + flags + " 2>&1");
+}
+
+std::string MnistDir() {
+  std::string d = std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist";
+  return std::ifstream(d + "/t10k-images-idx3-ubyte.gz").good() ? d : "";
+}
+
+bool HaveTensorboard() {
+  return std::system("/usr/bin/env python3 -c 'import tensorboard' >/dev/null 2>&1") == 0;
+}
+
+std::map<std::string, std::map<int64_t, double>> ReadBack(const std::string& dir) {
+  auto r = RunCommand("/usr/bin/env python3 " + SourcePath("tests/summary/read_tfevents.py") + " " +
+                      dir + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, std::map<int64_t, double>> out;
+  std::istringstream in(r.output);
+  std::string tag;
+  int64_t step;
+  double value;
+  while (in >> tag >> step >> value) out[tag][step] = value;
+  return out;
+}
+
+TEST(TrainOptimizerFlags, EachSettingChangesTheTraining) {
+  auto sgd = Train("--steps=12 --optimizer=sgd --lr=0.1");
+  ASSERT_EQ(sgd.exit_code, 0) << sgd.output;
+  // Momentum with mu = 0 is SGD: the flag reaches the momentum op.
+  auto mu0 = Train("--steps=12 --optimizer=momentum --momentum=0 --lr=0.1");
+  auto mu9 = Train("--steps=12 --optimizer=momentum --momentum=0.9 --lr=0.1");
+  auto nesterov = Train("--steps=12 --optimizer=momentum --nesterov --lr=0.1");
+  EXPECT_EQ(Losses(mu0.output), Losses(sgd.output)) << mu0.output;
+  EXPECT_NE(Losses(mu9.output), Losses(sgd.output));
+  EXPECT_NE(Losses(nesterov.output), Losses(mu9.output));
+  auto adam = Train("--steps=12 --optimizer=adam");
+  auto beta1 = Train("--steps=12 --optimizer=adam --beta1=0.5");
+  auto beta2 = Train("--steps=12 --optimizer=adam --beta2=0.9");
+  auto eps = Train("--steps=12 --optimizer=adam --epsilon=0.1");
+  for (auto* r : {&adam, &beta1, &beta2, &eps}) ASSERT_EQ(r->exit_code, 0) << r->output;
+  EXPECT_NE(Losses(beta1.output), Losses(adam.output));
+  EXPECT_NE(Losses(beta2.output), Losses(adam.output));
+  EXPECT_NE(Losses(eps.output), Losses(adam.output));
+  auto decay = Train("--steps=12 --optimizer=sgd --lr=0.1 --weight_decay=0.5");
+  auto adamw = Train("--steps=12 --optimizer=adamw");
+  auto adamw0 = Train("--steps=12 --optimizer=adamw --weight_decay=0");
+  EXPECT_NE(Losses(decay.output), Losses(sgd.output));
+  EXPECT_NE(Losses(adamw.output), Losses(adamw0.output));
+  // A clip far below the gradients' norm slows training down.
+  auto clip = Train("--steps=12 --optimizer=sgd --lr=0.1 --clip_global_norm=0.001");
+  ASSERT_EQ(clip.exit_code, 0) << clip.output;
+  EXPECT_LT(std::fabs(Losses(clip.output).back() - Losses(clip.output).front()),
+            std::fabs(Losses(sgd.output).back() - Losses(sgd.output).front()));
+  EXPECT_NE(clip.output.find("clip_global_norm=0.001"), std::string::npos) << clip.output;
+}
+
+TEST(TrainScheduleFlags, PrintedRatesFollowTheSchedule) {
+  auto pw = Train(
+      "--steps=8 --optimizer=sgd --lr_schedule=piecewise --lr_boundaries=3,6 "
+      "--lr_values=0.1,0.05,0.01");
+  ASSERT_EQ(pw.exit_code, 0) << pw.output;
+  auto s = Steps(pw.output);
+  EXPECT_NEAR(s[0].lr, 0.1, 1e-7);
+  EXPECT_NEAR(s[2].lr, 0.1, 1e-7);
+  EXPECT_NEAR(s[3].lr, 0.05, 1e-7);
+  EXPECT_NEAR(s[7].lr, 0.01, 1e-7);
+  // Warm-up over 4 steps towards the cosine's value at step 4, then half a cosine from 0.1 down
+  // to 0 at step 10 (the run's length).
+  auto cos = Train("--steps=10 --optimizer=sgd --lr=0.1 --lr_schedule=cosine --warmup_steps=4");
+  ASSERT_EQ(cos.exit_code, 0) << cos.output;
+  s = Steps(cos.output);
+  EXPECT_NEAR(s[0].lr, 0.0, 1e-7);
+  EXPECT_NEAR(s[2].lr, 0.5 * 0.05 * (1 + std::cos(M_PI * 4 / 10)), 1e-6);
+  for (int step = 5; step < 10; ++step)
+    EXPECT_NEAR(s[step].lr, 0.05 * (1 + std::cos(M_PI * step / 10)), 1e-6) << step;
+  auto min = Train(
+      "--steps=4 --optimizer=sgd --lr=0.1 --lr_schedule=cosine --lr_decay_steps=2 "
+      "--min_lr=0.02");
+  EXPECT_NEAR(Steps(min.output)[3].lr, 0.02, 1e-7) << min.output;
+}
+
+TEST(TrainFlags, SettingsThatDoNotApplyAreRefusedByName) {
+  struct Case {
+    std::string flags, expect;
+  } cases[] = {
+      {"--optimizer=adam --momentum=0.5", "--momentum applies only to --optimizer=momentum"},
+      {"--optimizer=sgd --nesterov", "--nesterov"},
+      {"--optimizer=momentum --beta1=0.5", "--beta1 applies only to --optimizer=adam|adamw"},
+      {"--lr_values=0.1,0.2", "--lr_values applies only to --lr_schedule=piecewise"},
+      {"--lr_schedule=piecewise --lr_values=0.1,0.2", "one more value than boundaries"},
+      {"--lr_schedule=piecewise --lr_boundaries=2 --lr_values=0.1,x", "'x' is not a number"},
+      {"--lr_schedule=piecewise --lr=0.1 --lr_boundaries=2 --lr_values=0.1,0.2", "drop --lr"},
+      {"--lr_schedule=step", "--lr_schedule='step'"},
+      {"--min_lr=0.1", "--min_lr applies only to --lr_schedule=cosine"},
+      {"--warmup_start_lr=0.1", "--warmup_start_lr"},
+      {"--lr_schedule=cosine --epochs=1", "--lr_decay_steps"},
+      {"--weight_decay=-1", "--weight_decay must be >= 0"},
+      {"--clip_global_norm=-2", "--clip_global_norm"},
+      {"--beta2=1 --optimizer=adam", "--beta2 must be in [0, 1)"},
+      {"--eval_every=5", "--eval_every: model mlp has no test data"},
+      {"--progress=fancy", "--progress='fancy'"},
+      {"--logdir_all_ranks", "--logdir_all_ranks needs --logdir"},
+      {"--logdir=/proc/keel_no", "/proc/keel_no"},
+  };
+  for (const Case& c : cases) {
+    auto r = Train("--steps=1 " + c.flags);
+    EXPECT_EQ(r.exit_code, 1) << c.flags << "\n" << r.output;
+    EXPECT_FALSE(r.signaled);
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.flags << "\n" << r.output;
+  }
+}
+
+TEST(TrainProgress, BarOnRequestAndLinesWithEta) {
+  auto bar = RunCommand(Keel() +
+                        " train --model=mlp --mlp_hidden=16 --steps=6 --progress=bar "
+                        "2>/dev/null");
+  ASSERT_EQ(bar.exit_code, 0) << bar.output;
+  EXPECT_NE(bar.output.find("\r100% [########################] 6/6 loss "), std::string::npos)
+      << bar.output;
+  EXPECT_NE(bar.output.find("samples/s"), std::string::npos);
+  auto lines = Train("--steps=6");
+  EXPECT_EQ(lines.output.find('\r'), std::string::npos);
+  EXPECT_NE(lines.output.find("step 1 loss "), std::string::npos);
+  EXPECT_NE(lines.output.find(" eta 0:00:0"), std::string::npos) << lines.output;
+  EXPECT_NE(lines.output.find(" step_ms "), std::string::npos) << lines.output;
+  // Not a terminal: auto means lines.
+  auto autom = RunCommand(Keel() + " train --model=mlp --mlp_hidden=16 --steps=3 2>/dev/null");
+  EXPECT_EQ(autom.output.find('\r'), std::string::npos);
+}
+
+TEST(TrainTensorboard, LossRateAndAccuracyReadBackWithTensorboard) {
+  if (!HaveTensorboard()) GTEST_SKIP() << "python tensorboard not installed (tools/setup.sh)";
+  std::string mnist = MnistDir();
+  if (mnist.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Keel() + " train --model=lenet --data=mnist:" + mnist +
+                      " --steps=20 --batch_size=32 --eval_every=10 --fetch_frequency=5 --seed=1 "
+                      "--progress=lines --lr_schedule=cosine --logdir=" +
+                      dir + "/tb 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto printed = Steps(r.output);
+  ASSERT_EQ(printed.size(), 4u) << r.output;
+  auto got = ReadBack(dir + "/tb");
+  ASSERT_EQ(got["train/loss"].size(), 4u);
+  for (auto& [step, line] : printed) {
+    EXPECT_NEAR(got["train/loss"][step], line.loss, 1e-5) << step;
+    EXPECT_NEAR(got["train/learning_rate"][step], line.lr, 1e-7) << step;
+    EXPECT_GT(got["train/samples_per_sec"][step], 0) << step;
+    EXPECT_GT(got["train/step_time_ms"][step], 0) << step;
+  }
+  EXPECT_LT(got["train/learning_rate"][15], got["train/learning_rate"][0]);
+  ASSERT_EQ(got["eval/accuracy"].size(), 2u);  // after steps 9 and 19
+  double acc = 0;
+  std::sscanf(r.output.substr(r.output.find("step 19 test_accuracy")).c_str(),
+              "step 19 test_accuracy %lf", &acc);
+  EXPECT_NEAR(got["eval/accuracy"][19], acc, 1e-4);
+  EXPECT_GT(acc, 0.3);  // better than chance after 20 steps
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(TrainTensorboard, EveryRankWritesItsOwnFolderWhenAsked) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + Keel() +
+                      kTrain + " --steps=4 --logdir=" + dir + "/tb --logdir_all_ranks");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    auto files = RunCommand("ls " + dir + "/tb/rank_" + std::to_string(rank));
+    EXPECT_NE(files.output.find("events.out.tfevents."), std::string::npos) << files.output;
+    if (HaveTensorboard()) {
+      EXPECT_EQ(ReadBack(dir + "/tb/rank_" + std::to_string(rank))["train/loss"].size(), 4u);
+    }
+  }
+  // Without the flag only rank 0 writes, straight into DIR.
+  auto one = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + Keel() +
+                        kTrain + " --steps=2 --logdir=" + dir + "/tb0");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(RunCommand("ls " + dir + "/tb0 | wc -l").output, "1\n");
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(TrainEval, EvalEveryEvaluatesMidRunAndAtTheEnd) {
+  auto r = RunCommand(Keel() +
+                      " train --model=transformer --steps=6 --batch_size=16 "
+                      "--eval_every=4 --seed=1 --progress=lines 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3 test_accuracy "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5 test_accuracy "), std::string::npos) << r.output;
+}
+
+TEST(CommandHelp, GroupedShortAndListsEveryTrainFlag) {
+  auto train = RunCommand(Keel() + " train --help");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  int lines = 0;
+  for (char c : train.output) lines += c == '\n';
+  EXPECT_LT(lines, 110) << train.output;
+  for (const char* group :
+       {"\noptimizer:\n", "\nlearning-rate schedule:\n", "\nwatching:\n", "\nseveral workers"})
+    EXPECT_NE(train.output.find(group), std::string::npos) << group;
+  // Every flag defined in keel train's own sources is listed (grep their DEFINE_ lines).
+  auto defs = RunCommand("grep -ho 'DEFINE_[a-z0-9]*([a-z_0-9]*' " +
+                         SourcePath("python_free_cli/train.cc") + " " +
+                         SourcePath("python_free_cli/train_flags.cc") + " " +
+                         SourcePath("python_free_cli/train_monitor.cc"));
+  std::istringstream in(defs.output);
+  std::string def;
+  int n = 0;
+  while (std::getline(in, def)) {
+    std::string name = def.substr(def.find('(') + 1);
+    EXPECT_NE(train.output.find("  --" + name + "="), std::string::npos) << name;
+    ++n;
+  }
+  EXPECT_GT(n, 30);
+  EXPECT_EQ(train.output.find("--logtostderr"), std::string::npos);  // glog's are in --helpfull
+  auto launch = RunCommand(Keel() + " launch --help");
+  ASSERT_EQ(launch.exit_code, 0);
+  lines = 0;
+  for (char c : launch.output) lines += c == '\n';
+  EXPECT_LT(lines, 40) << launch.output;
+  EXPECT_NE(launch.output.find("--nproc_per_node="), std::string::npos);
+  // The worker command's own --help is the worker's, not the launcher's.
+  auto worker = RunCommand(Keel() + " launch --log_dir=/tmp/keel_help_log echo --help");
+  EXPECT_EQ(worker.exit_code, 0) << worker.output;
+  EXPECT_EQ(worker.output.find("usage: keel launch"), std::string::npos) << worker.output;
+  RunCommand("rm -rf /tmp/keel_help_log");
+}
+
+}  // namespace
+}  // namespace keel::testing

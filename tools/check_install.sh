@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What a user outside keel's tree does, from an existing build (nothing is rebuilt):
+#   1. cmake --install into a fresh prefix;
+#   2. configure and build examples/ against it with find_package(Keel 0.2);
+#   3. run the example alone and under the installed `keel launch` with two workers, writing
+#      TensorBoard files;
+#   4. cpack a .deb and check what it holds;
+#   5. configure a parent project that adds keel with add_subdirectory: only the library is a
+#      target, nothing gets -march=native, and the parent's program compiles as C++17.
+#   tools/check_install.sh [BUILD_DIR]      (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=$(realpath "${1:-build}")
+work=$(mktemp -d /tmp/keel-install.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+
+cmake --install "$build" --prefix "$prefix" >/dev/null
+for f in bin/keel include/keel/keel.h lib/cmake/Keel/KeelConfig.cmake lib/cmake/Keel/KeelConfigVersion.cmake; do
+  [ -e "$prefix/$f" ] || { echo "check_install: $prefix/$f was not installed" >&2; exit 1; }
+done
+grep -q "cxx_std_17" "$prefix"/lib/cmake/Keel/KeelTargets.cmake ||
+  { echo "check_install: the exported keel::keel does not require C++17" >&2; exit 1; }
+
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S examples -B "$work/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" >/dev/null
+cmake --build "$work/examples"
+
+"$work/examples/fit_mlp" --steps=40
+"$prefix/bin/keel" launch --nproc_per_node=2 --log_dir="$work/log" \
+  "$work/examples/fit_mlp" --steps=40 --logdir="$work/tb"
+ls "$work"/tb/events.out.tfevents.* >/dev/null
+
+(cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
+deb=$(ls "$work"/deb/keel_*.deb)
+dpkg-deb -c "$deb" > "$work/deb.txt"
+for f in ./usr/bin/keel ./usr/include/keel/keel.h ./usr/lib/cmake/Keel/KeelConfig.cmake; do
+  grep -q " $f\$" "$work/deb.txt" || { echo "check_install: $deb lacks $f" >&2; exit 1; }
+done
+grep -q "libkeel.so.0.2" "$work/deb.txt" || { echo "check_install: $deb lacks libkeel.so" >&2; exit 1; }
+echo "check_install: $(basename "$deb"): $(dpkg-deb -f "$deb" Depends)"
+
+cmake -S tests/cmake/subproject -B "$work/sub" -G Ninja -DKEEL_DIR="$PWD" >/dev/null
+targets=$(ninja -C "$work/sub" -t targets all)
+grep -q "^libkeel\.so\|keel/libkeel\.so" <<<"$targets" || { echo "check_install: subproject lacks libkeel" >&2; exit 1; }
+if grep -q "bin/keel:\|_test:\|bin/train_mlp" <<<"$targets"; then
+  echo "check_install: keel as a subproject builds more than its library" >&2; exit 1
+fi
+if grep -q "march=native" "$work/sub/build.ninja"; then
+  echo "check_install: keel as a subproject compiles with -march=native" >&2; exit 1
+fi
+grep -A9 "build CMakeFiles/app.dir/main.cc.o" "$work/sub/build.ninja" | grep -q "std=c++17" ||
+  { echo "check_install: keel::keel does not pass on C++17" >&2; exit 1; }
+echo "check_install: ok"

@@ -1,0 +1,19 @@
+#include "transpiler/transpile.h"
+
+#include "transpiler/grad_allreduce_pass.h"
+#include "transpiler/local_sgd_pass.h"
+
+namespace keel {
+namespace transpiler {
+
+void TranspileCollective(Program& main, Program& startup,
+                         const fleet::DistributedStrategy& strategy, const fleet::Role& role) {
+  if (role.world_size <= 1) return;
+  if (strategy.use_local_sgd)
+    LocalSGDPass().Apply(main, startup, strategy, role);
+  else
+    GradAllReducePass().Apply(main, startup, strategy, role);
+}
+
+}  // namespace transpiler
+}  // namespace keel
