@@ -50,6 +50,16 @@ DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not o
 namespace keel {
 namespace cli {
 
+namespace {
+
+// Given on the command line or as FLAGS_name in the environment.
+bool Given(const char* name) {
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name, &info) && !info.is_default;
+}
+
+}  // namespace
+
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
   fleet::init();  // one worker unless a launcher's environment says otherwise
   models::ModelConfig cfg;
@@ -75,25 +85,39 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   KEEL_ENFORCE(FLAGS_local_sgd_steps >= 0, "--local_sgd_steps must be >= 0, got ",
                FLAGS_local_sgd_steps);
   strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
-  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside.
+  KEEL_ENFORCE(strategy.use_local_sgd || !Given("local_sgd_warmup_steps"),
+               "--local_sgd_warmup_steps=", FLAGS_local_sgd_warmup_steps,
+               " needs --local_sgd_steps (LocalSGD); without it training is synchronous and the "
+               "warm-up would have no effect");
+  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside, and
+  // asking for it is refused.
+  KEEL_ENFORCE(!strategy.use_local_sgd || !Given("fuse_all_reduce_ops") ||
+                   !FLAGS_fuse_all_reduce_ops,
+               "--fuse_all_reduce_ops does not combine with --local_sgd_steps: LocalSGD averages "
+               "parameters and all-reduces no gradients");
   if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
   if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
   strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
+  KEEL_ENFORCE(name == "mlp" || !Given("mlp_hidden"), "--mlp_hidden=", FLAGS_mlp_hidden,
+               " is the width of the mlp model; model ", name, " has no such setting");
+  if (fleet::worker_num() == 1) {
+    std::string unused;
+    for (const char* f : {"nccl_comm_num", "local_sgd_steps", "local_sgd_warmup_steps",
+                          "hierarchical_allreduce_inter_nranks", "fuse_all_reduce_ops"})
+      if (Given(f)) unused += std::string(unused.empty() ? "" : ", ") + "--" + f;
+    if (!unused.empty())
+      std::fprintf(stderr,
+                   "warning: %s: multi-worker settings, with no effect on a single worker (run "
+                   "under keel launch for several)\n",
+                   unused.c_str());
+  }
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
   return models::BuildModel(cfg);
 }
 
-void FinishProfile() {
-  if (!profiler::Enabled()) return;
-  profiler::Stop();
-  std::string path = profiler::ProfilePathForRank(fleet::worker_index(), fleet::worker_num());
-  if (path.empty()) return;
-  profiler::WriteChromeTrace(path, fleet::worker_index());
-  std::fprintf(stderr, "profile of rank %d: %s\n%s", fleet::worker_index(), path.c_str(),
-               profiler::Summary().c_str());
-}
+void FinishProfile() { profiler::FinishFromFlags(); }
 
 int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.empty(), "train takes no positional arguments, got '", args[0], "'");
@@ -113,10 +137,15 @@ int Train(const std::vector<std::string>& args) {
   Executor exe(fleet::worker_place(), strategy);
   exe.Run(*m.startup);
   if (!FLAGS_load_dir.empty()) {
-    load_persistables(exe, FLAGS_load_dir, *m.main);
+    fleet::load_persistables(exe, FLAGS_load_dir, m.main.get());
     if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
   }
 
+  KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"), "--steps=",
+               FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
+               " has a finite training set, so an epoch is ", m.batches_per_epoch,
+               " steps of --batch_size=", FLAGS_batch_size, " and --steps would be ignored; give "
+               "one of them");
   const int epochs = std::max(1, FLAGS_epochs);
   const int64_t steps_per_epoch = FLAGS_epochs > 0 && m.batches_per_epoch > 0
                                       ? m.batches_per_epoch

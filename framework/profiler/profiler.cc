@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -15,8 +16,9 @@
 
 DEFINE_string(profile, "",
               "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "
-              "collective to this file when keel train or keel bench ends, and print a per-op "
-              "summary; under keel launch each rank writes PATH.rankN.");
+              "collective to this file, and print a per-op summary: keel train and keel bench "
+              "at the end of their timed steps, other programs calling keel::Init when they "
+              "exit; under keel launch each rank writes PATH.rankN.");
 
 namespace keel {
 namespace profiler {
@@ -190,8 +192,49 @@ std::string ProfilePathForRank(int rank, int nranks) {
 
 bool StartFromFlags() {
   if (FLAGS_profile.empty()) return false;
+  Reset();
   Start();
   return true;
+}
+
+namespace {
+std::atomic<int> g_rank{0}, g_nranks{1};
+std::atomic<bool> g_finished{false};
+
+void FinishAtExit() {
+  try {
+    FinishFromFlags();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "profiler: %s\n", e.what());
+  }
+}
+}  // namespace
+
+void SetRank(int rank, int nranks) {
+  g_rank = rank;
+  g_nranks = nranks;
+}
+
+void StartFromFlagsUntilExit() {
+  static bool armed = false;
+  if (FLAGS_profile.empty() || armed) return;
+  armed = true;
+  Start();
+  std::atexit(FinishAtExit);
+}
+
+void FinishFromFlags() {
+  if (FLAGS_profile.empty() || g_finished.exchange(true)) return;
+  Stop();
+  const std::string path = ProfilePathForRank(g_rank, g_nranks);
+  WriteChromeTrace(path, g_rank);
+  std::fprintf(stderr, "profile of rank %d: %s\n%s", g_rank.load(), path.c_str(),
+               Summary().c_str());
+}
+
+void Disarm() {
+  Stop();
+  g_finished = true;
 }
 
 }  // namespace profiler
