@@ -102,6 +102,35 @@ std::set<std::string> ParamLines(const std::string& output) {
   return lines;
 }
 
+// The invariant beyond plain SGD: Momentum, Adam, global-norm clipping (which must see the
+// all-reduced gradients), a learning-rate schedule, and fusion limited by MB (several groups).
+TEST(DataParallel, OptimizersClippingScheduleAndFusionByMbMatchOneRank) {
+  std::string dir = MakeTempDir();
+  struct Config {
+    const char* flags;
+    int n;
+  };
+  int k = 0;
+  for (Config c : {Config{" --opt=momentum", 2}, Config{" --opt=adam", 3},
+                   Config{" --clip_norm=0.05", 2}, Config{" --lr_decay", 2},
+                   Config{" --fuse_mb=0.0005", 3},
+                   Config{" --opt=adam --lr_decay --clip_norm=0.05 --fuse_mb=0.001", 2}}) {
+    SCOPED_TRACE(std::string(c.flags) + ", " + std::to_string(c.n) + " ranks");
+    const std::string d = dir + "/c" + std::to_string(k++);
+    NamedTensors ref = Train(1, 1, d + "/single", "auto", 0, c.flags);
+    ASSERT_FALSE(ref.empty());
+    std::string out;
+    NamedTensors got = Train(c.n, 1, d + "/n", "auto", 0, c.flags, &out);
+    ExpectNear(got, ref);
+    EXPECT_EQ(ParamLines(out).size(), 1u) << out;
+    if (std::string(c.flags).find("fuse_mb=0.0005") != std::string::npos) {
+      // 0.0005 MB (524 bytes) splits the MLP's 6 gradients (about 2 KB) into 4 groups.
+      EXPECT_NE(out.find("rank 0 fused_groups 4"), std::string::npos) << out;
+    }
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 // Hierarchical all-reduce (reduce-scatter in the node, all-reduce across nodes, all-gather in the
 // node), with nodes of k ranks simulated on this host: the same parameters as one rank.
 TEST(DataParallel, HierarchicalAllReduceMatchesOneRank) {

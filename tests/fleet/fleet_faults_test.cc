@@ -54,6 +54,27 @@ TEST(FleetFaults, DifferentProgramsOnDifferentRanksFailAtStartNamingTheOp) {
   RunCommand("rm -rf " + dir);
 }
 
+// DistributedStrategy::comm_timeout_s bounds the collectives of the rings minimize creates: with
+// 2 s, rank 0's first all-reduce gives up 2 s after rank 1 stalls (30 s) and names the timeout;
+// before, the strategy's value was ignored and rank 0 waited for the flag's 300 s default.
+TEST(FleetFaults, StrategyCommTimeoutBoundsEveryCollective) {
+  std::string dir = MakeTempDir();
+  for (const char* backend : {"shm", "gloo"}) {
+    SCOPED_TRACE(backend);
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = RunCommand(std::string("FLAGS_cpu_comm_backend=") + backend + " " + Launch(2, dir) +
+                        BinPath("mlp_dp_worker") +
+                        " --steps=3 --strategy_timeout_s=2 --stall_rank=1 --stall_s=30");
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_LT(secs, 20) << r.output;
+    auto logs = RunCommand("cat " + dir + "/log/workerlog.0");
+    EXPECT_NE(logs.output.find("c_allreduce_sum"), std::string::npos) << logs.output;
+    EXPECT_NE(logs.output.find("timed out after 2 s"), std::string::npos) << logs.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 // The pid of the process running with RANK=<rank> in its environment, among `pattern` matches.
 int FindRankPid(const std::string& pattern, int rank) {
   auto r = RunCommand("pgrep -f '" + pattern + "'");
