@@ -186,5 +186,45 @@ TEST(DataParallel, LocalSgdWithKOneIsSynchronousAndRanksAgreeAfterEachAverage) {
   RunCommand("rm -rf " + dir);
 }
 
+// A synchronous checkpoint resumes into LocalSGD: checkpoints hold the user's variables only (no
+// @LOCAL_SGD_ snapshots or counters), and on load the snapshots are rebuilt as the loaded
+// parameters. With K = 1 LocalSGD is synchronous SGD, so the resumed LocalSGD run must equal the
+// resumed synchronous run; a snapshot left at the startup's initialization would pull the
+// parameters back towards it.
+TEST(DataParallel, SyncCheckpointResumesIntoLocalSgd) {
+  std::string dir = MakeTempDir();
+  const std::string keel = BinPath("keel");
+  const std::string launch = "FLAGS_cpu_math_threads=1 " + keel +
+                             " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + keel +
+                             " train --mlp_hidden=16 --batch_size=8 --seed=3 --optimizer=sgd";
+  auto sync = RunCommand(launch + " --steps=4 --save_dir=" + dir + "/sync");
+  ASSERT_EQ(sync.exit_code, 0) << sync.output;
+  auto local = RunCommand(launch + " --steps=3 --local_sgd_steps=1 --load_dir=" + dir +
+                          "/sync --save_dir=" + dir + "/local");
+  ASSERT_EQ(local.exit_code, 0) << local.output << RunCommand("cat " + dir + "/log/*").output;
+  auto again = RunCommand(launch + " --steps=3 --load_dir=" + dir + "/sync --save_dir=" + dir +
+                          "/again");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  NamedTensors a = LoadSafetensors(dir + "/local/" + kPersistablesFile);
+  NamedTensors b = LoadSafetensors(dir + "/again/" + kPersistablesFile);
+  for (const auto& kv : a)
+    EXPECT_EQ(kv.first.find("@LOCAL_SGD"), std::string::npos) << kv.first << " was saved";
+  ASSERT_EQ(a.size(), b.size());
+  ExpectNear(a, b);
+  // A LocalSGD checkpoint resumes into synchronous training too.
+  auto back = RunCommand(launch + " --steps=1 --load_dir=" + dir + "/local");
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+
+  // The snapshots right after loading are the loaded parameters (averaging by deltas hides a
+  // stale snapshot from the parameters themselves, so look at it directly).
+  std::string out;
+  Train(2, 1, dir + "/w_sync", "auto", 0, "", &out);
+  Train(2, 1, dir + "/w_local", "auto", 0,
+        " --steps=0 --local_sgd_steps=2 --load_dir=" + dir + "/w_sync/rank0", &out);
+  EXPECT_NE(out.find("rank 0 snapshot_gap 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 snapshot_gap 0\n"), std::string::npos) << out;
+  RunCommand("rm -rf " + dir);
+}
+
 }  // namespace
 }  // namespace keel::testing

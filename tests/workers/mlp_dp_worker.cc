@@ -5,7 +5,9 @@
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <thread>
@@ -29,6 +31,7 @@ DEFINE_double(fuse_mb, 0, "> 0: fuse_all_reduce_ops with groups of at most this 
 DEFINE_int32(strategy_timeout_s, 0, "> 0: DistributedStrategy::comm_timeout_s.");
 DEFINE_int32(stall_rank, -1, "This rank sleeps --stall_s seconds before its first step.");
 DEFINE_int32(stall_s, 0, "How long --stall_rank sleeps.");
+DEFINE_string(load_dir, "", "Resume from this checkpoint (fleet::load_persistables).");
 
 using namespace keel;
 
@@ -79,6 +82,19 @@ int main(int argc, char** argv) {
     }
     Executor exe;
     exe.Run(startup);
+    if (!FLAGS_load_dir.empty()) {
+      fleet::load_persistables(exe, FLAGS_load_dir);
+      // LocalSGD's snapshots must be the loaded parameters: the largest difference.
+      double gap = 0;
+      for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+        const Variable* snap = exe.scope().FindVar(v->name() + "@LOCAL_SGD_SNAPSHOT");
+        if (!v->is_parameter() || snap == nullptr) continue;
+        const Tensor& p = exe.scope().FindVar(v->name())->tensor();
+        for (int64_t i = 0; i < p.numel(); ++i)
+          gap = std::max<double>(gap, std::abs(p.data<float>()[i] - snap->tensor().data<float>()[i]));
+      }
+      std::printf("rank %d snapshot_gap %g\n", rank, gap);
+    }
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
     if (rank == FLAGS_stall_rank) std::this_thread::sleep_for(std::chrono::seconds(FLAGS_stall_s));
