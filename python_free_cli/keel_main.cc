@@ -1,4 +1,4 @@
-// keel: train | inspect | bench | launch. `keel help` lists them.
+// keel: train | inspect | bench | launch | flags. `keel help` lists them.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -30,6 +30,8 @@ const char* kUsage =
     "           --nproc_per_node=N | --selected_gpus=0,1  --nnodes=K --node_rank=R\n"
     "           --cluster_node_ips=IP,IP --node_ip=IP --started_port=P --master_addr=A\n"
     "           --master_port=P --log_dir=DIR (default log) --grace_period_s=S\n"
+    "           --cpu_math_threads=T; any other flag before COMMAND goes to every worker\n"
+    "  flags    list every flag keel defines with the commands that read it\n"
     "run `keel <command> --help` for all flags\n";
 
 bool DefinedIn(const gflags::CommandLineFlagInfo& info, const char* dir) {
