@@ -58,7 +58,7 @@ DistributedStrategy::DistributedStrategy()
 
 int DistributedStrategy::LocalSgdWarmupSteps() const {
   return local_sgd_warmup_steps == 0 && local_sgd_is_warm_steps >= 0 ? local_sgd_is_warm_steps
-                                                                      : local_sgd_warmup_steps;
+                                                                     : local_sgd_warmup_steps;
 }
 
 int DistributedStrategy::HierarchicalInterNranks(const Role& role) const {
@@ -67,23 +67,22 @@ int DistributedStrategy::HierarchicalInterNranks(const Role& role) const {
 }
 
 std::string DistributedStrategy::ToString() const {
-  return StrCat("DistributedStrategy{nccl_comm_num=", nccl_comm_num,
-                ", fuse_all_reduce_ops=", Bool(fuse_all_reduce_ops),
-                ", fuse_grad_size_in_MB=", fuse_grad_size_in_MB,
-                ", fuse_grad_size_in_num=", fuse_grad_size_in_num,
-                ", paddle_fuse={given=", Bool(paddle_fuse.given),
-                ", memory_size_mb=", paddle_fuse.memory_size_mb,
-                ", groups_size=", paddle_fuse.groups_size, "}",
-                ", use_hierarchical_allreduce=", Bool(use_hierarchical_allreduce),
-                ", hierarchical_allreduce_inter_nranks=", hierarchical_allreduce_inter_nranks,
-                ", use_local_sgd=", Bool(use_local_sgd), ", local_sgd_steps=", local_sgd_steps,
-                ", local_sgd_warmup_steps=", local_sgd_warmup_steps,
-                ", local_sgd_is_warm_steps=", local_sgd_is_warm_steps,
-                ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce),
-                ", comm_timeout_s=", comm_timeout_s,
-                ", exec_strategy={num_threads=", exec_strategy.num_threads,
-                ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
-                ", fetch_frequency=", exec_strategy.fetch_frequency, "}}");
+  return StrCat(
+      "DistributedStrategy{nccl_comm_num=", nccl_comm_num,
+      ", fuse_all_reduce_ops=", Bool(fuse_all_reduce_ops),
+      ", fuse_grad_size_in_MB=", fuse_grad_size_in_MB,
+      ", fuse_grad_size_in_num=", fuse_grad_size_in_num,
+      ", paddle_fuse={given=", Bool(paddle_fuse.given),
+      ", memory_size_mb=", paddle_fuse.memory_size_mb, ", groups_size=", paddle_fuse.groups_size,
+      "}", ", use_hierarchical_allreduce=", Bool(use_hierarchical_allreduce),
+      ", hierarchical_allreduce_inter_nranks=", hierarchical_allreduce_inter_nranks,
+      ", use_local_sgd=", Bool(use_local_sgd), ", local_sgd_steps=", local_sgd_steps,
+      ", local_sgd_warmup_steps=", local_sgd_warmup_steps,
+      ", local_sgd_is_warm_steps=", local_sgd_is_warm_steps,
+      ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce), ", comm_timeout_s=", comm_timeout_s,
+      ", exec_strategy={num_threads=", exec_strategy.num_threads,
+      ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
+      ", fetch_frequency=", exec_strategy.fetch_frequency, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -113,8 +112,9 @@ void DistributedStrategy::Validate(const Role& role) const {
                ": LocalSGD averages parameters and all-reduces no gradients");
   KEEL_ENFORCE(local_sgd_warmup_steps >= 0, s, "local_sgd_warmup_steps=", local_sgd_warmup_steps,
                " must be >= 0");
-  KEEL_ENFORCE(local_sgd_is_warm_steps >= -1, s, "local_sgd_is_warm_steps=",
-               local_sgd_is_warm_steps, " must be >= 0 (or -1: not set)");
+  KEEL_ENFORCE(local_sgd_is_warm_steps >= -1, s,
+               "local_sgd_is_warm_steps=", local_sgd_is_warm_steps,
+               " must be >= 0 (or -1: not set)");
   KEEL_ENFORCE(local_sgd_is_warm_steps < 0 || local_sgd_warmup_steps == 0 ||
                    local_sgd_is_warm_steps == local_sgd_warmup_steps,
                s, "local_sgd_is_warm_steps=", local_sgd_is_warm_steps, " and ", s,
@@ -133,10 +133,10 @@ void DistributedStrategy::Validate(const Role& role) const {
         StrCat("fuse_grad_size_in_MB=", fuse_grad_size_in_MB), "fuse_all_reduce_ops");
     off(fuse_grad_size_in_num != d.fuse_grad_size_in_num,
         StrCat("fuse_grad_size_in_num=", fuse_grad_size_in_num), "fuse_all_reduce_ops");
-    KEEL_ENFORCE(!paddle_fuse.given, "FLAGS_fuse_parameter_memory_size=",
-                 paddle_fuse.memory_size_mb, " / FLAGS_fuse_parameter_groups_size=",
-                 paddle_fuse.groups_size, " are given but ", s,
-                 "fuse_all_reduce_ops=false, so they would have no effect",
+    KEEL_ENFORCE(!paddle_fuse.given,
+                 "FLAGS_fuse_parameter_memory_size=", paddle_fuse.memory_size_mb,
+                 " / FLAGS_fuse_parameter_groups_size=", paddle_fuse.groups_size, " are given but ",
+                 s, "fuse_all_reduce_ops=false, so they would have no effect",
                  use_local_sgd ? " (LocalSGD all-reduces parameters, not gradients)" : "",
                  "; turn fusion on or unset the flags");
   }
@@ -149,8 +149,8 @@ void DistributedStrategy::Validate(const Role& role) const {
         "use_local_sgd");
     off(local_sgd_warmup_steps != 0, StrCat("local_sgd_warmup_steps=", local_sgd_warmup_steps),
         "use_local_sgd");
-    off(local_sgd_is_warm_steps != -1,
-        StrCat("local_sgd_is_warm_steps=", local_sgd_is_warm_steps), "use_local_sgd");
+    off(local_sgd_is_warm_steps != -1, StrCat("local_sgd_is_warm_steps=", local_sgd_is_warm_steps),
+        "use_local_sgd");
   }
 
   // Paddle's fusion flags: the values Paddle defines, and never beside keel's own sizes.
@@ -168,9 +168,10 @@ void DistributedStrategy::Validate(const Role& role) const {
     KEEL_ENFORCE(fuse_grad_size_in_MB == d.fuse_grad_size_in_MB &&
                      fuse_grad_size_in_num == d.fuse_grad_size_in_num,
                  "FLAGS_fuse_parameter_memory_size / FLAGS_fuse_parameter_groups_size are given, "
-                 "so gradients are grouped as Paddle groups them, and ", s,
-                 "fuse_grad_size_in_MB=", fuse_grad_size_in_MB, " / fuse_grad_size_in_num=",
-                 fuse_grad_size_in_num, " would be ignored; use one or the other");
+                 "so gradients are grouped as Paddle groups them, and ",
+                 s, "fuse_grad_size_in_MB=", fuse_grad_size_in_MB,
+                 " / fuse_grad_size_in_num=", fuse_grad_size_in_num,
+                 " would be ignored; use one or the other");
   }
   KEEL_ENFORCE(comm_timeout_s > 0, s, "comm_timeout_s=", comm_timeout_s, " must be > 0");
   KEEL_ENFORCE(exec_strategy.num_threads >= 1, s,

@@ -101,9 +101,9 @@ struct DistributedStrategy {
   // A setting of the strategy and whether keel implements it; RequireImplemented refuses the
   // requested ones that are not. Tests walk the table.
   struct Setting {
-    const char* name;                                // "sync_nccl_allreduce=false"
-    bool (*requested)(const DistributedStrategy&);   // the strategy asks for it
-    void (*request)(DistributedStrategy*);           // asks for it (tests)
+    const char* name;                               // "sync_nccl_allreduce=false"
+    bool (*requested)(const DistributedStrategy&);  // the strategy asks for it
+    void (*request)(DistributedStrategy*);          // asks for it (tests)
     bool implemented;
     const char* why;  // for the unimplemented: what is missing
   };

@@ -480,9 +480,9 @@ Role CloudRoleMaker::FromEnv(const Env& env) {
       const int rank = ParseVar(env, c->rank, 0), size = ParseVar(env, c->size, 1);
       const bool contradiction =
           role.world_size % size != 0 || (role.world_size == size && role.rank != rank);
-      KEEL_ENFORCE(!contradiction, "contradictory environment: ", launcher, "=", role.rank,
-                   " and ", launcher_size, "=", role.world_size, " but ", c->rank, "=", rank,
-                   " and ", c->size, "=", size, " (", c->source,
+      KEEL_ENFORCE(!contradiction, "contradictory environment: ", launcher, "=", role.rank, " and ",
+                   launcher_size, "=", role.world_size, " but ", c->rank, "=", rank, " and ",
+                   c->size, "=", size, " (", c->source,
                    "): under a scheduler that starts one launcher per node the world is a "
                    "multiple of its tasks, and with one worker per task the ranks agree. Unset "
                    "the variables that do not describe this job");

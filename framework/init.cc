@@ -3,11 +3,11 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
-#include <algorithm>
 
 #include "framework/error.h"
 #include "framework/profiler/profiler.h"

@@ -52,11 +52,16 @@ std::vector<gflags::CommandLineFlagInfo> KeelCliFlags() {
 // (--comm_timeout_s, --profile, ...) and glog's apply to every command; keel launch passes every
 // flag that is not its own to the workers (launch.h).
 const std::map<std::string, std::set<std::string>>& CommandFlags() {
-  static const std::set<std::string> model = {
-      "batch_size",      "lr",         "optimizer",
-      "data",            "mlp_hidden", "nccl_comm_num",
-      "local_sgd_steps", "local_sgd_warmup_steps", "hierarchical_allreduce_inter_nranks",
-      "fuse_all_reduce_ops"};
+  static const std::set<std::string> model = {"batch_size",
+                                              "lr",
+                                              "optimizer",
+                                              "data",
+                                              "mlp_hidden",
+                                              "nccl_comm_num",
+                                              "local_sgd_steps",
+                                              "local_sgd_warmup_steps",
+                                              "hierarchical_allreduce_inter_nranks",
+                                              "fuse_all_reduce_ops"};
   static const std::map<std::string, std::set<std::string>> flags = [] {
     std::map<std::string, std::set<std::string>> f;
     f["train"] = model;
@@ -80,9 +85,11 @@ void CheckCommandFlags(const std::string& cmd) {
     std::string owners;
     for (const auto& [other, names] : CommandFlags())
       if (names.count(info.name)) owners += (owners.empty() ? "keel " : ", keel ") + other;
-    if (keel::cli::IsLaunchFlag(info.name)) owners += (owners.empty() ? "" : ", ") + std::string("keel launch");
-    KEEL_THROW("--", info.name, " is not a flag of keel ", cmd, " (it would be ignored; it is a flag of ",
-               owners.empty() ? "no command" : owners, ")");
+    if (keel::cli::IsLaunchFlag(info.name))
+      owners += (owners.empty() ? "" : ", ") + std::string("keel launch");
+    KEEL_THROW("--", info.name, " is not a flag of keel ", cmd,
+               " (it would be ignored; it is a flag of ", owners.empty() ? "no command" : owners,
+               ")");
   }
 }
 
@@ -105,7 +112,8 @@ int main(int argc, char** argv) {
       if (DefinedIn(info, "python_free_cli/")) {
         for (const auto& [c, names] : CommandFlags())
           if (names.count(info.name)) owner += (owner.empty() ? "" : ",") + c;
-        if (keel::cli::IsLaunchFlag(info.name)) owner += (owner.empty() ? "" : ",") + std::string("launch");
+        if (keel::cli::IsLaunchFlag(info.name))
+          owner += (owner.empty() ? "" : ",") + std::string("launch");
       } else if (DefinedIn(info, "framework/") || DefinedIn(info, "fleet/") ||
                  DefinedIn(info, "ops/") || DefinedIn(info, "executor/") ||
                  DefinedIn(info, "transpiler/") || DefinedIn(info, "models/")) {

@@ -77,8 +77,9 @@ LaunchArgs SplitLaunchArgs(const std::vector<std::string>& args) {
     if (a.size() < 2 || a[0] != '-') break;  // "-" or a word: the command
     out.flags.push_back(a);
     const size_t eq = a.find('=');
-    std::string name = a.substr(a[1] == '-' ? 2 : 1, eq == std::string::npos ? std::string::npos
-                                                                              : eq - (a[1] == '-' ? 2 : 1));
+    std::string name =
+        a.substr(a[1] == '-' ? 2 : 1,
+                 eq == std::string::npos ? std::string::npos : eq - (a[1] == '-' ? 2 : 1));
     gflags::CommandLineFlagInfo info;
     const bool known = gflags::GetCommandLineFlagInfo(name.c_str(), &info);
     if (eq != std::string::npos) {
@@ -102,9 +103,9 @@ LaunchArgs SplitLaunchArgs(const std::vector<std::string>& args) {
 
 bool IsLaunchFlag(const std::string& name) {
   static const std::set<std::string> own = {
-      "cluster_node_ips", "node_ip",     "started_port",   "nproc_per_node",
-      "nnodes",           "node_rank",   "master_addr",    "master_port",
-      "grace_period_s",   "log_dir",     "selected_gpus",  "cpu_math_threads"};
+      "cluster_node_ips", "node_ip",   "started_port",  "nproc_per_node",
+      "nnodes",           "node_rank", "master_addr",   "master_port",
+      "grace_period_s",   "log_dir",   "selected_gpus", "cpu_math_threads"};
   return own.count(name) > 0;
 }
 
@@ -346,8 +347,9 @@ LaunchPlan MakePlan(const std::vector<std::string>& command,
   bool rank_set = FlagSet("node_rank");
   KEEL_ENFORCE(!by_master || rank_set, "a multi-node launch at --master_addr=", FLAGS_master_addr,
                " needs --node_rank to say which node this is (0..", plan.nnodes - 1, ")");
-  KEEL_ENFORCE(!by_master || FlagSet("master_port"), "a multi-node launch at --master_addr=",
-               FLAGS_master_addr, " needs --master_port, the same on every node");
+  KEEL_ENFORCE(!by_master || FlagSet("master_port"),
+               "a multi-node launch at --master_addr=", FLAGS_master_addr,
+               " needs --master_port, the same on every node");
   plan.node_rank = FLAGS_node_rank;
   KEEL_ENFORCE(plan.node_rank >= 0 && plan.node_rank < plan.nnodes, "--node_rank=", plan.node_rank,
                " is out of range for --nnodes=", plan.nnodes, " (0..", plan.nnodes - 1, ")");
@@ -407,8 +409,8 @@ LaunchPlan MakePlan(const std::vector<std::string>& command,
   }
   for (const std::string& ip : ips)
     for (int port : ports) plan.endpoints.push_back(ip + ":" + std::to_string(port));
-  plan.master = by_master ? FLAGS_master_addr + ":" + std::to_string(FLAGS_master_port)
-                          : plan.endpoints[0];
+  plan.master =
+      by_master ? FLAGS_master_addr + ":" + std::to_string(FLAGS_master_port) : plan.endpoints[0];
 
   // One token per job: every node's launcher must be given the same one.
   const char* token = std::getenv("KEEL_JOB_TOKEN");
@@ -470,9 +472,9 @@ std::vector<std::string> WorkerEnv(const LaunchPlan& plan, int local) {
   }
   if (!names.empty()) set.push_back({"KEEL_LAUNCH_FLAGS", names});
   std::set<std::string> drop = {
-      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",         "SLURM_LOCALID",
-      "KEEL_LAUNCH_FLAGS",          "PADDLE_TRAINER_ID",    "PADDLE_TRAINERS_NUM",
+      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",   "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",           "SLURM_LOCALID",
+      "KEEL_LAUNCH_FLAGS",          "PADDLE_TRAINER_ID",      "PADDLE_TRAINERS_NUM",
       "PADDLE_TRAINER_ENDPOINTS",   "PADDLE_CURRENT_ENDPOINT"};
   for (const auto& kv : set) drop.insert(kv.first);
   std::vector<std::string> env;

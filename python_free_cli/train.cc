@@ -91,10 +91,10 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
                "warm-up would have no effect");
   // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside, and
   // asking for it is refused.
-  KEEL_ENFORCE(!strategy.use_local_sgd || !Given("fuse_all_reduce_ops") ||
-                   !FLAGS_fuse_all_reduce_ops,
-               "--fuse_all_reduce_ops does not combine with --local_sgd_steps: LocalSGD averages "
-               "parameters and all-reduces no gradients");
+  KEEL_ENFORCE(
+      !strategy.use_local_sgd || !Given("fuse_all_reduce_ops") || !FLAGS_fuse_all_reduce_ops,
+      "--fuse_all_reduce_ops does not combine with --local_sgd_steps: LocalSGD averages "
+      "parameters and all-reduces no gradients");
   if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
   if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
   strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
@@ -141,10 +141,11 @@ int Train(const std::vector<std::string>& args) {
     if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
   }
 
-  KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"), "--steps=",
-               FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
+  KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"),
+               "--steps=", FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
                " has a finite training set, so an epoch is ", m.batches_per_epoch,
-               " steps of --batch_size=", FLAGS_batch_size, " and --steps would be ignored; give "
+               " steps of --batch_size=", FLAGS_batch_size,
+               " and --steps would be ignored; give "
                "one of them");
   const int epochs = std::max(1, FLAGS_epochs);
   const int64_t steps_per_epoch = FLAGS_epochs > 0 && m.batches_per_epoch > 0

@@ -82,8 +82,8 @@ void AddToGroup(const Block& mb, const Grad& g, Group* grp) {
 
 // keel's grouping (fuse_grad_size_in_MB / _num): consecutive gradients of one dtype up to
 // `limit_bytes` and `limit_num` tensors; a gradient bigger than the size limit is a group alone.
-std::vector<Group> GroupBySize(const Block& mb, const std::vector<Grad>& grads,
-                               double limit_bytes, size_t limit_num) {
+std::vector<Group> GroupBySize(const Block& mb, const std::vector<Grad>& grads, double limit_bytes,
+                               size_t limit_num) {
   std::vector<Group> groups;
   for (const Grad& g : grads) {
     const VarDesc& v = KnownGrad(mb, g.name);

@@ -77,7 +77,9 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
   const std::string step = "@LOCAL_SGD_STEP@", since = "@LOCAL_SGD_SINCE@",
                     warmup = "@LOCAL_SGD_WARMUP@", k = "@LOCAL_SGD_K@";
   const std::vector<std::pair<std::string, int64_t>> counters = {
-      {step, 0}, {since, 0}, {warmup, strategy.LocalSgdWarmupSteps()},
+      {step, 0},
+      {since, 0},
+      {warmup, strategy.LocalSgdWarmupSteps()},
       {k, strategy.local_sgd_steps}};
   for (const auto& [name, value] : counters) {
     for (Block* b : {&mb, &sb}) Declare(*b, name, DType::kInt64, {1}, true);

@@ -65,8 +65,8 @@ void CommContext::Init(const CommConfig& cfg) {
 }
 
 void CommContext::SetTimeout(std::chrono::milliseconds timeout) {
-  KEEL_ENFORCE(timeout.count() > 0, "communication timeout must be positive, got ",
-               timeout.count(), " ms");
+  KEEL_ENFORCE(timeout.count() > 0, "communication timeout must be positive, got ", timeout.count(),
+               " ms");
   config_.timeout = timeout;
 }
 

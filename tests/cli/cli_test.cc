@@ -64,8 +64,8 @@ TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   EXPECT_NE(i.output.find("fc_1.w_0 : float32[64, 64]"), std::string::npos) << i.output;
   EXPECT_NE(i.output.find("learning_rate_0 : float32[1]"), std::string::npos) << i.output;
 
-  auto again = RunCommand(base + " --steps=0 --load_dir=" + dir + "/ckpt --save_dir=" + dir +
-                          "/again");
+  auto again =
+      RunCommand(base + " --steps=0 --load_dir=" + dir + "/ckpt --save_dir=" + dir + "/again");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("resumed from"), std::string::npos);
   NamedTensors saved = LoadSafetensors(dir + "/ckpt/" + kPersistablesFile);
@@ -111,8 +111,9 @@ TEST(KeelTrain, SettingsThatWouldBeIgnoredAreRefused) {
       {"--local_sgd_steps=2 --fuse_parameter_memory_size=16",
        "LocalSGD all-reduces parameters, not gradients"},
       {"--bench_steps=3", "--bench_steps is not a flag of keel train"},
-      {"--nproc_per_node=2", "--nproc_per_node is not a flag of keel train (it would be ignored; "
-                             "it is a flag of keel launch)"},
+      {"--nproc_per_node=2",
+       "--nproc_per_node is not a flag of keel train (it would be ignored; "
+       "it is a flag of keel launch)"},
   };
   for (const Case& c : cases) {
     auto r = RunCommand(Keel() + " train --steps=1 --batch_size=4 " + c.flags);
@@ -243,7 +244,8 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"epochs", "Lenet.ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit"},
       {"fetch_frequency", "KeelTrain.SameSeedPrintsIdenticalLosses"},
       {"fuse_all_reduce_ops", "FleetTraining (fused by default under keel launch)"},
-      {"hierarchical_allreduce_inter_nranks", "keel train under launch (DataParallel.Hierarchical)"},
+      {"hierarchical_allreduce_inter_nranks",
+       "keel train under launch (DataParallel.Hierarchical)"},
       {"load_dir", "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
       {"local_sgd_steps", "DataParallel.SyncCheckpointResumesIntoLocalSgd"},
       {"local_sgd_warmup_steps", "KeelTrain.SettingsThatWouldBeIgnoredAreRefused"},
@@ -270,9 +272,9 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
   for (const auto& kv : rows) pinned.insert(kv.first);
   EXPECT_EQ(listed, pinned) << "a keel flag without a row here (or a row for a flag that is gone)";
   // A flag of one command, given to another, is refused there.
-  const std::map<std::string, std::string> try_in = {
-      {"train", " train --steps=1 --mlp_hidden=8"}, {"bench", " bench mlp --bench_steps=1"},
-      {"inspect", " inspect /nonexistent"}};
+  const std::map<std::string, std::string> try_in = {{"train", " train --steps=1 --mlp_hidden=8"},
+                                                     {"bench", " bench mlp --bench_steps=1"},
+                                                     {"inspect", " inspect /nonexistent"}};
   for (const auto& [flag, who] : owners) {
     if (who == "library" || who == "none") {
       EXPECT_NE(who, "none") << "--" << flag << " is read by no command";
@@ -299,8 +301,8 @@ TEST(KeelBench, PrintsOneJsonLine) {
 // only): keel::Init starts the profiler and the trace is written when the program exits.
 TEST(UserProgram, ProfileFlagWritesATraceAtExit) {
   std::string dir = MakeTempDir();
-  auto r = RunCommand("cd " + dir + " && " + BinPath("train_mlp") + " --profile=" + dir +
-                      "/trace.json");
+  auto r =
+      RunCommand("cd " + dir + " && " + BinPath("train_mlp") + " --profile=" + dir + "/trace.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(dir + "/trace.json");
   ASSERT_TRUE(f.good()) << r.output;

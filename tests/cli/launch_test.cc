@@ -347,9 +347,10 @@ TEST(KeelLaunch, UnrunnableCommandIsReported) {
 // worker program that does not define a passed flag refuses to start instead of ignoring it.
 TEST(KeelLaunch, FlagsBeforeTheCommandReachTheWorkers) {
   std::string dir = MakeTempDir();
-  auto r = RunCommand(Keel() + " launch --nproc_per_node=2 --steps=3 --fetch_frequency=1 "
-                      "--log_dir=" + dir + " " + Keel() +
-                      " train --mlp_hidden=8 --batch_size=4 --seed=1");
+  auto r = RunCommand(Keel() +
+                      " launch --nproc_per_node=2 --steps=3 --fetch_frequency=1 "
+                      "--log_dir=" +
+                      dir + " " + Keel() + " train --mlp_hidden=8 --batch_size=4 --seed=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "step 2 loss")) << r.output;
   EXPECT_FALSE(Contains(r.output, "step 3 loss")) << r.output;
@@ -362,8 +363,9 @@ TEST(KeelLaunch, FlagsBeforeTheCommandReachTheWorkers) {
     EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog." + std::to_string(local)))["threads"], "3");
 
   // train_mlp (a program on the library) has no --bench_steps: it refuses to start.
-  auto unknown = RunCommand("cd " + dir + " && " + Keel() +
-                            " launch --bench_steps=2 --log_dir=" + dir + " " + BinPath("train_mlp"));
+  auto unknown =
+      RunCommand("cd " + dir + " && " + Keel() + " launch --bench_steps=2 --log_dir=" + dir + " " +
+                 BinPath("train_mlp"));
   EXPECT_NE(unknown.exit_code, 0) << unknown.output;
   EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.0"),
                        "keel launch was given --bench_steps for its workers, but"))
@@ -424,8 +426,9 @@ TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
       {"--nnodes=2 --node_rank=1 sh", "--nnodes=2 needs --cluster_node_ips"},
       {"--nnodes=2 --master_addr=127.0.0.1 --master_port=7000 sh", "needs --node_rank"},
       {"--nnodes=2 --node_rank=1 --master_addr=127.0.0.1 sh", "needs --master_port"},
-      {"--steps=3 keel train --steps=4", "--steps=3 is given to keel launch (for every worker) "
-                                         "and '--steps=4' to the command; give it once"},
+      {"--steps=3 keel train --steps=4",
+       "--steps=3 is given to keel launch (for every worker) "
+       "and '--steps=4' to the command; give it once"},
       {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.3 sh",
        "--node_ip=127.0.0.3 is not in --cluster_node_ips"},
       {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.2 --node_rank=0 sh",

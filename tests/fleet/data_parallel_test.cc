@@ -111,10 +111,10 @@ TEST(DataParallel, OptimizersClippingScheduleAndFusionByMbMatchOneRank) {
     int n;
   };
   int k = 0;
-  for (Config c : {Config{" --opt=momentum", 2}, Config{" --opt=adam", 3},
-                   Config{" --clip_norm=0.05", 2}, Config{" --lr_decay", 2},
-                   Config{" --fuse_mb=0.0005", 3},
-                   Config{" --opt=adam --lr_decay --clip_norm=0.05 --fuse_mb=0.001", 2}}) {
+  for (Config c :
+       {Config{" --opt=momentum", 2}, Config{" --opt=adam", 3}, Config{" --clip_norm=0.05", 2},
+        Config{" --lr_decay", 2}, Config{" --fuse_mb=0.0005", 3},
+        Config{" --opt=adam --lr_decay --clip_norm=0.05 --fuse_mb=0.001", 2}}) {
     SCOPED_TRACE(std::string(c.flags) + ", " + std::to_string(c.n) + " ranks");
     const std::string d = dir + "/c" + std::to_string(k++);
     NamedTensors ref = Train(1, 1, d + "/single", "auto", 0, c.flags);
@@ -202,8 +202,8 @@ TEST(DataParallel, SyncCheckpointResumesIntoLocalSgd) {
   auto local = RunCommand(launch + " --steps=3 --local_sgd_steps=1 --load_dir=" + dir +
                           "/sync --save_dir=" + dir + "/local");
   ASSERT_EQ(local.exit_code, 0) << local.output << RunCommand("cat " + dir + "/log/*").output;
-  auto again = RunCommand(launch + " --steps=3 --load_dir=" + dir + "/sync --save_dir=" + dir +
-                          "/again");
+  auto again =
+      RunCommand(launch + " --steps=3 --load_dir=" + dir + "/sync --save_dir=" + dir + "/again");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   NamedTensors a = LoadSafetensors(dir + "/local/" + kPersistablesFile);
   NamedTensors b = LoadSafetensors(dir + "/again/" + kPersistablesFile);

@@ -99,7 +99,8 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        },
        Role(), ""},
       {"fuse MB without fusion", [](DistributedStrategy* s) { s->fuse_grad_size_in_MB = 0.25; },
-       Role(), "fuse_grad_size_in_MB=0.25 is set but DistributedStrategy.fuse_all_reduce_ops=false"},
+       Role(),
+       "fuse_grad_size_in_MB=0.25 is set but DistributedStrategy.fuse_all_reduce_ops=false"},
       {"fuse num -1", [](DistributedStrategy* s) { s->fuse_grad_size_in_num = -1; }, Role(),
        "fuse_grad_size_in_num=-1"},
       {"fuse num without fusion", [](DistributedStrategy* s) { s->fuse_grad_size_in_num = 2; },
@@ -136,7 +137,8 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
          s->local_sgd_is_warm_steps = 4;
          s->local_sgd_warmup_steps = 3;
        },
-       Role(), "local_sgd_is_warm_steps=4 and DistributedStrategy.local_sgd_warmup_steps=3 disagree"},
+       Role(),
+       "local_sgd_is_warm_steps=4 and DistributedStrategy.local_sgd_warmup_steps=3 disagree"},
       {"both warm-up names, equal",
        [](DistributedStrategy* s) {
          s->use_local_sgd = true;
@@ -145,8 +147,10 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        },
        Role(), ""},
       {"Paddle's fusion flags without fusion",
-       [](DistributedStrategy* s) { s->paddle_fuse = {true, 16, 1}; }, Role(),
-       "are given but DistributedStrategy.fuse_all_reduce_ops=false"},
+       [](DistributedStrategy* s) {
+         s->paddle_fuse = {true, 16, 1};
+       },
+       Role(), "are given but DistributedStrategy.fuse_all_reduce_ops=false"},
       {"Paddle's fusion flags beside keel's sizes",
        [](DistributedStrategy* s) {
          s->fuse_all_reduce_ops = true;
@@ -381,7 +385,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
         // Two nodes of two ranks; hierarchy's inter_nranks row: one node of four (flat) vs 1 per
         // node.
         Role role = r.field == std::string("hierarchical_allreduce_inter_nranks") ? World(4, 4)
-                                                                                    : TwoNodes();
+                                                                                  : TwoNodes();
         std::string a, b;
         ASSERT_EQ(ErrorOf([&] { a = Transpiled(base, role); }), "");
         ASSERT_EQ(ErrorOf([&] { b = Transpiled(changed, role); }), "");

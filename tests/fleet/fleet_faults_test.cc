@@ -79,15 +79,19 @@ TEST(FleetFaults, StrategyCommTimeoutBoundsEveryCollective) {
 // the second is named at once, with the first, instead of hanging or mixing up the rings.
 TEST(FleetFaults, ARankThatJoinsTwiceIsNamedAtOnce) {
   std::string dir = MakeTempDir();
-  const std::string env = "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 WORLD_SIZE=2 "
-                          "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(FreePort()) + " ";
+  const std::string env =
+      "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 WORLD_SIZE=2 "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(FreePort()) + " ";
   // Rank 0 stays in the job for 4 s (it stalls before its first step), rank 1 joins, then a
   // second rank 1.
   const std::string worker = BinPath("mlp_dp_worker") + " --steps=2 --stall_rank=0 --stall_s=4";
   auto t0 = std::chrono::steady_clock::now();
-  auto r = RunCommand("cd " + dir + " && (RANK=0 " + env + worker + " > r0.log 2>&1 &) && "
-                      "(RANK=1 " + env + worker + " > r1.log 2>&1 &) && sleep 1 && RANK=1 " +
-                      env + worker + "; code=$?; sleep 4; exit $code");
+  auto r = RunCommand("cd " + dir + " && (RANK=0 " + env + worker +
+                      " > r0.log 2>&1 &) && "
+                      "(RANK=1 " +
+                      env + worker + " > r1.log 2>&1 &) && sleep 1 && RANK=1 " + env + worker +
+                      "; code=$?; sleep 4; exit $code");
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("rank 1 of 2 joined the job twice: this process (127.0.0.1 pid "),

@@ -29,7 +29,6 @@ std::vector<double> Column(const std::string& out, const char* fmt) {
   return v;
 }
 
-
 TEST(Lenet, ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit) {
   if (!HaveMnist()) GTEST_SKIP() << "MNIST not found in " << MnistDir() << " (set KEEL_MNIST_DIR)";
   std::string dir = MnistDir();

@@ -155,17 +155,17 @@ TEST(GradAllReducePass, PaddleFusionFlagsGroupAsPaddleDoes) {
   using G = std::vector<std::string>;
   const G per_layer = {"fc_2.b_0@GRAD,fc_2.w_0@GRAD", "fc_1.b_0@GRAD,fc_1.w_0@GRAD",
                        "fc_0.b_0@GRAD,fc_0.w_0@GRAD"};
-  const G one = {"fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD,fc_0.b_0@GRAD,"
-                 "fc_0.w_0@GRAD"};
+  const G one = {
+      "fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD,fc_0.b_0@GRAD,"
+      "fc_0.w_0@GRAD"};
   EXPECT_EQ(PaddleGroups(-1, 1), per_layer);  // no memory size: a group per layer
   EXPECT_EQ(PaddleGroups(0, 1), one);         // memory 0: one group
   EXPECT_EQ(PaddleGroups(0, -1), one);
-  EXPECT_EQ(PaddleGroups(1, 1), one);         // 1 MB holds every layer; groups_size 1: no limit
+  EXPECT_EQ(PaddleGroups(1, 1), one);  // 1 MB holds every layer; groups_size 1: no limit
   EXPECT_EQ(PaddleGroups(1, -1), one);
   // groups_size 3: a group closes once it holds more than 3 gradients (two layers here).
-  EXPECT_EQ(PaddleGroups(1, 3),
-            (G{"fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD",
-               "fc_0.b_0@GRAD,fc_0.w_0@GRAD"}));
+  EXPECT_EQ(PaddleGroups(1, 3), (G{"fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD",
+                                   "fc_0.b_0@GRAD,fc_0.w_0@GRAD"}));
   // A size below one layer: every layer alone, its W and b still together.
   EXPECT_EQ(PaddleGroups(1e-6, 1), per_layer);
   // keel's own fields with the same small limits would split W from b.

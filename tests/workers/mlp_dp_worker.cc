@@ -76,8 +76,7 @@ int main(int argc, char** argv) {
         KEEL_ENFORCE(FLAGS_opt == "sgd", "--opt must be sgd, momentum or adam");
         opt = std::make_unique<optimizer::SGD>(lr);
       }
-      if (FLAGS_clip_norm > 0)
-        opt->set_grad_clip({static_cast<float>(FLAGS_clip_norm)});
+      if (FLAGS_clip_norm > 0) opt->set_grad_clip({static_cast<float>(FLAGS_clip_norm)});
       fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
     }
     Executor exe;
@@ -91,7 +90,8 @@ int main(int argc, char** argv) {
         if (!v->is_parameter() || snap == nullptr) continue;
         const Tensor& p = exe.scope().FindVar(v->name())->tensor();
         for (int64_t i = 0; i < p.numel(); ++i)
-          gap = std::max<double>(gap, std::abs(p.data<float>()[i] - snap->tensor().data<float>()[i]));
+          gap =
+              std::max<double>(gap, std::abs(p.data<float>()[i] - snap->tensor().data<float>()[i]));
       }
       std::printf("rank %d snapshot_gap %g\n", rank, gap);
     }
