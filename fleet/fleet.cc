@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include "framework/comm/comm_context.h"
@@ -32,9 +33,10 @@ struct FleetState {
   Program* startup = nullptr;
   int barrier_round = 0;
   // Persistables the transpiler added to main (LocalSGD's snapshots and counters): checkpoints
-  // leave them out, and `rebuild` (startup's ops that write only them) makes them again on load.
+  // leave them out, and `rebuild[main program id]` (startup's ops that write only them) makes
+  // them again on load.
   std::set<std::string> pass_made;
-  std::unique_ptr<Program> rebuild;
+  std::map<uint64_t, std::unique_ptr<Program>> rebuild;
 };
 
 FleetState& State() {
@@ -55,10 +57,11 @@ void RecordPassMadeVars(const std::set<std::string>& before, const Program& main
   for (const std::string& n : PersistableNames(main))
     if (!before.count(n)) st.pass_made.insert(n);
   if (st.pass_made.empty()) return;
+  std::unique_ptr<Program>& rebuild = st.rebuild[main.id()];
   // startup's ops whose every output is pass-made (e.g. snapshot = assign(parameter)), so that
   // after a load they compute from the loaded values.
-  st.rebuild = startup.Clone();
-  Block& b = st.rebuild->global_block();
+  rebuild = startup.Clone();
+  Block& b = rebuild->global_block();
   for (size_t i = b.num_ops(); i-- > 0;) {
     bool only_pass_made = false;
     for (const std::string& out : b.op(i)->OutputArgumentNames()) {
@@ -199,8 +202,6 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   Program& main = *loss.block()->program();
   auto pg = opt_->backward(loss, no_grad_set);
   opt_->apply_gradients(pg, startup);
-  State().pass_made.clear();
-  State().rebuild.reset();
   if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
@@ -267,7 +268,8 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
   const Program& p = program ? *program : main_program();
   const std::set<std::string> skip = PassMadeVarsOf(p);
   keel::load_persistables(exe, dirname, p, skip);
-  if (!skip.empty() && State().rebuild) exe.Run(*State().rebuild);
+  auto it = State().rebuild.find(p.id());
+  if (!skip.empty() && it != State().rebuild.end()) exe.Run(*it->second);
 }
 
 void save_inference_model(Executor& exe, const std::string& dirname,
