@@ -198,6 +198,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   strategy_.ApplyFlagOverrides();
   strategy_.Validate(r);
   DistributedStrategy::RequireImplemented(strategy_);
+  LOG(INFO) << "fleet: " << strategy_.ToString();
   if (!startup) startup = &default_startup_program();
   Program& main = *loss.block()->program();
   auto pg = opt_->backward(loss, no_grad_set);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tests/util/subprocess.h"
 
@@ -36,6 +37,35 @@ TEST(FleetTraining, KeelTrainUnderLaunchMatchesItsCheckpointFormat) {
   EXPECT_NE(r.output.find("step 10 loss"), std::string::npos) << r.output;
   auto i = RunCommand(BinPath("keel") + " inspect " + dir + "/ckpt");
   EXPECT_NE(i.output.find("fc_0.w_0 : float32[32, 64]"), std::string::npos) << i.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// keel train's strategy flags reach the DistributedStrategy every rank transpiles with (fleet logs
+// it), and --log_all_ranks makes rank 1 print its steps too.
+TEST(FleetTraining, KeelTrainStrategyFlagsReachTheStrategy) {
+  std::string dir = MakeTempDir();
+  struct Case {
+    std::string flags;
+    std::vector<std::string> logged;
+  };
+  const std::vector<Case> cases = {
+      {"--nccl_comm_num=2 --fuse_all_reduce_ops=false",
+       {"nccl_comm_num=2, fuse_all_reduce_ops=false", "ring 1 ("}},
+      {"--hierarchical_allreduce_inter_nranks=1",
+       {"fuse_all_reduce_ops=true", "use_hierarchical_allreduce=true, "
+                                    "hierarchical_allreduce_inter_nranks=1", "ring 2 ("}},
+      {"--local_sgd_steps=2 --local_sgd_warmup_steps=1",
+       {"use_local_sgd=true, local_sgd_steps=2, local_sgd_warmup_steps=1"}},
+      {"--log_all_ranks --fetch_frequency=1", {"step 1 loss"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    auto r = RunCommand(Launch(2, dir) + BinPath("keel") +
+                        " train --steps=2 --mlp_hidden=8 --batch_size=4 " + c.flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto log = RunCommand("cat " + dir + "/log/workerlog.1").output;
+    for (const std::string& piece : c.logged) EXPECT_NE(log.find(piece), std::string::npos) << log;
+  }
   RunCommand("rm -rf " + dir);
 }
 
