@@ -52,8 +52,10 @@ TEST(FleetTraining, KeelTrainStrategyFlagsReachTheStrategy) {
       {"--nccl_comm_num=2 --fuse_all_reduce_ops=false",
        {"nccl_comm_num=2, fuse_all_reduce_ops=false", "ring 1 ("}},
       {"--hierarchical_allreduce_inter_nranks=1",
-       {"fuse_all_reduce_ops=true", "use_hierarchical_allreduce=true, "
-                                    "hierarchical_allreduce_inter_nranks=1", "ring 2 ("}},
+       {"fuse_all_reduce_ops=true",
+        "use_hierarchical_allreduce=true, "
+        "hierarchical_allreduce_inter_nranks=1",
+        "ring 2 ("}},
       {"--local_sgd_steps=2 --local_sgd_warmup_steps=1",
        {"use_local_sgd=true, local_sgd_steps=2, local_sgd_warmup_steps=1"}},
       {"--log_all_ranks --fetch_frequency=1", {"step 1 loss"}},
