@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -200,6 +201,16 @@ bool StartFromFlags() {
 namespace {
 std::atomic<int> g_rank{0}, g_nranks{1};
 std::atomic<bool> g_finished{false};
+std::atomic<bool> g_rank_set{false};
+
+// The first of `names` set to an integer in the environment, else `fallback`.
+int EnvInt(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    if (v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return fallback;
+}
 
 void FinishAtExit() {
   try {
@@ -213,6 +224,7 @@ void FinishAtExit() {
 void SetRank(int rank, int nranks) {
   g_rank = rank;
   g_nranks = nranks;
+  g_rank_set = true;
 }
 
 void StartFromFlagsUntilExit() {
@@ -226,6 +238,10 @@ void StartFromFlagsUntilExit() {
 void FinishFromFlags() {
   if (FLAGS_profile.empty() || g_finished.exchange(true)) return;
   Stop();
+  if (!g_rank_set) {  // a program that never called fleet::init: the launcher's variables
+    g_rank = EnvInt({"PADDLE_TRAINER_ID", "RANK"}, 0);
+    g_nranks = EnvInt({"PADDLE_TRAINERS_NUM", "WORLD_SIZE"}, 1);
+  }
   const std::string path = ProfilePathForRank(g_rank, g_nranks);
   WriteChromeTrace(path, g_rank);
   std::fprintf(stderr, "profile of rank %d: %s\n%s", g_rank.load(), path.c_str(),

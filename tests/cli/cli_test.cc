@@ -311,6 +311,14 @@ TEST(UserProgram, ProfileFlagWritesATraceAtExit) {
   EXPECT_NE(trace.str().find("\"name\": \"mul\""), std::string::npos) << trace.str().substr(0, 500);
   EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/trace.json"), std::string::npos)
       << r.output;
+  // Under keel launch each rank writes its own file, also when the program never calls
+  // fleet::init (the rank then comes from the launcher's variables).
+  auto two =
+      RunCommand("cd " + dir + " && " + Keel() + " launch --nproc_per_node=2 --profile=" + dir +
+                 "/t.json --log_dir=" + dir + "/log " + BinPath("train_mlp"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_TRUE(std::ifstream(dir + "/t.json.rank0").good()) << two.output;
+  EXPECT_TRUE(std::ifstream(dir + "/t.json.rank1").good()) << two.output;
   RunCommand("rm -rf " + dir);
 }
 
