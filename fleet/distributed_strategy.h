@@ -70,9 +70,9 @@ struct DistributedStrategy {
   // (asynchronous all-reduce) is refused by RequireImplemented until the executor has
   // communication threads.
   bool sync_nccl_allreduce = true;
-  // One timeout, in seconds, for the program check, communicator setup and every collective:
-  // minimize() makes it the job's communication timeout (fleet::init's connection to the store,
-  // made before any strategy exists, is bounded by --comm_timeout_s).
+  // Seconds the setup of each ring and every collective on it may take: minimize() gives it to
+  // the rings the startup program creates. (fleet::init's store connection, made before any
+  // strategy exists, and store waits are bounded by --comm_timeout_s.)
   int comm_timeout_s = 300;
 
   ExecutionStrategy exec_strategy;
