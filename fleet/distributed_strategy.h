@@ -1,15 +1,21 @@
 // DistributedStrategy: how fleet::distributed_optimizer transpiles and runs a collective job
-// (Paddle 1.x's collective DistributedStrategy; DESIGN.md section 3, "Transpile").
+// (Paddle 1.x's collective DistributedStrategy; docs/architecture.md, "Transpiling").
+//
+// Every field has an effect or is refused by Validate / RequireImplemented with an error naming
+// it: a field that only matters under a switch (fuse_grad_size_in_MB without
+// fuse_all_reduce_ops, ...) is refused when set while its switch is off.
 //
 // Flags (settable as FLAGS_name=value in the environment, see keel::Init):
 //   --sync_nccl_allreduce, --comm_timeout_s   defaults of the fields of the same name, read when a
 //                                             strategy is constructed;
 //   --fuse_parameter_memory_size (MB), --fuse_parameter_groups_size
-//                                             -1 = unset; when set they override
-//                                             fuse_grad_size_in_MB / _num in ApplyFlagOverrides().
+//                                             Paddle's fusion flags; when either is given,
+//                                             ApplyFlagOverrides() copies them to paddle_fuse
+//                                             and gradients are grouped as Paddle groups them.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "executor/executor.h"
 #include "fleet/role_maker.h"
@@ -31,6 +37,21 @@ struct DistributedStrategy {
   // defaulted to 1 (3 in early 1.x), but its seed recipe sets 50 explicitly.
   int fuse_grad_size_in_num = 8;
 
+  // Paddle's fusion flags, copied here by ApplyFlagOverrides() when either flag is given. With
+  // `given`, gradients are grouped as Paddle's coalesce_grad_tensor_pass groups them, and
+  // fuse_grad_size_in_MB / _num must stay at their defaults:
+  //   a layer's parameters (names up to the first '.', e.g. fc_0.w_0 and fc_0.b_0) form one
+  //   group; memory_size_mb < 0: a group per layer; 0: one group of every gradient; > 0:
+  //   consecutive layers merge until a group holds memory_size_mb megabytes or more, or (with
+  //   groups_size > 1) more than groups_size gradients. groups_size 1 or -1: no count limit.
+  //   Each group then splits by dtype.
+  struct PaddleFuseFlags {
+    bool given = false;
+    double memory_size_mb = -1;  // FLAGS_fuse_parameter_memory_size
+    int groups_size = 1;         // FLAGS_fuse_parameter_groups_size
+  };
+  PaddleFuseFlags paddle_fuse;
+
   // Reduce-scatter inside a node, all-reduce across nodes, all-gather inside the node.
   bool use_hierarchical_allreduce = false;
   int hierarchical_allreduce_inter_nranks = 0;  // ranks per node; 0 = the role's local_world_size
@@ -40,33 +61,56 @@ struct DistributedStrategy {
   bool use_local_sgd = false;
   int local_sgd_steps = 1;
   int local_sgd_warmup_steps = 0;
+  // Paddle's name for local_sgd_warmup_steps (its seed: local_sgd_is_warm_steps); -1: not set.
+  // Either may be set; both set to different values is refused. Warm-up counts steps.
+  int local_sgd_is_warm_steps = -1;
 
   // Wait for each all-reduce to finish before the next op (the seed's FLAGS_sync_nccl_allreduce).
+  // keel's collectives always complete before their op returns, which is `true`; `false`
+  // (asynchronous all-reduce) is refused by RequireImplemented until the executor has
+  // communication threads.
   bool sync_nccl_allreduce = true;
-  // One timeout, in seconds, for the store, communicator setup and every collective.
+  // Seconds the setup of each ring and every collective on it may take: minimize() gives it to
+  // the rings the startup program creates. (fleet::init's store connection, made before any
+  // strategy exists, and store waits are bounded by --comm_timeout_s.)
   int comm_timeout_s = 300;
 
   ExecutionStrategy exec_strategy;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
+  // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.
+  int LocalSgdWarmupSteps() const;
 
   // One line, every field, in declaration order.
   std::string ToString() const;
 
   // Throws keel::Error naming the field and its value for: nccl_comm_num outside 1..8, fuse sizes
   // <= 0, hierarchical inter_nranks < 0 or not dividing role.world_size, local_sgd_steps < 1,
-  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy values < 1.
+  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy values < 1; for a field set
+  // while the switch it belongs to is off (fuse_grad_size_*, paddle_fuse, inter_nranks,
+  // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
+  // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*.
   void Validate(const Role& role) const;
 
-  // Sets fuse_grad_size_in_MB / fuse_grad_size_in_num from --fuse_parameter_memory_size /
-  // --fuse_parameter_groups_size when those are set (not -1): the flags win over the code, as in
-  // Paddle 1.x where the fusion pass read them. A flag that is neither -1 nor > 0 is a keel::Error.
+  // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when
+  // either was given (on the command line or as FLAGS_ in the environment): the flags win over
+  // the code, as in Paddle 1.x where the fusion pass read them.
   void ApplyFlagOverrides();
 
-  // Throws keel::Error listing every switch that is on but whose transpiler pass keel does not
-  // have yet (today: every switch has its pass; the table stays for the next one): refused
-  // rather than silently ignored. The table of passes is in distributed_strategy.cc.
+  // A setting of the strategy and whether keel implements it; RequireImplemented refuses the
+  // requested ones that are not. Tests walk the table.
+  struct Setting {
+    const char* name;                               // "sync_nccl_allreduce=false"
+    bool (*requested)(const DistributedStrategy&);  // the strategy asks for it
+    void (*request)(DistributedStrategy*);          // asks for it (tests)
+    bool implemented;
+    const char* why;  // for the unimplemented: what is missing
+  };
+  static const std::vector<Setting>& Settings();
+
+  // Throws keel::Error listing every requested setting keel does not implement (today:
+  // sync_nccl_allreduce=false): refused rather than silently ignored.
   static void RequireImplemented(const DistributedStrategy& strategy);
 };
 

@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "framework/io/io.h"
+#include "framework/profiler/profiler.h"
 #include "transpiler/transpile.h"
 
 DEFINE_int32(save_timeout_s, 1800,
@@ -29,11 +31,51 @@ struct FleetState {
   Program* main = nullptr;
   Program* startup = nullptr;
   int barrier_round = 0;
+  // Persistables the transpiler added to main (LocalSGD's snapshots and counters): checkpoints
+  // leave them out, and `rebuild[main program id]` (startup's ops that write only them) makes
+  // them again on load.
+  std::set<std::string> pass_made;
+  std::map<uint64_t, std::unique_ptr<Program>> rebuild;
 };
 
 FleetState& State() {
   static FleetState* s = new FleetState;
   return *s;
+}
+
+std::set<std::string> PersistableNames(const Program& p) {
+  std::set<std::string> names;
+  for (const VarDesc* v : p.global_block().AllVars())
+    if (v->persistable()) names.insert(v->name());
+  return names;
+}
+
+void RecordPassMadeVars(const std::set<std::string>& before, const Program& main,
+                        const Program& startup) {
+  FleetState& st = State();
+  for (const std::string& n : PersistableNames(main))
+    if (!before.count(n)) st.pass_made.insert(n);
+  if (st.pass_made.empty()) return;
+  std::unique_ptr<Program>& rebuild = st.rebuild[main.id()];
+  // startup's ops whose every output is pass-made (e.g. snapshot = assign(parameter)), so that
+  // after a load they compute from the loaded values.
+  rebuild = startup.Clone();
+  Block& b = rebuild->global_block();
+  for (size_t i = b.num_ops(); i-- > 0;) {
+    bool only_pass_made = false;
+    for (const std::string& out : b.op(i)->OutputArgumentNames()) {
+      only_pass_made = st.pass_made.count(out) > 0;
+      if (!only_pass_made) break;
+    }
+    if (!only_pass_made) b.RemoveOp(i);
+  }
+}
+
+std::set<std::string> PassMadeVarsOf(const Program& p) {
+  std::set<std::string> skip;
+  for (const std::string& n : State().pass_made)
+    if (p.global_block().FindVar(n)) skip.insert(n);
+  return skip;
 }
 
 // The local address that routes to `peer` (no gethostname: an explicit, routable address).
@@ -103,6 +145,7 @@ void init(const RoleMaker& role_maker) {
   st.initialized = true;
   const Role& r = st.role;
   LOG(INFO) << "fleet: " << r.ToString();
+  profiler::SetRank(r.rank, r.world_size);
   if (r.world_size <= 1) return;
   CommConfig cfg;
   cfg.rank = r.rank;
@@ -154,12 +197,17 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   strategy_.ApplyFlagOverrides();
   strategy_.Validate(r);
   DistributedStrategy::RequireImplemented(strategy_);
+  LOG(INFO) << "fleet: " << strategy_.ToString();
   if (!startup) startup = &default_startup_program();
   Program& main = *loss.block()->program();
   auto pg = opt_->backward(loss, no_grad_set);
   opt_->apply_gradients(pg, startup);
   if (r.world_size > 1) {
+    CommContext::Get().SetTimeout(
+        std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
+    std::set<std::string> before = PersistableNames(main);
     transpiler::TranspileCollective(main, *startup, strategy_, r);
+    RecordPassMadeVars(before, main, *startup);
     CheckProgramsMatch(main, "main program");
   }
   State().main = &main;
@@ -208,8 +256,17 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
   // Everyone arrives first, so nobody is mid-step while rank 0 reads the parameters.
   // Keys must be equal on every rank, so they do not name the (possibly per-rank) directory.
   StoreBarrier("save_persistables start", timeout);
-  if (!initialized() || role().rank == 0) keel::save_persistables(exe, dirname, p);
+  if (!initialized() || role().rank == 0)
+    keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
   StoreBarrier("save_persistables done", timeout);
+}
+
+void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
+  const Program& p = program ? *program : main_program();
+  const std::set<std::string> skip = PassMadeVarsOf(p);
+  keel::load_persistables(exe, dirname, p, skip);
+  auto it = State().rebuild.find(p.id());
+  if (!skip.empty() && it != State().rebuild.end()) exe.Run(*it->second);
 }
 
 void save_inference_model(Executor& exe, const std::string& dirname,

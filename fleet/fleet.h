@@ -61,7 +61,13 @@ Program& startup_program();
 
 // Rank 0 writes the persistables (atomically); the others wait at a barrier and write nothing.
 // The barrier has its own, longer timeout (--save_timeout_s): saving may take a while.
+// A checkpoint holds the user's variables, those of the program before transpiling: variables a
+// pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
+// Loads a checkpoint into `program` (default: main_program()): the user's variables from the
+// file, then the pass-made ones rebuilt by the startup ops that made them (a LocalSGD snapshot
+// becomes the loaded parameter; counters restart).
+void load_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets,

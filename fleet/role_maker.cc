@@ -344,16 +344,21 @@ void CheckAgrees(const Env& env, const std::string& var, VarKind kind,
 }
 
 Role FromPaddle(const Env& env) {
-  RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"});
   Role role;
   role.source = "paddle";
-  role.world_size = ParseVar(env, "PADDLE_TRAINERS_NUM", 1);
+  if (!env.count("PADDLE_TRAINERS_NUM") && env.count("PADDLE_TRAINER_ENDPOINTS")) {
+    // Paddle derives the world size from the endpoint list when PADDLE_TRAINERS_NUM is absent.
+    RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID"});
+    role.world_size = static_cast<int>(SplitComma(env.at("PADDLE_TRAINER_ENDPOINTS")).size());
+  } else {
+    RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"});
+    role.world_size = ParseVar(env, "PADDLE_TRAINERS_NUM", 1);
+  }
   role.rank = ParseVar(env, "PADDLE_TRAINER_ID", 0);
   KEEL_ENFORCE(role.rank < role.world_size, "PADDLE_TRAINER_ID=", role.rank,
                " is out of range [0, PADDLE_TRAINERS_NUM=", role.world_size, ")");
   if (role.world_size > 1) {
-    RequireAll(env, "paddle", kPaddleVars,
-               {"PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS"},
+    RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID", "PADDLE_TRAINER_ENDPOINTS"},
                StrCat(" (needed when PADDLE_TRAINERS_NUM=", role.world_size, " > 1)"));
   }
   const std::string* current = Find(env, "PADDLE_CURRENT_ENDPOINT");
@@ -452,15 +457,36 @@ Role CloudRoleMaker::Generate() const {
     const char* eq = std::strchr(*e, '=');
     if (eq) env.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
   }
+  // --selected_gpus given to the program (keel::Init also applies FLAGS_selected_gpus from the
+  // environment to the flag) is this worker's GPU.
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo("selected_gpus", &info) && !info.is_default)
+    env["FLAGS_selected_gpus"] = FLAGS_selected_gpus;
   return FromEnv(env);
 }
 
 Role CloudRoleMaker::FromEnv(const Env& env) {
   Role role;
-  if (AnySet(env, kPaddleVars)) {
-    role = FromPaddle(env);
-  } else if (AnySet(env, kTorchrunTriggers)) {
-    role = FromRankVars(env, kTorchrun, kTorchrunVars);
+  if (AnySet(env, kPaddleVars) || AnySet(env, kTorchrunTriggers)) {
+    role = AnySet(env, kPaddleVars) ? FromPaddle(env) : FromRankVars(env, kTorchrun, kTorchrunVars);
+    // A scheduler's task variables beside a launcher's describe the process that started the
+    // launcher (`srun torchrun`, `mpirun keel launch`): that process runs world / its size
+    // workers. A world that is no multiple of the scheduler's, or one as large with another
+    // rank, is a contradiction, e.g. a RANK left in the environment of an mpirun job.
+    const char* launcher = role.source == "paddle" ? "PADDLE_TRAINER_ID" : "RANK";
+    const char* launcher_size = role.source == "paddle" ? "PADDLE_TRAINERS_NUM" : "WORLD_SIZE";
+    for (const RankVars* c : {&kOpenMpi, &kSlurm}) {
+      if (!env.count(c->rank) || !env.count(c->size)) continue;
+      const int rank = ParseVar(env, c->rank, 0), size = ParseVar(env, c->size, 1);
+      const bool contradiction =
+          role.world_size % size != 0 || (role.world_size == size && role.rank != rank);
+      KEEL_ENFORCE(!contradiction, "contradictory environment: ", launcher, "=", role.rank, " and ",
+                   launcher_size, "=", role.world_size, " but ", c->rank, "=", rank, " and ",
+                   c->size, "=", size, " (", c->source,
+                   "): under a scheduler that starts one launcher per node the world is a "
+                   "multiple of its tasks, and with one worker per task the ranks agree. Unset "
+                   "the variables that do not describe this job");
+    }
   } else if (AnySet(env, kOpenMpiVars)) {
     role = FromRankVars(env, kOpenMpi, kOpenMpiVars);
   } else if (AnySet(env, kSlurmTriggers)) {

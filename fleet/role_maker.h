@@ -1,6 +1,7 @@
 // Role makers: who this worker is (rank, world, node-local rank, rendezvous endpoint, GPUs).
 //
-// CloudRoleMaker reads the environment a launcher or scheduler left (DESIGN.md section 3);
+// CloudRoleMaker reads the environment a launcher or scheduler left (docs/architecture.md,
+// "Roles");
 // UserDefinedRoleMaker takes the same facts from code. Both hand out a Role that satisfies:
 //   0 <= rank < world_size, 0 <= local_rank < local_world_size, world_size % local_world_size == 0,
 //   local_rank == rank % local_world_size (the ranks of one node are contiguous), endpoints empty
@@ -37,8 +38,9 @@ class RoleMaker {
 };
 
 // Reads, in this order, the first convention that has any of its variables set:
-//   paddle    PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS (required when
-//             TRAINERS_NUM > 1; the store is on ENDPOINTS[0]), PADDLE_CURRENT_ENDPOINT (optional,
+//   paddle    PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM (when absent, as in Paddle, the number of
+//             ENDPOINTS), PADDLE_TRAINER_ENDPOINTS (required when TRAINERS_NUM > 1; the store is
+//             on ENDPOINTS[0]), PADDLE_CURRENT_ENDPOINT (optional,
 //             must equal ENDPOINTS[rank]); local rank/size come from the ranks sharing this
 //             rank's host in ENDPOINTS.
 //   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (also Kubeflow PyTorchJob);
@@ -49,12 +51,16 @@ class RoleMaker {
 // Rank and world size are required; an absent local rank/size means one node (local = global;
 // a Kubeflow pod running one worker should set LOCAL_RANK=0 LOCAL_WORLD_SIZE=1).
 // MASTER_ADDR/MASTER_PORT are rendezvous variables, not a convention of their own.
-// FLAGS_selected_gpus ("0,1") is read whatever the source; "" or unset means none.
+// FLAGS_selected_gpus ("0,1"; or the --selected_gpus flag when given, which wins) is read
+// whatever the source; "" or unset means none.
 // Paddle and torchrun are launcher conventions: when both are set (keel launch sets both) every
 // torchrun variable present must agree with Paddle's (rank, world, local rank/size, master).
 // OpenMPI and Slurm are scheduler conventions, read only when no launcher convention is set:
 // under `srun torchrun` or `mpirun keel launch` they describe the per-node launcher, not this
-// worker. Malformed, half-set or contradictory variables throw keel::Error naming them.
+// worker; then the launcher's world must be a multiple of the scheduler's, and when the two are
+// equal (a worker per task) the ranks must agree: otherwise the environment is contradictory
+// (e.g. a RANK left over in an mpirun job). Malformed, half-set or contradictory variables throw
+// keel::Error naming them.
 class CloudRoleMaker : public RoleMaker {
  public:
   // is_collective=false (parameter-server mode) is not implemented and is refused.

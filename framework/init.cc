@@ -3,13 +3,14 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
-#include <algorithm>
 
 #include "framework/error.h"
+#include "framework/profiler/profiler.h"
 #include "framework/runtime/blas.h"
 
 extern char** environ;
@@ -50,6 +51,21 @@ void Init(int* argc, char*** argv) {
     glog_ready = true;
   }
   ApplyFlagsFromEnv();
+  // keel launch passes the flags given to it as FLAGS_ variables and names them here: a program
+  // that does not define one would ignore it, so it refuses to start.
+  if (const char* names = std::getenv("KEEL_LAUNCH_FLAGS")) {
+    std::string list = names;
+    for (size_t start = 0; start <= list.size();) {
+      size_t comma = std::min(list.find(',', start), list.size());
+      std::string name = list.substr(start, comma - start);
+      gflags::CommandLineFlagInfo info;
+      KEEL_ENFORCE(name.empty() || gflags::GetCommandLineFlagInfo(name.c_str(), &info),
+                   "keel launch was given --", name, " for its workers, but ", (*argv)[0],
+                   " defines no flag --", name, "; pass it only to programs that read it");
+      start = comma + 1;
+    }
+  }
+  profiler::StartFromFlagsUntilExit();
   KEEL_ENFORCE(FLAGS_cpu_math_threads >= 0, "--cpu_math_threads must be >= 0, got ",
                FLAGS_cpu_math_threads);
   if (FLAGS_cpu_math_threads == 0)

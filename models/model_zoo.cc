@@ -237,6 +237,11 @@ std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const std::string& name, flo
 std::vector<std::string> ModelNames() { return {"mlp", "lenet", "resnet", "transformer"}; }
 
 TrainableModel BuildModel(const ModelConfig& cfg) {
+  // Only lenet reads a dataset; the others draw synthetic data and would ignore one.
+  const bool synthetic = cfg.name == "mlp" || cfg.name == "resnet" || cfg.name == "transformer";
+  KEEL_ENFORCE(cfg.data.empty() || !synthetic, "model ", cfg.name,
+               " trains on synthetic data and takes no dataset, got --data='", cfg.data,
+               "' (only lenet reads one: --data=mnist:DIR)");
   if (cfg.name == "mlp") return BuildMlp(cfg);
   if (cfg.name == "lenet") return BuildLenet(cfg);
   if (cfg.name == "resnet") return BuildResnet(cfg);

@@ -2,6 +2,7 @@
 // parsed by gflags) and returns the process exit code; keel::Error escapes to main.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,9 @@ void FinishProfile();
 int Inspect(const std::vector<std::string>& args);
 int Bench(const std::vector<std::string>& args);
 // `keel launch [flags] COMMAND [ARGS...]`; `command` is COMMAND ARGS..., cut off before gflags
-// ran by SplitLaunchArgs (launch.h).
-int Launch(const std::vector<std::string>& command);
+// ran by SplitLaunchArgs (launch.h), and `given` the flags given before it (LaunchArgs::given).
+int Launch(const std::vector<std::string>& command,
+           const std::map<std::string, std::string>& given);
 
 }  // namespace cli
 }  // namespace keel

@@ -76,15 +76,37 @@ LaunchArgs SplitLaunchArgs(const std::vector<std::string>& args) {
     }
     if (a.size() < 2 || a[0] != '-') break;  // "-" or a word: the command
     out.flags.push_back(a);
-    if (a.find('=') != std::string::npos) continue;
-    std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    const size_t eq = a.find('=');
+    std::string name =
+        a.substr(a[1] == '-' ? 2 : 1,
+                 eq == std::string::npos ? std::string::npos : eq - (a[1] == '-' ? 2 : 1));
     gflags::CommandLineFlagInfo info;
-    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info) && info.type != "bool" &&
-        i + 1 < args.size())
+    const bool known = gflags::GetCommandLineFlagInfo(name.c_str(), &info);
+    if (eq != std::string::npos) {
+      out.given[name] = a.substr(eq + 1);
+      continue;
+    }
+    if (known && info.type != "bool" && i + 1 < args.size()) {
       out.flags.push_back(args[++i]);  // `--flag value`
+      out.given[name] = args[i];
+    } else if (known) {
+      out.given[name] = "true";
+    } else if (name.compare(0, 2, "no") == 0 &&
+               gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
+               info.type == "bool") {
+      out.given[name.substr(2)] = "false";
+    }
   }
   out.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   return out;
+}
+
+bool IsLaunchFlag(const std::string& name) {
+  static const std::set<std::string> own = {
+      "cluster_node_ips", "node_ip",   "started_port",  "nproc_per_node",
+      "nnodes",           "node_rank", "master_addr",   "master_port",
+      "grace_period_s",   "log_dir",   "selected_gpus", "cpu_math_threads"};
+  return own.count(name) > 0;
 }
 
 namespace {
@@ -94,10 +116,14 @@ namespace {
 
 struct LaunchPlan {
   int nnodes = 1, node_rank = 0, nproc_per_node = 1;
-  std::vector<std::string> endpoints;  // world size entries, "ip:port", in rank order
+  std::vector<std::string> endpoints;  // world size entries, "ip:port", in rank order; empty
+                                       // when nodes meet at --master_addr (other ips unknown)
+  std::string master;                  // rank 0's "ip:port", where it serves the store
   std::vector<int> gpus;               // FLAGS_selected_gpus per local rank; empty on CPU
   std::string token;
   std::string cpu_math_threads;  // empty: the environment already sets it
+  // Flags given to the launcher for the workers: FLAGS_name=value in their environment.
+  std::vector<std::pair<std::string, std::string>> worker_flags;
   std::string log_dir;
   std::string executable;  // command[0] resolved against PATH
   int world() const { return nnodes * nproc_per_node; }
@@ -243,7 +269,30 @@ int CpuCount() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-LaunchPlan MakePlan(const std::vector<std::string>& command) {
+// The flags given before the command that are not the launcher's own, for the workers. A flag
+// also given in the command itself (where the worker would take that one) is refused.
+std::vector<std::pair<std::string, std::string>> WorkerFlags(
+    const std::map<std::string, std::string>& given, const std::vector<std::string>& command) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, value] : given) {
+    gflags::CommandLineFlagInfo info;
+    if (IsLaunchFlag(name) || !gflags::GetCommandLineFlagInfo(name.c_str(), &info) ||
+        info.filename.find("gflags") != std::string::npos)
+      continue;  // the launcher's own, or gflags' (--help, --flagfile, ...)
+    for (size_t i = 1; i < command.size(); ++i) {
+      const std::string& a = command[i];
+      for (const std::string& spelled : {"-" + name, "--" + name, "-no" + name, "--no" + name})
+        KEEL_ENFORCE(a != spelled && a.rfind(spelled + "=", 0) != 0, "--", name, "=", value,
+                     " is given to keel launch (for every worker) and '", a,
+                     "' to the command; give it once");
+    }
+    out.emplace_back(name, value);
+  }
+  return out;
+}
+
+LaunchPlan MakePlan(const std::vector<std::string>& command,
+                    const std::map<std::string, std::string>& given) {
   KEEL_ENFORCE(!command.empty(),
                "no command to launch; usage: keel launch [flags] COMMAND [ARGS...], "
                "e.g. keel launch --nproc_per_node=2 keel train --steps=5");
@@ -288,10 +337,19 @@ LaunchPlan MakePlan(const std::vector<std::string>& command) {
   } else if (!ips.empty()) {
     plan.nnodes = static_cast<int>(ips.size());
   }
-  KEEL_ENFORCE(plan.nnodes == 1 || !ips.empty(), "--nnodes=", plan.nnodes,
-               " needs --cluster_node_ips listing every node's ip in node-rank order (the "
-               "launcher does not discover other nodes)");
+  // Several nodes meet either by --cluster_node_ips (every node's ip known: Paddle's endpoints)
+  // or at --master_addr:--master_port (torchrun's way: each node knows only rank 0's).
+  const bool by_master = plan.nnodes > 1 && ips.empty() && !FLAGS_master_addr.empty();
+  KEEL_ENFORCE(plan.nnodes == 1 || !ips.empty() || by_master, "--nnodes=", plan.nnodes,
+               " needs --cluster_node_ips listing every node's ip in node-rank order, or "
+               "--master_addr and --master_port of rank 0's node (the launcher does not "
+               "discover other nodes)");
   bool rank_set = FlagSet("node_rank");
+  KEEL_ENFORCE(!by_master || rank_set, "a multi-node launch at --master_addr=", FLAGS_master_addr,
+               " needs --node_rank to say which node this is (0..", plan.nnodes - 1, ")");
+  KEEL_ENFORCE(!by_master || FlagSet("master_port"),
+               "a multi-node launch at --master_addr=", FLAGS_master_addr,
+               " needs --master_port, the same on every node");
   plan.node_rank = FLAGS_node_rank;
   KEEL_ENFORCE(plan.node_rank >= 0 && plan.node_rank < plan.nnodes, "--node_rank=", plan.node_rank,
                " is out of range for --nnodes=", plan.nnodes, " (0..", plan.nnodes - 1, ")");
@@ -312,7 +370,7 @@ LaunchPlan MakePlan(const std::vector<std::string>& command) {
     KEEL_ENFORCE(FLAGS_master_addr.empty() || FLAGS_master_addr == ips[0],
                  "--master_addr=", FLAGS_master_addr, " but --cluster_node_ips='",
                  FLAGS_cluster_node_ips, "' puts rank 0 on ", ips[0]);
-  } else {
+  } else if (!by_master) {
     KEEL_ENFORCE(
         FLAGS_master_addr.empty() || FLAGS_node_ip.empty() || FLAGS_master_addr == FLAGS_node_ip,
         "--master_addr=", FLAGS_master_addr,
@@ -351,6 +409,8 @@ LaunchPlan MakePlan(const std::vector<std::string>& command) {
   }
   for (const std::string& ip : ips)
     for (int port : ports) plan.endpoints.push_back(ip + ":" + std::to_string(port));
+  plan.master =
+      by_master ? FLAGS_master_addr + ":" + std::to_string(FLAGS_master_port) : plan.endpoints[0];
 
   // One token per job: every node's launcher must be given the same one.
   const char* token = std::getenv("KEEL_JOB_TOKEN");
@@ -363,8 +423,14 @@ LaunchPlan MakePlan(const std::vector<std::string>& command) {
     plan.token = RandomToken();
   }
 
-  if (std::getenv("FLAGS_cpu_math_threads") == nullptr)
+  // --cpu_math_threads given to the launcher is each worker's; else FLAGS_cpu_math_threads from
+  // the environment; else the cores shared out.
+  if (given.count("cpu_math_threads")) {
+    plan.cpu_math_threads = given.at("cpu_math_threads");
+  } else if (std::getenv("FLAGS_cpu_math_threads") == nullptr) {
     plan.cpu_math_threads = std::to_string(std::max(1, CpuCount() / nproc));
+  }
+  plan.worker_flags = WorkerFlags(given, command);
   plan.log_dir = FlagSet("log_dir") ? FLAGS_log_dir : "log";
   KEEL_ENFORCE(!plan.log_dir.empty(), "--log_dir must not be empty");
   plan.executable = ResolveExecutable(command[0]);
@@ -378,12 +444,15 @@ std::vector<std::string> WorkerEnv(const LaunchPlan& plan, int local) {
   int rank = plan.rank(local);
   std::string eps;
   for (const std::string& ep : plan.endpoints) eps += (eps.empty() ? "" : ",") + ep;
-  const std::string& master = plan.endpoints[0];
-  std::vector<std::pair<std::string, std::string>> set = {
-      {"PADDLE_TRAINER_ID", std::to_string(rank)},
-      {"PADDLE_TRAINERS_NUM", std::to_string(plan.world())},
-      {"PADDLE_TRAINER_ENDPOINTS", eps},
-      {"PADDLE_CURRENT_ENDPOINT", plan.endpoints[rank]},
+  const std::string& master = plan.master;
+  std::vector<std::pair<std::string, std::string>> set;
+  if (!plan.endpoints.empty()) {  // Paddle's variables need every rank's endpoint
+    set = {{"PADDLE_TRAINER_ID", std::to_string(rank)},
+           {"PADDLE_TRAINERS_NUM", std::to_string(plan.world())},
+           {"PADDLE_TRAINER_ENDPOINTS", eps},
+           {"PADDLE_CURRENT_ENDPOINT", plan.endpoints[rank]}};
+  }
+  const std::vector<std::pair<std::string, std::string>> torchrun = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(plan.world())},
       {"LOCAL_RANK", std::to_string(local)},
@@ -392,12 +461,21 @@ std::vector<std::string> WorkerEnv(const LaunchPlan& plan, int local) {
       {"MASTER_PORT", master.substr(master.rfind(':') + 1)},
       {"KEEL_JOB_TOKEN", plan.token},
   };
+  set.insert(set.end(), torchrun.begin(), torchrun.end());
   if (!plan.gpus.empty()) set.push_back({"FLAGS_selected_gpus", std::to_string(plan.gpus[local])});
   if (!plan.cpu_math_threads.empty())
     set.push_back({"FLAGS_cpu_math_threads", plan.cpu_math_threads});
+  std::string names;
+  for (const auto& [name, value] : plan.worker_flags) {
+    set.push_back({"FLAGS_" + name, value});
+    names += (names.empty() ? "" : ",") + name;
+  }
+  if (!names.empty()) set.push_back({"KEEL_LAUNCH_FLAGS", names});
   std::set<std::string> drop = {
-      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",         "SLURM_LOCALID"};
+      "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",   "OMPI_COMM_WORLD_LOCAL_RANK",
+      "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",           "SLURM_LOCALID",
+      "KEEL_LAUNCH_FLAGS",          "PADDLE_TRAINER_ID",      "PADDLE_TRAINERS_NUM",
+      "PADDLE_TRAINER_ENDPOINTS",   "PADDLE_CURRENT_ENDPOINT"};
   for (const auto& kv : set) drop.insert(kv.first);
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
@@ -531,7 +609,7 @@ class Supervisor {
         stderr,
         "keel launch: %d worker(s), ranks %d..%d of %d, rank 0 at %s; logs in %s/workerlog.N\n",
         plan_.nproc_per_node, plan_.rank(0), plan_.rank(plan_.nproc_per_node - 1), plan_.world(),
-        plan_.endpoints[0].c_str(), plan_.log_dir.c_str());
+        plan_.master.c_str(), plan_.log_dir.c_str());
     for (Worker& w : workers_) Spawn(&w);
     Monitor();
     return Report();
@@ -802,8 +880,9 @@ class Supervisor {
 
 }  // namespace
 
-int Launch(const std::vector<std::string>& command) {
-  LaunchPlan plan = MakePlan(command);
+int Launch(const std::vector<std::string>& command,
+           const std::map<std::string, std::string>& given) {
+  LaunchPlan plan = MakePlan(command, given);
   return Supervisor(plan, command).Run();
 }
 

@@ -3,6 +3,7 @@
 // needs before gflags runs.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,9 @@ namespace cli {
 struct LaunchArgs {
   std::vector<std::string> flags;    // for gflags
   std::vector<std::string> command;  // COMMAND ARGS..., passed to every worker untouched
+  // The flags given before the command, by name, with their values as typed (`--x` of a bool:
+  // "true", `--nox`: "false"). Those that are not the launcher's own go to the workers.
+  std::map<std::string, std::string> given;
 };
 
 // gflags permutes and parses flags anywhere on the line, so the worker's own flags
@@ -20,6 +24,11 @@ struct LaunchArgs {
 // first argument that is neither a flag nor the separate value of a non-bool flag
 // (`--log_dir D`); a bare `--` also ends the launcher's flags and is dropped.
 LaunchArgs SplitLaunchArgs(const std::vector<std::string>& args);
+
+// Flags keel launch reads itself; any other flag given before the command is passed to every
+// worker as FLAGS_name=value (and named in KEEL_LAUNCH_FLAGS, so that a worker that does not
+// define it refuses to start).
+bool IsLaunchFlag(const std::string& name);
 
 }  // namespace cli
 }  // namespace keel

@@ -35,6 +35,16 @@ DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not o
 namespace keel {
 namespace cli {
 
+namespace {
+
+// Given on the command line or as FLAGS_name in the environment.
+bool Given(const char* name) {
+  gflags::CommandLineFlagInfo info;
+  return gflags::GetCommandLineFlagInfo(name, &info) && !info.is_default;
+}
+
+}  // namespace
+
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
   fleet::init();  // one worker unless a launcher's environment says otherwise
   models::ModelConfig cfg;
@@ -58,6 +68,25 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
     *described = DescribeOptimizer(*opt);
     return opt;
   };
+  // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside, and
+  // asking for it is refused.
+  KEEL_ENFORCE(
+      !strategy.use_local_sgd || !Given("fuse_all_reduce_ops") || !FLAGS_fuse_all_reduce_ops,
+      "--fuse_all_reduce_ops does not combine with --local_sgd_steps: LocalSGD averages "
+      "parameters and all-reduces no gradients");
+  KEEL_ENFORCE(name == "mlp" || !Given("mlp_hidden"), "--mlp_hidden=", FLAGS_mlp_hidden,
+               " is the width of the mlp model; model ", name, " has no such setting");
+  if (fleet::worker_num() == 1) {
+    std::string unused;
+    for (const char* f : {"nccl_comm_num", "local_sgd_steps", "local_sgd_warmup_steps",
+                          "hierarchical_allreduce_inter_nranks", "fuse_all_reduce_ops"})
+      if (Given(f)) unused += std::string(unused.empty() ? "" : ", ") + "--" + f;
+    if (!unused.empty())
+      std::fprintf(stderr,
+                   "warning: %s: multi-worker settings, with no effect on a single worker (run "
+                   "under keel launch for several)\n",
+                   unused.c_str());
+  }
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
@@ -66,15 +95,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   return m;
 }
 
-void FinishProfile() {
-  if (!profiler::Enabled()) return;
-  profiler::Stop();
-  std::string path = profiler::ProfilePathForRank(fleet::worker_index(), fleet::worker_num());
-  if (path.empty()) return;
-  profiler::WriteChromeTrace(path, fleet::worker_index());
-  std::fprintf(stderr, "profile of rank %d: %s\n%s", fleet::worker_index(), path.c_str(),
-               profiler::Summary().c_str());
-}
+void FinishProfile() { profiler::FinishFromFlags(); }
 
 int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.empty(), "train takes no positional arguments, got '", args[0], "'");
@@ -94,10 +115,16 @@ int Train(const std::vector<std::string>& args) {
   Executor exe(fleet::worker_place(), strategy);
   exe.Run(*m.startup);
   if (!FLAGS_load_dir.empty()) {
-    load_persistables(exe, FLAGS_load_dir, *m.main);
+    fleet::load_persistables(exe, FLAGS_load_dir, m.main.get());
     if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
   }
 
+  KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"),
+               "--steps=", FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
+               " has a finite training set, so an epoch is ", m.batches_per_epoch,
+               " steps of --batch_size=", FLAGS_batch_size,
+               " and --steps would be ignored; give "
+               "one of them");
   const int epochs = std::max(1, FLAGS_epochs);
   const int64_t steps_per_epoch = FLAGS_epochs > 0 && m.batches_per_epoch > 0
                                       ? m.batches_per_epoch

@@ -1,7 +1,11 @@
 #include "transpiler/grad_allreduce_pass.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,11 +42,6 @@ OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const
   return InsertCollective(block, index, type, var, var, ring, role, std::move(attrs));
 }
 
-// Groups consecutive gradients of one dtype up to fuse_grad_size_in_MB megabytes and
-// fuse_grad_size_in_num tensors (a gradient bigger than the size limit is a group of its own);
-// each group gets a coalesce_tensor before the first backward op, making its gradients slices of
-// "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
-// group's last gradient is written.
 // Hierarchical all-reduce: rings nrings + r (inside a node of k ranks) and 2 * nrings + r (across
 // nodes, among ranks of one local index) for flat ring r.
 struct Hierarchy {
@@ -50,35 +49,120 @@ struct Hierarchy {
   int k = 1;  // ranks per node
 };
 
-template <typename GradList>
-void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nrings,
-                   std::set<int>* rings_used, const GradList& grads, const Hierarchy& hier) {
-  const double limit_bytes = strategy.fuse_grad_size_in_MB * 1024.0 * 1024.0;
-  // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
-  const size_t limit_num =
-      strategy.fuse_all_reduce_ops ? static_cast<size_t>(strategy.fuse_grad_size_in_num) : 1;
-  struct Group {
-    std::vector<std::string> names;
-    std::vector<int64_t> numels;
-    DType dtype;
-    double bytes = 0;
-    size_t last_writer = 0;
-  };
+// A parameter gradient and the op that last writes it, in the order backward produces them.
+struct Grad {
+  std::string param, name;
+  size_t writer;
+};
+
+// One fused all-reduce: its gradients (slices of one buffer, in this order).
+struct Group {
+  std::vector<std::string> names;
+  std::vector<int64_t> numels;
+  DType dtype = DType::kFloat32;
+  double bytes = 0;
+  size_t last_writer = 0;
+};
+
+const VarDesc& KnownGrad(const Block& mb, const std::string& name) {
+  const VarDesc* v = mb.MustFindVar(name);
+  KEEL_ENFORCE(v->dims().known(), "fuse_all_reduce_ops: gradient '", name, "' has shape ",
+               v->dims().str(), "; only gradients of known shape can be fused");
+  return *v;
+}
+
+void AddToGroup(const Block& mb, const Grad& g, Group* grp) {
+  const VarDesc& v = KnownGrad(mb, g.name);
+  grp->dtype = v.dtype();
+  grp->names.push_back(g.name);
+  grp->numels.push_back(v.dims().numel());
+  grp->bytes += static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
+  grp->last_writer = std::max(grp->last_writer, g.writer);
+}
+
+// keel's grouping (fuse_grad_size_in_MB / _num): consecutive gradients of one dtype up to
+// `limit_bytes` and `limit_num` tensors; a gradient bigger than the size limit is a group alone.
+std::vector<Group> GroupBySize(const Block& mb, const std::vector<Grad>& grads, double limit_bytes,
+                               size_t limit_num) {
   std::vector<Group> groups;
-  for (const auto& g : grads) {
-    const VarDesc* v = mb.MustFindVar(g.name);
-    const DDim d = v->dims();
-    KEEL_ENFORCE(d.known(), "fuse_all_reduce_ops: gradient '", g.name, "' has shape ", d.str(),
-                 "; only gradients of known shape can be fused");
-    const double bytes = static_cast<double>(d.numel()) * SizeOf(v->dtype());
-    if (groups.empty() || groups.back().dtype != v->dtype() ||
+  for (const Grad& g : grads) {
+    const VarDesc& v = KnownGrad(mb, g.name);
+    const double bytes = static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
+    if (groups.empty() || groups.back().dtype != v.dtype() ||
         groups.back().names.size() >= limit_num || groups.back().bytes + bytes > limit_bytes)
-      groups.push_back(Group{{}, {}, v->dtype(), 0, 0});
-    Group& grp = groups.back();
-    grp.names.push_back(g.name);
-    grp.numels.push_back(d.numel());
-    grp.bytes += bytes;
-    grp.last_writer = std::max(grp.last_writer, g.writer);
+      groups.emplace_back();
+    AddToGroup(mb, g, &groups.back());
+  }
+  return groups;
+}
+
+// Paddle's grouping (FLAGS_fuse_parameter_memory_size / _groups_size, after its
+// coalesce_grad_tensor_pass): a layer's gradients (parameter names up to the first '.') form one
+// group in the order layers first appear; memory 0 puts every gradient in one group; memory > 0
+// merges consecutive layers until a group reaches `memory_mb` or (groups_size > 1) holds more
+// than groups_size gradients. Each group then splits by dtype.
+std::vector<Group> GroupLikePaddle(const Block& mb, const std::vector<Grad>& grads,
+                                   double memory_mb, int groups_size) {
+  std::vector<std::vector<const Grad*>> layers;
+  if (memory_mb == 0) {
+    layers.emplace_back();
+    for (const Grad& g : grads) layers.back().push_back(&g);
+  } else {
+    std::map<std::string, size_t> layer_of;
+    for (const Grad& g : grads) {
+      const std::string key = g.param.substr(0, g.param.find('.'));
+      auto it = layer_of.emplace(key, layers.size()).first;
+      if (it->second == layers.size()) layers.emplace_back();
+      layers[it->second].push_back(&g);
+    }
+  }
+  if (memory_mb > 0) {
+    std::vector<std::vector<const Grad*>> merged;
+    for (size_t j = 0; j < layers.size();) {
+      merged.emplace_back();
+      double bytes = 0;
+      while (j < layers.size()) {
+        for (const Grad* g : layers[j]) {
+          const VarDesc& v = KnownGrad(mb, g->name);
+          bytes += static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
+          merged.back().push_back(g);
+        }
+        ++j;
+        if (groups_size > 1 && merged.back().size() > static_cast<size_t>(groups_size)) break;
+        if (bytes / (1024.0 * 1024.0) >= memory_mb) break;
+      }
+    }
+    layers = std::move(merged);
+  }
+  std::vector<Group> groups;
+  for (const auto& layer : layers) {
+    std::map<DType, size_t> by_dtype;  // group index per dtype, in order of first appearance
+    for (const Grad* g : layer) {
+      DType t = KnownGrad(mb, g->name).dtype();
+      auto it = by_dtype.emplace(t, groups.size()).first;
+      if (it->second == groups.size()) groups.emplace_back();
+      AddToGroup(mb, *g, &groups[it->second]);
+    }
+  }
+  return groups;
+}
+
+// Each group gets a coalesce_tensor before the first backward op, making its gradients slices of
+// "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
+// group's last gradient is written (with hierarchy: reduce-scatter, all-reduce, all-gather).
+void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nrings,
+                   std::set<int>* rings_used, const std::vector<Grad>& grads,
+                   const Hierarchy& hier) {
+  std::vector<Group> groups;
+  if (!strategy.fuse_all_reduce_ops) {
+    // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
+    groups = GroupBySize(mb, grads, 1e300, 1);
+  } else if (strategy.paddle_fuse.given) {
+    groups = GroupLikePaddle(mb, grads, strategy.paddle_fuse.memory_size_mb,
+                             strategy.paddle_fuse.groups_size);
+  } else {
+    groups = GroupBySize(mb, grads, strategy.fuse_grad_size_in_MB * 1024.0 * 1024.0,
+                         static_cast<size_t>(strategy.fuse_grad_size_in_num));
   }
   // The fused buffers, declared.
   std::vector<std::string> fused(groups.size());
@@ -100,7 +184,13 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
   }
   // One all-reduce per group after its last writer, from the back so indices stay valid (groups
   // sharing a last writer keep their order).
-  for (size_t k = groups.size(); k-- > 0;) {
+  std::vector<size_t> order(groups.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return groups[a].last_writer < groups[b].last_writer;
+  });
+  for (size_t o = order.size(); o-- > 0;) {
+    const size_t k = order[o];
     const int ring = static_cast<int>(k) % nrings;
     const size_t at = groups[k].last_writer + 1;
     if (!hier.on) {
@@ -177,7 +267,16 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   const int nranks = role.world_size;
   KEEL_ENFORCE(nrings >= 1, "grad_allreduce: nccl_comm_num must be >= 1, got ", nrings);
   AppendRingsAndParamBroadcast(main, startup, nrings, role);
-  if (strategy.use_hierarchical_allreduce) {
+  // Hierarchy needs two nodes or more; on one node it would only add rings, and (like Paddle) the
+  // flat ring is used instead.
+  bool hierarchical = strategy.use_hierarchical_allreduce;
+  if (hierarchical && strategy.HierarchicalInterNranks(role) >= nranks) {
+    LOG(WARNING) << "use_hierarchical_allreduce: all " << nranks << " ranks are on one node ("
+                 << strategy.HierarchicalInterNranks(role)
+                 << " ranks per node); using the flat ring instead";
+    hierarchical = false;
+  }
+  if (hierarchical) {
     // Per flat ring r: ring nrings + r inside this node, ring 2 * nrings + r across nodes.
     const int k = strategy.HierarchicalInterNranks(role);
     KEEL_ENFORCE(k >= 1 && nranks % k == 0, "grad_allreduce: ", k,
@@ -221,10 +320,6 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
                        "minimize (append_backward) before transpiling");
 
   // Parameter gradients in the order backward produces them, with the op that last writes each.
-  struct Grad {
-    std::string name;
-    size_t writer;
-  };
   std::vector<Grad> grads;
   for (size_t i = 0; i < mb.num_ops(); ++i) {
     const OpDesc& op = *mb.op(i);
@@ -232,11 +327,11 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
     const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     KEEL_ENFORCE(pairs.size() % 2 == 0, "grad_allreduce: op ", op.type(),
                  " has an odd op_role_var list");
-    for (size_t k = 0; k < pairs.size(); k += 2) grads.push_back({pairs[k + 1], i});
+    for (size_t k = 0; k < pairs.size(); k += 2) grads.push_back({pairs[k], pairs[k + 1], i});
   }
 
   std::set<int> rings_used;
-  if (!strategy.fuse_all_reduce_ops && !strategy.use_hierarchical_allreduce) {
+  if (!strategy.fuse_all_reduce_ops && !hierarchical) {
     // All-reduce each gradient right after its last writer (from the back, so that the writer
     // indices stay valid).
     for (size_t k = grads.size(); k-- > 0;) {
@@ -250,7 +345,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
     }
   } else {
     Hierarchy hier;
-    if (strategy.use_hierarchical_allreduce) {
+    if (hierarchical) {
       hier.on = true;
       hier.k = strategy.HierarchicalInterNranks(role);
     }

@@ -12,10 +12,15 @@
 //     c_sync_comm_stream per ring before the first optimizer op;
 //   with strategy.fuse_all_reduce_ops: gradients, in the order backward produces them, are
 //     grouped (same dtype, up to fuse_grad_size_in_MB megabytes and fuse_grad_size_in_num
-//     tensors; a gradient over the size limit alone); before the first backward op a
+//     tensors; a gradient over the size limit alone), or, when Paddle's fusion flags are given
+//     (strategy.paddle_fuse), as Paddle groups them: a layer's W and b together, layers merged
+//     up to FLAGS_fuse_parameter_memory_size MB (0: one group); before the first backward op a
 //     coalesce_tensor per group makes its gradients slices of a new var "@FUSED_GRAD@k", and
 //     right after the group's last gradient is written, c_sync_calc_stream then one
-//     c_allreduce_sum of that buffer on ring (k % nccl_comm_num).
+//     c_allreduce_sum of that buffer on ring (k % nccl_comm_num);
+//   with strategy.use_hierarchical_allreduce and two nodes or more: intra- and inter-node rings
+//     per flat ring in startup; per group a reduce-scatter inside the node, an all-reduce across
+//     nodes and an all-gather inside the node. On one node it warns and uses the flat ring.
 // Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
 //   buffers.
 #pragma once

@@ -51,9 +51,9 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
   KEEL_ENFORCE(nrings >= 1, "local_sgd: nccl_comm_num must be >= 1, got ", nrings);
   KEEL_ENFORCE(strategy.local_sgd_steps >= 1, "local_sgd: local_sgd_steps must be >= 1, got ",
                strategy.local_sgd_steps);
-  KEEL_ENFORCE(strategy.local_sgd_warmup_steps >= 0,
+  KEEL_ENFORCE(strategy.LocalSgdWarmupSteps() >= 0,
                "local_sgd: local_sgd_warmup_steps must be >= 0, got ",
-               strategy.local_sgd_warmup_steps);
+               strategy.LocalSgdWarmupSteps());
   Block& mb = main.global_block();
   bool has_optimizer = false;
   for (size_t i = 0; i < mb.num_ops(); ++i) has_optimizer |= Role(*mb.op(i)) == kOptimize;
@@ -77,7 +77,9 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
   const std::string step = "@LOCAL_SGD_STEP@", since = "@LOCAL_SGD_SINCE@",
                     warmup = "@LOCAL_SGD_WARMUP@", k = "@LOCAL_SGD_K@";
   const std::vector<std::pair<std::string, int64_t>> counters = {
-      {step, 0}, {since, 0}, {warmup, strategy.local_sgd_warmup_steps},
+      {step, 0},
+      {since, 0},
+      {warmup, strategy.LocalSgdWarmupSteps()},
       {k, strategy.local_sgd_steps}};
   for (const auto& [name, value] : counters) {
     for (Block* b : {&mb, &sb}) Declare(*b, name, DType::kInt64, {1}, true);

@@ -2,6 +2,7 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -43,10 +44,30 @@ void CommContext::Init(const CommConfig& cfg) {
   }
   client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
                                           cfg.timeout);
+  // Each rank joins once. A second process with this rank (a RANK left in the environment, two
+  // launchers given one node rank) is named at once instead of hanging or mixing up the rings.
+  const std::string key = "keel/join/rank" + std::to_string(cfg.rank);
+  const std::string me = cfg.my_host + " pid " + std::to_string(::getpid());
+  if (client_->Add(key, 1) > 1) {
+    std::string first = client_->Get(key + "/who", std::chrono::milliseconds(5000));
+    client_.reset();
+    server_.reset();
+    KEEL_THROW("rank ", cfg.rank, " of ", cfg.nranks, " joined the job twice: this process (", me,
+               ") and ", first, " both have rank ", cfg.rank,
+               "; every process needs its own rank (check RANK / PADDLE_TRAINER_ID and the "
+               "launchers' --node_rank)");
+  }
+  client_->Set(key + "/who", me);
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
             << " s";
+}
+
+void CommContext::SetTimeout(std::chrono::milliseconds timeout) {
+  KEEL_ENFORCE(timeout.count() > 0, "communication timeout must be positive, got ", timeout.count(),
+               " ms");
+  config_.timeout = timeout;
 }
 
 StoreClient& CommContext::store(const std::string& user) {

@@ -30,6 +30,9 @@ class CommContext {
   void Init(const CommConfig& config);
   bool initialized() const { return client_ != nullptr; }
   const CommConfig& config() const { return config_; }
+  // The timeout of rings created from now on: their setup and every collective on them
+  // (DistributedStrategy::comm_timeout_s, set by fleet's minimize). Must be positive.
+  void SetTimeout(std::chrono::milliseconds timeout);
   // The store client; a keel::Error when Init has not run ("call fleet::init first").
   StoreClient& store(const std::string& user);
 

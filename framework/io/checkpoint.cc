@@ -57,19 +57,21 @@ std::vector<std::string> Split(const std::string& s) {
   }
 }
 
-std::vector<const VarDesc*> PersistableVars(const Program& program) {
+std::vector<const VarDesc*> PersistableVars(const Program& program,
+                                            const std::set<std::string>& skip = {}) {
   std::vector<const VarDesc*> vars;
   for (const VarDesc* v : program.global_block().AllVars())
-    if (v->persistable()) vars.push_back(v);
+    if (v->persistable() && !skip.count(v->name())) vars.push_back(v);
   return vars;
 }
 
 // The persistables of `program` as CPU tensors (sharing memory when already on CPU). A var missing
 // or uninitialized in `scope` is an error listing every such var.
-NamedTensors CollectPersistables(const Scope& scope, const Program& program, const char* caller) {
+NamedTensors CollectPersistables(const Scope& scope, const Program& program, const char* caller,
+                                 const std::set<std::string>& skip = {}) {
   NamedTensors tensors;
   std::string missing;
-  for (const VarDesc* v : PersistableVars(program)) {
+  for (const VarDesc* v : PersistableVars(program, skip)) {
     const Variable* var = scope.FindVar(v->name());
     if (var == nullptr || !var->tensor().initialized()) {
       missing += (missing.empty() ? "" : ", ") + v->name() +
@@ -95,13 +97,14 @@ bool ShapeMatches(const std::vector<int64_t>& declared, const DDim& actual) {
 // Checks `loaded` (read from `path`) against the persistables of `program`, then (and only then)
 // stores them in `scope`, on `place` when given.
 void ValidateAndAssign(Scope& scope, const Place* place, NamedTensors loaded,
-                       const std::string& path, const Program& program, const char* caller) {
+                       const std::string& path, const Program& program, const char* caller,
+                       const std::set<std::string>& skip = {}) {
   std::map<std::string, Tensor*> by_name;
   for (auto& nt : loaded) by_name[nt.first] = &nt.second;
 
   std::vector<std::pair<std::string, Tensor*>> plan;
-  std::set<std::string> declared;
-  for (const VarDesc* v : PersistableVars(program)) {
+  std::set<std::string> declared = skip;
+  for (const VarDesc* v : PersistableVars(program, skip)) {
     declared.insert(v->name());
     auto it = by_name.find(v->name());
     KEEL_ENFORCE(it != by_name.end(), caller, ": persistable var '", v->name(), "' is not in ",
@@ -146,25 +149,30 @@ std::unique_ptr<Program> LoadProgram(const std::string& path) {
 
 // ---------------------------------------------------------------- checkpoints
 
-void save_persistables(const Scope& scope, const std::string& dirname, const Program& program) {
-  NamedTensors tensors = CollectPersistables(scope, program, "save_persistables");
+void save_persistables(const Scope& scope, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip) {
+  NamedTensors tensors = CollectPersistables(scope, program, "save_persistables", skip);
   MakeDirs(dirname);
   SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, kFormatMetadata);
 }
 
-void save_persistables(Executor& exe, const std::string& dirname, const Program& program) {
-  save_persistables(exe.scope(), dirname, program);
+void save_persistables(Executor& exe, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip) {
+  save_persistables(exe.scope(), dirname, program, skip);
 }
 
-void load_persistables(Scope& scope, const std::string& dirname, const Program& program) {
+void load_persistables(Scope& scope, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
-  ValidateAndAssign(scope, nullptr, LoadSafetensors(path), path, program, "load_persistables");
+  ValidateAndAssign(scope, nullptr, LoadSafetensors(path), path, program, "load_persistables",
+                    skip);
 }
 
-void load_persistables(Executor& exe, const std::string& dirname, const Program& program) {
+void load_persistables(Executor& exe, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
   ValidateAndAssign(exe.scope(), &exe.place(), LoadSafetensors(path), path, program,
-                    "load_persistables");
+                    "load_persistables", skip);
 }
 
 // ---------------------------------------------------------------- inference models

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,14 +46,20 @@ inline const std::string kPersistablesFile = "persistables.safetensors";
 inline const std::string kModelFile = "__model__";
 inline const std::string kParamsFile = "params.safetensors";
 
-// Writes every persistable var of `program` found in `scope` to DIR/persistables.safetensors
-// (creating DIR). Vars the scope lacks are an error naming them; nothing is written then.
-void save_persistables(const Scope& scope, const std::string& dirname, const Program& program);
-void save_persistables(Executor& exe, const std::string& dirname, const Program& program);
-// Loads them back into `scope`; each must be declared persistable in `program` with the same
-// dtype and shape (a keel::Error names the var, file and both shapes otherwise).
-void load_persistables(Scope& scope, const std::string& dirname, const Program& program);
-void load_persistables(Executor& exe, const std::string& dirname, const Program& program);
+// Writes every persistable var of `program` found in `scope`, but those named in `skip`, to
+// DIR/persistables.safetensors (creating DIR). Vars the scope lacks are an error naming them;
+// nothing is written then.
+void save_persistables(const Scope& scope, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip = {});
+void save_persistables(Executor& exe, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip = {});
+// Loads them back into `scope`; each persistable of `program` but those in `skip` must be in the
+// file with the same dtype and shape (a keel::Error names the var, file and both shapes
+// otherwise). Vars in `skip` are neither required nor read.
+void load_persistables(Scope& scope, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip = {});
+void load_persistables(Executor& exe, const std::string& dirname, const Program& program,
+                       const std::set<std::string>& skip = {});
 
 // Keeps only the ops of block 0 needed to compute `targets` from `feeds`, drops backward and
 // optimizer ops and unused vars.

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -15,8 +17,9 @@
 
 DEFINE_string(profile, "",
               "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "
-              "collective to this file when keel train or keel bench ends, and print a per-op "
-              "summary; under keel launch each rank writes PATH.rankN.");
+              "collective to this file, and print a per-op summary: keel train and keel bench "
+              "at the end of their timed steps, other programs calling keel::Init when they "
+              "exit; under keel launch each rank writes PATH.rankN.");
 
 namespace keel {
 namespace profiler {
@@ -190,8 +193,64 @@ std::string ProfilePathForRank(int rank, int nranks) {
 
 bool StartFromFlags() {
   if (FLAGS_profile.empty()) return false;
+  Reset();
   Start();
   return true;
+}
+
+namespace {
+std::atomic<int> g_rank{0}, g_nranks{1};
+std::atomic<bool> g_finished{false};
+std::atomic<bool> g_rank_set{false};
+
+// The first of `names` set to an integer in the environment, else `fallback`.
+int EnvInt(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    if (v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return fallback;
+}
+
+void FinishAtExit() {
+  try {
+    FinishFromFlags();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "profiler: %s\n", e.what());
+  }
+}
+}  // namespace
+
+void SetRank(int rank, int nranks) {
+  g_rank = rank;
+  g_nranks = nranks;
+  g_rank_set = true;
+}
+
+void StartFromFlagsUntilExit() {
+  static bool armed = false;
+  if (FLAGS_profile.empty() || armed) return;
+  armed = true;
+  Start();
+  std::atexit(FinishAtExit);
+}
+
+void FinishFromFlags() {
+  if (FLAGS_profile.empty() || g_finished.exchange(true)) return;
+  Stop();
+  if (!g_rank_set) {  // a program that never called fleet::init: the launcher's variables
+    g_rank = EnvInt({"PADDLE_TRAINER_ID", "RANK"}, 0);
+    g_nranks = EnvInt({"PADDLE_TRAINERS_NUM", "WORLD_SIZE"}, 1);
+  }
+  const std::string path = ProfilePathForRank(g_rank, g_nranks);
+  WriteChromeTrace(path, g_rank);
+  std::fprintf(stderr, "profile of rank %d: %s\n%s", g_rank.load(), path.c_str(),
+               Summary().c_str());
+}
+
+void Disarm() {
+  Stop();
+  g_finished = true;
 }
 
 }  // namespace profiler

@@ -2,8 +2,9 @@
 // written as a Chrome trace (chrome://tracing, ui.perfetto.dev) and summarized per name.
 //
 // Off by default, and then a span costs one relaxed atomic load. On with --profile=FILE (or
-// FLAGS_profile=FILE in the environment; keel train and keel bench write FILE at the end,
-// with ".rankN" appended under keel launch), or with profiler::Start() from a program.
+// FLAGS_profile=FILE in the environment) in any program that calls keel::Init: the trace is
+// written at exit (keel train and keel bench write it after their timed steps), with ".rankN"
+// appended under keel launch; or with profiler::Start() from a program.
 #pragma once
 
 #include <atomic>
@@ -51,8 +52,20 @@ std::string Summary();
 
 // The --profile flag, for the CLI: "" when off; under several workers the rank's own file.
 std::string ProfilePathForRank(int rank, int nranks);
-// Turns the profiler on when --profile is set. Returns whether it is on.
+// Turns the profiler on when --profile is set, dropping what was recorded before (keel train and
+// bench profile their steps only). Returns whether it is on.
 bool StartFromFlags();
+// keel::Init calls it: with --profile set, records from now on and, when the process exits,
+// writes the trace (FinishFromFlags) unless that ran before. So --profile works in any program
+// built on the library.
+void StartFromFlagsUntilExit();
+// This process's rank and world, for the trace's file name and pid (fleet::init sets them).
+void SetRank(int rank, int nranks);
+// With --profile set, once: stops, writes the trace to ProfilePathForRank and prints the
+// per-op summary to stderr. Throws keel::Error naming the path when it cannot be written.
+void FinishFromFlags();
+// Stops recording and writes nothing at exit (keel launch and inspect, which run no ops).
+void Disarm();
 
 // Times a span from construction to destruction when the profiler is on.
 class RecordEvent {

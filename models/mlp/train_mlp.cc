@@ -1,5 +1,5 @@
-// The seed's single-card program, in C++ (DESIGN.md section 1 without the fleet lines):
-// a 3-layer MLP trained with SGD on synthetic data for 100 steps, then saved.
+// The seed's single-card program, in C++ (docs/architecture.md, section 1, without the fleet
+// lines): a 3-layer MLP trained with SGD on synthetic data for 100 steps, then saved.
 #include <keel/keel.h>
 
 #include "models/mlp/mlp_model.h"

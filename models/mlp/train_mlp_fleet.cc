@@ -1,5 +1,6 @@
-// The seed's train_with_fleet program in C++ (DESIGN.md section 1): the single-card program plus
-// the four fleet steps. Run it with `keel launch --nproc_per_node=2 build/bin/train_mlp_fleet`.
+// The seed's train_with_fleet program in C++ (docs/architecture.md, section 1): the single-card
+// program plus the four fleet steps. Run it with
+// `keel launch --nproc_per_node=2 build/bin/train_mlp_fleet`.
 #include <keel/keel.h>
 
 #include "fleet/fleet.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side by side, in one run: `keel bench mlp` and the PyTorch anchor (../shared/anchors/torch_mlp.py),
+# Side by side, in one run: `keel bench mlp` and the PyTorch anchor ($KEEL_ANCHORS/torch_mlp.py),
 # interleaved for ROUNDS rounds, in two pairings:
 #   strict:  both single-threaded (OPENBLAS_NUM_THREADS=1 for torch, --cpu_math_threads=1 for keel);
 #   anchor:  torch as the anchor runs it (Debian's OpenBLAS then uses a thread per core for GEMM,

@@ -8,7 +8,7 @@ set -euo pipefail
 rounds=${1:-3}
 build=${2:-build}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-mnist=${KEEL_MNIST:-$here/../shared/data/mnist}
+mnist=${KEEL_MNIST_DIR:-${KEEL_MNIST:-$here/../shared/data/mnist}}
 keel=$build/bin/keel
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

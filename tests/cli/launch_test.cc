@@ -342,6 +342,74 @@ TEST(KeelLaunch, UnrunnableCommandIsReported) {
   RunCommand("rm -rf " + dir);
 }
 
+// Flags given before the command are the workers': `keel launch --steps=3 keel train` trains 3
+// steps (it used to run the default 100), --cpu_math_threads sets each worker's threads, and a
+// worker program that does not define a passed flag refuses to start instead of ignoring it.
+TEST(KeelLaunch, FlagsBeforeTheCommandReachTheWorkers) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand(Keel() +
+                      " launch --nproc_per_node=2 --steps=3 --fetch_frequency=1 "
+                      "--log_dir=" +
+                      dir + " " + Keel() + " train --mlp_hidden=8 --batch_size=4 --seed=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "step 2 loss")) << r.output;
+  EXPECT_FALSE(Contains(r.output, "step 3 loss")) << r.output;
+
+  auto threads = RunCommand("env -u FLAGS_cpu_math_threads " + Keel() +
+                            " launch --nproc_per_node=2 --cpu_math_threads=3 --log_dir=" + dir +
+                            " sh -c " + kEnvScript);
+  ASSERT_EQ(threads.exit_code, 0) << threads.output;
+  for (int local = 0; local < 2; ++local)
+    EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog." + std::to_string(local)))["threads"], "3");
+
+  // train_mlp (a program on the library) has no --bench_steps: it refuses to start.
+  auto unknown =
+      RunCommand("cd " + dir + " && " + Keel() + " launch --bench_steps=2 --log_dir=" + dir + " " +
+                 BinPath("train_mlp"));
+  EXPECT_NE(unknown.exit_code, 0) << unknown.output;
+  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.0"),
+                       "keel launch was given --bench_steps for its workers, but"))
+      << ReadFile(dir + "/workerlog.0");
+  // keel train has it (keel bench's), and refuses it as not its own.
+  auto foreign = RunCommand(Keel() + " launch --bench_steps=2 --log_dir=" + dir + " " + Keel() +
+                            " train --steps=1");
+  EXPECT_NE(foreign.exit_code, 0) << foreign.output;
+  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.0"), "--bench_steps is not a flag of keel train"))
+      << ReadFile(dir + "/workerlog.0");
+  RunCommand("rm -rf " + dir);
+}
+
+// torchrun's way to several nodes: each node's launcher knows only rank 0's --master_addr and
+// --master_port, and its own --node_rank (README's promise; it used to need --cluster_node_ips).
+// Two launchers on this host act as two nodes and train together.
+TEST(KeelLaunch, MultiNodeByMasterAddressWithoutClusterIps) {
+  std::string dir = MakeTempDir();
+  const int port = FreePort();
+  auto node = [&](int rank) {
+    return "KEEL_JOB_TOKEN=0123abcd FLAGS_cpu_math_threads=1 " + Keel() +
+           " launch --nnodes=2 --node_rank=" + std::to_string(rank) +
+           " --master_addr=127.0.0.1 --master_port=" + std::to_string(port) +
+           " --nproc_per_node=2 --log_dir=" + dir + "/node" + std::to_string(rank) + " " +
+           BinPath("mlp_dp_worker") + " --steps=3 --global_batch=8";
+  };
+  auto r = RunCommand(node(1) + " > " + dir + "/node1.out 2>&1 & other=$!; " + node(0) +
+                      "; code=$?; wait $other || code=1; exit $code");
+  ASSERT_EQ(r.exit_code, 0) << r.output << ReadFile(dir + "/node1.out");
+  std::string all = ReadFile(dir + "/node0/workerlog.0") + ReadFile(dir + "/node0/workerlog.1") +
+                    ReadFile(dir + "/node1/workerlog.0") + ReadFile(dir + "/node1/workerlog.1");
+  // Four ranks trained together: each printed the same parameters.
+  std::set<std::string> params;
+  std::istringstream lines(all);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind("rank ", 0) == 0 && Contains(line, " params "))
+      params.insert(line.substr(line.find(" params ")));
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_TRUE(Contains(all, "rank " + std::to_string(rank) + " params ")) << all;
+  EXPECT_EQ(params.size(), 1u) << all;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
   struct Case {
     std::string flags, message;
@@ -356,6 +424,11 @@ TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
       {"--nproc_per_node=0 sh", "--nproc_per_node must be positive"},
       {"--nnodes=2 --cluster_node_ips=127.0.0.1 sh", "--nnodes=2 but --cluster_node_ips"},
       {"--nnodes=2 --node_rank=1 sh", "--nnodes=2 needs --cluster_node_ips"},
+      {"--nnodes=2 --master_addr=127.0.0.1 --master_port=7000 sh", "needs --node_rank"},
+      {"--nnodes=2 --node_rank=1 --master_addr=127.0.0.1 sh", "needs --master_port"},
+      {"--steps=3 keel train --steps=4",
+       "--steps=3 is given to keel launch (for every worker) "
+       "and '--steps=4' to the command; give it once"},
       {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.3 sh",
        "--node_ip=127.0.0.3 is not in --cluster_node_ips"},
       {"--cluster_node_ips=127.0.0.1,127.0.0.2 --node_ip=127.0.0.2 --node_rank=0 sh",

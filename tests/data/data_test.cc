@@ -22,6 +22,7 @@
 #include "framework/data/mnist_dataset.h"
 #include "framework/data/synthetic_dataset.h"
 #include "models/mlp/mlp_model.h"
+#include "tests/util/test_data.h"
 
 namespace keel {
 namespace {
@@ -89,17 +90,13 @@ std::string IdxLabels(const std::vector<uint8_t>& labels, uint32_t magic = 2049)
   return s;
 }
 
-std::string MnistDir() { return std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist"; }
-
-bool HaveMnist() {
-  return fs::exists(MnistDir() + "/t10k-images-idx3-ubyte.gz") &&
-         fs::exists(MnistDir() + "/t10k-labels-idx1-ubyte.gz");
-}
+using keel::testing::HaveMnist;
+using keel::testing::MnistDir;
 
 #define SKIP_WITHOUT_MNIST() \
   if (HaveMnist()) {         \
   } else                     \
-    GTEST_SKIP() << "MNIST test set not found in " << MnistDir()
+    GTEST_SKIP() << "MNIST test set not found in " << MnistDir() << " (set KEEL_MNIST_DIR)"
 
 template <typename T>
 std::vector<T> Values(const Tensor& t) {
@@ -603,7 +600,7 @@ TEST(DataLoader, ShardsAreDisjointAndEqualLengthOnEveryRank) {
   for (int64_t n : {0, 1, 3, 5, 10, 11, 12, 13, 97}) {
     for (int nranks = 1; nranks <= 4; ++nranks) {
       for (bool drop_last : {false, true}) {
-        SCOPED_TRACE(testing::Message()
+        SCOPED_TRACE(::testing::Message()
                      << "n " << n << " nranks " << nranks << " drop_last " << drop_last);
         auto ds = std::make_shared<IndexDataset>(n);
         for (int64_t epoch : {0, 1}) {
@@ -651,7 +648,7 @@ TEST(DataLoader, OrderIsTheSameForAnyNumberOfWorkers) {
   }
   for (int workers : {1, 3}) {
     for (int capacity : {1, 2, 16}) {
-      SCOPED_TRACE(testing::Message() << workers << " workers, capacity " << capacity);
+      SCOPED_TRACE(::testing::Message() << workers << " workers, capacity " << capacity);
       DataLoader loader(ds, Opts(8).Shuffle(9).Workers(workers, capacity));
       for (int epoch = 0; epoch < 3; ++epoch) EXPECT_EQ(Drain(loader, epoch), reference[epoch]);
     }
@@ -673,7 +670,7 @@ TEST(DataLoader, StartEpochMidEpochRestartsCleanly) {
 TEST(DataLoader, DatasetErrorsComeOutOfNextInOrder) {
   for (bool std_error : {false, true}) {
     for (int workers : {0, 1, 3}) {
-      SCOPED_TRACE(testing::Message() << workers << " workers, std_error " << std_error);
+      SCOPED_TRACE(::testing::Message() << workers << " workers, std_error " << std_error);
       DataLoader loader(std::make_shared<IndexDataset>(40, /*fail_at=*/13, 0, std_error),
                         Opts(4).Workers(workers));
       FeedMap batch;

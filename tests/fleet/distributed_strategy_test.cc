@@ -1,5 +1,5 @@
-// DistributedStrategy: Paddle's defaults, validation naming the field, refusal of switches whose
-// pass does not exist yet, and the FLAGS_ overrides.
+// DistributedStrategy: Paddle's defaults, validation naming the field, refusal of settings keel
+// does not implement, Paddle's fusion flags, and walks over the setting table and the field list.
 #include "fleet/distributed_strategy.h"
 
 #include <gflags/gflags.h>
@@ -7,7 +7,12 @@
 
 #include <functional>
 
+#include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
+#include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "transpiler/grad_allreduce_pass.h"
+#include "transpiler/local_sgd_pass.h"
 
 DECLARE_bool(sync_nccl_allreduce);
 DECLARE_int32(comm_timeout_s);
@@ -52,9 +57,11 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
   EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(s));
   EXPECT_EQ(s.ToString(),
             "DistributedStrategy{nccl_comm_num=1, fuse_all_reduce_ops=false, "
-            "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, use_hierarchical_allreduce=false, "
+            "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, paddle_fuse={given=false, "
+            "memory_size_mb=-1, groups_size=1}, use_hierarchical_allreduce=false, "
             "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
-            "local_sgd_warmup_steps=0, sync_nccl_allreduce=true, comm_timeout_s=300, "
+            "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
+            "comm_timeout_s=300, "
             "exec_strategy={num_threads=1, num_iteration_per_drop_scope=100, fetch_frequency=1}}");
 }
 
@@ -79,12 +86,25 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
       {"0 rings", [](DistributedStrategy* s) { s->nccl_comm_num = 0; }, Role(),
        "nccl_comm_num=0 must be in 1..8"},
       {"9 rings", [](DistributedStrategy* s) { s->nccl_comm_num = 9; }, Role(), "nccl_comm_num=9"},
-      {"fuse MB 0", [](DistributedStrategy* s) { s->fuse_grad_size_in_MB = 0; }, Role(),
-       "fuse_grad_size_in_MB=0 must be > 0"},
-      {"fuse MB fraction", [](DistributedStrategy* s) { s->fuse_grad_size_in_MB = 0.25; }, Role(),
-       ""},
+      {"fuse MB 0",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->fuse_grad_size_in_MB = 0;
+       },
+       Role(), "fuse_grad_size_in_MB=0 must be > 0"},
+      {"fuse MB fraction",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->fuse_grad_size_in_MB = 0.25;
+       },
+       Role(), ""},
+      {"fuse MB without fusion", [](DistributedStrategy* s) { s->fuse_grad_size_in_MB = 0.25; },
+       Role(),
+       "fuse_grad_size_in_MB=0.25 is set but DistributedStrategy.fuse_all_reduce_ops=false"},
       {"fuse num -1", [](DistributedStrategy* s) { s->fuse_grad_size_in_num = -1; }, Role(),
        "fuse_grad_size_in_num=-1"},
+      {"fuse num without fusion", [](DistributedStrategy* s) { s->fuse_grad_size_in_num = 2; },
+       Role(), "fuse_grad_size_in_num=2 is set but DistributedStrategy.fuse_all_reduce_ops=false"},
       {"hierarchical, local world divides world",
        [](DistributedStrategy* s) { s->use_hierarchical_allreduce = true; }, World(8, 4), ""},
       {"hierarchical, explicit inter_nranks not dividing world",
@@ -94,13 +114,85 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        },
        World(8, 4), "hierarchical_allreduce_inter_nranks=3 does not divide world_size=8"},
       {"inter_nranks negative",
-       [](DistributedStrategy* s) { s->hierarchical_allreduce_inter_nranks = -2; }, Role(),
-       "hierarchical_allreduce_inter_nranks=-2"},
-      {"inter_nranks ignored when hierarchical is off",
-       [](DistributedStrategy* s) { s->hierarchical_allreduce_inter_nranks = 3; }, World(8, 4), ""},
-      {"local sgd steps 0", [](DistributedStrategy* s) { s->local_sgd_steps = 0; }, Role(),
-       "local_sgd_steps=0 must be >= 1"},
-      {"local sgd warmup negative", [](DistributedStrategy* s) { s->local_sgd_warmup_steps = -1; },
+       [](DistributedStrategy* s) {
+         s->use_hierarchical_allreduce = true;
+         s->hierarchical_allreduce_inter_nranks = -2;
+       },
+       Role(), "hierarchical_allreduce_inter_nranks=-2"},
+      {"inter_nranks without hierarchy is refused, not ignored",
+       [](DistributedStrategy* s) { s->hierarchical_allreduce_inter_nranks = 3; }, World(8, 4),
+       "hierarchical_allreduce_inter_nranks=3 is set but "
+       "DistributedStrategy.use_hierarchical_allreduce=false"},
+      {"local sgd steps without local sgd", [](DistributedStrategy* s) { s->local_sgd_steps = 4; },
+       Role(), "local_sgd_steps=4 is set but DistributedStrategy.use_local_sgd=false"},
+      {"local sgd warm-up without local sgd",
+       [](DistributedStrategy* s) { s->local_sgd_warmup_steps = 4; }, Role(),
+       "local_sgd_warmup_steps=4 is set but DistributedStrategy.use_local_sgd=false"},
+      {"Paddle's warm-up name without local sgd",
+       [](DistributedStrategy* s) { s->local_sgd_is_warm_steps = 4; }, Role(),
+       "local_sgd_is_warm_steps=4 is set but DistributedStrategy.use_local_sgd=false"},
+      {"both warm-up names, different",
+       [](DistributedStrategy* s) {
+         s->use_local_sgd = true;
+         s->local_sgd_is_warm_steps = 4;
+         s->local_sgd_warmup_steps = 3;
+       },
+       Role(),
+       "local_sgd_is_warm_steps=4 and DistributedStrategy.local_sgd_warmup_steps=3 disagree"},
+      {"both warm-up names, equal",
+       [](DistributedStrategy* s) {
+         s->use_local_sgd = true;
+         s->local_sgd_is_warm_steps = 4;
+         s->local_sgd_warmup_steps = 4;
+       },
+       Role(), ""},
+      {"Paddle's fusion flags without fusion",
+       [](DistributedStrategy* s) {
+         s->paddle_fuse = {true, 16, 1};
+       },
+       Role(), "are given but DistributedStrategy.fuse_all_reduce_ops=false"},
+      {"Paddle's fusion flags beside keel's sizes",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->fuse_grad_size_in_MB = 4;
+         s->paddle_fuse = {true, 16, 1};
+       },
+       Role(), "fuse_grad_size_in_MB=4 / fuse_grad_size_in_num=8 would be ignored"},
+      {"Paddle's groups_size without a memory size has no effect",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse = {true, -1, 50};
+       },
+       Role(), "FLAGS_fuse_parameter_groups_size=50 has no effect unless"},
+      {"Paddle's memory size 0 (one group) and groups_size -1",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse = {true, 0, -1};
+       },
+       Role(), ""},
+      {"Paddle's groups_size 0 is undefined",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse = {true, 16, 0};
+       },
+       Role(), "FLAGS_fuse_parameter_groups_size=0 must be"},
+      {"Paddle's memory size -2",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse = {true, -2, 1};
+       },
+       Role(), "FLAGS_fuse_parameter_memory_size=-2 must be"},
+      {"local sgd steps 0",
+       [](DistributedStrategy* s) {
+         s->use_local_sgd = true;
+         s->local_sgd_steps = 0;
+       },
+       Role(), "local_sgd_steps=0 must be >= 1"},
+      {"local sgd warmup negative",
+       [](DistributedStrategy* s) {
+         s->use_local_sgd = true;
+         s->local_sgd_warmup_steps = -1;
+       },
        Role(), "local_sgd_warmup_steps=-1"},
       {"timeout 0", [](DistributedStrategy* s) { s->comm_timeout_s = 0; }, Role(),
        "comm_timeout_s=0 must be > 0"},
@@ -118,7 +210,10 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
       EXPECT_EQ(e, "");
     } else {
       EXPECT_NE(e.find(c.says), std::string::npos) << e;
-      EXPECT_NE(e.find("DistributedStrategy."), std::string::npos) << e;
+      // Named as the user set it: the field, or Paddle's flag.
+      EXPECT_TRUE(e.find("DistributedStrategy.") != std::string::npos ||
+                  e.find("FLAGS_fuse_parameter_") != std::string::npos)
+          << e;
     }
   }
 }
@@ -130,14 +225,186 @@ TEST(DistributedStrategy, HierarchicalInterNranksZeroMeansLocalWorldSize) {
   EXPECT_EQ(s.HierarchicalInterNranks(World(8, 4)), 2);
 }
 
-TEST(DistributedStrategy, EverySwitchHasItsPass) {
-  DistributedStrategy all;
-  all.nccl_comm_num = 4;
-  all.sync_nccl_allreduce = false;
-  all.fuse_all_reduce_ops = true;
-  all.use_hierarchical_allreduce = true;
-  all.use_local_sgd = true;
-  EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(all));
+// x -> fc(5, tanh) -> fc(4, tanh) -> fc(3, softmax) -> cross_entropy -> mean, SGD: three layers,
+// so that groupings of layers show.
+void BuildThreeLayers(Program& main, Program& startup) {
+  ProgramGuard guard(main, startup);
+  Var x = layers::data("x", {-1, 4});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var h = layers::fc(layers::fc(x, 5, "tanh"), 4, "tanh");
+  optimizer::SGD(0.1f).minimize(layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y)),
+                                &startup);
+}
+
+// Rank 1 of 4, two ranks per node.
+Role TwoNodes() {
+  Role r = World(4, 2);
+  r.rank = 1;
+  r.local_rank = 1;
+  return r;
+}
+
+// The main and startup program text after minimize's checks and pass for `s` (as fleet runs them).
+std::string Transpiled(const DistributedStrategy& s, const Role& role = TwoNodes()) {
+  Program main, startup;
+  BuildThreeLayers(main, startup);
+  s.Validate(role);
+  DistributedStrategy::RequireImplemented(s);
+  if (s.use_local_sgd)
+    transpiler::LocalSGDPass().Apply(main, startup, s, role);
+  else
+    transpiler::GradAllReducePass().Apply(main, startup, s, role);
+  return main.ToText() + startup.ToText();
+}
+
+// Every setting in the table: an implemented one changes the transpiled program (its pass acts),
+// one that is not is refused naming it.
+TEST(DistributedStrategy, EverySettingInItsTableActsOrIsRefused) {
+  const std::string plain = Transpiled(DistributedStrategy());
+  ASSERT_FALSE(DistributedStrategy::Settings().empty());
+  for (const DistributedStrategy::Setting& setting : DistributedStrategy::Settings()) {
+    SCOPED_TRACE(setting.name);
+    DistributedStrategy s;
+    EXPECT_FALSE(setting.requested(s)) << "on by default";
+    setting.request(&s);
+    ASSERT_TRUE(setting.requested(s));
+    if (setting.implemented) {
+      std::string text;
+      ASSERT_EQ(ErrorOf([&] { text = Transpiled(s); }), "");
+      EXPECT_NE(text, plain) << "the setting changed nothing in the transpiled program";
+    } else {
+      std::string e = ErrorOf([&] { DistributedStrategy::RequireImplemented(s); });
+      EXPECT_NE(e.find(std::string("DistributedStrategy.") + setting.name), std::string::npos) << e;
+      EXPECT_NE(e.find("not implemented"), std::string::npos) << e;
+    }
+  }
+}
+
+// The field names ToString prints ("a", "exec_strategy.num_threads", ...), in order.
+std::vector<std::string> FieldNames(const std::string& text) {
+  std::vector<std::string> names, prefix;
+  std::string word;
+  for (size_t i = text.find('{') + 1; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '=') {
+      if (i + 1 < text.size() && text[i + 1] == '{') {
+        prefix.push_back(word + ".");
+        ++i;
+      } else {
+        std::string full;
+        for (const auto& p : prefix) full += p;
+        names.push_back(full + word);
+      }
+      word.clear();
+    } else if (c == '}') {
+      if (!prefix.empty()) prefix.pop_back();
+    } else if (c == ',' || c == ' ') {
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  // Values were collected as words too; keep only names (those followed by '=').
+  return names;
+}
+
+// Every field of DistributedStrategy (as ToString lists them) has an effect or is refused; a new
+// field fails here until it is given a row.
+TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
+  enum Kind {
+    kChangesProgram,  // `change` on top of `base` transpiles differently from `base`
+    kRefused,         // `change` alone is refused naming the field
+    kPinnedBy,        // a multi-process or executor test pins it: `test`
+  };
+  struct Row {
+    const char* field;
+    Kind kind;
+    std::function<void(DistributedStrategy*)> base, change;
+    const char* test = "";
+  };
+  auto none = [](DistributedStrategy*) {};
+  auto fuse = [](DistributedStrategy* s) { s->fuse_all_reduce_ops = true; };
+  auto local = [](DistributedStrategy* s) { s->use_local_sgd = true; };
+  const std::vector<Row> rows = {
+      {"nccl_comm_num", kChangesProgram, none, [](auto* s) { s->nccl_comm_num = 2; }},
+      {"fuse_all_reduce_ops", kChangesProgram, none, fuse},
+      {"fuse_grad_size_in_MB", kChangesProgram, fuse,
+       [](auto* s) { s->fuse_grad_size_in_MB = 1e-6; }},
+      {"fuse_grad_size_in_num", kChangesProgram, fuse,
+       [](auto* s) { s->fuse_grad_size_in_num = 1; }},
+      {"paddle_fuse.given", kChangesProgram, fuse, [](auto* s) { s->paddle_fuse.given = true; }},
+      {"paddle_fuse.memory_size_mb", kChangesProgram,
+       [](auto* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse.given = true;
+       },
+       [](auto* s) { s->paddle_fuse.memory_size_mb = 0; }},
+      {"paddle_fuse.groups_size", kChangesProgram,
+       [](auto* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse = {true, 1, 1};
+       },
+       [](auto* s) { s->paddle_fuse.groups_size = 2; }},
+      {"use_hierarchical_allreduce", kChangesProgram, none,
+       [](auto* s) { s->use_hierarchical_allreduce = true; }},
+      {"hierarchical_allreduce_inter_nranks", kChangesProgram,
+       [](auto* s) { s->use_hierarchical_allreduce = true; },
+       [](auto* s) { s->hierarchical_allreduce_inter_nranks = 1; }},
+      {"use_local_sgd", kChangesProgram, none, local},
+      {"local_sgd_steps", kChangesProgram, local, [](auto* s) { s->local_sgd_steps = 3; }},
+      {"local_sgd_warmup_steps", kChangesProgram, local,
+       [](auto* s) { s->local_sgd_warmup_steps = 2; }},
+      {"local_sgd_is_warm_steps", kChangesProgram, local,
+       [](auto* s) { s->local_sgd_is_warm_steps = 2; }},
+      {"sync_nccl_allreduce", kRefused, none, [](auto* s) { s->sync_nccl_allreduce = false; }},
+      {"comm_timeout_s", kPinnedBy, none, none,
+       "FleetFaults.StrategyCommTimeoutBoundsEveryCollective"},
+      // The executor that runs fleet::main_program() takes exec_strategy: issue 8's plumbing.
+      {"exec_strategy.num_threads", kPinnedBy, none, none, "issue 8 (exec_strategy plumbing)"},
+      {"exec_strategy.num_iteration_per_drop_scope", kPinnedBy, none, none,
+       "issue 8 (exec_strategy plumbing)"},
+      {"exec_strategy.fetch_frequency", kPinnedBy, none, none, "issue 8 (exec_strategy plumbing)"},
+  };
+  const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
+  std::vector<std::string> table;
+  for (const Row& r : rows) table.push_back(r.field);
+  EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
+                              "new field its row (an effect, a refusal, or the test pinning it)";
+  // A field ToString does not print would escape the walk: its size is pinned too.
+  EXPECT_EQ(sizeof(DistributedStrategy), 96u)
+      << "DistributedStrategy changed: print the new field in ToString and give it a row here";
+
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.field);
+    DistributedStrategy base;
+    r.base(&base);
+    DistributedStrategy changed = base;
+    r.change(&changed);
+    switch (r.kind) {
+      case kChangesProgram: {
+        // Two nodes of two ranks; hierarchy's inter_nranks row: one node of four (flat) vs 1 per
+        // node.
+        Role role = r.field == std::string("hierarchical_allreduce_inter_nranks") ? World(4, 4)
+                                                                                  : TwoNodes();
+        std::string a, b;
+        ASSERT_EQ(ErrorOf([&] { a = Transpiled(base, role); }), "");
+        ASSERT_EQ(ErrorOf([&] { b = Transpiled(changed, role); }), "");
+        EXPECT_NE(a, b) << "setting the field changed nothing in the transpiled program";
+        break;
+      }
+      case kRefused: {
+        std::string e = ErrorOf([&] {
+          changed.Validate(TwoNodes());
+          DistributedStrategy::RequireImplemented(changed);
+        });
+        EXPECT_NE(e.find(r.field), std::string::npos) << e;
+        break;
+      }
+      case kPinnedBy:
+        EXPECT_STRNE(r.test, "");
+        break;
+    }
+  }
 }
 
 TEST(DistributedStrategy, LocalSgdRefusesTheGradientAllReduceSwitches) {
@@ -155,35 +422,41 @@ TEST(DistributedStrategy, LocalSgdRefusesTheGradientAllReduceSwitches) {
   EXPECT_NE(e.find("use_hierarchical_allreduce=true"), std::string::npos) << e;
 }
 
-TEST(DistributedStrategy, FlagOverridesSetFusionSizesOnlyWhenSet) {
+// Paddle's fusion flags fill paddle_fuse only when given (keel's own sizes are left alone), and
+// Validate refuses the combinations Paddle does not define or that would do nothing.
+TEST(DistributedStrategy, PaddleFusionFlagsAreCopiedOnlyWhenGiven) {
   gflags::FlagSaver saver;
   DistributedStrategy s;
+  s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_MB = 4;
   s.fuse_grad_size_in_num = 2;
-  s.ApplyFlagOverrides();  // both flags unset (-1)
+  s.ApplyFlagOverrides();  // neither flag given
+  EXPECT_FALSE(s.paddle_fuse.given);
   EXPECT_EQ(s.fuse_grad_size_in_MB, 4);
   EXPECT_EQ(s.fuse_grad_size_in_num, 2);
+  EXPECT_NO_THROW(s.Validate(Role()));
 
   // The seed's FLAGS_fuse_parameter_memory_size=16, FLAGS_fuse_parameter_groups_size=50.
   ASSERT_FALSE(gflags::SetCommandLineOption("fuse_parameter_memory_size", "16").empty());
   ASSERT_FALSE(gflags::SetCommandLineOption("fuse_parameter_groups_size", "50").empty());
+  DistributedStrategy p;
+  p.fuse_all_reduce_ops = true;
+  p.ApplyFlagOverrides();
+  EXPECT_TRUE(p.paddle_fuse.given);
+  EXPECT_EQ(p.paddle_fuse.memory_size_mb, 16);
+  EXPECT_EQ(p.paddle_fuse.groups_size, 50);
+  EXPECT_EQ(p.fuse_grad_size_in_MB, 32);  // keel's own field is not touched
+  EXPECT_NO_THROW(p.Validate(Role()));
+  // Beside keel's own sizes they are refused (one of them would be ignored).
   s.ApplyFlagOverrides();
-  EXPECT_EQ(s.fuse_grad_size_in_MB, 16);
-  EXPECT_EQ(s.fuse_grad_size_in_num, 50);
-
-  FLAGS_fuse_parameter_memory_size = 0.5;
-  FLAGS_fuse_parameter_groups_size = -1;
-  s.ApplyFlagOverrides();
-  EXPECT_EQ(s.fuse_grad_size_in_MB, 0.5);
-  EXPECT_EQ(s.fuse_grad_size_in_num, 50);
-
-  FLAGS_fuse_parameter_memory_size = 0;
-  std::string e = ErrorOf([&] { s.ApplyFlagOverrides(); });
-  EXPECT_NE(e.find("FLAGS_fuse_parameter_memory_size=0"), std::string::npos) << e;
-  FLAGS_fuse_parameter_memory_size = -1;
-  FLAGS_fuse_parameter_groups_size = -3;
-  e = ErrorOf([&] { s.ApplyFlagOverrides(); });
-  EXPECT_NE(e.find("FLAGS_fuse_parameter_groups_size=-3"), std::string::npos) << e;
+  EXPECT_NE(ErrorOf([&] { s.Validate(Role()); }).find("would be ignored"), std::string::npos);
+  // Without fusion they would do nothing.
+  DistributedStrategy off;
+  off.ApplyFlagOverrides();
+  EXPECT_NE(ErrorOf([&] { off.Validate(Role()); })
+                .find("FLAGS_fuse_parameter_memory_size=16 / FLAGS_fuse_parameter_groups_size=50 "
+                      "are given but DistributedStrategy.fuse_all_reduce_ops=false"),
+            std::string::npos);
 }
 
 }  // namespace

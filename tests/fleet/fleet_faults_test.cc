@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tests/util/subprocess.h"
 
@@ -39,6 +40,37 @@ TEST(FleetTraining, KeelTrainUnderLaunchMatchesItsCheckpointFormat) {
   RunCommand("rm -rf " + dir);
 }
 
+// keel train's strategy flags reach the DistributedStrategy every rank transpiles with (fleet logs
+// it), and --log_all_ranks makes rank 1 print its steps too.
+TEST(FleetTraining, KeelTrainStrategyFlagsReachTheStrategy) {
+  std::string dir = MakeTempDir();
+  struct Case {
+    std::string flags;
+    std::vector<std::string> logged;
+  };
+  const std::vector<Case> cases = {
+      {"--nccl_comm_num=2 --fuse_all_reduce_ops=false",
+       {"nccl_comm_num=2, fuse_all_reduce_ops=false", "ring 1 ("}},
+      {"--hierarchical_allreduce_inter_nranks=1",
+       {"fuse_all_reduce_ops=true",
+        "use_hierarchical_allreduce=true, "
+        "hierarchical_allreduce_inter_nranks=1",
+        "ring 2 ("}},
+      {"--local_sgd_steps=2 --local_sgd_warmup_steps=1",
+       {"use_local_sgd=true, local_sgd_steps=2, local_sgd_warmup_steps=1"}},
+      {"--log_all_ranks --fetch_frequency=1", {"step 1 loss"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    auto r = RunCommand(Launch(2, dir) + BinPath("keel") +
+                        " train --steps=2 --mlp_hidden=8 --batch_size=4 " + c.flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto log = RunCommand("cat " + dir + "/log/workerlog.1").output;
+    for (const std::string& piece : c.logged) EXPECT_NE(log.find(piece), std::string::npos) << log;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(FleetFaults, DifferentProgramsOnDifferentRanksFailAtStartNamingTheOp) {
   std::string dir = MakeTempDir();
   auto t0 = std::chrono::steady_clock::now();
@@ -51,6 +83,53 @@ TEST(FleetFaults, DifferentProgramsOnDifferentRanksFailAtStartNamingTheOp) {
   EXPECT_NE(logs.output.find("differs between ranks"), std::string::npos) << logs.output;
   EXPECT_NE(logs.output.find("fingerprint"), std::string::npos) << logs.output;
   EXPECT_NE(logs.output.find("[32, 32]"), std::string::npos) << logs.output;  // the first diff
+  RunCommand("rm -rf " + dir);
+}
+
+// DistributedStrategy::comm_timeout_s bounds the collectives of the rings minimize creates: with
+// 2 s, rank 0's first all-reduce gives up 2 s after rank 1 stalls (30 s) and names the timeout;
+// before, the strategy's value was ignored and rank 0 waited for the flag's 300 s default.
+TEST(FleetFaults, StrategyCommTimeoutBoundsEveryCollective) {
+  std::string dir = MakeTempDir();
+  for (const char* backend : {"shm", "gloo"}) {
+    SCOPED_TRACE(backend);
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = RunCommand(std::string("FLAGS_cpu_comm_backend=") + backend + " " + Launch(2, dir) +
+                        BinPath("mlp_dp_worker") +
+                        " --steps=3 --strategy_timeout_s=2 --stall_rank=1 --stall_s=30");
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_LT(secs, 20) << r.output;
+    auto logs = RunCommand("cat " + dir + "/log/workerlog.0");
+    EXPECT_NE(logs.output.find("c_allreduce_sum"), std::string::npos) << logs.output;
+    EXPECT_NE(logs.output.find("timed out after 2 s"), std::string::npos) << logs.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// Two processes with one rank (a RANK left in an environment, two launchers given one node rank):
+// the second is named at once, with the first, instead of hanging or mixing up the rings.
+TEST(FleetFaults, ARankThatJoinsTwiceIsNamedAtOnce) {
+  std::string dir = MakeTempDir();
+  const std::string env =
+      "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 WORLD_SIZE=2 "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(FreePort()) + " ";
+  // Rank 0 stays in the job for 4 s (it stalls before its first step), rank 1 joins, then a
+  // second rank 1.
+  const std::string worker = BinPath("mlp_dp_worker") + " --steps=2 --stall_rank=0 --stall_s=4";
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand("cd " + dir + " && (RANK=0 " + env + worker +
+                      " > r0.log 2>&1 &) && "
+                      "(RANK=1 " +
+                      env + worker + " > r1.log 2>&1 &) && sleep 1 && RANK=1 " + env + worker +
+                      "; code=$?; sleep 4; exit $code");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 of 2 joined the job twice: this process (127.0.0.1 pid "),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(secs, 15);
   RunCommand("rm -rf " + dir);
 }
 

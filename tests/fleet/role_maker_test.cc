@@ -2,6 +2,7 @@
 // values, local ranks from Paddle endpoints, and the user-defined role.
 #include "fleet/role_maker.h"
 
+#include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -168,6 +169,28 @@ const std::vector<GoodCase>& GoodCases() {
         {"MASTER_ADDR", "n0"},
         {"MASTER_PORT", "29500"}},
        "rank 1/2 local 1/2 node 0/1 source=openmpi store=n0:29500 gpus=none"},
+      {"paddle without PADDLE_TRAINERS_NUM: the world is the endpoint count, as in Paddle",
+       {{"PADDLE_TRAINER_ID", "1"}, {"PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:6170,10.0.0.2:6170"}},
+       "rank 1/2 local 0/1 node 1/2 source=paddle store=10.0.0.1:6170 endpoint=10.0.0.2:6170 "
+       "gpus=none"},
+      {"mpirun starting one torchrun per node: OpenMPI's world is the launchers'",
+       {{"OMPI_COMM_WORLD_RANK", "1"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"RANK", "5"},
+        {"WORLD_SIZE", "8"},
+        {"LOCAL_RANK", "1"},
+        {"LOCAL_WORLD_SIZE", "4"},
+        {"MASTER_ADDR", "n0"},
+        {"MASTER_PORT", "29500"}},
+       "rank 5/8 local 1/4 node 1/2 source=torchrun store=n0:29500 gpus=none"},
+      {"mpirun with RANK agreeing with OpenMPI's",
+       {{"OMPI_COMM_WORLD_RANK", "1"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "n0"},
+        {"MASTER_PORT", "29500"}},
+       "rank 1/2 local 1/2 node 0/1 source=torchrun store=n0:29500 gpus=none"},
       {"FLAGS_selected_gpus empty means none",
        {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"FLAGS_selected_gpus", ""}},
        "rank 0/1 local 0/1 node 0/1 source=torchrun store=127.0.0.1:0 gpus=none"},
@@ -221,7 +244,31 @@ const std::vector<BadCase>& BadCases() {
        {"incomplete paddle", "missing PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID=1"}},
       {"paddle with only endpoints",
        {{"PADDLE_TRAINER_ENDPOINTS", "a:1,b:1"}},
-       {"missing PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS=a:1,b:1"}},
+       {"missing PADDLE_TRAINER_ID", "PADDLE_TRAINER_ENDPOINTS=a:1,b:1"}},
+      {"paddle without PADDLE_TRAINERS_NUM: the id must be in the endpoints' range",
+       {{"PADDLE_TRAINER_ID", "2"}, {"PADDLE_TRAINER_ENDPOINTS", "a:1,b:1"}},
+       {"PADDLE_TRAINER_ID=2 is out of range", "PADDLE_TRAINERS_NUM=2"}},
+      // Scheduler variables beside a launcher's that cannot describe the same job.
+      {"mpirun with a RANK left in the environment: same world, other rank",
+       {{"RANK", "0"},
+        {"WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "1"},
+        {"OMPI_COMM_WORLD_RANK", "1"},
+        {"OMPI_COMM_WORLD_SIZE", "2"}},
+       {"contradictory environment: RANK=0 and WORLD_SIZE=2 but OMPI_COMM_WORLD_RANK=1 and "
+        "OMPI_COMM_WORLD_SIZE=2 (openmpi)"}},
+      {"srun with a WORLD_SIZE that is no multiple of its tasks",
+       {{"RANK", "0"},
+        {"WORLD_SIZE", "3"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "1"},
+        {"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "2"}},
+       {"contradictory environment", "SLURM_NTASKS=2 (slurm)"}},
+      {"paddle's id against OpenMPI's",
+       With(kLaunch, {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}),
+       {"PADDLE_TRAINER_ID=1 and PADDLE_TRAINERS_NUM=2 but OMPI_COMM_WORLD_RANK=0"}},
       {"paddle with 2 trainers and no endpoints",
        Paddle("0", "2", ""),
        {"missing PADDLE_TRAINER_ENDPOINTS", "PADDLE_TRAINERS_NUM=2", "PADDLE_TRAINER_ID=0"}},
@@ -420,6 +467,23 @@ TEST(CloudRoleMaker, GenerateReadsTheProcessEnvironment) {
   std::string e = ErrorOf([] { CloudRoleMaker().Generate(); });
   EXPECT_NE(e.find("RANK=0"), std::string::npos) << e;
   EXPECT_NE(e.find("PADDLE_TRAINER_ID=1"), std::string::npos) << e;
+}
+
+// `keel train --selected_gpus=1` (a flag, not the environment variable) picks the GPU too.
+TEST(CloudRoleMaker, GenerateReadsTheSelectedGpusFlag) {
+  gflags::FlagSaver saver;
+  for (const char* name : {"PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS",
+                           "PADDLE_CURRENT_ENDPOINT", "FLAGS_selected_gpus", "RANK", "WORLD_SIZE",
+                           "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    unsetenv(name);
+  }
+  EXPECT_TRUE(CloudRoleMaker().Generate().selected_gpus.empty());
+  ASSERT_FALSE(gflags::SetCommandLineOption("selected_gpus", "1").empty());
+  EXPECT_EQ(CloudRoleMaker().Generate().selected_gpus, std::vector<int>{1});
+  // The flag wins over the environment variable, as a command line does.
+  setenv("FLAGS_selected_gpus", "0", 1);
+  EXPECT_EQ(CloudRoleMaker().Generate().selected_gpus, std::vector<int>{1});
+  unsetenv("FLAGS_selected_gpus");
 }
 
 TEST(Role, ToStringIsOneLineWithTheFacts) {

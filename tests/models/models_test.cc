@@ -12,6 +12,7 @@
 #include "framework/dsl/nn_layers.h"
 #include "models/model_zoo.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_data.h"
 
 namespace keel::testing {
 namespace {
@@ -28,15 +29,9 @@ std::vector<double> Column(const std::string& out, const char* fmt) {
   return v;
 }
 
-std::string MnistDir() {
-  std::string d = std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist";
-  struct stat st;
-  return ::stat((d + "/t10k-images-idx3-ubyte.gz").c_str(), &st) == 0 ? d : "";
-}
-
 TEST(Lenet, ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit) {
+  if (!HaveMnist()) GTEST_SKIP() << "MNIST not found in " << MnistDir() << " (set KEEL_MNIST_DIR)";
   std::string dir = MnistDir();
-  if (dir.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
   auto t0 = std::chrono::steady_clock::now();
   auto r = RunCommand(BinPath("keel") + " train --model=lenet --data=mnist:" + dir +
                       " --epochs=8 --batch_size=64 --seed=1 --fetch_frequency=1000");

@@ -102,6 +102,93 @@ TEST(GradAllReducePass, HierarchicalMatchesGolden) {
   testing::ExpectGolden(startup.ToText(), "grad_allreduce_hierarchical_startup.txt");
 }
 
+// Hierarchy needs two nodes: with all four ranks on one node it warns and the program is the flat
+// one-ring program, as Paddle turns hierarchical all-reduce off on a single node.
+TEST(GradAllReducePass, HierarchicalOnOneNodeWarnsAndUsesTheFlatRing) {
+  Program main, startup;
+  BuildTrainedMlp(main, startup);
+  fleet::DistributedStrategy s;
+  s.use_hierarchical_allreduce = true;  // inter_nranks 0: the role's local world, 4 of 4
+  ::testing::internal::CaptureStderr();
+  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("use_hierarchical_allreduce: all 4 ranks are on one node"), std::string::npos)
+      << log;
+  testing::ExpectGolden(main.ToText(), "grad_allreduce_1ring_main.txt");
+  testing::ExpectGolden(startup.ToText(), "grad_allreduce_1ring_startup.txt");
+}
+
+// The coalesce_tensor groups of a transpiled program, each as "a,b,c".
+std::vector<std::string> FusedGroups(const Program& main) {
+  std::vector<std::string> groups;
+  for (auto& op : main.global_block().ops()) {
+    if (op->type() != "coalesce_tensor") continue;
+    std::string g;
+    for (const std::string& n : op->Output("Output")) g += (g.empty() ? "" : ",") + n;
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+std::vector<std::string> PaddleGroups(double memory_mb, int groups_size, int layers = 3) {
+  Program main, startup;
+  {
+    ProgramGuard guard(main, startup);
+    Var h = layers::data("x", {-1, 4});
+    for (int i = 0; i + 1 < layers; ++i) h = layers::fc(h, 5, "tanh");
+    Var y = layers::data("y", {-1, 1}, DType::kInt64);
+    optimizer::SGD(0.1f).minimize(
+        layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y)), &startup);
+  }
+  fleet::DistributedStrategy s;
+  s.fuse_all_reduce_ops = true;
+  s.paddle_fuse = {true, memory_mb, groups_size};
+  s.Validate(TwoOfFour());
+  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  return FusedGroups(main);
+}
+
+// Paddle's fusion flags group as Paddle does: a layer's W and b together (by the parameter name
+// before the first '.'), memory 0 = one group, memory > 0 merges layers until the size is reached
+// or (groups_size > 1) the group holds more than groups_size gradients; 1 or -1: no count limit.
+TEST(GradAllReducePass, PaddleFusionFlagsGroupAsPaddleDoes) {
+  using G = std::vector<std::string>;
+  const G per_layer = {"fc_2.b_0@GRAD,fc_2.w_0@GRAD", "fc_1.b_0@GRAD,fc_1.w_0@GRAD",
+                       "fc_0.b_0@GRAD,fc_0.w_0@GRAD"};
+  const G one = {
+      "fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD,fc_0.b_0@GRAD,"
+      "fc_0.w_0@GRAD"};
+  EXPECT_EQ(PaddleGroups(-1, 1), per_layer);  // no memory size: a group per layer
+  EXPECT_EQ(PaddleGroups(0, 1), one);         // memory 0: one group
+  EXPECT_EQ(PaddleGroups(0, -1), one);
+  EXPECT_EQ(PaddleGroups(1, 1), one);  // 1 MB holds every layer; groups_size 1: no limit
+  EXPECT_EQ(PaddleGroups(1, -1), one);
+  // groups_size 3: a group closes once it holds more than 3 gradients (two layers here).
+  EXPECT_EQ(PaddleGroups(1, 3), (G{"fc_2.b_0@GRAD,fc_2.w_0@GRAD,fc_1.b_0@GRAD,fc_1.w_0@GRAD",
+                                   "fc_0.b_0@GRAD,fc_0.w_0@GRAD"}));
+  // A size below one layer: every layer alone, its W and b still together.
+  EXPECT_EQ(PaddleGroups(1e-6, 1), per_layer);
+  // keel's own fields with the same small limits would split W from b.
+  Program main, startup;
+  BuildTrainedMlp(main, startup);
+  fleet::DistributedStrategy s;
+  s.fuse_all_reduce_ops = true;
+  s.fuse_grad_size_in_MB = 1e-6;
+  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  EXPECT_EQ(FusedGroups(main).size(), 4u);
+}
+
+// The program of Paddle's default fusion flags (a group per layer) as text.
+TEST(GradAllReducePass, PaddleFusionPerLayerMatchesGolden) {
+  Program main, startup;
+  BuildTrainedMlp(main, startup);
+  fleet::DistributedStrategy s;
+  s.fuse_all_reduce_ops = true;
+  s.paddle_fuse = {true, -1, 1};
+  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  testing::ExpectGolden(main.ToText(), "grad_allreduce_paddle_per_layer_main.txt");
+}
+
 // layer_norm_grad writes two parameter gradients: their collectives follow it directly, in the
 // order of its op_role_var, and the op that followed it still follows them.
 TEST(GradAllReducePass, AnOpWritingTwoGradientsGetsBothRightAfterIt) {

@@ -1,10 +1,16 @@
 // Data-parallel equivalence: each of N ranks trains the MLP on its B/N rows of a global batch of B,
-// through fleet's distributed optimizer; rank 0 saves the parameters to --out. Run without a
-// launcher it is the 1-rank reference on all B rows. tests/fleet/data_parallel_test.cc compares.
+// through fleet's distributed optimizer (SGD, Momentum or Adam, with gradient clipping and a
+// learning-rate schedule on demand); rank 0 saves the parameters to --out. Run without a launcher
+// it is the 1-rank reference on all B rows. tests/fleet/data_parallel_test.cc compares.
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
 #include <random>
+#include <thread>
 
 #include "fleet/fleet.h"
 
@@ -18,6 +24,14 @@ DEFINE_int32(local_sgd_warmup, 0, "local_sgd_warmup_steps.");
 DEFINE_int32(hier, 0, "use_hierarchical_allreduce with this many ranks per node (0: off).");
 DEFINE_string(out, "", "Directory rank 0 saves the parameters to.");
 DEFINE_int32(hidden, 16, "Hidden width.");
+DEFINE_string(opt, "sgd", "sgd | momentum | adam.");
+DEFINE_double(clip_norm, 0, "> 0: clip gradients by this global norm.");
+DEFINE_bool(lr_decay, false, "A piecewise learning-rate schedule: the rate / 5 after 10 steps.");
+DEFINE_double(fuse_mb, 0, "> 0: fuse_all_reduce_ops with groups of at most this many MB.");
+DEFINE_int32(strategy_timeout_s, 0, "> 0: DistributedStrategy::comm_timeout_s.");
+DEFINE_int32(stall_rank, -1, "This rank sleeps --stall_s seconds before its first step.");
+DEFINE_int32(stall_s, 0, "How long --stall_rank sleeps.");
+DEFINE_string(load_dir, "", "Resume from this checkpoint (fleet::load_persistables).");
 
 using namespace keel;
 
@@ -40,19 +54,50 @@ int main(int argc, char** argv) {
       loss = layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y));
       fleet::DistributedStrategy strategy;
       strategy.nccl_comm_num = FLAGS_rings;
-      strategy.fuse_all_reduce_ops = FLAGS_fuse;
-      strategy.fuse_grad_size_in_num = FLAGS_fuse_num;
+      strategy.fuse_all_reduce_ops = FLAGS_fuse || FLAGS_fuse_mb > 0;
+      if (strategy.fuse_all_reduce_ops) strategy.fuse_grad_size_in_num = FLAGS_fuse_num;
+      if (FLAGS_fuse_mb > 0) strategy.fuse_grad_size_in_MB = FLAGS_fuse_mb;
+      if (FLAGS_strategy_timeout_s > 0) strategy.comm_timeout_s = FLAGS_strategy_timeout_s;
       strategy.use_local_sgd = FLAGS_local_sgd_steps > 0;
       if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
       strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup;
       strategy.use_hierarchical_allreduce = FLAGS_hier > 0;
       strategy.hierarchical_allreduce_inter_nranks = FLAGS_hier;
-      fleet::distributed_optimizer(optimizer::SGD(0.5f), strategy).minimize(loss, &startup);
+      // Adam's step is about lr whatever the gradient's size: it gets a smaller rate.
+      const float base = FLAGS_opt == "adam" ? 0.01f : 0.5f;
+      LearningRate lr = base;
+      if (FLAGS_lr_decay) lr = lr_schedule::Piecewise({10}, {base, base / 5});
+      std::unique_ptr<optimizer::Optimizer> opt;
+      if (FLAGS_opt == "momentum") {
+        opt = std::make_unique<optimizer::Momentum>(lr, 0.9f);
+      } else if (FLAGS_opt == "adam") {
+        opt = std::make_unique<optimizer::Adam>(lr);
+      } else {
+        KEEL_ENFORCE(FLAGS_opt == "sgd", "--opt must be sgd, momentum or adam");
+        opt = std::make_unique<optimizer::SGD>(lr);
+      }
+      if (FLAGS_clip_norm > 0) opt->set_grad_clip({static_cast<float>(FLAGS_clip_norm)});
+      fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
     }
     Executor exe;
     exe.Run(startup);
+    if (!FLAGS_load_dir.empty()) {
+      fleet::load_persistables(exe, FLAGS_load_dir);
+      // LocalSGD's snapshots must be the loaded parameters: the largest difference.
+      double gap = 0;
+      for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+        const Variable* snap = exe.scope().FindVar(v->name() + "@LOCAL_SGD_SNAPSHOT");
+        if (!v->is_parameter() || snap == nullptr) continue;
+        const Tensor& p = exe.scope().FindVar(v->name())->tensor();
+        for (int64_t i = 0; i < p.numel(); ++i)
+          gap =
+              std::max<double>(gap, std::abs(p.data<float>()[i] - snap->tensor().data<float>()[i]));
+      }
+      std::printf("rank %d snapshot_gap %g\n", rank, gap);
+    }
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
+    if (rank == FLAGS_stall_rank) std::this_thread::sleep_for(std::chrono::seconds(FLAGS_stall_s));
     for (int step = 0; step < FLAGS_steps; ++step) {
       // The same global batch on every rank; each keeps its rows.
       std::vector<float> gx(FLAGS_global_batch * 8);
@@ -76,6 +121,10 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("rank %d params %.9g %.9g\n", rank, sum, weighted);
+    int groups = 0;
+    for (const auto& op : fleet::main_program().global_block().ops())
+      groups += op->type() == "coalesce_tensor";
+    std::printf("rank %d fused_groups %d\n", rank, groups);
     if (!FLAGS_out.empty()) fleet::save_persistables(exe, FLAGS_out);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
