@@ -60,25 +60,17 @@ std::string LocalAddressTowards(const std::string& peer, int port) {
   return ip;
 }
 
-// A barrier through the store: each rank adds 1 to a counter and waits for the last to arrive.
+// A barrier through the store: the store names the ranks that never arrived, and fails at once
+// when one of them closed its store connection (exited).
 void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
   const Role& r = State().role;
   if (r.world_size <= 1) return;
   StoreClient& s = CommContext::Get().store(name);
   std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
   try {
-    if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
-    s.Get(key + "/done", timeout);
-    // Rank 0 serves the store, so it leaves last: if it exits right after, no other rank is still
-    // waiting for a reply from it.
-    if (r.rank != 0) {
-      if (s.Add(key + "/left", 1) == r.world_size - 1) s.Set(key + "/all_left", "1");
-    } else {
-      s.Get(key + "/all_left", timeout);
-    }
+    s.Barrier(key, r.world_size, timeout);
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " waited ", timeout.count() / 1000.0,
-               " s for the other workers: ", e.what());
+    KEEL_THROW(name, ": rank ", r.rank, " waited for the other workers: ", e.what());
   }
 }
 
@@ -115,8 +107,8 @@ void init(const RoleMaker& role_maker) {
   } else {
     cfg.my_host = LocalAddressTowards(r.master_addr, r.master_port);
   }
-  const char* token = std::getenv("KEEL_JOB_TOKEN");
-  cfg.token = token && *token ? token : "keel-job";
+  cfg.token = JobTokenFromEnvironment(r.world_size);
+  cfg.generation = RestartGenerationFromEnvironment();
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);

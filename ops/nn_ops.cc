@@ -477,10 +477,11 @@ struct DropoutAttrs {
 };
 
 // Training: Mask = (u >= p) for u ~ U[0, 1) per element, Out = X * Mask * TrainScale. is_test: Out
-// = X * TestScale and Mask is left unwritten. The engine is seeded from ctx.seed() (the executor
-// resolves attr seed, else the program's random_seed, else a random one) once, and continues its
-// stream on later runs; with fix_seed it is reseeded every run, so every run draws the same mask
-// (Paddle 1.x's fix_seed).
+// = X * TestScale and Mask is left unwritten. Every run seeds the engine from ctx.seed() (the
+// executor resolves attr seed, else the program's random_seed, else a random one) mixed with the
+// run index, so each run draws a new mask that depends only on (seed, run): a run resumed from a
+// checkpoint of step N draws exactly the masks of the uninterrupted run. With fix_seed every run
+// uses ctx.seed() alone and draws the same mask (Paddle 1.x's fix_seed).
 template <typename T>
 class DropoutKernel : public OpKernel {
  public:
@@ -495,10 +496,7 @@ class DropoutKernel : public OpKernel {
       out = xv * static_cast<T>(a_.TestScale());
       return;
     }
-    if (!seeded_ || a_.fix_seed) {
-      engine_.seed(ctx.seed());
-      seeded_ = true;
-    }
+    engine_.seed(a_.fix_seed ? ctx.seed() : RunSeed(ctx.seed(), ctx.run_index()));
     uint8_t* mask = ctx.Output("Mask")->mutable_data<uint8_t>(ctx.place());
     // Keep when a uniform 32-bit draw is >= p * 2^32; each 64-bit draw serves two elements.
     const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(a_.p) * 4294967296.0);
@@ -514,9 +512,15 @@ class DropoutKernel : public OpKernel {
   }
 
  private:
+  // splitmix64 of (seed, run): well-spread seeds for neighbouring runs.
+  static uint64_t RunSeed(uint64_t seed, int64_t run) {
+    uint64_t x = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(run) + 1);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
   DropoutAttrs a_;
   std::mt19937_64 engine_;
-  bool seeded_ = false;
 };
 
 // dx = dout * Mask * TrainScale; is_test: dx = dout * TestScale.

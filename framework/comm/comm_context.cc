@@ -38,11 +38,13 @@ void CommContext::Init(const CommConfig& cfg) {
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
   if (cfg.rank == 0) {
-    server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token);
+    server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token,
+                                            cfg.generation);
     config_.store_port = server_->port();
   }
   client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
-                                          cfg.timeout);
+                                          cfg.timeout,
+                                          StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()

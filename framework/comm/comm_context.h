@@ -18,6 +18,7 @@ struct CommConfig {
   int store_port = 0;
   std::string my_host = "127.0.0.1";     // the address peers reach this rank at
   std::string token = "keel";             // the job token every rank must present
+  int64_t generation = 0;                 // restart round (KEEL_RESTART_COUNT), see store.h
   std::chrono::milliseconds timeout{300000};  // store, setup and every collective
 };
 
