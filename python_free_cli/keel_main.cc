@@ -19,7 +19,8 @@ const char* kUsage =
     "commands:\n"
     "  train    train a built-in model: --model=mlp|lenet|resnet|transformer --steps=N\n"
     "           --epochs=E --batch_size=B --optimizer=sgd|momentum|adam|adamw --lr=F --seed=S\n"
-    "           --data=mnist:DIR --save_dir=DIR --load_dir=DIR --fetch_frequency=K\n"
+    "           --data=mnist:DIR --save_dir=DIR --save_every=STEPS --load_dir=DIR\n"
+    "           --fetch_frequency=K\n"
     "  inspect  print a saved program (__model__) or safetensors file, or a checkpoint dir\n"
     "  bench    time a built-in model's training step (or `allreduce` under keel launch), one\n"
     "           JSON line: keel bench mlp|lenet|resnet|transformer|allreduce\n"
@@ -27,6 +28,7 @@ const char* kUsage =
     "           --nproc_per_node=N | --selected_gpus=0,1  --nnodes=K --node_rank=R\n"
     "           --cluster_node_ips=IP,IP --node_ip=IP --started_port=P --master_addr=A\n"
     "           --master_port=P --log_dir=DIR (default log) --grace_period_s=S\n"
+    "           --max_restarts=N (restart every worker on a failure, up to N times)\n"
     "run `keel <command> --help` for all flags\n";
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -168,6 +169,17 @@ bool ParseHello(const std::string& s, std::string* token, StoreIdentity* id) {
   id->rank = static_cast<int>(rank);
   id->nranks = static_cast<int>(nranks);
   return true;
+}
+
+// How many unauthenticated connections the server may hold: kMaxPendingConnections, and never
+// more than a quarter of the process's fd limit (less the clients), so that strangers cannot take
+// the fds the process needs for its own files.
+int PendingCap(int clients) {
+  rlimit rl;
+  int cap = kMaxPendingConnections;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    cap = std::min<int64_t>(cap, static_cast<int64_t>(rl.rlim_cur) / 4 - clients - 3);
+  return std::max(cap, 2);
 }
 
 void SetNonBlocking(int fd, bool on) {
@@ -364,8 +376,9 @@ void StoreServer::AcceptLoop() {
       char ip[INET_ADDRSTRLEN] = "?";
       ::inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip));
       std::string who = std::string(ip) + ":" + std::to_string(ntohs(peer.sin_port));
-      if (static_cast<int>(pending.size()) >= kMaxPendingConnections)
-        drop(pending.begin(), StrCat("evicted: more than ", kMaxPendingConnections,
+      const int cap = PendingCap(client_count_.load());
+      while (static_cast<int>(pending.size()) >= cap)
+        drop(pending.begin(), StrCat("evicted: more than ", cap,
                                      " connections waiting to say hello"));
       pending.push_back(Pending{fd, who, Clock::now(), {}});
     }
@@ -621,8 +634,12 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
   const std::string hello = HelloPayload(token, identity);
   while (true) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    KEEL_ENFORCE(fd_ >= 0, "store: socket(): ", std::strerror(errno));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    if (fd_ < 0) {  // out of fds or buffers for a moment: retried like a refused connect
+      int err = errno;
+      KEEL_ENFORCE(err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM,
+                   "store: socket(): ", std::strerror(err));
+      last_error = StrCat("socket(): ", std::strerror(err));
+    } else if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       int one = 1;
       ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       std::string reply;
