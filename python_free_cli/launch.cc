@@ -525,7 +525,7 @@ struct Worker {
   std::string log_path;
   int log_fd = -1;
   // When a process of its group was first seen stopped (state T or t), if it still is.
-  bool stopped = false;
+  bool stopped = false, stopped_logged = false;
   Clock::time_point stopped_since;
   double stopped_for_s = 0;  // how long it had been stopped when the job failed
   bool stopped_too_long = false;
@@ -802,15 +802,19 @@ class Supervisor {
     for (Worker& w : workers_) {
       bool is_stopped = w.alive && stopped_groups.count(w.pid);
       if (is_stopped && !w.stopped) {
-        w.stopped = true;
+        w.stopped = true;  // a suspect from now on; named once seen stopped twice in a row
         w.stopped_since = now;
+      } else if (is_stopped && !w.stopped_logged) {
+        w.stopped_logged = true;
         std::fprintf(stderr,
                      "keel launch: worker rank %d (local %d, pid %d) is stopped (state T: "
                      "SIGSTOP, Ctrl-Z or a debugger?); the other ranks wait for it\n",
                      w.rank, w.local, static_cast<int>(stopped_pid[w.pid]));
       } else if (!is_stopped && w.stopped) {
         w.stopped = false;
-        if (w.alive)
+        bool was_logged = w.stopped_logged;
+        w.stopped_logged = false;
+        if (w.alive && was_logged)
           std::fprintf(stderr, "keel launch: worker rank %d runs again after %s s stopped\n",
                        w.rank,
                        Seconds(std::chrono::duration<double>(now - w.stopped_since).count())
@@ -953,7 +957,7 @@ class Supervisor {
       w.alive = false;
       w.status = 0;
       w.reaped_after_kill = false;
-      w.stopped = false;
+      w.stopped = w.stopped_logged = false;
       w.stopped_for_s = 0;
       w.stopped_too_long = false;
     }

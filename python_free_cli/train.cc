@@ -8,6 +8,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "fleet/straggler_monitor.h"
 #include "framework/profiler/profiler.h"
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
@@ -131,6 +132,7 @@ int Train(const std::vector<std::string>& args) {
                 FLAGS_model.c_str(), m.optimizer.c_str(), fleet::worker_num(),
                 static_cast<long long>(steps_per_epoch));
   FeedMap feed;
+  fleet::StragglerMonitor straggler;
   profiler::StartFromFlags();
   auto last = std::chrono::steady_clock::now();
   int64_t samples_since = 0, step = resumed;
@@ -139,6 +141,7 @@ int Train(const std::vector<std::string>& args) {
     for (int64_t i = step - epoch * steps_per_epoch; i < steps_per_epoch; ++i, ++step) {
       m.next_batch(FLAGS_batch_size, &feed);
       auto out = exe.Run(*m.main, feed, {m.loss});
+      straggler.StepDone();
       samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
       if (!out.empty() && !quiet) {
         auto now = std::chrono::steady_clock::now();

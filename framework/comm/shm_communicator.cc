@@ -306,6 +306,7 @@ class ShmCommunicator : public Communicator {
 
   template <typename F>
   void Run(const std::string& what, uint32_t kind, const Tensor& t, int root, F&& f) {
+    CommTimer timer(&comm_ns_);
     ++seq_;
     KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (",
                  dead_, ")");

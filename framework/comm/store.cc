@@ -647,7 +647,10 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
                          .count();
       if (WriteFrame(fd_, hello) &&
           ReadFrame(fd_, &reply, std::max<int64_t>(left, 1000), 64).empty() && !reply.empty()) {
-        if (reply[0] == kOk) break;
+        if (reply[0] == kOk) {
+          abort_fd_ = fd_;
+          break;
+        }
         ::close(fd_);
         fd_ = -1;
         KEEL_ENFORCE(reply[0] != kBadToken, "store ", endpoint_,
@@ -682,6 +685,11 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void StoreClient::Abort() {
+  int fd = abort_fd_.load();
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
 std::string StoreClient::Request(const std::string& frame, std::chrono::milliseconds wait,
                                  const std::string& what) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -692,6 +700,7 @@ std::string StoreClient::Request(const std::string& frame, std::chrono::millisec
   if (!WriteFrame(fd_, frame)) err = std::strerror(errno);
   else err = ReadFrame(fd_, &reply, wait.count() + 10000);
   if (!err.empty() || reply.empty()) {
+    abort_fd_ = -1;
     ::close(fd_);
     fd_ = -1;
     KEEL_THROW("store ", endpoint_, ": ", what, " failed: ",

@@ -133,12 +133,15 @@ class StoreClient {
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& endpoint() const { return endpoint_; }
+  // From another thread: makes a request blocked on this connection fail now (shutdown(2)).
+  void Abort();
 
  private:
   std::string Request(const std::string& frame, std::chrono::milliseconds wait,
                       const std::string& what);
 
   int fd_ = -1;
+  std::atomic<int> abort_fd_{-1};  // fd_ for Abort, which runs without mu_
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;

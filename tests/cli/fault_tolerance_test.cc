@@ -236,14 +236,15 @@ TEST_F(FaultTest, AFloodOfStrangersDuringRendezvousAndSavesLeavesTrainingIntact)
   auto r = RunCommand(Env() + "sh -c 'ulimit -n 256; exec " + Keel() +
                       " launch --nproc_per_node=2 --master_port=" + std::to_string(port) +
                       " --log_dir=" + dir_ + "/log " + Keel() +
-                      " train --model=mlp --mlp_hidden=64 --steps=60 --save_every=10 --save_dir=" +
+                      " train --model=mlp --mlp_hidden=256 --steps=300 --save_every=10 --save_dir=" +
                       dir_ + "/ckpt'");
   kill(flooder, SIGKILL);
   waitpid(flooder, nullptr, 0);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "store: refused")) << "the flood never reached the store";
   std::optional<TrainingState> st = ReadTrainingState(dir_ + "/ckpt");
   ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(st->step, 60);
+  EXPECT_EQ(st->step, 300);
 }
 
 // --save_dir is checked before step 0, not found unusable after the whole run.
@@ -295,6 +296,34 @@ TEST_F(FaultTest, LoadDirResumesTheStraightRunBitForBit) {
     for (int s = 12; s < 30; ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
     EXPECT_EQ(Tensors(dir_ + "/" + c.name + "_c"), Tensors(dir_ + "/" + c.name + "_a"));
   }
+}
+
+// A rank slowed down (stopped 60 ms of every 100) is logged by rank 0, by rank and with how far
+// behind it is, long before the 300 s comm timeout.
+TEST_F(FaultTest, AStragglerIsLoggedByRankWithHowFarBehind) {
+  Background job = StartBackground(
+      Env() + "FLAGS_straggler_report_interval_s=1 " + Keel() +
+          " launch --nproc_per_node=2 --log_dir=" + dir_ + " " + Keel() +
+          " train --model=mlp --mlp_hidden=256 --steps=100000000",
+      dir_ + "/out.txt");
+  ASSERT_TRUE(WaitForText(job.output_path, "step 5 ", 60)) << ReadText(job.output_path);
+  std::vector<pid_t> rank1 = FindProcesses("KEEL_TEST_MARK=" + mark_, 1, "keel");
+  ASSERT_EQ(rank1.size(), 1u);
+  bool logged = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  while (!logged && std::chrono::steady_clock::now() < deadline) {
+    kill(rank1[0], SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    kill(rank1[0], SIGCONT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    logged = Contains(ReadText(job.output_path), "straggler: rank 1 computes");
+  }
+  kill(job.pid, SIGTERM);
+  WaitFor(job.pid, 30);
+  std::string out = ReadText(job.output_path);
+  ASSERT_TRUE(logged) << out;
+  EXPECT_TRUE(Contains(out, "ms per step behind")) << out;
+  EXPECT_FALSE(Contains(out, "straggler: rank 0 computes")) << out;
 }
 
 }  // namespace
