@@ -109,6 +109,7 @@ void init(const RoleMaker& role_maker) {
   }
   cfg.token = JobTokenFromEnvironment(r.world_size);
   cfg.generation = RestartGenerationFromEnvironment();
+  cfg.store_listen_all = r.num_nodes() > 1;
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);

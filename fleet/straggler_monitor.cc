@@ -178,7 +178,8 @@ void StragglerMonitor::Loop() {
         flagged[r] = behind;
       }
     } catch (const Error& e) {
-      LOG(WARNING) << "straggler monitor stopped: " << e.what();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!stop_) LOG(WARNING) << "straggler monitor stopped: " << e.what();
       return;
     }
   }

@@ -18,6 +18,10 @@ DEFINE_int32(save_every, 0,
              "state, step, data position, RNG); with keel launch --max_restarts a restarted job "
              "resumes from the last one. 0: only after training.");
 
+DEFINE_bool(auto_resume, false,
+            "Resume from --save_dir's checkpoint when it holds one: for schedulers that restart or "
+            "requeue a job (Kubernetes, Slurm). Restarts by keel launch --max_restarts always do.");
+
 namespace keel {
 namespace cli {
 
@@ -25,9 +29,12 @@ TrainCheckpoints::TrainCheckpoints() {
   KEEL_ENFORCE(FLAGS_save_every >= 0, "--save_every must be >= 0, got ", FLAGS_save_every);
   KEEL_ENFORCE(FLAGS_save_every == 0 || !FLAGS_save_dir.empty(), "--save_every=",
                FLAGS_save_every, " needs --save_dir (where the checkpoints go)");
+  KEEL_ENFORCE(!FLAGS_auto_resume || !FLAGS_save_dir.empty(),
+               "--auto_resume needs --save_dir (where it looks for a checkpoint)");
   const int64_t restart = RestartGenerationFromEnvironment();
   // A restarted job continues from its own latest checkpoint; a first run from --load_dir.
-  if (restart > 0 && !FLAGS_save_dir.empty() && HasCheckpoint(FLAGS_save_dir)) {
+  if ((restart > 0 || FLAGS_auto_resume) && !FLAGS_save_dir.empty() &&
+      HasCheckpoint(FLAGS_save_dir)) {
     resume_dir_ = FLAGS_save_dir;
   } else if (!FLAGS_load_dir.empty()) {
     KEEL_ENFORCE(HasCheckpoint(FLAGS_load_dir), "--load_dir=", FLAGS_load_dir, ": no ",

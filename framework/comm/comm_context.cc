@@ -38,8 +38,8 @@ void CommContext::Init(const CommConfig& cfg) {
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
   if (cfg.rank == 0) {
-    server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token,
-                                            cfg.generation);
+    server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
+                                            cfg.store_port, cfg.token, cfg.generation);
     config_.store_port = server_->port();
   }
   client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,

@@ -75,11 +75,6 @@ class TwoHosts {
         return;
       }
     }
-    // The link is up when each side reaches the other.
-    CommandResult ping = RunCommand("ip netns exec " + ns_[0] + " ping -c 1 -W 5 " + ip_[1]);
-    if (ping.exit_code != 0 && ping.output.find("not found") == std::string::npos) {
-      why_not_ = "the veth link does not carry traffic: " + ping.output;
-    }
   }
   ~TwoHosts() {
     for (int i = 0; i < 2; ++i) {
