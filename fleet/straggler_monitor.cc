@@ -166,8 +166,8 @@ void StragglerMonitor::Loop() {
         if (behind && (log_ok(r) || !flagged[r])) {
           LOG(WARNING) << "straggler: rank " << r << " computes " << Fmt(rep.compute_ms)
                        << " ms per step, the median rank " << Fmt(median) << " ms ("
-                       << Fmt(rep.compute_ms / std::max(median, 1e-3)) << "x): "
-                       << Fmt(rep.compute_ms - median)
+                       << Fmt(rep.compute_ms / std::max(median, 1e-3))
+                       << "x): " << Fmt(rep.compute_ms - median)
                        << " ms per step behind; the other ranks wait for it in every "
                           "all-reduce";
           last_logged[r] = Clock::now();

@@ -7,11 +7,12 @@
 // finished a step to the store every --straggler_report_interval_s seconds (one small SET; no
 // collective, nothing on the training thread but two clock reads per step). Rank 0's thread
 // compares them and logs, by rank:
-//   straggler: rank 2 computes 210.4 ms per step, the median rank 48.1 ms (4.4x): 162.3 ms per
-//     step behind; the other ranks wait for it in every all-reduce
-//   straggler: rank 2 has not reported for 15.0 s (stopped or hung?); its last report: step 812,
-//     the others wait for it in their collectives
-// Logged once per rank per 30 s while it lasts; a rank back in line is logged once too.
+//   straggler: rank 1 computes 1.8 ms per step, the median rank 0.8 ms (2.1x): 0.9 ms per step
+//     behind; the other ranks wait for it in every all-reduce
+//   straggler: rank R has not reported for S s (stopped or hung?); its last report: step N, the
+//     others wait for it in their collectives
+// Logged when a rank becomes a straggler and then at most once per 30 s while it lasts; a rank
+// back in line is logged once.
 //
 //   fleet::StragglerMonitor monitor;   // after fleet::init (does nothing for one worker)
 //   for (...) { exe.Run(...); monitor.StepDone(); }

@@ -4,11 +4,11 @@
 #include <glog/logging.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
-#include <algorithm>
 
 #include "framework/error.h"
 #include "framework/runtime/blas.h"
@@ -58,7 +58,8 @@ int DefaultMathThreads() {
                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int local = 1;
   std::string from;
-  for (const char* var : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+  for (const char* var :
+       {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     const char* v = std::getenv(var);
     if (v == nullptr) continue;
     int n = std::atoi(v);

@@ -666,7 +666,8 @@ class Supervisor {
         if (line == "bye") _exit(0);
         pid_t g = static_cast<pid_t>(std::atoi(line.c_str() + 1));
         if (line[0] == '+') groups.push_back(g);
-        if (line[0] == '-') groups.erase(std::remove(groups.begin(), groups.end(), g), groups.end());
+        if (line[0] == '-')
+          groups.erase(std::remove(groups.begin(), groups.end(), g), groups.end());
         line.clear();
       }
       for (pid_t g : groups) {
@@ -815,10 +816,9 @@ class Supervisor {
         bool was_logged = w.stopped_logged;
         w.stopped_logged = false;
         if (w.alive && was_logged)
-          std::fprintf(stderr, "keel launch: worker rank %d runs again after %s s stopped\n",
-                       w.rank,
-                       Seconds(std::chrono::duration<double>(now - w.stopped_since).count())
-                           .c_str());
+          std::fprintf(
+              stderr, "keel launch: worker rank %d runs again after %s s stopped\n", w.rank,
+              Seconds(std::chrono::duration<double>(now - w.stopped_since).count()).c_str());
       }
       double limit = StoppedLimitSeconds();
       if (w.stopped && !stopping_ &&
@@ -894,9 +894,8 @@ class Supervisor {
     Reap();  // a worker may have exited before the first poll
     auto next_check = Clock::now() + std::chrono::seconds(1);
     while (AnyAlive()) {
-      int64_t timeout = std::chrono::duration_cast<std::chrono::milliseconds>(next_check -
-                                                                            Clock::now())
-                            .count();
+      int64_t timeout =
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_check - Clock::now()).count();
       if (stopping_ && !killed_) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
         timeout = std::min<int64_t>(timeout, left.count());

@@ -27,8 +27,8 @@ namespace cli {
 
 TrainCheckpoints::TrainCheckpoints() {
   KEEL_ENFORCE(FLAGS_save_every >= 0, "--save_every must be >= 0, got ", FLAGS_save_every);
-  KEEL_ENFORCE(FLAGS_save_every == 0 || !FLAGS_save_dir.empty(), "--save_every=",
-               FLAGS_save_every, " needs --save_dir (where the checkpoints go)");
+  KEEL_ENFORCE(FLAGS_save_every == 0 || !FLAGS_save_dir.empty(), "--save_every=", FLAGS_save_every,
+               " needs --save_dir (where the checkpoints go)");
   KEEL_ENFORCE(!FLAGS_auto_resume || !FLAGS_save_dir.empty(),
                "--auto_resume needs --save_dir (where it looks for a checkpoint)");
   const int64_t restart = RestartGenerationFromEnvironment();
@@ -112,8 +112,8 @@ TrainingState TrainCheckpoints::State(int64_t steps_done) const {
   return st;
 }
 
-void TrainCheckpoints::AfterStep(Executor& exe, const models::TrainableModel& m,
-                                 int64_t steps_done, bool rank0, bool quiet) {
+void TrainCheckpoints::AfterStep(Executor& exe, const models::TrainableModel& m, int64_t steps_done,
+                                 bool rank0, bool quiet) {
   if (FLAGS_save_every <= 0 || steps_done % FLAGS_save_every != 0) return;
   // Rank 0 alone writes, without a barrier: its scope is its own, and in synchronous training
   // every rank holds the same values after the step. A rank killed mid-save leaves the previous
@@ -127,8 +127,8 @@ void TrainCheckpoints::AfterStep(Executor& exe, const models::TrainableModel& m,
   }
 }
 
-void TrainCheckpoints::SaveFinal(Executor& exe, const models::TrainableModel& m,
-                                 int64_t steps_done, bool rank0, bool quiet) {
+void TrainCheckpoints::SaveFinal(Executor& exe, const models::TrainableModel& m, int64_t steps_done,
+                                 bool rank0, bool quiet) {
   if (FLAGS_save_dir.empty()) return;
   if (rank0 && last_saved_step_ != steps_done)
     save_checkpoint(exe.scope(), FLAGS_save_dir, *m.main, State(steps_done));

@@ -42,9 +42,9 @@ void CommContext::Init(const CommConfig& cfg) {
                                             cfg.store_port, cfg.token, cfg.generation);
     config_.store_port = server_->port();
   }
-  client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
-                                          cfg.timeout,
-                                          StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
+  client_ =
+      std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token, cfg.timeout,
+                                    StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()

@@ -3,10 +3,10 @@
 // Rank 0 creates one anonymous shared-memory file per ring (memfd_create: it has no name in
 // /dev/shm, so nothing can be left there whoever dies when); the others open it through rank 0's
 // /proc/PID/fd/N while rank 0 holds it open, map it and check a nonce that went through the store.
-// The memory is freed by the kernel when the last rank unmaps it or exits. The segment holds a header line per rank and two
-// sets of per-rank slots of kSlotBytes (double buffering). A collective moves its data through the
-// slots in chunks; ranks meet at barriers built from per-rank arrival counters (a short spin, then
-// a futex wait) and no lock.
+// The memory is freed by the kernel when the last rank unmaps it or exits. The segment holds a
+// header line per rank and two sets of per-rank slots of kSlotBytes (double buffering). A
+// collective moves its data through the slots in chunks; ranks meet at barriers built from per-rank
+// arrival counters (a short spin, then a futex wait) and no lock.
 //
 // All-reduce of a chunk: every rank copies its chunk into its slot; barrier; rank r reduces the
 // r-th 1/N slice over all slots into its output and into slot 0; barrier; every rank copies the
@@ -19,16 +19,15 @@
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
 // bytes): ranks running different programs fail naming both collectives instead of mixing data.
 #include <fcntl.h>
-#include <sched.h>
+#include <glog/logging.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <glog/logging.h>
 
 #include <algorithm>
 #include <atomic>

@@ -27,8 +27,14 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kHello[] = "KEEL-STORE/2\n";
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kBarrier = 6 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kBad = 2, kBadToken = 3, kBadGeneration = 4,
-                        kPeerGone = 5 };
+enum Status : uint8_t {
+  kOk = 0,
+  kTimeout = 1,
+  kBad = 2,
+  kBadToken = 3,
+  kBadGeneration = 4,
+  kPeerGone = 5
+};
 
 void PutU32(std::string* s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -38,7 +44,8 @@ void PutU64(std::string* s, uint64_t v) {
 }
 uint64_t GetLE(const char* p, int n) {
   uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -202,8 +209,8 @@ std::pair<std::string, int> ParseEndpoint(const std::string& ep, const std::stri
   std::string host = ep.substr(0, colon), port_s = ep.substr(colon + 1);
   int port = 0;
   for (char c : port_s) {
-    KEEL_ENFORCE(c >= '0' && c <= '9' && port_s.size() <= 5, what, ": port '", port_s,
-                 "' of '", ep, "' is not a number");
+    KEEL_ENFORCE(c >= '0' && c <= '9' && port_s.size() <= 5, what, ": port '", port_s, "' of '", ep,
+                 "' is not a number");
     port = port * 10 + (c - '0');
   }
   KEEL_ENFORCE(port > 0 && port < 65536, what, ": port ", port, " of '", ep,
@@ -230,8 +237,8 @@ StoreServer::StoreServer(const std::string& host, int port, std::string token, i
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   // Loopback endpoints listen on loopback only; any other host listens on all interfaces.
-  addr.sin_addr.s_addr = (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK)
-                                                                      : htonl(INADDR_ANY);
+  addr.sin_addr.s_addr =
+      (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(listen_fd_, 512) != 0) {
     int err = errno;
@@ -306,10 +313,11 @@ void StoreServer::AcceptLoop() {
     if (!pending.empty())
       timeout = std::max<int64_t>(0, kHelloTimeoutMs - MsSince(pending.front().accepted));
     if (!accepting) {
-      int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(resume_accept -
-                                                                          Clock::now())
-                         .count();
-      timeout = timeout < 0 ? std::max<int64_t>(left, 0) : std::min(timeout, std::max<int64_t>(left, 0));
+      int64_t left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(resume_accept - Clock::now())
+              .count();
+      timeout =
+          timeout < 0 ? std::max<int64_t>(left, 0) : std::min(timeout, std::max<int64_t>(left, 0));
     }
     int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout));
     if (stop_) break;
@@ -378,8 +386,8 @@ void StoreServer::AcceptLoop() {
       std::string who = std::string(ip) + ":" + std::to_string(ntohs(peer.sin_port));
       const int cap = PendingCap(client_count_.load());
       while (static_cast<int>(pending.size()) >= cap)
-        drop(pending.begin(), StrCat("evicted: more than ", cap,
-                                     " connections waiting to say hello"));
+        drop(pending.begin(),
+             StrCat("evicted: more than ", cap, " connections waiting to say hello"));
       pending.push_back(Pending{fd, who, Clock::now(), {}});
     }
     pending_count_ = static_cast<int>(pending.size());
@@ -433,8 +441,7 @@ bool StoreServer::ReadHello(Pending& p) {
     std::string g;
     PutU64(&g, static_cast<uint64_t>(generation_));
     return refuse(kBadGeneration,
-                  StrCat("restart generation ", id.generation, ", this store serves ",
-                         generation_),
+                  StrCat("restart generation ", id.generation, ", this store serves ", generation_),
                   g);
   }
   SetNonBlocking(fd, false);
@@ -466,8 +473,8 @@ std::string StoreServer::RankStatus(int nranks) {
     } else if (it->second.open == 0) {
       closed.push_back(r);
       if (detail.empty())
-        detail = StrCat(" (rank ", r, "'s closed ", MsSince(it->second.closed_at) / 1000.0,
-                        " s ago)");
+        detail =
+            StrCat(" (rank ", r, "'s closed ", MsSince(it->second.closed_at) / 1000.0, " s ago)");
     }
   }
   std::string s;
@@ -643,8 +650,8 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
       int one = 1;
       ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       std::string reply;
-      int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
-                         .count();
+      int64_t left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (WriteFrame(fd_, hello) &&
           ReadFrame(fd_, &reply, std::max<int64_t>(left, 1000), 64).empty() && !reply.empty()) {
         if (reply[0] == kOk) {
@@ -657,9 +664,9 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
                      ": the server refused this client's job token (every rank must have the "
                      "same KEEL_JOB_TOKEN)");
         if (reply[0] == kBadGeneration && reply.size() == 9) {
-          last_error = StrCat("it serves restart generation ", GetLE(reply.data() + 1, 8),
-                              ", this worker is generation ", identity.generation,
-                              " (KEEL_RESTART_COUNT)");
+          last_error =
+              StrCat("it serves restart generation ", GetLE(reply.data() + 1, 8),
+                     ", this worker is generation ", identity.generation, " (KEEL_RESTART_COUNT)");
         } else {
           last_error = "refused";
         }
@@ -697,14 +704,16 @@ std::string StoreClient::Request(const std::string& frame, std::chrono::millisec
   std::string reply;
   // The reply may take `wait` (a blocking GET) plus some slack for the network.
   std::string err;
-  if (!WriteFrame(fd_, frame)) err = std::strerror(errno);
-  else err = ReadFrame(fd_, &reply, wait.count() + 10000);
+  if (!WriteFrame(fd_, frame))
+    err = std::strerror(errno);
+  else
+    err = ReadFrame(fd_, &reply, wait.count() + 10000);
   if (!err.empty() || reply.empty()) {
     abort_fd_ = -1;
     ::close(fd_);
     fd_ = -1;
-    KEEL_THROW("store ", endpoint_, ": ", what, " failed: ",
-               err.empty() ? "empty reply" : err, " (did rank 0 exit?)");
+    KEEL_THROW("store ", endpoint_, ": ", what, " failed: ", err.empty() ? "empty reply" : err,
+               " (did rank 0 exit?)");
   }
   return reply;
 }
@@ -722,10 +731,10 @@ std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds t
   f += KeyField(key);
   PutU64(&f, static_cast<uint64_t>(timeout.count()));
   std::string r = Request(f, timeout, "get '" + key + "'");
-  KEEL_ENFORCE(r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
-               timeout.count() / 1000.0, " s",
-               r.size() > 1 ? StrCat(" (", r.substr(1), ")")
-                            : std::string(" (a rank that never arrived?)"));
+  KEEL_ENFORCE(
+      r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
+      timeout.count() / 1000.0, " s",
+      r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
   return r.substr(1);
 }
 
@@ -768,10 +777,10 @@ void StoreClient::Barrier(const std::string& key, int nranks, std::chrono::milli
   if (r[0] == kOk) return;
   KEEL_ENFORCE(r[0] != kBad, "store ", endpoint_, ": barrier '", key,
                "' was refused (this client has no rank)");
-  KEEL_THROW("store barrier '", key, "': ",
-             r[0] == kPeerGone ? std::string()
-                               : StrCat("waited ", timeout.count() / 1000.0, " s; "),
-             r.substr(1));
+  KEEL_THROW(
+      "store barrier '", key, "': ",
+      r[0] == kPeerGone ? std::string() : StrCat("waited ", timeout.count() / 1000.0, " s; "),
+      r.substr(1));
 }
 
 // ---------------------------------------------------------------- job identity

@@ -14,19 +14,18 @@
 // names the file and the limit.
 #include <dirent.h>
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <glog/logging.h>
-
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <csignal>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -86,7 +85,9 @@ std::string FileSizeLimitText() {
                 " bytes)");
 }
 
-bool PidAlive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+bool PidAlive(long pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
+}
 
 void SplitPath(const std::string& path, std::string* dir_prefix, std::string* base) {
   size_t slash = path.rfind('/');

@@ -195,12 +195,11 @@ std::optional<TrainingState> StateFromMetadata(const std::map<std::string, std::
   TrainingState st;
   auto number = [&](const std::string& key, auto* out) {
     auto it = metadata.find(kTrainPrefix + key);
-    KEEL_ENFORCE(it != metadata.end(), path, ": training state lacks \"", kTrainPrefix, key,
-                 "\"");
+    KEEL_ENFORCE(it != metadata.end(), path, ": training state lacks \"", kTrainPrefix, key, "\"");
     const std::string& v = it->second;
-    KEEL_ENFORCE(!v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") ==
-                                                     std::string::npos,
-                 path, ": \"", kTrainPrefix, key, "\" is '", v, "', not a count");
+    KEEL_ENFORCE(
+        !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos,
+        path, ": \"", kTrainPrefix, key, "\" is '", v, "', not a count");
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(std::stoull(v));
   };
   number("step", &st.step);

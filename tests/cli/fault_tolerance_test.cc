@@ -89,8 +89,8 @@ TEST_F(FaultTest, RestartedJobEndsWithTheUninterruptedRunsParameters) {
   const int kill_step = 20 + static_cast<int>(rd() % 130);
   SCOPED_TRACE("rank 1 killed after step " + std::to_string(kill_step));
   Background job = StartBackground(Env() + Keel() + " launch --nproc_per_node=2 --max_restarts=2 " +
-                                       "--log_dir=" + dir_ + "/l2 " + train + " --save_dir=" +
-                                       dir_ + "/restarted",
+                                       "--log_dir=" + dir_ + "/l2 " + train +
+                                       " --save_dir=" + dir_ + "/restarted",
                                    dir_ + "/out.txt");
   ASSERT_TRUE(WaitForText(job.output_path, "step " + std::to_string(kill_step) + " ", 120))
       << ReadText(job.output_path);
@@ -104,6 +104,8 @@ TEST_F(FaultTest, RestartedJobEndsWithTheUninterruptedRunsParameters) {
   EXPECT_TRUE(Contains(out, "SIGKILL")) << out;
   EXPECT_TRUE(Contains(out, "resumed from " + dir_ + "/restarted at step")) << out;
   EXPECT_EQ(Tensors(dir_ + "/restarted"), Tensors(dir_ + "/straight"));
+  for (const auto& e : fs::directory_iterator(dir_ + "/restarted"))
+    EXPECT_EQ(e.path().filename(), kPersistablesFile) << "left behind: " << e.path();
   std::optional<TrainingState> st = ReadTrainingState(dir_ + "/restarted");
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->step, 200);
@@ -113,9 +115,10 @@ TEST_F(FaultTest, RestartedJobEndsWithTheUninterruptedRunsParameters) {
 }
 
 TEST_F(FaultTest, GivesUpAfterMaxRestartsNamingTheLastCause) {
-  auto r = RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --max_restarts=2 --log_dir=" +
-                      dir_ + " sh -c 'echo attempt=$KEEL_RESTART_COUNT; "
-                      "if [ $RANK = 1 ]; then exit 3; fi; sleep 30'");
+  auto r =
+      RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --max_restarts=2 --log_dir=" + dir_ +
+                 " sh -c 'echo attempt=$KEEL_RESTART_COUNT; "
+                 "if [ $RANK = 1 ]; then exit 3; fi; sleep 30'");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   for (const char* line : {"restart 1 of 2: worker rank 1", "restart 2 of 2: worker rank 1",
                            "giving up after 2 restart(s)", "exited with code 3", "attempt=0",
@@ -141,11 +144,11 @@ TEST_F(FaultTest, AStoppedWorkerIsNamedAsTheRootCause) {
   ASSERT_NE(status, -1) << "the launcher did not end\n" << out;
   EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_LT(took, 40) << out;
-  EXPECT_TRUE(Contains(out, "worker rank 1 (local 1, pid " + std::to_string(rank1[0]) +
-                                ") is stopped"))
+  EXPECT_TRUE(
+      Contains(out, "worker rank 1 (local 1, pid " + std::to_string(rank1[0]) + ") is stopped"))
       << out;
-  EXPECT_TRUE(Contains(out, "keel launch: worker rank 1 (local 1, pid " +
-                                std::to_string(rank1[0]) + ") was stopped (state T)"))
+  EXPECT_TRUE(Contains(out, "keel launch: worker rank 1 (local 1, pid " + std::to_string(rank1[0]) +
+                                ") was stopped (state T)"))
       << out;
 }
 
@@ -165,10 +168,9 @@ TEST_F(FaultTest, ANodeWhoseOnlyWorkerIsStoppedEnds) {
 // SIGKILL of the launcher: its direct children die with it (PDEATHSIG), and so must their
 // children (here under an `sh -c` wrapper): the sentinel kills every worker's process group.
 TEST_F(FaultTest, KillingTheLauncherLeavesNoOrphans) {
-  Background job = StartBackground(
-      Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ +
-          " sh -c 'sleep 600; echo unreachable'",
-      dir_ + "/out.txt");
+  Background job = StartBackground(Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ +
+                                       " sh -c 'sleep 600; echo unreachable'",
+                                   dir_ + "/out.txt");
   auto sleepers = [&] { return FindProcesses("KEEL_TEST_MARK=" + mark_, -1, "sleep"); };
   for (int i = 0; i < 500 && sleepers().size() < 2; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -233,11 +235,11 @@ pid_t Flood(int port, int n) {
 TEST_F(FaultTest, AFloodOfStrangersDuringRendezvousAndSavesLeavesTrainingIntact) {
   const int port = FreePort();
   pid_t flooder = Flood(port, 1100);
-  auto r = RunCommand(Env() + "sh -c 'ulimit -n 256; exec " + Keel() +
-                      " launch --nproc_per_node=2 --master_port=" + std::to_string(port) +
-                      " --log_dir=" + dir_ + "/log " + Keel() +
-                      " train --model=mlp --mlp_hidden=256 --steps=300 --save_every=10 --save_dir=" +
-                      dir_ + "/ckpt'");
+  auto r = RunCommand(
+      Env() + "sh -c 'ulimit -n 256; exec " + Keel() + " launch --nproc_per_node=2 --master_port=" +
+      std::to_string(port) + " --log_dir=" + dir_ + "/log " + Keel() +
+      " train --model=mlp --mlp_hidden=256 --steps=300 --save_every=10 --save_dir=" + dir_ +
+      "/ckpt'");
   kill(flooder, SIGKILL);
   waitpid(flooder, nullptr, 0);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -250,7 +252,8 @@ TEST_F(FaultTest, AFloodOfStrangersDuringRendezvousAndSavesLeavesTrainingIntact)
 // --save_dir is checked before step 0, not found unusable after the whole run.
 TEST_F(FaultTest, AnUnusableSaveDirFailsBeforeTheFirstStep) {
   auto t0 = std::chrono::steady_clock::now();
-  auto r = RunCommand(Keel() + " train --model=mlp --mlp_hidden=16 --steps=100000000 "
+  auto r = RunCommand(Keel() +
+                      " train --model=mlp --mlp_hidden=16 --steps=100000000 "
                       "--save_dir=/proc/keel_cannot_write_here");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -301,11 +304,11 @@ TEST_F(FaultTest, LoadDirResumesTheStraightRunBitForBit) {
 // A rank slowed down (stopped 60 ms of every 100) is logged by rank 0, by rank and with how far
 // behind it is, long before the 300 s comm timeout.
 TEST_F(FaultTest, AStragglerIsLoggedByRankWithHowFarBehind) {
-  Background job = StartBackground(
-      Env() + "FLAGS_straggler_report_interval_s=1 " + Keel() +
-          " launch --nproc_per_node=2 --log_dir=" + dir_ + " " + Keel() +
-          " train --model=mlp --mlp_hidden=256 --steps=100000000",
-      dir_ + "/out.txt");
+  Background job =
+      StartBackground(Env() + "FLAGS_straggler_report_interval_s=1 " + Keel() +
+                          " launch --nproc_per_node=2 --log_dir=" + dir_ + " " + Keel() +
+                          " train --model=mlp --mlp_hidden=256 --steps=100000000",
+                      dir_ + "/out.txt");
   ASSERT_TRUE(WaitForText(job.output_path, "step 5 ", 60)) << ReadText(job.output_path);
   std::vector<pid_t> rank1 = FindProcesses("KEEL_TEST_MARK=" + mark_, 1, "keel");
   ASSERT_EQ(rank1.size(), 1u);

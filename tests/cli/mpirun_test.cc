@@ -49,9 +49,9 @@ TEST_F(MpirunTest, TwoRanksTrainToTheParametersOfKeelLaunch) {
   const std::string train = BinPath("keel") +
                             " train --model=mlp --mlp_hidden=64 --optimizer=adam --seed=2 "
                             "--steps=20";
-  auto mpi = RunCommand(Mpirun(2, "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" +
-                                      std::to_string(FreePort())) +
-                        train + " --save_dir=" + dir_ + "/mpi");
+  auto mpi = RunCommand(
+      Mpirun(2, "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" + std::to_string(FreePort())) + train +
+      " --save_dir=" + dir_ + "/mpi");
   ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
   EXPECT_TRUE(Contains(mpi.output, "2 worker(s)")) << mpi.output;
   EXPECT_TRUE(Contains(mpi.output, "source=openmpi")) << mpi.output;

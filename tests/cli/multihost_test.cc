@@ -52,8 +52,8 @@ class TwoHosts {
     for (int i = 0; i < 2; ++i) {
       ns_[i] = "keel" + tag + (i ? "b" : "a");
       veth_[i] = "kv" + tag + (i ? "b" : "a");
-      ip_[i] = "10." + std::to_string(200 + subnet % 50) + "." + std::to_string((subnet >> 8) % 250) +
-               "." + std::to_string(i + 1);
+      ip_[i] = "10." + std::to_string(200 + subnet % 50) + "." +
+               std::to_string((subnet >> 8) % 250) + "." + std::to_string(i + 1);
     }
     const std::vector<std::string> steps = {
         "ip netns add " + ns_[0],
@@ -116,14 +116,13 @@ class MultiHostTest : public ::testing::Test {
   }
   // `keel launch` of node `i` (one worker) in its namespace, in the background.
   Background Node(int i, const std::string& env, const std::string& train, int port) {
-    return StartBackground(
-        hosts_->In(i) + "env KEEL_TEST_MARK=" + mark_ + " KEEL_JOB_TOKEN=" + mark_ +
-            " FLAGS_cpu_comm_backend=gloo " + env + " " + Keel() +
-            " launch --nnodes=2 --node_rank=" + std::to_string(i) +
-            " --cluster_node_ips=" + hosts_->ip(0) + "," + hosts_->ip(1) +
-            " --started_port=" + std::to_string(port) + " --log_dir=" + dir_ + "/log" +
-            std::to_string(i) + " " + train,
-        dir_ + "/node" + std::to_string(i) + ".txt");
+    return StartBackground(hosts_->In(i) + "env KEEL_TEST_MARK=" + mark_ + " KEEL_JOB_TOKEN=" +
+                               mark_ + " FLAGS_cpu_comm_backend=gloo " + env + " " + Keel() +
+                               " launch --nnodes=2 --node_rank=" + std::to_string(i) +
+                               " --cluster_node_ips=" + hosts_->ip(0) + "," + hosts_->ip(1) +
+                               " --started_port=" + std::to_string(port) + " --log_dir=" + dir_ +
+                               "/log" + std::to_string(i) + " " + train,
+                           dir_ + "/node" + std::to_string(i) + ".txt");
   }
   std::unique_ptr<TwoHosts> hosts_;
   std::string dir_, mark_;
@@ -170,8 +169,10 @@ TEST_F(MultiHostTest, ACutLinkFailsBothNodesWithinTheCommTimeoutNamingTheCollect
 TEST_F(MultiHostTest, ARemoteWorkerKilledMidTrainingEndsTheOtherNodeQuickly) {
   // Saving every step: the kill lands in or around a save. A long comm timeout shows that the
   // end comes from the dead peer, not from a timeout.
-  const std::string train = Keel() + " train --model=mlp --mlp_hidden=64 --steps=100000000 "
-                            "--save_every=1 --save_dir=" + dir_ + "/ckpt";
+  const std::string train = Keel() +
+                            " train --model=mlp --mlp_hidden=64 --steps=100000000 "
+                            "--save_every=1 --save_dir=" +
+                            dir_ + "/ckpt";
   Background a = Node(0, "FLAGS_comm_timeout_s=300", train, 29420);
   Background b = Node(1, "FLAGS_comm_timeout_s=300", train, 29420);
   ASSERT_TRUE(WaitForText(a.output_path, "step 20 ", 120)) << ReadText(a.output_path);

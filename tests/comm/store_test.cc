@@ -1,6 +1,8 @@
 // The rendezvous store: set/get/add/wait with timeouts, barriers that name missing ranks, refusal
 // of strangers, and survival of hostile traffic (huge hellos, floods of silent connections, fd
 // exhaustion) without locking the job's ranks out.
+#include "framework/comm/store.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -16,7 +18,6 @@
 #include <thread>
 #include <vector>
 
-#include "framework/comm/store.h"
 #include "framework/error.h"
 
 namespace keel {
@@ -147,7 +148,8 @@ TEST(Store, HugeHelloClaimsAllocateNothingAndAreRefused) {
     ASSERT_EQ(::send(fd, "KEEL", 4, 0), 4);
     fds.push_back(fd);
   }
-  for (int i = 0; i < 100 && server.refused() < 8; ++i) std::this_thread::sleep_for(milliseconds(20));
+  for (int i = 0; i < 100 && server.refused() < 8; ++i)
+    std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(server.refused(), 8);
   EXPECT_LT(Rss() - before, int64_t{64} << 20) << "the claimed sizes were allocated";
   for (int fd : fds) {
@@ -161,7 +163,8 @@ TEST(Store, HugeHelloClaimsAllocateNothingAndAreRefused) {
 TEST(Store, SilentConnectionsAreDroppedAfterTheHelloTimeout) {
   StoreServer server("127.0.0.1", 0, "tok");
   int fd = RawConnect(server.port());
-  for (int i = 0; i < 100 && server.pending() < 1; ++i) std::this_thread::sleep_for(milliseconds(10));
+  for (int i = 0; i < 100 && server.pending() < 1; ++i)
+    std::this_thread::sleep_for(milliseconds(10));
   EXPECT_EQ(server.pending(), 1);
   char buf[8];
   auto t0 = std::chrono::steady_clock::now();
@@ -249,8 +252,7 @@ TEST(Store, BarrierNamesTheRanksThatNeverArrived) {
     r0.Barrier("x", 3, milliseconds(800));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank(s) 2 never arrived"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 2 never arrived"), std::string::npos) << e.what();
   }
   t.join();
 }
@@ -320,12 +322,16 @@ struct EnvVar {
     const char* old = std::getenv(name);
     had = old != nullptr;
     if (had) saved = old;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~EnvVar() {
-    if (had) setenv(name.c_str(), saved.c_str(), 1);
-    else unsetenv(name.c_str());
+    if (had)
+      setenv(name.c_str(), saved.c_str(), 1);
+    else
+      unsetenv(name.c_str());
   }
   std::string name, saved;
   bool had = false;

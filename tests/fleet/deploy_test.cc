@@ -104,11 +104,12 @@ TEST(Deploy, PyTorchJobManifestGivesEveryPodARoleTheRoleMakerAccepts) {
   }
   // The same environments on loopback (the master pod reaches itself as localhost) train.
   std::string dir = testing::MakeTempDir();
-  std::string common = "env -u PADDLE_TRAINER_ID -u PADDLE_TRAINERS_NUM -u PADDLE_TRAINER_ENDPOINTS "
-                       "-u PADDLE_CURRENT_ENDPOINT KEEL_JOB_TOKEN=t WORLD_SIZE=2 LOCAL_RANK=0 "
-                       "LOCAL_WORLD_SIZE=1 FLAGS_cpu_comm_backend=gloo MASTER_ADDR=localhost "
-                       "MASTER_PORT=" +
-                       std::to_string(testing::FreePort()) + " ";
+  std::string common =
+      "env -u PADDLE_TRAINER_ID -u PADDLE_TRAINERS_NUM -u PADDLE_TRAINER_ENDPOINTS "
+      "-u PADDLE_CURRENT_ENDPOINT KEEL_JOB_TOKEN=t WORLD_SIZE=2 LOCAL_RANK=0 "
+      "LOCAL_WORLD_SIZE=1 FLAGS_cpu_comm_backend=gloo MASTER_ADDR=localhost "
+      "MASTER_PORT=" +
+      std::to_string(testing::FreePort()) + " ";
   std::string train = BinPath("keel") + " train --model=mlp --mlp_hidden=32 --steps=5 --seed=1";
   auto r = RunCommand("sh -c '" + common + "RANK=1 " + train + " > " + dir +
                       "/w1.txt 2>&1 & p=$!; " + common + "RANK=0 " + train + " --save_dir=" + dir +
@@ -122,21 +123,24 @@ TEST(Deploy, SbatchScriptStartsAJobTheRoleMakerAccepts) {
   std::string dir = testing::MakeTempDir();
   fs::create_directories(dir + "/bin");
   // srun: starts SLURM_NTASKS copies of the command with each task's variables, one node.
-  std::ofstream(dir + "/bin/srun") << "#!/bin/sh\n"
-                                      "while [ $# -gt 0 ]; do case \"$1\" in --*) shift;; *) break;; "
-                                      "esac; done\n"
-                                      "i=0; pids=\"\"\n"
-                                      "while [ $i -lt \"$SLURM_NTASKS\" ]; do\n"
-                                      "  SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NODEID=0 \"$@\" &\n"
-                                      "  pids=\"$pids $!\"; i=$((i + 1))\n"
-                                      "done\n"
-                                      "rc=0; for p in $pids; do wait $p || rc=$?; done; exit $rc\n";
+  std::ofstream(dir + "/bin/srun")
+      << "#!/bin/sh\n"
+         "while [ $# -gt 0 ]; do case \"$1\" in --*) shift;; *) break;; "
+         "esac; done\n"
+         "i=0; pids=\"\"\n"
+         "while [ $i -lt \"$SLURM_NTASKS\" ]; do\n"
+         "  SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NODEID=0 \"$@\" &\n"
+         "  pids=\"$pids $!\"; i=$((i + 1))\n"
+         "done\n"
+         "rc=0; for p in $pids; do wait $p || rc=$?; done; exit $rc\n";
   std::ofstream(dir + "/bin/scontrol") << "#!/bin/sh\necho localhost\n";
   fs::permissions(dir + "/bin/srun", fs::perms::owner_all);
   fs::permissions(dir + "/bin/scontrol", fs::perms::owner_all);
   const std::string env =
       "env -u KEEL_JOB_TOKEN -u RANK -u WORLD_SIZE -u PADDLE_TRAINER_ID -u PADDLE_TRAINERS_NUM "
-      "PATH=" + dir + "/bin:$PATH SLURM_JOB_ID=4242 SLURM_JOB_NAME=keeltest "
+      "PATH=" +
+      dir +
+      "/bin:$PATH SLURM_JOB_ID=4242 SLURM_JOB_NAME=keeltest "
       "SLURM_JOB_NODELIST=localhost SLURM_NNODES=1 SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2 "
       "SLURM_TASKS_PER_NODE=2 SLURM_CPUS_PER_TASK=1 MASTER_PORT=" +
       std::to_string(testing::FreePort()) + " KEEL=" + BinPath("keel") +
@@ -150,9 +154,12 @@ TEST(Deploy, SbatchScriptStartsAJobTheRoleMakerAccepts) {
   EXPECT_EQ(st->step, 5);
   EXPECT_EQ(st->world_size, 2);
   // And task 1's environment alone, as the role maker sees it.
-  fleet::Role role = fleet::CloudRoleMaker::FromEnv(
-      {{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS", "4"},
-       {"SLURM_NTASKS_PER_NODE", "2"}, {"MASTER_ADDR", "node1"}, {"MASTER_PORT", "24242"}});
+  fleet::Role role = fleet::CloudRoleMaker::FromEnv({{"SLURM_PROCID", "3"},
+                                                     {"SLURM_LOCALID", "1"},
+                                                     {"SLURM_NTASKS", "4"},
+                                                     {"SLURM_NTASKS_PER_NODE", "2"},
+                                                     {"MASTER_ADDR", "node1"},
+                                                     {"MASTER_PORT", "24242"}});
   EXPECT_EQ(role.rank, 3);
   EXPECT_EQ(role.node_rank(), 1);
   EXPECT_EQ(role.local_rank, 1);

@@ -74,7 +74,8 @@ bool KilledAt(const std::string& point, const std::function<void()>& body) {
 TEST_F(CrashTest, AWriterKilledMidWriteLeavesNoTempFile) {
   const std::string path = Path("persistables.safetensors");
   WriteFileAtomic(path, "old");
-  ASSERT_TRUE(KilledAt("write_file_atomic", [&] { WriteFileAtomic(path, std::string(1 << 20, 'n')); }));
+  ASSERT_TRUE(
+      KilledAt("write_file_atomic", [&] { WriteFileAtomic(path, std::string(1 << 20, 'n')); }));
   EXPECT_EQ(Entries(dir_), std::vector<std::string>{"persistables.safetensors"});
   EXPECT_EQ(ReadFile(path), "old");
 }
@@ -87,10 +88,10 @@ TEST_F(CrashTest, TempFilesOfDeadWritersAreRemovedByTheNextSave) {
   waitpid(dead, nullptr, 0);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  const std::string stale = Path(".persistables.safetensors.tmp.0123abcd." + std::to_string(dead) +
-                                 "@" + host);
-  const std::string live = Path(".persistables.safetensors.tmp.0123abce." +
-                                std::to_string(getpid()) + "@" + host);
+  const std::string stale =
+      Path(".persistables.safetensors.tmp.0123abcd." + std::to_string(dead) + "@" + host);
+  const std::string live =
+      Path(".persistables.safetensors.tmp.0123abce." + std::to_string(getpid()) + "@" + host);
   const std::string other_host = Path(".persistables.safetensors.tmp.0123abcf.1@elsewhere");
   for (const auto& p : {stale, live, other_host}) std::ofstream(p) << std::string(4096, 'x');
   WriteFileAtomic(path, "new");
@@ -256,8 +257,8 @@ TrainModel DropoutAdamModel() {
   Var h = layers::dropout(layers::fc(x, 16, "relu"), 0.3f);
   Var logits = layers::fc(h, 3);
   Var loss = layers::mean(layers::softmax_with_cross_entropy(logits, label));
-  optimizer::Adam(lr_schedule::LinearWarmup(lr_schedule::Cosine(0.01f, 40), 5)).minimize(
-      loss, m.startup.get());
+  optimizer::Adam(lr_schedule::LinearWarmup(lr_schedule::Cosine(0.01f, 40), 5))
+      .minimize(loss, m.startup.get());
   m.loss = loss.name();
   return m;
 }
