@@ -425,10 +425,10 @@ bool StoreServer::ReadHello(Pending& p) {
   StoreIdentity id;
   const int fd = p.fd;
   auto refuse = [&](Status code, const std::string& why, const std::string& extra = "") {
+    Refuse(p.peer, why);  // counted before the client can see the answer
     SetNonBlocking(fd, false);
     WriteFrame(fd, std::string(1, static_cast<char>(code)) + extra);
     ::close(fd);
-    Refuse(p.peer, why);
     return true;
   };
   if (!ParseHello(p.buf.substr(4), &token, &id)) {
