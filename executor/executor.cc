@@ -46,7 +46,7 @@ struct Executor::Plan {
   std::vector<Op> ops;
   std::unordered_map<std::string, std::pair<Variable*, const VarDesc*>> vars;
   std::vector<Variable*> temporaries;
-  int64_t runs = 0;
+  int64_t* runs = nullptr;  // the program's run count (runs_ in the executor)
 };
 
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
@@ -59,19 +59,20 @@ Executor::Executor(const Place& place, ExecutionStrategy strategy)
 Executor::~Executor() = default;
 
 int64_t Executor::RunCount(const Program& program) const {
-  auto it = plans_.find({program.id(), 0});
-  return it == plans_.end() ? 0 : it->second->runs;
+  auto it = runs_.find(program.id());
+  return it == runs_.end() ? 0 : it->second;
+}
+
+void Executor::SetRunCount(const Program& program, int64_t runs) {
+  KEEL_ENFORCE(runs >= 0, "Executor::SetRunCount: runs must be >= 0, got ", runs);
+  runs_[program.id()] = runs;
 }
 
 Executor::Plan& Executor::GetPlan(const Program& program, int block) {
   KEEL_ENFORCE(block >= 0 && block < program.num_blocks(), "block ", block,
                " is not a block of the program (it has ", program.num_blocks(), ")");
   auto& slot = plans_[{program.id(), block}];
-  if (!slot || slot->version != program.version()) {
-    int64_t runs = slot ? slot->runs : 0;
-    slot = BuildPlan(program, block);
-    slot->runs = runs;
-  }
+  if (!slot || slot->version != program.version()) slot = BuildPlan(program, block);
   return *slot;
 }
 
@@ -79,6 +80,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   auto plan = std::make_unique<Plan>();
   plan->version = program.version();
   plan->block = block_idx;
+  plan->runs = &runs_[program.id()];
   const Block& block = program.block(block_idx);
   // The block's vars and those of its ancestors (a sub-block reads and writes its parent's):
   // the nearest declaration of a name wins.
@@ -102,6 +104,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       KEEL_THROW("op #", i, " ", op->type(), " (", SlotsText(op->inputs()), "): ", e.what());
     }
     p.ctx = std::make_unique<ExecutionContext>(op, place_);
+    p.ctx->set_run_index_source(plan->runs);
     const Program* prog = &program;
     p.ctx->set_block_runner([this, prog](int idx) { RunOps(*prog, GetPlan(*prog, idx)); });
     p.trace_detail = "#" + std::to_string(i);
@@ -165,11 +168,11 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   }
 
   RunOps(program, plan);
-  ++plan.runs;
+  ++*plan.runs;
 
   std::vector<Tensor> results;
   int freq = strategy_.fetch_frequency < 1 ? 1 : strategy_.fetch_frequency;
-  if (!fetch.empty() && (plan.runs - 1) % freq == 0) {
+  if (!fetch.empty() && (*plan.runs - 1) % freq == 0) {
     results.reserve(fetch.size());
     for (auto& name : fetch) {
       auto it = plan.vars.find(name);
@@ -181,7 +184,7 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   }
 
   int drop = strategy_.num_iteration_per_drop_scope;
-  if (drop > 0 && plan.runs % drop == 0) {
+  if (drop > 0 && *plan.runs % drop == 0) {
     // This block's temporaries and those of the sub-blocks it ran.
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)

@@ -49,6 +49,10 @@ class Executor {
   void set_strategy(const ExecutionStrategy& s) { strategy_ = s; }
   // Number of times Run has executed `program` (0 when never).
   int64_t RunCount(const Program& program) const;
+  // Sets that count, as if `program` had run `runs` times: resuming a checkpoint of step N sets
+  // N, so random ops (dropout) continue with the draws of run N and fetch_frequency keeps its
+  // cadence.
+  void SetRunCount(const Program& program, int64_t runs);
 
  private:
   struct Plan;
@@ -62,6 +66,7 @@ class Executor {
   std::unique_ptr<Scope> scope_;
   Scope* local_scope_;
   std::map<std::pair<uint64_t, int>, std::unique_ptr<Plan>> plans_;  // (program id, block)
+  std::map<uint64_t, int64_t> runs_;  // by program id; nodes are stable, contexts point at them
 };
 
 }  // namespace keel

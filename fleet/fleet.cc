@@ -101,25 +101,17 @@ std::string LocalAddressTowards(const std::string& peer, int port) {
   return ip;
 }
 
-// A barrier through the store: each rank adds 1 to a counter and waits for the last to arrive.
+// A barrier through the store: the store names the ranks that never arrived, and fails at once
+// when one of them closed its store connection (exited).
 void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
   const Role& r = State().role;
   if (r.world_size <= 1) return;
   StoreClient& s = CommContext::Get().store(name);
   std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
   try {
-    if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
-    s.Get(key + "/done", timeout);
-    // Rank 0 serves the store, so it leaves last: if it exits right after, no other rank is still
-    // waiting for a reply from it.
-    if (r.rank != 0) {
-      if (s.Add(key + "/left", 1) == r.world_size - 1) s.Set(key + "/all_left", "1");
-    } else {
-      s.Get(key + "/all_left", timeout);
-    }
+    s.Barrier(key, r.world_size, timeout);
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " waited ", timeout.count() / 1000.0,
-               " s for the other workers: ", e.what());
+    KEEL_THROW(name, ": rank ", r.rank, " waited for the other workers: ", e.what());
   }
 }
 
@@ -157,8 +149,9 @@ void init(const RoleMaker& role_maker) {
   } else {
     cfg.my_host = LocalAddressTowards(r.master_addr, r.master_port);
   }
-  const char* token = std::getenv("KEEL_JOB_TOKEN");
-  cfg.token = token && *token ? token : "keel-job";
+  cfg.token = JobTokenFromEnvironment(r.world_size);
+  cfg.generation = RestartGenerationFromEnvironment();
+  cfg.store_listen_all = r.num_nodes() > 1;
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);
@@ -263,10 +256,15 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  const std::set<std::string> skip = PassMadeVarsOf(p);
-  keel::load_persistables(exe, dirname, p, skip);
-  auto it = State().rebuild.find(p.id());
-  if (!skip.empty() && it != State().rebuild.end()) exe.Run(*it->second);
+  keel::load_persistables(exe, dirname, p, PassMadeVarsOf(p));
+  rebuild_pass_made_vars(exe, p);
+}
+
+std::set<std::string> pass_made_vars(const Program& program) { return PassMadeVarsOf(program); }
+
+void rebuild_pass_made_vars(Executor& exe, const Program& program) {
+  auto it = State().rebuild.find(program.id());
+  if (!PassMadeVarsOf(program).empty() && it != State().rebuild.end()) exe.Run(*it->second);
 }
 
 void save_inference_model(Executor& exe, const std::string& dirname,

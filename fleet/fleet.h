@@ -68,6 +68,10 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
 // file, then the pass-made ones rebuilt by the startup ops that made them (a LocalSGD snapshot
 // becomes the loaded parameter; counters restart).
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
+// The persistables the transpiler added to `program` (LocalSGD snapshots and counters): checkpoints
+// leave them out, and rebuild_pass_made_vars recreates them from the loaded user variables.
+std::set<std::string> pass_made_vars(const Program& program);
+void rebuild_pass_made_vars(Executor& exe, const Program& program);
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets,

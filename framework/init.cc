@@ -2,6 +2,7 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,7 +17,9 @@
 extern char** environ;
 
 DEFINE_int32(cpu_math_threads, 0,
-             "Threads the CPU BLAS (GEMM) may use per process; 0 means one per core.");
+             "Threads the CPU BLAS (GEMM) may use per process; 0: this process's share of its "
+             "CPUs (divided among the node's workers that LOCAL_WORLD_SIZE, "
+             "OMPI_COMM_WORLD_LOCAL_SIZE or SLURM_NTASKS_PER_NODE announce).");
 
 namespace keel {
 
@@ -41,6 +44,40 @@ int ApplyFlagsFromEnv() {
   }
   return applied;
 }
+
+namespace {
+
+// This process's share of the CPUs it may run on: the affinity mask's CPUs divided by the workers
+// on this node that the environment announces (keel launch and torchrun's LOCAL_WORLD_SIZE,
+// mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, srun's SLURM_NTASKS_PER_NODE), as keel launch divides
+// them. A scheduler that binds each rank to its own cores (mpirun's default --bind-to core)
+// leaves a narrow mask, and the share is at least one thread.
+int DefaultMathThreads() {
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0
+                 ? CPU_COUNT(&set)
+                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int local = 1;
+  std::string from;
+  for (const char* var :
+       {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    const char* v = std::getenv(var);
+    if (v == nullptr) continue;
+    int n = std::atoi(v);
+    if (n > 0) {
+      local = n;
+      from = var;
+      break;
+    }
+  }
+  int threads = std::max(1, cpus / local);
+  if (local > 1)
+    LOG(INFO) << "cpu_math_threads=" << threads << " (" << cpus << " CPU(s) for " << local
+              << " workers on this node, " << from << ")";
+  return threads;
+}
+
+}  // namespace
 
 void Init(int* argc, char*** argv) {
   gflags::ParseCommandLineFlags(argc, argv, true);
@@ -68,8 +105,7 @@ void Init(int* argc, char*** argv) {
   profiler::StartFromFlagsUntilExit();
   KEEL_ENFORCE(FLAGS_cpu_math_threads >= 0, "--cpu_math_threads must be >= 0, got ",
                FLAGS_cpu_math_threads);
-  if (FLAGS_cpu_math_threads == 0)
-    FLAGS_cpu_math_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (FLAGS_cpu_math_threads == 0) FLAGS_cpu_math_threads = DefaultMathThreads();
   blas::SetNumThreads(FLAGS_cpu_math_threads);
 }
 

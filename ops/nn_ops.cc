@@ -480,7 +480,8 @@ struct DropoutAttrs {
 // Training: Mask = (u >= p) for a uniform 32-bit draw u per element, Out = X * Mask * TrainScale.
 // is_test: Out = X * TestScale and Mask is left unwritten. The draws are Philox4x32 keyed by
 // ctx.seed() (the executor resolves attr seed, else the program's random_seed, else a random one)
-// with the run count as counter, so the CUDA kernel draws the same mask; with fix_seed every run
+// with the executor's run index as counter (restored on resume, so a resumed run draws the
+// masks of the uninterrupted run), so the CUDA kernel draws the same mask; with fix_seed every run
 // uses counter 0, the same mask each run (Paddle 1.x's fix_seed).
 template <typename T>
 class DropoutKernel : public OpKernel {
@@ -496,7 +497,7 @@ class DropoutKernel : public OpKernel {
       out = xv * static_cast<T>(a_.TestScale());
       return;
     }
-    const uint64_t offset = a_.fix_seed ? 0 : runs_++;
+    const uint64_t offset = a_.fix_seed ? 0 : static_cast<uint64_t>(ctx.run_index());
     const uint64_t seed = ctx.seed();
     uint8_t* mask = ctx.Output("Mask")->mutable_data<uint8_t>(ctx.place());
     const uint64_t threshold = fn::DropoutThreshold(a_.p);
@@ -517,7 +518,6 @@ class DropoutKernel : public OpKernel {
 
  private:
   DropoutAttrs a_;
-  uint64_t runs_ = 0;
 };
 
 // dx = dout * Mask * TrainScale; is_test: dx = dout * TestScale.

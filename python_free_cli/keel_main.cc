@@ -23,6 +23,7 @@ const char* kUsage =
     "commands:\n"
     "  train    train a built-in model: keel train --model=mlp|lenet|resnet|transformer\n"
     "  launch   start this node's workers: keel launch --nproc_per_node=N COMMAND [ARGS...]\n"
+    "           (--max_restarts=N restarts every worker on a failure, up to N times)\n"
     "  inspect  print a saved program, safetensors file or checkpoint; --strategy: the programs\n"
     "           a job's workers would run; --summary: parameters and FLOPs of a model\n"
     "  bench    time a built-in model's training step, or all-reduce under keel launch\n"

@@ -11,6 +11,7 @@
 #include "python_free_cli/launch.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -32,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -61,6 +63,15 @@ DEFINE_int32(
 DEFINE_string(master_addr, "", "Rank 0's ip, where it serves the rendezvous store.");
 DEFINE_int32(master_port, 0, "Rank 0's port (default: --started_port, else a free port).");
 DEFINE_int32(grace_period_s, 5, "Seconds from SIGTERM to SIGKILL when stopping workers.");
+DEFINE_int32(max_restarts, 0,
+             "Elastic restarts (torchrun's --max_restarts): when a worker fails, stop every "
+             "worker and start them all again, up to this many times; each worker gets "
+             "KEEL_RESTART_COUNT (keel train --save_dir resumes from its last checkpoint). 0: the "
+             "first failure ends the job.");
+DEFINE_int32(stopped_timeout_s, 0,
+             "A worker stopped (state T: SIGSTOP, a debugger) this long fails the job; 0: the "
+             "comm timeout (FLAGS_comm_timeout_s), after which its peers have failed anyway.");
+DECLARE_int32(comm_timeout_s);
 
 namespace keel {
 namespace cli {
@@ -299,6 +310,9 @@ LaunchPlan MakePlan(const std::vector<std::string>& command,
   LaunchPlan plan;
   KEEL_ENFORCE(FLAGS_grace_period_s >= 0, "--grace_period_s must be >= 0, got ",
                FLAGS_grace_period_s);
+  KEEL_ENFORCE(FLAGS_max_restarts >= 0, "--max_restarts must be >= 0, got ", FLAGS_max_restarts);
+  KEEL_ENFORCE(FLAGS_stopped_timeout_s >= 0, "--stopped_timeout_s must be >= 0, got ",
+               FLAGS_stopped_timeout_s);
 
   // Workers on this node.
   plan.gpus = SelectedGpus();
@@ -572,6 +586,14 @@ int OpenHigh(const std::string& path, int flags, mode_t mode = 0644) {
   return fd;
 }
 
+using Clock = std::chrono::steady_clock;
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", s);
+  return buf;
+}
+
 struct Worker {
   int local = 0, rank = 0;
   pid_t pid = -1;  // also its process group id
@@ -580,9 +602,45 @@ struct Worker {
   bool reaped_after_kill = false;  // it may have died of the launcher's own SIGKILL
   std::string log_path;
   int log_fd = -1;
+  // When a process of its group was first seen stopped (state T or t), if it still is.
+  bool stopped = false, stopped_logged = false;
+  Clock::time_point stopped_since;
+  double stopped_for_s = 0;  // how long it had been stopped when the job failed
+  bool stopped_too_long = false;
 };
 
-using Clock = std::chrono::steady_clock;
+// Every process of the process groups `groups` with its state letter ('R', 'S', 'T', 'Z', ...),
+// read from /proc.
+struct ProcState {
+  char state;
+  pid_t pid, pgrp;
+};
+std::vector<ProcState> ProcessesOfGroups(const std::set<pid_t>& groups) {
+  std::vector<ProcState> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::string path = std::string("/proc/") + e->d_name + "/stat";
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[512];
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    // pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+    char* close_paren = std::strrchr(buf, ')');
+    if (close_paren == nullptr) continue;
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (std::sscanf(close_paren + 1, " %c %d %d", &state, &ppid, &pgrp) != 3) continue;
+    if (groups.count(pgrp))
+      out.push_back({state, static_cast<pid_t>(std::atoi(e->d_name)), static_cast<pid_t>(pgrp)});
+  }
+  closedir(d);
+  return out;
+}
 
 class Supervisor {
  public:
@@ -605,14 +663,33 @@ class Supervisor {
       w.log_fd = OpenHigh(w.log_path, O_WRONLY | O_CREAT | O_TRUNC);
       workers_.push_back(w);
     }
+    StartSentinel();
     std::fprintf(
         stderr,
         "keel launch: %d worker(s), ranks %d..%d of %d, rank 0 at %s; logs in %s/workerlog.N\n",
         plan_.nproc_per_node, plan_.rank(0), plan_.rank(plan_.nproc_per_node - 1), plan_.world(),
         plan_.master.c_str(), plan_.log_dir.c_str());
-    for (Worker& w : workers_) Spawn(&w);
-    Monitor();
-    return Report();
+    for (int attempt = 0;; ++attempt) {
+      restart_ = attempt;
+      for (Worker& w : workers_) Spawn(&w);
+      Monitor();
+      const Worker* cause = RootCause();
+      if (cause != nullptr && stop_signal_ == 0 && attempt < FLAGS_max_restarts) {
+        std::fprintf(stderr, "keel launch: restart %d of %d: %s; restarting all %zu worker(s)\n",
+                     attempt + 1, FLAGS_max_restarts, Describe(*cause).c_str(), workers_.size());
+        for (Worker& w : workers_) {
+          std::string mark = StrCat("---- keel launch: restart ", attempt + 1, " of ",
+                                    FLAGS_max_restarts, " (", Describe(*cause), ") ----\n");
+          WriteAll(w.log_fd, mark.data(), mark.size());
+        }
+        ResetAttempt();
+        continue;
+      }
+      int rc = Report();
+      for (Worker& w : workers_) close(w.log_fd);
+      StopSentinel();
+      return rc;
+    }
   }
 
  private:
@@ -635,8 +712,68 @@ class Supervisor {
     PCHECK(signal_fd_ >= 0);
   }
 
+  // The sentinel: a small child that outlives a SIGKILL of the launcher. The launcher tells it
+  // each worker's process group through a pipe only the launcher holds; when the pipe reaches end
+  // of file without a goodbye (the launcher died), it kills every group it was told of, so no
+  // worker (nor a worker's child, e.g. under an `sh -c` wrapper) is left training as an orphan.
+  void StartSentinel() {
+    int fds[2];
+    PCHECK(pipe2(fds, O_CLOEXEC) == 0);
+    pid_t pid = fork();
+    PCHECK(pid >= 0);
+    if (pid == 0) {
+      close(fds[1]);
+      setpgid(0, 0);  // out of the terminal's way: Ctrl-C reaches the launcher, not this
+      signal(SIGINT, SIG_IGN);
+      signal(SIGTERM, SIG_IGN);
+      signal(SIGHUP, SIG_IGN);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      std::vector<pid_t> groups;
+      std::string line;
+      char c;
+      while (true) {
+        ssize_t n = read(fds[0], &c, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (c != '\n') {
+          line += c;
+          continue;
+        }
+        if (line == "bye") _exit(0);
+        pid_t g = static_cast<pid_t>(std::atoi(line.c_str() + 1));
+        if (line[0] == '+') groups.push_back(g);
+        if (line[0] == '-')
+          groups.erase(std::remove(groups.begin(), groups.end(), g), groups.end());
+        line.clear();
+      }
+      for (pid_t g : groups) {
+        kill(-g, SIGKILL);
+        kill(-g, SIGCONT);
+      }
+      _exit(0);
+    }
+    close(fds[0]);
+    sentinel_pid_ = pid;
+    sentinel_fd_ = fds[1];
+  }
+
+  void TellSentinel(const std::string& line) {
+    if (sentinel_fd_ >= 0) WriteAll(sentinel_fd_, (line + "\n").data(), line.size() + 1);
+  }
+
+  void StopSentinel() {
+    TellSentinel("bye");
+    close(sentinel_fd_);
+    sentinel_fd_ = -1;
+    if (sentinel_pid_ > 0) waitpid(sentinel_pid_, nullptr, 0);
+  }
+
   void Spawn(Worker* w) {
     std::vector<std::string> env = WorkerEnv(plan_, w->local);
+    env.push_back(StrCat("KEEL_RESTART_COUNT=", restart_));
+    env.push_back(StrCat("TORCHELASTIC_RESTART_COUNT=", restart_));
     std::vector<char*> argv, envp;
     for (const std::string& a : command_) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -684,6 +821,7 @@ class Supervisor {
       _exit(err == ENOENT ? 127 : 126);
     }
     setpgid(pid, pid);  // also here, so the group exists before the launcher ever signals it
+    TellSentinel(StrCat("+", pid));
     close(null_fd);
     if (w->local == 0) close(out_fd);
     w->pid = pid;
@@ -699,6 +837,7 @@ class Supervisor {
     stopping_ = true;
     deadline_ = Clock::now() + std::chrono::seconds(FLAGS_grace_period_s);
     SignalAll(sig);
+    SignalAll(SIGCONT);  // a stopped worker acts on the signal only once it runs
   }
 
   // Reaps workers and the orphans they left (the launcher is their subreaper).
@@ -711,13 +850,82 @@ class Supervisor {
         w.alive = false;
         w.status = status;
         w.reaped_after_kill = killed_;
+        // Once its group is empty its id may be reused: the sentinel must forget it.
+        if (kill(-w.pid, 0) != 0 && errno == ESRCH) TellSentinel(StrCat("-", w.pid));
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !stopping_) {
           first_failed_ = &w;
+          NoteStoppedAtFailure();
           Stop(SIGTERM);
         }
       }
     }
+  }
+
+  // A worker whose process group has a stopped process (SIGSTOP, a debugger) makes its peers
+  // wait in their collectives: it is named as soon as it is seen, blamed if the job then fails,
+  // and failed itself once it has been stopped longer than the peers' comm timeout.
+  void CheckStopped() {
+    std::set<pid_t> groups;
+    for (const Worker& w : workers_)
+      if (w.alive) groups.insert(w.pid);
+    if (groups.empty()) return;
+    std::set<pid_t> stopped_groups;
+    std::map<pid_t, pid_t> stopped_pid;
+    for (const ProcState& p : ProcessesOfGroups(groups)) {
+      if (p.state != 'T' && p.state != 't') continue;
+      stopped_groups.insert(p.pgrp);
+      stopped_pid[p.pgrp] = p.pid;
+    }
+    const auto now = Clock::now();
+    for (Worker& w : workers_) {
+      bool is_stopped = w.alive && stopped_groups.count(w.pid);
+      if (is_stopped && !w.stopped) {
+        w.stopped = true;  // a suspect from now on; named once seen stopped twice in a row
+        w.stopped_since = now;
+      } else if (is_stopped && !w.stopped_logged) {
+        w.stopped_logged = true;
+        std::fprintf(stderr,
+                     "keel launch: worker rank %d (local %d, pid %d) is stopped (state T: "
+                     "SIGSTOP, Ctrl-Z or a debugger?); the other ranks wait for it\n",
+                     w.rank, w.local, static_cast<int>(stopped_pid[w.pid]));
+      } else if (!is_stopped && w.stopped) {
+        w.stopped = false;
+        bool was_logged = w.stopped_logged;
+        w.stopped_logged = false;
+        if (w.alive && was_logged)
+          std::fprintf(
+              stderr, "keel launch: worker rank %d runs again after %s s stopped\n", w.rank,
+              Seconds(std::chrono::duration<double>(now - w.stopped_since).count()).c_str());
+      }
+      double limit = StoppedLimitSeconds();
+      if (w.stopped && !stopping_ &&
+          std::chrono::duration<double>(now - w.stopped_since).count() > limit) {
+        w.stopped_too_long = true;
+        w.stopped_for_s = std::chrono::duration<double>(now - w.stopped_since).count();
+        std::fprintf(stderr,
+                     "keel launch: worker rank %d has been stopped for %.0f s, longer than the "
+                     "comm timeout (%.0f s); stopping the job\n",
+                     w.rank, w.stopped_for_s, limit);
+        first_failed_ = &w;
+        Stop(SIGTERM);
+        SignalAll(SIGKILL);  // a stopped process cannot act on SIGTERM in time
+        killed_ = true;
+      }
+    }
+  }
+
+  double StoppedLimitSeconds() const {
+    return FLAGS_stopped_timeout_s > 0 ? FLAGS_stopped_timeout_s
+                                       : std::max(1, FLAGS_comm_timeout_s);
+  }
+
+  // When a worker fails, every worker stopped at that moment is a suspect: its peers may have
+  // timed out waiting for it.
+  void NoteStoppedAtFailure() {
+    const auto now = Clock::now();
+    for (Worker& w : workers_)
+      if (w.stopped) w.stopped_for_s = std::chrono::duration<double>(now - w.stopped_since).count();
   }
 
   void OnSignals() {
@@ -762,17 +970,23 @@ class Supervisor {
 
   void Monitor() {
     Reap();  // a worker may have exited before the first poll
+    auto next_check = Clock::now() + std::chrono::seconds(1);
     while (AnyAlive()) {
-      int timeout = -1;
+      int64_t timeout =
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_check - Clock::now()).count();
       if (stopping_ && !killed_) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
-        timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+        timeout = std::min<int64_t>(timeout, left.count());
       }
       pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {pipe_fd_, POLLIN, 0}};
-      int n = poll(fds, pipe_fd_ >= 0 ? 2 : 1, timeout);
+      int n = poll(fds, pipe_fd_ >= 0 ? 2 : 1, static_cast<int>(std::max<int64_t>(0, timeout)));
       PCHECK(n >= 0 || errno == EINTR);
       if (n > 0 && fds[0].revents) OnSignals();
       if (n > 0 && pipe_fd_ >= 0 && fds[1].revents) PumpRank0();
+      if (Clock::now() >= next_check) {
+        CheckStopped();
+        next_check = Clock::now() + std::chrono::seconds(1);
+      }
       if (stopping_ && !killed_ && Clock::now() >= deadline_) {
         std::fprintf(stderr, "keel launch: workers still running %ds after SIGTERM, killing them\n",
                      FLAGS_grace_period_s);
@@ -784,13 +998,22 @@ class Supervisor {
     // them and reap them, so that no process (not even a zombie) outlives a stopped job.
     if (stopping_) {
       SignalAll(SIGKILL);
+      SignalAll(SIGCONT);
       auto until = Clock::now() + std::chrono::seconds(1);
       while (Clock::now() < until) {
         pid_t pid = waitpid(-1, nullptr, WNOHANG);
+        if (pid == sentinel_pid_ && pid > 0) sentinel_pid_ = -1;
         if (pid < 0) break;  // ECHILD: none left
-        if (pid == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (pid == 0) {
+          bool any_left = false;
+          for (const Worker& w : workers_) any_left = any_left || kill(-w.pid, 0) == 0;
+          if (!any_left) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
       }
     }
+    for (const Worker& w : workers_)
+      if (kill(-w.pid, 0) != 0 && errno == ESRCH) TellSentinel(StrCat("-", w.pid));
     // Drain rank 0's output: to end of file, or until it has been quiet a moment (a daemon it
     // left behind may keep the pipe open).
     auto until = Clock::now() + std::chrono::seconds(2);
@@ -802,13 +1025,39 @@ class Supervisor {
       PumpRank0();
     }
     if (pipe_fd_ >= 0) close(pipe_fd_);
-    for (Worker& w : workers_) close(w.log_fd);
+    pipe_fd_ = -1;
+  }
+
+  void ResetAttempt() {
+    for (Worker& w : workers_) {
+      w.pid = -1;
+      w.alive = false;
+      w.status = 0;
+      w.reaped_after_kill = false;
+      w.stopped = w.stopped_logged = false;
+      w.stopped_for_s = 0;
+      w.stopped_too_long = false;
+    }
+    stopping_ = killed_ = false;
+    first_failed_ = nullptr;
   }
 
   static std::string HowItEnded(int st) {
     return WIFEXITED(st) ? StrCat("exited with code ", WEXITSTATUS(st))
                          : StrCat("was killed by signal ", SignalName(WTERMSIG(st)), " (",
                                   WTERMSIG(st), ")", WCOREDUMP(st) ? ", core dumped" : "");
+  }
+
+  // "worker rank 1 (local 1, pid 123) was killed by signal SIGKILL (9)"
+  std::string Describe(const Worker& w) const {
+    std::string who = StrCat("worker rank ", w.rank, " (local ", w.local, ", pid ", w.pid, ")");
+    if (w.stopped_too_long)
+      return StrCat(who, " was stopped (state T) for ", static_cast<int>(w.stopped_for_s),
+                    " s, longer than the comm timeout");
+    if (w.stopped_for_s > 0 && &w != first_failed_)
+      return StrCat(who, " was stopped (state T) for ", Seconds(w.stopped_for_s),
+                    " s when the job failed; the other ranks waited for it");
+    return StrCat(who, " ", HowItEnded(w.status));
   }
 
   // Whether a signal that nobody in the job sent (kill -9, the OOM killer, a crash) ended `w`.
@@ -823,11 +1072,15 @@ class Supervisor {
     return true;
   }
 
-  // The worker whose failure started the stop. When a worker is killed, a peer blocked in a
+  // The worker whose failure started the stop. A worker that was stopped when the job failed is
+  // the cause (its peers timed out waiting for it). When a worker is killed, a peer blocked in a
   // collective with it often fails (EPIPE, reset) at the same instant and may be reaped first;
   // the killed one is the cause and the peer's failure is its consequence.
   const Worker* RootCause() const {
-    if (first_failed_ == nullptr || DiedOfOutsideSignal(*first_failed_)) return first_failed_;
+    if (first_failed_ == nullptr) return nullptr;
+    for (const Worker& w : workers_)
+      if (w.stopped_too_long || (w.stopped_for_s > 0 && &w != first_failed_)) return &w;
+    if (DiedOfOutsideSignal(*first_failed_)) return first_failed_;
     for (const Worker& w : workers_)
       if (&w != first_failed_ && !w.alive && DiedOfOutsideSignal(w)) return &w;
     return first_failed_;
@@ -838,12 +1091,14 @@ class Supervisor {
     if (cause != nullptr) {
       const Worker& w = *cause;
       int st = w.status;
-      std::string how = HowItEnded(st);
       std::string tail = LogTail(w.log_path, 20);
+      if (FLAGS_max_restarts > 0)
+        std::fprintf(stderr, "keel launch: giving up after %d restart(s); the last failure:\n",
+                     restart_);
       std::fprintf(stderr,
-                   "keel launch: worker rank %d (local %d, pid %d) %s\n"
+                   "keel launch: %s\n"
                    "keel launch: last 20 lines of %s:\n%s%s",
-                   w.rank, w.local, static_cast<int>(w.pid), how.c_str(), w.log_path.c_str(),
+                   Describe(w).c_str(), w.log_path.c_str(),
                    tail.empty() ? "(empty)\n" : tail.c_str(),
                    !tail.empty() && tail.back() != '\n' ? "\n" : "");
       if (cause != first_failed_) {
@@ -855,6 +1110,7 @@ class Supervisor {
       }
       if (workers_.size() > 1)
         std::fprintf(stderr, "keel launch: stopped the other %zu worker(s)\n", workers_.size() - 1);
+      if (w.stopped_for_s > 0 && !(WIFEXITED(st) && WEXITSTATUS(st) != 0)) return 1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     if (stop_signal_ != 0) {
@@ -876,6 +1132,9 @@ class Supervisor {
   Clock::time_point deadline_;
   const Worker* first_failed_ = nullptr;
   int stop_signal_ = 0;  // the signal that stopped the job, if one did
+  int restart_ = 0;      // this attempt's restart count
+  pid_t sentinel_pid_ = -1;
+  int sentinel_fd_ = -1;
 };
 
 }  // namespace

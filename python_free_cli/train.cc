@@ -8,12 +8,14 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
-#include "framework/profiler/profiler.h"
+#include "fleet/straggler_monitor.h"
 #include "framework/io/io.h"
+#include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
 #include "python_free_cli/train_flags.h"
 #include "python_free_cli/train_monitor.h"
+#include "python_free_cli/train_checkpoint.h"
 
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
 DEFINE_int32(steps, 100, "Training steps.");
@@ -23,10 +25,14 @@ DEFINE_int32(epochs, 0,
              "Train this many epochs, evaluating on the test split after each (models with a "
              "finite training set; synthetic ones count --steps as an epoch). 0: --steps only.");
 DEFINE_uint64(seed, 0, "Seed of initialization and synthetic data; 0 means nondeterministic.");
-DEFINE_string(save_dir, "", "Save the persistables here after training.");
+DEFINE_string(save_dir, "",
+              "Save a checkpoint here after training (and every --save_every steps): the "
+              "persistables with the training state; checked for writability before step 0.");
 DEFINE_string(save_inference_dir, "",
               "Save the inference model (pruned __model__ + params.safetensors) here after training.");
-DEFINE_string(load_dir, "", "Resume from the persistables saved here.");
+DEFINE_string(load_dir, "",
+              "Resume from the checkpoint saved here: parameters, optimizer state, step, data "
+              "position and random draws continue where it was saved.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
 DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
@@ -105,19 +111,19 @@ int Train(const std::vector<std::string>& args) {
                FLAGS_fetch_frequency);
 
   KEEL_ENFORCE(FLAGS_epochs >= 0, "--epochs must be >= 0, got ", FLAGS_epochs);
+  TrainCheckpoints checkpoints;
   models::TrainableModel m = BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr),
-                                                   FLAGS_seed);
+                                                   checkpoints.Seed(FLAGS_seed));
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
+  const bool rank0 = fleet::worker_index() == 0;
 
   ExecutionStrategy strategy;
   strategy.fetch_frequency = FLAGS_fetch_frequency;
   strategy.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
   Executor exe(fleet::worker_place(), strategy);
   exe.Run(*m.startup);
-  if (!FLAGS_load_dir.empty()) {
-    fleet::load_persistables(exe, FLAGS_load_dir, m.main.get());
-    if (!quiet) std::printf("resumed from %s\n", FLAGS_load_dir.c_str());
-  }
+  checkpoints.CheckBeforeTraining(exe, m, rank0);
+  const int64_t resumed = checkpoints.Resume(exe, m, FLAGS_batch_size, quiet);
 
   KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"),
                "--steps=", FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
@@ -143,16 +149,20 @@ int Train(const std::vector<std::string>& args) {
   std::vector<std::string> fetch = {m.loss};
   if (!m.learning_rate.empty()) fetch.push_back(m.learning_rate);
   FeedMap feed;
+  fleet::StragglerMonitor straggler;
   profiler::StartFromFlags();
-  int64_t step = 0;
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    for (int64_t i = 0; i < steps_per_epoch; ++i, ++step) {
+  int64_t step = resumed;
+  for (int epoch = static_cast<int>(resumed / std::max<int64_t>(1, steps_per_epoch));
+       epoch < epochs; ++epoch) {
+    for (int64_t i = step - epoch * steps_per_epoch; i < steps_per_epoch; ++i, ++step) {
       m.next_batch(FLAGS_batch_size, &feed);
       auto out = exe.Run(*m.main, feed, fetch);
+      straggler.StepDone();
       std::optional<float> loss, lr;
       if (!out.empty()) loss = out[0].item<float>();
       if (out.size() > 1) lr = out[1].item<float>();
       monitor.OnStep(step, loss, lr);
+      checkpoints.AfterStep(exe, m, step + 1, rank0, quiet);
       const bool last = step + 1 == total_steps;
       if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last))
         monitor.OnEval(step, -1, m.evaluate(exe));
@@ -161,11 +171,7 @@ int Train(const std::vector<std::string>& args) {
   }
   monitor.Finish();
   FinishProfile();
-  if (!FLAGS_save_dir.empty()) {
-    fleet::save_persistables(exe, FLAGS_save_dir, m.main.get());
-    if (!quiet)
-      std::printf("saved persistables to %s/%s\n", FLAGS_save_dir.c_str(), kPersistablesFile.c_str());
-  }
+  checkpoints.SaveFinal(exe, m, step, rank0, quiet);
   if (!FLAGS_save_inference_dir.empty()) {
     fleet::save_inference_model(exe, FLAGS_save_inference_dir, m.inputs, {m.prediction},
                                 m.main.get());

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ ccache pkg-config libeigen3-dev libprotobuf-dev protobuf-compiler
           libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev
-          zlib1g-dev python3 python3-pip)
+          zlib1g-dev python3 python3-pip
+          openmpi-bin iproute2)  # mpirun tests; two-host tests in network namespaces
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

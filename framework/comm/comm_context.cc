@@ -39,14 +39,17 @@ void CommContext::Init(const CommConfig& cfg) {
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
   if (cfg.rank == 0) {
-    server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token);
+    server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
+                                            cfg.store_port, cfg.token, cfg.generation);
     config_.store_port = server_->port();
   }
-  client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
-                                          cfg.timeout);
+  client_ =
+      std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token, cfg.timeout,
+                                    StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   // Each rank joins once. A second process with this rank (a RANK left in the environment, two
   // launchers given one node rank) is named at once instead of hanging or mixing up the rings.
-  const std::string key = "keel/join/rank" + std::to_string(cfg.rank);
+  const std::string key = "keel/join/g" + std::to_string(cfg.generation) + "/rank" +
+                          std::to_string(cfg.rank);
   const std::string me = cfg.my_host + " pid " + std::to_string(::getpid());
   if (client_->Add(key, 1) > 1) {
     std::string first = client_->Get(key + "/who", std::chrono::milliseconds(5000));

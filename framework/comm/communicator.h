@@ -6,6 +6,7 @@
 // calls fail at once instead of hanging.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -31,6 +32,9 @@ class Communicator {
   int nranks() const { return nranks_; }
   uint64_t seq() const { return seq_; }
   virtual const char* backend() const = 0;
+  // Nanoseconds this rank has spent inside this ring's collectives (moving data and waiting for
+  // peers); read from any thread. The straggler monitor subtracts it from step time.
+  int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }
 
   // In place over `t`.
   virtual void AllReduce(Tensor* t, ReduceOp op) = 0;
@@ -49,6 +53,20 @@ class Communicator {
   void AllocateGathered(const Tensor& in, Tensor* out) const;
   int ring_id_, rank_, nranks_;
   uint64_t seq_ = 0;
+  std::atomic<int64_t> comm_ns_{0};
+  // Adds the time from construction to destruction to comm_ns_.
+  struct CommTimer {
+    explicit CommTimer(std::atomic<int64_t>* total)
+        : total_(total), start_(std::chrono::steady_clock::now()) {}
+    ~CommTimer() {
+      total_->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start_)
+                            .count(),
+                        std::memory_order_relaxed);
+    }
+    std::atomic<int64_t>* total_;
+    std::chrono::steady_clock::time_point start_;
+  };
 };
 
 struct CommOptions {
@@ -80,6 +98,8 @@ class RingRegistry {
   Communicator& At(int ring_id, const std::string& user);
   bool Has(int ring_id);
   void Clear();
+  // Sum of comm_ns() over every ring.
+  int64_t TotalCommNs();
 
  private:
   std::mutex mu_;

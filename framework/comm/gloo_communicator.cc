@@ -154,6 +154,7 @@ class GlooCommunicator : public Communicator {
  private:
   template <typename F>
   void Run(const std::string& what, F&& f) {
+    CommTimer timer(&comm_ns_);
     ++seq_;
     KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (",
                  dead_, ")");
@@ -231,6 +232,13 @@ Communicator& RingRegistry::At(int ring_id, const std::string& user) {
 bool RingRegistry::Has(int ring_id) {
   std::lock_guard<std::mutex> lk(mu_);
   return rings_.count(ring_id) > 0;
+}
+
+int64_t RingRegistry::TotalCommNs() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t total = 0;
+  for (auto& kv : rings_) total += kv.second->comm_ns();
+  return total;
 }
 
 void RingRegistry::Clear() {

@@ -137,6 +137,7 @@ class NcclCommunicator : public Communicator {
 
   template <typename F>
   void Run(const std::string& what, F&& enqueue) {
+    CommTimer timer(&comm_ns_);
     ++seq_;
     KEEL_ENFORCE(comm_ != nullptr, Where(what), ": the ring is dead after an earlier failure");
     Cuda(cudaSetDevice(device_), "cudaSetDevice");

@@ -1,11 +1,12 @@
 // Shared-memory backend: the collectives of a CPU ring whose ranks all run on this host.
 //
-// Rank 0 creates one POSIX shared-memory segment per ring; every rank maps it, checks a nonce that
-// went through the store, and the name is unlinked as soon as all have mapped it, so nothing is
-// left in /dev/shm even when a rank is killed. The segment holds a header line per rank and two
-// sets of per-rank slots of kSlotBytes (double buffering). A collective moves its data through the
-// slots in chunks; ranks meet at barriers built from per-rank arrival counters (a short spin, then
-// a futex wait) and no lock.
+// Rank 0 creates one anonymous shared-memory file per ring (memfd_create: it has no name in
+// /dev/shm, so nothing can be left there whoever dies when); the others open it through rank 0's
+// /proc/PID/fd/N while rank 0 holds it open, map it and check a nonce that went through the store.
+// The memory is freed by the kernel when the last rank unmaps it or exits. The segment holds a
+// header line per rank and two sets of per-rank slots of kSlotBytes (double buffering). A
+// collective moves its data through the slots in chunks; ranks meet at barriers built from per-rank
+// arrival counters (a short spin, then a futex wait) and no lock.
 //
 // All-reduce of a chunk: every rank copies its chunk into its slot; barrier; rank r reduces the
 // r-th 1/N slice over all slots into its output and into slot 0; barrier; every rank copies the
@@ -18,16 +19,15 @@
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
 // bytes): ranks running different programs fail naming both collectives instead of mixing data.
 #include <fcntl.h>
-#include <sched.h>
+#include <glog/logging.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-#include <glog/logging.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +42,7 @@
 #include "framework/comm/communicator.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
+#include "framework/fault_point.h"
 
 namespace keel {
 
@@ -304,6 +305,7 @@ class ShmCommunicator : public Communicator {
 
   template <typename F>
   void Run(const std::string& what, uint32_t kind, const Tensor& t, int root, F&& f) {
+    CommTimer timer(&comm_ns_);
     ++seq_;
     KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (",
                  dead_, ")");
@@ -397,47 +399,48 @@ struct Mapping {
 };
 
 // Rank 0: creates, sizes (reserving the pages: a full /dev/shm fails here, not with SIGBUS
-// later) and maps the segment.
-Mapping CreateSegment(const std::string& name, int nranks, uint64_t nonce) {
+// later) and maps the segment; *fd stays open until every rank has opened it.
+Mapping CreateSegment(int nranks, uint64_t nonce, int* fd_out) {
   size_t bytes = SegmentBytes(nranks);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  KEEL_ENFORCE(fd >= 0, "shm_open(", name, "): ", std::strerror(errno));
+  int fd = memfd_create("keel-shm", MFD_CLOEXEC);
+  KEEL_ENFORCE(fd >= 0, "memfd_create: ", std::strerror(errno));
   int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
     close(fd);
-    shm_unlink(name.c_str());
-    KEEL_THROW("cannot reserve ", bytes, " bytes of shared memory for ", name, ": ",
-               std::strerror(err), " (is /dev/shm full or small?)");
+    KEEL_THROW("cannot reserve ", bytes, " bytes of shared memory: ", std::strerror(err),
+               " (is shared memory limited?)");
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    KEEL_THROW("mmap of ", name, ": ", std::strerror(errno));
+    int e = errno;
+    close(fd);
+    KEEL_THROW("mmap of the shared memory segment: ", std::strerror(e));
   }
   auto* h = new (base) Header();
   h->magic = kMagic;
   h->nonce = nonce;
   h->nranks = nranks;
+  *fd_out = fd;
   return {base, bytes};
 }
 
-Mapping OpenSegment(const std::string& name, int nranks, uint64_t nonce) {
+// The others: `path` is rank 0's /proc/PID/fd/N.
+Mapping OpenSegment(const std::string& path, int nranks, uint64_t nonce) {
   size_t bytes = SegmentBytes(nranks);
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  KEEL_ENFORCE(fd >= 0, "shm_open(", name, "): ", std::strerror(errno));
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  KEEL_ENFORCE(fd >= 0, "open(", path, "): ", std::strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
     close(fd);
-    KEEL_THROW("shared memory ", name, " has the wrong size");
+    KEEL_THROW("shared memory ", path, " has the wrong size");
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  KEEL_ENFORCE(base != MAP_FAILED, "mmap of ", name, ": ", std::strerror(errno));
+  KEEL_ENFORCE(base != MAP_FAILED, "mmap of ", path, ": ", std::strerror(errno));
   auto* h = static_cast<Header*>(base);
   if (h->magic != kMagic || h->nonce != nonce || h->nranks != nranks) {
     munmap(base, bytes);
-    KEEL_THROW("shared memory ", name, " is not this job's (another /dev/shm?)");
+    KEEL_THROW("shared memory ", path, " is not this job's");
   }
   return {base, bytes};
 }
@@ -459,39 +462,48 @@ std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int n
   for (int j = 0; j < nranks; ++j)
     if (store.Get(key + "host" + std::to_string(j), opts.timeout) != me)
       return refuse(StrCat("rank ", j, " runs on another host or namespace"));
-  // 2. Rank 0 creates the segment and publishes its name and nonce (or why it failed).
+  // 2. Rank 0 creates the segment and publishes where to open it and its nonce (or why it
+  // failed).
   Mapping m;
   std::string error;
   if (rank == 0) {
     std::random_device rd;
     uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-    std::string name = StrCat("/keel-", getpid(), "-", ring_id, "-", std::hash<std::string>()(key),
-                              "-", nonce % 100000);
+    int fd = -1;
     try {
-      m = CreateSegment(name, nranks, nonce);
-      store.Set(key + "segment", StrCat(name, " ", nonce));
+      m = CreateSegment(nranks, nonce, &fd);
+      store.Set(key + "segment", StrCat("/proc/", getpid(), "/fd/", fd, " ", nonce));
     } catch (const Error& e) {
+      if (fd >= 0) close(fd);
       store.Set(key + "segment", "-");
       return refuse(e.what());
     }
-    // 3. Wait until every rank mapped it (or failed to), then unlink the name.
+    // 3. Wait until every rank opened it (or failed to), then close the fd: from then on only
+    // the mappings keep the memory.
     int ok = 1;
-    for (int j = 1; j < nranks; ++j) {
-      std::string s = store.Get(key + "mapped" + std::to_string(j), opts.timeout);
-      if (s != "ok") {
-        ok = 0;
-        error = StrCat("rank ", j, ": ", s);
+    try {
+      for (int j = 1; j < nranks; ++j) {
+        std::string s = store.Get(key + "mapped" + std::to_string(j), opts.timeout);
+        if (s != "ok") {
+          ok = 0;
+          error = StrCat("rank ", j, ": ", s);
+        }
       }
+    } catch (...) {
+      close(fd);
+      munmap(m.base, m.bytes);
+      throw;
     }
-    shm_unlink(name.c_str());
+    close(fd);
     store.Set(key + "verdict", ok ? "ok" : error);
   } else {
     std::string seg = store.Get(key + "segment", opts.timeout);
     if (seg == "-") return refuse("rank 0 could not create the segment");
-    std::string name = seg.substr(0, seg.find(' '));
+    FaultPoint("shm_before_map");
+    std::string path = seg.substr(0, seg.find(' '));
     uint64_t nonce = std::stoull(seg.substr(seg.find(' ') + 1));
     try {
-      m = OpenSegment(name, nranks, nonce);
+      m = OpenSegment(path, nranks, nonce);
       store.Set(key + "mapped" + std::to_string(rank), "ok");
     } catch (const Error& e) {
       store.Set(key + "mapped" + std::to_string(rank), e.what());

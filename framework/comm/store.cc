@@ -7,12 +7,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include "framework/error.h"
 
@@ -20,9 +23,18 @@ namespace keel {
 
 namespace {
 
-constexpr char kHello[] = "KEEL-STORE/1 ";
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kBad = 2 };
+using Clock = std::chrono::steady_clock;
+
+constexpr char kHello[] = "KEEL-STORE/2\n";
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kBarrier = 6 };
+enum Status : uint8_t {
+  kOk = 0,
+  kTimeout = 1,
+  kBad = 2,
+  kBadToken = 3,
+  kBadGeneration = 4,
+  kPeerGone = 5
+};
 
 void PutU32(std::string* s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -32,19 +44,22 @@ void PutU64(std::string* s, uint64_t v) {
 }
 uint64_t GetLE(const char* p, int n) {
   uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
+}
+
+int64_t MsSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
 // Reads exactly n bytes; false on EOF, error or when `deadline_ms` (-1: none) passes.
 bool ReadAll(int fd, char* buf, size_t n, int64_t deadline_ms = -1) {
-  auto start = std::chrono::steady_clock::now();
+  auto start = Clock::now();
   size_t got = 0;
   while (got < n) {
     if (deadline_ms >= 0) {
-      int64_t left = deadline_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       std::chrono::steady_clock::now() - start)
-                                       .count();
+      int64_t left = deadline_ms - MsSince(start);
       if (left <= 0) return false;
       pollfd p{fd, POLLIN, 0};
       int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
@@ -78,16 +93,22 @@ bool WriteFrame(int fd, const std::string& payload) {
   return WriteAll(fd, f.data(), f.size());
 }
 
-// Reads one frame; returns an error description (empty on success).
-std::string ReadFrame(int fd, std::string* out, int64_t deadline_ms = -1) {
+// Reads one frame of at most `cap` bytes; returns an error description (empty on success). The
+// buffer grows with the bytes that arrive, so a length prefix alone allocates nothing.
+std::string ReadFrame(int fd, std::string* out, int64_t deadline_ms = -1,
+                      uint32_t cap = kMaxFrameBytes) {
   char len[4];
   if (!ReadAll(fd, len, 4, deadline_ms)) return "connection closed or timed out";
   uint32_t n = static_cast<uint32_t>(GetLE(len, 4));
-  if (n > kMaxFrameBytes)
-    return "frame of " + std::to_string(n) + " bytes exceeds the cap of " +
-           std::to_string(kMaxFrameBytes);
-  out->resize(n);
-  if (n && !ReadAll(fd, &(*out)[0], n, deadline_ms)) return "connection closed mid-frame";
+  if (n > cap)
+    return "frame of " + std::to_string(n) + " bytes exceeds the cap of " + std::to_string(cap);
+  out->clear();
+  constexpr size_t kChunk = 1 << 20;
+  while (out->size() < n) {
+    size_t have = out->size(), take = std::min<size_t>(kChunk, n - have);
+    out->resize(have + take);
+    if (!ReadAll(fd, &(*out)[have], take, deadline_ms)) return "connection closed mid-frame";
+  }
   return "";
 }
 
@@ -123,6 +144,62 @@ std::string KeyField(const std::string& key) {
   return s + key;
 }
 
+std::string HelloPayload(const std::string& token, const StoreIdentity& id) {
+  return StrCat(kHello, token, "\n", id.generation, "\n", id.rank, "\n", id.nranks);
+}
+
+// Parses "KEEL-STORE/2\n<token>\n<generation>\n<rank>\n<nranks>"; false when malformed.
+bool ParseHello(const std::string& s, std::string* token, StoreIdentity* id) {
+  const size_t magic = sizeof(kHello) - 1;
+  if (s.compare(0, magic, kHello) != 0) return false;
+  std::vector<std::string> parts;
+  size_t start = magic;
+  while (true) {
+    size_t nl = s.find('\n', start);
+    parts.push_back(s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  if (parts.size() != 4) return false;
+  auto num = [](const std::string& t, int64_t* v) {
+    if (t.empty() || t.size() > 18) return false;
+    char* end = nullptr;
+    *v = std::strtoll(t.c_str(), &end, 10);
+    return end == t.c_str() + t.size();
+  };
+  int64_t gen, rank, nranks;
+  if (!num(parts[1], &gen) || !num(parts[2], &rank) || !num(parts[3], &nranks)) return false;
+  if (rank < -1 || nranks < 0 || nranks > (1 << 24) || rank >= std::max<int64_t>(nranks, 1))
+    return false;
+  *token = parts[0];
+  id->generation = gen;
+  id->rank = static_cast<int>(rank);
+  id->nranks = static_cast<int>(nranks);
+  return true;
+}
+
+// How many unauthenticated connections the server may hold: kMaxPendingConnections, and never
+// more than a quarter of the process's fd limit (less the clients), so that strangers cannot take
+// the fds the process needs for its own files.
+int PendingCap(int clients) {
+  rlimit rl;
+  int cap = kMaxPendingConnections;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    cap = std::min<int64_t>(cap, static_cast<int64_t>(rl.rlim_cur) / 4 - clients - 3);
+  return std::max(cap, 2);
+}
+
+void SetNonBlocking(int fd, bool on) {
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+  return s;
+}
+
 }  // namespace
 
 std::pair<std::string, int> ParseEndpoint(const std::string& ep, const std::string& what) {
@@ -132,8 +209,8 @@ std::pair<std::string, int> ParseEndpoint(const std::string& ep, const std::stri
   std::string host = ep.substr(0, colon), port_s = ep.substr(colon + 1);
   int port = 0;
   for (char c : port_s) {
-    KEEL_ENFORCE(c >= '0' && c <= '9' && port_s.size() <= 5, what, ": port '", port_s,
-                 "' of '", ep, "' is not a number");
+    KEEL_ENFORCE(c >= '0' && c <= '9' && port_s.size() <= 5, what, ": port '", port_s, "' of '", ep,
+                 "' is not a number");
     port = port * 10 + (c - '0');
   }
   KEEL_ENFORCE(port > 0 && port < 65536, what, ": port ", port, " of '", ep,
@@ -143,9 +220,16 @@ std::pair<std::string, int> ParseEndpoint(const std::string& ep, const std::stri
 
 // ---------------------------------------------------------------- server
 
-StoreServer::StoreServer(const std::string& host, int port, std::string token)
-    : token_(std::move(token)) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+struct StoreServer::Pending {
+  int fd;
+  std::string peer;
+  Clock::time_point accepted;
+  std::string buf;  // what arrived of the hello frame, length prefix included
+};
+
+StoreServer::StoreServer(const std::string& host, int port, std::string token, int64_t generation)
+    : token_(std::move(token)), generation_(generation), last_summary_(Clock::now()) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   KEEL_ENFORCE(listen_fd_ >= 0, "store: socket(): ", std::strerror(errno));
   int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -153,8 +237,8 @@ StoreServer::StoreServer(const std::string& host, int port, std::string token)
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   // Loopback endpoints listen on loopback only; any other host listens on all interfaces.
-  addr.sin_addr.s_addr = (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK)
-                                                                      : htonl(INADDR_ANY);
+  addr.sin_addr.s_addr =
+      (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(listen_fd_, 512) != 0) {
     int err = errno;
@@ -164,14 +248,22 @@ StoreServer::StoreServer(const std::string& host, int port, std::string token)
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.sin_port);
+  if (::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(listen_fd_);
+    KEEL_THROW("store: pipe(): ", std::strerror(err));
+  }
   acceptor_ = std::thread([this] { AcceptLoop(); });
 }
 
 StoreServer::~StoreServer() {
   stop_ = true;
-  ::shutdown(listen_fd_, SHUT_RDWR);
-  ::close(listen_fd_);
+  char c = 1;
+  (void)!::write(wake_fd_[1], &c, 1);
   if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_[0]);
+  ::close(wake_fd_[1]);
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
@@ -181,117 +273,359 @@ StoreServer::~StoreServer() {
     if (t.joinable()) t.join();
 }
 
-void StoreServer::AcceptLoop() {
-  while (!stop_) {
-    sockaddr_in peer{};
-    socklen_t len = sizeof(peer);
-    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (stop_) return;
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    char ip[INET_ADDRSTRLEN] = "?";
-    ::inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip));
-    std::string who = std::string(ip) + ":" + std::to_string(ntohs(peer.sin_port));
-    std::lock_guard<std::mutex> lk(mu_);
-    client_fds_.push_back(fd);
-    workers_.emplace_back([this, fd, who] { Serve(fd, who); });
+void StoreServer::Refuse(const std::string& peer, const std::string& why) {
+  ++refused_;
+  std::lock_guard<std::mutex> lk(log_mu_);
+  // The first refusals are logged one by one; after that a summary every 10 s at most.
+  if (logged_refusals_ < 10) {
+    ++logged_refusals_;
+    LOG(WARNING) << "store: refused connection from " << peer << ": " << why;
+    return;
+  }
+  ++unlogged_refusals_;
+  if (MsSince(last_summary_) >= 10000) {
+    LOG(WARNING) << "store: refused " << unlogged_refusals_ << " more connection(s) (last from "
+                 << peer << ": " << why << ")";
+    unlogged_refusals_ = 0;
+    last_summary_ = Clock::now();
   }
 }
 
-void StoreServer::Serve(int fd, std::string peer) {
-  auto refuse = [&](const std::string& why) {
-    ++refused_;
-    LOG(WARNING) << "store: refused connection from " << peer << ": " << why;
+void StoreServer::AcceptLoop() {
+  std::deque<Pending> pending;  // oldest first
+  auto drop = [&](std::deque<Pending>::iterator it, const std::string& why) {
+    ::close(it->fd);
+    Refuse(it->peer, why);
+    return pending.erase(it);
   };
-  std::string frame;
-  // The hello must come promptly; a silent peer is dropped after 10 s.
-  std::string err = ReadFrame(fd, &frame, 10000);
-  if (!err.empty()) {
-    refuse("no hello (" + err + ")");
-  } else if (frame != kHello + token_) {
-    refuse(frame.compare(0, sizeof(kHello) - 1, kHello) == 0 ? "wrong job token"
-                                                             : "not a keel store client");
-  } else if (WriteFrame(fd, std::string(1, kOk))) {
-    for (;;) {
-      err = ReadFrame(fd, &frame);
-      if (!err.empty()) {
-        if (err.find("exceeds") != std::string::npos) refuse(err);
-        break;
-      }
-      Reader r{frame};
-      uint8_t op = static_cast<uint8_t>(r.Int(1));
-      std::string key = r.Key();
-      std::string reply(1, kOk);
-      if (!r.ok) {
-        refuse("malformed request");
-        break;
-      }
-      if (op == kSet) {
-        // Reply before the value becomes visible: a set may release rank 0 (this process) from a
-        // barrier, and rank 0 may then exit; the setter must have its reply by then.
-        std::string value = r.Bytes(frame.size() - r.pos);
-        if (!WriteFrame(fd, reply)) break;
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          data_[key] = std::move(value);
-        }
-        cv_.notify_all();
-        continue;
-      } else if (op == kGet) {
-        uint64_t wait_ms = r.Int(8);
-        if (!r.ok) {
-          refuse("malformed GET");
-          break;
-        }
-        std::unique_lock<std::mutex> lk(mu_);
-        bool found = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
-                                  [&] { return stop_ || data_.count(key) > 0; });
-        if (found && data_.count(key)) reply += data_[key];
-        else reply[0] = static_cast<char>(kTimeout);
-      } else if (op == kAdd) {
-        int64_t delta = static_cast<int64_t>(r.Int(8));
-        if (!r.ok) {
-          refuse("malformed ADD");
-          break;
-        }
-        int64_t v;
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          std::string& cur = data_[key];
-          v = (cur.size() == 8 ? static_cast<int64_t>(GetLE(cur.data(), 8)) : 0) + delta;
-          cur.clear();
-          PutU64(&cur, static_cast<uint64_t>(v));
-        }
-        PutU64(&reply, static_cast<uint64_t>(v));
-        if (!WriteFrame(fd, reply)) break;
-        cv_.notify_all();  // after the reply, as for set
-        continue;
-      } else if (op == kCheck) {
-        std::lock_guard<std::mutex> lk(mu_);
-        reply.push_back(data_.count(key) ? 1 : 0);
-      } else if (op == kDel) {
-        std::lock_guard<std::mutex> lk(mu_);
-        data_.erase(key);
-      } else {
-        refuse("unknown request code " + std::to_string(op));
-        break;
-      }
-      if (!WriteFrame(fd, reply)) break;
+  // Kept open so that at fd exhaustion one can be freed to accept and shed a connection.
+  int reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int backoff_ms = 0;
+  Clock::time_point resume_accept = Clock::now();
+  std::vector<pollfd> fds;
+  while (!stop_) {
+    const bool accepting = Clock::now() >= resume_accept;
+    fds.clear();
+    fds.push_back({wake_fd_[0], POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    int64_t timeout = -1;
+    if (!pending.empty())
+      timeout = std::max<int64_t>(0, kHelloTimeoutMs - MsSince(pending.front().accepted));
+    if (!accepting) {
+      int64_t left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(resume_accept - Clock::now())
+              .count();
+      timeout =
+          timeout < 0 ? std::max<int64_t>(left, 0) : std::min(timeout, std::max<int64_t>(left, 0));
     }
+    int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout));
+    if (stop_) break;
+    if (n < 0 && errno != EINTR) {
+      PLOG(ERROR) << "store: poll";
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    // Hellos first (their fds index into `pending` as it was when polled).
+    if (n > 0) {
+      size_t i = 2;
+      for (auto it = pending.begin(); it != pending.end(); ++i) {
+        if (fds[i].revents == 0) {
+          ++it;
+          continue;
+        }
+        if (ReadHello(*it)) {
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (MsSince(it->accepted) >= kHelloTimeoutMs) {
+        it = drop(it, StrCat("no complete hello within ", kHelloTimeoutMs / 1000, " s"));
+      } else {
+        ++it;
+      }
+    }
+    pending_count_ = static_cast<int>(pending.size());
+    if (n <= 0 || !accepting || !(fds[1].revents & POLLIN)) continue;
+    for (int accepted = 0; accepted < 64 && !stop_; ++accepted) {
+      sockaddr_in peer{};
+      socklen_t len = sizeof(peer);
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &len,
+                         SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        int err = errno;
+        if (err == EAGAIN || err == EWOULDBLOCK) break;
+        if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+        // Out of fds or memory: shed the oldest stranger, or one connection of the backlog
+        // through the reserve fd, and pause accepting so the loop does not spin.
+        if (!pending.empty()) {
+          drop(pending.begin(), StrCat("shed at ", std::strerror(err)));
+        } else if (reserve_fd >= 0) {
+          ::close(reserve_fd);
+          int shed = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+          if (shed >= 0) {
+            ::close(shed);
+            Refuse("?", StrCat("shed at ", std::strerror(err)));
+          }
+          reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        }
+        backoff_ms = std::min(std::max(backoff_ms * 2, 10), 500);
+        resume_accept = Clock::now() + std::chrono::milliseconds(backoff_ms);
+        LOG_EVERY_N(WARNING, 100) << "store: accept failed (" << std::strerror(err)
+                                  << "); backing off " << backoff_ms << " ms";
+        break;
+      }
+      backoff_ms = 0;
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      char ip[INET_ADDRSTRLEN] = "?";
+      ::inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip));
+      std::string who = std::string(ip) + ":" + std::to_string(ntohs(peer.sin_port));
+      const int cap = PendingCap(client_count_.load());
+      while (static_cast<int>(pending.size()) >= cap)
+        drop(pending.begin(),
+             StrCat("evicted: more than ", cap, " connections waiting to say hello"));
+      pending.push_back(Pending{fd, who, Clock::now(), {}});
+    }
+    pending_count_ = static_cast<int>(pending.size());
+  }
+  for (Pending& p : pending) ::close(p.fd);
+  pending_count_ = 0;
+  if (reserve_fd >= 0) ::close(reserve_fd);
+}
+
+bool StoreServer::ReadHello(Pending& p) {
+  char buf[1024];
+  while (true) {
+    ssize_t k = ::recv(p.fd, buf, sizeof(buf), 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    if (k <= 0) {
+      ::close(p.fd);
+      Refuse(p.peer, "closed before a complete hello");
+      return true;
+    }
+    p.buf.append(buf, static_cast<size_t>(k));
+    if (p.buf.size() >= 4) {
+      uint32_t n = static_cast<uint32_t>(GetLE(p.buf.data(), 4));
+      if (n > kMaxHelloBytes || p.buf.size() > 4 + static_cast<size_t>(n)) {
+        ::close(p.fd);
+        Refuse(p.peer, n > kMaxHelloBytes
+                           ? StrCat("hello of ", n, " bytes exceeds the cap of ", kMaxHelloBytes)
+                           : std::string("sent more than its hello before the reply"));
+        return true;
+      }
+      if (p.buf.size() == 4 + static_cast<size_t>(n)) break;
+    }
+  }
+  std::string token;
+  StoreIdentity id;
+  const int fd = p.fd;
+  auto refuse = [&](Status code, const std::string& why, const std::string& extra = "") {
+    Refuse(p.peer, why);  // counted before the client can see the answer
+    SetNonBlocking(fd, false);
+    WriteFrame(fd, std::string(1, static_cast<char>(code)) + extra);
+    ::close(fd);
+    return true;
+  };
+  if (!ParseHello(p.buf.substr(4), &token, &id)) {
+    ::close(fd);
+    Refuse(p.peer, "not a keel store client");
+    return true;
+  }
+  if (token != token_) return refuse(kBadToken, "wrong job token");
+  if (id.generation != generation_) {
+    std::string g;
+    PutU64(&g, static_cast<uint64_t>(generation_));
+    return refuse(kBadGeneration,
+                  StrCat("restart generation ", id.generation, ", this store serves ", generation_),
+                  g);
+  }
+  SetNonBlocking(fd, false);
+  if (!WriteFrame(fd, std::string(1, kOk))) {
+    ::close(fd);
+    return true;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (id.rank >= 0) {
+    ++ranks_[id.rank].open;
+    nranks_seen_ = std::max(nranks_seen_, id.nranks);
+  }
+  client_fds_.push_back(fd);
+  ++client_count_;
+  std::string peer = p.peer;
+  workers_.emplace_back([this, fd, peer, id] { Serve(fd, peer, id); });
+  return true;
+}
+
+std::string StoreServer::RankStatus(int nranks) {
+  // Under mu_.
+  if (nranks <= 0) nranks = nranks_seen_;
+  std::vector<int> never, closed;
+  std::string detail;
+  for (int r = 0; r < nranks; ++r) {
+    auto it = ranks_.find(r);
+    if (it == ranks_.end()) {
+      never.push_back(r);
+    } else if (it->second.open == 0) {
+      closed.push_back(r);
+      if (detail.empty())
+        detail =
+            StrCat(" (rank ", r, "'s closed ", MsSince(it->second.closed_at) / 1000.0, " s ago)");
+    }
+  }
+  std::string s;
+  if (!never.empty()) s += StrCat("rank(s) ", JoinInts(never), " never connected to the store");
+  if (!closed.empty())
+    s += StrCat(s.empty() ? "" : "; ", "rank(s) ", JoinInts(closed),
+                " closed their store connection", detail);
+  return s;
+}
+
+void StoreServer::Serve(int fd, std::string peer, StoreIdentity who) {
+  std::string frame;
+  for (;;) {
+    std::string err = ReadFrame(fd, &frame);
+    if (!err.empty()) {
+      if (err.find("exceeds") != std::string::npos) Refuse(peer, err);
+      break;
+    }
+    Reader r{frame};
+    uint8_t op = static_cast<uint8_t>(r.Int(1));
+    std::string key = r.Key();
+    std::string reply(1, kOk);
+    if (!r.ok) {
+      Refuse(peer, "malformed request");
+      break;
+    }
+    if (op == kSet) {
+      // Reply before the value becomes visible: a set may release rank 0 (this process) from a
+      // barrier, and rank 0 may then exit; the setter must have its reply by then.
+      std::string value = r.Bytes(frame.size() - r.pos);
+      if (!WriteFrame(fd, reply)) break;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        data_[key] = std::move(value);
+      }
+      cv_.notify_all();
+      continue;
+    } else if (op == kGet) {
+      uint64_t wait_ms = r.Int(8);
+      if (!r.ok) {
+        Refuse(peer, "malformed GET");
+        break;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      bool found = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
+                                [&] { return stop_ || data_.count(key) > 0; });
+      if (found && data_.count(key)) {
+        reply += data_[key];
+      } else {
+        reply[0] = static_cast<char>(kTimeout);
+        reply += RankStatus(0);
+      }
+    } else if (op == kAdd) {
+      int64_t delta = static_cast<int64_t>(r.Int(8));
+      if (!r.ok) {
+        Refuse(peer, "malformed ADD");
+        break;
+      }
+      int64_t v;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        std::string& cur = data_[key];
+        v = (cur.size() == 8 ? static_cast<int64_t>(GetLE(cur.data(), 8)) : 0) + delta;
+        cur.clear();
+        PutU64(&cur, static_cast<uint64_t>(v));
+      }
+      PutU64(&reply, static_cast<uint64_t>(v));
+      if (!WriteFrame(fd, reply)) break;
+      cv_.notify_all();  // after the reply, as for set
+      continue;
+    } else if (op == kCheck) {
+      std::lock_guard<std::mutex> lk(mu_);
+      reply.push_back(data_.count(key) ? 1 : 0);
+    } else if (op == kDel) {
+      std::lock_guard<std::mutex> lk(mu_);
+      data_.erase(key);
+    } else if (op == kBarrier) {
+      int nranks = static_cast<int>(r.Int(4));
+      uint64_t wait_ms = r.Int(8);
+      if (!r.ok || nranks <= 0 || who.rank < 0 || who.rank >= nranks) {
+        Refuse(peer, "malformed BARRIER (or from a client without a rank)");
+        break;
+      }
+      std::unique_lock<std::mutex> lk(mu_);
+      Barrier& b = barriers_[key];
+      b.arrived.insert(who.rank);
+      if (static_cast<int>(b.arrived.size()) >= nranks) b.done = true;
+      cv_.notify_all();
+      // A rank that has not arrived and whose every store connection closed has exited.
+      auto gone = [&]() -> int {
+        for (int j = 0; j < nranks; ++j) {
+          if (b.arrived.count(j)) continue;
+          auto it = ranks_.find(j);
+          if (it != ranks_.end() && it->second.open == 0) return j;
+        }
+        return -1;
+      };
+      int dead = -1;
+      cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] {
+        if (stop_ || b.done) return true;
+        dead = gone();
+        return dead >= 0;
+      });
+      if (b.done) {
+        // Rank 0 serves this store and may exit as soon as it leaves the barrier: it is answered
+        // only after every other rank's answer is written, so nobody waits on a dead server.
+        if (who.rank == 0) {
+          cv_.wait_for(lk, std::chrono::milliseconds(10000),
+                       [&] { return stop_ || b.replied >= nranks - 1; });
+        } else {
+          lk.unlock();
+          if (!WriteFrame(fd, reply)) break;
+          lk.lock();
+          ++b.replied;
+          cv_.notify_all();
+          continue;
+        }
+      } else {
+        std::vector<int> missing;
+        for (int j = 0; j < nranks; ++j)
+          if (!b.arrived.count(j)) missing.push_back(j);
+        reply[0] = static_cast<char>(dead >= 0 ? kPeerGone : kTimeout);
+        reply += dead >= 0 ? StrCat("rank ", dead,
+                                    " closed its store connection (exited or was killed) before "
+                                    "arriving; still missing: rank(s) ",
+                                    JoinInts(missing))
+                           : StrCat("rank(s) ", JoinInts(missing), " never arrived");
+        std::string status = RankStatus(nranks);
+        if (!status.empty() && dead < 0) reply += " (" + status + ")";
+      }
+    } else {
+      Refuse(peer, "unknown request code " + std::to_string(op));
+      break;
+    }
+    if (!WriteFrame(fd, reply)) break;
   }
   std::lock_guard<std::mutex> lk(mu_);
   ::close(fd);
   client_fds_.erase(std::remove(client_fds_.begin(), client_fds_.end(), fd), client_fds_.end());
+  --client_count_;
+  if (who.rank >= 0) {
+    RankConnections& rc = ranks_[who.rank];
+    if (--rc.open == 0) rc.closed_at = Clock::now();
+  }
+  cv_.notify_all();  // barriers waiting on this rank fail now
 }
 
 // ---------------------------------------------------------------- client
 
 StoreClient::StoreClient(const std::string& host, int port, std::string token,
-                         std::chrono::milliseconds timeout)
+                         std::chrono::milliseconds timeout, StoreIdentity identity)
     : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
@@ -301,34 +635,66 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
                "': ", ::gai_strerror(gai));
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   ::freeaddrinfo(res);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
   std::string last_error = "no attempt";
   auto backoff = std::chrono::milliseconds(20);
+  const std::string hello = HelloPayload(token, identity);
   while (true) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    KEEL_ENFORCE(fd_ >= 0, "store: socket(): ", std::strerror(errno));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
-    last_error = std::strerror(errno);
-    ::close(fd_);
-    fd_ = -1;
-    if (std::chrono::steady_clock::now() + backoff > deadline)
+    if (fd_ < 0) {  // out of fds or buffers for a moment: retried like a refused connect
+      int err = errno;
+      KEEL_ENFORCE(err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM,
+                   "store: socket(): ", std::strerror(err));
+      last_error = StrCat("socket(): ", std::strerror(err));
+    } else if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      int one = 1;
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::string reply;
+      int64_t left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (WriteFrame(fd_, hello) &&
+          ReadFrame(fd_, &reply, std::max<int64_t>(left, 1000), 64).empty() && !reply.empty()) {
+        if (reply[0] == kOk) {
+          abort_fd_ = fd_;
+          break;
+        }
+        ::close(fd_);
+        fd_ = -1;
+        KEEL_ENFORCE(reply[0] != kBadToken, "store ", endpoint_,
+                     ": the server refused this client's job token (every rank must have the "
+                     "same KEEL_JOB_TOKEN)");
+        if (reply[0] == kBadGeneration && reply.size() == 9) {
+          last_error =
+              StrCat("it serves restart generation ", GetLE(reply.data() + 1, 8),
+                     ", this worker is generation ", identity.generation, " (KEEL_RESTART_COUNT)");
+        } else {
+          last_error = "refused";
+        }
+      } else {
+        last_error = "connection dropped before the hello was answered (server busy?)";
+        ::close(fd_);
+        fd_ = -1;
+      }
+    } else {
+      last_error = std::strerror(errno);
+      ::close(fd_);
+      fd_ = -1;
+    }
+    if (Clock::now() + backoff > deadline)
       KEEL_THROW("store ", endpoint_, ": could not connect within ", timeout.count() / 1000.0,
                  " s (", last_error, "); is rank 0 running and is the endpoint right?");
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  std::string reply;
-  KEEL_ENFORCE(WriteFrame(fd_, kHello + token) &&
-                   ReadFrame(fd_, &reply, timeout.count()).empty() && reply.size() == 1 &&
-                   reply[0] == kOk,
-               "store ", endpoint_, ": the server refused this client (a different job token? ",
-               "every rank must have the same KEEL_JOB_TOKEN)");
 }
 
 StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void StoreClient::Abort() {
+  int fd = abort_fd_.load();
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
 }
 
 std::string StoreClient::Request(const std::string& frame, std::chrono::milliseconds wait,
@@ -338,13 +704,16 @@ std::string StoreClient::Request(const std::string& frame, std::chrono::millisec
   std::string reply;
   // The reply may take `wait` (a blocking GET) plus some slack for the network.
   std::string err;
-  if (!WriteFrame(fd_, frame)) err = std::strerror(errno);
-  else err = ReadFrame(fd_, &reply, wait.count() + 10000);
+  if (!WriteFrame(fd_, frame))
+    err = std::strerror(errno);
+  else
+    err = ReadFrame(fd_, &reply, wait.count() + 10000);
   if (!err.empty() || reply.empty()) {
+    abort_fd_ = -1;
     ::close(fd_);
     fd_ = -1;
-    KEEL_THROW("store ", endpoint_, ": ", what, " failed: ",
-               err.empty() ? "empty reply" : err, " (did rank 0 exit?)");
+    KEEL_THROW("store ", endpoint_, ": ", what, " failed: ", err.empty() ? "empty reply" : err,
+               " (did rank 0 exit?)");
   }
   return reply;
 }
@@ -362,8 +731,10 @@ std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds t
   f += KeyField(key);
   PutU64(&f, static_cast<uint64_t>(timeout.count()));
   std::string r = Request(f, timeout, "get '" + key + "'");
-  KEEL_ENFORCE(r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
-               timeout.count() / 1000.0, " s (a rank that never arrived?)");
+  KEEL_ENFORCE(
+      r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
+      timeout.count() / 1000.0, " s",
+      r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
   return r.substr(1);
 }
 
@@ -390,12 +761,60 @@ void StoreClient::Delete(const std::string& key) {
 }
 
 void StoreClient::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = Clock::now() + timeout;
   for (auto& k : keys) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     Get(k, std::max(left, std::chrono::milliseconds(0)));
   }
+}
+
+void StoreClient::Barrier(const std::string& key, int nranks, std::chrono::milliseconds timeout) {
+  std::string f(1, static_cast<char>(kBarrier));
+  f += KeyField(key);
+  PutU32(&f, static_cast<uint32_t>(nranks));
+  PutU64(&f, static_cast<uint64_t>(timeout.count()));
+  std::string r = Request(f, timeout, "barrier '" + key + "'");
+  if (r[0] == kOk) return;
+  KEEL_ENFORCE(r[0] != kBad, "store ", endpoint_, ": barrier '", key,
+               "' was refused (this client has no rank)");
+  KEEL_THROW(
+      "store barrier '", key, "': ",
+      r[0] == kPeerGone ? std::string() : StrCat("waited ", timeout.count() / 1000.0, " s; "),
+      r.substr(1));
+}
+
+// ---------------------------------------------------------------- job identity
+
+std::string JobTokenFromEnvironment(int world_size) {
+  const char* token = std::getenv("KEEL_JOB_TOKEN");
+  if (token != nullptr && *token != '\0') {
+    KEEL_ENFORCE(std::strlen(token) < kMaxHelloBytes / 2 && !std::strchr(token, '\n'),
+                 "KEEL_JOB_TOKEN must be one line of fewer than ", kMaxHelloBytes / 2,
+                 " characters");
+    return token;
+  }
+  if (world_size <= 1) return "";
+  const char* ompi = std::getenv("OMPI_MCA_orte_precondition_transports");
+  if (ompi != nullptr && std::strlen(ompi) >= 16) {
+    const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
+    return StrCat("ompi:", ompi, ":", job ? job : "");
+  }
+  KEEL_THROW("a job of ", world_size,
+             " ranks needs a job token that only its ranks know: set KEEL_JOB_TOKEN to the same "
+             "secret on every rank, e.g. export KEEL_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom "
+             "| tr -d ' \\n') (keel launch sets one itself; mpirun jobs derive one from OpenMPI's "
+             "per-job key). Without it anyone who reaches the rendezvous port could read and "
+             "write the job's keys.");
+}
+
+int64_t RestartGenerationFromEnvironment() {
+  const char* v = std::getenv("KEEL_RESTART_COUNT");
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  long long n = std::strtoll(v, &end, 10);
+  KEEL_ENFORCE(end && *end == '\0' && n >= 0, "KEEL_RESTART_COUNT='", v,
+               "' is not a non-negative integer");
+  return n;
 }
 
 }  // namespace keel

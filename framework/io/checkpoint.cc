@@ -3,7 +3,11 @@
 // Loading validates the whole file against the program before it touches the scope, so a bad file
 // leaves the scope exactly as it was.
 #include <glog/logging.h>
+#include <unistd.h>
+#include <zlib.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -12,6 +16,7 @@
 
 #include "executor/executor.h"
 #include "framework/error.h"
+#include "framework/fault_point.h"
 #include "framework/io/io.h"
 
 namespace keel {
@@ -21,6 +26,23 @@ const std::map<std::string, std::string> kFormatMetadata = {{"format", "keel"},
                                                             {"keel.version", "1"}};
 const std::string kFeedsKey = "keel.feeds";
 const std::string kTargetsKey = "keel.targets";
+const std::string kModelChecksumKey = "keel.model_crc32";
+const std::string kTrainPrefix = "keel.train.";
+const std::string kPublishMarker = ".publishing";
+const std::string kStagingPrefix = ".staging.";
+
+std::string Crc32Hex(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t off = 0;
+  while (off < bytes.size()) {  // zlib takes uInt lengths
+    uInt n = static_cast<uInt>(std::min<size_t>(bytes.size() - off, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + off), n);
+    off += n;
+  }
+  char hex[9];
+  std::snprintf(hex, sizeof(hex), "%08lx", static_cast<unsigned long>(crc));
+  return hex;
+}
 
 std::string JoinPath(const std::string& dir, const std::string& file) {
   if (dir.empty()) return file;
@@ -156,6 +178,75 @@ void save_persistables(const Scope& scope, const std::string& dirname, const Pro
   SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, kFormatMetadata);
 }
 
+void save_checkpoint(const Scope& scope, const std::string& dirname, const Program& program,
+                     const TrainingState& state, const std::set<std::string>& skip) {
+  NamedTensors tensors = CollectPersistables(scope, program, "save_checkpoint", skip);
+  std::map<std::string, std::string> metadata = kFormatMetadata;
+  for (const auto& [k, v] : state.extra) metadata[kTrainPrefix + k] = v;
+  metadata[kTrainPrefix + "step"] = std::to_string(state.step);
+  metadata[kTrainPrefix + "seed"] = std::to_string(state.seed);
+  metadata[kTrainPrefix + "world_size"] = std::to_string(state.world_size);
+  MakeDirs(dirname);
+  SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, metadata);
+}
+
+namespace {
+
+// The "keel.train.*" entries of `metadata` (from `path`), or nullopt when it has none.
+std::optional<TrainingState> StateFromMetadata(const std::map<std::string, std::string>& metadata,
+                                               const std::string& path) {
+  if (!metadata.count(kTrainPrefix + "step")) return std::nullopt;
+  TrainingState st;
+  auto number = [&](const std::string& key, auto* out) {
+    auto it = metadata.find(kTrainPrefix + key);
+    KEEL_ENFORCE(it != metadata.end(), path, ": training state lacks \"", kTrainPrefix, key, "\"");
+    const std::string& v = it->second;
+    KEEL_ENFORCE(
+        !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos,
+        path, ": \"", kTrainPrefix, key, "\" is '", v, "', not a count");
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(std::stoull(v));
+  };
+  number("step", &st.step);
+  number("seed", &st.seed);
+  number("world_size", &st.world_size);
+  KEEL_ENFORCE(st.step >= 0 && st.world_size >= 1, path, ": implausible training state (step ",
+               st.step, ", world_size ", st.world_size, ")");
+  for (const auto& [k, v] : metadata) {
+    if (k.compare(0, kTrainPrefix.size(), kTrainPrefix) != 0) continue;
+    std::string key = k.substr(kTrainPrefix.size());
+    if (key != "step" && key != "seed" && key != "world_size") st.extra[key] = v;
+  }
+  return st;
+}
+
+}  // namespace
+
+std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
+                                             const Program& program,
+                                             const std::set<std::string>& skip) {
+  const std::string path = JoinPath(dirname, kPersistablesFile);
+  std::map<std::string, std::string> metadata;
+  NamedTensors tensors = LoadSafetensors(path, &metadata);
+  std::optional<TrainingState> state = StateFromMetadata(metadata, path);
+  ValidateAndAssign(exe.scope(), &exe.place(), std::move(tensors), path, program,
+                    "load_checkpoint", skip);
+  if (state) exe.SetRunCount(program, state->step);
+  return state;
+}
+
+std::optional<TrainingState> ReadTrainingState(const std::string& dirname) {
+  if (!HasCheckpoint(dirname)) return std::nullopt;
+  const std::string path = JoinPath(dirname, kPersistablesFile);
+  std::map<std::string, std::string> metadata;
+  LoadSafetensors(path, &metadata);
+  return StateFromMetadata(metadata, path);
+}
+
+bool HasCheckpoint(const std::string& dirname) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(JoinPath(dirname, kPersistablesFile), ec);
+}
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip) {
   save_persistables(exe.scope(), dirname, program, skip);
@@ -177,6 +268,53 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program&
 
 // ---------------------------------------------------------------- inference models
 
+namespace {
+
+// The staging directory an interrupted publish of DIR committed to ("" when none): the name in
+// DIR/.publishing when it is well formed and the directory exists.
+std::string CommittedStaging(const std::string& dirname) {
+  const std::string marker = JoinPath(dirname, kPublishMarker);
+  std::error_code ec;
+  if (!std::filesystem::exists(marker, ec)) return "";
+  std::string name;
+  try {
+    name = ReadFile(marker);
+  } catch (const Error&) {
+    return "";  // removed meanwhile: the publish completed
+  }
+  if (name.compare(0, kStagingPrefix.size(), kStagingPrefix) != 0 ||
+      name.find('/') != std::string::npos)
+    return "";
+  return std::filesystem::is_directory(JoinPath(dirname, name), ec) ? name : "";
+}
+
+// DIR/file as the last committed publish left it: from the staging directory while the file is
+// still there, else from DIR. A rename between the two reads moves the file, so falling back
+// from a vanished staged file to DIR reads the same bytes.
+std::string ReadPublished(const std::string& dirname, const std::string& staging,
+                          const std::string& file) {
+  if (!staging.empty()) {
+    const std::string staged = JoinPath(JoinPath(dirname, staging), file);
+    std::error_code ec;
+    if (std::filesystem::exists(staged, ec)) {
+      try {
+        return ReadFile(staged);
+      } catch (const Error&) {
+      }
+    }
+  }
+  return ReadFile(JoinPath(dirname, file));
+}
+
+void RenameInto(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    int e = errno;
+    KEEL_THROW("save_inference_model: rename ", from, " -> ", to, " failed: ", std::strerror(e));
+  }
+}
+
+}  // namespace
+
 void save_inference_model(const std::string& dirname, const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, Executor& exe,
                           const Program& program) {
@@ -185,17 +323,67 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   metadata[kTargetsKey] = Join(targets, "target");
   std::unique_ptr<Program> pruned = PruneForInference(program, feeds, targets);
   NamedTensors params = CollectPersistables(exe.scope(), *pruned, "save_inference_model");
+  const std::string model_bytes = pruned->SerializeToString();
+  metadata[kModelChecksumKey] = Crc32Hex(model_bytes);
   MakeDirs(dirname);
-  SaveProgram(*pruned, JoinPath(dirname, kModelFile));
-  SaveSafetensors(JoinPath(dirname, kParamsFile), params, metadata);
+
+  // Staging directories of dead writers go, except one an interrupted publish committed to
+  // (readers take files from it until this publish replaces the marker).
+  auto remove_stale = [&] {
+    const std::string committed = CommittedStaging(dirname);
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dirname, ec)) {
+      std::string name = entry.path().filename().string();
+      if (name != committed && IsStaleTempOf(name, kStagingPrefix))
+        std::filesystem::remove_all(entry.path(), ec);
+    }
+  };
+  remove_stale();
+  std::error_code ec;
+  // 1. The new pair, complete and durable, in a staging directory.
+  const std::string staging = kStagingPrefix + TempNameFor("model").substr(1);
+  const std::string stage_dir = JoinPath(dirname, staging);
+  MakeDirs(stage_dir);
+  WriteFileAtomic(JoinPath(stage_dir, kModelFile), model_bytes);
+  SaveSafetensors(JoinPath(stage_dir, kParamsFile), params, metadata);
+  SyncDirectory(dirname, stage_dir);
+  // 2. The commit point: readers take the staged pair from now on.
+  WriteFileAtomic(JoinPath(dirname, kPublishMarker), staging);
+  FaultPoint("inference_after_commit");
+  // 3. Into place, one file at a time; a kill in between is covered by the marker.
+  RenameInto(JoinPath(stage_dir, kModelFile), JoinPath(dirname, kModelFile));
+  FaultPoint("inference_between_renames");
+  RenameInto(JoinPath(stage_dir, kParamsFile), JoinPath(dirname, kParamsFile));
+  SyncDirectory(dirname, JoinPath(dirname, kModelFile));
+  // 4. Done: the marker goes first, then the empty staging directory.
+  ::unlink(JoinPath(dirname, kPublishMarker).c_str());
+  std::filesystem::remove_all(stage_dir, ec);
+  remove_stale();
+  SyncDirectory(dirname, JoinPath(dirname, kPublishMarker));
 }
 
 InferenceModel load_inference_model(const std::string& dirname, Executor& exe) {
-  InferenceModel model;
-  model.program = LoadProgram(JoinPath(dirname, kModelFile));
+  const std::string model_path = JoinPath(dirname, kModelFile);
   const std::string params_path = JoinPath(dirname, kParamsFile);
+  std::string model_bytes, checksum;
+  NamedTensors params;
   std::map<std::string, std::string> metadata;
-  NamedTensors params = LoadSafetensors(params_path, &metadata);
+  // A publish that runs while we read may hand us one file of each pair: read again.
+  for (int attempt = 0;; ++attempt) {
+    const std::string staging = CommittedStaging(dirname);
+    model_bytes = ReadPublished(dirname, staging, kModelFile);
+    std::string params_bytes = ReadPublished(dirname, staging, kParamsFile);
+    metadata.clear();
+    params = DecodeSafetensors(params_bytes, params_path, &metadata);
+    auto it = metadata.find(kModelChecksumKey);
+    if (it == metadata.end() || it->second == Crc32Hex(model_bytes)) break;
+    KEEL_ENFORCE(attempt < 2, model_path, " and ", params_path,
+                 " belong to different saves (the params file records __model__ checksum ",
+                 it->second, ", __model__ has ", Crc32Hex(model_bytes),
+                 "); save the inference model again");
+  }
+  InferenceModel model;
+  model.program = Program::ParseFromString(model_bytes, model_path);
   for (const std::string* key : {&kFeedsKey, &kTargetsKey})
     KEEL_ENFORCE(metadata.count(*key), params_path, ": no \"", *key,
                  "\" in __metadata__ (not written by save_inference_model?)");
@@ -204,7 +392,7 @@ InferenceModel load_inference_model(const std::string& dirname, Executor& exe) {
   for (const auto* names : {&model.feeds, &model.targets})
     for (const auto& n : *names)
       KEEL_ENFORCE(model.program->global_block().HasVar(n), params_path, ": feed/target var '", n,
-                   "' is not defined in ", JoinPath(dirname, kModelFile));
+                   "' is not defined in ", model_path);
   ValidateAndAssign(exe.scope(), &exe.place(), std::move(params), params_path, *model.program,
                     "load_inference_model");
   return model;

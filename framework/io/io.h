@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,23 @@ namespace keel {
 class Executor;
 
 // ---- atomic files
-// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the directory).
+// Writes `bytes` to `path` atomically (unnamed temp file, fsync, link, rename, fsync of the
+// directory); removes the temps of `path` that dead writers on this host left. A file size limit
+// (ulimit -f) or a full disk is a keel::Error naming the file, never a SIGXFSZ.
 void WriteFileAtomic(const std::string& path, const std::string& bytes);
 std::string ReadFile(const std::string& path);
+// fsync of directory `dir`; `what` names the file whose entry it makes durable in errors.
+void SyncDirectory(const std::string& dir, const std::string& what);
+// ".<base>.tmp.<random>.<pid>@<host>": a temp name beside `base` that says who wrote it.
+std::string TempNameFor(const std::string& base);
+// Whether `name` starts with `prefix` (".<base>.tmp.") and was made by a dead process of this host.
+bool IsStaleTempOf(const std::string& name, const std::string& prefix);
+// Removes the entries of `dir` (files or directories) that IsStaleTempOf(prefix); returns how many.
+int RemoveStaleTemps(const std::string& dir, const std::string& prefix);
+// Before training: creates `dir`, writes and removes a probe file there, and checks that a file
+// of `bytes` bytes fits the file size limit (warns when the disk has less free space). A
+// keel::Error names `what` (the flag, e.g. "--save_dir") and the reason.
+void CheckCanWrite(const std::string& dir, uint64_t bytes, const std::string& what);
 
 // ---- safetensors (https://github.com/huggingface/safetensors format: u64 LE header length,
 // JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}}, raw LE data)
@@ -61,6 +76,28 @@ void load_persistables(Scope& scope, const std::string& dirname, const Program& 
 void load_persistables(Executor& exe, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip = {});
 
+// ---- training checkpoints: the persistables plus where training stands, in one file
+// (DIR/persistables.safetensors, its "keel.train.*" metadata), so a checkpoint is written and
+// replaced atomically as a whole and a resumed run continues exactly where the saved one was.
+struct TrainingState {
+  int64_t step = 0;    // training steps completed
+  uint64_t seed = 0;   // the seed of initialization, data order and dropout (0: none recorded)
+  int world_size = 1;  // ranks that trained it (data shards depend on it)
+  std::map<std::string, std::string> extra;  // further entries, stored as keel.train.<key>
+};
+void save_checkpoint(const Scope& scope, const std::string& dirname, const Program& program,
+                     const TrainingState& state, const std::set<std::string>& skip = {});
+// Loads the persistables (as load_persistables) and returns the state; when the file holds
+// one, also sets exe's run count of `program` to state.step (Executor::SetRunCount), so random
+// ops continue with the draws of that step. nullopt when the file has no training state.
+std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
+                                             const Program& program,
+                                             const std::set<std::string>& skip = {});
+// The training state in DIR's checkpoint without loading its tensors; nullopt when DIR has no
+// checkpoint file or the file no state. A corrupt file is a keel::Error.
+std::optional<TrainingState> ReadTrainingState(const std::string& dirname);
+bool HasCheckpoint(const std::string& dirname);
+
 // Keeps only the ops of block 0 needed to compute `targets` from `feeds`, drops backward and
 // optimizer ops and unused vars.
 std::unique_ptr<Program> PruneForInference(const Program& program,
@@ -68,7 +105,12 @@ std::unique_ptr<Program> PruneForInference(const Program& program,
                                            const std::vector<std::string>& targets);
 
 // Writes DIR/__model__ (the pruned program, with feed/fetch names recorded) and
-// DIR/params.safetensors (the persistables that program uses).
+// DIR/params.safetensors (the persistables that program uses), published as a pair: both are
+// written to a staging directory DIR/.staging.*, then a marker DIR/.publishing naming it is
+// written atomically (the commit point), then both are renamed into DIR and the marker removed.
+// A reader that finds the marker takes each file from the staging directory while it is still
+// there, so a writer killed anywhere leaves the old pair or the new one, never a mix. The params
+// file records a checksum of __model__, and the loader refuses a pair that does not match.
 void save_inference_model(const std::string& dirname, const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, Executor& exe,
                           const Program& program);

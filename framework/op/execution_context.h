@@ -25,6 +25,11 @@ class ExecutionContext {
   const Place& place() const { return place_; }
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
+  // How many runs of the program came before this one (the executor's RunCount): random ops
+  // derive each run's stream from (seed, run index), so a run's draws depend only on its index
+  // and a resumed executor (Executor::SetRunCount) draws what the uninterrupted one would have.
+  int64_t run_index() const { return run_index_ ? *run_index_ : 0; }
+  void set_run_index_source(const int64_t* runs) { run_index_ = runs; }
   // Runs block `idx` of the op's program in the same scopes (control-flow ops); set by the
   // executor.
   void RunBlock(int idx) const {
@@ -72,6 +77,7 @@ class ExecutionContext {
   const OpDesc* op_;
   Place place_;
   uint64_t seed_ = 0;
+  const int64_t* run_index_ = nullptr;
   std::vector<Slot> ins_, outs_;
   std::function<void(int)> run_block_;
 };

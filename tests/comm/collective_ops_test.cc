@@ -90,14 +90,26 @@ TEST(ShmRing, APeerThatNeverComesIsATimeoutNamingIt) {
 TEST(CollectiveOps, ARankThatNeverArrivesIsATimeoutNotAHang) {
   // Rank 0 of a 2-rank job alone: the store serves, but rank 1 never comes.
   auto t0 = std::chrono::steady_clock::now();
-  auto r = RunCommand("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                      std::to_string(FreePort()) + " "
-                      "FLAGS_comm_timeout_s=3 timeout 60 " + BinPath("collective_worker"));
+  auto r = RunCommand("KEEL_JOB_TOKEN=t RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                      std::to_string(FreePort()) +
+                      " "
+                      "FLAGS_comm_timeout_s=3 timeout 60 " +
+                      BinPath("collective_worker"));
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(secs, 30) << r.output;
   EXPECT_NE(r.output.find("did not appear within"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank(s) 1 never connected to the store"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("c_comm_init"), std::string::npos) << r.output;
+}
+
+TEST(CollectiveOps, AHandStartedMultiRankJobWithoutATokenIsRefused) {
+  auto r = RunCommand(
+      "env -u KEEL_JOB_TOKEN -u OMPI_MCA_orte_precondition_transports RANK=0 "
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(FreePort()) + " timeout 60 " + BinPath("collective_worker"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("KEEL_JOB_TOKEN"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,0 +1,189 @@
+#include "fleet/straggler_monitor.h"
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fleet/fleet.h"
+#include "framework/comm/comm_context.h"
+#include "framework/comm/communicator.h"
+#include "framework/error.h"
+
+DEFINE_double(straggler_report_interval_s, 5,
+              "Multi-worker: every this many seconds each rank reports its compute time per step "
+              "and rank 0 logs ranks that fall behind (by rank, with how far); 0: off.");
+DEFINE_double(straggler_factor, 1.5,
+              "A rank whose compute time per step exceeds the median rank's by this factor (and "
+              "costs the others at least 5% of their time) is logged as a straggler.");
+
+namespace keel {
+namespace fleet {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Report {
+  int64_t seq = 0, steps = 0, window_steps = 0;
+  double compute_ms = -1;  // mean over the last interval; -1: no step in it
+  double since_step_s = 0;
+};
+
+std::string Fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", v);
+  return buf;
+}
+
+}  // namespace
+
+StragglerMonitor::StragglerMonitor() : last_step_end_(Clock::now()) {
+  if (!initialized() || worker_num() <= 1 || FLAGS_straggler_report_interval_s <= 0 ||
+      !CommContext::Get().initialized())
+    return;
+  KEEL_ENFORCE(FLAGS_straggler_factor > 1, "--straggler_factor must be > 1, got ",
+               FLAGS_straggler_factor);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StragglerMonitor::~StragglerMonitor() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    // A request blocked on a dead network must not hold up the exit.
+    if (store_ != nullptr) store_->Abort();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StragglerMonitor::StepDone() {
+  if (!active()) return;
+  const auto now = Clock::now();
+  const int64_t comm = RingRegistry::Get().TotalCommNs();
+  std::lock_guard<std::mutex> lk(mu_);
+  double step_s = std::chrono::duration<double>(now - last_step_end_).count();
+  double comm_s = static_cast<double>(comm - last_comm_ns_) * 1e-9;
+  window_compute_s_ += std::max(0.0, step_s - comm_s);
+  ++window_steps_;
+  ++steps_;
+  last_step_end_ = now;
+  last_comm_ns_ = comm;
+}
+
+void StragglerMonitor::Loop() {
+  const CommConfig& cfg = CommContext::Get().config();
+  const int rank = worker_index(), nranks = worker_num();
+  const auto interval = std::chrono::duration<double>(FLAGS_straggler_report_interval_s);
+  std::unique_ptr<StoreClient> store;
+  try {
+    // A connection of its own: the training thread's may be blocked in a long GET.
+    store = std::make_unique<StoreClient>(cfg.store_host, cfg.store_port, cfg.token, cfg.timeout,
+                                          StoreIdentity{rank, nranks, cfg.generation});
+  } catch (const Error& e) {
+    LOG(WARNING) << "straggler monitor off: " << e.what();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return;
+    store_ = store.get();
+  }
+  struct Forget {
+    StragglerMonitor* m;
+    ~Forget() {
+      std::lock_guard<std::mutex> lk(m->mu_);
+      m->store_ = nullptr;
+    }
+  } forget{this};
+  const std::string prefix = "keel/straggler/" + std::to_string(cfg.generation) + "/";
+  int64_t seq = 0;
+  std::map<int, std::pair<int64_t, Clock::time_point>> last_seen;  // rank 0: seq, when it changed
+  std::map<int, Clock::time_point> last_logged;
+  std::map<int, bool> flagged;
+  auto log_ok = [&](int r) {
+    auto it = last_logged.find(r);
+    return it == last_logged.end() || Clock::now() - it->second > std::chrono::seconds(30);
+  };
+  while (true) {
+    Report mine;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (cv_.wait_for(lk, interval, [&] { return stop_; })) return;
+      mine.seq = ++seq;
+      mine.steps = steps_;
+      mine.compute_ms = window_steps_ > 0 ? window_compute_s_ * 1e3 / window_steps_ : -1;
+      mine.window_steps = window_steps_;
+      mine.since_step_s = std::chrono::duration<double>(Clock::now() - last_step_end_).count();
+      window_compute_s_ = 0;
+      window_steps_ = 0;
+    }
+    try {
+      std::ostringstream os;
+      os << mine.seq << " " << mine.steps << " " << mine.compute_ms << " " << mine.since_step_s
+         << " " << mine.window_steps;
+      store->Set(prefix + std::to_string(rank), os.str());
+      if (rank != 0) continue;
+      std::map<int, Report> reports;
+      for (int r = 0; r < nranks; ++r) {
+        if (!store->Check(prefix + std::to_string(r))) continue;
+        std::istringstream is(store->Get(prefix + std::to_string(r), std::chrono::milliseconds(1)));
+        Report rep;
+        is >> rep.seq >> rep.steps >> rep.compute_ms >> rep.since_step_s >> rep.window_steps;
+        reports[r] = rep;
+        auto& seen = last_seen[r];
+        if (seen.first != rep.seq) seen = {rep.seq, Clock::now()};
+      }
+      // Silent ranks: their monitor thread stopped posting (the process is stopped or hung).
+      for (const auto& [r, seen] : last_seen) {
+        double silent = std::chrono::duration<double>(Clock::now() - seen.second).count();
+        if (silent > 3 * FLAGS_straggler_report_interval_s && log_ok(r)) {
+          LOG(WARNING) << "straggler: rank " << r << " has not reported for " << Fmt(silent)
+                       << " s (stopped or hung?); its last report: step " << reports[r].steps
+                       << ", the others wait for it in their collectives";
+          last_logged[r] = Clock::now();
+        }
+      }
+      std::vector<double> compute;
+      for (const auto& [r, rep] : reports)
+        if (rep.compute_ms >= 0) compute.push_back(rep.compute_ms);
+      if (compute.size() < 2) continue;
+      std::sort(compute.begin(), compute.end());
+      const double median = compute[(compute.size() - 1) / 2];
+      for (const auto& [r, rep] : reports) {
+        if (rep.compute_ms < 0) continue;
+        // Far behind: slower than the median by the factor, and the others lose at least 5% of
+        // their time waiting for it.
+        const double lost_s = (rep.compute_ms - median) * 1e-3 * rep.window_steps;
+        const bool behind = rep.compute_ms > median * FLAGS_straggler_factor &&
+                            lost_s >= 0.05 * FLAGS_straggler_report_interval_s;
+        if (behind && (log_ok(r) || !flagged[r])) {
+          LOG(WARNING) << "straggler: rank " << r << " computes " << Fmt(rep.compute_ms)
+                       << " ms per step, the median rank " << Fmt(median) << " ms ("
+                       << Fmt(rep.compute_ms / std::max(median, 1e-3))
+                       << "x): " << Fmt(rep.compute_ms - median)
+                       << " ms per step behind; the other ranks wait for it in every "
+                          "all-reduce";
+          last_logged[r] = Clock::now();
+        } else if (!behind && flagged[r]) {
+          LOG(INFO) << "straggler: rank " << r << " is back in line (" << Fmt(rep.compute_ms)
+                    << " ms per step, median " << Fmt(median) << " ms)";
+        }
+        flagged[r] = behind;
+      }
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!stop_) LOG(WARNING) << "straggler monitor stopped: " << e.what();
+      return;
+    }
+  }
+}
+
+}  // namespace fleet
+}  // namespace keel
