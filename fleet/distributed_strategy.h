@@ -56,7 +56,8 @@ struct DistributedStrategy {
 
   // Throws keel::Error naming the field and its value for: nccl_comm_num outside 1..8, fuse sizes
   // <= 0, hierarchical inter_nranks < 0 or not dividing role.world_size, local_sgd_steps < 1,
-  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy values < 1.
+  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy.num_threads < 0,
+  // exec_strategy.num_iteration_per_drop_scope < 1.
   void Validate(const Role& role) const;
 
   // Sets fuse_grad_size_in_MB / fuse_grad_size_in_num from --fuse_parameter_memory_size /

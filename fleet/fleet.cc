@@ -168,6 +168,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   }
   State().main = &main;
   State().startup = startup;
+  AttachExecutionStrategy(main, strategy_.exec_strategy);  // the executor running main uses it
   return pg;
 }
 

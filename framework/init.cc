@@ -10,12 +10,13 @@
 #include <algorithm>
 
 #include "framework/error.h"
-#include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 
 extern char** environ;
 
 DEFINE_int32(cpu_math_threads, 0,
-             "Threads the CPU BLAS (GEMM) may use per process; 0 means one per core.");
+             "CPU threads per process, shared by the executor's workers and the kernels' "
+             "intra-op work; 0 means one per core (keel launch gives each worker cores / nproc).");
 
 namespace keel {
 
@@ -54,7 +55,7 @@ void Init(int* argc, char*** argv) {
                FLAGS_cpu_math_threads);
   if (FLAGS_cpu_math_threads == 0)
     FLAGS_cpu_math_threads = std::max(1u, std::thread::hardware_concurrency());
-  blas::SetNumThreads(FLAGS_cpu_math_threads);
+  cpu_threads::SetBudget(FLAGS_cpu_math_threads);
 }
 
 }  // namespace keel

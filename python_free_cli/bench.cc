@@ -83,7 +83,7 @@ int Bench(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_bench_steps > 0, "--bench_steps must be positive");
   models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr), 1);
   const int world = fleet::worker_num();
-  Executor exe(fleet::worker_place());
+  Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
   FeedMap feed;
   m.next_batch(FLAGS_batch_size, &feed);  // one batch, reused, as the torch anchor does
@@ -107,9 +107,10 @@ int Bench(const std::vector<std::string>& args) {
   if (fleet::worker_index() != 0) return 0;
   std::printf(
       "{\"system\": \"keel\", \"model\": \"%s\", \"world\": %d, \"threads\": %d, "
+      "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-      args[0].c_str(), world, FLAGS_cpu_math_threads, blas::Backend(), FLAGS_batch_size,
+      args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(), FLAGS_batch_size,
       FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3), loss);
   return 0;
 }

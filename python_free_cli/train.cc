@@ -28,7 +28,12 @@ DEFINE_string(save_inference_dir, "",
               "Save the inference model (pruned __model__ + params.safetensors) here after training.");
 DEFINE_string(load_dir, "", "Resume from the persistables saved here.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
-DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
+DEFINE_int32(num_iteration_per_drop_scope, 100,
+             "ExecutionStrategy.num_iteration_per_drop_scope: release temporaries every this many "
+             "steps.");
+DEFINE_int32(num_threads, 0,
+             "ExecutionStrategy.num_threads: workers running ready ops at once, sharing "
+             "--cpu_math_threads cores with the kernels; 0: one per core the program can use.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DEFINE_int32(nccl_comm_num, 1, "Communication rings gradients are spread over (multi-worker).");
 DEFINE_int32(local_sgd_steps, 0,
@@ -49,6 +54,14 @@ DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not o
 
 namespace keel {
 namespace cli {
+
+ExecutionStrategy CliExecutionStrategy() {
+  ExecutionStrategy s;
+  s.num_threads = FLAGS_num_threads;
+  s.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
+  ValidateExecutionStrategy(s, "keel train/bench: ");
+  return s;
+}
 
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
   fleet::init();  // one worker unless a launcher's environment says otherwise
@@ -79,6 +92,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
   if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
   strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
+  strategy.exec_strategy = CliExecutionStrategy();
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
@@ -107,10 +121,8 @@ int Train(const std::vector<std::string>& args) {
                                                    FLAGS_seed);
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
 
-  ExecutionStrategy strategy;
-  strategy.fetch_frequency = FLAGS_fetch_frequency;
-  strategy.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
-  Executor exe(fleet::worker_place(), strategy);
+  // fleet::main_program() carries the same strategy; the executor's serves startup and evaluation.
+  Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
   if (!FLAGS_load_dir.empty()) {
     load_persistables(exe, FLAGS_load_dir, *m.main);
@@ -132,7 +144,9 @@ int Train(const std::vector<std::string>& args) {
   for (int epoch = 0; epoch < epochs; ++epoch) {
     for (int64_t i = 0; i < steps_per_epoch; ++i, ++step) {
       m.next_batch(FLAGS_batch_size, &feed);
-      auto out = exe.Run(*m.main, feed, {m.loss});
+      // The loss is fetched (copied out) only on the steps that print it.
+      const bool print = step % FLAGS_fetch_frequency == 0;
+      auto out = exe.Run(*m.main, feed, print ? std::vector<std::string>{m.loss} : std::vector<std::string>{});
       samples_since += static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num();  // all workers
       if (!out.empty() && !quiet) {
         auto now = std::chrono::steady_clock::now();
