@@ -13,6 +13,7 @@
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "framework/io/io.h"
+#include "framework/profiler/profiler.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
 
@@ -120,6 +121,9 @@ void init(const RoleMaker& role_maker) {
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);
+  // Trace timestamps on rank 0's clock, so the ranks' traces line up.
+  if (cfg.nranks > 1)
+    profiler::AlignClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
 }
 
 bool initialized() { return State().initialized; }

@@ -10,6 +10,10 @@
 #include <mutex>
 #include <sstream>
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include "framework/comm/store.h"
 #include "framework/error.h"
 #include "framework/io/io.h"
 
@@ -30,6 +34,8 @@ struct State {
   std::vector<Event> events;
   int64_t dropped = 0;
   int next_tid = 0;
+  std::vector<std::string> thread_names;  // by tid
+  std::atomic<int64_t> clock_offset_ns{0};
 };
 
 State& state() {
@@ -46,8 +52,11 @@ int ThreadNumber() {
   thread_local int tid = -1;
   if (tid < 0) {
     State& s = state();
+    char name[32] = "";
+    pthread_getname_np(pthread_self(), name, sizeof(name));
     std::lock_guard<std::mutex> lock(s.mu);
     tid = s.next_tid++;
+    s.thread_names.push_back(gettid() == getpid() ? std::string("main") : std::string(name));
   }
   return tid;
 }
@@ -131,11 +140,21 @@ void WriteChromeTrace(const std::string& path, int pid) {
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid
       << ", \"args\": {\"name\": \"keel rank " << pid << "\"}}";
+  int threads;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    threads = state().next_tid;
+  }
+  for (int t = 0; t < threads; ++t)
+    out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid
+        << ", \"tid\": " << t << ", \"args\": {\"name\": \"" << JsonEscape(ThreadName(t))
+        << "\"}}";
+  const int64_t offset = ClockOffsetNs();
   char num[64];
   for (const Event& e : events) {
     out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << JsonEscape(e.category)
         << "\", \"ph\": \"X\", \"pid\": " << pid << ", \"tid\": " << e.tid;
-    std::snprintf(num, sizeof(num), "%.3f", e.start_ns / 1e3);
+    std::snprintf(num, sizeof(num), "%.3f", (e.start_ns + offset) / 1e3);
     out << ", \"ts\": " << num;
     std::snprintf(num, sizeof(num), "%.3f", e.dur_ns / 1e3);
     out << ", \"dur\": " << num;
@@ -182,6 +201,38 @@ std::string Summary() {
   }
   return out.str();
 }
+
+std::string ThreadName(int tid) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (tid < 0 || tid >= static_cast<int>(s.thread_names.size())) return "";
+  std::string name = s.thread_names[tid];
+  return name.empty() ? "thread " + std::to_string(tid) : name;
+}
+
+void AlignClock(StoreClient& store, int rank, int nranks) {
+  const std::string prefix = "keel/profiler/clock/";
+  if (rank == 0) {
+    for (int r = 1; r < nranks; ++r) {
+      const std::string k = prefix + std::to_string(r);
+      store.Set(k + "/turn", "");
+      store.Get(k + "/ping");  // waits for rank r
+      store.Set(k + "/pong", std::to_string(internal::NowNs()));
+    }
+    return;
+  }
+  const std::string k = prefix + std::to_string(rank);
+  store.Get(k + "/turn");  // rank 0 is ready to answer at once
+  const int64_t sent = internal::NowNs();
+  store.Set(k + "/ping", "");
+  const int64_t theirs = std::stoll(store.Get(k + "/pong"));
+  const int64_t back = internal::NowNs();
+  state().clock_offset_ns.store(theirs - (sent + back) / 2);
+  VLOG(1) << "profiler: clock offset to rank 0 " << (theirs - (sent + back) / 2)
+          << " ns, round trip " << (back - sent) << " ns";
+}
+
+int64_t ClockOffsetNs() { return state().clock_offset_ns.load(); }
 
 std::string ProfilePathForRank(int rank, int nranks) {
   if (FLAGS_profile.empty()) return "";

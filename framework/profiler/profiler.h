@@ -12,6 +12,7 @@
 #include <vector>
 
 namespace keel {
+class StoreClient;
 namespace profiler {
 
 struct Event {
@@ -20,7 +21,7 @@ struct Event {
   std::string detail;    // e.g. the op's index and first output
   int64_t start_ns = 0;  // since the profiler's epoch
   int64_t dur_ns = 0;
-  int tid = 0;  // small per-thread number, in order of first event
+  int tid = 0;  // small per-thread number, in order of first event (see ThreadName)
 };
 
 namespace internal {
@@ -39,15 +40,25 @@ void Stop();
 void Reset();
 // A copy of the events recorded so far, in recording order.
 std::vector<Event> Events();
+// The name of thread `tid` (its pthread name when it recorded its first event).
+std::string ThreadName(int tid);
 // Events dropped because the buffer (1<<22 events) was full.
 int64_t Dropped();
 
 // Writes the events as Chrome trace JSON to `path` atomically; `pid` labels the process (its
-// rank). Throws keel::Error naming the path when it cannot be written.
+// rank), each thread is named ("main", "keel-ring0", ...), and timestamps are on rank 0's clock
+// once AlignClock has run. Throws keel::Error naming the path when it cannot be written.
 void WriteChromeTrace(const std::string& path, int pid = 0);
 // Per (category, name): calls, total, mean and share of the total, largest total first, as a
 // fixed-width table.
 std::string Summary();
+
+// Puts this process's trace timestamps on rank 0's clock: each rank in turn measures a round trip
+// to rank 0 through the store and takes rank 0's time at its middle (error: half the round trip,
+// tens of microseconds on one host). Every rank of the job calls it (fleet::init does).
+void AlignClock(StoreClient& store, int rank, int nranks);
+// Nanoseconds added to this process's timestamps in the trace (0 until AlignClock).
+int64_t ClockOffsetNs();
 
 // The --profile flag, for the CLI: "" when off; under several workers the rank's own file.
 std::string ProfilePathForRank(int rank, int nranks);

@@ -111,5 +111,46 @@ TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
   testing::RunCommand("rm -rf " + dir);
 }
 
+// Two workers, one all-reduce per gradient: on rank 0 an all-reduce span (on its ring's thread)
+// overlaps a backward op's span (on the main thread), and after clock alignment every all-reduce
+// of rank 0 overlaps the same all-reduce of rank 1 (neither can finish before the other starts),
+// within 0.3 ms for the alignment's error.
+TEST(ProfilerCli, TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks) {
+  std::string dir = testing::MakeTempDir();
+  auto r = testing::RunCommand(
+      "FLAGS_cpu_math_threads=1 " + testing::BinPath("keel") + " launch --nproc_per_node=2 " +
+      "--log_dir=" + dir + "/log " + testing::BinPath("keel") +
+      " train --steps=8 --mlp_hidden=512 --seed=1 --fuse_all_reduce_ops=false --profile=" + dir +
+      "/t.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = testing::RunCommand(
+      "python3 - " + dir + "/t.json <<'EOF'\n"
+      "import json, sys\n"
+      "def spans(rank):\n"
+      "    t = json.load(open(sys.argv[1] + '.rank%d' % rank))['traceEvents']\n"
+      "    names = {e['tid']: e['args']['name'] for e in t if e['name'] == 'thread_name'}\n"
+      "    x = [e for e in t if e['ph'] == 'X']\n"
+      "    return x, names\n"
+      "x0, names0 = spans(0)\n"
+      "x1, _ = spans(1)\n"
+      "ar = lambda x: [e for e in x if e['name'] == 'c_allreduce_sum']\n"
+      "grads = [e for e in x0 if e['cat'] == 'op' and e['name'].endswith('_grad')]\n"
+      "hit = lambda a, b: a['ts'] < b['ts'] + b['dur'] and b['ts'] < a['ts'] + a['dur']\n"
+      "over = sum(1 for a in ar(x0) for g in grads if hit(a, g) and a['tid'] != g['tid'])\n"
+      "print('comm_cat', all(e['cat'] == 'comm' for e in ar(x0)))\n"
+      "print('ring_thread', sorted(set(names0[e['tid']] for e in ar(x0))))\n"
+      "print('overlaps', over > 0)\n"
+      "a0, a1 = ar(x0), ar(x1)\n"
+      "near = lambda a, b: a['ts'] < b['ts'] + b['dur'] + 300 and b['ts'] < a['ts'] + a['dur'] + 300\n"
+      "print('aligned', len(a0) == len(a1) > 0 and all(near(a, b) for a, b in zip(a0, a1)))\n"
+      "EOF");
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  EXPECT_NE(j.output.find("comm_cat True"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("ring_thread ['keel-ring0']"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("overlaps True"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("aligned True"), std::string::npos) << j.output;
+  testing::RunCommand("rm -rf " + dir);
+}
+
 }  // namespace
 }  // namespace keel
