@@ -434,7 +434,7 @@ class Conv2DKernel : public OpKernel {
 
  private:
   ConvAttrs attrs_;
-  std::vector<T> col_, prod_;  // scratch, kept across runs
+  ScratchVector<T> col_, prod_;  // scratch, kept across runs
   winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
 };
 
@@ -533,7 +533,7 @@ class Conv2DGradKernel : public OpKernel {
 
  private:
   ConvAttrs attrs_;
-  std::vector<T> col_, prod_, dft_;  // scratch, kept across runs
+  ScratchVector<T> col_, prod_, dft_;  // scratch, kept across runs
   winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
 };
 
