@@ -114,17 +114,18 @@ TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
 // Two workers, one all-reduce per gradient: on rank 0 an all-reduce span (on its ring's thread)
 // overlaps a backward op's span (on the main thread), and after clock alignment every all-reduce
 // of rank 0 overlaps the same all-reduce of rank 1 (neither can finish before the other starts),
-// within 0.3 ms for the alignment's error.
+// within 0.3 ms for the alignment's error. Rank 1 starts 0.5 s late, so its own clock is 0.5 s
+// behind rank 0's.
 TEST(ProfilerCli, TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks) {
   std::string dir = testing::MakeTempDir();
   auto r = testing::RunCommand(
       "FLAGS_cpu_math_threads=1 " + testing::BinPath("keel") + " launch --nproc_per_node=2 " +
-      "--log_dir=" + dir + "/log " + testing::BinPath("keel") +
+      "--log_dir=" + dir + "/log sh -c 'if [ \"$PADDLE_TRAINER_ID\" = 1 ]; then sleep 0.5; fi; " +
+      "exec " + testing::BinPath("keel") +
       " train --steps=8 --mlp_hidden=512 --seed=1 --fuse_all_reduce_ops=false --profile=" + dir +
-      "/t.json");
+      "/t.json'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto j = testing::RunCommand(
-      "python3 - " + dir + "/t.json <<'EOF'\n"
+  std::ofstream(dir + "/check.py") <<
       "import json, sys\n"
       "def spans(rank):\n"
       "    t = json.load(open(sys.argv[1] + '.rank%d' % rank))['traceEvents']\n"
@@ -142,8 +143,8 @@ TEST(ProfilerCli, TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks
       "print('overlaps', over > 0)\n"
       "a0, a1 = ar(x0), ar(x1)\n"
       "near = lambda a, b: a['ts'] < b['ts'] + b['dur'] + 300 and b['ts'] < a['ts'] + a['dur'] + 300\n"
-      "print('aligned', len(a0) == len(a1) > 0 and all(near(a, b) for a, b in zip(a0, a1)))\n"
-      "EOF");
+      "print('aligned', len(a0) == len(a1) > 0 and all(near(a, b) for a, b in zip(a0, a1)))\n";
+  auto j = testing::RunCommand("python3 " + dir + "/check.py " + dir + "/t.json");
   ASSERT_EQ(j.exit_code, 0) << j.output;
   EXPECT_NE(j.output.find("comm_cat True"), std::string::npos) << j.output;
   EXPECT_NE(j.output.find("ring_thread ['keel-ring0']"), std::string::npos) << j.output;
