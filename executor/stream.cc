@@ -2,10 +2,15 @@
 
 #include <pthread.h>
 
+#include "framework/runtime/cpu_threads.h"
+
 namespace keel {
 
 CpuStream::CpuStream(std::string name) : name_(std::move(name)) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    cpu_threads::BlockSignalsInThisThread();
+    Loop();
+  });
   // Visible in top/gdb as the ring's thread (names are at most 15 characters).
   pthread_setname_np(thread_.native_handle(), name_.substr(0, 15).c_str());
 }

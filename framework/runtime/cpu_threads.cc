@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,7 @@ struct KeelThreadEnvironment {
   };
   EnvThread* CreateThread(std::function<void()> f) {
     return new EnvThread([f = std::move(f)] {
+      BlockSignalsInThisThread();
       pthread_setname_np(pthread_self(), "keel-cpu");
       UseOneOpenMPThread();
       f();
@@ -109,6 +111,12 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   Drain(*shared, n, fn);
   std::unique_lock<std::mutex> lock(shared->mu);
   shared->cv.wait(lock, [&] { return shared->done == n; });
+}
+
+void BlockSignalsInThisThread() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
 }
 
 void UseOneOpenMPThread() {

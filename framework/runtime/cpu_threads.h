@@ -30,5 +30,10 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 // runs on the thread that calls it. Cheap after the first call on a thread.
 void UseOneOpenMPThread();
 
+// Blocks every signal in the calling thread. keel's own threads (the pool, ring streams) call it
+// first: a process signal (SIGCHLD, SIGTERM) must reach the thread that waits for it (keel
+// launch reads them from a signalfd), never a library thread that would drop it.
+void BlockSignalsInThisThread();
+
 }  // namespace cpu_threads
 }  // namespace keel
