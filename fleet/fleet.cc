@@ -121,8 +121,8 @@ void init(const RoleMaker& role_maker) {
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);
-  // Trace timestamps on rank 0's clock, so the ranks' traces line up.
-  if (cfg.nranks > 1)
+  // With --profile, trace timestamps on rank 0's clock, so the ranks' traces line up.
+  if (profiler::Requested())
     profiler::AlignClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
 }
 

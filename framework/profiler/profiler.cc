@@ -213,10 +213,13 @@ std::string ThreadName(int tid) {
   return name.empty() ? "thread " + std::to_string(tid) : name;
 }
 
-void AlignClock(StoreClient& store, int rank, int nranks) {
+namespace {
+
+void ExchangeClock(StoreClient& store, int rank, int nranks) {
   // Several rounds; the one with the shortest round trip (least time for a rank to be
   // descheduled in) gives the offset.
   constexpr int kRounds = 8;
+  if (nranks <= 1) return;
   const std::string prefix = "keel/profiler/clock/";
   if (rank == 0) {
     for (int r = 1; r < nranks; ++r)
@@ -246,12 +249,24 @@ void AlignClock(StoreClient& store, int rank, int nranks) {
           << " ns";
 }
 
+}  // namespace
+
+void AlignClock(StoreClient& store, int rank, int nranks) {
+  try {
+    ExchangeClock(store, rank, nranks);
+  } catch (const Error& e) {
+    KEEL_THROW("profiler: aligning rank ", rank, "'s clock with rank 0's: ", e.what());
+  }
+}
+
 int64_t ClockOffsetNs() { return state().clock_offset_ns.load(); }
 
 std::string ProfilePathForRank(int rank, int nranks) {
   if (FLAGS_profile.empty()) return "";
   return nranks > 1 ? FLAGS_profile + ".rank" + std::to_string(rank) : FLAGS_profile;
 }
+
+bool Requested() { return !FLAGS_profile.empty(); }
 
 bool StartFromFlags() {
   if (FLAGS_profile.empty()) return false;

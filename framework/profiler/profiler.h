@@ -55,13 +55,16 @@ std::string Summary();
 
 // Puts this process's trace timestamps on rank 0's clock: each rank in turn measures a round trip
 // to rank 0 through the store and takes rank 0's time at its middle (error: half the round trip,
-// tens of microseconds on one host). Every rank of the job calls it (fleet::init does).
+// tens of microseconds on one host). Every rank of the job calls it: fleet::init does when
+// --profile is set; a program that starts the profiler itself calls it after fleet::init.
 void AlignClock(StoreClient& store, int rank, int nranks);
 // Nanoseconds added to this process's timestamps in the trace (0 until AlignClock).
 int64_t ClockOffsetNs();
 
 // The --profile flag, for the CLI: "" when off; under several workers the rank's own file.
 std::string ProfilePathForRank(int rank, int nranks);
+// Whether --profile is set.
+bool Requested();
 // Turns the profiler on when --profile is set. Returns whether it is on.
 bool StartFromFlags();
 
