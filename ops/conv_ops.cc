@@ -382,11 +382,11 @@ struct ConvScratch {
 };
 
 // The batch is cut into pieces of whole images that run on the CPU thread budget; the cut
-// depends on the shape only (at least ~64 MFLOP a piece, at most 4 pieces), so results are the
+// depends on the shape only (at least ~32 MFLOP a piece, at most 4 pieces), so results are the
 // same bits on any number of threads. Filter gradients are summed over pieces in piece order.
 int64_t ImagesPerPiece(const ConvGeom& g) {
   const double flops = 2.0 * g.N * g.M * g.P * g.K;
-  const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(flops / 64e6), 1,
+  const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(flops / 32e6), 1,
                                              std::min<int64_t>(g.N, 4));
   return (g.N + pieces - 1) / pieces;
 }
