@@ -52,9 +52,8 @@ std::string SlotsText(const OpDesc::VarMap& m) {
 // c_sync_calc_stream stays on the compute side: its dependencies already order the ring after X.
 bool RunsOnRingStream(const std::string& type) {
   static const std::set<std::string> kTypes = {
-      "c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod",
-      "c_broadcast",     "c_allgather",     "c_reducescatter", "c_barrier",
-      "c_sync_comm_stream"};
+      "c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod",  "c_broadcast",
+      "c_allgather",     "c_reducescatter", "c_barrier",       "c_sync_comm_stream"};
   return kTypes.count(type) > 0;
 }
 
@@ -283,8 +282,8 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     const DDim want = desc.dims();
     bool ok = want.size() == t.dims().size();
     for (int d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == t.dims()[d];
-    KEEL_ENFORCE(ok, "feed '", kv.first, "' has shape ", t.dims().str(),
-                 ", the program declares ", want.str(), " (-1 matches any size)");
+    KEEL_ENFORCE(ok, "feed '", kv.first, "' has shape ", t.dims().str(), ", the program declares ",
+                 want.str(), " (-1 matches any size)");
     Tensor* dst = it->second.first->mutable_tensor();
     if (t.place() == place_) {
       dst->ShareDataWith(t);
@@ -341,10 +340,10 @@ void Executor::RunOp(Plan& plan, int i) {
           if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat64) continue;
           Tensor host = t.place().is_cpu() ? t : t.Clone(CPUPlace());
           int64_t bad = t.dtype() == DType::kFloat32 ? FirstNonFinite<float>(host)
-                                                      : FirstNonFinite<double>(host);
+                                                     : FirstNonFinite<double>(host);
           if (bad < 0) continue;
-          double v = t.dtype() == DType::kFloat32 ? host.data<float>()[bad]
-                                                   : host.data<double>()[bad];
+          double v =
+              t.dtype() == DType::kFloat32 ? host.data<float>()[bad] : host.data<double>()[bad];
           KEEL_THROW("FLAGS_check_nan_inf: output ", slot.name, " '", names[k], "' ",
                      t.dims().str(), " holds ", std::isnan(v) ? "NaN" : "Inf", " (element ", bad,
                      " is ", v, "), the first op to produce one");
@@ -353,8 +352,8 @@ void Executor::RunOp(Plan& plan, int i) {
     }
   } catch (const Error& e) {
     const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
-    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()),
-               " -> ", SlotsText(op.desc->outputs()), "): ", e.what());
+    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
+               SlotsText(op.desc->outputs()), "): ", e.what());
   }
 }
 

@@ -117,7 +117,7 @@ struct RunState {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int> pending;  // predecessors not yet done
+  std::vector<int> pending;                                             // predecessors not yet done
   std::priority_queue<int, std::vector<int>, std::greater<int>> ready;  // program order first
   // Per stream, its ops in program order and the next one to enqueue.
   struct StreamQueue {
@@ -136,9 +136,7 @@ struct RunState {
            const std::function<void(int)>& r, int w)
       : graph(g), stream_of(s), run_op(r), workers(w) {}
 
-  bool Idle() const {
-    return done == graph.size() || (error && running == 0 && in_stream == 0);
-  }
+  bool Idle() const { return done == graph.size() || (error && running == 0 && in_stream == 0); }
 
   // Called with mu held.
   void MakeReady(int i) {
@@ -183,7 +181,7 @@ struct RunState {
     std::lock_guard<std::mutex> lock(mu);
     --in_stream;
     if (!skip) Finish(i, err);
-    cv.notify_all();   // under the lock: the caller may return (and free this) once it is free
+    cv.notify_all();  // under the lock: the caller may return (and free this) once it is free
   }
 
   void Work(bool caller) {

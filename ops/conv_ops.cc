@@ -525,7 +525,7 @@ class Conv2DGradKernel : public OpKernel {
       if (dxd) s.wino.DataGrad(gd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, dxd);
       return;
     }
-    // dFilter accumulates transposed, as [groups][K][Mg]: OpenBLAS runs the tall product col *
+    // dFilter accumulates transposed, as [groups][K][Mg]: the GEMM runs the tall product col *
     // dout' about twice as fast as the wide dout * col' for the few filters of small convs.
     if (dfd) s.dft.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
     // col2im accumulates into dx; the 1x1 path writes it by GEMM directly.

@@ -2,6 +2,8 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,9 +11,6 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-
-#include <pthread.h>
-#include <unistd.h>
 
 #include "framework/comm/store.h"
 #include "framework/error.h"
@@ -149,9 +148,8 @@ void WriteChromeTrace(const std::string& path, int pid) {
     threads = state().next_tid;
   }
   for (int t = 0; t < threads; ++t)
-    out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid
-        << ", \"tid\": " << t << ", \"args\": {\"name\": \"" << JsonEscape(ThreadName(t))
-        << "\"}}";
+    out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"tid\": " << t
+        << ", \"args\": {\"name\": \"" << JsonEscape(ThreadName(t)) << "\"}}";
   const int64_t offset = ClockOffsetNs();
   char num[64];
   for (const Event& e : events) {
@@ -184,8 +182,7 @@ std::string Summary() {
     r.total_ns += e.dur_ns;
     all_ns += e.dur_ns;
   }
-  std::vector<std::pair<std::pair<std::string, std::string>, Row>> sorted(rows.begin(),
-                                                                          rows.end());
+  std::vector<std::pair<std::pair<std::string, std::string>, Row>> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.second.total_ns > b.second.total_ns; });
   std::ostringstream out;
@@ -196,9 +193,8 @@ std::string Summary() {
   for (const auto& kv : sorted) {
     const Row& r = kv.second;
     std::snprintf(line, sizeof(line), "%-6s %-28s %9lld %12.3f %11.2f %6.1f%%\n",
-                  kv.first.first.c_str(), kv.first.second.c_str(),
-                  static_cast<long long>(r.calls), r.total_ns / 1e6,
-                  r.total_ns / 1e3 / static_cast<double>(r.calls),
+                  kv.first.first.c_str(), kv.first.second.c_str(), static_cast<long long>(r.calls),
+                  r.total_ns / 1e6, r.total_ns / 1e3 / static_cast<double>(r.calls),
                   all_ns > 0 ? 100.0 * r.total_ns / all_ns : 0.0);
     out << line;
   }

@@ -82,8 +82,7 @@ class RecordEvent {
   }
   ~RecordEvent() {
     if (on_)
-      internal::Record(std::move(name_), category_, std::move(detail_), start_,
-                       internal::NowNs());
+      internal::Record(std::move(name_), category_, std::move(detail_), start_, internal::NowNs());
   }
   RecordEvent(const RecordEvent&) = delete;
   RecordEvent& operator=(const RecordEvent&) = delete;

@@ -26,19 +26,25 @@ void EigenGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const
   Strided<T> a(A, ta ? K : M, ta ? M : K, Eigen::OuterStride<>(lda));
   Strided<T> b(B, tb ? N : K, tb ? K : N, Eigen::OuterStride<>(ldb));
   StridedOut<T> c(C, M, N, Eigen::OuterStride<>(ldc));
-  if (beta == T(0)) c.setZero();
-  else if (beta != T(1)) c *= beta;
-  if (!ta && !tb) c.noalias() += alpha * a * b;
-  else if (ta && !tb) c.noalias() += alpha * a.transpose() * b;
-  else if (!ta && tb) c.noalias() += alpha * a * b.transpose();
-  else c.noalias() += alpha * a.transpose() * b.transpose();
+  if (beta == T(0))
+    c.setZero();
+  else if (beta != T(1))
+    c *= beta;
+  if (!ta && !tb)
+    c.noalias() += alpha * a * b;
+  else if (ta && !tb)
+    c.noalias() += alpha * a.transpose() * b;
+  else if (!ta && tb)
+    c.noalias() += alpha * a * b.transpose();
+  else
+    c.noalias() += alpha * a.transpose() * b.transpose();
 }
 
 void OneDnnSgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   cpu_threads::UseOneOpenMPThread();
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                beta, C, ldc);
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   KEEL_ENFORCE(st == dnnl_success, "oneDNN sgemm of ", M, "x", N, "x", K, " failed (status ",
                static_cast<int>(st), ")");
 }
@@ -47,7 +53,8 @@ void OneDnnSgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 
 int64_t GemmPieces(int64_t M, int64_t N, int64_t K) {
   // About 32 MFLOP (~0.15 ms on one core) per piece, at most 8, each >= 64 rows or columns.
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const double flops =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   int64_t pieces = static_cast<int64_t>(flops / 32e6);
   pieces = std::min<int64_t>(pieces, std::max(M, N) / 64);
   return std::clamp<int64_t>(pieces, 1, 8);

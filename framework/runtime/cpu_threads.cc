@@ -106,8 +106,7 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   // (alive until all n pieces are done) is never called after this returns.
   auto shared = std::make_shared<ParallelForState>();
   const int64_t helpers = std::min<int64_t>(n - 1, pool->NumThreads());
-  for (int64_t h = 0; h < helpers; ++h)
-    pool->Schedule([shared, n, &fn] { Drain(*shared, n, fn); });
+  for (int64_t h = 0; h < helpers; ++h) pool->Schedule([shared, n, &fn] { Drain(*shared, n, fn); });
   Drain(*shared, n, fn);
   std::unique_lock<std::mutex> lock(shared->mu);
   shared->cv.wait(lock, [&] { return shared->done == n; });

@@ -1,13 +1,14 @@
 // Executor: feeds are checked, fetches are copies and always returned, drop-scope releases, and
 // DistributedStrategy::exec_strategy reaches the executor running fleet::main_program().
+#include "executor/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "executor/executor.h"
-#include "framework/dsl/layers.h"
 #include "fleet/fleet.h"
+#include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "tests/util/op_test_util.h"
 
@@ -93,7 +94,7 @@ TEST(Executor, ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgr
   exe.Run(fleet::main_program(), {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
   Variable* tmp = exe.local_scope().FindLocalVar("fc_0.tmp_0");
   ASSERT_NE(tmp, nullptr);
-  EXPECT_FALSE(tmp->tensor().initialized());  // dropped after every run
+  EXPECT_FALSE(tmp->tensor().initialized());                              // dropped after every run
   EXPECT_EQ(exe.StrategyFor(startup).num_iteration_per_drop_scope, 100);  // startup: the executor's
 }
 

@@ -1,6 +1,8 @@
 // Scheduler and thread-pool executor: the dependency graph has the hazard edges (and a run goes
 // wrong when one is removed), stream ops are issued in program order, results are the same bits
 // for 1, 2 and 4 threads, errors stop the run, and FLAGS_check_nan_inf names the first bad op.
+#include "executor/scheduler.h"
+
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include <thread>
 
 #include "executor/executor.h"
-#include "executor/scheduler.h"
 #include "executor/stream.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
@@ -36,10 +37,10 @@ class SchedulerTest : public ::testing::Test {
 };
 
 TEST(DependencyGraph, ReadAfterWriteWriteAfterReadAndWriteAfterWrite) {
-  DependencyGraph g({Access{{}, {"a"}},       // 0: a =
-                     Access{{"a"}, {"b"}},    // 1: b = f(a)     RAW on a
-                     Access{{"c"}, {"a"}},    // 2: a = g(c)     WAR after 1, WAW after 0
-                     Access{{"c"}, {"d"}}},   // 3: d = h(c)     independent of all
+  DependencyGraph g({Access{{}, {"a"}},      // 0: a =
+                     Access{{"a"}, {"b"}},   // 1: b = f(a)     RAW on a
+                     Access{{"c"}, {"a"}},   // 2: a = g(c)     WAR after 1, WAW after 0
+                     Access{{"c"}, {"d"}}},  // 3: d = h(c)     independent of all
                     {});
   EXPECT_TRUE(g.HasEdge(0, 1));
   EXPECT_TRUE(g.HasEdge(1, 2));
@@ -53,22 +54,22 @@ TEST(DependencyGraph, SlicesOfAFusedBufferConflictWithTheBufferNotWithEachOther)
   // coalesce_tensor made g1, g2 slices of F; two grad ops write them; the all-reduce of F runs
   // after both; the optimizer reads g1 after the all-reduce.
   DependencyGraph g({Access{{"g1", "g2"}, {"g1", "g2", "F"}},  // 0: coalesce_tensor
-                     Access{{"x"}, {"g1"}},                     // 1: writes slice g1
-                     Access{{"y"}, {"g2"}},                     // 2: writes slice g2
-                     Access{{"F"}, {"F"}},                      // 3: c_allreduce_sum(F)
-                     Access{{"g1", "w"}, {"w"}}},               // 4: sgd reads g1
+                     Access{{"x"}, {"g1"}},                    // 1: writes slice g1
+                     Access{{"y"}, {"g2"}},                    // 2: writes slice g2
+                     Access{{"F"}, {"F"}},                     // 3: c_allreduce_sum(F)
+                     Access{{"g1", "w"}, {"w"}}},              // 4: sgd reads g1
                     {{"g1", "F"}, {"g2", "F"}});
   EXPECT_TRUE(g.HasEdge(0, 1));
   EXPECT_TRUE(g.HasEdge(0, 2));
   EXPECT_FALSE(g.HasEdge(1, 2));  // different slices run at once
   EXPECT_TRUE(g.HasEdge(1, 3));   // the buffer's all-reduce waits for every slice writer
   EXPECT_TRUE(g.HasEdge(2, 3));
-  EXPECT_TRUE(g.HasEdge(3, 4));   // a slice's reader waits for the buffer's writer
+  EXPECT_TRUE(g.HasEdge(3, 4));  // a slice's reader waits for the buffer's writer
 }
 
 TEST(DependencyGraph, ABarrierOrdersEverything) {
-  DependencyGraph g({Access{{}, {"a"}}, Access{{}, {"b"}}, Access{{}, {}, true},
-                     Access{{}, {"c"}}, Access{{}, {"d"}}},
+  DependencyGraph g({Access{{}, {"a"}}, Access{{}, {"b"}}, Access{{}, {}, true}, Access{{}, {"c"}},
+                     Access{{}, {"d"}}},
                     {});
   for (int i : {0, 1}) EXPECT_TRUE(g.HasEdge(i, 2));
   for (int j : {3, 4}) EXPECT_TRUE(g.HasEdge(2, j));
@@ -78,9 +79,8 @@ TEST(DependencyGraph, ABarrierOrdersEverything) {
 TEST_F(SchedulerTest, StreamOpsAreIssuedInProgramOrderWhateverBecomesReadyFirst) {
   // Op 1 (slow compute) feeds stream op 2; stream op 3 is ready at once. The stream must still
   // run 2 before 3, as every rank would.
-  DependencyGraph g({Access{{}, {"a"}}, Access{{"a"}, {"b"}}, Access{{"b"}, {"b"}},
-                     Access{{}, {"c"}}},
-                    {});
+  DependencyGraph g(
+      {Access{{}, {"a"}}, Access{{"a"}, {"b"}}, Access{{"b"}, {"b"}}, Access{{}, {"c"}}}, {});
   CpuStream stream("test-ring");
   Scheduler::StreamOf on = {nullptr, nullptr, &stream, &stream};
   std::vector<int> order;
