@@ -1,13 +1,29 @@
 #include "executor/executor.h"
 
+#include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <malloc.h>
 
+#include <algorithm>
+#include <cmath>
+#include <mutex>
 #include <random>
+#include <set>
 #include <unordered_map>
 
+#include "executor/scheduler.h"
+#include "executor/stream.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "framework/runtime/cpu_threads.h"
+
+DEFINE_bool(check_nan_inf, false,
+            "Check every float output of every op for NaN and Inf after it runs, and stop at "
+            "the first op that produces one, naming the op and the variable (Paddle's flag).");
+DEFINE_bool(comm_overlap, true,
+            "Let collectives on CPU tensors run on their ring's thread while compute goes on; "
+            "false: every collective waits for all earlier ops and all later ops wait for it.");
 
 namespace keel {
 
@@ -31,7 +47,62 @@ std::string SlotsText(const OpDesc::VarMap& m) {
   return s;
 }
 
+// Collectives that run on their ring's stream. c_sync_comm_stream runs there too: it completes
+// when the ring's earlier work has, which is the event the ops after it wait for.
+// c_sync_calc_stream stays on the compute side: its dependencies already order the ring after X.
+bool RunsOnRingStream(const std::string& type) {
+  static const std::set<std::string> kTypes = {
+      "c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod",  "c_broadcast",
+      "c_allgather",     "c_reducescatter", "c_barrier",       "c_sync_comm_stream"};
+  return kTypes.count(type) > 0;
+}
+
+// One stream per ring, shared by every executor of the process so a ring's collectives keep one
+// order. Never destroyed: a thread sleeping on an empty queue costs nothing at exit.
+Stream* RingStream(int ring_id) {
+  static std::mutex mu;
+  static auto* streams = new std::map<int, Stream*>;
+  std::lock_guard<std::mutex> lock(mu);
+  Stream*& s = (*streams)[ring_id];
+  if (!s) s = new CpuStream("keel-ring" + std::to_string(ring_id));
+  return s;
+}
+
+std::mutex g_attached_mu;
+std::map<uint64_t, ExecutionStrategy>& Attached() {
+  static auto* m = new std::map<uint64_t, ExecutionStrategy>;
+  return *m;
+}
+
+template <typename T>
+int64_t FirstNonFinite(const Tensor& t) {
+  const T* p = t.data<T>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return -1;
+}
+
 }  // namespace
+
+void ValidateExecutionStrategy(const ExecutionStrategy& s, const std::string& where) {
+  KEEL_ENFORCE(s.num_threads >= 0, where, "ExecutionStrategy::num_threads=", s.num_threads,
+               " must be >= 0 (0: one worker per core of the budget)");
+  KEEL_ENFORCE(s.num_iteration_per_drop_scope >= 1, where,
+               "ExecutionStrategy::num_iteration_per_drop_scope=", s.num_iteration_per_drop_scope,
+               " must be >= 1");
+}
+
+void AttachExecutionStrategy(const Program& program, const ExecutionStrategy& strategy) {
+  ValidateExecutionStrategy(strategy, "");
+  std::lock_guard<std::mutex> lock(g_attached_mu);
+  Attached()[program.id()] = strategy;
+}
+
+const ExecutionStrategy* AttachedExecutionStrategy(const Program& program) {
+  std::lock_guard<std::mutex> lock(g_attached_mu);
+  auto it = Attached().find(program.id());
+  return it == Attached().end() ? nullptr : &it->second;
+}
 
 struct Executor::Plan {
   struct Op {
@@ -40,6 +111,7 @@ struct Executor::Plan {
     std::unique_ptr<OpKernel> kernel;
     std::unique_ptr<ExecutionContext> ctx;
     std::string trace_detail;  // "#i -> first output", for the profiler
+    bool on_stream = false;
   };
   uint64_t version = 0;
   int block = 0;
@@ -47,6 +119,9 @@ struct Executor::Plan {
   std::unordered_map<std::string, std::pair<Variable*, const VarDesc*>> vars;
   std::vector<Variable*> temporaries;
   int64_t* runs = nullptr;  // the program's run count (runs_ in the executor)
+  std::unique_ptr<DependencyGraph> graph;
+  Scheduler::StreamOf stream_of;  // empty when no op runs on a stream
+  int width = 1;                  // graph->MaxWidth()
 };
 
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
@@ -54,9 +129,20 @@ Executor::Executor(const Place& place, ExecutionStrategy strategy)
   local_scope_ = &scope_->NewScope();
   KEEL_ENFORCE(place.is_cpu() || CudaAvailable(), "Executor on ", place.str(),
                ": no CUDA device is available to this process");
+  ValidateExecutionStrategy(strategy_, "Executor: ");
 }
 
 Executor::~Executor() = default;
+
+void Executor::set_strategy(const ExecutionStrategy& s) {
+  ValidateExecutionStrategy(s, "Executor: ");
+  strategy_ = s;
+}
+
+const ExecutionStrategy& Executor::StrategyFor(const Program& program) const {
+  const ExecutionStrategy* attached = AttachedExecutionStrategy(program);
+  return attached ? *attached : strategy_;
+}
 
 int64_t Executor::RunCount(const Program& program) const {
   auto it = runs_.find(program.id());
@@ -66,6 +152,16 @@ int64_t Executor::RunCount(const Program& program) const {
 void Executor::SetRunCount(const Program& program, int64_t runs) {
   KEEL_ENFORCE(runs >= 0, "Executor::SetRunCount: runs must be >= 0, got ", runs);
   runs_[program.id()] = runs;
+}
+
+int Executor::WorkersFor(const Program& program) {
+  const int asked = StrategyFor(program).num_threads;
+  if (asked > 0) return asked;
+  return std::max(1, std::min(cpu_threads::Budget(), GetPlan(program).width));
+}
+
+DependencyGraph& Executor::GraphForTesting(const Program& program, int block) {
+  return *GetPlan(program, block).graph;
 }
 
 Executor::Plan& Executor::GetPlan(const Program& program, int block) {
@@ -93,6 +189,9 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
   }
   std::random_device rd;
+  std::vector<DependencyGraph::OpAccess> access(block.num_ops());
+  std::map<std::string, std::string> slice_of;
+  bool any_stream = false;
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc* op = block.op(i);
     Plan::Op p;
@@ -106,7 +205,8 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     p.ctx = std::make_unique<ExecutionContext>(op, place_);
     p.ctx->set_run_index_source(plan->runs);
     const Program* prog = &program;
-    p.ctx->set_block_runner([this, prog](int idx) { RunOps(*prog, GetPlan(*prog, idx)); });
+    // A sub-block runs on the worker that runs its op (the op is a barrier in the graph).
+    p.ctx->set_block_runner([this, prog](int idx) { RunOps(*prog, GetPlan(*prog, idx), 1); });
     p.trace_detail = "#" + std::to_string(i);
     for (auto& kv : op->outputs())
       if (!kv.second.empty()) {
@@ -127,8 +227,27 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       }
       return vars;
     };
-    for (auto& kv : op->inputs()) p.ctx->AddInput(kv.first, resolve(kv.second));
-    for (auto& kv : op->outputs()) p.ctx->AddOutput(kv.first, resolve(kv.second));
+    DependencyGraph::OpAccess& acc = access[i];
+    for (auto& kv : op->inputs()) {
+      p.ctx->AddInput(kv.first, resolve(kv.second));
+      for (auto& a : kv.second)
+        if (a != kEmptyVarName) acc.reads.push_back(a);
+    }
+    for (auto& kv : op->outputs()) {
+      p.ctx->AddOutput(kv.first, resolve(kv.second));
+      for (auto& a : kv.second)
+        if (a != kEmptyVarName) acc.writes.push_back(a);
+    }
+    // Ops that run blocks touch variables the graph cannot see; c_comm_init creates the ring
+    // that later collectives use.
+    acc.barrier = op->HasAttr("sub_block") || op->type() == "c_comm_init";
+    if (op->type() == "coalesce_tensor" && !op->Output("FusedOutput").empty())
+      for (auto& name : op->Output("Output")) slice_of[name] = op->Output("FusedOutput")[0];
+    if (place_.is_cpu() && RunsOnRingStream(op->type())) {
+      p.on_stream = true;
+      any_stream = true;
+      if (!FLAGS_comm_overlap) acc.barrier = true;
+    }
     if (op->HasAttr("seed")) {
       int attr_seed = op->Attr<int>("seed");
       uint64_t seed = attr_seed != 0 ? static_cast<uint64_t>(attr_seed)
@@ -139,12 +258,21 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     plan->ops.push_back(std::move(p));
   }
+  plan->graph = std::make_unique<DependencyGraph>(access, slice_of);
+  plan->width = plan->graph->MaxWidth();
+  if (any_stream) {
+    plan->stream_of.assign(plan->ops.size(), nullptr);
+    for (size_t i = 0; i < plan->ops.size(); ++i)
+      if (plan->ops[i].on_stream)
+        plan->stream_of[i] = RingStream(plan->ops[i].desc->Attr<int>("ring_id"));
+  }
   return plan;
 }
 
 std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
                                   const std::vector<std::string>& fetch) {
   Plan& plan = GetPlan(program);
+  const ExecutionStrategy& strategy = StrategyFor(program);
 
   for (auto& kv : feed) {
     auto it = plan.vars.find(kv.first);
@@ -157,8 +285,8 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     const DDim want = desc.dims();
     bool ok = want.size() == t.dims().size();
     for (int d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == t.dims()[d];
-    KEEL_ENFORCE(ok, "feed '", kv.first, "' has shape ", t.dims().str(),
-                 ", the program declares ", want.str(), " (-1 matches any size)");
+    KEEL_ENFORCE(ok, "feed '", kv.first, "' has shape ", t.dims().str(), ", the program declares ",
+                 want.str(), " (-1 matches any size)");
     Tensor* dst = it->second.first->mutable_tensor();
     if (t.place() == place_) {
       dst->ShareDataWith(t);
@@ -166,49 +294,69 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
       *dst = t.Clone(place_);
     }
   }
+  // Checked before running, so a bad name costs no step.
+  for (auto& name : fetch)
+    KEEL_ENFORCE(plan.vars.count(name), "fetch '", name, "' is not a variable of the program");
 
-  RunOps(program, plan);
+  RunOps(program, plan, WorkersFor(program));
   ++*plan.runs;
 
   std::vector<Tensor> results;
-  int freq = strategy_.fetch_frequency < 1 ? 1 : strategy_.fetch_frequency;
-  if (!fetch.empty() && (*plan.runs - 1) % freq == 0) {
-    results.reserve(fetch.size());
-    for (auto& name : fetch) {
-      auto it = plan.vars.find(name);
-      KEEL_ENFORCE(it != plan.vars.end(), "fetch '", name, "' is not a variable of the program");
-      const Tensor& t = it->second.first->tensor();
-      KEEL_ENFORCE(t.initialized(), "fetch '", name, "' holds no data after the run");
-      results.push_back(t.Clone(CPUPlace()));
-    }
+  results.reserve(fetch.size());
+  for (auto& name : fetch) {
+    const Tensor& t = plan.vars.at(name).first->tensor();
+    KEEL_ENFORCE(t.initialized(), "fetch '", name, "' holds no data after the run");
+    results.push_back(t.Clone(CPUPlace()));
   }
 
-  int drop = strategy_.num_iteration_per_drop_scope;
-  if (drop > 0 && *plan.runs % drop == 0) {
+  const int drop = strategy.num_iteration_per_drop_scope;
+  if (*plan.runs % drop == 0) {
     // This block's temporaries and those of the sub-blocks it ran.
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)
       for (Variable* v : it->second->temporaries) v->mutable_tensor()->clear();
+    // glibc keeps freed heap memory (and raises its mmap threshold after big frees): hand it back.
+    if (place_.is_cpu()) malloc_trim(0);
   }
   return results;
 }
 
-void Executor::RunOps(const Program& program, Plan& plan) {
-  const std::string where =
-      plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
-  for (size_t i = 0; i < plan.ops.size(); ++i) {
-    Plan::Op& op = plan.ops[i];
-    profiler::RecordEvent span("op", op.desc->type(), op.trace_detail);
-    try {
-      if (op.schema->infer_shape()) {
-        RuntimeInferShapeContext shape_ctx(*op.ctx);
-        op.schema->infer_shape()(shape_ctx);
-      }
-      op.kernel->Compute(*op.ctx);
-    } catch (const Error& e) {
-      KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()),
-                 " -> ", SlotsText(op.desc->outputs()), "): ", e.what());
+void Executor::RunOps(const Program& program, Plan& plan, int workers) {
+  Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan](int i) { RunOp(plan, i); });
+}
+
+void Executor::RunOp(Plan& plan, int i) {
+  Plan::Op& op = plan.ops[i];
+  profiler::RecordEvent span(op.on_stream ? "comm" : "op", op.desc->type(), op.trace_detail);
+  try {
+    if (op.schema->infer_shape()) {
+      RuntimeInferShapeContext shape_ctx(*op.ctx);
+      op.schema->infer_shape()(shape_ctx);
     }
+    op.kernel->Compute(*op.ctx);
+    if (FLAGS_check_nan_inf) {
+      for (const auto& slot : op.ctx->output_slots()) {
+        const auto& names = op.desc->Output(slot.name);
+        for (size_t k = 0; k < slot.vars.size(); ++k) {
+          if (!slot.vars[k] || !slot.vars[k]->tensor().initialized()) continue;
+          const Tensor& t = slot.vars[k]->tensor();
+          if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat64) continue;
+          Tensor host = t.place().is_cpu() ? t : t.Clone(CPUPlace());
+          int64_t bad = t.dtype() == DType::kFloat32 ? FirstNonFinite<float>(host)
+                                                     : FirstNonFinite<double>(host);
+          if (bad < 0) continue;
+          double v =
+              t.dtype() == DType::kFloat32 ? host.data<float>()[bad] : host.data<double>()[bad];
+          KEEL_THROW("FLAGS_check_nan_inf: output ", slot.name, " '", names[k], "' ",
+                     t.dims().str(), " holds ", std::isnan(v) ? "NaN" : "Inf", " (element ", bad,
+                     " is ", v, "), the first op to produce one");
+        }
+      }
+    }
+  } catch (const Error& e) {
+    const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
+    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
+               SlotsText(op.desc->outputs()), "): ", e.what());
   }
 }
 

@@ -1,9 +1,11 @@
 // Executor: runs block 0 of a program on one place (and the sub-blocks its control-flow ops run).
 //
-// A plan (kernels created once, every op's inputs/outputs resolved to Variable pointers) is built
-// the first time a program is run and reused while the program is unchanged, so a step does no
-// name lookups. Persistables live in the executor's global scope; temporaries in a local scope
-// whose tensors are released every num_iteration_per_drop_scope runs.
+// A plan (kernels created once, every op's inputs/outputs resolved to Variable pointers, the
+// dependency graph of the ops) is built the first time a program is run and reused while the
+// program is unchanged, so a step does no name lookups. Ready ops run on up to num_threads
+// workers and collectives on their ring's stream (executor/scheduler.h), with the same results
+// for any number of threads. Persistables live in the executor's global scope; temporaries in a
+// local scope whose tensors are released every num_iteration_per_drop_scope runs.
 #pragma once
 
 #include <map>
@@ -17,14 +19,29 @@
 
 namespace keel {
 
+class DependencyGraph;
+
+// Paddle's ExecutionStrategy. Every field has an effect; a value out of range is a keel::Error
+// naming the field.
 struct ExecutionStrategy {
-  // Workers that run ready ops (this executor runs ops in order; the thread pool comes later).
-  int num_threads = 1;
-  // Temporaries are released every this many runs of a program.
+  // Workers that run ready ops at once (>= 0). They share the process's CPU thread budget
+  // (--cpu_math_threads; under keel launch cores / nproc) with the kernels' intra-op pieces, so
+  // workers beyond the budget wait for a core. 0: the budget, at most the most ops the program
+  // can run at once.
+  int num_threads = 0;
+  // Temporaries are released (and their memory returned to the system) every this many runs of
+  // a program (>= 1).
   int num_iteration_per_drop_scope = 100;
-  // Fetch results every this many runs; other runs return nothing and copy nothing.
-  int fetch_frequency = 1;
 };
+
+// The executor that runs `program` uses `strategy` for it, whatever the executor's own
+// (fleet::distributed_optimizer(...).minimize attaches DistributedStrategy::exec_strategy to
+// fleet::main_program() this way). Validates the strategy.
+void AttachExecutionStrategy(const Program& program, const ExecutionStrategy& strategy);
+// The attached strategy, or nullptr.
+const ExecutionStrategy* AttachedExecutionStrategy(const Program& program);
+// Throws a keel::Error naming the first field out of range; `where` prefixes the message.
+void ValidateExecutionStrategy(const ExecutionStrategy& s, const std::string& where);
 
 using FeedMap = std::map<std::string, Tensor>;
 
@@ -36,8 +53,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Runs block 0 of `program`. Feeds are checked against the program's data vars (dtype, rank,
-  // every known dim). Returns copies of the fetched tensors in order, or an empty vector when
-  // `fetch` is empty or fetch_frequency skips this run.
+  // every known dim). Returns copies of the fetched tensors in order (empty when `fetch` is);
+  // a run that fetches nothing copies nothing.
   std::vector<Tensor> Run(const Program& program, const FeedMap& feed = {},
                           const std::vector<std::string>& fetch = {});
 
@@ -46,20 +63,28 @@ class Executor {
   Scope& local_scope() { return *local_scope_; }
   const Place& place() const { return place_; }
   const ExecutionStrategy& strategy() const { return strategy_; }
-  void set_strategy(const ExecutionStrategy& s) { strategy_ = s; }
+  void set_strategy(const ExecutionStrategy& s);
+  // The strategy runs of `program` use: the one attached to it, else this executor's.
+  const ExecutionStrategy& StrategyFor(const Program& program) const;
   // Number of times Run has executed `program` (0 when never).
   int64_t RunCount(const Program& program) const;
   // Sets that count, as if `program` had run `runs` times: resuming a checkpoint of step N sets
   // N, so random ops (dropout) continue with the draws of run N and fetch_frequency keeps its
   // cadence.
   void SetRunCount(const Program& program, int64_t runs);
+  // Workers a run of `program` uses (num_threads resolved against the budget and the graph).
+  int WorkersFor(const Program& program);
+  // The dependency graph of block `block` of `program` (built on first use). Tests only: an edge
+  // removed here stays removed until the program changes.
+  DependencyGraph& GraphForTesting(const Program& program, int block = 0);
 
  private:
   struct Plan;
   // The plan of block `block` of `program`, built or rebuilt when the program changed.
   Plan& GetPlan(const Program& program, int block = 0);
   std::unique_ptr<Plan> BuildPlan(const Program& program, int block);
-  void RunOps(const Program& program, Plan& plan);
+  void RunOps(const Program& program, Plan& plan, int workers);
+  void RunOp(Plan& plan, int i);
 
   Place place_;
   ExecutionStrategy strategy_;

@@ -81,8 +81,7 @@ std::string DistributedStrategy::ToString() const {
       ", local_sgd_is_warm_steps=", local_sgd_is_warm_steps,
       ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce), ", comm_timeout_s=", comm_timeout_s,
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
-      ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
-      ", fetch_frequency=", exec_strategy.fetch_frequency, "}}");
+      ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -174,13 +173,11 @@ void DistributedStrategy::Validate(const Role& role) const {
                  " would be ignored; use one or the other");
   }
   KEEL_ENFORCE(comm_timeout_s > 0, s, "comm_timeout_s=", comm_timeout_s, " must be > 0");
-  KEEL_ENFORCE(exec_strategy.num_threads >= 1, s,
-               "exec_strategy.num_threads=", exec_strategy.num_threads, " must be >= 1");
+  KEEL_ENFORCE(exec_strategy.num_threads >= 0, s, "exec_strategy.num_threads=",
+               exec_strategy.num_threads, " must be >= 0 (0: one worker per core of the budget)");
   KEEL_ENFORCE(exec_strategy.num_iteration_per_drop_scope >= 1, s,
                "exec_strategy.num_iteration_per_drop_scope=",
                exec_strategy.num_iteration_per_drop_scope, " must be >= 1");
-  KEEL_ENFORCE(exec_strategy.fetch_frequency >= 1, s,
-               "exec_strategy.fetch_frequency=", exec_strategy.fetch_frequency, " must be >= 1");
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -87,7 +87,8 @@ struct DistributedStrategy {
 
   // Throws keel::Error naming the field and its value for: nccl_comm_num outside 1..8, fuse sizes
   // <= 0, hierarchical inter_nranks < 0 or not dividing role.world_size, local_sgd_steps < 1,
-  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy values < 1; for a field set
+  // local_sgd_warmup_steps < 0, comm_timeout_s <= 0, exec_strategy.num_threads < 0,
+  // exec_strategy.num_iteration_per_drop_scope < 1; for a field set
   // while the switch it belongs to is off (fuse_grad_size_*, paddle_fuse, inter_nranks,
   // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
   // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*.

@@ -155,6 +155,9 @@ void init(const RoleMaker& role_maker) {
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);
+  // With --profile, trace timestamps on rank 0's clock, so the ranks' traces line up.
+  if (profiler::Requested())
+    profiler::AlignClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
 }
 
 bool initialized() { return State().initialized; }
@@ -205,6 +208,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   }
   State().main = &main;
   State().startup = startup;
+  AttachExecutionStrategy(main, strategy_.exec_strategy);  // the executor running main uses it
   return pg;
 }
 

@@ -12,14 +12,14 @@
 
 #include "framework/error.h"
 #include "framework/profiler/profiler.h"
-#include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 
 extern char** environ;
 
 DEFINE_int32(cpu_math_threads, 0,
-             "Threads the CPU BLAS (GEMM) may use per process; 0: this process's share of its "
-             "CPUs (divided among the node's workers that LOCAL_WORLD_SIZE, "
-             "OMPI_COMM_WORLD_LOCAL_SIZE or SLURM_NTASKS_PER_NODE announce).");
+             "CPU threads per process, shared by the executor's workers and the kernels' intra-op "
+             "work; 0: this process's share of its CPUs (divided among the node's workers that "
+             "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or SLURM_NTASKS_PER_NODE announce).");
 
 namespace keel {
 
@@ -106,7 +106,7 @@ void Init(int* argc, char*** argv) {
   KEEL_ENFORCE(FLAGS_cpu_math_threads >= 0, "--cpu_math_threads must be >= 0, got ",
                FLAGS_cpu_math_threads);
   if (FLAGS_cpu_math_threads == 0) FLAGS_cpu_math_threads = DefaultMathThreads();
-  blas::SetNumThreads(FLAGS_cpu_math_threads);
+  cpu_threads::SetBudget(FLAGS_cpu_math_threads);
 }
 
 }  // namespace keel

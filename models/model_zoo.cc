@@ -53,15 +53,6 @@ double EvaluateBatches(Executor& exe, const Program& test, const std::string& ac
                        const std::function<bool(FeedMap*)>& next) {
   double correct = 0, total = 0;
   FeedMap feed;
-  // Evaluation needs every result: fetch_frequency is the training loop's knob.
-  ExecutionStrategy saved = exe.strategy(), every = saved;
-  every.fetch_frequency = 1;
-  exe.set_strategy(every);
-  struct Restore {
-    Executor& e;
-    ExecutionStrategy s;
-    ~Restore() { e.set_strategy(s); }
-  } restore{exe, saved};
   while (next(&feed)) {
     auto out = exe.Run(test, feed, {acc});
     double n = static_cast<double>(feed.begin()->second.dims()[0]);

@@ -19,12 +19,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 #include "ops/conv_winograd.h"
 #include "ops/op_util.h"
 
@@ -372,6 +374,28 @@ void UnfoldBatch(const T* x, const ConvGeom& g, int64_t n0, int64_t b, int64_t g
     Im2Col(x + ((n0 + k) * g.C + gi * g.Cg) * g.H * g.W, g, col + k * cols, b * cols, oh0, oh1);
 }
 
+// Per-piece scratch of a conv kernel, kept across runs.
+template <typename T>
+struct ConvScratch {
+  ScratchVector<T> col, prod, dft, dw;
+  winograd::Conv3x3<T> wino{&WinogradGemm<T>};
+};
+
+// The batch is cut into pieces of whole images that run on the CPU thread budget; the cut
+// depends on the shape only (at least ~32 MFLOP a piece, at most 4 pieces), so results are the
+// same bits on any number of threads. Filter gradients are summed over pieces in piece order.
+int64_t ImagesPerPiece(const ConvGeom& g) {
+  const double flops = 2.0 * g.N * g.M * g.P * g.K;
+  const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(flops / 32e6), 1,
+                                             std::min<int64_t>(g.N, 4));
+  return (g.N + pieces - 1) / pieces;
+}
+
+template <typename T>
+void GrowScratch(std::vector<std::unique_ptr<ConvScratch<T>>>* scratch, size_t n) {
+  while (scratch->size() < n) scratch->push_back(std::make_unique<ConvScratch<T>>());
+}
+
 template <typename T>
 class Conv2DKernel : public OpKernel {
  public:
@@ -385,16 +409,28 @@ class Conv2DKernel : public OpKernel {
     const T* xd = x.data<T>();
     const T* fd = f.data<T>();
     T* od = out->mutable_data<T>(ctx.place());
+    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+    GrowScratch(&scratch_, static_cast<size_t>(pieces));
+    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+      ConvGeom gp = g;
+      gp.N = std::min(per, g.N - p * per);
+      Run(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P, *scratch_[p]);
+    });
+  }
+
+ private:
+  // Output of the images of x (g.N of them) into od.
+  static void Run(const ConvGeom& g, const T* xd, const T* fd, T* od, ConvScratch<T>& s) {
     if (UseWinograd(g)) {
-      wino_.Forward(xd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, od);
+      s.wino.Forward(xd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, od);
       return;
     }
     const int64_t B = ImagesPerGemm(g);
     if (!g.one_by_one) {
       const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
-      col_.resize(static_cast<size_t>(g.K * cols));
+      s.col.resize(static_cast<size_t>(g.K * cols));
     }
-    if (B > 1) prod_.resize(static_cast<size_t>(g.Mg * B * g.P));
+    if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
     for (int64_t n0 = 0; n0 < g.N; n0 += B) {
       const int64_t b = std::min(B, g.N - n0);
       const int64_t rows = RowsPerChunk(g, b);
@@ -409,8 +445,8 @@ class Conv2DKernel : public OpKernel {
             const T* col = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W + oh0 * g.Wo;
             int64_t ldcol = g.P;
             if (!g.one_by_one) {
-              UnfoldBatch(xd, g, n0, 1, gi, oh0, oh1, col_.data());
-              col = col_.data(), ldcol = cols;
+              UnfoldBatch(xd, g, n0, 1, gi, oh0, oh1, s.col.data());
+              col = s.col.data(), ldcol = cols;
             }
             // out_g[:, chunk] = w_g * col. w_g: Mg x K, col: K x cols
             Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0),
@@ -418,24 +454,22 @@ class Conv2DKernel : public OpKernel {
           }
           continue;
         }
-        UnfoldBatch(xd, g, n0, b, gi, 0, g.Ho, col_.data());
+        UnfoldBatch(xd, g, n0, b, gi, 0, g.Ho, s.col.data());
         // prod = w_g * col. prod: Mg x (b * P), w_g: Mg x K, col: K x (b * P)
-        Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, g.K, col_.data(), b * g.P, T(0),
-                prod_.data(), b * g.P);
+        Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, g.K, s.col.data(), b * g.P, T(0),
+                s.prod.data(), b * g.P);
         {
           for (int64_t m = 0; m < g.Mg; ++m)
             for (int64_t k = 0; k < b; ++k)
-              std::memcpy(dst + (k * g.M + m) * g.P, prod_.data() + (m * b + k) * g.P,
+              std::memcpy(dst + (k * g.M + m) * g.P, s.prod.data() + (m * b + k) * g.P,
                           static_cast<size_t>(g.P) * sizeof(T));
         }
       }
     }
   }
 
- private:
   ConvAttrs attrs_;
-  std::vector<T> col_, prod_;  // scratch, kept across runs
-  winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
+  std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
 };
 
 template <typename T>
@@ -459,22 +493,49 @@ class Conv2DGradKernel : public OpKernel {
     const T* gd = dout.data<T>();
     T* dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     T* dfd = df ? df->mutable_data<T>(ctx.place()) : nullptr;
+    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+    const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
+    GrowScratch(&scratch_, static_cast<size_t>(pieces));
+    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+      ConvScratch<T>& s = *scratch_[p];
+      ConvGeom gp = g;
+      gp.N = std::min(per, g.N - p * per);
+      // One piece writes the filter gradient in place; several each write their own part.
+      T* dfp = nullptr;
+      if (dfd) {
+        if (pieces > 1) s.dw.resize(static_cast<size_t>(fsize));
+        dfp = pieces > 1 ? s.dw.data() : dfd;
+      }
+      Run(gp, xd + p * per * g.C * g.H * g.W, fd, gd + p * per * g.M * g.P,
+          dxd ? dxd + p * per * g.C * g.H * g.W : nullptr, dfp, s);
+    });
+    if (dfd && pieces > 1) {
+      std::copy(scratch_[0]->dw.begin(), scratch_[0]->dw.begin() + fsize, dfd);
+      for (int64_t p = 1; p < pieces; ++p)
+        for (int64_t i = 0; i < fsize; ++i) dfd[i] += scratch_[p]->dw[i];
+    }
+  }
+
+ private:
+  // Input and filter gradients of the images of x (g.N of them); dxd or dfd may be null.
+  static void Run(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dxd, T* dfd,
+                  ConvScratch<T>& s) {
     if (UseWinograd(g)) {
-      if (dfd) wino_.FilterGrad(xd, g.N, g.C, g.H, g.W, g.ph, gd, g.M, dfd);
-      if (dxd) wino_.DataGrad(gd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, dxd);
+      if (dfd) s.wino.FilterGrad(xd, g.N, g.C, g.H, g.W, g.ph, gd, g.M, dfd);
+      if (dxd) s.wino.DataGrad(gd, g.N, g.C, g.H, g.W, g.ph, fd, g.M, dxd);
       return;
     }
-    // dFilter accumulates transposed, as [groups][K][Mg]: OpenBLAS runs the tall product col *
+    // dFilter accumulates transposed, as [groups][K][Mg]: the GEMM runs the tall product col *
     // dout' about twice as fast as the wide dout * col' for the few filters of small convs.
-    if (dfd) dft_.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
+    if (dfd) s.dft.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
     // col2im accumulates into dx; the 1x1 path writes it by GEMM directly.
-    if (dxd && !g.one_by_one) std::fill(dxd, dxd + dx->numel(), T(0));
+    if (dxd && !g.one_by_one) std::fill(dxd, dxd + g.N * g.C * g.H * g.W, T(0));
     const int64_t B = ImagesPerGemm(g);
     if (!g.one_by_one) {
       const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
-      col_.resize(static_cast<size_t>(g.K * cols));
+      s.col.resize(static_cast<size_t>(g.K * cols));
     }
-    if (B > 1) prod_.resize(static_cast<size_t>(g.Mg * B * g.P));
+    if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
     for (int64_t n0 = 0; n0 < g.N; n0 += B) {
       const int64_t b = std::min(B, g.N - n0);
       for (int64_t gi = 0; gi < g.groups; ++gi) {
@@ -483,9 +544,9 @@ class Conv2DGradKernel : public OpKernel {
         if (b > 1) {
           for (int64_t m = 0; m < g.Mg; ++m)
             for (int64_t k = 0; k < b; ++k)
-              std::memcpy(prod_.data() + (m * b + k) * g.P, dg + (k * g.M + m) * g.P,
+              std::memcpy(s.prod.data() + (m * b + k) * g.P, dg + (k * g.M + m) * g.P,
                           static_cast<size_t>(g.P) * sizeof(T));
-          dg = prod_.data();
+          dg = s.prod.data();
         }
         const T* w = fd + gi * g.Mg * g.K;
         const T* xg = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W;
@@ -501,12 +562,12 @@ class Conv2DGradKernel : public OpKernel {
             const T* col = xg + oh0 * g.Wo;  // 1x1: the input plane, ld P
             int64_t ldcol = g.P;
             if (!g.one_by_one) {
-              UnfoldBatch(xd, g, n0, b, gi, oh0, oh1, col_.data());
-              col = col_.data(), ldcol = width;
+              UnfoldBatch(xd, g, n0, b, gi, oh0, oh1, s.col.data());
+              col = s.col.data(), ldcol = width;
             }
             // df_g' += col * dout_g'. df_g': K x Mg, col: K x width, dout_g: Mg x width
             Gemm<T>(false, true, g.K, g.Mg, width, T(1), col, ldcol, dgc, lddg, T(1),
-                    dft_.data() + gi * g.K * g.Mg, g.Mg);
+                    s.dft.data() + gi * g.K * g.Mg, g.Mg);
           }
           if (dxd) {
             // dcol = w_g' * dout_g. dcol: K x width, w_g: Mg x K, dout_g: Mg x width
@@ -515,10 +576,10 @@ class Conv2DGradKernel : public OpKernel {
                       dxg + oh0 * g.Wo, g.P);
               continue;
             }
-            Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), col_.data(),
+            Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), s.col.data(),
                     width);
             for (int64_t k = 0; k < b; ++k)
-              Col2Im(col_.data() + k * cols, width, g, oh0, oh1, dxg + k * g.C * g.H * g.W);
+              Col2Im(s.col.data() + k * cols, width, g, oh0, oh1, dxg + k * g.C * g.H * g.W);
           }
         }
       }
@@ -527,14 +588,12 @@ class Conv2DGradKernel : public OpKernel {
       for (int64_t gi = 0; gi < g.groups; ++gi)
         for (int64_t m = 0; m < g.Mg; ++m)
           for (int64_t k = 0; k < g.K; ++k)
-            dfd[(gi * g.Mg + m) * g.K + k] = dft_[(gi * g.K + k) * g.Mg + m];
+            dfd[(gi * g.Mg + m) * g.K + k] = s.dft[(gi * g.K + k) * g.Mg + m];
     }
   }
 
- private:
   ConvAttrs attrs_;
-  std::vector<T> col_, prod_, dft_;  // scratch, kept across runs
-  winograd::Conv3x3<T> wino_{&WinogradGemm<T>};
+  std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
 };
 
 }  // namespace

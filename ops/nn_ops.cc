@@ -385,7 +385,7 @@ class BatchNormKernel : public OpKernel {
   float momentum_, epsilon_;
   bool is_test_;
   // Per channel: the mean and variance, then the affine coefficients a and b.
-  std::vector<double> mean_, var_;
+  ScratchVector<double> mean_, var_;
 };
 
 // With xhat = (x - mean) * inv_std, sums over the channel's m values:
@@ -449,8 +449,8 @@ class BatchNormGradKernel : public OpKernel {
 
  private:
   bool is_test_;
-  std::vector<double> sum_dy_, sum_dy_xc_;   // per channel
-  std::vector<T> coef_a_, coef_b_, coef_d_;  // per channel
+  ScratchVector<double> sum_dy_, sum_dy_xc_;   // per channel
+  ScratchVector<T> coef_a_, coef_b_, coef_d_;  // per channel
 };
 
 // ------------------------------------------------------------------------------------ dropout
@@ -660,7 +660,7 @@ class LayerNormGradKernel : public OpKernel {
  private:
   int axis_;
   float epsilon_;
-  std::vector<T> xhat_, g_;  // one row each, kept across runs
+  ScratchVector<T> xhat_, g_;  // one row each, kept across runs
 };
 
 }  // namespace

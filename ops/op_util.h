@@ -27,6 +27,12 @@ using Mat = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 template <typename T>
 using ConstMat = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
+// Scratch kept across runs, aligned as tensors are (64 bytes). Eigen peels unaligned heads off
+// its vectorized reductions, so a sum over a malloc'd buffer would add in an order (and give
+// bits) that depend on where the buffer landed; aligned, every run adds the same way.
+template <typename T>
+using ScratchVector = std::vector<T, Eigen::aligned_allocator<T>>;
+
 // Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
 constexpr int64_t kShortRow = 16;
 

@@ -72,10 +72,43 @@ int BenchAllReduce() {
   return 0;
 }
 
+// keel bench gemm: blas::Gemm (the mul/matmul kernels' GEMM) on the seed MLP's shapes, forward
+// and both backward forms; one JSON line per shape with the median GFLOP/s.
+int BenchGemm() {
+  struct Shape {
+    const char* what;
+    bool ta, tb;
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{"fwd X*W", false, false, 128, 1280, 1280},
+                          {"dX = dY*W^T", false, true, 128, 1280, 1280},
+                          {"dW = X^T*dY", true, false, 1280, 1280, 128}};
+  for (const Shape& s : shapes) {
+    std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f), b(static_cast<size_t>(s.K * s.N), 0.25f),
+        c(static_cast<size_t>(s.M * s.N));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 13) * 0.01f;
+    std::vector<double> gflops;
+    for (int i = 0; i < FLAGS_bench_warmup + FLAGS_bench_steps; ++i) {
+      auto t = std::chrono::steady_clock::now();
+      blas::Gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), b.data(), 0.0f, c.data());
+      double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      if (i >= FLAGS_bench_warmup) gflops.push_back(2.0 * s.M * s.N * s.K / sec / 1e9);
+    }
+    std::sort(gflops.begin(), gflops.end());
+    std::printf("{\"system\": \"keel\", \"bench\": \"gemm\", \"blas\": \"%s\", \"threads\": %d, "
+                "\"shape\": \"%s %lldx%lldx%lld\", \"gflops_median\": %.1f, \"gflops_best\": %.1f}\n",
+                blas::Backend(), FLAGS_cpu_math_threads, s.what, static_cast<long long>(s.M),
+                static_cast<long long>(s.N), static_cast<long long>(s.K),
+                gflops[gflops.size() / 2], gflops.back());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int Bench(const std::vector<std::string>& args) {
   if (args.size() == 1 && args[0] == "allreduce") return BenchAllReduce();
+  if (args.size() == 1 && args[0] == "gemm") return BenchGemm();
   KEEL_ENFORCE(args.size() == 1, "bench takes one model name (", [] {
     std::string s;
     for (auto& n : models::ModelNames()) s += (s.empty() ? "" : ", ") + n;
@@ -85,7 +118,7 @@ int Bench(const std::vector<std::string>& args) {
   models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr),
                                                    FLAGS_seed ? FLAGS_seed : 1);
   const int world = fleet::worker_num();
-  Executor exe(fleet::worker_place());
+  Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
   FeedMap feed;
   m.next_batch(FLAGS_batch_size, &feed);  // one batch, reused, as the torch anchor does
@@ -109,9 +142,10 @@ int Bench(const std::vector<std::string>& args) {
   if (fleet::worker_index() != 0) return 0;
   std::printf(
       "{\"system\": \"keel\", \"model\": \"%s\", \"world\": %d, \"threads\": %d, "
+      "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
-      args[0].c_str(), world, FLAGS_cpu_math_threads, blas::Backend(), FLAGS_batch_size,
+      args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(), FLAGS_batch_size,
       FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3), loss);
   return 0;
 }

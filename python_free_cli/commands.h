@@ -6,12 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "executor/executor.h"
 #include "models/model_zoo.h"
 
 namespace keel {
 namespace cli {
 
 int Train(const std::vector<std::string>& args);
+// The ExecutionStrategy of --num_threads and --num_iteration_per_drop_scope.
+ExecutionStrategy CliExecutionStrategy();
 // fleet::init, then the named model with a distributed SGD (plain SGD for one worker).
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed);
 // --profile: writes this rank's Chrome trace and prints the per-op summary to stderr.

@@ -26,7 +26,8 @@ const char* kUsage =
     "           (--max_restarts=N restarts every worker on a failure, up to N times)\n"
     "  inspect  print a saved program, safetensors file or checkpoint; --strategy: the programs\n"
     "           a job's workers would run; --summary: parameters and FLOPs of a model\n"
-    "  bench    time a built-in model's training step, or all-reduce under keel launch\n"
+    "  bench    time a built-in model's training step, all-reduce under keel launch, or the\n"
+    "           GEMM on the MLP's shapes (keel bench gemm)\n"
     "  flags    list every flag keel defines with the commands that read it\n"
     "run `keel <command> --help` for its flags\n";
 

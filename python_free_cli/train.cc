@@ -34,7 +34,12 @@ DEFINE_string(load_dir, "",
               "Resume from the checkpoint saved here: parameters, optimizer state, step, data "
               "position and random draws continue where it was saved.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
-DEFINE_int32(num_iteration_per_drop_scope, 100, "Release temporaries every this many steps.");
+DEFINE_int32(num_iteration_per_drop_scope, 100,
+             "ExecutionStrategy.num_iteration_per_drop_scope: release temporaries every this many "
+             "steps.");
+DEFINE_int32(num_threads, 0,
+             "ExecutionStrategy.num_threads: workers running ready ops at once, sharing "
+             "--cpu_math_threads cores with the kernels; 0: one per core the program can use.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
 
@@ -50,6 +55,14 @@ bool Given(const char* name) {
 }
 
 }  // namespace
+
+ExecutionStrategy CliExecutionStrategy() {
+  ExecutionStrategy s;
+  s.num_threads = FLAGS_num_threads;
+  s.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
+  ValidateExecutionStrategy(s, "keel train/bench: ");
+  return s;
+}
 
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
   fleet::init();  // one worker unless a launcher's environment says otherwise
@@ -74,6 +87,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
     *described = DescribeOptimizer(*opt);
     return opt;
   };
+  strategy.exec_strategy = CliExecutionStrategy();
   // LocalSGD all-reduces parameters, not gradients: fusion (on by default here) steps aside, and
   // asking for it is refused.
   KEEL_ENFORCE(
@@ -117,10 +131,8 @@ int Train(const std::vector<std::string>& args) {
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
   const bool rank0 = fleet::worker_index() == 0;
 
-  ExecutionStrategy strategy;
-  strategy.fetch_frequency = FLAGS_fetch_frequency;
-  strategy.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
-  Executor exe(fleet::worker_place(), strategy);
+  // fleet::main_program() carries the same strategy; the executor's serves startup and evaluation.
+  Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
   checkpoints.CheckBeforeTraining(exe, m, rank0);
   const int64_t resumed = checkpoints.Resume(exe, m, FLAGS_batch_size, quiet);
@@ -156,14 +168,16 @@ int Train(const std::vector<std::string>& args) {
        epoch < epochs; ++epoch) {
     for (int64_t i = step - epoch * steps_per_epoch; i < steps_per_epoch; ++i, ++step) {
       m.next_batch(FLAGS_batch_size, &feed);
-      auto out = exe.Run(*m.main, feed, fetch);
+      // The loss is fetched (copied out) only on the steps that print it.
+      const bool last = step + 1 == total_steps;
+      const bool print = step % FLAGS_fetch_frequency == 0 || last;
+      auto out = exe.Run(*m.main, feed, print ? fetch : std::vector<std::string>{});
       straggler.StepDone();
       std::optional<float> loss, lr;
       if (!out.empty()) loss = out[0].item<float>();
       if (out.size() > 1) lr = out[1].item<float>();
       monitor.OnStep(step, loss, lr);
       checkpoints.AfterStep(exe, m, step + 1, rank0, quiet);
-      const bool last = step + 1 == total_steps;
       if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last))
         monitor.OnEval(step, -1, m.evaluate(exe));
     }

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ ccache pkg-config libeigen3-dev libprotobuf-dev protobuf-compiler
-          libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev
+          libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libgloo-dev libdnnl-dev
           zlib1g-dev python3 python3-pip
           openmpi-bin iproute2)  # mpirun tests; two-host tests in network namespaces
 missing=()

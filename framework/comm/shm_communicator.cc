@@ -43,6 +43,7 @@
 #include "framework/comm/store.h"
 #include "framework/error.h"
 #include "framework/fault_point.h"
+#include "framework/runtime/cpu_threads.h"
 
 namespace keel {
 
@@ -150,10 +151,12 @@ class ShmCommunicator : public Communicator {
         timeout_(timeout) {
     header_ = reinterpret_cast<Header*>(base_);
     slots_ = base_ + (sizeof(Header) + 4095) / 4096 * 4096;
-    // Spinning only pays when every rank has a core of its own.
+    // Spinning only pays when every rank's ring thread has a core of its own: collectives run on
+    // a ring thread beside the rank's compute threads (its CPU budget), and a spinning waiter
+    // would take the core that compute needs.
     cpu_set_t cpus;
     int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    spin_ = nranks <= ncpu ? 20000 : 0;
+    spin_ = nranks * (cpu_threads::Budget() + 1) <= ncpu ? 20000 : 0;
     arrived_ = header_->ranks[rank].arrived.load();
   }
   ~ShmCommunicator() override { munmap(base_, bytes_); }

@@ -2,6 +2,8 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "framework/comm/store.h"
 #include "framework/error.h"
 #include "framework/io/io.h"
 
@@ -33,6 +36,8 @@ struct State {
   std::vector<Event> events;
   int64_t dropped = 0;
   int next_tid = 0;
+  std::vector<std::string> thread_names;  // by tid
+  std::atomic<int64_t> clock_offset_ns{0};
 };
 
 State& state() {
@@ -44,13 +49,19 @@ const std::chrono::steady_clock::time_point& Epoch() {
   static const auto epoch = std::chrono::steady_clock::now();
   return epoch;
 }
+// The epoch is fixed when the library loads (not at the first span), so a rank's trace times
+// count from its own start; AlignClock maps them onto rank 0's.
+[[maybe_unused]] const auto& g_epoch_at_load = Epoch();
 
 int ThreadNumber() {
   thread_local int tid = -1;
   if (tid < 0) {
     State& s = state();
+    char name[32] = "";
+    pthread_getname_np(pthread_self(), name, sizeof(name));
     std::lock_guard<std::mutex> lock(s.mu);
     tid = s.next_tid++;
+    s.thread_names.push_back(gettid() == getpid() ? std::string("main") : std::string(name));
   }
   return tid;
 }
@@ -134,11 +145,20 @@ void WriteChromeTrace(const std::string& path, int pid) {
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid
       << ", \"args\": {\"name\": \"keel rank " << pid << "\"}}";
+  int threads;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    threads = state().next_tid;
+  }
+  for (int t = 0; t < threads; ++t)
+    out << ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"tid\": " << t
+        << ", \"args\": {\"name\": \"" << JsonEscape(ThreadName(t)) << "\"}}";
+  const int64_t offset = ClockOffsetNs();
   char num[64];
   for (const Event& e : events) {
     out << ",\n{\"name\": \"" << JsonEscape(e.name) << "\", \"cat\": \"" << JsonEscape(e.category)
         << "\", \"ph\": \"X\", \"pid\": " << pid << ", \"tid\": " << e.tid;
-    std::snprintf(num, sizeof(num), "%.3f", e.start_ns / 1e3);
+    std::snprintf(num, sizeof(num), "%.3f", (e.start_ns + offset) / 1e3);
     out << ", \"ts\": " << num;
     std::snprintf(num, sizeof(num), "%.3f", e.dur_ns / 1e3);
     out << ", \"dur\": " << num;
@@ -165,8 +185,7 @@ std::string Summary() {
     r.total_ns += e.dur_ns;
     all_ns += e.dur_ns;
   }
-  std::vector<std::pair<std::pair<std::string, std::string>, Row>> sorted(rows.begin(),
-                                                                          rows.end());
+  std::vector<std::pair<std::pair<std::string, std::string>, Row>> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.second.total_ns > b.second.total_ns; });
   std::ostringstream out;
@@ -177,19 +196,76 @@ std::string Summary() {
   for (const auto& kv : sorted) {
     const Row& r = kv.second;
     std::snprintf(line, sizeof(line), "%-6s %-28s %9lld %12.3f %11.2f %6.1f%%\n",
-                  kv.first.first.c_str(), kv.first.second.c_str(),
-                  static_cast<long long>(r.calls), r.total_ns / 1e6,
-                  r.total_ns / 1e3 / static_cast<double>(r.calls),
+                  kv.first.first.c_str(), kv.first.second.c_str(), static_cast<long long>(r.calls),
+                  r.total_ns / 1e6, r.total_ns / 1e3 / static_cast<double>(r.calls),
                   all_ns > 0 ? 100.0 * r.total_ns / all_ns : 0.0);
     out << line;
   }
   return out.str();
 }
 
+std::string ThreadName(int tid) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (tid < 0 || tid >= static_cast<int>(s.thread_names.size())) return "";
+  std::string name = s.thread_names[tid];
+  return name.empty() ? "thread " + std::to_string(tid) : name;
+}
+
+namespace {
+
+void ExchangeClock(StoreClient& store, int rank, int nranks) {
+  // Several rounds; the one with the shortest round trip (least time for a rank to be
+  // descheduled in) gives the offset.
+  constexpr int kRounds = 8;
+  if (nranks <= 1) return;
+  const std::string prefix = "keel/profiler/clock/";
+  if (rank == 0) {
+    for (int r = 1; r < nranks; ++r)
+      for (int round = 0; round < kRounds; ++round) {
+        const std::string k = prefix + std::to_string(r) + "/" + std::to_string(round);
+        store.Set(k + "/turn", "");
+        store.Get(k + "/ping");  // waits for rank r
+        store.Set(k + "/pong", std::to_string(internal::NowNs()));
+      }
+    return;
+  }
+  int64_t best_rtt = -1, best_offset = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string k = prefix + std::to_string(rank) + "/" + std::to_string(round);
+    store.Get(k + "/turn");  // rank 0 is ready to answer at once
+    const int64_t sent = internal::NowNs();
+    store.Set(k + "/ping", "");
+    const int64_t theirs = std::stoll(store.Get(k + "/pong"));
+    const int64_t back = internal::NowNs();
+    if (best_rtt < 0 || back - sent < best_rtt) {
+      best_rtt = back - sent;
+      best_offset = theirs - (sent + back) / 2;
+    }
+  }
+  state().clock_offset_ns.store(best_offset);
+  VLOG(1) << "profiler: clock offset to rank 0 " << best_offset << " ns, round trip " << best_rtt
+          << " ns";
+}
+
+}  // namespace
+
+void AlignClock(StoreClient& store, int rank, int nranks) {
+  try {
+    ExchangeClock(store, rank, nranks);
+  } catch (const Error& e) {
+    KEEL_THROW("profiler: aligning rank ", rank, "'s clock with rank 0's: ", e.what());
+  }
+}
+
+int64_t ClockOffsetNs() { return state().clock_offset_ns.load(); }
+
 std::string ProfilePathForRank(int rank, int nranks) {
   if (FLAGS_profile.empty()) return "";
   return nranks > 1 ? FLAGS_profile + ".rank" + std::to_string(rank) : FLAGS_profile;
 }
+
+bool Requested() { return !FLAGS_profile.empty(); }
 
 bool StartFromFlags() {
   if (FLAGS_profile.empty()) return false;

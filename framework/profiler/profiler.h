@@ -13,6 +13,7 @@
 #include <vector>
 
 namespace keel {
+class StoreClient;
 namespace profiler {
 
 struct Event {
@@ -21,7 +22,7 @@ struct Event {
   std::string detail;    // e.g. the op's index and first output
   int64_t start_ns = 0;  // since the profiler's epoch
   int64_t dur_ns = 0;
-  int tid = 0;  // small per-thread number, in order of first event
+  int tid = 0;  // small per-thread number, in order of first event (see ThreadName)
 };
 
 namespace internal {
@@ -40,18 +41,31 @@ void Stop();
 void Reset();
 // A copy of the events recorded so far, in recording order.
 std::vector<Event> Events();
+// The name of thread `tid` (its pthread name when it recorded its first event).
+std::string ThreadName(int tid);
 // Events dropped because the buffer (1<<22 events) was full.
 int64_t Dropped();
 
 // Writes the events as Chrome trace JSON to `path` atomically; `pid` labels the process (its
-// rank). Throws keel::Error naming the path when it cannot be written.
+// rank), each thread is named ("main", "keel-ring0", ...), and timestamps are on rank 0's clock
+// once AlignClock has run. Throws keel::Error naming the path when it cannot be written.
 void WriteChromeTrace(const std::string& path, int pid = 0);
 // Per (category, name): calls, total, mean and share of the total, largest total first, as a
 // fixed-width table.
 std::string Summary();
 
+// Puts this process's trace timestamps on rank 0's clock: each rank in turn measures a round trip
+// to rank 0 through the store and takes rank 0's time at its middle (error: half the round trip,
+// tens of microseconds on one host). Every rank of the job calls it: fleet::init does when
+// --profile is set; a program that starts the profiler itself calls it after fleet::init.
+void AlignClock(StoreClient& store, int rank, int nranks);
+// Nanoseconds added to this process's timestamps in the trace (0 until AlignClock).
+int64_t ClockOffsetNs();
+
 // The --profile flag, for the CLI: "" when off; under several workers the rank's own file.
 std::string ProfilePathForRank(int rank, int nranks);
+// Whether --profile is set.
+bool Requested();
 // Turns the profiler on when --profile is set, dropping what was recorded before (keel train and
 // bench profile their steps only). Returns whether it is on.
 bool StartFromFlags();
@@ -81,8 +95,7 @@ class RecordEvent {
   }
   ~RecordEvent() {
     if (on_)
-      internal::Record(std::move(name_), category_, std::move(detail_), start_,
-                       internal::NowNs());
+      internal::Record(std::move(name_), category_, std::move(detail_), start_, internal::NowNs());
   }
   RecordEvent(const RecordEvent&) = delete;
   RecordEvent& operator=(const RecordEvent&) = delete;

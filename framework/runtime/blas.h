@@ -1,6 +1,8 @@
 // Row-major GEMM on CPU: C = alpha * op(A) * op(B) + beta * C, with op = transpose when asked.
 // A is M x K after op, B is K x N after op, C is M x N; lda/ldb/ldc are row strides.
-// Goes to OpenBLAS when keel was built with it (KEEL_WITH_CBLAS), to Eigen otherwise.
+// float goes to oneDNN's sgemm (one OpenMP thread per call), split into pieces that depend on the
+// shape only and run on the CPU thread budget (cpu_threads.h): the same bits on any number of
+// threads. double goes to Eigen (tests and checks, not the hot path).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +23,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   Gemm(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
-// Threads the BLAS library may use (1 by default; set from --cpu_math_threads).
-void SetNumThreads(int n);
-const char* Backend();  // "openblas" or "eigen"
+// How many pieces a float GEMM of this shape is split into (1: one call).
+int64_t GemmPieces(int64_t M, int64_t N, int64_t K);
+const char* Backend();  // "onednn"
 
 }  // namespace blas
 }  // namespace keel

@@ -1,10 +1,13 @@
-// Executor: feeds are checked, fetches are copies, fetch_frequency skips, drop-scope releases.
+// Executor: feeds are checked, fetches are copies and always returned, drop-scope releases, and
+// DistributedStrategy::exec_strategy reaches the executor running fleet::main_program().
+#include "executor/executor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "executor/executor.h"
+#include "fleet/fleet.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "tests/util/op_test_util.h"
@@ -58,17 +61,41 @@ TEST(Executor, UnfedInputNamesTheVarAndOp) {
   EXPECT_NE(e.find("'x'"), std::string::npos) << e;
 }
 
-TEST(Executor, FetchFrequencySkipsRuns) {
+TEST(Executor, EveryFetchAskedForIsReturned) {
+  // The seed's loop reads out[0] every step, on the training program and its evaluation clone.
   Net n;
-  ExecutionStrategy s;
-  s.fetch_frequency = 3;
-  Executor exe(CPUPlace(), s);
+  Executor exe;
   Tensor x(DType::kFloat32, {1, 3});
-  std::vector<size_t> sizes;
-  for (int i = 0; i < 7; ++i) sizes.push_back(exe.Run(n.main, {{"x", x}}, {n.out}).size());
-  EXPECT_EQ(sizes, (std::vector<size_t>{1, 0, 0, 1, 0, 0, 1}));
+  for (int i = 0; i < 7; ++i) ASSERT_EQ(exe.Run(n.main, {{"x", x}}, {n.out}).size(), 1u) << i;
   EXPECT_TRUE(exe.Run(n.main, {{"x", x}}).empty());
   EXPECT_EQ(exe.RunCount(n.main), 8);
+  std::string e = ErrorOf([&] { exe.Run(n.main, {{"x", x}}, {"nope"}); });
+  EXPECT_NE(e.find("fetch 'nope'"), std::string::npos) << e;
+  EXPECT_EQ(exe.RunCount(n.main), 8);  // refused before running
+}
+
+TEST(Executor, ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram) {
+  Program main, startup;
+  Var loss;
+  {
+    ProgramGuard g(main, startup);
+    Var x = layers::data("x", {-1, 3});
+    loss = layers::mean(layers::fc(x, 2));
+    fleet::init();
+    fleet::DistributedStrategy strategy;
+    strategy.exec_strategy.num_threads = 3;
+    strategy.exec_strategy.num_iteration_per_drop_scope = 1;
+    fleet::distributed_optimizer(optimizer::SGD(0.1f), strategy).minimize(loss, &startup);
+  }
+  Executor exe(fleet::worker_place());  // the seed's executor: default strategy
+  exe.Run(startup);
+  EXPECT_EQ(exe.StrategyFor(fleet::main_program()).num_threads, 3);
+  EXPECT_EQ(exe.WorkersFor(fleet::main_program()), 3);
+  exe.Run(fleet::main_program(), {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
+  Variable* tmp = exe.local_scope().FindLocalVar("fc_0.tmp_0");
+  ASSERT_NE(tmp, nullptr);
+  EXPECT_FALSE(tmp->tensor().initialized());                              // dropped after every run
+  EXPECT_EQ(exe.StrategyFor(startup).num_iteration_per_drop_scope, 100);  // startup: the executor's
 }
 
 TEST(Executor, DropScopeReleasesTemporariesButKeepsParameters) {

@@ -1,6 +1,8 @@
 // Profiler: off records nothing; on, every op the executor runs is one span in run order, the
 // Chrome trace is valid JSON that real readers load, the summary adds up, and a bad path is a
 // keel::Error naming it. Also `keel train --profile` end to end.
+#include "framework/profiler/profiler.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,7 +10,6 @@
 
 #include "executor/executor.h"
 #include "framework/dsl/layers.h"
-#include "framework/profiler/profiler.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
@@ -50,7 +51,8 @@ TEST_F(ProfilerTest, EveryOpRunIsOneSpanInOrder) {
   Net n;
   Executor exe;
   profiler::Start();
-  for (int i = 0; i < 3; ++i) exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
+  for (int i = 0; i < 3; ++i)
+    exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});
   profiler::Stop();
   exe.Run(n.main, {{"x", Tensor::FromVector<float>({1, 2, 3}, {1, 3})}});  // not recorded
   auto events = profiler::Events();
@@ -84,7 +86,8 @@ TEST_F(ProfilerTest, ChromeTraceIsValidJsonWithOneEventPerSpan) {
       "python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))[\"traceEvents\"]; "
       "x=[e for e in t if e[\"ph\"]==\"X\"]; "
       "print(len(x), sorted(set(e[\"pid\"] for e in t)), x[0][\"name\"], "
-      "all(e[\"dur\"]>=0 for e in x))' '" + path + "'");
+      "all(e[\"dur\"]>=0 for e in x))' '" +
+      path + "'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, std::to_string(n.main.global_block().num_ops()) + " [3] " +
                           n.main.global_block().op(0)->type() + " True\n");
@@ -98,16 +101,60 @@ TEST_F(ProfilerTest, UnwritablePathIsAnErrorNamingIt) {
 
 TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
   std::string dir = testing::MakeTempDir();
-  auto r = testing::RunCommand(testing::BinPath("keel") +
-                               " train --steps=3 --mlp_hidden=16 --seed=1 --profile=" + dir +
-                               "/t.json");
+  auto r =
+      testing::RunCommand(testing::BinPath("keel") +
+                          " train --steps=3 --mlp_hidden=16 --seed=1 --profile=" + dir + "/t.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/t.json"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("mul_grad"), std::string::npos) << r.output;
-  auto j = testing::RunCommand("python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); "
-                               "print(sum(e[\"name\"]==\"sgd\" for e in t[\"traceEvents\"]))' " +
-                               dir + "/t.json");
+  auto j = testing::RunCommand(
+      "python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); "
+      "print(sum(e[\"name\"]==\"sgd\" for e in t[\"traceEvents\"]))' " +
+      dir + "/t.json");
   EXPECT_EQ(j.output, "18\n");  // 6 parameters x 3 steps
+  testing::RunCommand("rm -rf " + dir);
+}
+
+// Two workers, one all-reduce per gradient: on rank 0 an all-reduce span (on its ring's thread)
+// overlaps a backward op's span (on the main thread), and after clock alignment every all-reduce
+// of rank 0 overlaps the same all-reduce of rank 1 (neither can finish before the other starts),
+// within 0.3 ms for the alignment's error. Rank 1 starts 0.5 s late, so its own clock is 0.5 s
+// behind rank 0's.
+TEST(ProfilerCli, TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks) {
+  std::string dir = testing::MakeTempDir();
+  auto r = testing::RunCommand(
+      "FLAGS_cpu_math_threads=1 " + testing::BinPath("keel") + " launch --nproc_per_node=2 " +
+      "--log_dir=" + dir + "/log sh -c 'if [ \"$PADDLE_TRAINER_ID\" = 1 ]; then sleep 0.5; fi; " +
+      "exec " + testing::BinPath("keel") +
+      " train --steps=8 --mlp_hidden=512 --seed=1 --fuse_all_reduce_ops=false --profile=" + dir +
+      "/t.json'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ofstream(dir + "/check.py")
+      << "import json, sys\n"
+         "def spans(rank):\n"
+         "    t = json.load(open(sys.argv[1] + '.rank%d' % rank))['traceEvents']\n"
+         "    names = {e['tid']: e['args']['name'] for e in t if e['name'] == 'thread_name'}\n"
+         "    x = [e for e in t if e['ph'] == 'X']\n"
+         "    return x, names\n"
+         "x0, names0 = spans(0)\n"
+         "x1, _ = spans(1)\n"
+         "ar = lambda x: [e for e in x if e['name'] == 'c_allreduce_sum']\n"
+         "grads = [e for e in x0 if e['cat'] == 'op' and e['name'].endswith('_grad')]\n"
+         "hit = lambda a, b: a['ts'] < b['ts'] + b['dur'] and b['ts'] < a['ts'] + a['dur']\n"
+         "over = sum(1 for a in ar(x0) for g in grads if hit(a, g) and a['tid'] != g['tid'])\n"
+         "print('comm_cat', all(e['cat'] == 'comm' for e in ar(x0)))\n"
+         "print('ring_thread', sorted(set(names0[e['tid']] for e in ar(x0))))\n"
+         "print('overlaps', over > 0)\n"
+         "a0, a1 = ar(x0), ar(x1)\n"
+         "near = lambda a, b: a['ts'] < b['ts'] + b['dur'] + 300 and b['ts'] < a['ts'] + a['dur'] "
+         "+ 300\n"
+         "print('aligned', len(a0) == len(a1) > 0 and all(near(a, b) for a, b in zip(a0, a1)))\n";
+  auto j = testing::RunCommand("python3 " + dir + "/check.py " + dir + "/t.json");
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  EXPECT_NE(j.output.find("comm_cat True"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("ring_thread ['keel-ring0']"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("overlaps True"), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("aligned True"), std::string::npos) << j.output;
   testing::RunCommand("rm -rf " + dir);
 }
 

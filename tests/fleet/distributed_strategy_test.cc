@@ -62,7 +62,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
             "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
             "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
             "comm_timeout_s=300, "
-            "exec_strategy={num_threads=1, num_iteration_per_drop_scope=100, fetch_frequency=1}}");
+            "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -196,10 +196,13 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        Role(), "local_sgd_warmup_steps=-1"},
       {"timeout 0", [](DistributedStrategy* s) { s->comm_timeout_s = 0; }, Role(),
        "comm_timeout_s=0 must be > 0"},
-      {"exec threads 0", [](DistributedStrategy* s) { s->exec_strategy.num_threads = 0; }, Role(),
-       "exec_strategy.num_threads=0"},
-      {"fetch frequency 0", [](DistributedStrategy* s) { s->exec_strategy.fetch_frequency = 0; },
-       Role(), "exec_strategy.fetch_frequency=0"},
+      {"exec threads negative", [](DistributedStrategy* s) { s->exec_strategy.num_threads = -1; },
+       Role(), "exec_strategy.num_threads=-1"},
+      {"exec threads 0 is the default", [](DistributedStrategy* s) { s->exec_strategy.num_threads = 0; },
+       Role(), ""},
+      {"drop scope 0",
+       [](DistributedStrategy* s) { s->exec_strategy.num_iteration_per_drop_scope = 0; }, Role(),
+       "exec_strategy.num_iteration_per_drop_scope=0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.intent);

@@ -1,0 +1,130 @@
+#include "framework/runtime/cpu_threads.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#define EIGEN_USE_THREADS
+#include <unsupported/Eigen/CXX11/ThreadPool>
+
+#include "framework/error.h"
+
+namespace keel {
+namespace cpu_threads {
+
+namespace {
+
+// Eigen's thread environment, with pool threads named and kept at one OpenMP thread.
+struct KeelThreadEnvironment {
+  struct Task {
+    std::function<void()> f;
+  };
+  class EnvThread {
+   public:
+    explicit EnvThread(std::function<void()> f) : thr_(std::move(f)) {}
+    ~EnvThread() { thr_.join(); }
+    void OnCancel() {}
+
+   private:
+    std::thread thr_;
+  };
+  EnvThread* CreateThread(std::function<void()> f) {
+    return new EnvThread([f = std::move(f)] {
+      BlockSignalsInThisThread();
+      pthread_setname_np(pthread_self(), "keel-cpu");
+      UseOneOpenMPThread();
+      f();
+    });
+  }
+  Task CreateTask(std::function<void()> f) { return Task{std::move(f)}; }
+  void ExecuteTask(const Task& t) { t.f(); }
+};
+
+using Pool = Eigen::ThreadPoolTempl<KeelThreadEnvironment>;
+
+std::mutex g_mu;
+int g_budget = 1;
+std::unique_ptr<Pool> g_pool;
+
+struct ParallelForState {
+  std::atomic<int64_t> next{0};
+  int64_t done = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+void Drain(ParallelForState& s, int64_t n, const std::function<void(int64_t)>& fn) {
+  int64_t mine = 0;
+  for (int64_t i; (i = s.next.fetch_add(1, std::memory_order_relaxed)) < n; ++mine) fn(i);
+  if (mine == 0) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.done += mine;
+  if (s.done == n) s.cv.notify_all();
+}
+
+}  // namespace
+
+void SetBudget(int n) {
+  KEEL_ENFORCE(n >= 1, "the CPU thread budget must be >= 1, got ", n);
+  std::lock_guard<std::mutex> lock(g_mu);
+  UseOneOpenMPThread();
+  if (n == g_budget) return;
+  g_pool.reset();  // joins its threads
+  if (n > 1) g_pool = std::make_unique<Pool>(n - 1, /*allow_spinning=*/false);
+  g_budget = n;
+}
+
+int Budget() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_budget;
+}
+
+bool Schedule(std::function<void()> task) {
+  Pool* pool = g_pool.get();
+  if (pool == nullptr) return false;
+  pool->Schedule(std::move(task));
+  return true;
+}
+
+void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+  Pool* pool = g_pool.get();
+  if (n <= 0) return;
+  if (n == 1 || pool == nullptr) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  // Helpers and the caller take pieces from one counter; a helper that starts late finds none
+  // left and returns without touching `fn`, so a busy pool never delays the caller, and `fn`
+  // (alive until all n pieces are done) is never called after this returns.
+  auto shared = std::make_shared<ParallelForState>();
+  const int64_t helpers = std::min<int64_t>(n - 1, pool->NumThreads());
+  for (int64_t h = 0; h < helpers; ++h) pool->Schedule([shared, n, &fn] { Drain(*shared, n, fn); });
+  Drain(*shared, n, fn);
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait(lock, [&] { return shared->done == n; });
+}
+
+void BlockSignalsInThisThread() {
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
+}
+
+void UseOneOpenMPThread() {
+  thread_local bool set = false;
+  if (!set) {
+    omp_set_num_threads(1);
+    set = true;
+  }
+}
+
+}  // namespace cpu_threads
+}  // namespace keel

@@ -1,0 +1,39 @@
+// The process's CPU threads: one budget of cores (--cpu_math_threads) shared by the executor's
+// inter-op workers and the intra-op ParallelFor of big kernels (GEMM).
+//
+// The budget is the calling thread plus a pool of budget-1 threads (Eigen's ThreadPool, which
+// sleeps instead of spinning when idle). Kernels split their work into chunks that depend on the
+// shape only, never on the number of threads, so results are the same bits on any budget; oneDNN
+// itself is kept at one OpenMP thread per caller, so no OpenMP team spins beside the pool.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace keel {
+namespace cpu_threads {
+
+// Sets the budget (>= 1). Call it when no kernel or executor run is in flight (keel::Init does,
+// from --cpu_math_threads); the pool is rebuilt when the size changes.
+void SetBudget(int n);
+int Budget();
+
+// Queues `task` on a pool thread; returns false (running nothing) when the budget is 1.
+bool Schedule(std::function<void()> task);
+
+// Runs fn(i) for every i in [0, n): on the calling thread and on pool threads that are idle, and
+// returns when all are done. The split into n pieces is the caller's, so it must not depend on
+// Budget() when results must be reproducible. fn must not throw.
+void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
+
+// Makes the calling thread use one OpenMP thread (what oneDNN's CPU primitives use), so oneDNN
+// runs on the thread that calls it. Cheap after the first call on a thread.
+void UseOneOpenMPThread();
+
+// Blocks every signal in the calling thread. keel's own threads (the pool, ring streams) call it
+// first: a process signal (SIGCHLD, SIGTERM) must reach the thread that waits for it (keel
+// launch reads them from a signalfd), never a library thread that would drop it.
+void BlockSignalsInThisThread();
+
+}  // namespace cpu_threads
+}  // namespace keel
