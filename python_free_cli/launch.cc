@@ -116,7 +116,8 @@ bool IsLaunchFlag(const std::string& name) {
   static const std::set<std::string> own = {
       "cluster_node_ips", "node_ip",   "started_port",  "nproc_per_node",
       "nnodes",           "node_rank", "master_addr",   "master_port",
-      "grace_period_s",   "log_dir",   "selected_gpus", "cpu_math_threads"};
+      "grace_period_s",   "log_dir",   "selected_gpus", "cpu_math_threads",
+      "max_restarts",     "stopped_timeout_s"};
   return own.count(name) > 0;
 }
 

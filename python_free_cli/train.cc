@@ -41,6 +41,7 @@ DEFINE_int32(num_threads, 0,
              "ExecutionStrategy.num_threads: workers running ready ops at once, sharing "
              "--cpu_math_threads cores with the kernels; 0: one per core the program can use.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
+DECLARE_bool(fuse_all_reduce_ops);  // train_flags.cc
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
 
 namespace keel {
@@ -170,7 +171,7 @@ int Train(const std::vector<std::string>& args) {
       m.next_batch(FLAGS_batch_size, &feed);
       // The loss is fetched (copied out) only on the steps that print it.
       const bool last = step + 1 == total_steps;
-      const bool print = step % FLAGS_fetch_frequency == 0 || last;
+      const bool print = step % FLAGS_fetch_frequency == 0;
       auto out = exe.Run(*m.main, feed, print ? fetch : std::vector<std::string>{});
       straggler.StepDone();
       std::optional<float> loss, lr;

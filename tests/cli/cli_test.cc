@@ -81,7 +81,8 @@ TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   }
 
   auto fresh = Losses(RunCommand(base + " --steps=1").output);
-  auto resumed = Losses(RunCommand(base + " --steps=1 --load_dir=" + dir + "/ckpt").output);
+  // The checkpoint holds step 5: --steps counts the whole run, so one more step is --steps=6.
+  auto resumed = Losses(RunCommand(base + " --steps=6 --load_dir=" + dir + "/ckpt").output);
   auto trained = Losses(r.output);
   ASSERT_EQ(fresh.size(), 1u);
   ASSERT_EQ(resumed.size(), 1u);
@@ -99,7 +100,7 @@ TEST(KeelTrain, SettingsThatWouldBeIgnoredAreRefused) {
   const std::vector<Case> cases = {
       {"--model=mlp --data=mnist:/tmp", "model mlp trains on synthetic data and takes no dataset"},
       {"--model=transformer --data=x", "model transformer trains on synthetic data"},
-      {"--local_sgd_warmup_steps=3", "--local_sgd_warmup_steps=3 needs --local_sgd_steps"},
+      {"--local_sgd_warmup_steps=3", "--local_sgd_warmup_steps applies only to LocalSGD"},
       {"--local_sgd_steps=2 --fuse_all_reduce_ops",
        "--fuse_all_reduce_ops does not combine with --local_sgd_steps"},
       {"--model=resnet --mlp_hidden=8", "--mlp_hidden=8 is the width of the mlp model"},
@@ -260,6 +261,43 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"save_inference_dir", "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
       {"seed", "KeelTrain.SameSeedPrintsIdenticalLosses"},
       {"steps", "KeelFlags.EnvironmentSetsFlagsAndUnknownNamesOnlyWarn"},
+      {"check_nan_inf", "CheckNanInf.StopsAtTheFirstOpProducingInfAndNamesIt"},
+      {"comm_overlap", "ProfilerCli.TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
+      {"straggler_factor", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
+      {"straggler_report_interval_s", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
+      {"cuda_host_fallback", "HostFallback.* (CUDA places)"},
+      {"allow_tf32", "GPU tests (cuBLAS/cuDNN math mode; run by tools/gpu_check.sh)"},
+      {"fraction_of_gpu_memory_to_use", "CachingAllocator.* (reserve)"},
+      {"diff", "InspectStrategy.DiffShowsOnlyWhatTheTranspilerAdded"},
+      {"nranks", "InspectStrategy.* goldens"},
+      {"program", "InspectStrategy.* goldens"},
+      {"rank", "InspectStrategy.* goldens"},
+      {"startup", "InspectStrategy (saved __model__)"},
+      {"strategy", "InspectStrategy.* goldens"},
+      {"summary", "InspectSummary.ParameterCountEqualsTheSavedCheckpoint"},
+      {"max_restarts", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
+      {"stopped_timeout_s", "FaultTest.ANodeWhoseOnlyWorkerIsStoppedEnds"},
+      {"num_threads", "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
+      {"auto_resume", "docs/fault-tolerance.md (Kubernetes/Slurm restarts)"},
+      {"save_every", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
+      {"beta1", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"beta2", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"clip_global_norm", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"epsilon", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"lr_boundaries", "TrainOptimizerFlags.*, TrainScheduleFlags.* (piecewise)"},
+      {"lr_decay_steps", "TrainOptimizerFlags.*, TrainScheduleFlags.* (cosine)"},
+      {"lr_schedule", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"lr_values", "TrainOptimizerFlags.*, TrainScheduleFlags.* (piecewise)"},
+      {"min_lr", "TrainOptimizerFlags.*, TrainScheduleFlags.* (cosine)"},
+      {"momentum", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"nesterov", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
+      {"warmup_start_lr", "TrainOptimizerFlags.*, TrainScheduleFlags.* (warm-up)"},
+      {"warmup_steps", "TrainOptimizerFlags.*, TrainScheduleFlags.* (warm-up)"},
+      {"weight_decay", "TrainOptimizerFlags.*, TrainScheduleFlags.*, WeightDecay.*"},
+      {"eval_every", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
+      {"logdir", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
+      {"logdir_all_ranks", "TrainTensorboard.EveryRankWritesItsOwnFolderWhenAsked"},
+      {"progress", "TrainOptimizerFlags.*, TrainScheduleFlags.* (bar vs lines)"},
   };
   auto list = RunCommand(Keel() + " flags");
   ASSERT_EQ(list.exit_code, 0) << list.output;

@@ -112,7 +112,7 @@ TEST(FleetFaults, StrategyCommTimeoutBoundsEveryCollective) {
 TEST(FleetFaults, ARankThatJoinsTwiceIsNamedAtOnce) {
   std::string dir = MakeTempDir();
   const std::string env =
-      "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 WORLD_SIZE=2 "
+      "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 WORLD_SIZE=2 KEEL_JOB_TOKEN=twice-test "
       "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
       std::to_string(FreePort()) + " ";
   // Rank 0 stays in the job for 4 s (it stalls before its first step), rank 1 joins, then a
