@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
+#include <limits>
+#include <set>
 #include <sstream>
 
 #include "framework/comm/comm_context.h"
@@ -16,8 +19,7 @@
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
 
-DEFINE_int32(save_timeout_s, 1800,
-             "How long workers wait at the barrier around fleet::save_persistables.");
+DECLARE_string(cpu_comm_backend);
 
 namespace keel {
 namespace fleet {
@@ -30,7 +32,13 @@ struct FleetState {
   Program* main = nullptr;
   Program* startup = nullptr;
   int barrier_round = 0;
+  int check_round = 0;           // CheckSameOnEveryRank calls so far: each has its own keys
+  std::set<uint64_t> minimized;  // Program::id() of every program minimize() rewrote
+  bool eager_ring = false;       // the ring of fleet::all_reduce exists
 };
+
+// The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
+constexpr int kEagerRingId = std::numeric_limits<int>::max();
 
 FleetState& State() {
   static FleetState* s = new FleetState;
@@ -60,27 +68,95 @@ std::string LocalAddressTowards(const std::string& peer, int port) {
   return ip;
 }
 
-// A barrier through the store: each rank adds 1 to a counter and waits for the last to arrive.
-void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
+std::chrono::milliseconds CommTimeout() {
+  return CommContext::Get().initialized()
+             ? CommContext::Get().config().timeout
+             : std::chrono::milliseconds(
+                   static_cast<int64_t>(DistributedStrategy().comm_timeout_s) * 1000);
+}
+
+// A barrier through the store: each rank adds 1 to a counter and waits for the last to arrive,
+// at most the comm timeout; the wait ends at once when a rank's store connection closes.
+void StoreBarrier(const std::string& name) {
   const Role& r = State().role;
   if (r.world_size <= 1) return;
+  const std::chrono::milliseconds timeout = CommTimeout();
   StoreClient& s = CommContext::Get().store(name);
   std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
   try {
+    s.Set(key + "/arrived/" + std::to_string(r.rank), "1");
     if (s.Add(key, 1) == r.world_size) s.Set(key + "/done", "1");
-    s.Get(key + "/done", timeout);
-    // Rank 0 serves the store, so it leaves last: if it exits right after, no other rank is still
-    // waiting for a reply from it.
+    s.GetUnlessPeerGone(key + "/done", timeout);
+  } catch (const Error& e) {
+    std::string missing;
+    try {
+      for (int other = 0; other < r.world_size; ++other)
+        if (!s.Check(key + "/arrived/" + std::to_string(other)))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(other);
+    } catch (const Error&) {
+      missing = "unknown (the store is gone)";
+    }
+    KEEL_THROW(name, ": rank ", r.rank, " of ", r.world_size, " waited for the other workers",
+               " (at most ", timeout.count() / 1000.0,
+               " s, FLAGS_comm_timeout_s); not arrived: ", "rank ", missing, ": ", e.what());
+  }
+  // Rank 0 serves the store, so it leaves last: if it exits right after, no other rank is still
+  // waiting for a reply from it. A peer gone by now waits for nothing.
+  try {
     if (r.rank != 0) {
       if (s.Add(key + "/left", 1) == r.world_size - 1) s.Set(key + "/all_left", "1");
     } else {
-      s.Get(key + "/all_left", timeout);
+      s.GetUnlessPeerGone(key + "/all_left", timeout);
     }
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " waited ", timeout.count() / 1000.0,
-               " s for the other workers: ", e.what());
+    LOG(WARNING) << name << ": the barrier passed, but leaving it: " << e.what();
   }
 }
+
+// Every rank publishes `text` (its fingerprint first) under keys of this check; rank 0 compares
+// everyone's with its own, the others compare with rank 0's. `describe` words a mismatch.
+void CheckSameOnEveryRank(
+    const std::string& what, const std::string& fp, const std::string& text,
+    const std::function<std::string(int other, const std::string& their_fp,
+                                    const std::string& their_text)>& describe) {
+  const Role& r = role();
+  if (r.world_size <= 1) return;
+  StoreClient& s = CommContext::Get().store("fleet: " + what + " check");
+  const std::string prefix =
+      "keel/check/" + std::to_string(State().check_round++) + "/" + what + "/";
+  s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
+  auto compare = [&](int other) {
+    std::string theirs = s.GetUnlessPeerGone(prefix + std::to_string(other), CommTimeout());
+    size_t nl = theirs.find('\n');
+    std::string their_fp = theirs.substr(0, nl);
+    if (their_fp == fp) return;
+    KEEL_THROW(describe(other, their_fp, nl == std::string::npos ? "" : theirs.substr(nl + 1)));
+  };
+  if (r.rank == 0) {
+    for (int other = 1; other < r.world_size; ++other) compare(other);
+  } else {
+    compare(0);
+  }
+}
+
+// The startup program as ranks must agree on it: a ring's rank and group (which node or local
+// index) are each rank's own, and initializer seeds may differ (every parameter is then broadcast
+// from rank 0); nothing else may.
+std::unique_ptr<Program> StartupForComparison(const Program& startup) {
+  std::unique_ptr<Program> p = startup.Clone();
+  p->set_random_seed(0);
+  for (int b = 0; b < p->num_blocks(); ++b)
+    for (auto& op : p->block(b).ops()) {
+      if (op->HasAttr("seed")) op->SetAttr("seed", 0);
+      if (op->type() != "c_comm_init") continue;
+      op->SetAttr("rank", 0);
+      if (op->HasAttr("group")) op->SetAttr("group", std::string());
+    }
+  return p;
+}
+
+// What rings are made of beyond the programs: ranks that disagree here would hang in ring setup.
+std::string RingConfiguration() { return "cpu_comm_backend=" + FLAGS_cpu_comm_backend; }
 
 // First line where two program texts differ, as "line N: <a> | <b>".
 std::string FirstDifference(const std::string& a, const std::string& b) {
@@ -120,6 +196,15 @@ void init(const RoleMaker& role_maker) {
   DistributedStrategy defaults;
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(defaults.comm_timeout_s) * 1000);
   CommContext::Get().Init(cfg);
+  // Before any ring exists (a program's or fleet::all_reduce's): ranks that disagree on how rings
+  // are made would wait for each other in ring setup until the comm timeout.
+  const std::string config = RingConfiguration();
+  CheckSameOnEveryRank("ring configuration", config, config,
+                       [&](int other, const std::string& theirs, const std::string&) {
+                         return StrCat("the ring configuration differs between ranks: rank ",
+                                       r.rank, " has ", config, ", rank ", other, " has ", theirs,
+                                       " (every rank must pass the same flags)");
+                       });
 }
 
 bool initialized() { return State().initialized; }
@@ -139,10 +224,52 @@ Place worker_place() {
 }
 
 void barrier_worker() {
-  DistributedStrategy defaults;
-  StoreBarrier("barrier_worker", std::chrono::milliseconds(
-                                     static_cast<int64_t>(defaults.comm_timeout_s) * 1000));
+  role();  // fleet::init first
+  StoreBarrier("barrier_worker");
 }
+
+void all_reduce(Tensor* tensor, ReduceOp op) {
+  KEEL_ENFORCE(tensor != nullptr && tensor->initialized(),
+               "fleet::all_reduce: the tensor holds no data");
+  const Role& r = role();
+  if (r.world_size <= 1) return;
+  FleetState& st = State();
+  if (!st.eager_ring) {
+    CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0);
+    st.eager_ring = true;
+  }
+  Communicator& comm = RingRegistry::Get().At(kEagerRingId, "fleet::all_reduce");
+  if (tensor->place().is_cpu()) {
+    comm.AllReduce(tensor, op);
+  } else {
+    Tensor host = tensor->Clone(CPUPlace());
+    comm.AllReduce(&host, op);
+    tensor->CopyFrom(host);
+  }
+}
+
+namespace metrics {
+namespace {
+double Reduce(double local, ReduceOp op) {
+  Tensor t(DType::kFloat64, DDim({1}));
+  *t.data<double>() = local;
+  all_reduce(&t, op);
+  return *t.data<double>();
+}
+}  // namespace
+
+double sum(double local) { return Reduce(local, ReduceOp::kSum); }
+double max(double local) { return Reduce(local, ReduceOp::kMax); }
+double min(double local) { return Reduce(local, ReduceOp::kMin); }
+
+double acc(double correct, double total) {
+  Tensor t(DType::kFloat64, DDim({2}));
+  t.data<double>()[0] = correct;
+  t.data<double>()[1] = total;
+  all_reduce(&t, ReduceOp::kSum);
+  return t.data<double>()[1] > 0 ? t.data<double>()[0] / t.data<double>()[1] : 0.0;
+}
+}  // namespace metrics
 
 DistributedOptimizer::DistributedOptimizer(std::unique_ptr<optimizer::Optimizer> opt,
                                            DistributedStrategy strategy)
@@ -157,14 +284,21 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   DistributedStrategy::RequireImplemented(strategy_);
   if (!startup) startup = &default_startup_program();
   Program& main = *loss.block()->program();
+  KEEL_ENFORCE(!State().minimized.count(main.id()),
+               "distributed_optimizer(...).minimize was already called on this program (loss '",
+               loss.name(),
+               "'): a program is minimized once; build another program for another "
+               "optimizer");
   auto pg = opt_->backward(loss, no_grad_set);
   opt_->apply_gradients(pg, startup);
+  State().minimized.insert(main.id());
   if (r.world_size > 1) {
     if (strategy_.use_local_sgd)
       transpiler::LocalSGDPass().Apply(main, *startup, strategy_, r);
     else
       transpiler::GradAllReducePass().Apply(main, *startup, strategy_, r);
     CheckProgramsMatch(main, "main program");
+    CheckProgramsMatch(*StartupForComparison(*startup), "startup program");
   }
   State().main = &main;
   State().startup = startup;
@@ -185,45 +319,29 @@ Program& startup_program() {
 void CheckProgramsMatch(const Program& program, const std::string& what) {
   const Role& r = role();
   if (r.world_size <= 1) return;
-  StoreClient& s = CommContext::Get().store("fleet: program check");
   const std::string text = program.ToText();
   const std::string fp = FingerprintHex(program.Fingerprint());
-  const std::string prefix = "keel/program/" + what + "/";
-  s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
-  auto compare = [&](int other) {
-    std::string theirs = s.Get(prefix + std::to_string(other));
-    std::string their_fp = theirs.substr(0, theirs.find('\n'));
-    if (their_fp == fp) return;
-    KEEL_THROW("the ", what, " differs between ranks: rank ", r.rank, " has fingerprint ", fp,
-               ", rank ", other, " has ", their_fp, "; first difference at ",
-               FirstDifference(text, theirs.substr(theirs.find('\n') + 1)),
-               "\n  (every rank must build the same program)");
-  };
-  if (r.rank == 0) {
-    for (int other = 1; other < r.world_size; ++other) compare(other);
-  } else {
-    compare(0);
-  }
+  CheckSameOnEveryRank(what, fp, text,
+                       [&](int other, const std::string& their_fp, const std::string& theirs) {
+                         return StrCat("the ", what, " differs between ranks: rank ", r.rank,
+                                       " has fingerprint ", fp, ", rank ", other, " has ", their_fp,
+                                       "; first difference at ", FirstDifference(text, theirs),
+                                       "\n  (every rank must build the same program)");
+                       });
 }
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
-  // Everyone arrives first, so nobody is mid-step while rank 0 reads the parameters.
-  // Keys must be equal on every rank, so they do not name the (possibly per-rank) directory.
-  StoreBarrier("save_persistables start", timeout);
+  // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
+  // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   if (!initialized() || role().rank == 0) keel::save_persistables(exe, dirname, p);
-  StoreBarrier("save_persistables done", timeout);
 }
 
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
-  StoreBarrier("save_inference_model start", timeout);
   if (!initialized() || role().rank == 0) keel::save_inference_model(dirname, feeds, targets, exe, p);
-  StoreBarrier("save_inference_model done", timeout);
 }
 
 void reset() {

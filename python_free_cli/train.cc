@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
@@ -46,6 +47,9 @@ DEFINE_bool(fuse_all_reduce_ops, true,
             "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
             "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
+DEFINE_bool(log_sample_ids, false,
+            "Debug: every worker prints the dataset indices of each training batch it draws "
+            "('samples epoch E rank R: i j ...'; models with a finite training set).");
 
 namespace keel {
 namespace cli {
@@ -62,8 +66,29 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.batch_size = FLAGS_batch_size;
   cfg.rank = fleet::worker_index();
   cfg.nranks = fleet::worker_num();
-  // Every rank draws its own data; initialization comes from rank 0 by broadcast.
+  // Every rank draws its own synthetic data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
+  // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without
+  // --seed the ranks agree on the largest of their random draws.
+  cfg.shuffle_seed = seed;
+  if (!seed && fleet::worker_num() > 1)
+    cfg.shuffle_seed = static_cast<uint64_t>(
+        fleet::metrics::max(static_cast<double>(std::random_device{}() & ((1u << 31) - 1)) + 1));
+  if (FLAGS_log_sample_ids)
+    cfg.on_train_batch = [](int64_t epoch, const std::vector<int64_t>& ids) {
+      std::string line = "samples epoch " + std::to_string(epoch) + " rank " +
+                         std::to_string(fleet::worker_index()) + ":";
+      for (int64_t id : ids) line += " " + std::to_string(id);
+      std::printf("%s\n", line.c_str());
+    };
+  // Evaluation: each rank its shard of the test data, the counts summed over the ranks.
+  if (fleet::worker_num() > 1)
+    cfg.all_reduce_sum = [](std::vector<double>* v) {
+      Tensor t(DType::kFloat64, DDim({static_cast<int64_t>(v->size())}));
+      std::copy(v->begin(), v->end(), t.data<double>());
+      fleet::all_reduce(&t);
+      std::copy(t.data<double>(), t.data<double>() + v->size(), v->begin());
+    };
   fleet::DistributedStrategy strategy;
   strategy.nccl_comm_num = FLAGS_nccl_comm_num;
   strategy.fuse_all_reduce_ops = FLAGS_fuse_all_reduce_ops;
@@ -144,8 +169,11 @@ int Train(const std::vector<std::string>& args) {
         samples_since = 0;
       }
     }
-    if (FLAGS_epochs > 0 && m.evaluate && !quiet) {
-      std::printf("epoch %d test_accuracy %.4f\n", epoch, m.evaluate(exe));
+    if (FLAGS_epochs > 0 && m.evaluate) {
+      models::Evaluation e = m.evaluate(exe);  // on every rank: a collective
+      if (!quiet)
+        std::printf("epoch %d test_accuracy %.4f (%lld test samples)\n", epoch, e.accuracy,
+                    static_cast<long long>(e.samples));
       std::fflush(stdout);
     }
   }

@@ -41,8 +41,9 @@ void CommContext::Init(const CommConfig& cfg) {
     server_ = std::make_unique<StoreServer>(cfg.store_host, cfg.store_port, cfg.token);
     config_.store_port = server_->port();
   }
+  // The connection carries our rank: when it closes, peers waiting at a barrier learn it at once.
   client_ = std::make_unique<StoreClient>(cfg.store_host, config_.store_port, cfg.token,
-                                          cfg.timeout);
+                                          cfg.timeout, cfg.rank);
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()

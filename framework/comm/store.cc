@@ -21,8 +21,8 @@ namespace keel {
 namespace {
 
 constexpr char kHello[] = "KEEL-STORE/1 ";
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kBad = 2 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kRank = 6, kGetAlive = 7 };
+enum Status : uint8_t { kOk = 0, kTimeout = 1, kBad = 2, kGone = 3 };
 
 void PutU32(std::string* s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -216,6 +216,19 @@ void StoreServer::Serve(int fd, std::string peer) {
     refuse(frame.compare(0, sizeof(kHello) - 1, kHello) == 0 ? "wrong job token"
                                                              : "not a keel store client");
   } else if (WriteFrame(fd, std::string(1, kOk))) {
+    int rank = -1;  // whose connection this is, once a RANK request said so
+    struct MarkGone {  // however the loop ends, a rank's closed connection is recorded
+      StoreServer* server;
+      const int& rank;
+      ~MarkGone() {
+        if (rank < 0) return;
+        {
+          std::lock_guard<std::mutex> lk(server->mu_);
+          server->gone_.push_back(rank);
+        }
+        server->cv_.notify_all();
+      }
+    } mark_gone{this, rank};
     for (;;) {
       err = ReadFrame(fd, &frame);
       if (!err.empty()) {
@@ -241,17 +254,32 @@ void StoreServer::Serve(int fd, std::string peer) {
         }
         cv_.notify_all();
         continue;
-      } else if (op == kGet) {
+      } else if (op == kGet || op == kGetAlive) {
         uint64_t wait_ms = r.Int(8);
         if (!r.ok) {
           refuse("malformed GET");
           break;
         }
+        const bool alive = op == kGetAlive;
         std::unique_lock<std::mutex> lk(mu_);
-        bool found = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
-                                  [&] { return stop_ || data_.count(key) > 0; });
-        if (found && data_.count(key)) reply += data_[key];
-        else reply[0] = static_cast<char>(kTimeout);
+        cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] {
+          return stop_ || data_.count(key) > 0 || (alive && !gone_.empty());
+        });
+        if (data_.count(key)) {
+          reply += data_[key];
+        } else if (alive && !gone_.empty()) {
+          reply[0] = static_cast<char>(kGone);
+          for (int g : gone_) PutU32(&reply, static_cast<uint32_t>(g));
+        } else {
+          reply[0] = static_cast<char>(kTimeout);
+        }
+      } else if (op == kRank) {
+        if (key.empty() || key.size() > 9 ||
+            key.find_first_not_of("0123456789") != std::string::npos) {
+          refuse("malformed RANK");
+          break;
+        }
+        rank = std::stoi(key);
       } else if (op == kAdd) {
         int64_t delta = static_cast<int64_t>(r.Int(8));
         if (!r.ok) {
@@ -288,10 +316,15 @@ void StoreServer::Serve(int fd, std::string peer) {
   client_fds_.erase(std::remove(client_fds_.begin(), client_fds_.end(), fd), client_fds_.end());
 }
 
+std::vector<int> StoreServer::gone() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return gone_;
+}
+
 // ---------------------------------------------------------------- client
 
 StoreClient::StoreClient(const std::string& host, int port, std::string token,
-                         std::chrono::milliseconds timeout)
+                         std::chrono::milliseconds timeout, int rank)
     : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
@@ -325,6 +358,11 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
                    reply[0] == kOk,
                "store ", endpoint_, ": the server refused this client (a different job token? ",
                "every rank must have the same KEEL_JOB_TOKEN)");
+  if (rank >= 0) {
+    std::string f(1, static_cast<char>(kRank));
+    f += KeyField(std::to_string(rank));
+    Request(f, std::chrono::milliseconds(0), "rank announcement");
+  }
 }
 
 StoreClient::~StoreClient() {
@@ -362,6 +400,24 @@ std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds t
   f += KeyField(key);
   PutU64(&f, static_cast<uint64_t>(timeout.count()));
   std::string r = Request(f, timeout, "get '" + key + "'");
+  KEEL_ENFORCE(r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
+               timeout.count() / 1000.0, " s (a rank that never arrived?)");
+  return r.substr(1);
+}
+
+std::string StoreClient::GetUnlessPeerGone(const std::string& key,
+                                           std::chrono::milliseconds timeout) {
+  std::string f(1, static_cast<char>(kGetAlive));
+  f += KeyField(key);
+  PutU64(&f, static_cast<uint64_t>(timeout.count()));
+  std::string r = Request(f, timeout, "get '" + key + "'");
+  if (r[0] == kGone) {
+    std::string ranks;
+    for (size_t p = 1; p + 4 <= r.size(); p += 4)
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(GetLE(r.data() + p, 4));
+    KEEL_THROW("store ", endpoint_, ": waiting for key '", key, "', but the store connection of ",
+               "rank ", ranks, " has closed (the process exited or was killed)");
+  }
   KEEL_ENFORCE(r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
                timeout.count() / 1000.0, " s (a rank that never arrived?)");
   return r.substr(1);

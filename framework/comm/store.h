@@ -4,7 +4,9 @@
 // Wire format: every message is a frame, a little-endian u32 length then that many bytes, at most
 // kMaxFrameBytes. A connection opens with a hello frame "KEEL-STORE/1 <token>"; the server drops a
 // connection whose token is not the job's, whose frame is oversized or whose request is malformed,
-// and logs why. Requests: SET key value | GET key timeout_ms | ADD key delta | CHECK key | DEL key.
+// and logs why. Requests: SET key value | GET key timeout_ms | ADD key delta | CHECK key | DEL key
+// | RANK r (this connection is rank r's) | GET_ALIVE key timeout_ms (a GET that gives up as soon
+// as a rank's connection has closed, naming the ranks gone).
 #pragma once
 
 #include <atomic>
@@ -35,6 +37,8 @@ class StoreServer {
   int port() const { return port_; }
   // Connections refused so far (wrong token, oversized or malformed traffic).
   int refused() const { return refused_.load(); }
+  // Ranks whose connection (after a RANK request) has closed, for whatever reason.
+  std::vector<int> gone() const;
 
  private:
   void AcceptLoop();
@@ -46,9 +50,10 @@ class StoreServer {
   std::atomic<bool> stop_{false};
   std::atomic<int> refused_{0};
   std::thread acceptor_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> data_;
+  std::vector<int> gone_;  // ranks whose connection closed, in the order they closed
   std::vector<std::thread> workers_;
   std::vector<int> client_fds_;
 };
@@ -56,9 +61,10 @@ class StoreServer {
 // A client connection. Thread-safe: one request at a time.
 class StoreClient {
  public:
-  // Connects to host:port, retrying until `timeout` passes; then says hello with `token`.
+  // Connects to host:port, retrying until `timeout` passes; then says hello with `token`. With
+  // rank >= 0 the connection is that rank's: when it closes, GetUnlessPeerGone stops waiting.
   StoreClient(const std::string& host, int port, std::string token,
-              std::chrono::milliseconds timeout);
+              std::chrono::milliseconds timeout, int rank = -1);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -67,6 +73,9 @@ class StoreClient {
   // Waits up to the store timeout for `key`; a keel::Error naming the key on timeout.
   std::string Get(const std::string& key);
   std::string Get(const std::string& key, std::chrono::milliseconds timeout);
+  // Get, but fails at once (a keel::Error naming the ranks) once the store connection of any
+  // rank has closed while `key` is absent: a peer that exited or was killed never sets it.
+  std::string GetUnlessPeerGone(const std::string& key, std::chrono::milliseconds timeout);
   int64_t Add(const std::string& key, int64_t delta);
   bool Check(const std::string& key);
   void Delete(const std::string& key);

@@ -175,7 +175,12 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   std::map<std::string, std::string> metadata = kFormatMetadata;
   metadata[kFeedsKey] = Join(feeds, "feed");
   metadata[kTargetsKey] = Join(targets, "target");
-  std::unique_ptr<Program> pruned = PruneForInference(program, feeds, targets);
+  std::unique_ptr<Program> pruned;
+  try {
+    pruned = PruneForInference(program, feeds, targets);
+  } catch (const Error& e) {
+    KEEL_THROW("save_inference_model to ", dirname, ": ", e.what(), "; nothing was written");
+  }
   NamedTensors params = CollectPersistables(exe.scope(), *pruned, "save_inference_model");
   MakeDirs(dirname);
   SaveProgram(*pruned, JoinPath(dirname, kModelFile));

@@ -750,6 +750,33 @@ TEST_F(IoTest, PruneForInferenceKeepsTheForwardSliceOfTheTargets) {
   }
 }
 
+TEST_F(IoTest, SaveInferenceModelRefusesTargetsThatNeedMoreThanTheFeeds) {
+  auto p = TrainingProgram();
+  Executor exe;
+  FillCheckpointScope(&exe.scope(), 4.f);
+  *exe.scope().Var("lr")->mutable_tensor() = Make<float>(DType::kFloat32, {1}, {0.1f});
+  // The loss needs the label, which is not fed; z needs x, and no feed is given at all.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"x"}, "loss"}, {{}, "z"}, {{"label"}, "loss"}};
+  for (const auto& [feeds, target] : cases) {
+    SCOPED_TRACE(target);
+    const std::string dir = Path("refused_" + target + std::to_string(feeds.size()));
+    try {
+      save_inference_model(dir, feeds, {target}, exe, *p);
+      ADD_FAILURE() << "saved an inference model that cannot run on its feeds";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const std::string need = feeds.empty() ? "'x'" : feeds[0] == "x" ? "'label'" : "'x'";
+      EXPECT_NE(what.find("need " + need), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + target + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("nothing was written"), std::string::npos) << what;
+    }
+    EXPECT_FALSE(fs::exists(dir)) << dir;
+  }
+  // Feeding what the target needs is fine.
+  EXPECT_NO_THROW(save_inference_model(Path("ok"), {"x", "label"}, {"loss"}, exe, *p));
+}
+
 TEST_F(IoTest, InferenceModelRoundTrip) {
   auto p = TrainingProgram();
   Executor exe;
