@@ -2,11 +2,13 @@
 
 #include <glog/logging.h>
 
+#include <new>
 #include <random>
 #include <unordered_map>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/op/validate_program.h"
 #include "framework/profiler/profiler.h"
 
 namespace keel {
@@ -68,6 +70,9 @@ Executor::Plan& Executor::GetPlan(const Program& program, int block) {
                " is not a block of the program (it has ", program.num_blocks(), ")");
   auto& slot = plans_[{program.id(), block}];
   if (!slot || slot->version != program.version()) {
+    // Once per program version, before any op of it runs: a hand-built or loaded program that
+    // the registry cannot vouch for is an error here, not a crash in a kernel.
+    if (block == 0) ValidateProgram(program, "program");
     int64_t runs = slot ? slot->runs : 0;
     slot = BuildPlan(program, block);
     slot->runs = runs;
@@ -205,6 +210,9 @@ void Executor::RunOps(const Program& program, Plan& plan) {
     } catch (const Error& e) {
       KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()),
                  " -> ", SlotsText(op.desc->outputs()), "): ", e.what());
+    } catch (const std::bad_alloc&) {
+      KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
+                 SlotsText(op.desc->outputs()), "): out of memory");
     }
   }
 }

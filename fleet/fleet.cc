@@ -126,7 +126,13 @@ void CheckSameOnEveryRank(
       "keel/check/" + std::to_string(State().check_round++) + "/" + what + "/";
   s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
   auto compare = [&](int other) {
-    std::string theirs = s.GetUnlessPeerGone(prefix + std::to_string(other), CommTimeout());
+    std::string theirs;
+    try {
+      theirs = s.GetUnlessPeerGone(prefix + std::to_string(other), CommTimeout());
+    } catch (const Error& e) {
+      KEEL_THROW("fleet: rank ", r.rank, " waited for rank ", other, " to compare the ", what, ": ",
+                 e.what());
+    }
     size_t nl = theirs.find('\n');
     std::string their_fp = theirs.substr(0, nl);
     if (their_fp == fp) return;

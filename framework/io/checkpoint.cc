@@ -13,6 +13,7 @@
 #include "executor/executor.h"
 #include "framework/error.h"
 #include "framework/io/io.h"
+#include "framework/op/validate_program.h"
 
 namespace keel {
 namespace {
@@ -141,7 +142,9 @@ void SaveProgram(const Program& program, const std::string& path) {
 }
 
 std::unique_ptr<Program> LoadProgram(const std::string& path) {
-  return Program::ParseFromString(ReadFile(path), path);
+  std::unique_ptr<Program> program = Program::ParseFromString(ReadFile(path), path);
+  ValidateProgram(*program, path);
+  return program;
 }
 
 // ---------------------------------------------------------------- checkpoints
