@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <new>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "executor/stream.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/op/validate_program.h"
 #include "framework/profiler/profiler.h"
 #include "framework/runtime/cpu_threads.h"
 
@@ -168,7 +170,12 @@ Executor::Plan& Executor::GetPlan(const Program& program, int block) {
   KEEL_ENFORCE(block >= 0 && block < program.num_blocks(), "block ", block,
                " is not a block of the program (it has ", program.num_blocks(), ")");
   auto& slot = plans_[{program.id(), block}];
-  if (!slot || slot->version != program.version()) slot = BuildPlan(program, block);
+  if (!slot || slot->version != program.version()) {
+    // Once per program version, before any op of it runs: a hand-built or loaded program that
+    // the registry cannot vouch for is an error here, not a crash in a kernel.
+    if (block == 0) ValidateProgram(program, "program");
+    slot = BuildPlan(program, block);
+  }
   return *slot;
 }
 
@@ -357,6 +364,10 @@ void Executor::RunOp(Plan& plan, int i) {
     const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
     KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
                SlotsText(op.desc->outputs()), "): ", e.what());
+  } catch (const std::bad_alloc&) {
+    const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
+    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
+               SlotsText(op.desc->outputs()), "): out of memory");
   }
 }
 

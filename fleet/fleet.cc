@@ -9,6 +9,9 @@
 
 #include <cstdlib>
 #include <map>
+#include <functional>
+#include <limits>
+#include <set>
 #include <sstream>
 
 #include "framework/comm/comm_context.h"
@@ -17,8 +20,7 @@
 #include "framework/profiler/profiler.h"
 #include "transpiler/transpile.h"
 
-DEFINE_int32(save_timeout_s, 1800,
-             "How long workers wait at the barrier around fleet::save_persistables.");
+DECLARE_string(cpu_comm_backend);
 
 namespace keel {
 namespace fleet {
@@ -36,7 +38,13 @@ struct FleetState {
   // them again on load.
   std::set<std::string> pass_made;
   std::map<uint64_t, std::unique_ptr<Program>> rebuild;
+  int check_round = 0;           // CheckSameOnEveryRank calls so far: each has its own keys
+  std::set<uint64_t> minimized;  // Program::id() of every program minimize() rewrote
+  bool eager_ring = false;       // the ring of fleet::all_reduce exists
 };
+
+// The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
+constexpr int kEagerRingId = std::numeric_limits<int>::max();
 
 FleetState& State() {
   static FleetState* s = new FleetState;
@@ -101,9 +109,16 @@ std::string LocalAddressTowards(const std::string& peer, int port) {
   return ip;
 }
 
+std::chrono::milliseconds CommTimeout() {
+  return CommContext::Get().initialized()
+             ? CommContext::Get().config().timeout
+             : std::chrono::milliseconds(
+                   static_cast<int64_t>(DistributedStrategy().comm_timeout_s) * 1000);
+}
+
 // A barrier through the store: the store names the ranks that never arrived, and fails at once
-// when one of them closed its store connection (exited).
-void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
+// when one of them closed its store connection (exited). At most `timeout` (the comm timeout).
+void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout = CommTimeout()) {
   const Role& r = State().role;
   if (r.world_size <= 1) return;
   StoreClient& s = CommContext::Get().store(name);
@@ -114,6 +129,57 @@ void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout) {
     KEEL_THROW(name, ": rank ", r.rank, " waited for the other workers: ", e.what());
   }
 }
+
+// Every rank publishes `text` (its fingerprint first) under keys of this check; rank 0 compares
+// everyone's with its own, the others compare with rank 0's. `describe` words a mismatch.
+void CheckSameOnEveryRank(
+    const std::string& what, const std::string& fp, const std::string& text,
+    const std::function<std::string(int other, const std::string& their_fp,
+                                    const std::string& their_text)>& describe) {
+  const Role& r = role();
+  if (r.world_size <= 1) return;
+  StoreClient& s = CommContext::Get().store("fleet: " + what + " check");
+  const std::string prefix =
+      "keel/check/" + std::to_string(State().check_round++) + "/" + what + "/";
+  s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
+  auto compare = [&](int other) {
+    std::string theirs;
+    try {
+      theirs = s.GetUnlessPeerGone(prefix + std::to_string(other), CommTimeout());
+    } catch (const Error& e) {
+      KEEL_THROW("fleet: rank ", r.rank, " waited for rank ", other, " to compare the ", what, ": ",
+                 e.what());
+    }
+    size_t nl = theirs.find('\n');
+    std::string their_fp = theirs.substr(0, nl);
+    if (their_fp == fp) return;
+    KEEL_THROW(describe(other, their_fp, nl == std::string::npos ? "" : theirs.substr(nl + 1)));
+  };
+  if (r.rank == 0) {
+    for (int other = 1; other < r.world_size; ++other) compare(other);
+  } else {
+    compare(0);
+  }
+}
+
+// The startup program as ranks must agree on it: a ring's rank and group (which node or local
+// index) are each rank's own, and initializer seeds may differ (every parameter is then broadcast
+// from rank 0); nothing else may.
+std::unique_ptr<Program> StartupForComparison(const Program& startup) {
+  std::unique_ptr<Program> p = startup.Clone();
+  p->set_random_seed(0);
+  for (int b = 0; b < p->num_blocks(); ++b)
+    for (auto& op : p->block(b).ops()) {
+      if (op->HasAttr("seed")) op->SetAttr("seed", 0);
+      if (op->type() != "c_comm_init") continue;
+      op->SetAttr("rank", 0);
+      if (op->HasAttr("group")) op->SetAttr("group", std::string());
+    }
+  return p;
+}
+
+// What rings are made of beyond the programs: ranks that disagree here would hang in ring setup.
+std::string RingConfiguration() { return "cpu_comm_backend=" + FLAGS_cpu_comm_backend; }
 
 // First line where two program texts differ, as "line N: <a> | <b>".
 std::string FirstDifference(const std::string& a, const std::string& b) {
@@ -158,6 +224,15 @@ void init(const RoleMaker& role_maker) {
   // With --profile, trace timestamps on rank 0's clock, so the ranks' traces line up.
   if (profiler::Requested())
     profiler::AlignClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
+  // Before any ring exists (a program's or fleet::all_reduce's): ranks that disagree on how rings
+  // are made would wait for each other in ring setup until the comm timeout.
+  const std::string config = RingConfiguration();
+  CheckSameOnEveryRank("ring configuration", config, config,
+                       [&](int other, const std::string& theirs, const std::string&) {
+                         return StrCat("the ring configuration differs between ranks: rank ",
+                                       r.rank, " has ", config, ", rank ", other, " has ", theirs,
+                                       " (every rank must pass the same flags)");
+                       });
 }
 
 bool initialized() { return State().initialized; }
@@ -177,10 +252,52 @@ Place worker_place() {
 }
 
 void barrier_worker() {
-  DistributedStrategy defaults;
-  StoreBarrier("barrier_worker", std::chrono::milliseconds(
-                                     static_cast<int64_t>(defaults.comm_timeout_s) * 1000));
+  role();  // fleet::init first
+  StoreBarrier("barrier_worker");
 }
+
+void all_reduce(Tensor* tensor, ReduceOp op) {
+  KEEL_ENFORCE(tensor != nullptr && tensor->initialized(),
+               "fleet::all_reduce: the tensor holds no data");
+  const Role& r = role();
+  if (r.world_size <= 1) return;
+  FleetState& st = State();
+  if (!st.eager_ring) {
+    CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0);
+    st.eager_ring = true;
+  }
+  Communicator& comm = RingRegistry::Get().At(kEagerRingId, "fleet::all_reduce");
+  if (tensor->place().is_cpu()) {
+    comm.AllReduce(tensor, op);
+  } else {
+    Tensor host = tensor->Clone(CPUPlace());
+    comm.AllReduce(&host, op);
+    tensor->CopyFrom(host);
+  }
+}
+
+namespace metrics {
+namespace {
+double Reduce(double local, ReduceOp op) {
+  Tensor t(DType::kFloat64, DDim({1}));
+  *t.data<double>() = local;
+  all_reduce(&t, op);
+  return *t.data<double>();
+}
+}  // namespace
+
+double sum(double local) { return Reduce(local, ReduceOp::kSum); }
+double max(double local) { return Reduce(local, ReduceOp::kMax); }
+double min(double local) { return Reduce(local, ReduceOp::kMin); }
+
+double acc(double correct, double total) {
+  Tensor t(DType::kFloat64, DDim({2}));
+  t.data<double>()[0] = correct;
+  t.data<double>()[1] = total;
+  all_reduce(&t, ReduceOp::kSum);
+  return t.data<double>()[1] > 0 ? t.data<double>()[0] / t.data<double>()[1] : 0.0;
+}
+}  // namespace metrics
 
 DistributedOptimizer::DistributedOptimizer(std::unique_ptr<optimizer::Optimizer> opt,
                                            DistributedStrategy strategy)
@@ -196,8 +313,14 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   LOG(INFO) << "fleet: " << strategy_.ToString();
   if (!startup) startup = &default_startup_program();
   Program& main = *loss.block()->program();
+  KEEL_ENFORCE(!State().minimized.count(main.id()),
+               "distributed_optimizer(...).minimize was already called on this program (loss '",
+               loss.name(),
+               "'): a program is minimized once; build another program for another "
+               "optimizer");
   auto pg = opt_->backward(loss, no_grad_set);
   opt_->apply_gradients(pg, startup);
+  State().minimized.insert(main.id());
   if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
@@ -205,6 +328,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     transpiler::TranspileCollective(main, *startup, strategy_, r);
     RecordPassMadeVars(before, main, *startup);
     CheckProgramsMatch(main, "main program");
+    CheckProgramsMatch(*StartupForComparison(*startup), "startup program");
   }
   State().main = &main;
   State().startup = startup;
@@ -226,36 +350,22 @@ Program& startup_program() {
 void CheckProgramsMatch(const Program& program, const std::string& what) {
   const Role& r = role();
   if (r.world_size <= 1) return;
-  StoreClient& s = CommContext::Get().store("fleet: program check");
   const std::string text = program.ToText();
   const std::string fp = FingerprintHex(program.Fingerprint());
-  const std::string prefix = "keel/program/" + what + "/";
-  s.Set(prefix + std::to_string(r.rank), fp + "\n" + text);
-  auto compare = [&](int other) {
-    std::string theirs = s.Get(prefix + std::to_string(other));
-    std::string their_fp = theirs.substr(0, theirs.find('\n'));
-    if (their_fp == fp) return;
-    KEEL_THROW("the ", what, " differs between ranks: rank ", r.rank, " has fingerprint ", fp,
-               ", rank ", other, " has ", their_fp, "; first difference at ",
-               FirstDifference(text, theirs.substr(theirs.find('\n') + 1)),
-               "\n  (every rank must build the same program)");
-  };
-  if (r.rank == 0) {
-    for (int other = 1; other < r.world_size; ++other) compare(other);
-  } else {
-    compare(0);
-  }
+  CheckSameOnEveryRank(what, fp, text,
+                       [&](int other, const std::string& their_fp, const std::string& theirs) {
+                         return StrCat("the ", what, " differs between ranks: rank ", r.rank,
+                                       " has fingerprint ", fp, ", rank ", other, " has ", their_fp,
+                                       "; first difference at ", FirstDifference(text, theirs),
+                                       "\n  (every rank must build the same program)");
+                       });
 }
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
-  // Everyone arrives first, so nobody is mid-step while rank 0 reads the parameters.
-  // Keys must be equal on every rank, so they do not name the (possibly per-rank) directory.
-  StoreBarrier("save_persistables start", timeout);
-  if (!initialized() || role().rank == 0)
-    keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
-  StoreBarrier("save_persistables done", timeout);
+  // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
+  // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
+  if (!initialized() || role().rank == 0) keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
 }
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
@@ -275,10 +385,7 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(FLAGS_save_timeout_s) * 1000);
-  StoreBarrier("save_inference_model start", timeout);
   if (!initialized() || role().rank == 0) keel::save_inference_model(dirname, feeds, targets, exe, p);
-  StoreBarrier("save_inference_model done", timeout);
 }
 
 void reset() {

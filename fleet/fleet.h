@@ -8,6 +8,7 @@
 //   Executor exe(fleet::worker_place());
 //   ...
 //   fleet::save_persistables(exe, "./model");
+//   double acc = fleet::metrics::acc(correct, total);   // over every rank's shard
 #pragma once
 
 #include <memory>
@@ -18,12 +19,14 @@
 #include "executor/executor.h"
 #include "fleet/distributed_strategy.h"
 #include "fleet/role_maker.h"
+#include "framework/comm/communicator.h"
 #include "framework/dsl/optimizer.h"
 
 namespace keel {
 namespace fleet {
 
-// Reads the role; with more than one worker, starts (rank 0) and joins the rendezvous store.
+// Reads the role; with more than one worker, starts (rank 0) and joins the rendezvous store, then
+// checks that every rank has the same ring configuration (--cpu_comm_backend), naming it if not.
 void init(const RoleMaker& role_maker = CloudRoleMaker(true));
 bool initialized();
 const Role& role();
@@ -32,15 +35,34 @@ int worker_num();
 bool is_first_worker();
 // CUDAPlace(selected GPU) when FLAGS_selected_gpus names one, else CPUPlace.
 Place worker_place();
-// Waits until every worker arrives (through the store; works before any ring exists).
+// Waits until every worker arrives (through the store; works before any ring exists). Arrival is
+// bounded by FLAGS_comm_timeout_s (the error names the ranks that did not arrive); a peer whose
+// process exits or is killed fails the wait at once, naming its rank.
 void barrier_worker();
+
+// `tensor` reduced over all workers, in place on every worker (paddle.distributed.all_reduce):
+// a collective outside any program, for metrics and other host-side values. Every worker must
+// call it in the same order with the same dtype and shape. It runs on a ring of its own, created
+// at the first call; a CUDA tensor is staged through host memory. One worker: unchanged.
+void all_reduce(Tensor* tensor, ReduceOp op = ReduceOp::kSum);
+
+// Global metrics from per-worker partial values (Paddle's fleet.metrics), each an all_reduce.
+namespace metrics {
+double sum(double local);
+double max(double local);
+double min(double local);
+// Accuracy over all workers: sum(correct) / sum(total); 0 when the total is 0.
+double acc(double correct, double total);
+}  // namespace metrics
 
 class DistributedOptimizer {
  public:
   DistributedOptimizer(std::unique_ptr<optimizer::Optimizer> opt, DistributedStrategy strategy);
   // Backward, the optimizer's update ops, then (with more than one worker) the transpiler passes
-  // the strategy asks for. Then ranks compare program fingerprints through the store: different
-  // programs fail here, in seconds, naming the first differing op.
+  // the strategy asks for. Then ranks compare the fingerprints of the main program and the startup
+  // program (initializer seeds aside: parameters come from rank 0) through the store: a
+  // difference fails here, in seconds, naming the first differing op. A program can be minimized
+  // once (a keel::Error says so otherwise); several programs each once are fine.
   std::vector<ParamGrad> minimize(Var loss, Program* startup = nullptr,
                                   const std::set<std::string>& no_grad_set = {});
   const DistributedStrategy& strategy() const { return strategy_; }
@@ -59,8 +81,10 @@ DistributedOptimizer distributed_optimizer(const Opt& opt, DistributedStrategy s
 Program& main_program();
 Program& startup_program();
 
-// Rank 0 writes the persistables (atomically); the others wait at a barrier and write nothing.
-// The barrier has its own, longer timeout (--save_timeout_s): saving may take a while.
+// Rank 0 writes the persistables (atomically); the others write nothing and return at once. No
+// worker waits for another (as in Paddle's collective fleet), so
+// `if (fleet::worker_index() == 0) fleet::save_persistables(...)` works too. A worker that reads
+// the files back must first meet rank 0, e.g. at barrier_worker().
 // A checkpoint holds the user's variables, those of the program before transpiling: variables a
 // pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
@@ -79,6 +103,7 @@ void save_inference_model(Executor& exe, const std::string& dirname,
 
 // Compares this rank's program with every other rank's through the store (rank 0 checks all,
 // the others check rank 0's). A keel::Error names both fingerprints and the first differing op.
+// Every rank must make the same sequence of checks (each call has store keys of its own).
 void CheckProgramsMatch(const Program& program, const std::string& what);
 
 // Forgets the role, rings and store (tests that init several times in one process).

@@ -5,6 +5,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -80,11 +82,21 @@ int DefaultMathThreads() {
 }  // namespace
 
 void Init(int* argc, char*** argv) {
+  // Line by line even into a file or pipe (a worker's log): what a process printed before it
+  // crashed is in the log, not lost in a buffer. Before any output, as setvbuf requires.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   gflags::ParseCommandLineFlags(argc, argv, true);
   static bool glog_ready = false;
   if (!glog_ready) {
     FLAGS_logtostderr = FLAGS_logtostderr || std::getenv("GLOG_log_dir") == nullptr;
     google::InitGoogleLogging((*argv)[0]);
+    // A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints the signal and a stack trace to
+    // stderr, then dies of the signal as before. SIGTERM, which glog handles too, is how
+    // `keel launch` stops healthy workers: it keeps its default action, without a trace.
+    struct sigaction term;
+    sigaction(SIGTERM, nullptr, &term);
+    google::InstallFailureSignalHandler();
+    sigaction(SIGTERM, &term, nullptr);
     glog_ready = true;
   }
   ApplyFlagsFromEnv();

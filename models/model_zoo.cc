@@ -1,5 +1,6 @@
 #include "models/model_zoo.h"
 
+#include <cmath>
 #include <random>
 
 #include "framework/data/data_loader.h"
@@ -48,18 +49,47 @@ TrainableModel NewModel(const ModelConfig& cfg) {
   return m;
 }
 
-// Accuracy over `batches` batches drawn by `next`, weighting each batch by its size.
-double EvaluateBatches(Executor& exe, const Program& test, const std::string& acc,
-                       const std::function<bool(FeedMap*)>& next) {
-  double correct = 0, total = 0;
+uint64_t ShuffleSeed(const ModelConfig& cfg) {
+  uint64_t s = cfg.shuffle_seed ? cfg.shuffle_seed : cfg.seed;
+  return s ? s : std::random_device{}();
+}
+
+// Accuracy over the batches drawn by `next`, weighting each batch by its size; with
+// cfg.all_reduce_sum the counts are summed over the ranks, each having drawn its own shard.
+Evaluation EvaluateBatches(const ModelConfig& cfg, Executor& exe, const Program& test,
+                           const std::string& acc, const std::function<bool(FeedMap*)>& next) {
+  std::vector<double> counts = {0, 0};  // correct, total
   FeedMap feed;
   while (next(&feed)) {
     auto out = exe.Run(test, feed, {acc});
     double n = static_cast<double>(feed.begin()->second.dims()[0]);
-    correct += out[0].item<double>() * n;
-    total += n;
+    counts[0] += std::round(out[0].item<double>() * n);  // the batch's correct rows
+    counts[1] += n;
   }
-  return total > 0 ? correct / total : 0;
+  if (cfg.all_reduce_sum) cfg.all_reduce_sum(&counts);
+  Evaluation e;
+  e.accuracy = counts[1] > 0 ? counts[0] / counts[1] : 0;
+  e.samples = static_cast<int64_t>(counts[1]);
+  return e;
+}
+
+// The synthetic models' evaluation: `batches` batches, drawn alike on every rank (one seed), of
+// which rank r runs those with index = r mod nranks.
+Evaluation EvaluateSharded(const ModelConfig& cfg, Executor& exe, const Program& test,
+                           const std::string& acc, int batches,
+                           const std::function<void(FeedMap*)>& draw) {
+  const int nranks = cfg.all_reduce_sum ? cfg.nranks : 1, rank = cfg.all_reduce_sum ? cfg.rank : 0;
+  int b = 0;
+  return EvaluateBatches(cfg, exe, test, acc, [&](FeedMap* f) {
+    for (; b < batches; ++b) {
+      draw(f);
+      if (b % nranks == rank) {
+        ++b;
+        return true;
+      }
+    }
+    return false;
+  });
 }
 
 TrainableModel BuildMlp(const ModelConfig& cfg) {
@@ -114,7 +144,7 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
   LoaderOptions train_opts;
   train_opts.batch_size = cfg.batch_size;
   train_opts.shuffle = true;
-  train_opts.seed = DataSeed(cfg);
+  train_opts.seed = ShuffleSeed(cfg);  // one permutation, disjoint shards of it
   train_opts.num_workers = 1;
   train_opts.rank = cfg.rank;
   train_opts.nranks = cfg.nranks;
@@ -123,18 +153,27 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
   auto epoch = std::make_shared<int64_t>(0);
   loader->StartEpoch(0);
   const int64_t want = cfg.batch_size;
-  m.next_batch = [loader, epoch, want](int64_t batch, FeedMap* feed) {
+  auto observe = cfg.on_train_batch;
+  m.next_batch = [loader, epoch, want, observe](int64_t batch, FeedMap* feed) {
     KEEL_ENFORCE(batch == want, "lenet's loader batches ", want, " samples, asked for ", batch);
-    while (!loader->Next(feed)) loader->StartEpoch(++*epoch);
+    std::vector<int64_t> indices;
+    while (!loader->Next(feed, &indices)) loader->StartEpoch(++*epoch);
+    if (observe) observe(*epoch, indices);
   };
   LoaderOptions test_opts;
   test_opts.batch_size = 500;
+  if (cfg.all_reduce_sum) {  // each rank its shard, every test image exactly once
+    test_opts.rank = cfg.rank;
+    test_opts.nranks = cfg.nranks;
+    test_opts.even_shards = false;
+  }
   auto test_loader = std::make_shared<DataLoader>(test_set, test_opts);
   const Program* test = m.test.get();
   const std::string acc = m.accuracy;
-  m.evaluate = [test_loader, test, acc](Executor& exe) {
+  m.evaluate = [cfg, test_loader, test, acc](Executor& exe) {
     test_loader->StartEpoch(0);
-    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) { return test_loader->Next(f); });
+    return EvaluateBatches(cfg, exe, *test, acc,
+                           [&](FeedMap* f) { return test_loader->Next(f); });
   };
   return m;
 }
@@ -153,8 +192,7 @@ TrainableModel BuildResnet(const ModelConfig& cfg) {
   }
   // Synthetic images whose class is their brightest colour channel plus a coarse pattern, so the
   // network has something to learn and its loss falls.
-  auto rng = std::make_shared<std::mt19937_64>(DataSeed(cfg));
-  auto draw = [rng](int64_t batch, FeedMap* feed) {
+  auto draw = [](std::mt19937_64* rng, int64_t batch, FeedMap* feed) {
     float* x = static_cast<float*>((*feed)["image"].Alloc(DType::kFloat32, {batch, 3, 32, 32}));
     int64_t* y = static_cast<int64_t*>((*feed)["label"].Alloc(DType::kInt64, {batch, 1}));
     std::normal_distribution<float> noise(0.0f, 0.5f);
@@ -170,16 +208,15 @@ TrainableModel BuildResnet(const ModelConfig& cfg) {
         }
     }
   };
-  m.next_batch = draw;
+  auto rng = std::make_shared<std::mt19937_64>(DataSeed(cfg));
+  m.next_batch = [draw, rng](int64_t batch, FeedMap* feed) { draw(rng.get(), batch, feed); };
+  // The test stream is the same on every rank (each evaluates its share of it).
+  auto test_rng = std::make_shared<std::mt19937_64>(ShuffleSeed(cfg) ^ 0x7e57);
   const Program* test = m.test.get();
   const std::string acc = m.accuracy;
-  m.evaluate = [draw, test, acc](Executor& exe) {
-    int left = 8;
-    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) {
-      if (left-- == 0) return false;
-      draw(64, f);
-      return true;
-    });
+  m.evaluate = [cfg, draw, test_rng, test, acc](Executor& exe) {
+    return EvaluateSharded(cfg, exe, *test, acc, 8,
+                           [&](FeedMap* f) { draw(test_rng.get(), 64, f); });
   };
   return m;
 }
@@ -201,15 +238,12 @@ TrainableModel BuildTransformer(const ModelConfig& cfg) {
   m.next_batch = [data](int64_t batch, FeedMap* feed) {
     data->Next(batch, &(*feed)["ids"], &(*feed)["labels"]);
   };
-  auto test_data = std::make_shared<ReversalTaskData>(tc, DataSeed(cfg) ^ 0x5eed);
+  auto test_data = std::make_shared<ReversalTaskData>(tc, ShuffleSeed(cfg) ^ 0x5eed);
   const Program* test = m.test.get();
   const std::string acc = m.accuracy;
-  m.evaluate = [test_data, test, acc](Executor& exe) {
-    int left = 4;
-    return EvaluateBatches(exe, *test, acc, [&](FeedMap* f) {
-      if (left-- == 0) return false;
+  m.evaluate = [cfg, test_data, test, acc](Executor& exe) {
+    return EvaluateSharded(cfg, exe, *test, acc, 4, [&](FeedMap* f) {
       test_data->Next(256, &(*f)["ids"], &(*f)["labels"]);
-      return true;
     });
   };
   return m;

@@ -28,7 +28,11 @@ struct ModelConfig {
   std::string optimizer;   // "" : the model's default; sgd | momentum | adam | adamw
   float lr = 0;            // 0 : the model's default
   uint64_t seed = 0;       // 0: nondeterministic initialization and data
-  uint64_t data_seed = 0;  // 0: the same as seed; ranks pass seed + rank to draw different data
+  uint64_t data_seed = 0;  // synthetic streams; 0: the same as seed; ranks pass distinct ones
+  // Shuffle order of a finite training set (lenet); every rank must pass the same value so that
+  // the ranks' shards of one permutation are disjoint. 0: seed (0 again: nondeterministic, which
+  // only one rank may use).
+  uint64_t shuffle_seed = 0;
   int hidden = 1280;       // mlp: width of the two hidden layers
   std::string data;        // lenet: "mnist:DIR"
   int64_t batch_size = 128;
@@ -40,6 +44,17 @@ struct ModelConfig {
   std::function<std::unique_ptr<optimizer::Optimizer>(const std::string& default_optimizer,
                                                       float default_lr)>
       make_optimizer;
+  // Called with the dataset indices of every training batch a finite-set model draws (a debug
+  // and test hook: `keel train --log_sample_ids`).
+  std::function<void(int64_t epoch, const std::vector<int64_t>& indices)> on_train_batch;
+  // Sums each value over the ranks in place (fleet::all_reduce). Set with nranks > 1: evaluation
+  // then runs this rank's shard of the test data and evaluate() returns the global metric.
+  std::function<void(std::vector<double>* values)> all_reduce_sum;
+};
+
+struct Evaluation {
+  double accuracy = 0;
+  int64_t samples = 0;  // test samples evaluated, over all ranks
 };
 
 struct TrainableModel {
@@ -53,8 +68,10 @@ struct TrainableModel {
   // set cycle through epochs and need batch == config.batch_size).
   std::function<void(int64_t batch, FeedMap* feed)> next_batch;
   int64_t batches_per_epoch = 0;  // 0: an endless synthetic stream
-  // Accuracy of the test program on the model's test data (run in `exe`'s scope).
-  std::function<double(Executor& exe)> evaluate;
+  // Accuracy of the test program on the model's test data (run in `exe`'s scope). With
+  // config.all_reduce_sum each rank evaluates its shard and every rank must call it: the result
+  // covers the whole test data, all ranks together.
+  std::function<Evaluation(Executor& exe)> evaluate;
   std::string optimizer;  // what was used, e.g. "adam lr=0.001"
   // The [1] learning-rate var of main (fetch it to log the rate; it follows a schedule).
   std::string learning_rate;

@@ -291,8 +291,11 @@ int ResolveAxis(int axis, const DDim& x, const DDim& y) {
 using fn::BroadcastMid;
 
 BroadcastMid GetMid(const DDim& x, const DDim& y, int axis) {
-  axis = ResolveAxis(axis, x, y);
-  const int yr = TrimmedRank(y);
+  const int a = ResolveAxis(axis, x, y), yr = TrimmedRank(y);
+  // Grad kernels get here without ElementwiseShape (their shape function copies X's and Y's).
+  KEEL_ENFORCE(yr <= x.size() && a >= 0 && a <= x.size() - yr, "axis ", axis, " places Y ", y.str(),
+               " outside X ", x.str());
+  axis = a;
   return BroadcastMid{x.prod(0, axis), y.prod(0, yr), x.prod(axis + yr, x.size())};
 }
 
@@ -305,7 +308,8 @@ void ElementwiseShape(InferShapeContext& ctx) {
                    x.size(), " (X ", x, ", Y ", y, ")");
   CheckSameDType(ctx, "X", "Y");
   const int a = ResolveAxis(axis, x, y), yr = TrimmedRank(y);
-  KEEL_SHAPE_CHECK(a >= 0 && a + yr <= x.size(), "axis ", axis, " places Y's ", yr,
+  // a <= rank(X) - yr, not a + yr <= rank(X): an axis near INT_MAX must not wrap around.
+  KEEL_SHAPE_CHECK(a >= 0 && a <= x.size() - yr, "axis ", axis, " places Y's ", yr,
                    " non-trailing-1 dims outside X's ", x.size(), " dims (X ", x, ", Y ", y, ")");
   for (int i = 0; i < yr; ++i) {
     KEEL_SHAPE_CHECK(ctx.DimEq(x[a + i], y[i]), "Y's dim ", i, " (", y[i], ") must equal X's dim ",

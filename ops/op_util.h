@@ -44,7 +44,10 @@ inline int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : a
 struct AxisSplit {
   int64_t pre, n, post;
 };
+// A kernel-side guard too: grad ops share the forward attrs but not always its shape checks.
 inline AxisSplit SplitAt(const DDim& d, int axis) {
+  KEEL_ENFORCE(axis >= -d.size() && axis < d.size(), "axis ", axis, " is outside [", -d.size(),
+               ", ", d.size(), ") for shape ", d.str());
   int a = CanonicalAxis(axis, d.size());
   return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
 }

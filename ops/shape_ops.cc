@@ -329,9 +329,15 @@ void CheckPerm(const std::vector<int>& perm, const char* slot, const DDim& x) {
                    " dims of ", slot, " ", x.str());
 }
 
+// Kernels build it from the attribute before any shape check runs: a non-permutation is refused.
 std::vector<int> InversePerm(const std::vector<int>& perm) {
-  std::vector<int> inv(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int>(i);
+  std::vector<int> inv(perm.size(), -1);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    const int p = perm[i];
+    KEEL_ENFORCE(p >= 0 && p < static_cast<int>(perm.size()) && inv[p] < 0, "axis ", ListStr(perm),
+                 " is not a permutation");
+    inv[p] = static_cast<int>(i);
+  }
   return inv;
 }
 

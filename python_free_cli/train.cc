@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <random>
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
@@ -43,6 +44,9 @@ DEFINE_int32(num_threads, 0,
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DECLARE_bool(fuse_all_reduce_ops);  // train_flags.cc
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
+DEFINE_bool(log_sample_ids, false,
+            "Debug: every worker prints the dataset indices of each training batch it draws "
+            "('samples epoch E rank R: i j ...'; models with a finite training set).");
 
 namespace keel {
 namespace cli {
@@ -77,8 +81,29 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.batch_size = FLAGS_batch_size;
   cfg.rank = fleet::worker_index();
   cfg.nranks = fleet::worker_num();
-  // Every rank draws its own data; initialization comes from rank 0 by broadcast.
+  // Every rank draws its own synthetic data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
+  // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without
+  // --seed the ranks agree on the largest of their random draws.
+  cfg.shuffle_seed = seed;
+  if (!seed && fleet::worker_num() > 1)
+    cfg.shuffle_seed = static_cast<uint64_t>(
+        fleet::metrics::max(static_cast<double>(std::random_device{}() & ((1u << 31) - 1)) + 1));
+  if (FLAGS_log_sample_ids)
+    cfg.on_train_batch = [](int64_t epoch, const std::vector<int64_t>& ids) {
+      std::string line = "samples epoch " + std::to_string(epoch) + " rank " +
+                         std::to_string(fleet::worker_index()) + ":";
+      for (int64_t id : ids) line += " " + std::to_string(id);
+      std::printf("%s\n", line.c_str());
+    };
+  // Evaluation: each rank its shard of the test data, the counts summed over the ranks.
+  if (fleet::worker_num() > 1)
+    cfg.all_reduce_sum = [](std::vector<double>* v) {
+      Tensor t(DType::kFloat64, DDim({static_cast<int64_t>(v->size())}));
+      std::copy(v->begin(), v->end(), t.data<double>());
+      fleet::all_reduce(&t);
+      std::copy(t.data<double>(), t.data<double>() + v->size(), v->begin());
+    };
   fleet::DistributedStrategy strategy = StrategyFromFlags();
   const int64_t total_steps = FLAGS_epochs > 0 ? 0 : FLAGS_steps;  // unknown with --epochs
   auto described = std::make_shared<std::string>();
@@ -158,7 +183,8 @@ int Train(const std::vector<std::string>& args) {
   const int64_t total_steps = steps_per_epoch * epochs;
   TrainMonitor monitor(total_steps, static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num(),
                        fleet::worker_index(), quiet);
-  const bool evaluates = m.evaluate && (!quiet || FLAGS_logdir_all_ranks);
+  // Every rank evaluates its shard (the counts are all-reduced); rank 0 prints.
+  const bool evaluates = static_cast<bool>(m.evaluate);
   std::vector<std::string> fetch = {m.loss};
   if (!m.learning_rate.empty()) fetch.push_back(m.learning_rate);
   FeedMap feed;
@@ -180,9 +206,15 @@ int Train(const std::vector<std::string>& args) {
       monitor.OnStep(step, loss, lr);
       checkpoints.AfterStep(exe, m, step + 1, rank0, quiet);
       if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last))
-        monitor.OnEval(step, -1, m.evaluate(exe));
+        {
+          models::Evaluation e = m.evaluate(exe);
+          monitor.OnEval(step, -1, e.accuracy, e.samples);
+        }
     }
-    if (FLAGS_epochs > 0 && evaluates) monitor.OnEval(step - 1, epoch, m.evaluate(exe));
+    if (FLAGS_epochs > 0 && evaluates) {
+      models::Evaluation e = m.evaluate(exe);  // on every rank: a collective
+      monitor.OnEval(step - 1, epoch, e.accuracy, e.samples);
+    }
   }
   monitor.Finish();
   FinishProfile();

@@ -102,14 +102,17 @@ void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional
   std::fflush(stdout);
 }
 
-void TrainMonitor::OnEval(int64_t step, int epoch, double accuracy) {
+void TrainMonitor::OnEval(int64_t step, int epoch, double accuracy, int64_t samples) {
   if (tb_) tb_->AddScalar("eval/accuracy", accuracy, step);
   if (quiet_) return;
   EndBarLine();
+  const std::string count =
+      samples >= 0 ? " (" + std::to_string(samples) + " test samples)" : std::string();
   if (epoch >= 0)
-    std::printf("epoch %d test_accuracy %.4f\n", epoch, accuracy);
+    std::printf("epoch %d test_accuracy %.4f%s\n", epoch, accuracy, count.c_str());
   else
-    std::printf("step %lld test_accuracy %.4f\n", static_cast<long long>(step), accuracy);
+    std::printf("step %lld test_accuracy %.4f%s\n", static_cast<long long>(step), accuracy,
+                count.c_str());
   std::fflush(stdout);
 }
 

@@ -33,7 +33,7 @@ class TrainMonitor {
   // After each step; `loss` and `lr` when they were fetched this step.
   void OnStep(int64_t step, std::optional<float> loss, std::optional<float> lr);
   // After an evaluation at `step` (epoch >= 0 after an epoch's end, -1 from --eval_every).
-  void OnEval(int64_t step, int epoch, double accuracy);
+  void OnEval(int64_t step, int epoch, double accuracy, int64_t samples = -1);
   // Ends the bar's line; flushes TensorBoard.
   void Finish();
 

@@ -26,7 +26,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr char kHello[] = "KEEL-STORE/2\n";
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kBarrier = 6 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kBarrier = 6, kGetAlive = 7 };
 enum Status : uint8_t {
   kOk = 0,
   kTimeout = 1,
@@ -512,17 +512,29 @@ void StoreServer::Serve(int fd, std::string peer, StoreIdentity who) {
       }
       cv_.notify_all();
       continue;
-    } else if (op == kGet) {
+    } else if (op == kGet || op == kGetAlive) {
       uint64_t wait_ms = r.Int(8);
       if (!r.ok) {
         Refuse(peer, "malformed GET");
         break;
       }
+      // GET_ALIVE also gives up as soon as a rank's store connection has closed.
+      const bool alive = op == kGetAlive;
       std::unique_lock<std::mutex> lk(mu_);
-      bool found = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms),
-                                [&] { return stop_ || data_.count(key) > 0; });
+      auto gone = [&] {
+        std::string g;
+        for (const auto& [rank, rc] : ranks_)
+          if (rc.open == 0) g += (g.empty() ? "" : ", ") + std::to_string(rank);
+        return g;
+      };
+      bool found = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms), [&] {
+        return stop_ || data_.count(key) > 0 || (alive && !gone().empty());
+      });
       if (found && data_.count(key)) {
         reply += data_[key];
+      } else if (alive && !gone().empty()) {
+        reply[0] = static_cast<char>(kPeerGone);
+        reply += "rank " + gone() + " closed its store connection (exited)";
       } else {
         reply[0] = static_cast<char>(kTimeout);
         reply += RankStatus(0);
@@ -736,6 +748,29 @@ std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds t
       timeout.count() / 1000.0, " s",
       r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
   return r.substr(1);
+}
+
+std::string StoreClient::GetUnlessPeerGone(const std::string& key,
+                                           std::chrono::milliseconds timeout) {
+  std::string f(1, static_cast<char>(kGetAlive));
+  f += KeyField(key);
+  PutU64(&f, static_cast<uint64_t>(timeout.count()));
+  std::string r = Request(f, timeout, "get '" + key + "'");
+  KEEL_ENFORCE(r[0] != kPeerGone, "store ", endpoint_, ": stopped waiting for key '", key,
+               "': ", r.substr(1));
+  KEEL_ENFORCE(
+      r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
+      timeout.count() / 1000.0, " s",
+      r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
+  return r.substr(1);
+}
+
+std::vector<int> StoreServer::gone() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<int> out;
+  for (const auto& [rank, rc] : ranks_)
+    if (rc.open == 0) out.push_back(rank);
+  return out;
 }
 
 int64_t StoreClient::Add(const std::string& key, int64_t delta) {

@@ -12,7 +12,8 @@
 // dropped before the hello retries until its timeout). Frames after the hello are capped at
 // kMaxFrameBytes and their buffers grow as bytes arrive, never ahead of them. Requests:
 // SET key value | GET key timeout_ms | ADD key delta | CHECK key | DEL key |
-// BARRIER key nranks timeout_ms.
+// BARRIER key nranks timeout_ms | GET_ALIVE key timeout_ms (a GET that gives up as soon as a
+// rank's connections have all closed, naming the ranks gone).
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,8 @@ class StoreServer {
   // Unauthenticated connections held now, and authenticated ones open now.
   int pending() const { return pending_count_.load(); }
   int clients() const { return client_count_.load(); }
+  // Ranks whose every store connection has closed (they exited), in rank order.
+  std::vector<int> gone() const;
 
  private:
   struct Pending;
@@ -81,7 +84,7 @@ class StoreServer {
   std::atomic<int> pending_count_{0}, client_count_{0};
   std::thread acceptor_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> data_;
   struct Barrier {
@@ -122,6 +125,8 @@ class StoreClient {
   // have no store connection, on timeout.
   std::string Get(const std::string& key);
   std::string Get(const std::string& key, std::chrono::milliseconds timeout);
+  // As Get, but gives up at once, naming them, when a rank's store connection has closed.
+  std::string GetUnlessPeerGone(const std::string& key, std::chrono::milliseconds timeout);
   int64_t Add(const std::string& key, int64_t delta);
   bool Check(const std::string& key);
   void Delete(const std::string& key);

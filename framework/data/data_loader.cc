@@ -46,8 +46,15 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   dataset_size_ = dataset_->size();
   KEEL_ENFORCE(dataset_size_ >= 0, "DataLoader: dataset size ", dataset_size_);
 
+  KEEL_ENFORCE(options_.even_shards || !options_.drop_last,
+               "DataLoader: even_shards = false (every sample once) and drop_last = true "
+               "contradict each other");
   const int64_t n = dataset_size_, r = options_.nranks, b = options_.batch_size;
-  samples_per_rank_ = options_.drop_last ? n / r : (n + r - 1) / r;
+  if (!options_.even_shards) {
+    samples_per_rank_ = n > options_.rank ? (n - options_.rank + r - 1) / r : 0;
+  } else {
+    samples_per_rank_ = options_.drop_last ? n / r : (n + r - 1) / r;
+  }
   batches_per_epoch_ = options_.drop_last ? samples_per_rank_ / b : (samples_per_rank_ + b - 1) / b;
 
   for (int i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -101,13 +108,18 @@ void DataLoader::StartEpochLocked(int64_t epoch,
   started_ = true;
 }
 
-bool DataLoader::Next(FeedMap* batch) {
+bool DataLoader::Next(FeedMap* batch, std::vector<int64_t>* indices) {
   CHECK(batch != nullptr);
   if (!started_) StartEpoch(0);
   std::unique_lock<std::mutex> lock(mu_);
   if (failed_) std::rethrow_exception(failed_);
   if (next_deliver_ >= batches_per_epoch_) return false;
   const int64_t b = next_deliver_++;
+  if (indices) {
+    const int64_t begin = b * options_.batch_size;
+    const int64_t end = std::min(begin + options_.batch_size, samples_per_rank_);
+    indices->assign(order_->begin() + begin, order_->begin() + end);
+  }
 
   if (workers_.empty()) {
     lock.unlock();  // nothing else touches the state without workers

@@ -10,6 +10,9 @@
 //                  otherwise: ceil(N / nranks), padding by wrapping around to the start of the
 //                             order (as PyTorch's DistributedSampler does), so up to nranks - 1
 //                             samples appear twice in an epoch; the last batch may be short.
+//                  even_shards = false (evaluation): neither padding nor dropping; rank r takes
+//                             the positions r + k nranks < N, so every sample is seen exactly
+//                             once in the job and shard sizes differ by at most one.
 //   batches      examples stacked into [B, ...] tensors, keyed by Dataset::names()
 //   prefetch     num_workers threads assemble batches ahead of the consumer, at most
 //                queue_capacity batches (ready or in assembly) ahead; batches are delivered in
@@ -49,6 +52,7 @@ struct LoaderOptions {
   int queue_capacity = 4;  // batches ready or in assembly ahead of the consumer, >= 1
   int rank = 0;
   int nranks = 1;
+  bool even_shards = true;  // false: no padding, uneven shards (needs drop_last = false)
 };
 
 class DataLoader {
@@ -62,10 +66,12 @@ class DataLoader {
   // StartEpoch begins epoch 0.
   void StartEpoch(int64_t epoch);
   // The epoch's next batch; false at the epoch's end (and on every later call until StartEpoch).
-  bool Next(FeedMap* batch);
+  // `indices`, when given, receives the batch's dataset indices in row order.
+  bool Next(FeedMap* batch, std::vector<int64_t>* indices = nullptr);
 
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  // Samples this rank sees per epoch, padding included; the same on every rank.
+  // Samples this rank sees per epoch, padding included; the same on every rank unless
+  // even_shards is false.
   int64_t samples_per_rank() const { return samples_per_rank_; }
   const std::vector<std::string>& names() const { return names_; }
   const LoaderOptions& options() const { return options_; }

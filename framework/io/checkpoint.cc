@@ -18,6 +18,7 @@
 #include "framework/error.h"
 #include "framework/fault_point.h"
 #include "framework/io/io.h"
+#include "framework/op/validate_program.h"
 
 namespace keel {
 namespace {
@@ -166,7 +167,9 @@ void SaveProgram(const Program& program, const std::string& path) {
 }
 
 std::unique_ptr<Program> LoadProgram(const std::string& path) {
-  return Program::ParseFromString(ReadFile(path), path);
+  std::unique_ptr<Program> program = Program::ParseFromString(ReadFile(path), path);
+  ValidateProgram(*program, path);
+  return program;
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -321,7 +324,12 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   std::map<std::string, std::string> metadata = kFormatMetadata;
   metadata[kFeedsKey] = Join(feeds, "feed");
   metadata[kTargetsKey] = Join(targets, "target");
-  std::unique_ptr<Program> pruned = PruneForInference(program, feeds, targets);
+  std::unique_ptr<Program> pruned;
+  try {
+    pruned = PruneForInference(program, feeds, targets);
+  } catch (const Error& e) {
+    KEEL_THROW("save_inference_model to ", dirname, ": ", e.what(), "; nothing was written");
+  }
   NamedTensors params = CollectPersistables(exe.scope(), *pruned, "save_inference_model");
   const std::string model_bytes = pruned->SerializeToString();
   metadata[kModelChecksumKey] = Crc32Hex(model_bytes);

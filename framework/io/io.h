@@ -53,6 +53,7 @@ NamedTensors LoadSafetensors(const std::string& path,
 
 // ---- programs
 void SaveProgram(const Program& program, const std::string& path);
+// Parses and validates (ValidateProgram: ops, slots, attributes, vars, blocks, shapes).
 std::unique_ptr<Program> LoadProgram(const std::string& path);
 
 // ---- checkpoints

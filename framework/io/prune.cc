@@ -42,6 +42,26 @@ void CollectArgs(const Program& program, const OpDesc& op, bool inputs_only,
   }
 }
 
+// Adds to `missing` each var of block 0 that `op` (or an op of its sub-blocks) reads before
+// anything in `available` provides it; then makes the op's outputs available.
+void CheckReads(const Program& program, const OpDesc& op, std::set<std::string>* available,
+                std::set<std::string>* missing) {
+  const Block& outer = program.global_block();
+  for (const auto& n : op.InputArgumentNames())
+    if (n != kEmptyVarName && !available->count(n) && outer.HasVar(n)) missing->insert(n);
+  for (const auto& kv : op.attrs())
+    if (const BlockRef* b = std::get_if<BlockRef>(&kv.second))
+      for (const auto& sub : program.block(b->idx).ops())
+        CheckReads(program, *sub, available, missing);
+  for (const auto& n : op.OutputArgumentNames()) available->insert(n);
+}
+
+std::string QuotedList(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+  return s.empty() ? "none" : s;
+}
+
 }  // namespace
 
 std::unique_ptr<Program> PruneForInference(const Program& program,
@@ -80,6 +100,21 @@ std::unique_ptr<Program> PruneForInference(const Program& program,
   }
   for (size_t i = block.num_ops(); i-- > 0;)
     if (!keep[i]) block.RemoveOp(i);
+
+  // The slice must run on the feeds and the persistables alone: a var it reads that neither
+  // provides nor a kept op computes first (a data var left out of the feeds, a var only a
+  // backward op writes) would fail at predict time; refuse it now.
+  std::set<std::string> available(feeds.begin(), feeds.end()), missing;
+  for (VarDesc* v : block.AllVars())
+    if (v->persistable()) available.insert(v->name());
+  for (const auto& op : block.ops()) CheckReads(*pruned, *op, &available, &missing);
+  for (const auto& t : targets)
+    if (!available.count(t)) missing.insert(t);
+  KEEL_ENFORCE(missing.empty(), "the targets ", QuotedList(targets), " need ",
+               QuotedList({missing.begin(), missing.end()}),
+               ", which is neither a feed nor a persistable nor computed from them by a forward "
+               "op (feeds: ",
+               QuotedList(feeds), "); add it to the feeds");
 
   std::set<std::string> used(feeds.begin(), feeds.end());
   used.insert(targets.begin(), targets.end());

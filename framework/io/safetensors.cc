@@ -2,7 +2,13 @@
 //
 // The decoder trusts nothing: the header length is checked against the file size (and capped),
 // the JSON is parsed strictly by a small depth-limited parser, and every dtype, shape and offset
-// is checked before a byte of data is copied. Every failure is a keel::Error starting with `what`.
+// is checked before a byte of data is copied: the tensors must tile the data buffer exactly (no
+// gap, no overlap, nothing after the last), as the reference library requires. The writer puts a
+// CRC-32 of the data buffer in __metadata__ ("keel.data_crc32"); the reader verifies it when
+// present (files of other writers and older keel have none and load without). Every failure is a
+// keel::Error starting with `what`.
+#include <zlib.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +33,18 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 // Nesting beyond this is never a valid header; the cap keeps the recursive parser's stack bounded.
 constexpr int kMaxJsonDepth = 32;
+// The __metadata__ key of the data buffer's CRC-32 (zlib's), 8 lowercase hex digits.
+const char kChecksumKey[] = "keel.data_crc32";
+
+uint32_t Crc32(const char* p, uint64_t n) {
+  return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(p), n));
+}
+
+std::string Hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
 
 // ---------------------------------------------------------------- dtype names
 
@@ -468,11 +486,17 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
   for (const auto& kv : metadata)
     KEEL_ENFORCE(IsValidUtf8(kv.first) && IsValidUtf8(kv.second), "safetensors: metadata entry '",
                  kv.first, "' is not valid UTF-8");
+  // The checksum of the data buffer in file order (it replaces any the caller passed on).
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto* nt : order)
+    crc = crc32_z(crc, static_cast<const Bytef*>(nt->second.raw_data()), nt->second.nbytes());
+  std::map<std::string, std::string> meta = metadata;
+  meta[kChecksumKey] = Hex32(static_cast<uint32_t>(crc));
   std::string header = "{";
-  if (!metadata.empty()) {
+  {
     header += "\"__metadata__\":{";
     bool first = true;
-    for (const auto& kv : metadata) {
+    for (const auto& kv : meta) {
       if (!first) header += ",";
       first = false;
       AppendJsonString(&header, kv.first);
@@ -484,7 +508,7 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
   uint64_t offset = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     const Tensor& t = order[i]->second;
-    if (i > 0 || !metadata.empty()) header += ",";
+    header += ",";
     AppendJsonString(&header, order[i]->first);
     header += ":{\"dtype\":\"";
     header += SafetensorsCode(t.dtype());
@@ -547,7 +571,7 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
     entries.push_back(ParseEntry(m.first, m.second, what));
   }
 
-  // Every tensor inside the buffer, no two sharing a byte.
+  // The tensors tile the buffer: from 0, each starting where the previous ends, up to its end.
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries) {
     KEEL_ENFORCE(e.end <= data_size, what, ": tensor \"", e.name, "\" data_offsets [", e.begin,
@@ -558,12 +582,33 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const Entry* a = by_offset[i - 1];
+  uint64_t covered = 0;  // the buffer is tiled up to here
+  for (size_t i = 0; i < by_offset.size(); ++i) {
     const Entry* b = by_offset[i];
-    KEEL_ENFORCE(a->end <= b->begin, what, ": tensors \"", a->name, "\" [", a->begin, ", ", a->end,
-                 ") and \"", b->name, "\" [", b->begin, ", ", b->end,
-                 ") overlap in the data buffer");
+    if (i > 0) {
+      const Entry* a = by_offset[i - 1];
+      KEEL_ENFORCE(a->end <= b->begin, what, ": tensors \"", a->name, "\" [", a->begin, ", ",
+                   a->end, ") and \"", b->name, "\" [", b->begin, ", ", b->end,
+                   ") overlap in the data buffer");
+    }
+    KEEL_ENFORCE(b->begin == covered, what, ": the data buffer has a gap of ", b->begin - covered,
+                 " bytes at offset ", covered, " before tensor \"", b->name,
+                 "\": tensor offsets must tile the data buffer from 0 (a corrupt or hand-edited ",
+                 "file; its data would be read shifted)");
+    covered = b->end;
+  }
+  KEEL_ENFORCE(covered == data_size, what, ": the data buffer holds ", data_size - covered,
+               " bytes after the last tensor (ending at offset ", covered,
+               "): tensor offsets must tile the data buffer exactly");
+  if (meta.count(kChecksumKey)) {
+    const std::string& want = meta[kChecksumKey];
+    const std::string got = Hex32(Crc32(data, data_size));
+    KEEL_ENFORCE(
+        want.size() == 8 && want.find_first_not_of("0123456789abcdef") == std::string::npos, what,
+        ": __metadata__[\"", kChecksumKey, "\"] is \"", want, "\", not 8 lowercase hex digits");
+    KEEL_ENFORCE(want == got, what, ": the tensor data does not match its checksum (", kChecksumKey,
+                 " ", want, " in the header, ", got, " computed): the file is corrupt");
+    meta.erase(kChecksumKey);  // verified; callers see their own metadata, as they wrote it
   }
 
   std::sort(entries.begin(), entries.end(),

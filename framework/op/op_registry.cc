@@ -180,6 +180,7 @@ GradOpMakerFn GradMaker(std::string grad_type, std::vector<std::string> fwd_slot
 }
 
 void OpSchema::Complete(OpDesc* op) const {
+  CheckNoUnknownAttrs(*op);
   for (auto& a : attrs_) {
     if (op->HasAttr(a.name)) {
       const Attribute& v = op->GetAttr(a.name);
@@ -213,6 +214,22 @@ void OpSchema::Complete(OpDesc* op) const {
   for (auto& kv : op->outputs())
     KEEL_ENFORCE(FindOutput(kv.first) != nullptr, "op ", type_, " has no output slot '",
                  kv.first, "'");
+}
+
+bool IsFrameworkAttr(const std::string& name) {
+  return name == kOpRoleAttr || name == kOpRoleVarAttr;
+}
+
+void OpSchema::CheckNoUnknownAttrs(const OpDesc& op) const {
+  for (auto& kv : op.attrs()) {
+    if (FindAttr(kv.first) || IsFrameworkAttr(kv.first)) continue;
+    std::string known;
+    for (auto& a : attrs_) known += (known.empty() ? "" : ", ") + a.name;
+    KEEL_THROW("op ", type_, " has no attribute '", kv.first, "' (set to ", AttrToString(kv.second),
+               "); keel's ", type_, " knows: ", known.empty() ? "none" : known,
+               " (and op_role, op_role_var on every op). A program that relies on it would ",
+               "compute something else here");
+  }
 }
 
 // ---------------------------------------------------------------- OpRegistry

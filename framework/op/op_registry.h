@@ -125,8 +125,11 @@ class OpSchema {
   const ArgDef* FindOutput(const std::string& name) const;
   const AttrDef* FindAttr(const std::string& name) const;
 
-  // Fills absent attrs with defaults, then checks slots and attrs; throws keel::Error naming the op.
+  // Fills absent attrs with defaults, then checks slots and attrs; throws keel::Error naming the
+  // op. An attribute the schema does not declare is refused (op_role and op_role_var excepted).
   void Complete(OpDesc* op) const;
+  // Throws keel::Error naming the op, the attribute and the declared ones for an undeclared attr.
+  void CheckNoUnknownAttrs(const OpDesc& op) const;
 
  private:
   friend class OpRegistry;
@@ -188,6 +191,9 @@ void InferShapeAtBuild(OpDesc* op, Block* block);
 
 // Gives each X@GRAD output the shape and dtype of input X.
 void GradShapeFromInputs(InferShapeContext& ctx);
+
+// Attributes every op may carry whatever its schema: op_role and op_role_var.
+bool IsFrameworkAttr(const std::string& name);
 
 namespace detail {
 template <template <typename> class K, typename T>

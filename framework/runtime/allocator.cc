@@ -1,5 +1,8 @@
 #include "framework/runtime/allocator.h"
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,6 +30,12 @@ Allocation::~Allocation() {
 
 std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
   if (place.is_cpu()) {
+    // More than the machine has would only succeed on overcommit and die in the OOM killer when
+    // touched (a crafted or mistaken shape): refuse it here.
+    static const uint64_t kPhysical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                      static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+    KEEL_ENFORCE(kPhysical == 0 || size <= kPhysical, "allocating ", size,
+                 " bytes of CPU memory: more than this machine's ", kPhysical, " bytes");
     size_t rounded = (size + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     if (rounded == 0) rounded = kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);

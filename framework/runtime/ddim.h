@@ -36,19 +36,22 @@ class DDim {
     rank_ = r;
   }
 
-  // Product of all dims; 1 for a scalar shape. -1 when any dim is unknown.
+  // Product of all dims; 1 for a scalar shape. -1 when any dim is unknown. A product past int64
+  // (a crafted shape) is a keel::Error, never a wrapped count.
   int64_t numel() const {
-    int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) {
+    for (int i = 0; i < rank_; ++i)
       if (d_[i] < 0) return -1;
-      n *= d_[i];
-    }
-    return n;
+    return prod(0, rank_);
   }
-  // Product of dims [begin, end).
+  // Product of dims [begin, end) (1 when empty), checked for overflow like numel(). A range past
+  // the rank (an axis attribute nobody checked) is a keel::Error, not a read past the dims.
   int64_t prod(int begin, int end) const {
+    KEEL_ENFORCE(begin >= 0 && end <= rank_, "dims [", begin, ", ", end, ") of shape ", str(),
+                 " are outside its rank ", rank_);
     int64_t n = 1;
-    for (int i = begin; i < end; ++i) n *= d_[i];
+    for (int i = begin; i < end; ++i)
+      KEEL_ENFORCE(!__builtin_mul_overflow(n, d_[i], &n), "the element count of shape ", str(),
+                   " overflows int64");
     return n;
   }
   // Collapses to 2-D: [prod(0,k), prod(k,rank)].

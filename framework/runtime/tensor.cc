@@ -8,7 +8,11 @@ namespace keel {
 void* Tensor::mutable_data(DType dtype, const Place& place) {
   KEEL_ENFORCE(dims_.known(), "cannot allocate a tensor of unknown shape ", dims_.str());
   dtype_ = dtype;
-  size_t need = static_cast<size_t>(dims_.numel()) * SizeOf(dtype);
+  int64_t bytes = 0;
+  KEEL_ENFORCE(!__builtin_mul_overflow(dims_.numel(), static_cast<int64_t>(SizeOf(dtype)), &bytes),
+               "a tensor of shape ", dims_.str(), " and dtype ", DTypeName(dtype),
+               " needs more than 2^63 bytes");
+  size_t need = static_cast<size_t>(bytes);
   if (holder_ == nullptr || holder_->place() != place || holder_->size() < offset_ + need) {
     holder_ = Allocate(place, need);
     offset_ = 0;

@@ -1,6 +1,7 @@
 // keel: the one header a user includes.
 //   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init,
-//   fleet:: (data-parallel training), SummaryWriter (TensorBoard).
+//   fleet:: (data-parallel training), SummaryWriter (TensorBoard), and the data API (Dataset,
+//   DataLoader, MNIST, CSV).
 #pragma once
 
 #include <glog/logging.h>  // LOG(INFO) in user programs
@@ -8,6 +9,11 @@
 #include "executor/executor.h"
 #include "fleet/fleet.h"
 #include "framework/autodiff/backward.h"
+#include "framework/data/csv_dataset.h"
+#include "framework/data/data_loader.h"
+#include "framework/data/dataset.h"
+#include "framework/data/mnist_dataset.h"
+#include "framework/data/synthetic_dataset.h"
 #include "framework/dsl/initializer.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       if (fleet::is_first_worker())
         LOG(INFO) << "step " << step << " cost=" << out[0].item<float>();
     }
-    fleet::save_persistables(exe, "./model");  // step 4: rank 0 writes, the others wait
+    fleet::save_persistables(exe, "./model");  // step 4: rank 0 writes, nobody waits
   } catch (const keel::Error& e) {
     LOG(ERROR) << e.what();
     return 1;

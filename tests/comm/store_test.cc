@@ -63,6 +63,31 @@ TEST(Store, GetTimesOutNamingTheKey) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
+TEST(Store, AWaitEndsAtOnceWhenARanksConnectionCloses) {
+  StoreServer server("127.0.0.1", 0, "tok");
+  StoreClient waiter("127.0.0.1", server.port(), "tok", milliseconds(30000), /*rank=*/0);
+  std::thread t([&] {
+    StoreClient peer("127.0.0.1", server.port(), "tok", milliseconds(30000), /*rank=*/2);
+    peer.Set("present", "1");
+    std::this_thread::sleep_for(milliseconds(300));
+  });  // peer's connection closes here
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    waiter.GetUnlessPeerGone("never", milliseconds(30000));
+    FAIL() << "the wait outlived the peer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("store connection of rank 2 has closed"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  t.join();
+  EXPECT_EQ(server.gone(), std::vector<int>{2});
+  // A key already there is still served; a plain Get ignores who is gone.
+  EXPECT_EQ(waiter.GetUnlessPeerGone("present", milliseconds(1000)), "1");
+  EXPECT_THROW(waiter.Get("never", milliseconds(200)), Error);
+}
+
 TEST(Store, ConnectingToNobodyTimesOut) {
   int port;
   {

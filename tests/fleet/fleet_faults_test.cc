@@ -133,6 +133,41 @@ TEST(FleetFaults, ARankThatJoinsTwiceIsNamedAtOnce) {
   RunCommand("rm -rf " + dir);
 }
 
+// Ranks given different settings fail at start, in seconds, naming what differs (not a silent
+// divergence, not a hang for the comm timeout).
+struct Mismatch {
+  std::string name;
+  std::string flags;     // `keel train` flags, $RANK expanded by the shell per worker
+  std::string expected;  // in the workers' logs
+};
+
+class FleetMismatch : public ::testing::TestWithParam<Mismatch> {};
+
+TEST_P(FleetMismatch, FailsAtStartNamingIt) {
+  std::string dir = MakeTempDir();
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand("FLAGS_comm_timeout_s=120 " + Launch(2, dir) + "sh -c '" + BinPath("keel") +
+                      " train --steps=5 --mlp_hidden=16 " + GetParam().flags + "'");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(secs, 30);
+  auto logs = RunCommand("cat " + dir + "/log/workerlog.*");
+  EXPECT_NE(logs.output.find(GetParam().expected), std::string::npos) << logs.output;
+  RunCommand("rm -rf " + dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StartupAndRings, FleetMismatch,
+    ::testing::Values(
+        // The learning rate lives in the startup program only.
+        Mismatch{"lr", "--lr=0.0$((1 + RANK))", "the startup program differs between ranks"},
+        // With one fused group main uses ring 0 alone; startup creates 1 or 2 rings.
+        Mismatch{"nccl_comm_num", "--nccl_comm_num=$((1 + RANK))",
+                 "the startup program differs between ranks"},
+        Mismatch{"cpu_comm_backend", "--cpu_comm_backend=$([ $RANK = 0 ] && echo shm || echo gloo)",
+                 "rank 1 has cpu_comm_backend=gloo"}),
+    [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.name; });
+
 // The pid of the process running with RANK=<rank> in its environment, among `pattern` matches.
 int FindRankPid(const std::string& pattern, int rank) {
   auto r = RunCommand("pgrep -f '" + pattern + "'");

@@ -228,7 +228,9 @@ TEST_F(IoTest, PythonSafetensorsReadsOurFile) {
   std::string script = std::string(kPythonTensors) + R"PY(
 from safetensors import safe_open
 with safe_open(sys.argv[1], framework="numpy") as f:
-    assert f.metadata() == {"format": "keel", "note": "h\u00e9llo \"q\"\n"}, f.metadata()
+    meta = f.metadata()
+    crc = meta.pop("keel.data_crc32")
+    assert meta == {"format": "keel", "note": "h\u00e9llo \"q\"\n"}, f.metadata()
     assert sorted(f.keys()) == sorted(list(exp) + ["bf16"]), f.keys()
     for k, v in exp.items():
         t = f.get_tensor(k)
@@ -236,6 +238,11 @@ with safe_open(sys.argv[1], framework="numpy") as f:
         assert t.tobytes() == v.tobytes(), (k, t, v)
     s = f.get_slice("bf16")
     assert s.get_dtype() == "BF16" and s.get_shape() == [2, 2], (s.get_dtype(), s.get_shape())
+# The checksum is zlib's CRC-32 of the data buffer (after the 8-byte length and the header).
+import zlib
+raw = open(sys.argv[1], "rb").read()
+n = int.from_bytes(raw[:8], "little")
+assert crc == "%08x" % zlib.crc32(raw[8 + n:]), (crc, "%08x" % zlib.crc32(raw[8 + n:]))
 print("OK")
 )PY";
   std::string output;
@@ -389,6 +396,21 @@ TEST_F(IoTest, MalformedHeadersAreErrorsNamingTheFile) {
       {"entry_not_object", R"({"a":[1,2]})", "", "must be an object"},
       {"bool_byte", R"({"a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})",
        std::string("\x01\x02", 2), "must be 0 or 1"},
+      // Offsets must tile the data buffer exactly, as the reference reader requires.
+      {"gap_before_first", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8,
+       "gap of 4 bytes at offset 0 before tensor \"a\""},
+      {"gap_between",
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+       d12, "gap of 4 bytes at offset 4 before tensor \"b\""},
+      {"bytes_after_last", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8,
+       "holds 4 bytes after the last tensor"},
+      {"bytes_without_tensors", R"({})", d4, "holds 4 bytes after the last tensor"},
+      {"checksum_mismatch",
+       R"({"__metadata__":{"keel.data_crc32":"00000000"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       d4, "does not match its checksum (keel.data_crc32 00000000 in the header, 2144df1c"},
+      {"checksum_malformed",
+       R"({"__metadata__":{"keel.data_crc32":"2144DF1C"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       d4, "not 8 lowercase hex digits"},
   };
   for (const Case& c : cases) {
     ExpectLoadError(Path(std::string(c.name) + ".safetensors"), MakeSafetensors(c.header, c.data),
@@ -396,14 +418,39 @@ TEST_F(IoTest, MalformedHeadersAreErrorsNamingTheFile) {
   }
 }
 
+TEST_F(IoTest, ADataByteChangedOrShiftedIsCaughtByTheChecksumOrTheTiling) {
+  const NamedTensors tensors = {{"w", Make<float>(DType::kFloat32, {3}, {1.f, 2.f, 3.f})},
+                                {"b", Make<int64_t>(DType::kInt64, {1}, {7})}};
+  const std::string good = EncodeSafetensors(tensors, {{"k", "v"}});
+  std::map<std::string, std::string> meta;
+  EXPECT_EQ(DecodeSafetensors(good, "good", &meta).size(), 2u);
+  EXPECT_EQ(meta, (std::map<std::string, std::string>{{"k", "v"}}));  // the checksum verified
+  EXPECT_NE(good.find("\"keel.data_crc32\":\""), std::string::npos);
+  // A caller's stale checksum is replaced, not written.
+  EXPECT_EQ(EncodeSafetensors(tensors, {{"k", "v"}, {"keel.data_crc32", "00000000"}}), good);
+
+  const uint64_t n = static_cast<uint64_t>(static_cast<unsigned char>(good[0])) |
+                     static_cast<uint64_t>(static_cast<unsigned char>(good[1])) << 8;
+  for (size_t at = 8 + n; at < good.size(); ++at) {
+    SCOPED_TRACE("data byte " + std::to_string(at - 8 - n));
+    std::string bad = good;
+    bad[at] ^= 0x10;
+    ExpectLoadError(Path("flipped.safetensors"), bad, "does not match its checksum");
+  }
+  // Bytes slipped in between header and data: every tensor would read shifted.
+  std::string shifted = good;
+  shifted.insert(8 + n, std::string(4, '\0'));
+  ExpectLoadError(Path("shifted.safetensors"), shifted, "after the last tensor");
+}
+
 TEST_F(IoTest, ForeignLayoutsDecode) {
-  // Unpadded header, whitespace, escapes, empty tensors sharing an offset, trailing gap.
+  // Unpadded header, whitespace, escapes, empty tensors sharing an offset, no checksum.
   const std::string header =
       "{\n \"__metadata__\" : {\"k\":\"\\u00e9\\ud83d\\ude00\"},\n"
       " \"e1\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},\n"
       " \"e2\":{\"dtype\":\"I8\",\"shape\":[3,0],\"data_offsets\":[4,4]},\n"
       " \"a\\/b\":{\"shape\":[1],\"data_offsets\":[0,4],\"dtype\":\"I32\"}}";
-  std::string data("\x2a\0\0\0\xff\xff", 6);
+  std::string data("\x2a\0\0\0", 4);
   std::map<std::string, std::string> meta;
   NamedTensors got = DecodeSafetensors(MakeSafetensors(header, data), "foreign", &meta);
   EXPECT_EQ(meta.at("k"), "\xc3\xa9\xf0\x9f\x98\x80");
@@ -748,6 +795,33 @@ TEST_F(IoTest, PruneForInferenceKeepsTheForwardSliceOfTheTargets) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'nofeed'"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(IoTest, SaveInferenceModelRefusesTargetsThatNeedMoreThanTheFeeds) {
+  auto p = TrainingProgram();
+  Executor exe;
+  FillCheckpointScope(&exe.scope(), 4.f);
+  *exe.scope().Var("lr")->mutable_tensor() = Make<float>(DType::kFloat32, {1}, {0.1f});
+  // The loss needs the label, which is not fed; z needs x, and no feed is given at all.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"x"}, "loss"}, {{}, "z"}, {{"label"}, "loss"}};
+  for (const auto& [feeds, target] : cases) {
+    SCOPED_TRACE(target);
+    const std::string dir = Path("refused_" + target + std::to_string(feeds.size()));
+    try {
+      save_inference_model(dir, feeds, {target}, exe, *p);
+      ADD_FAILURE() << "saved an inference model that cannot run on its feeds";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const std::string need = feeds.empty() ? "'x'" : feeds[0] == "x" ? "'label'" : "'x'";
+      EXPECT_NE(what.find("need " + need), std::string::npos) << what;
+      EXPECT_NE(what.find("'" + target + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("nothing was written"), std::string::npos) << what;
+    }
+    EXPECT_FALSE(fs::exists(dir)) << dir;
+  }
+  // Feeding what the target needs is fine.
+  EXPECT_NO_THROW(save_inference_model(Path("ok"), {"x", "label"}, {"loss"}, exe, *p));
 }
 
 TEST_F(IoTest, InferenceModelRoundTrip) {
