@@ -126,7 +126,8 @@ void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout = C
   try {
     s.Barrier(key, r.world_size, timeout);
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " waited for the other workers: ", e.what());
+    KEEL_THROW(name, ": rank ", r.rank, " of ", r.world_size, " waited for the other workers (at most ",
+               timeout.count() / 1000.0, " s, FLAGS_comm_timeout_s): ", e.what());
   }
 }
 

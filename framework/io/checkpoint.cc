@@ -392,6 +392,7 @@ InferenceModel load_inference_model(const std::string& dirname, Executor& exe) {
   }
   InferenceModel model;
   model.program = Program::ParseFromString(model_bytes, model_path);
+  ValidateProgram(*model.program, model_path);
   for (const std::string* key : {&kFeedsKey, &kTargetsKey})
     KEEL_ENFORCE(metadata.count(*key), params_path, ": no \"", *key,
                  "\" in __metadata__ (not written by save_inference_model?)");

@@ -221,7 +221,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"fuse_parameter_groups_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
       {"fuse_parameter_memory_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
       {"sync_nccl_allreduce", "KeelTrain.SettingsThatWouldBeIgnoredAreRefused (false: refused)"},
-      {"save_timeout_s", "the barrier of fleet::save_persistables (fleet.cc)"},
+      {"log_sample_ids", "KeelTrainUnderLaunch.LenetRanksTakeDisjointShardsOfOneShuffle"},
       {"selected_gpus", "KeelTrain.SelectedGpusFlagPicksTheWorkersGpu, KeelLaunch.GpuMode..."},
       {"cpu_comm_backend", "DataParallel.NRanksOnBOverNRowsMatchOneRankOnB"},
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},

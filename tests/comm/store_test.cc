@@ -65,9 +65,11 @@ TEST(Store, GetTimesOutNamingTheKey) {
 
 TEST(Store, AWaitEndsAtOnceWhenARanksConnectionCloses) {
   StoreServer server("127.0.0.1", 0, "tok");
-  StoreClient waiter("127.0.0.1", server.port(), "tok", milliseconds(30000), /*rank=*/0);
+  StoreClient waiter("127.0.0.1", server.port(), "tok", milliseconds(30000),
+                     StoreIdentity{/*rank=*/0, /*nranks=*/3});
   std::thread t([&] {
-    StoreClient peer("127.0.0.1", server.port(), "tok", milliseconds(30000), /*rank=*/2);
+    StoreClient peer("127.0.0.1", server.port(), "tok", milliseconds(30000),
+                     StoreIdentity{/*rank=*/2, /*nranks=*/3});
     peer.Set("present", "1");
     std::this_thread::sleep_for(milliseconds(300));
   });  // peer's connection closes here
@@ -76,7 +78,7 @@ TEST(Store, AWaitEndsAtOnceWhenARanksConnectionCloses) {
     waiter.GetUnlessPeerGone("never", milliseconds(30000));
     FAIL() << "the wait outlived the peer";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("store connection of rank 2 has closed"),
+    EXPECT_NE(std::string(e.what()).find("rank 2 closed its store connection"),
               std::string::npos)
         << e.what();
   }

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
+#include <map>
 #include <functional>
 #include <variant>
 
@@ -53,6 +55,25 @@ class ProgramValidation : public ::testing::Test {
     std::unique_ptr<Program> p = Program::ParseFromString(ReadFile(path), path);
     edit(p.get());
     SaveProgram(*p, path);
+    // An attacker rewrites the pair: the params file's record of __model__ matches the new one,
+    // so the crafted program reaches validation (the pair check alone would refuse it).
+    const std::string params = dir_ + "/model/params.safetensors";
+    std::map<std::string, std::string> metadata;
+    NamedTensors tensors = LoadSafetensors(params, &metadata);
+    metadata["keel.model_crc32"] = Crc32Hex(ReadFile(path));
+    SaveSafetensors(params, tensors, metadata);
+  }
+
+  // zlib's CRC-32 (reflected polynomial 0xEDB88320), as lowercase hex.
+  static std::string Crc32Hex(const std::string& bytes) {
+    uint32_t crc = 0xFFFFFFFFu;
+    for (unsigned char b : bytes) {
+      crc ^= b;
+      for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    char hex[9];
+    std::snprintf(hex, sizeof(hex), "%08x", crc ^ 0xFFFFFFFFu);
+    return hex;
   }
 
   // load_inference_model + Run on a [2, 4] batch; returns the keel::Error's text ("" when it ran).
