@@ -33,18 +33,6 @@ namespace fs = std::filesystem;
 
 std::string Keel() { return BinPath("keel"); }
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-// name -> bytes of every tensor in DIR/persistables.safetensors.
-std::map<std::string, std::string> Tensors(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (auto& [name, t] : LoadSafetensors(dir + "/" + kPersistablesFile))
-    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-  return out;
-}
-
 // "step N loss X" lines of a training log, by step.
 std::map<int, std::string> LossLines(const std::string& text) {
   std::map<int, std::string> out;
@@ -103,7 +91,7 @@ TEST_F(FaultTest, RestartedJobEndsWithTheUninterruptedRunsParameters) {
   EXPECT_TRUE(Contains(out, "keel launch: restart 1 of 2: worker rank 1")) << out;
   EXPECT_TRUE(Contains(out, "SIGKILL")) << out;
   EXPECT_TRUE(Contains(out, "resumed from " + dir_ + "/restarted at step")) << out;
-  EXPECT_EQ(Tensors(dir_ + "/restarted"), Tensors(dir_ + "/straight"));
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/restarted"), CheckpointTensorBytes(dir_ + "/straight"));
   for (const auto& e : fs::directory_iterator(dir_ + "/restarted"))
     EXPECT_EQ(e.path().filename(), kPersistablesFile) << "left behind: " << e.path();
   std::optional<TrainingState> st = ReadTrainingState(dir_ + "/restarted");
@@ -297,7 +285,7 @@ TEST_F(FaultTest, LoadDirResumesTheStraightRunBitForBit) {
     std::map<int, std::string> a = LossLines(straight.output), b = LossLines(resumed.output);
     EXPECT_EQ(b.count(11), 0u) << "the resumed run repeated step 11";
     for (int s = 12; s < 30; ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
-    EXPECT_EQ(Tensors(dir_ + "/" + c.name + "_c"), Tensors(dir_ + "/" + c.name + "_a"));
+    EXPECT_EQ(CheckpointTensorBytes(dir_ + "/" + c.name + "_c"), CheckpointTensorBytes(dir_ + "/" + c.name + "_a"));
   }
 }
 

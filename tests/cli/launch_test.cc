@@ -62,10 +62,6 @@ Timed RunTimed(const std::string& cmd) {
   return {r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 TEST(KeelLaunch, EveryWorkerSeesItsRankInBothConventions) {
   std::string dir = MakeTempDir();
   // stderr (the launcher's own lines) dropped: stdout is rank 0's output only.

@@ -15,17 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::map<std::string, std::string> Tensors(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (auto& [name, t] : LoadSafetensors(dir + "/" + kPersistablesFile))
-    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-  return out;
-}
-
 class MpirunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -62,7 +51,7 @@ TEST_F(MpirunTest, TwoRanksTrainToTheParametersOfKeelLaunch) {
                            " launch --nproc_per_node=2 --log_dir=" + dir_ + "/log " + train +
                            " --save_dir=" + dir_ + "/launch");
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
-  EXPECT_EQ(Tensors(dir_ + "/mpi"), Tensors(dir_ + "/launch"));
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/mpi"), CheckpointTensorBytes(dir_ + "/launch"));
 }
 
 TEST_F(MpirunTest, AMissingRendezvousAddressIsNamed) {

@@ -26,17 +26,6 @@ namespace fs = std::filesystem;
 
 std::string Keel() { return BinPath("keel"); }
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-std::map<std::string, std::string> Tensors(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (auto& [name, t] : LoadSafetensors(dir + "/" + kPersistablesFile))
-    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-  return out;
-}
-
 // Two namespaces "keel<id>a"/"keel<id>b" with veth ends "kv<id>a"/"kv<id>b" on 10.X.Y.1 and .2.
 class TwoHosts {
  public:
@@ -141,7 +130,7 @@ TEST_F(MultiHostTest, TwoNodesOverGlooMatchTheOneNodeResult) {
   ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << ReadText(a.output_path);
   ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << ReadText(b.output_path);
   EXPECT_TRUE(Contains(ReadText(a.output_path), "2 worker(s)")) << ReadText(a.output_path);
-  EXPECT_EQ(Tensors(dir_ + "/two"), Tensors(dir_ + "/one"));
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/two"), CheckpointTensorBytes(dir_ + "/one"));
 }
 
 TEST_F(MultiHostTest, ACutLinkFailsBothNodesWithinTheCommTimeoutNamingTheCollective) {

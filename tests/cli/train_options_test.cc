@@ -56,23 +56,6 @@ std::string MnistDir() {
   return std::ifstream(d + "/t10k-images-idx3-ubyte.gz").good() ? d : "";
 }
 
-bool HaveTensorboard() {
-  return std::system("/usr/bin/env python3 -c 'import tensorboard' >/dev/null 2>&1") == 0;
-}
-
-std::map<std::string, std::map<int64_t, double>> ReadBack(const std::string& dir) {
-  auto r = RunCommand("/usr/bin/env python3 " + SourcePath("tests/summary/read_tfevents.py") + " " +
-                      dir + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::map<std::string, std::map<int64_t, double>> out;
-  std::istringstream in(r.output);
-  std::string tag;
-  int64_t step;
-  double value;
-  while (in >> tag >> step >> value) out[tag][step] = value;
-  return out;
-}
-
 TEST(TrainOptimizerFlags, EachSettingChangesTheTraining) {
   auto sgd = Train("--steps=12 --optimizer=sgd --lr=0.1");
   ASSERT_EQ(sgd.exit_code, 0) << sgd.output;
@@ -190,7 +173,7 @@ TEST(TrainTensorboard, LossRateAndAccuracyReadBackWithTensorboard) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto printed = Steps(r.output);
   ASSERT_EQ(printed.size(), 4u) << r.output;
-  auto got = ReadBack(dir + "/tb");
+  auto got = ReadTensorboardScalars(dir + "/tb");
   ASSERT_EQ(got["train/loss"].size(), 4u);
   for (auto& [step, line] : printed) {
     EXPECT_NEAR(got["train/loss"][step], line.loss, 1e-5) << step;
@@ -217,7 +200,7 @@ TEST(TrainTensorboard, EveryRankWritesItsOwnFolderWhenAsked) {
     auto files = RunCommand("ls " + dir + "/tb/rank_" + std::to_string(rank));
     EXPECT_NE(files.output.find("events.out.tfevents."), std::string::npos) << files.output;
     if (HaveTensorboard()) {
-      EXPECT_EQ(ReadBack(dir + "/tb/rank_" + std::to_string(rank))["train/loss"].size(), 4u);
+      EXPECT_EQ(ReadTensorboardScalars(dir + "/tb/rank_" + std::to_string(rank))["train/loss"].size(), 4u);
     }
   }
   // Without the flag only rank 0 writes, straight into DIR.

@@ -26,9 +26,7 @@
 namespace keel {
 namespace {
 
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using testing::Contains;
 
 class ProgramValidation : public ::testing::Test {
  protected:

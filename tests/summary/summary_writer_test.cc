@@ -21,24 +21,6 @@
 namespace keel::testing {
 namespace {
 
-bool HaveTensorboard() {
-  return std::system("/usr/bin/env python3 -c 'import tensorboard' >/dev/null 2>&1") == 0;
-}
-
-// tag -> step -> value, as TensorBoard's EventAccumulator reads the folder.
-std::map<std::string, std::map<int64_t, double>> ReadBack(const std::string& dir) {
-  auto r = RunCommand("/usr/bin/env python3 " + SourcePath("tests/summary/read_tfevents.py") + " " +
-                      dir + " 2>&1");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::map<std::string, std::map<int64_t, double>> out;
-  std::istringstream in(r.output);
-  std::string tag;
-  int64_t step;
-  double value;
-  while (in >> tag >> step >> value) out[tag][step] = value;
-  return out;
-}
-
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -83,7 +65,7 @@ TEST(SummaryWriter, TensorboardReadsBackEveryScalar) {
     w.Flush();
     EXPECT_NE(w.path().find("/events.out.tfevents."), std::string::npos) << w.path();
   }
-  auto got = ReadBack(dir);
+  auto got = ReadTensorboardScalars(dir);
   ASSERT_EQ(got["train/loss"].size(), 50u);
   for (int step = 0; step < 50; ++step)
     EXPECT_NEAR(got["train/loss"][step], 1.0 / (step + 1), 1e-6);
@@ -104,7 +86,7 @@ TEST(SummaryWriter, TwoWritersInOneFolderMakeTwoFilesOfOneRun) {
   }
   EXPECT_EQ(ListDir(dir).size(), 2u);
   if (HaveTensorboard()) {
-    auto got = ReadBack(dir);
+    auto got = ReadTensorboardScalars(dir);
     EXPECT_EQ(got["x"].size(), 2u);
   }
   RunCommand("rm -rf " + dir);

@@ -1,5 +1,7 @@
 #include "tests/util/subprocess.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -9,6 +11,9 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+
+#include "framework/io/io.h"
 
 namespace keel::testing {
 
@@ -55,6 +60,34 @@ int FreePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::map<std::string, std::string> CheckpointTensorBytes(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (auto& [name, t] : LoadSafetensors(dir + "/" + kPersistablesFile))
+    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+  return out;
+}
+
+bool HaveTensorboard() {
+  return std::system("/usr/bin/env python3 -c 'import tensorboard' >/dev/null 2>&1") == 0;
+}
+
+std::map<std::string, std::map<int64_t, double>> ReadTensorboardScalars(const std::string& dir) {
+  auto r = RunCommand("/usr/bin/env python3 " + std::string(KEEL_SOURCE_DIR) +
+                      "/tests/summary/read_tfevents.py " + dir + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, std::map<int64_t, double>> out;
+  std::istringstream in(r.output);
+  std::string tag;
+  int64_t step;
+  double value;
+  while (in >> tag >> step >> value) out[tag][step] = value;
+  return out;
 }
 
 }  // namespace keel::testing

@@ -1,6 +1,8 @@
 // Runs a shell command for CLI tests: its exit code, whether a signal killed it, its output.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 namespace keel::testing {
@@ -18,5 +20,13 @@ std::string BinPath(const std::string& name);
 std::string MakeTempDir();
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
+// Whether `s` contains `part` (for checks on a command's output or a log).
+bool Contains(const std::string& s, const std::string& part);
+// name -> bytes of every tensor in DIR/persistables.safetensors: checkpoints compared bit for bit.
+std::map<std::string, std::string> CheckpointTensorBytes(const std::string& dir);
+// Whether python3 can import the real `tensorboard` package (its read-back checks skip without).
+bool HaveTensorboard();
+// tag -> step -> value of the event files under DIR, as TensorBoard's own reader reads them.
+std::map<std::string, std::map<int64_t, double>> ReadTensorboardScalars(const std::string& dir);
 
 }  // namespace keel::testing
