@@ -21,15 +21,21 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/blas.h"
 #include "framework/runtime/cpu_threads.h"
+#include "ops/conv_onednn.h"
 #include "ops/conv_winograd.h"
 #include "ops/op_util.h"
 
+DEFINE_bool(conv_onednn, true,
+            "Run float32 conv2d and its gradients by oneDNN's convolution primitives (blocked "
+            "layouts, reordered from and to NCHW per call); false: keel's own kernels "
+            "(im2col + GEMM, and Winograd per --conv_winograd).");
 DEFINE_bool(conv_winograd, true,
             "Run 3x3 stride-1 convolutions with at least 32 channels in and out by Winograd "
             "F(2x2, 3x3) (forward, dInput and dFilter); false: im2col + GEMM for every conv.");
@@ -396,6 +402,91 @@ void GrowScratch(std::vector<std::unique_ptr<ConvScratch<T>>>* scratch, size_t n
   while (scratch->size() < n) scratch->push_back(std::make_unique<ConvScratch<T>>());
 }
 
+// float32 convolutions by oneDNN (ops/conv_onednn.h), in the same pieces of whole images as keel's
+// own kernels: each piece runs its primitive on one thread, the filter gradient is summed over the
+// pieces in piece order, so results are the same bits on any number of threads.
+class OneDnnConv {
+ public:
+  static bool Applies(const ConvGeom& g) { return FLAGS_conv_onednn && onednn::Supports(Shape(g, g.N)); }
+
+  void Forward(const ConvGeom& g, const float* x, const float* f, float* y) {
+    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+    Prepare(g, per, pieces, /*backward=*/false, f);
+    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+      Entry& e = *piece_entry_[static_cast<size_t>(p)];
+      e.prims->Forward(x + p * per * g.C * g.H * g.W, e.w, y + p * per * g.M * g.P, bufs_[p].get());
+    });
+  }
+
+  void Backward(const ConvGeom& g, const float* x, const float* f, const float* dy, float* dx,
+                float* df) {
+    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+    const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
+    Prepare(g, per, pieces, /*backward=*/true, dx != nullptr ? f : nullptr);
+    if (df != nullptr && pieces > 1) dw_.resize(static_cast<size_t>(pieces * fsize));
+    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+      Entry& e = *piece_entry_[static_cast<size_t>(p)];
+      float* dfp = df == nullptr ? nullptr : pieces > 1 ? dw_.data() + p * fsize : df;
+      e.prims->Backward(x + p * per * g.C * g.H * g.W, e.w, dy + p * per * g.M * g.P,
+                        dx != nullptr ? dx + p * per * g.C * g.H * g.W : nullptr, dfp,
+                        bufs_[p].get());
+    });
+    if (df != nullptr && pieces > 1) {
+      std::copy(dw_.begin(), dw_.begin() + fsize, df);
+      for (int64_t p = 1; p < pieces; ++p)
+        for (int64_t i = 0; i < fsize; ++i) df[i] += dw_[p * fsize + i];
+    }
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<onednn::ConvPrimitives> prims;
+    dnnl::memory w;  // the filter in the primitive's layout, this call's
+  };
+
+  static onednn::ConvShape Shape(const ConvGeom& g, int64_t n) {
+    return {n,    g.C,  g.H,  g.W,  g.M,  g.kh,     g.kw, g.sh,
+            g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.Ho, g.Wo};
+  }
+
+  // Finds or creates the primitives of every piece size, and reorders the filter once per size
+  // for this call (`f` null: no filter needed).
+  void Prepare(const ConvGeom& g, int64_t per, int64_t pieces, bool backward, const float* f) {
+    piece_entry_.assign(static_cast<size_t>(pieces), nullptr);
+    while (bufs_.size() < static_cast<size_t>(pieces))
+      bufs_.push_back(std::make_unique<onednn::ConvBuffers>());
+    std::vector<Entry*> used;
+    for (int64_t p = 0; p < pieces; ++p) {
+      const onednn::ConvShape s = Shape(g, std::min(per, g.N - p * per));
+      Entry* e = nullptr;
+      for (auto& c : entries_)
+        if (c->prims->shape() == s) e = c.get();
+      if (e == nullptr) {
+        if (entries_.size() >= 8) entries_.clear(), used.clear();  // batch sizes keep changing
+        entries_.push_back(std::make_unique<Entry>());
+        e = entries_.back().get();
+        e->prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
+      } else if (backward && !e->prims->has_backward()) {
+        e->prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
+      }
+      piece_entry_[static_cast<size_t>(p)] = e;
+      if (std::find(used.begin(), used.end(), e) == used.end()) used.push_back(e);
+    }
+    if (f == nullptr) return;
+    for (Entry* e : used) {
+      if (backward)
+        e->prims->PrepareBackwardWeights(f, &e->w);
+      else
+        e->prims->PrepareForwardWeights(f, &e->w);
+    }
+  }
+
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<Entry*> piece_entry_;
+  std::vector<std::unique_ptr<onednn::ConvBuffers>> bufs_;
+  ScratchVector<float> dw_;
+};
+
 template <typename T>
 class Conv2DKernel : public OpKernel {
  public:
@@ -409,6 +500,9 @@ class Conv2DKernel : public OpKernel {
     const T* xd = x.data<T>();
     const T* fd = f.data<T>();
     T* od = out->mutable_data<T>(ctx.place());
+    if constexpr (std::is_same_v<T, float>) {
+      if (OneDnnConv::Applies(g)) return onednn_.Forward(g, xd, fd, od);
+    }
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
     GrowScratch(&scratch_, static_cast<size_t>(pieces));
     cpu_threads::ParallelFor(pieces, [&](int64_t p) {
@@ -470,6 +564,7 @@ class Conv2DKernel : public OpKernel {
 
   ConvAttrs attrs_;
   std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
+  OneDnnConv onednn_;  // float32 only
 };
 
 template <typename T>
@@ -493,6 +588,9 @@ class Conv2DGradKernel : public OpKernel {
     const T* gd = dout.data<T>();
     T* dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     T* dfd = df ? df->mutable_data<T>(ctx.place()) : nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      if (OneDnnConv::Applies(g)) return onednn_.Backward(g, xd, fd, gd, dxd, dfd);
+    }
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
     const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
     GrowScratch(&scratch_, static_cast<size_t>(pieces));
@@ -594,6 +692,7 @@ class Conv2DGradKernel : public OpKernel {
 
   ConvAttrs attrs_;
   std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
+  OneDnnConv onednn_;  // float32 only
 };
 
 }  // namespace

@@ -45,7 +45,7 @@ const std::vector<Command>& Commands() {
          {"nccl_comm_num", "fuse_all_reduce_ops", "fuse_parameter_memory_size",
           "fuse_parameter_groups_size", "hierarchical_allreduce_inter_nranks", "local_sgd_steps",
           "local_sgd_warmup_steps", "cpu_comm_backend", "comm_timeout_s"}},
-        {"performance", {"num_iteration_per_drop_scope", "cpu_math_threads", "conv_winograd"}}},
+        {"performance", {"num_iteration_per_drop_scope", "cpu_math_threads", "conv_onednn", "conv_winograd"}}},
        {"python_free_cli/train.cc", "python_free_cli/train_flags.cc",
         "python_free_cli/train_monitor.cc"}},
       {"inspect",

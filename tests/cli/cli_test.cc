@@ -227,6 +227,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},
       {"profile", "ProfilerCli.*, UserProgram.ProfileFlagWritesATraceAtExit"},
       {"conv_winograd", "ConvNnOps (Winograd vs im2col)"},
+      {"conv_onednn", "Conv2DOp.OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount"},
       {"bench_numel", "keel bench allreduce"},
       {"bench_steps", "KeelBench.PrintsOneJsonLine"},
       {"bench_warmup", "KeelBench.PrintsOneJsonLine"},

@@ -4,7 +4,10 @@
 // dropout mask's seeding and rate, and bad input reported as keel::Error naming op and shapes.
 #include <gtest/gtest.h>
 
+#include <gflags/gflags.h>
+
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,8 +16,11 @@
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "framework/runtime/cpu_threads.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
+
+DECLARE_bool(conv_onednn);
 
 namespace keel::testing {
 namespace {
@@ -192,6 +198,53 @@ TEST(Conv2DOp, RunsAgainWithAnotherBatchSize) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << i;
   }
+}
+
+// float32 convs run by oneDNN's primitives (--conv_onednn) agree with keel's own kernels (im2col
+// + GEMM, Winograd) within float32 rounding, forward and both gradients, on shapes cut into
+// several pieces of images (the last one shorter), with groups, strides and dilations; and give the
+// same bits on one thread and on three.
+TEST(Conv2DOp, OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount) {
+  const ConvParams cases[] = {
+      {"resnet_pieces", {10, 32, 32, 32}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"stride2_pieces", {7, 16, 32, 32}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"shortcut_1x1", {6, 16, 32, 32}, {32, 16, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
+      {"groups_dilation", {5, 8, 20, 20}, {12, 4, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 2},
+      {"lenet_conv1", {9, 1, 28, 28}, {20, 1, 5, 5}, {1, 1}, {0, 0}, {1, 1}, 1},
+  };
+  auto run = [](const ConvParams& p, bool onednn, int threads) {
+    FLAGS_conv_onednn = onednn;
+    cpu_threads::SetBudget(threads);
+    OpCase fwd = ConvCase(p, DType::kFloat32);
+    std::vector<Tensor> out = {RunForward(fwd)["Output"][0]};
+    OpCase c = fwd;
+    c.type = "conv2d_grad";
+    c.inputs.push_back({GradVarName("Output"), {RandomTensor(ConvOutDims(p), DType::kFloat32,
+                                                             -1, 1, 104)}});
+    c.outputs = {{GradVarName("Input"), 1}, {GradVarName("Filter"), 1}};
+    auto grads = RunForward(c);
+    out.push_back(grads[GradVarName("Input")][0]);
+    out.push_back(grads[GradVarName("Filter")][0]);
+    return out;
+  };
+  for (const auto& p : cases) {
+    SCOPED_TRACE(p.name);
+    const std::vector<Tensor> own = run(p, false, 1), one = run(p, true, 1),
+                              three = run(p, true, 3);
+    for (size_t k = 0; k < own.size(); ++k) {
+      SCOPED_TRACE(k == 0 ? "Output" : k == 1 ? "Input@GRAD" : "Filter@GRAD");
+      const std::vector<double> a = ToDouble(own[k]), b = ToDouble(one[k]);
+      ASSERT_EQ(a.size(), b.size());
+      double scale = 0;
+      for (double v : a) scale = std::max(scale, std::abs(v));
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-5 * scale + 1e-6) << i;
+      ASSERT_EQ(one[k].numel(), three[k].numel());
+      EXPECT_EQ(0, std::memcmp(one[k].data<float>(), three[k].data<float>(),
+                               static_cast<size_t>(one[k].numel()) * sizeof(float)));
+    }
+  }
+  FLAGS_conv_onednn = true;
+  cpu_threads::SetBudget(1);
 }
 
 TEST(Conv2DOp, BadShapesAreBuildErrors) {

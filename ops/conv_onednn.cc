@@ -1,0 +1,266 @@
+#include "ops/conv_onednn.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "framework/error.h"
+#include "framework/runtime/cpu_threads.h"
+
+namespace keel {
+namespace onednn {
+
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using DT = memory::data_type;
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *e;
+}
+
+// The calling thread's stream (oneDNN streams are not to be shared between threads).
+dnnl::stream& ThreadStream() {
+  thread_local dnnl::stream s(Engine());
+  return s;
+}
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+
+// A reorder between a plain layout and a primitive's, or nothing when the two are the same.
+struct Reorder {
+  bool needed = false;
+  dnnl::reorder::primitive_desc pd;
+  dnnl::reorder prim;
+  memory::desc to;
+
+  Reorder() = default;
+  Reorder(const memory::desc& from_md, const memory::desc& to_md)
+      : needed(from_md != to_md), to(to_md) {
+    if (!needed) return;
+    pd = dnnl::reorder::primitive_desc(Engine(), from_md, Engine(), to_md, UserScratchpad());
+    prim = dnnl::reorder(pd);
+  }
+  size_t scratch_bytes() const { return needed ? pd.scratchpad_desc().get_size() : 0; }
+  void Run(const memory& from, const memory& dst, const memory& scratch) const {
+    std::unordered_map<int, memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, dst}};
+    if (scratch.get(true) != nullptr) args[DNNL_ARG_SCRATCHPAD] = scratch;
+    prim.execute(ThreadStream(), args);
+  }
+};
+
+memory::dims Dims(std::initializer_list<int64_t> v) { return memory::dims(v.begin(), v.end()); }
+
+// Allocates `m` with `md` unless it already has that layout.
+void Ensure(memory* m, const memory::desc& md) {
+  if (m->get(true) == nullptr || m->get_desc() != md) *m = memory(md, Engine());
+}
+
+memory Wrap(const memory::desc& md, const float* p) {
+  return memory(md, Engine(), const_cast<float*>(p));
+}
+
+}  // namespace
+
+bool ConvShape::operator==(const ConvShape& o) const {
+  return N == o.N && C == o.C && H == o.H && W == o.W && M == o.M && kh == o.kh && kw == o.kw &&
+         sh == o.sh && sw == o.sw && ph == o.ph && pw == o.pw && dh == o.dh && dw == o.dw &&
+         groups == o.groups && Ho == o.Ho && Wo == o.Wo;
+}
+
+struct ConvPrimitives::Impl {
+  memory::desc src_md, w_md, dst_md;  // NCHW, OIHW (GOIHW with groups), NCHW
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data::primitive_desc bd_pd;
+  dnnl::convolution_backward_data bd;
+  dnnl::convolution_backward_weights::primitive_desc bw_pd;
+  dnnl::convolution_backward_weights bw;
+  Reorder src_fwd, w_fwd, dst_fwd;            // forward: x in, w in, y out
+  Reorder ddst_bd, w_bd, dsrc_bd;             // data gradient: dy in, w in, dx out
+  Reorder src_bw, ddst_bw, dw_bw;             // weights gradient: x in, dy in, dw out
+  memory::desc scratch_md;
+  bool backward = false;
+};
+
+ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
+  auto impl = std::make_shared<Impl>();
+  Impl& p = *impl;
+  p.backward = backward;
+  p.src_md = memory::desc(Dims({s.N, s.C, s.H, s.W}), DT::f32, Tag::nchw);
+  p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), DT::f32, Tag::nchw);
+  p.w_md = s.groups == 1
+               ? memory::desc(Dims({s.M, s.C, s.kh, s.kw}), DT::f32, Tag::oihw)
+               : memory::desc(Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw}),
+                              DT::f32, Tag::goihw);
+  const memory::desc src_any(p.src_md.dims(), DT::f32, Tag::any);
+  const memory::desc dst_any(p.dst_md.dims(), DT::f32, Tag::any);
+  const memory::desc w_any(p.w_md.dims(), DT::f32, Tag::any);
+  const memory::dims strides = Dims({s.sh, s.sw}), dilates = Dims({s.dh - 1, s.dw - 1});
+  const memory::dims pads = Dims({s.ph, s.pw});
+  const dnnl::primitive_attr attr = UserScratchpad();
+
+  p.fwd_pd = dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::convolution_direct, src_any, w_any, dst_any,
+                                      strides, dilates, pads, pads),
+      attr, Engine());
+  p.fwd = dnnl::convolution_forward(p.fwd_pd);
+  p.src_fwd = Reorder(p.src_md, p.fwd_pd.src_desc());
+  p.w_fwd = Reorder(p.w_md, p.fwd_pd.weights_desc());
+  p.dst_fwd = Reorder(p.fwd_pd.dst_desc(), p.dst_md);
+  size_t scratch = p.fwd_pd.scratchpad_desc().get_size();
+  if (backward) {
+    p.bd_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_any, w_any,
+                                              dst_any, strides, dilates, pads, pads),
+        attr, Engine(), p.fwd_pd);
+    p.bd = dnnl::convolution_backward_data(p.bd_pd);
+    p.bw_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
+                                                 w_any, dst_any, strides, dilates, pads, pads),
+        attr, Engine(), p.fwd_pd);
+    p.bw = dnnl::convolution_backward_weights(p.bw_pd);
+    p.ddst_bd = Reorder(p.dst_md, p.bd_pd.diff_dst_desc());
+    p.w_bd = Reorder(p.w_md, p.bd_pd.weights_desc());
+    p.dsrc_bd = Reorder(p.bd_pd.diff_src_desc(), p.src_md);
+    p.src_bw = Reorder(p.src_md, p.bw_pd.src_desc());
+    p.ddst_bw = Reorder(p.dst_md, p.bw_pd.diff_dst_desc());
+    p.dw_bw = Reorder(p.bw_pd.diff_weights_desc(), p.w_md);
+    scratch = std::max({scratch, p.bd_pd.scratchpad_desc().get_size(),
+                        p.bw_pd.scratchpad_desc().get_size()});
+  }
+  for (const Reorder* r : {&p.src_fwd, &p.w_fwd, &p.dst_fwd, &p.ddst_bd, &p.w_bd, &p.dsrc_bd,
+                           &p.src_bw, &p.ddst_bw, &p.dw_bw})
+    scratch = std::max(scratch, r->scratch_bytes());
+  p.scratch_md = memory::desc(Dims({static_cast<int64_t>(std::max<size_t>(scratch, 1))}), DT::u8,
+                              Tag::x);
+  impl_ = std::move(impl);
+}
+
+bool ConvPrimitives::has_backward() const { return impl_->backward; }
+
+void ConvPrimitives::PrepareForwardWeights(const float* w, memory* out) const {
+  const Impl& p = *impl_;
+  if (!p.w_fwd.needed) {
+    *out = Wrap(p.w_md, w);
+    return;
+  }
+  Ensure(out, p.w_fwd.to);
+  memory scratch(p.scratch_md, Engine());
+  cpu_threads::UseOneOpenMPThread();
+  p.w_fwd.Run(Wrap(p.w_md, w), *out, scratch);
+  ThreadStream().wait();
+}
+
+void ConvPrimitives::PrepareBackwardWeights(const float* w, memory* out) const {
+  const Impl& p = *impl_;
+  CHECK(p.backward) << "conv primitives built without the backward pass";
+  if (!p.w_bd.needed) {
+    *out = Wrap(p.w_md, w);
+    return;
+  }
+  Ensure(out, p.w_bd.to);
+  memory scratch(p.scratch_md, Engine());
+  cpu_threads::UseOneOpenMPThread();
+  p.w_bd.Run(Wrap(p.w_md, w), *out, scratch);
+  ThreadStream().wait();
+}
+
+void ConvPrimitives::Forward(const float* x, const memory& w, float* y, ConvBuffers* b) const {
+  const Impl& p = *impl_;
+  cpu_threads::UseOneOpenMPThread();
+  Ensure(&b->scratch, p.scratch_md);
+  memory src = Wrap(p.src_md, x), dst = Wrap(p.dst_md, y);
+  if (p.src_fwd.needed) {
+    Ensure(&b->src, p.src_fwd.to);
+    p.src_fwd.Run(src, b->src, b->scratch);
+    src = b->src;
+  }
+  memory out = dst;
+  if (p.dst_fwd.needed) {
+    Ensure(&b->dst, p.fwd_pd.dst_desc());
+    out = b->dst;
+  }
+  p.fwd.execute(ThreadStream(), {{DNNL_ARG_SRC, src},
+                                 {DNNL_ARG_WEIGHTS, w},
+                                 {DNNL_ARG_DST, out},
+                                 {DNNL_ARG_SCRATCHPAD, b->scratch}});
+  if (p.dst_fwd.needed) p.dst_fwd.Run(out, dst, b->scratch);
+  ThreadStream().wait();
+}
+
+void ConvPrimitives::Backward(const float* x, const memory& w, const float* dy, float* dx,
+                              float* dw, ConvBuffers* b) const {
+  const Impl& p = *impl_;
+  CHECK(p.backward) << "conv primitives built without the backward pass";
+  cpu_threads::UseOneOpenMPThread();
+  Ensure(&b->scratch, p.scratch_md);
+  const memory dy_plain = Wrap(p.dst_md, dy);
+  if (dx != nullptr) {
+    memory ddst = dy_plain;
+    if (p.ddst_bd.needed) {
+      Ensure(&b->diff_dst_d, p.ddst_bd.to);
+      p.ddst_bd.Run(dy_plain, b->diff_dst_d, b->scratch);
+      ddst = b->diff_dst_d;
+    }
+    const memory dx_plain = Wrap(p.src_md, dx);
+    memory dsrc = dx_plain;
+    if (p.dsrc_bd.needed) {
+      Ensure(&b->diff_src, p.bd_pd.diff_src_desc());
+      dsrc = b->diff_src;
+    }
+    p.bd.execute(ThreadStream(), {{DNNL_ARG_DIFF_DST, ddst},
+                                  {DNNL_ARG_WEIGHTS, w},
+                                  {DNNL_ARG_DIFF_SRC, dsrc},
+                                  {DNNL_ARG_SCRATCHPAD, b->scratch}});
+    if (p.dsrc_bd.needed) p.dsrc_bd.Run(dsrc, dx_plain, b->scratch);
+  }
+  if (dw != nullptr) {
+    memory src = Wrap(p.src_md, x);
+    if (p.src_bw.needed) {
+      Ensure(&b->src_w, p.src_bw.to);
+      p.src_bw.Run(src, b->src_w, b->scratch);
+      src = b->src_w;
+    }
+    memory ddst = dy_plain;
+    if (p.ddst_bw.needed) {
+      // The data gradient's reorder of dy is reused when both want the same layout.
+      if (dx != nullptr && p.ddst_bd.needed && p.ddst_bd.to == p.ddst_bw.to) {
+        ddst = b->diff_dst_d;
+      } else {
+        Ensure(&b->diff_dst_w, p.ddst_bw.to);
+        p.ddst_bw.Run(dy_plain, b->diff_dst_w, b->scratch);
+        ddst = b->diff_dst_w;
+      }
+    }
+    const memory dw_plain = Wrap(p.w_md, dw);
+    memory dweights = dw_plain;
+    if (p.dw_bw.needed) {
+      Ensure(&b->diff_weights, p.bw_pd.diff_weights_desc());
+      dweights = b->diff_weights;
+    }
+    p.bw.execute(ThreadStream(), {{DNNL_ARG_SRC, src},
+                                  {DNNL_ARG_DIFF_DST, ddst},
+                                  {DNNL_ARG_DIFF_WEIGHTS, dweights},
+                                  {DNNL_ARG_SCRATCHPAD, b->scratch}});
+    if (p.dw_bw.needed) p.dw_bw.Run(dweights, dw_plain, b->scratch);
+  }
+  ThreadStream().wait();
+}
+
+bool Supports(const ConvShape& s) {
+  return s.N > 0 && s.C > 0 && s.M > 0 && s.Ho > 0 && s.Wo > 0 && s.groups >= 1 &&
+         s.C % s.groups == 0 && s.M % s.groups == 0;
+}
+
+}  // namespace onednn
+}  // namespace keel
