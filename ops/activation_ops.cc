@@ -18,20 +18,12 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/cpu_threads.h"
 #include "ops/functors/activation_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-ConstVec<T> Flat(const Tensor& t) {
-  return ConstVec<T>(t.data<T>(), t.numel());
-}
-template <typename T>
-Vec<T> FlatOut(Tensor* t, const Place& place) {
-  return Vec<T>(t->mutable_data<T>(place), t->numel());
-}
 
 // ---------------------------------------------------------------- elementwise kernels
 
@@ -81,7 +73,12 @@ class UnaryKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
-    F()(Flat<T>(x), FlatOut<T>(ctx.Output("Out"), ctx.place()));
+    const T* xd = x.data<T>();
+    T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    cpu_threads::ParallelForRange(x.numel(), cpu_threads::kElementwiseGrain,
+                                  [&](int64_t b, int64_t e) {
+                                    F()(ConstVec<T>(xd + b, e - b), Vec<T>(od + b, e - b));
+                                  });
   }
 };
 
@@ -96,7 +93,13 @@ class UnaryGradKernel : public OpKernel {
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     KEEL_ENFORCE(out.numel() == dout.numel(), "Out ", out.dims().str(), " and Out@GRAD ",
                  dout.dims().str(), " differ in size");
-    F()(Flat<T>(out), Flat<T>(dout), FlatOut<T>(dx, ctx.place()));
+    const T* od = out.data<T>();
+    const T* gd = dout.data<T>();
+    T* dxd = dx->mutable_data<T>(ctx.place());
+    cpu_threads::ParallelForRange(
+        out.numel(), cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+          F()(ConstVec<T>(od + b, e - b), ConstVec<T>(gd + b, e - b), Vec<T>(dxd + b, e - b));
+        });
   }
 };
 

@@ -407,22 +407,26 @@ void GrowScratch(std::vector<std::unique_ptr<ConvScratch<T>>>* scratch, size_t n
 // pieces in piece order, so results are the same bits on any number of threads.
 class OneDnnConv {
  public:
-  static bool Applies(const ConvGeom& g) { return FLAGS_conv_onednn && onednn::Supports(Shape(g, g.N)); }
+  static bool Applies(const ConvGeom& g) {
+    return FLAGS_conv_onednn && onednn::Supports(Shape(g, g.N));
+  }
 
-  void Forward(const ConvGeom& g, const float* x, const float* f, float* y) {
+  // False (nothing written) when oneDNN refuses the geometry: keel's own kernels run it.
+  bool Forward(const ConvGeom& g, const float* x, const float* f, float* y) {
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
-    Prepare(g, per, pieces, /*backward=*/false, f);
+    if (!Prepare(g, per, pieces, /*backward=*/false, f)) return false;
     cpu_threads::ParallelFor(pieces, [&](int64_t p) {
       Entry& e = *piece_entry_[static_cast<size_t>(p)];
       e.prims->Forward(x + p * per * g.C * g.H * g.W, e.w, y + p * per * g.M * g.P, bufs_[p].get());
     });
+    return true;
   }
 
-  void Backward(const ConvGeom& g, const float* x, const float* f, const float* dy, float* dx,
+  bool Backward(const ConvGeom& g, const float* x, const float* f, const float* dy, float* dx,
                 float* df) {
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
     const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
-    Prepare(g, per, pieces, /*backward=*/true, dx != nullptr ? f : nullptr);
+    if (!Prepare(g, per, pieces, /*backward=*/true, dx != nullptr ? f : nullptr)) return false;
     if (df != nullptr && pieces > 1) dw_.resize(static_cast<size_t>(pieces * fsize));
     cpu_threads::ParallelFor(pieces, [&](int64_t p) {
       Entry& e = *piece_entry_[static_cast<size_t>(p)];
@@ -436,6 +440,7 @@ class OneDnnConv {
       for (int64_t p = 1; p < pieces; ++p)
         for (int64_t i = 0; i < fsize; ++i) df[i] += dw_[p * fsize + i];
     }
+    return true;
   }
 
  private:
@@ -451,7 +456,10 @@ class OneDnnConv {
 
   // Finds or creates the primitives of every piece size, and reorders the filter once per size
   // for this call (`f` null: no filter needed).
-  void Prepare(const ConvGeom& g, int64_t per, int64_t pieces, bool backward, const float* f) {
+  bool Prepare(const ConvGeom& g, int64_t per, int64_t pieces, bool backward, const float* f) {
+    for (const onednn::ConvShape& r : refused_)
+      if (r == Shape(g, g.N)) return false;
+    if (entries_.size() > 8) entries_.clear();  // batch sizes keep changing
     piece_entry_.assign(static_cast<size_t>(pieces), nullptr);
     while (bufs_.size() < static_cast<size_t>(pieces))
       bufs_.push_back(std::make_unique<onednn::ConvBuffers>());
@@ -461,27 +469,36 @@ class OneDnnConv {
       Entry* e = nullptr;
       for (auto& c : entries_)
         if (c->prims->shape() == s) e = c.get();
-      if (e == nullptr) {
-        if (entries_.size() >= 8) entries_.clear(), used.clear();  // batch sizes keep changing
-        entries_.push_back(std::make_unique<Entry>());
-        e = entries_.back().get();
-        e->prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
-      } else if (backward && !e->prims->has_backward()) {
-        e->prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
+      if (e == nullptr || (backward && !e->prims->has_backward())) {
+        std::unique_ptr<onednn::ConvPrimitives> prims;
+        try {
+          prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
+        } catch (const dnnl::error&) {
+          // oneDNN has no implementation for this geometry (extreme strides or dilations).
+          refused_.push_back(Shape(g, g.N));
+          return false;
+        }
+        if (e == nullptr) {
+          entries_.push_back(std::make_unique<Entry>());
+          e = entries_.back().get();
+        }
+        e->prims = std::move(prims);
       }
       piece_entry_[static_cast<size_t>(p)] = e;
       if (std::find(used.begin(), used.end(), e) == used.end()) used.push_back(e);
     }
-    if (f == nullptr) return;
+    if (f == nullptr) return true;
     for (Entry* e : used) {
       if (backward)
         e->prims->PrepareBackwardWeights(f, &e->w);
       else
         e->prims->PrepareForwardWeights(f, &e->w);
     }
+    return true;
   }
 
   std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<onednn::ConvShape> refused_;
   std::vector<Entry*> piece_entry_;
   std::vector<std::unique_ptr<onednn::ConvBuffers>> bufs_;
   ScratchVector<float> dw_;
@@ -501,7 +518,7 @@ class Conv2DKernel : public OpKernel {
     const T* fd = f.data<T>();
     T* od = out->mutable_data<T>(ctx.place());
     if constexpr (std::is_same_v<T, float>) {
-      if (OneDnnConv::Applies(g)) return onednn_.Forward(g, xd, fd, od);
+      if (OneDnnConv::Applies(g) && onednn_.Forward(g, xd, fd, od)) return;
     }
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
     GrowScratch(&scratch_, static_cast<size_t>(pieces));
@@ -589,7 +606,7 @@ class Conv2DGradKernel : public OpKernel {
     T* dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     T* dfd = df ? df->mutable_data<T>(ctx.place()) : nullptr;
     if constexpr (std::is_same_v<T, float>) {
-      if (OneDnnConv::Applies(g)) return onednn_.Backward(g, xd, fd, gd, dxd, dfd);
+      if (OneDnnConv::Applies(g) && onednn_.Backward(g, xd, fd, gd, dxd, dfd)) return;
     }
     const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
     const int64_t fsize = g.M * g.Cg * g.kh * g.kw;

@@ -12,6 +12,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 #include "ops/functors/activation_functors.h"
 #include "ops/functors/elementwise_functors.h"
 #include "ops/matmul_plan.h"
@@ -329,6 +330,27 @@ using SubGradFunctor = fn::SubGrad;
 using MulGradFunctor = fn::MulGrad;
 using DivGradFunctor = fn::DivGrad;
 
+// Calls fn(idx, len, j, j_step) for runs of X's flat indices [idx, idx + len) that pair with Y's
+// entries j + j_step * k (j_step 0: one Y entry for the run; 1: consecutive ones), in pieces of
+// the flat index on the CPU thread budget. Element-wise: the cut changes no result.
+template <typename Fn>
+void ForEachRun(const BroadcastMid& m, const Fn& fn) {
+  cpu_threads::ParallelForRange(
+      m.pre * m.n * m.post, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+        for (int64_t idx = b; idx < e;) {
+          if (m.post == 1) {
+            const int64_t j = idx % m.n, len = std::min(e - idx, m.n - j);
+            fn(idx, len, j, 1);
+            idx += len;
+          } else {
+            const int64_t k = idx % m.post, len = std::min(e - idx, m.post - k);
+            fn(idx, len, (idx / m.post) % m.n, 0);
+            idx += len;
+          }
+        }
+      });
+}
+
 template <typename T, typename F>
 class ElementwiseKernel : public OpKernel {
  public:
@@ -343,23 +365,15 @@ class ElementwiseKernel : public OpKernel {
     const T* yd = y.data<T>();
     T* od = out->mutable_data<T>(ctx.place());  // may be X itself (in place): same index only
     F f;
-    if (m.post == 1) {
-      // out[i, j] = x[i, j] op y[j]: contiguous rows of n.
-      for (int64_t i = 0; i < m.pre; ++i) {
-        const T* xr = xd + i * m.n;
-        T* orow = od + i * m.n;
-        for (int64_t j = 0; j < m.n; ++j) orow[j] = f(xr[j], yd[j]);
+    // out[idx] = x[idx] op y[(idx / post) % n], in pieces of the flat index.
+    ForEachRun(m, [&](int64_t idx, int64_t len, int64_t j, int64_t j_step) {
+      if (j_step == 0) {
+        const T yv = yd[j];
+        for (int64_t k = 0; k < len; ++k) od[idx + k] = f(xd[idx + k], yv);
+      } else {
+        for (int64_t k = 0; k < len; ++k) od[idx + k] = f(xd[idx + k], yd[j + k]);
       }
-    } else {
-      // out[i, j, k] = x[i, j, k] op y[j]
-      for (int64_t i = 0; i < m.pre; ++i) {
-        for (int64_t j = 0; j < m.n; ++j) {
-          const T yv = yd[j];
-          const int64_t base = (i * m.n + j) * m.post;
-          for (int64_t k = 0; k < m.post; ++k) od[base + k] = f(xd[base + k], yv);
-        }
-      }
-    }
+    });
   }
 
  private:
@@ -386,38 +400,45 @@ class ElementwiseGradKernel : public OpKernel {
         CopyIfDistinct(gd, dxd, dout.numel());
       } else {
         // dx[i, j, k] = DX(dout[i, j, k], x[i, j, k], y[j])
-        for (int64_t i = 0; i < m.pre; ++i) {
-          for (int64_t j = 0; j < m.n; ++j) {
+        ForEachRun(m, [&](int64_t idx, int64_t len, int64_t j, int64_t j_step) {
+          if (j_step == 0) {
             const T yv = yd[j];
-            const int64_t base = (i * m.n + j) * m.post;
-            for (int64_t k = 0; k < m.post; ++k)
-              dxd[base + k] = G::DX(gd[base + k], xd[base + k], yv);
+            for (int64_t k = 0; k < len; ++k)
+              dxd[idx + k] = G::DX(gd[idx + k], xd[idx + k], yv);
+          } else {
+            for (int64_t k = 0; k < len; ++k)
+              dxd[idx + k] = G::DX(gd[idx + k], xd[idx + k], yd[j + k]);
           }
-        }
+        });
       }
     }
     if (Tensor* dy = ctx.OutputOrNull("Y@GRAD")) {
       // dy[j] = sum_{i, k} DY(dout[i, j, k], x[i, j, k], y[j])
       T* dyd = dy->mutable_data<T>(ctx.place());
-      std::fill(dyd, dyd + m.n, T(0));
-      if (m.post == 1) {
-        // Column sums over contiguous rows (the bias-add gradient).
-        for (int64_t i = 0; i < m.pre; ++i) {
-          const T* gr = gd + i * m.n;
-          const T* xr = xd + i * m.n;
-          for (int64_t j = 0; j < m.n; ++j) dyd[j] += G::DY(gr[j], xr[j], yd[j]);
-        }
-      } else {
-        for (int64_t i = 0; i < m.pre; ++i) {
-          for (int64_t j = 0; j < m.n; ++j) {
-            const T yv = yd[j];
-            const int64_t base = (i * m.n + j) * m.post;
-            T acc = T(0);
-            for (int64_t k = 0; k < m.post; ++k) acc += G::DY(gd[base + k], xd[base + k], yv);
-            dyd[j] += acc;
+      // Pieces of Y's n entries; each entry sums over i in order, as on one thread.
+      const int64_t grain = std::max<int64_t>(
+          1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, m.pre * m.post));
+      cpu_threads::ParallelForRange(m.n, grain, [&](int64_t j0, int64_t j1) {
+        std::fill(dyd + j0, dyd + j1, T(0));
+        if (m.post == 1) {
+          // Column sums over contiguous rows (the bias-add gradient).
+          for (int64_t i = 0; i < m.pre; ++i) {
+            const T* gr = gd + i * m.n;
+            const T* xr = xd + i * m.n;
+            for (int64_t j = j0; j < j1; ++j) dyd[j] += G::DY(gr[j], xr[j], yd[j]);
+          }
+        } else {
+          for (int64_t i = 0; i < m.pre; ++i) {
+            for (int64_t j = j0; j < j1; ++j) {
+              const T yv = yd[j];
+              const int64_t base = (i * m.n + j) * m.post;
+              T acc = T(0);
+              for (int64_t k = 0; k < m.post; ++k) acc += G::DY(gd[base + k], xd[base + k], yv);
+              dyd[j] += acc;
+            }
           }
         }
-      }
+      });
     }
   }
 
@@ -482,7 +503,10 @@ class SumKernel : public OpKernel {
       const T* a = ctx.Input("X", 0).data<T>();
       if (n >= 2) {
         const T* b = ctx.Input("X", 1).data<T>();
-        for (int64_t k = 0; k < numel; ++k) od[k] = a[k] + b[k];
+        cpu_threads::ParallelForRange(numel, cpu_threads::kElementwiseGrain,
+                                      [&](int64_t lo, int64_t hi) {
+                                        for (int64_t k = lo; k < hi; ++k) od[k] = a[k] + b[k];
+                                      });
         first = 2;
       } else {
         CopyIfDistinct(a, od, numel);
@@ -496,7 +520,10 @@ class SumKernel : public OpKernel {
       const T* xi = ctx.Input("X", i).data<T>();
       if (xi == od) continue;
       // out += x_i
-      for (int64_t k = 0; k < numel; ++k) od[k] += xi[k];
+      cpu_threads::ParallelForRange(numel, cpu_threads::kElementwiseGrain,
+                                    [&](int64_t lo, int64_t hi) {
+                                      for (int64_t k = lo; k < hi; ++k) od[k] += xi[k];
+                                    });
     }
   }
 };

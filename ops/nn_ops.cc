@@ -14,6 +14,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/cpu_threads.h"
 #include "ops/functors/philox.h"
 #include "ops/op_util.h"
 
@@ -291,6 +292,15 @@ class Pool2DGradKernel : public OpKernel {
 
 // --------------------------------------------------------------------------------- batch_norm
 
+// Runs fn(c0, c1) on pieces of batch_norm's C channels (of N * S values each) on the CPU
+// thread budget; the cut depends on the shape only and every per-channel sum stays in one piece.
+template <typename Fn>
+void ForChannels(int64_t N, int64_t C, int64_t S, const Fn& fn) {
+  const int64_t grain =
+      std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, N * S));
+  cpu_threads::ParallelForRange(C, grain, fn);
+}
+
 // X [N, C, ...] with Scale, Bias, Mean, Variance of [C]; Y like X; the stats outputs [C].
 void BatchNormShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X");
@@ -350,14 +360,18 @@ class BatchNormKernel : public OpKernel {
       }
     } else {
       const double m = static_cast<double>(N * S);
-      // Two passes (mean, then squared deviations): exact enough in float for large m.
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c) mean_[c] += ConstVec<T>(xd + (n * C + c) * S, S).sum();
-      for (int64_t c = 0; c < C; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c)
-          var_[c] +=
-              (ConstVec<T>(xd + (n * C + c) * S, S) - static_cast<T>(mean_[c])).square().sum();
+      // Two passes (mean, then squared deviations): exact enough in float for large m. Pieces of
+      // channels; each channel sums over n in order, as on one thread.
+      ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = c0; c < c1; ++c)
+            mean_[c] += ConstVec<T>(xd + (n * C + c) * S, S).sum();
+        for (int64_t c = c0; c < c1; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = c0; c < c1; ++c)
+            var_[c] +=
+                (ConstVec<T>(xd + (n * C + c) * S, S) - static_cast<T>(mean_[c])).square().sum();
+      });
       const double mom = momentum_;
       for (int64_t c = 0; c < C; ++c) {
         var_[c] = m > 0 ? var_[c] / m : 0.0;
@@ -373,12 +387,14 @@ class BatchNormKernel : public OpKernel {
       mean_[c] = scale[c] * inv_std;
       var_[c] = bias[c] - saved_mean[c] * mean_[c];
     }
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t off = (n * C + c) * S;
-        Vec<T>(yd + off, S) =
-            ConstVec<T>(xd + off, S) * static_cast<T>(mean_[c]) + static_cast<T>(var_[c]);
-      }
+    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t off = (n * C + c) * S;
+          Vec<T>(yd + off, S) =
+              ConstVec<T>(xd + off, S) * static_cast<T>(mean_[c]) + static_cast<T>(var_[c]);
+        }
+    });
   }
 
  private:
@@ -412,13 +428,15 @@ class BatchNormGradKernel : public OpKernel {
     const T* inv_std = ctx.Input("SavedVariance").data<T>();
     sum_dy_.assign(C, 0.0);
     sum_dy_xc_.assign(C, 0.0);  // sum(dy * (x - mean))
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t off = (n * C + c) * S;
-        ConstVec<T> g(gd + off, S);
-        sum_dy_[c] += g.sum();
-        sum_dy_xc_[c] += (g * (ConstVec<T>(xd + off, S) - mean[c])).sum();
-      }
+    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t off = (n * C + c) * S;
+          ConstVec<T> g(gd + off, S);
+          sum_dy_[c] += g.sum();
+          sum_dy_xc_[c] += (g * (ConstVec<T>(xd + off, S) - mean[c])).sum();
+        }
+    });
     if (dbias) {
       T* p = dbias->mutable_data<T>(ctx.place());
       for (int64_t c = 0; c < C; ++c) p[c] = static_cast<T>(sum_dy_[c]);
@@ -439,12 +457,14 @@ class BatchNormGradKernel : public OpKernel {
       coef_b_[c] = static_cast<T>(B);
       coef_d_[c] = static_cast<T>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
     }
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t off = (n * C + c) * S;
-        Vec<T>(dxd + off, S) = ConstVec<T>(gd + off, S) * coef_a_[c] +
-                               ConstVec<T>(xd + off, S) * coef_b_[c] + coef_d_[c];
-      }
+    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t off = (n * C + c) * S;
+          Vec<T>(dxd + off, S) = ConstVec<T>(gd + off, S) * coef_a_[c] +
+                                 ConstVec<T>(xd + off, S) * coef_b_[c] + coef_d_[c];
+        }
+    });
   }
 
  private:

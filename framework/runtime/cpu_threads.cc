@@ -112,6 +112,14 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   shared->cv.wait(lock, [&] { return shared->done == n; });
 }
 
+void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t pieces = (n + grain - 1) / grain;
+  if (pieces == 1) return fn(0, n);
+  ParallelFor(pieces, [&](int64_t p) { fn(p * grain, std::min(n, (p + 1) * grain)); });
+}
+
 void BlockSignalsInThisThread() {
   sigset_t all;
   sigfillset(&all);

@@ -26,6 +26,15 @@ bool Schedule(std::function<void()> task);
 // Budget() when results must be reproducible. fn must not throw.
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
+// Runs fn(begin, end) for the pieces [k * grain, min(n, (k + 1) * grain)) of [0, n), as
+// ParallelFor does; the cut depends on n and grain only. For element-wise work, and for
+// reductions whose every sum lies inside one piece.
+void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+// Elements per piece of memory-bound element-wise kernels: 128 KiB of float32, a few tens of
+// microseconds of work, well above the cost of handing a piece to another thread.
+constexpr int64_t kElementwiseGrain = int64_t{1} << 15;
+
 // Makes the calling thread use one OpenMP thread (what oneDNN's CPU primitives use), so oneDNN
 // runs on the thread that calls it. Cheap after the first call on a thread.
 void UseOneOpenMPThread();

@@ -76,7 +76,10 @@ TEST(Resnet20, LossFalls) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto loss = Column(r.output, "step %lld loss %lf");
   ASSERT_EQ(loss.size(), 40u) << r.output;
-  double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[37] + loss[38] + loss[39]) / 3;
+  // Steps at lr 0.05 on batches of 32 are noisy (one run's last three steps can sit near 2 while
+  // another's sit near 1): the last ten are averaged.
+  double first = (loss[0] + loss[1] + loss[2]) / 3, last = 0;
+  for (size_t i = 30; i < 40; ++i) last += loss[i] / 10;
   EXPECT_LT(last, first - 0.5) << r.output;
 }
 

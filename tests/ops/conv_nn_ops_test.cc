@@ -207,6 +207,9 @@ TEST(Conv2DOp, RunsAgainWithAnotherBatchSize) {
 TEST(Conv2DOp, OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount) {
   const ConvParams cases[] = {
       {"resnet_pieces", {10, 32, 32, 32}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"resnet_stage2", {32, 32, 16, 16}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"resnet_stage3_s2", {32, 32, 16, 16}, {64, 32, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
+      {"resnet_stage3", {32, 64, 8, 8}, {64, 64, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
       {"stride2_pieces", {7, 16, 32, 32}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
       {"shortcut_1x1", {6, 16, 32, 32}, {32, 16, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 1},
       {"groups_dilation", {5, 8, 20, 20}, {12, 4, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 2},
