@@ -2,6 +2,8 @@
 // Timed steps fetch nothing (as a training loop between log lines), so the loop measures compute.
 #include <gflags/gflags.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include "framework/profiler/profiler.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
 
@@ -72,9 +75,50 @@ int BenchAllReduce() {
   return 0;
 }
 
+// The calling core's FMA limit in GFLOP/s: independent chains of fused multiply-adds of the
+// widest vectors this build targets (best of 5 runs of ~20 ms), what no GEMM can exceed.
+double CoreFmaPeakGflops() {
+#if defined(__AVX512F__)
+  using V = __m512;
+  constexpr int kLanes = 16;
+  auto set = [](float v) { return _mm512_set1_ps(v); };
+  auto fma = [](V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); };
+  auto first = [](V a) { return _mm512_cvtss_f32(a); };
+#elif defined(__AVX2__) && defined(__FMA__)
+  using V = __m256;
+  constexpr int kLanes = 8;
+  auto set = [](float v) { return _mm256_set1_ps(v); };
+  auto fma = [](V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); };
+  auto first = [](V a) { return _mm256_cvtss_f32(a); };
+#else
+  return 0;  // no FMA vectors in this build: not measured
+#endif
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  constexpr int kChains = 16;  // more than latency x ports on current cores
+  constexpr int64_t kIters = 2000000;
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    V acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = set(0.001f * c);
+    const V mul = set(0.999999f), add = set(1e-7f);
+    auto t = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < kIters; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = fma(acc[c], mul, add);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    float sink = 0;
+    for (int c = 0; c < kChains; ++c) sink += first(acc[c]);
+    if (sink == 12345.0f) std::printf(" ");  // keeps the chains alive
+    best = std::max(best, 2.0 * kLanes * kChains * kIters / sec / 1e9);
+  }
+  return best;
+#endif
+}
+
 // keel bench gemm: blas::Gemm (the mul/matmul kernels' GEMM) on the seed MLP's shapes, forward
-// and both backward forms; one JSON line per shape with the median GFLOP/s.
+// and both backward forms; one JSON line per shape with the median GFLOP/s, and the core's FMA
+// limit beside it.
 int BenchGemm() {
+  const double peak = CoreFmaPeakGflops();
   struct Shape {
     const char* what;
     bool ta, tb;
@@ -96,10 +140,11 @@ int BenchGemm() {
     }
     std::sort(gflops.begin(), gflops.end());
     std::printf("{\"system\": \"keel\", \"bench\": \"gemm\", \"blas\": \"%s\", \"threads\": %d, "
-                "\"shape\": \"%s %lldx%lldx%lld\", \"gflops_median\": %.1f, \"gflops_best\": %.1f}\n",
-                blas::Backend(), FLAGS_cpu_math_threads, s.what, static_cast<long long>(s.M),
+                "\"shape\": \"%s %lldx%lldx%lld\", \"gflops_median\": %.1f, \"gflops_best\": %.1f, "
+                "\"core_fma_peak_gflops\": %.1f}\n",
+                blas::Backend(), cpu_threads::Budget(), s.what, static_cast<long long>(s.M),
                 static_cast<long long>(s.N), static_cast<long long>(s.K),
-                gflops[gflops.size() / 2], gflops.back());
+                gflops[gflops.size() / 2], gflops.back(), peak);
   }
   return 0;
 }

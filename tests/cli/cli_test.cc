@@ -336,6 +336,27 @@ TEST(KeelBench, PrintsOneJsonLine) {
   EXPECT_NE(r.output.find("\"step_ms\": "), std::string::npos) << r.output;
 }
 
+// keel bench gemm: one line per MLP shape, its GFLOP/s below the core's measured FMA limit (a
+// GEMM above it would mean the timing or the FLOP count is wrong).
+TEST(KeelBench, GemmReportsGflopsBelowTheCoresFmaLimit) {
+  auto r = RunCommand(Keel() + " bench gemm --bench_steps=5 --bench_warmup=1 --cpu_math_threads=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int lines = 0;
+  for (size_t at = r.output.find("\"gflops_best\": "); at != std::string::npos;
+       at = r.output.find("\"gflops_best\": ", at + 1)) {
+    const double best = std::stod(r.output.substr(at + 15));
+    const size_t p = r.output.find("\"core_fma_peak_gflops\": ", at);
+    ASSERT_NE(p, std::string::npos) << r.output;
+    const double peak = std::stod(r.output.substr(p + 25));
+    EXPECT_GT(best, 0) << r.output;
+    if (peak > 0) {
+      EXPECT_LT(best, peak * 1.05) << r.output;
+    }
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3) << r.output;
+}
+
 // --profile works in a program built on the library (it used to be read by keel train and bench
 // only): keel::Init starts the profiler and the trace is written when the program exits.
 TEST(UserProgram, ProfileFlagWritesATraceAtExit) {
