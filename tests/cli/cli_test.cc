@@ -341,13 +341,14 @@ TEST(KeelBench, PrintsOneJsonLine) {
 TEST(KeelBench, GemmReportsGflopsBelowTheCoresFmaLimit) {
   auto r = RunCommand(Keel() + " bench gemm --bench_steps=5 --bench_warmup=1 --cpu_math_threads=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string best_key = "\"gflops_best\": ", peak_key = "\"core_fma_peak_gflops\": ";
   int lines = 0;
-  for (size_t at = r.output.find("\"gflops_best\": "); at != std::string::npos;
-       at = r.output.find("\"gflops_best\": ", at + 1)) {
-    const double best = std::stod(r.output.substr(at + 15));
-    const size_t p = r.output.find("\"core_fma_peak_gflops\": ", at);
+  for (size_t at = r.output.find(best_key); at != std::string::npos;
+       at = r.output.find(best_key, at + 1)) {
+    const double best = std::stod(r.output.substr(at + best_key.size()));
+    const size_t p = r.output.find(peak_key, at);
     ASSERT_NE(p, std::string::npos) << r.output;
-    const double peak = std::stod(r.output.substr(p + 25));
+    const double peak = std::stod(r.output.substr(p + peak_key.size()));
     EXPECT_GT(best, 0) << r.output;
     if (peak > 0) {
       EXPECT_LT(best, peak * 1.05) << r.output;
