@@ -18,7 +18,7 @@ ROOT=$PWD
 DEB_PACKAGES=(libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler libgflags-dev libgflags2.2
   libgoogle-glog-dev libgoogle-glog0v6 libunwind8 libunwind-dev libgloo-dev libgloo0
   libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 libeigen3-dev libgtest-dev libgmock-dev
-  googletest zlib1g-dev)
+  googletest zlib1g-dev libdnnl-dev libdnnl2 libgomp1)
 
 if [ "${1:-}" = "fetch-debs" ]; then
   mkdir -p .debs && cd .debs && apt-get download "${DEB_PACKAGES[@]}" && ls -la
@@ -38,7 +38,8 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 # Debian libraries: from .debs/ when the system lacks them.
 PREFIXES=()
 EXTRA=()
-if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/logging.h ]; then
+if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/logging.h ] ||
+   [ ! -f /usr/include/oneapi/dnnl/dnnl.h ]; then
   [ -d .debs ] || { echo "gpu_check: no system protobuf/glog and no .debs/ (run: tools/gpu_check.sh fetch-debs on a Debian machine)"; exit 1; }
   log "unpacking .debs into .debs/root"
   mkdir -p .debs/root
