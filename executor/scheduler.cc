@@ -129,6 +129,13 @@ struct RunState {
   int running = 0;    // compute ops being run
   int tasks = 0;      // pool workers started and not yet returned
   int in_stream = 0;  // ops enqueued on a stream and not yet done
+  uint64_t events = 0;  // bumped (under mu) with every notify: ops done, kernels' pieces posted
+  // Called by cpu_threads whenever a ParallelFor starts (never while this thread holds mu).
+  std::function<void()> on_job = [this] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++events;
+    cv.notify_all();
+  };
   size_t done = 0;
   std::exception_ptr error;
 
@@ -181,6 +188,7 @@ struct RunState {
     std::lock_guard<std::mutex> lock(mu);
     --in_stream;
     if (!skip) Finish(i, err);
+    ++events;
     cv.notify_all();  // under the lock: the caller may return (and free this) once it is free
   }
 
@@ -205,14 +213,26 @@ struct RunState {
         lock.lock();
         --running;
         Finish(i, err);
+        ++events;
         cv.notify_all();
+        // A pool worker gives its thread back when a kernel's pieces wait for one (the caller
+        // starts workers again while more ops are ready than run).
+        if (!caller && cpu_threads::HelpWanted()) break;
         continue;
       }
       if (!caller || Idle()) break;
+      // Nothing ready here: run pieces of a kernel that another worker is running, else sleep
+      // until an op finishes or a kernel starts pieces (the help listener).
+      const uint64_t seen = events;
+      lock.unlock();
+      const bool helped = cpu_threads::HelpOnce();
+      lock.lock();
+      if (helped || events != seen) continue;  // look again before sleeping
       cv.wait(lock);
     }
     if (!caller) {
       --tasks;
+      ++events;
       cv.notify_all();
       return;
     }
@@ -239,7 +259,9 @@ void Scheduler::Run(const DependencyGraph& graph, const StreamOf& stream_of, int
     for (int i = 0; i < n; ++i)
       if (st.pending[i] == 0) st.MakeReady(i);
   }
+  cpu_threads::AddHelpListener(&st.on_job);
   st.Work(/*caller=*/true);
+  cpu_threads::RemoveHelpListener(&st.on_job);
   if (st.error) std::rethrow_exception(st.error);
   CHECK_EQ(st.done, graph.size()) << "scheduler: ops left unrun without an error (a cycle?)";
 }

@@ -70,6 +70,18 @@ void Drain(ParallelForState& s, int64_t n, const std::function<void(int64_t)>& f
   if (s.done == n) s.cv.notify_all();
 }
 
+// ParallelFor calls in flight, which idle threads outside the pool may help with (HelpOnce), and
+// the helper tasks queued on the pool that have not started yet (HelpWanted).
+struct Job {
+  std::shared_ptr<ParallelForState> state;
+  int64_t n;
+  const std::function<void(int64_t)>* fn;
+};
+std::mutex g_jobs_mu;
+std::vector<Job> g_jobs;
+std::vector<const std::function<void()>*> g_listeners;
+std::atomic<int> g_unstarted_helpers{0};
+
 }  // namespace
 
 void SetBudget(int n) {
@@ -106,10 +118,64 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   // (alive until all n pieces are done) is never called after this returns.
   auto shared = std::make_shared<ParallelForState>();
   const int64_t helpers = std::min<int64_t>(n - 1, pool->NumThreads());
-  for (int64_t h = 0; h < helpers; ++h) pool->Schedule([shared, n, &fn] { Drain(*shared, n, fn); });
+  {
+    std::lock_guard<std::mutex> lock(g_jobs_mu);
+    g_jobs.push_back(Job{shared, n, &fn});
+    for (const auto* listener : g_listeners) (*listener)();
+  }
+  g_unstarted_helpers.fetch_add(static_cast<int>(helpers));
+  for (int64_t h = 0; h < helpers; ++h)
+    pool->Schedule([shared, n, &fn] {
+      g_unstarted_helpers.fetch_sub(1);
+      Drain(*shared, n, fn);
+    });
   Drain(*shared, n, fn);
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done == n; });
+  {
+    std::unique_lock<std::mutex> lock(shared->mu);
+    shared->cv.wait(lock, [&] { return shared->done == n; });
+  }
+  std::lock_guard<std::mutex> lock(g_jobs_mu);
+  for (size_t i = 0; i < g_jobs.size(); ++i)
+    if (g_jobs[i].state == shared) {
+      g_jobs.erase(g_jobs.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+}
+
+bool HelpWanted() { return g_unstarted_helpers.load(std::memory_order_relaxed) > 0; }
+
+bool HelpOnce() {
+  Job job;
+  {
+    std::lock_guard<std::mutex> lock(g_jobs_mu);
+    auto it = std::find_if(g_jobs.begin(), g_jobs.end(), [](const Job& j) {
+      return j.state->next.load(std::memory_order_relaxed) < j.n;
+    });
+    if (it == g_jobs.end()) return false;
+    job = *it;
+  }
+  // Claims pieces only while some are left: once all n are claimed `fn` is not touched, so its
+  // owner may return (and unregister the job) while this thread still holds the pointer.
+  Drain(*job.state, job.n, *job.fn);
+  return true;
+}
+
+bool HelpAvailable() {
+  std::lock_guard<std::mutex> lock(g_jobs_mu);
+  for (const Job& j : g_jobs)
+    if (j.state->next.load(std::memory_order_relaxed) < j.n) return true;
+  return false;
+}
+
+void AddHelpListener(const std::function<void()>* on_job) {
+  std::lock_guard<std::mutex> lock(g_jobs_mu);
+  g_listeners.push_back(on_job);
+}
+
+void RemoveHelpListener(const std::function<void()>* on_job) {
+  std::lock_guard<std::mutex> lock(g_jobs_mu);
+  g_listeners.erase(std::remove(g_listeners.begin(), g_listeners.end(), on_job),
+                    g_listeners.end());
 }
 
 void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

@@ -26,6 +26,21 @@ bool Schedule(std::function<void()> task);
 // Budget() when results must be reproducible. fn must not throw.
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
+// Work sharing between the executor's workers and kernels' ParallelFor, so that inter-op workers
+// never keep a core from an op's pieces:
+// - HelpWanted: some ParallelFor has helper tasks queued on the pool that no pool thread has
+//   started (a pool thread running executor ops should return to the pool).
+// - HelpOnce: runs pieces of a ParallelFor in flight on the calling thread (an executor worker
+//   with nothing ready to run); false when there is none.
+// - HelpAvailable: whether HelpOnce would find pieces now.
+// - Add/RemoveHelpListener: `on_job` is called (under an internal lock: it must only signal)
+//   whenever a ParallelFor starts.
+bool HelpWanted();
+bool HelpOnce();
+bool HelpAvailable();
+void AddHelpListener(const std::function<void()>* on_job);
+void RemoveHelpListener(const std::function<void()>* on_job);
+
 // Runs fn(begin, end) for the pieces [k * grain, min(n, (k + 1) * grain)) of [0, n), as
 // ParallelFor does; the cut depends on n and grain only. For element-wise work, and for
 // reductions whose every sum lies inside one piece.

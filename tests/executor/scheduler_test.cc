@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "executor/executor.h"
@@ -91,6 +93,43 @@ TEST_F(SchedulerTest, StreamOpsAreIssuedInProgramOrderWhateverBecomesReadyFirst)
     order.push_back(i);
   });
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+}
+
+// On a budget of two cores (the caller and one pool thread), the threads that ran the two pieces
+// of a kernel's ParallelFor.
+std::set<std::thread::id> PieceThreads(const DependencyGraph& g, int slow_op) {
+  cpu_threads::SetBudget(2);
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  Scheduler::Run(g, {}, 2, [&](int i) {
+    if (i != slow_op) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      return;
+    }
+    cpu_threads::ParallelFor(2, [&](int64_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      std::lock_guard<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+    });
+  });
+  return threads;
+}
+
+// Op 0 (quick) runs on the caller, op 1 (a kernel in two pieces) on the pool thread: the caller,
+// with nothing left to run, takes the second piece instead of sleeping.
+TEST_F(SchedulerTest, AnIdleWorkerRunsPiecesOfAKernelRunningElsewhere) {
+  DependencyGraph g({Access{{}, {"a"}}, Access{{}, {"b"}}}, {});
+  EXPECT_EQ(PieceThreads(g, 1).size(), 2u);
+}
+
+// Op 0 (a kernel in two pieces) runs on the caller while a hundred quick independent ops keep the
+// pool thread's worker busy: that worker hands its thread back to the kernel's piece after the
+// op it is running, rather than keeping the core while the caller runs both pieces alone.
+TEST_F(SchedulerTest, APoolWorkerGivesItsThreadToAKernelsPieces) {
+  std::vector<Access> ops = {Access{{}, {"k"}}};
+  for (int i = 0; i < 100; ++i) ops.push_back(Access{{}, {"t" + std::to_string(i)}});
+  DependencyGraph g(ops, {});
+  EXPECT_EQ(PieceThreads(g, 0).size(), 2u);
 }
 
 TEST_F(SchedulerTest, AFailureStopsTheRunAndIsRethrown) {
