@@ -32,6 +32,9 @@ class Communicator {
   int nranks() const { return nranks_; }
   uint64_t seq() const { return seq_; }
   virtual const char* backend() const = 0;
+  // The CUDA stream (a cudaStream_t) this ring runs CUDA tensors' collectives on, for the
+  // executor's events; nullptr for rings of CPU tensors.
+  virtual void* device_stream() const { return nullptr; }
   // Nanoseconds this rank has spent inside this ring's collectives (moving data and waiting for
   // peers); read from any thread. The straggler monitor subtracts it from step time.
   int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }

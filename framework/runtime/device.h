@@ -25,4 +25,13 @@ int64_t DeviceMallocCount();
 // soon as this returns.
 void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size);
 
+// CUDA events and streams as opaque handles, for code without the CUDA headers (the executor's
+// event plan). A null `stream` is the place's compute stream. Recording and waiting enqueue work
+// on a stream; neither blocks the host.
+void* DeviceEventCreate(const Place& place);
+void DeviceEventDestroy(const Place& place, void* event);
+void DeviceEventRecord(const Place& place, void* event, void* stream);
+// Work enqueued on `stream` after this waits until `event`'s last recording has completed.
+void DeviceStreamWaitEvent(const Place& place, void* stream, void* event);
+
 }  // namespace keel
