@@ -198,6 +198,21 @@ void DeviceEmptyCache(const Place& place) {
 
 int64_t DeviceMallocCount() { return g_device_mallocs.load(); }
 
+std::string DeviceUuid(const Place& place) {
+  CudaContext::Get(place.device);
+  cudaDeviceProp prop;
+  KEEL_CUDA_CHECK(cudaGetDeviceProperties(&prop, place.device));
+  static const char* kHex = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    s += kHex[b >> 4];
+    s += kHex[b & 15];
+    if (i == 3 || i == 5 || i == 7 || i == 9) s += '-';
+  }
+  return s;
+}
+
 void* DeviceEventCreate(const Place& place) {
   CudaContext::Get(place.device);
   cudaEvent_t e;

@@ -48,6 +48,7 @@ int64_t DeviceMallocCount() { return 0; }
 void CopyHostToDeviceAsync(const Place& dst_place, void*, const void*, size_t) {
   NoCuda(dst_place);
 }
+std::string DeviceUuid(const Place& place) { NoCuda(place); }
 void* DeviceEventCreate(const Place& place) { NoCuda(place); }
 void DeviceEventDestroy(const Place&, void*) {}
 void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }

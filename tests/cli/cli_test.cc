@@ -266,6 +266,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"straggler_factor", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
       {"straggler_report_interval_s", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
       {"cuda_host_fallback", "HostFallback.* (CUDA places)"},
+      {"gpu_comm_backend", "GpuCommBackend.*, KeelLaunch.GpuModeGivesEachWorkerOneGpu"},
       {"allow_tf32", "GPU tests (cuBLAS/cuDNN math mode; run by tools/gpu_check.sh)"},
       {"cudnn_deterministic",
        "CudnnModels.DeterministicConvRepeatsBitForBitAndSearchesOncePerShape"},
