@@ -7,6 +7,7 @@
 // compute thread.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "framework/comm/communicator.h"
@@ -77,14 +78,22 @@ class HostStagedCommunicator : public Communicator {
   Tensor ToHost(const Tensor& t) {
     CudaContext::Get(device_);
     const size_t bytes = t.nbytes();
-    if (staging_.dtype() != t.dtype() || !staging_.initialized() || staging_.nbytes() < bytes) {
+    if (staging_.dtype() != t.dtype() || !staging_.initialized() || capacity_ < t.numel()) {
       Unpin();
-      staging_ = Tensor(t.dtype(), {std::max<int64_t>(t.numel(), 1)});
-      KEEL_CUDA_CHECK(
-          cudaHostRegister(staging_.raw_data(), staging_.nbytes(), cudaHostRegisterDefault));
-      pinned_ = staging_.raw_data();
+      // cudaHostRegister pins whole pages: the staging view starts on a page boundary (the
+      // allocation is 64-byte aligned, so the gap is a whole number of elements).
+      const int64_t elem = static_cast<int64_t>(SizeOf(t.dtype()));
+      const int64_t slack = kPage / elem;
+      staging_ = Tensor(t.dtype(), {std::max<int64_t>(t.numel(), 1) + 2 * slack});
+      const auto addr = reinterpret_cast<uintptr_t>(staging_.raw_data());
+      offset_ = static_cast<int64_t>((kPage - addr % kPage) % kPage) / elem;
+      capacity_ = staging_.numel() - offset_ - slack;
+      const size_t pinned_bytes =
+          (static_cast<size_t>(capacity_ * elem) + kPage - 1) / kPage * kPage;
+      pinned_ = static_cast<char*>(staging_.raw_data()) + offset_ * elem;
+      KEEL_CUDA_CHECK(cudaHostRegister(pinned_, pinned_bytes, cudaHostRegisterDefault));
     }
-    Tensor h = staging_.View(t.dims(), 0);
+    Tensor h = staging_.View(t.dims(), offset_);
     if (bytes > 0) {
       KEEL_CUDA_CHECK(
           cudaMemcpyAsync(h.raw_data(), t.raw_data(), bytes, cudaMemcpyDeviceToHost, stream_));
@@ -117,7 +126,9 @@ class HostStagedCommunicator : public Communicator {
   int device_;
   std::string backend_ = std::string("host-staged ") + host_->backend();
   cudaStream_t stream_ = nullptr;
+  static constexpr int64_t kPage = 4096;
   Tensor staging_;  // host memory, pinned with cudaHostRegister while it is the staging buffer
+  int64_t offset_ = 0, capacity_ = 0;  // the page-aligned view: first element, elements
   void* pinned_ = nullptr;
 };
 
