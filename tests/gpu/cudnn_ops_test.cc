@@ -213,6 +213,28 @@ TEST(CudnnModels, LenetAndResnetTrainThirtyStepsLikeOnTheCpu) {
   }
 }
 
+// cuDNN's workspace and the algorithm searches grow memory in the first steps only.
+TEST(CudnnModels, ResnetSteadyStateStepsCallCudaMallocZeroTimes) {
+  SKIP_WITHOUT_GPU();
+  models::ModelConfig cfg;
+  cfg.name = "resnet";
+  cfg.seed = 3;
+  cfg.batch_size = 16;
+  models::TrainableModel m = models::BuildModel(cfg);
+  Executor exe(CUDAPlace(0));
+  exe.Run(*m.startup);
+  FeedMap feed;
+  m.next_batch(16, &feed);
+  for (int s = 0; s < 3; ++s) exe.Run(*m.main, feed, {m.loss});
+  const int64_t before = DeviceMallocCount();
+  const int64_t searches = CudnnConvAlgoSearches();
+  for (int s = 0; s < 10; ++s)
+    exe.Run(*m.main, feed,
+            s % 5 == 4 ? std::vector<std::string>{m.loss} : std::vector<std::string>{});
+  EXPECT_EQ(DeviceMallocCount(), before) << "cudaMalloc in steady state";
+  EXPECT_EQ(CudnnConvAlgoSearches(), searches);
+}
+
 // Deterministic algorithms: two GPU runs give the same bits; the algorithm searches happen in the
 // first step of a shape and never again.
 TEST(CudnnModels, DeterministicConvRepeatsBitForBitAndSearchesOncePerShape) {
