@@ -108,10 +108,16 @@ struct Executor::Plan {
     std::unique_ptr<ExecutionContext> ctx;
     std::string trace_detail;  // "#i -> first output", for the profiler
     bool on_stream = false;
-    void* event = nullptr;  // CUDA: recorded after the op when the event plan says so
+    bool calc_stream = false;  // a collective with use_calc_stream: runs on a compute worker
+    void* event = nullptr;     // CUDA: recorded after the op when the event plan says so
+    // CUDA, calc_stream: the ring's stream waits for compute before the op (calc_in) and compute
+    // for the ring after it (calc_out).
+    void* calc_in = nullptr;
+    void* calc_out = nullptr;
   };
   ~Plan() {
-    for (Op& op : ops) DeviceEventDestroy(place, op.event);
+    for (Op& op : ops)
+      for (void* e : {op.event, op.calc_in, op.calc_out}) DeviceEventDestroy(place, e);
     DeviceEventDestroy(place, start_event);
   }
   Place place;
@@ -214,7 +220,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   std::random_device rd;
   std::vector<DependencyGraph::OpAccess> access(block.num_ops());
   std::map<std::string, std::string> slice_of;
-  bool any_stream = false;
+  bool any_stream = false, any_calc_stream = false;
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc* op = block.op(i);
     Plan::Op p;
@@ -267,9 +273,17 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     if (op->type() == "coalesce_tensor" && !op->Output("FusedOutput").empty())
       for (auto& name : op->Output("Output")) slice_of[name] = op->Output("FusedOutput")[0];
     if (RunsOnRingStream(op->type())) {
-      p.on_stream = true;
-      any_stream = true;
-      if (!FLAGS_comm_overlap) acc.barrier = true;
+      if (op->HasAttr("use_calc_stream") && op->Attr<bool>("use_calc_stream")) {
+        // In order with compute, as if on its stream: after every earlier op, before every later
+        // one (which also keeps the ring's program order against its stream's ops).
+        acc.barrier = true;
+        p.calc_stream = true;
+        any_calc_stream = true;
+      } else {
+        p.on_stream = true;
+        any_stream = true;
+        if (!FLAGS_comm_overlap) acc.barrier = true;
+      }
     }
     if (op->HasAttr("seed")) {
       int attr_seed = op->Attr<int>("seed");
@@ -288,15 +302,21 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     for (size_t i = 0; i < plan->ops.size(); ++i)
       if (plan->ops[i].on_stream)
         plan->stream_of[i] = RingStream(plan->ops[i].desc->Attr<int>("ring_id"));
-    if (place_.is_cuda()) {
-      std::vector<int> lanes(plan->ops.size(), 0);
-      for (size_t i = 0; i < plan->ops.size(); ++i)
-        if (plan->ops[i].on_stream) lanes[i] = plan->ops[i].desc->Attr<int>("ring_id") + 1;
-      plan->events = PlanEvents(*plan->graph, lanes);
-      plan->device_events = true;
-      plan->start_event = DeviceEventCreate(place_);
-      for (size_t i = 0; i < plan->ops.size(); ++i)
-        if (plan->events.record_after[i]) plan->ops[i].event = DeviceEventCreate(place_);
+  }
+  if (place_.is_cuda() && (any_stream || any_calc_stream)) {
+    std::vector<int> lanes(plan->ops.size(), 0);
+    for (size_t i = 0; i < plan->ops.size(); ++i)
+      if (plan->ops[i].on_stream) lanes[i] = plan->ops[i].desc->Attr<int>("ring_id") + 1;
+    plan->events = PlanEvents(*plan->graph, lanes);
+    plan->device_events = true;
+    plan->start_event = DeviceEventCreate(place_);
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      Plan::Op& op = plan->ops[i];
+      if (plan->events.record_after[i]) op.event = DeviceEventCreate(place_);
+      if (op.calc_stream) {
+        op.calc_in = DeviceEventCreate(place_);
+        op.calc_out = DeviceEventCreate(place_);
+      }
     }
   }
   return plan;
@@ -369,13 +389,17 @@ void Executor::RunOp(Plan& plan, int i) {
     // CUDA: the op's stream (the compute stream, or the ring's) waits for the events of the ops
     // on other streams it depends on.
     void* stream = nullptr;
+    void* ring_stream = nullptr;
+    if (plan.device_events && (op.on_stream || op.calc_stream)) {
+      ring_stream =
+          RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type()).device_stream();
+      KEEL_ENFORCE(ring_stream != nullptr, "ring ", op.desc->Attr<int>("ring_id"),
+                   " serves CPU tensors (c_comm_init with device_id -1) but this executor runs on ",
+                   place_.str());
+    }
     if (plan.device_events) {
       if (op.on_stream) {
-        stream =
-            RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type()).device_stream();
-        KEEL_ENFORCE(stream != nullptr, "ring ", op.desc->Attr<int>("ring_id"),
-                     " serves CPU tensors (",
-                     "c_comm_init with device_id -1) but this executor runs on ", place_.str());
+        stream = ring_stream;
         DeviceStreamWaitEvent(place_, stream, plan.start_event);
       }
       for (int p : plan.events.waits[i]) DeviceStreamWaitEvent(place_, stream, plan.ops[p].event);
@@ -384,7 +408,15 @@ void Executor::RunOp(Plan& plan, int i) {
       RuntimeInferShapeContext shape_ctx(*op.ctx);
       op.schema->infer_shape()(shape_ctx);
     }
+    if (op.calc_in) {  // use_calc_stream: the ring's stream joins the compute stream's order
+      DeviceEventRecord(place_, op.calc_in, nullptr);
+      DeviceStreamWaitEvent(place_, ring_stream, op.calc_in);
+    }
     op.kernel->Compute(*op.ctx);
+    if (op.calc_out) {
+      DeviceEventRecord(place_, op.calc_out, ring_stream);
+      DeviceStreamWaitEvent(place_, nullptr, op.calc_out);
+    }
     if (op.event) DeviceEventRecord(place_, op.event, stream);
     if (FLAGS_check_nan_inf) {
       for (const auto& slot : op.ctx->output_slots()) {

@@ -8,6 +8,7 @@
 
 #include "executor/executor.h"
 #include "fleet/distributed_strategy.h"
+#include "framework/dsl/program_guard.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "transpiler/grad_allreduce_pass.h"
 
@@ -95,6 +96,29 @@ TEST(EventPlan, TwoRingMlpWaitsOnlyAtTheSyncOpsAndTheOptimizer) {
   EXPECT_EQ(allreduces, 4);
   EXPECT_EQ(sgds, 4);
   EXPECT_EQ(p.final_waits, (V{last_of_ring[0], last_of_ring[1]}));
+}
+
+// A collective with use_calc_stream runs in order with compute: every earlier op before it, every
+// later op after it (no overlap), where by default it only follows its input's writer.
+TEST(EventPlan, UseCalcStreamMakesACollectiveOrderedWithCompute) {
+  for (bool calc : {false, true}) {
+    SCOPED_TRACE(calc ? "use_calc_stream" : "ring stream");
+    Program prog;
+    Block& block = prog.global_block();
+    for (const char* n : {"a", "b", "c", "d"}) block.Var(n)->set_shape({4});
+    AppendOp(block, "fill_constant", {}, {{"Out", {"a"}}},
+             {{"shape", std::vector<int64_t>{4}}, {"value", 1.0f}});
+    AppendOp(block, "fill_constant", {}, {{"Out", {"b"}}},
+             {{"shape", std::vector<int64_t>{4}}, {"value", 2.0f}});
+    AppendOp(block, "c_allreduce_sum", {{"X", {"a"}}}, {{"Out", {"a"}}},
+             {{"ring_id", 0}, {"use_calc_stream", calc}});
+    AppendOp(block, "scale", {{"X", {"b"}}}, {{"Out", {"c"}}}, {{"scale", 2.0f}});
+    Executor exe;
+    DependencyGraph& g = exe.GraphForTesting(prog);
+    EXPECT_TRUE(g.HasEdge(0, 2));
+    EXPECT_EQ(g.HasEdge(1, 2), calc) << "an unrelated earlier op";
+    EXPECT_EQ(g.HasEdge(2, 3), calc) << "an unrelated later op";
+  }
 }
 
 }  // namespace
