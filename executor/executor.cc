@@ -12,20 +12,24 @@
 #include <set>
 #include <unordered_map>
 
+#include "executor/event_plan.h"
 #include "executor/scheduler.h"
 #include "executor/stream.h"
+#include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/op/validate_program.h"
 #include "framework/profiler/profiler.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/device.h"
 
 DEFINE_bool(check_nan_inf, false,
             "Check every float output of every op for NaN and Inf after it runs, and stop at "
             "the first op that produces one, naming the op and the variable (Paddle's flag).");
 DEFINE_bool(comm_overlap, true,
-            "Let collectives on CPU tensors run on their ring's thread while compute goes on; "
-            "false: every collective waits for all earlier ops and all later ops wait for it.");
+            "Let collectives run on their ring's thread (and, on CUDA, the ring's stream) while "
+            "compute goes on; false: every collective waits for all earlier ops and all later ops "
+            "wait for it.");
 
 namespace keel {
 
@@ -47,16 +51,6 @@ std::string SlotsText(const OpDesc::VarMap& m) {
     for (size_t i = 0; i < kv.second.size(); ++i) s += (i ? "," : "") + kv.second[i];
   }
   return s;
-}
-
-// Collectives that run on their ring's stream. c_sync_comm_stream runs there too: it completes
-// when the ring's earlier work has, which is the event the ops after it wait for.
-// c_sync_calc_stream stays on the compute side: its dependencies already order the ring after X.
-bool RunsOnRingStream(const std::string& type) {
-  static const std::set<std::string> kTypes = {
-      "c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod",  "c_broadcast",
-      "c_allgather",     "c_reducescatter", "c_barrier",       "c_sync_comm_stream"};
-  return kTypes.count(type) > 0;
 }
 
 // One stream per ring, shared by every executor of the process so a ring's collectives keep one
@@ -114,7 +108,19 @@ struct Executor::Plan {
     std::unique_ptr<ExecutionContext> ctx;
     std::string trace_detail;  // "#i -> first output", for the profiler
     bool on_stream = false;
+    bool calc_stream = false;  // a collective with use_calc_stream: runs on a compute worker
+    void* event = nullptr;     // CUDA: recorded after the op when the event plan says so
+    // CUDA, calc_stream: the ring's stream waits for compute before the op (calc_in) and compute
+    // for the ring after it (calc_out).
+    void* calc_in = nullptr;
+    void* calc_out = nullptr;
   };
+  ~Plan() {
+    for (Op& op : ops)
+      for (void* e : {op.event, op.calc_in, op.calc_out}) DeviceEventDestroy(place, e);
+    DeviceEventDestroy(place, start_event);
+  }
+  Place place;
   uint64_t version = 0;
   int block = 0;
   std::vector<Op> ops;
@@ -124,6 +130,12 @@ struct Executor::Plan {
   std::unique_ptr<DependencyGraph> graph;
   Scheduler::StreamOf stream_of;  // empty when no op runs on a stream
   int width = 1;                  // graph->MaxWidth()
+  // CUDA place with collectives: the cross-stream events (executor/event_plan.h), and an event
+  // recorded on the compute stream when the run starts (after the feeds' copies), which every
+  // collective's stream waits for before its op.
+  bool device_events = false;
+  EventPlan events;
+  void* start_event = nullptr;
 };
 
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
@@ -158,6 +170,15 @@ void Executor::SetRunCount(const Program& program, int64_t runs) {
 
 int Executor::WorkersFor(const Program& program) {
   const int asked = StrategyFor(program).num_threads;
+  if (place_.is_cuda()) {
+    // Kernels run asynchronously on the device's stream, and its cuBLAS/cuDNN handles serve one
+    // thread at a time: one thread enqueues (collectives go to their rings' threads).
+    KEEL_ENFORCE(
+        asked <= 1, "ExecutionStrategy::num_threads=", asked, " on ", place_.str(),
+        ": one thread enqueues a CUDA place's ops (they run asynchronously on its stream); "
+        "use 0 or 1");
+    return 1;
+  }
   if (asked > 0) return asked;
   return std::max(1, std::min(cpu_threads::Budget(), GetPlan(program).width));
 }
@@ -181,6 +202,7 @@ Executor::Plan& Executor::GetPlan(const Program& program, int block) {
 
 std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int block_idx) {
   auto plan = std::make_unique<Plan>();
+  plan->place = place_;
   plan->version = program.version();
   plan->block = block_idx;
   plan->runs = &runs_[program.id()];
@@ -198,7 +220,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   std::random_device rd;
   std::vector<DependencyGraph::OpAccess> access(block.num_ops());
   std::map<std::string, std::string> slice_of;
-  bool any_stream = false;
+  bool any_stream = false, any_calc_stream = false;
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc* op = block.op(i);
     Plan::Op p;
@@ -250,10 +272,18 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     acc.barrier = op->HasAttr("sub_block") || op->type() == "c_comm_init";
     if (op->type() == "coalesce_tensor" && !op->Output("FusedOutput").empty())
       for (auto& name : op->Output("Output")) slice_of[name] = op->Output("FusedOutput")[0];
-    if (place_.is_cpu() && RunsOnRingStream(op->type())) {
-      p.on_stream = true;
-      any_stream = true;
-      if (!FLAGS_comm_overlap) acc.barrier = true;
+    if (RunsOnRingStream(op->type())) {
+      if (op->HasAttr("use_calc_stream") && op->Attr<bool>("use_calc_stream")) {
+        // In order with compute, as if on its stream: after every earlier op, before every later
+        // one (which also keeps the ring's program order against its stream's ops).
+        acc.barrier = true;
+        p.calc_stream = true;
+        any_calc_stream = true;
+      } else {
+        p.on_stream = true;
+        any_stream = true;
+        if (!FLAGS_comm_overlap) acc.barrier = true;
+      }
     }
     if (op->HasAttr("seed")) {
       int attr_seed = op->Attr<int>("seed");
@@ -272,6 +302,22 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     for (size_t i = 0; i < plan->ops.size(); ++i)
       if (plan->ops[i].on_stream)
         plan->stream_of[i] = RingStream(plan->ops[i].desc->Attr<int>("ring_id"));
+  }
+  if (place_.is_cuda() && (any_stream || any_calc_stream)) {
+    std::vector<int> lanes(plan->ops.size(), 0);
+    for (size_t i = 0; i < plan->ops.size(); ++i)
+      if (plan->ops[i].on_stream) lanes[i] = plan->ops[i].desc->Attr<int>("ring_id") + 1;
+    plan->events = PlanEvents(*plan->graph, lanes);
+    plan->device_events = true;
+    plan->start_event = DeviceEventCreate(place_);
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      Plan::Op& op = plan->ops[i];
+      if (plan->events.record_after[i]) op.event = DeviceEventCreate(place_);
+      if (op.calc_stream) {
+        op.calc_in = DeviceEventCreate(place_);
+        op.calc_out = DeviceEventCreate(place_);
+      }
+    }
   }
   return plan;
 }
@@ -329,18 +375,49 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
 }
 
 void Executor::RunOps(const Program& program, Plan& plan, int workers) {
+  if (plan.device_events) DeviceEventRecord(place_, plan.start_event, nullptr);
   Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan](int i) { RunOp(plan, i); });
+  // The compute stream (fetches, the next run) comes after every ring's last collective.
+  if (plan.device_events)
+    for (int i : plan.events.final_waits) DeviceStreamWaitEvent(place_, nullptr, plan.ops[i].event);
 }
 
 void Executor::RunOp(Plan& plan, int i) {
   Plan::Op& op = plan.ops[i];
   profiler::RecordEvent span(op.on_stream ? "comm" : "op", op.desc->type(), op.trace_detail);
   try {
+    // CUDA: the op's stream (the compute stream, or the ring's) waits for the events of the ops
+    // on other streams it depends on.
+    void* stream = nullptr;
+    void* ring_stream = nullptr;
+    if (plan.device_events && (op.on_stream || op.calc_stream)) {
+      ring_stream =
+          RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type()).device_stream();
+      KEEL_ENFORCE(ring_stream != nullptr, "ring ", op.desc->Attr<int>("ring_id"),
+                   " serves CPU tensors (c_comm_init with device_id -1) but this executor runs on ",
+                   place_.str());
+    }
+    if (plan.device_events) {
+      if (op.on_stream) {
+        stream = ring_stream;
+        DeviceStreamWaitEvent(place_, stream, plan.start_event);
+      }
+      for (int p : plan.events.waits[i]) DeviceStreamWaitEvent(place_, stream, plan.ops[p].event);
+    }
     if (op.schema->infer_shape()) {
       RuntimeInferShapeContext shape_ctx(*op.ctx);
       op.schema->infer_shape()(shape_ctx);
     }
+    if (op.calc_in) {  // use_calc_stream: the ring's stream joins the compute stream's order
+      DeviceEventRecord(place_, op.calc_in, nullptr);
+      DeviceStreamWaitEvent(place_, ring_stream, op.calc_in);
+    }
     op.kernel->Compute(*op.ctx);
+    if (op.calc_out) {
+      DeviceEventRecord(place_, op.calc_out, ring_stream);
+      DeviceStreamWaitEvent(place_, nullptr, op.calc_out);
+    }
+    if (op.event) DeviceEventRecord(place_, op.event, stream);
     if (FLAGS_check_nan_inf) {
       for (const auto& slot : op.ctx->output_slots()) {
         const auto& names = op.desc->Output(slot.name);

@@ -111,7 +111,9 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
       .Input("X", "the tensor")
       .Output("Out", "the result; usually the X variable itself")
       .Attr<int>("ring_id", 0, "which ring (communicator) runs it", RankCheck)
-      .Attr<bool>("use_calc_stream", false, "CUDA: run on the compute stream")
+      .Attr<bool>("use_calc_stream", false,
+                  "run in order with compute (after every earlier op, before every later one, "
+                  "no overlap); false: on the ring's own thread and stream")
       .Shape(SameAsX);
 }
 

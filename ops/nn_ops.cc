@@ -15,6 +15,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cpu_threads.h"
+#include "ops/functors/norm_functors.h"
 #include "ops/functors/philox.h"
 #include "ops/op_util.h"
 
@@ -326,15 +327,15 @@ void BatchNormShape(InferShapeContext& ctx) {
 // and biased variance (divided by m, as Paddle does), and the moving stats become momentum * moving
 // + (1 - momentum) * batch, using the same biased batch variance (Paddle's convention; PyTorch
 // would use the unbiased one here). SavedMean = mean, SavedVariance = 1 / sqrt(var + epsilon).
-// is_test: the moving stats normalize, and are copied to the Saved* outputs (as mean and inverse
-// std) for the grad.
+// is_test or use_global_stats: the moving stats normalize, stay unchanged, and are copied to the
+// Saved* outputs (as mean and inverse std) for the grad.
 template <typename T>
 class BatchNormKernel : public OpKernel {
  public:
   explicit BatchNormKernel(const OpDesc& op)
       : momentum_(op.Attr<float>("momentum")),
         epsilon_(op.Attr<float>("epsilon")),
-        is_test_(op.Attr<bool>("is_test")) {}
+        is_test_(op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
 
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
@@ -375,12 +376,12 @@ class BatchNormKernel : public OpKernel {
       const double mom = momentum_;
       for (int64_t c = 0; c < C; ++c) {
         var_[c] = m > 0 ? var_[c] / m : 0.0;
-        mean_out[c] = static_cast<T>(mom * mean_in[c] + (1 - mom) * mean_[c]);
-        var_out[c] = static_cast<T>(mom * var_in[c] + (1 - mom) * var_[c]);
+        mean_out[c] = fn::MovingStat(mom, mean_in[c], mean_[c]);
+        var_out[c] = fn::MovingStat(mom, var_in[c], var_[c]);
       }
     }
     for (int64_t c = 0; c < C; ++c) {
-      const double inv_std = 1.0 / std::sqrt(var_[c] + epsilon_);
+      const double inv_std = fn::InvStd(var_[c], epsilon_);
       saved_mean[c] = static_cast<T>(mean_[c]);
       saved_inv_std[c] = static_cast<T>(inv_std);
       // y = x * a + b with a = scale * inv_std, b = bias - mean * a.
@@ -407,11 +408,12 @@ class BatchNormKernel : public OpKernel {
 // With xhat = (x - mean) * inv_std, sums over the channel's m values:
 //   dBias = sum(dy), dScale = sum(dy * xhat)
 //   training: dx = scale * inv_std * (dy - dBias / m - xhat * dScale / m)
-//   is_test (fixed stats): dx = scale * inv_std * dy
+//   is_test or use_global_stats (fixed stats): dx = scale * inv_std * dy
 template <typename T>
 class BatchNormGradKernel : public OpKernel {
  public:
-  explicit BatchNormGradKernel(const OpDesc& op) : is_test_(op.Attr<bool>("is_test")) {}
+  explicit BatchNormGradKernel(const OpDesc& op)
+      : is_test_(op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
 
   void Compute(ExecutionContext& ctx) override {
     Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
@@ -733,6 +735,9 @@ KEEL_REGISTER_OP(batch_norm)
     .Attr<float>("momentum", 0.9f, "moving = momentum * moving + (1 - momentum) * batch")
     .Attr<float>("epsilon", 1e-5f, "added to the variance", Positive())
     .Attr<bool>("is_test", false, "normalize with the moving stats and leave them unchanged")
+    .Attr<bool>("use_global_stats", false,
+                "training too normalizes with the moving stats, leaves them unchanged and "
+                "backpropagates through them as constants (fine-tuning with frozen statistics)")
     .Attr<std::string>("data_layout", "NCHW", "only NCHW", OneOf({"NCHW", "AnyLayout"}))
     .Shape(BatchNormShape)
     .Grad(GradMaker("batch_norm_grad", {"X", "Scale", "Bias", "SavedMean", "SavedVariance"}, {"Y"},

@@ -49,6 +49,7 @@ extern char** environ;
 // --selected_gpus is defined in the library (fleet/role_maker.cc), so that FLAGS_selected_gpus in a
 // worker's environment is a known flag there too.
 DECLARE_string(selected_gpus);
+DECLARE_string(gpu_comm_backend);
 DEFINE_string(cluster_node_ips, "", "Every node's ip in node-rank order, e.g. 10.0.0.1,10.0.0.2.");
 DEFINE_string(node_ip, "",
               "This node's ip: must be in --cluster_node_ips; single node: 127.0.0.1.");
@@ -177,18 +178,23 @@ void CheckPort(const char* flag, int port) {
   KEEL_ENFORCE(port >= 1 && port <= 65535, "--", flag, "=", port, " is not a port (1..65535)");
 }
 
-// One worker per GPU, each GPU at most once (NCCL: "Duplicate GPU"). Returns the ids the workers
-// see: unchanged, or their index in CUDA_VISIBLE_DEVICES when that is set.
-std::vector<int> SelectedGpus() {
+// One worker per listed GPU. A GPU listed twice puts two ranks on it, which NCCL refuses
+// ("Duplicate GPU"): only with --gpu_comm_backend=host or auto (which then stages collectives
+// through host memory). Returns the ids the workers see: unchanged, or their index in
+// CUDA_VISIBLE_DEVICES when that is set.
+std::vector<int> SelectedGpus(const std::string& backend) {
+  KEEL_ENFORCE(backend == "auto" || backend == "nccl" || backend == "host",
+               "--gpu_comm_backend must be auto, nccl or host, got '", backend, "'");
   std::vector<int> gpus;
   if (FLAGS_selected_gpus.empty()) return gpus;
   for (const std::string& s : SplitList("--selected_gpus", FLAGS_selected_gpus)) {
     KEEL_ENFORCE(s.find_first_not_of("0123456789") == std::string::npos && s.size() < 6,
                  "--selected_gpus='", FLAGS_selected_gpus, "': '", s, "' is not a GPU id");
     int g = std::stoi(s);
-    KEEL_ENFORCE(std::find(gpus.begin(), gpus.end(), g) == gpus.end(), "--selected_gpus='",
-                 FLAGS_selected_gpus, "' lists GPU ", g,
-                 " twice; two ranks on one GPU fail in NCCL with \"Duplicate GPU\"");
+    KEEL_ENFORCE(backend != "nccl" || std::find(gpus.begin(), gpus.end(), g) == gpus.end(),
+                 "--selected_gpus='", FLAGS_selected_gpus, "' lists GPU ", g,
+                 " twice, but --gpu_comm_backend=nccl cannot put two ranks on one GPU (NCCL: "
+                 "\"Duplicate GPU\"); use --gpu_comm_backend=host");
     gpus.push_back(g);
   }
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -316,7 +322,8 @@ LaunchPlan MakePlan(const std::vector<std::string>& command,
                FLAGS_stopped_timeout_s);
 
   // Workers on this node.
-  plan.gpus = SelectedGpus();
+  plan.gpus = SelectedGpus(given.count("gpu_comm_backend") ? given.at("gpu_comm_backend")
+                                                          : FLAGS_gpu_comm_backend);
   int ngpus = static_cast<int>(plan.gpus.size());
   plan.nproc_per_node = FLAGS_nproc_per_node;
   if (FlagSet("nproc_per_node")) {

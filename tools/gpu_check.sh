@@ -81,6 +81,10 @@ if [ "${RESULT[build]}" = ok ]; then
   if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_kernels_test \
       --gtest_filter='CudaModels.*:CudaRuntime.*' >"$OUT/memcheck.log" 2>&1
+    rc=$?
+    compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cudnn_ops_test \
+      --gtest_filter='CudnnOps.*:CudnnModels.LenetAndResnet*' >>"$OUT/memcheck.log" 2>&1
+    [ $? -eq 0 ] && [ $rc -eq 0 ]
     RESULT[memcheck]=$([ $? -eq 0 ] && echo clean || echo "errors (see memcheck.log)")
   else
     RESULT[memcheck]="compute-sanitizer not found"

@@ -8,12 +8,48 @@
 #include <csignal>
 
 #include "framework/error.h"
+#include "framework/runtime/device.h"
+#include "framework/runtime/place.h"
 
 DEFINE_string(cpu_comm_backend, "auto",
               "Collectives on CPU tensors: shm (shared memory; every rank of a ring on this "
               "host), gloo (TCP), or auto: shm where every rank is local, else gloo.");
+DEFINE_string(gpu_comm_backend, "auto",
+              "Collectives on CUDA tensors: nccl (one GPU per rank), host (staged through pinned "
+              "host memory over the --cpu_comm_backend ring, so ranks may share a GPU), or auto: "
+              "nccl when keel has NCCL and no two ranks of the ring share a GPU, else host.");
 
 namespace keel {
+
+#ifndef KEEL_WITH_CUDA
+std::unique_ptr<Communicator> CreateHostStagedCommunicator(std::unique_ptr<Communicator>,
+                                                           int device) {
+  KEEL_THROW("a ring for CUDA tensors on GPU ", device, ": this keel was built without CUDA");
+}
+#endif
+
+std::string ChooseGpuCommBackend(const std::string& flag, bool have_nccl,
+                                 const std::vector<std::string>& gpus, int ring_id) {
+  KEEL_ENFORCE(flag == "auto" || flag == "nccl" || flag == "host",
+               "--gpu_comm_backend must be auto, nccl or host, got '", flag, "'");
+  if (flag == "host") return "host";
+  int shared_a = -1, shared_b = -1;
+  for (size_t a = 0; a < gpus.size() && shared_a < 0; ++a)
+    for (size_t b = a + 1; b < gpus.size(); ++b)
+      if (gpus[a] == gpus[b]) {
+        shared_a = static_cast<int>(a);
+        shared_b = static_cast<int>(b);
+        break;
+      }
+  if (flag == "auto") return have_nccl && shared_a < 0 ? "nccl" : "host";
+  KEEL_ENFORCE(have_nccl, "--gpu_comm_backend=nccl, but this keel was built without NCCL (use "
+               "--gpu_comm_backend=host)");
+  KEEL_ENFORCE(shared_a < 0, "ring ", ring_id, ": ranks ", shared_a, " and ", shared_b,
+               " share one GPU (", gpus[shared_a], "), which NCCL refuses (\"Duplicate GPU\"): "
+               "with --selected_gpus listing a GPU twice use --gpu_comm_backend=host (or auto), "
+               "not --gpu_comm_backend=nccl");
+  return "nccl";
+}
 
 CommContext& CommContext::Get() {
   static CommContext* c = new CommContext;
@@ -96,20 +132,37 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
   KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo", "--cpu_comm_backend must be "
                "auto, shm or gloo, got '", want, "'");
   std::shared_ptr<Communicator> comm;
+  std::string gpu_backend;
   if (cuda) {
+    // Every rank publishes its GPU's identity, so all choose the same backend.
+    const std::string key = opts.prefix + "gpu/rank";
+    s.Set(key + std::to_string(rank), DeviceUuid(CUDAPlace(device)));
+    std::vector<std::string> gpus;
+    for (int r = 0; r < nranks; ++r) gpus.push_back(s.Get(key + std::to_string(r), opts.timeout));
+#ifdef KEEL_WITH_NCCL
+    const bool have_nccl = true;
+#else
+    const bool have_nccl = false;
+#endif
+    gpu_backend = ChooseGpuCommBackend(FLAGS_gpu_comm_backend, have_nccl, gpus, ring_id);
+  }
+  if (gpu_backend == "nccl") {
     comm = CreateNcclCommunicator(ring_id, rank, nranks, device, s, opts);
   } else {
+    std::unique_ptr<Communicator> host;
     if (want != "gloo") {
       std::string why_not;
-      comm = CreateShmCommunicator(ring_id, rank, nranks, s, opts, &why_not);
-      KEEL_ENFORCE(comm || want != "shm", "c_comm_init ring ", ring_id, " (rank ", rank, " of ",
+      host = CreateShmCommunicator(ring_id, rank, nranks, s, opts, &why_not);
+      KEEL_ENFORCE(host || want != "shm", "c_comm_init ring ", ring_id, " (rank ", rank, " of ",
                    nranks, "): --cpu_comm_backend=shm, but shared memory cannot be used: ",
                    why_not);
-      if (!comm)
+      if (!host)
         LOG(INFO) << "ring " << ring_id << ": shared memory not usable (" << why_not
                   << "); using gloo";
     }
-    if (!comm) comm = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+    if (!host) host = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+    if (cuda) host = CreateHostStagedCommunicator(std::move(host), device);
+    comm = std::move(host);
   }
   LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "
             << nranks << ") connected in "

@@ -32,6 +32,9 @@ class Communicator {
   int nranks() const { return nranks_; }
   uint64_t seq() const { return seq_; }
   virtual const char* backend() const = 0;
+  // The CUDA stream (a cudaStream_t) this ring runs CUDA tensors' collectives on, for the
+  // executor's events; nullptr for rings of CPU tensors.
+  virtual void* device_stream() const { return nullptr; }
   // Nanoseconds this rank has spent inside this ring's collectives (moving data and waiting for
   // peers); read from any thread. The straggler monitor subtracts it from step time.
   int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }
@@ -89,6 +92,18 @@ std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int n
 // keel was built without NCCL.
 std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int rank, int nranks, int device,
                                                      StoreClient& store, const CommOptions& opts);
+// Collectives of CUDA tensors on `device` staged through pinned host memory over `host_ring` (a
+// shm or Gloo ring of the same ranks): device -> pinned host -> host_ring -> device, on a CUDA
+// stream of its own. Ranks may share a GPU, which NCCL refuses. CPU tensors go to host_ring as
+// they are. Throws when keel was built without CUDA.
+std::unique_ptr<Communicator> CreateHostStagedCommunicator(std::unique_ptr<Communicator> host_ring,
+                                                           int device);
+
+// Which backend serves a ring of CUDA tensors (--gpu_comm_backend): "nccl" or "host". `gpus`
+// holds each rank's GPU identity (its UUID); auto picks nccl when NCCL is built in and no two
+// ranks share a GPU. nccl with a shared GPU is a keel::Error naming both flags.
+std::string ChooseGpuCommBackend(const std::string& flag, bool have_nccl,
+                                 const std::vector<std::string>& gpus, int ring_id);
 
 class RingRegistry {
  public:

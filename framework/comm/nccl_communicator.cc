@@ -71,6 +71,7 @@ class NcclCommunicator : public Communicator {
     if (stream_) cudaStreamDestroy(stream_);
   }
   const char* backend() const override { return "nccl"; }
+  void* device_stream() const override { return stream_; }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
     Run(std::string("allreduce_") + ReduceOpName(op), [&] {

@@ -78,7 +78,7 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stri
 }
 
 Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, float epsilon,
-               const ParamAttr& param_attr, const ParamAttr& bias_attr) {
+               const ParamAttr& param_attr, const ParamAttr& bias_attr, bool use_global_stats) {
   const int64_t C = Channels("batch_norm", input, 2);
   Program& prog = Main();
   Block& block = prog.global_block();
@@ -105,7 +105,10 @@ Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, 
             {"VarianceOut", {var.name()}},
             {"SavedMean", {saved_mean}},
             {"SavedVariance", {saved_var}}},
-           {{"momentum", momentum}, {"epsilon", epsilon}, {"is_test", is_test}});
+           {{"momentum", momentum},
+            {"epsilon", epsilon},
+            {"is_test", is_test},
+            {"use_global_stats", use_global_stats}});
   StopGradient({saved_mean, saved_var});
   return activation(Var(&block, y), act);
 }

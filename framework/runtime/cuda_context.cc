@@ -198,6 +198,44 @@ void DeviceEmptyCache(const Place& place) {
 
 int64_t DeviceMallocCount() { return g_device_mallocs.load(); }
 
+std::string DeviceUuid(const Place& place) {
+  CudaContext::Get(place.device);
+  cudaDeviceProp prop;
+  KEEL_CUDA_CHECK(cudaGetDeviceProperties(&prop, place.device));
+  static const char* kHex = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    const auto b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    s += kHex[b >> 4];
+    s += kHex[b & 15];
+    if (i == 3 || i == 5 || i == 7 || i == 9) s += '-';
+  }
+  return s;
+}
+
+void* DeviceEventCreate(const Place& place) {
+  CudaContext::Get(place.device);
+  cudaEvent_t e;
+  KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void DeviceEventDestroy(const Place& place, void* event) {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void DeviceEventRecord(const Place& place, void* event, void* stream) {
+  CudaContext& c = CudaContext::Get(place.device);
+  KEEL_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event),
+                                  stream ? static_cast<cudaStream_t>(stream) : c.stream()));
+}
+
+void DeviceStreamWaitEvent(const Place& place, void* stream, void* event) {
+  CudaContext& c = CudaContext::Get(place.device);
+  KEEL_CUDA_CHECK(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : c.stream(),
+                                      static_cast<cudaEvent_t>(event), 0));
+}
+
 void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size) {
   if (size == 0) return;
   CudaContext& c = CudaContext::Get(dst_place.device);

@@ -12,6 +12,15 @@ DEFINE_double(fraction_of_gpu_memory_to_use, 0.0,
 DEFINE_bool(allow_tf32, false,
             "Let cuBLAS and cuDNN use TF32 tensor cores for float32 matmul and conv (faster, about "
             "10 bits of mantissa); off: full float32.");
+DEFINE_bool(cudnn_deterministic, false,
+            "Only cuDNN convolution algorithms that give the same bits every run (Paddle's flag; "
+            "some of the fastest accumulate with atomics).");
+DEFINE_bool(cudnn_exhaustive_search, false,
+            "Choose each convolution's cuDNN algorithm by timing them all once per shape "
+            "(cudnnFind); false: cuDNN's heuristic ranking (Paddle's flag).");
+DEFINE_int64(conv_workspace_size_limit, 512,
+             "The most scratch memory, in MB, a cuDNN convolution algorithm may use (Paddle's "
+             "flag); faster algorithms that need more are skipped.");
 
 namespace keel {
 
@@ -39,6 +48,11 @@ int64_t DeviceMallocCount() { return 0; }
 void CopyHostToDeviceAsync(const Place& dst_place, void*, const void*, size_t) {
   NoCuda(dst_place);
 }
+std::string DeviceUuid(const Place& place) { NoCuda(place); }
+void* DeviceEventCreate(const Place& place) { NoCuda(place); }
+void DeviceEventDestroy(const Place&, void*) {}
+void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }
+void DeviceStreamWaitEvent(const Place& place, void*, void*) { NoCuda(place); }
 #endif
 
 }  // namespace keel

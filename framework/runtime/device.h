@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "framework/runtime/caching_allocator.h"
 #include "framework/runtime/place.h"
@@ -24,5 +25,18 @@ int64_t DeviceMallocCount();
 // stream, staged through pinned memory, without waiting for the copy: `src` may be reused as
 // soon as this returns.
 void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size);
+
+// The GPU's UUID ("GPU-xxxxxxxx-..."), the same in every process that sees it, whatever
+// CUDA_VISIBLE_DEVICES numbers it as.
+std::string DeviceUuid(const Place& place);
+
+// CUDA events and streams as opaque handles, for code without the CUDA headers (the executor's
+// event plan). A null `stream` is the place's compute stream. Recording and waiting enqueue work
+// on a stream; neither blocks the host.
+void* DeviceEventCreate(const Place& place);
+void DeviceEventDestroy(const Place& place, void* event);
+void DeviceEventRecord(const Place& place, void* event, void* stream);
+// Work enqueued on `stream` after this waits until `event`'s last recording has completed.
+void DeviceStreamWaitEvent(const Place& place, void* stream, void* event);
 
 }  // namespace keel

@@ -164,6 +164,17 @@ TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
   ASSERT_EQ(v.exit_code, 0) << v.output;
   EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.0"))["gpu"], "2");
   EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.1"))["gpu"], "0");
+  // Host-staged collectives let two ranks share a GPU; the backend reaches the workers.
+  auto h = RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
+                      " launch --selected_gpus=3,3 --gpu_comm_backend=host --log_dir=" + dir +
+                      " sh -c 'echo backend=$FLAGS_gpu_comm_backend; " +
+                      std::string(kEnvScript + 1));
+  ASSERT_EQ(h.exit_code, 0) << h.output;
+  for (const char* log : {"/workerlog.0", "/workerlog.1"}) {
+    const std::string text = ReadFile(dir + log);
+    EXPECT_EQ(EnvLine(text)["gpu"], "3") << text;
+    EXPECT_TRUE(Contains(text, "backend=host")) << text;
+  }
   RunCommand("rm -rf " + dir);
 }
 
@@ -414,7 +425,11 @@ TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
       {"--nnodes=2 --node_rank=2 --cluster_node_ips=127.0.0.1,127.0.0.2 sh",
        "--node_rank=2 is out of range for --nnodes=2"},
       {"--node_rank=1 sh", "--node_rank=1 is out of range for --nnodes=1"},
-      {"--selected_gpus=0,1,0 sh", "lists GPU 0 twice"},
+      {"--selected_gpus=0,1,0 --gpu_comm_backend=nccl sh",
+       "--selected_gpus='0,1,0' lists GPU 0 twice, but --gpu_comm_backend=nccl cannot put two "
+       "ranks on one GPU"},
+      {"--selected_gpus=0 --gpu_comm_backend=mpi sh",
+       "--gpu_comm_backend must be auto, nccl or host, got 'mpi'"},
       {"--selected_gpus=0,x sh", "'x' is not a GPU id"},
       {"--selected_gpus=0,1 --nproc_per_node=3 sh", "--nproc_per_node=3 but --selected_gpus"},
       {"--nproc_per_node=0 sh", "--nproc_per_node must be positive"},

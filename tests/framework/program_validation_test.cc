@@ -222,7 +222,7 @@ TEST_F(ProgramValidation, UndeclaredAttributesAreRefusedNamingOpAttrAndKnownOnes
   const std::vector<Case> cases = {
       {"pool2d", "adaptive", true, "ksize"},
       {"conv2d", "padding_algorithm", std::string("SAME"), "paddings"},
-      {"batch_norm", "use_global_stats", true, "momentum"},
+      {"batch_norm", "trainable_statistics", true, "use_global_stats"},
       {"softmax_with_cross_entropy", "use_softmax", false, "axis"},
   };
   for (const Case& c : cases) {

@@ -438,6 +438,7 @@ struct BatchNormParams {
   DDim x;
   bool is_test;
   float momentum, epsilon;
+  bool use_global_stats = false;  // training with the moving stats, as is_test, frozen
 };
 
 const BatchNormParams kBatchNormCases[] = {
@@ -446,6 +447,8 @@ const BatchNormParams kBatchNormCases[] = {
     {"nchw_train_momentum_0.5", {3, 2, 3, 3}, false, 0.5f, 1e-3f},
     {"nchw_test", {2, 3, 4, 5}, true, 0.9f, 1e-5f},
     {"nc_test", {5, 3}, true, 0.9f, 1e-5f},
+    {"nchw_use_global_stats", {2, 3, 4, 5}, false, 0.9f, 1e-5f, true},
+    {"nc_use_global_stats", {5, 3}, false, 0.7f, 1e-3f, true},
 };
 
 OpCase BatchNormCase(const BatchNormParams& p, DType dt) {
@@ -460,7 +463,10 @@ OpCase BatchNormCase(const BatchNormParams& p, DType dt) {
               {"Variance", {RandomTensor(c, dt, 0.5, 2, 125)}}};
   o.outputs = {
       {"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}};
-  o.attrs = {{"is_test", p.is_test}, {"momentum", p.momentum}, {"epsilon", p.epsilon}};
+  o.attrs = {{"is_test", p.is_test},
+             {"momentum", p.momentum},
+             {"epsilon", p.epsilon},
+             {"use_global_stats", p.use_global_stats}};
   o.no_grad_inputs = {"Mean", "Variance"};
   return o;
 }
@@ -486,7 +492,8 @@ BatchNormRef NaiveBatchNorm(const BatchNormParams& p, const OpCase& c) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t s = 0; s < S; ++s) var += std::pow(x[(n * C + ch) * S + s] - mean, 2);
     var /= N * S;  // biased
-    if (p.is_test) mean = rmean[ch], var = rvar[ch];
+    const bool fixed = p.is_test || p.use_global_stats;
+    if (fixed) mean = rmean[ch], var = rvar[ch];
     const double inv_std = 1 / std::sqrt(var + p.epsilon);
     for (int64_t n = 0; n < N; ++n)
       for (int64_t s = 0; s < S; ++s) {
@@ -496,8 +503,8 @@ BatchNormRef NaiveBatchNorm(const BatchNormParams& p, const OpCase& c) {
     r.saved_mean.push_back(mean);
     r.saved_inv_std.push_back(inv_std);
     const double m = p.momentum;
-    r.mean_out.push_back(p.is_test ? rmean[ch] : m * rmean[ch] + (1 - m) * mean);
-    r.var_out.push_back(p.is_test ? rvar[ch] : m * rvar[ch] + (1 - m) * var);
+    r.mean_out.push_back(fixed ? rmean[ch] : m * rmean[ch] + (1 - m) * mean);
+    r.var_out.push_back(fixed ? rvar[ch] : m * rvar[ch] + (1 - m) * var);
   }
   return r;
 }

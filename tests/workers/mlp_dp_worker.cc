@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       if (FLAGS_clip_norm > 0) opt->set_grad_clip({static_cast<float>(FLAGS_clip_norm)});
       fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
     }
-    Executor exe;
+    Executor exe(fleet::worker_place());  // CUDAPlace under --selected_gpus
     exe.Run(startup);
     if (!FLAGS_load_dir.empty()) {
       fleet::load_persistables(exe, FLAGS_load_dir);
@@ -88,10 +88,10 @@ int main(int argc, char** argv) {
       for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
         const Variable* snap = exe.scope().FindVar(v->name() + "@LOCAL_SGD_SNAPSHOT");
         if (!v->is_parameter() || snap == nullptr) continue;
-        const Tensor& p = exe.scope().FindVar(v->name())->tensor();
+        const Tensor p = exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace());
+        const Tensor s = snap->tensor().Clone(CPUPlace());
         for (int64_t i = 0; i < p.numel(); ++i)
-          gap =
-              std::max<double>(gap, std::abs(p.data<float>()[i] - snap->tensor().data<float>()[i]));
+          gap = std::max<double>(gap, std::abs(p.data<float>()[i] - s.data<float>()[i]));
       }
       std::printf("rank %d snapshot_gap %g\n", rank, gap);
     }
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     int64_t k = 0;
     for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
       if (!v->is_parameter()) continue;
-      const Tensor& t = exe.scope().FindVar(v->name())->tensor();
+      const Tensor t = exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace());
       for (int64_t i = 0; i < t.numel(); ++i, ++k) {
         sum += t.data<float>()[i];
         weighted += t.data<float>()[i] * static_cast<double>(k % 7 + 1);

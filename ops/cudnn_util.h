@@ -1,0 +1,92 @@
+// What the cuDNN op files share (CUDA builds only): the cuDNN data type of T, owning descriptor
+// wrappers, and NCHW tensor descriptors from DDims. cuDNN 9 keeps this "legacy" descriptor API
+// beside its graph API; keel uses it because conv, pool and batch_norm map onto it one call each.
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "framework/runtime/cuda_context.h"
+#include "framework/runtime/ddim.h"
+
+namespace keel {
+
+template <typename T>
+constexpr cudnnDataType_t CudnnType() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
+  return std::is_same_v<T, float> ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+}
+
+// alpha/beta scalars: cuDNN reads float for float data and double for double data.
+template <typename T>
+struct CudnnScalars {
+  T one = 1, zero = 0;
+};
+
+class TensorDesc {
+ public:
+  TensorDesc() { KEEL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+  TensorDesc(const TensorDesc &) = delete;
+  TensorDesc &operator=(const TensorDesc &) = delete;
+  // [n, c, h, w], packed NCHW.
+  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w) {
+    KEEL_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, t, int(n), int(c), int(h), int(w)));
+  }
+  // A 4-D [N, C, H, W] tensor.
+  void Set4d(cudnnDataType_t t, const DDim &d) { Set(t, d[0], d[1], d[2], d[3]); }
+  // [N, C, ...] as [N, C, S, 1] with S the product of the trailing dims (1 for [N, C]): what a
+  // per-channel op such as batch_norm sees is the same.
+  void SetPerChannel(cudnnDataType_t t, const DDim &d) {
+    Set(t, d[0], d[1], d.prod(2, d.size()), 1);
+  }
+  cudnnTensorDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnTensorDescriptor_t d_ = nullptr;
+};
+
+class FilterDesc {
+ public:
+  FilterDesc() { KEEL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d_)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d_); }
+  FilterDesc(const FilterDesc &) = delete;
+  FilterDesc &operator=(const FilterDesc &) = delete;
+  void Set(cudnnDataType_t t, const DDim &f) {  // [M, C / groups, kh, kw]
+    KEEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d_, t, CUDNN_TENSOR_NCHW, int(f[0]), int(f[1]),
+                                                int(f[2]), int(f[3])));
+  }
+  cudnnFilterDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnFilterDescriptor_t d_ = nullptr;
+};
+
+class ConvDesc {
+ public:
+  ConvDesc() { KEEL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d_)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d_); }
+  ConvDesc(const ConvDesc &) = delete;
+  ConvDesc &operator=(const ConvDesc &) = delete;
+  cudnnConvolutionDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnConvolutionDescriptor_t d_ = nullptr;
+};
+
+class PoolDesc {
+ public:
+  PoolDesc() { KEEL_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d_)); }
+  ~PoolDesc() { cudnnDestroyPoolingDescriptor(d_); }
+  PoolDesc(const PoolDesc &) = delete;
+  PoolDesc &operator=(const PoolDesc &) = delete;
+  cudnnPoolingDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnPoolingDescriptor_t d_ = nullptr;
+};
+
+}  // namespace keel

@@ -1,0 +1,255 @@
+// GPU tests (ctest label `gpu`) of the cuDNN ops (ops/conv_ops.cu, ops/nn_cudnn_ops.cu): conv2d,
+// pool2d and batch_norm against their CPU twins on the same random inputs, every output forward and
+// every input's gradient, with the device cache poisoned with NaN first so an output a kernel
+// leaves unwritten shows; pool2d's refusals; one algorithm search per shape; LeNet and ResNet-20
+// training 30 steps on CUDAPlace(0) like on the CPU, and bit for bit like themselves with
+// FLAGS_cudnn_deterministic. Each test skips with a message when no CUDA device is visible.
+#include <gflags/gflags.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "executor/executor.h"
+#include "framework/runtime/device.h"
+#include "models/model_zoo.h"
+#include "ops/cudnn_plan.h"
+#include "tests/util/grad_checker.h"
+#include "tests/util/op_test_util.h"
+#include "tests/util/test_data.h"
+
+DECLARE_bool(cudnn_deterministic);
+DECLARE_bool(cudnn_exhaustive_search);
+
+namespace keel::testing {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
+
+// max |a - b| / max(|b|, 1): relative for large values, absolute near zero.
+double MaxRelErr(const Tensor &a, const Tensor &b) {
+  std::vector<double> x = ToDouble(a), y = ToDouble(b);
+  EXPECT_EQ(x.size(), y.size());
+  double err = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
+    err = std::max(err, std::abs(x[i] - y[i]) / std::max(std::abs(y[i]), 1.0));
+  }
+  return err;
+}
+
+// Fills 64 MB of the device's caching allocator with NaN and frees it, so the outputs of the next
+// kernels land in NaN memory: an element a kernel does not write fails the comparison.
+void PoisonDeviceCache() {
+  const int64_t n = int64_t(16) << 20;
+  Tensor host(DType::kFloat32, {n});
+  std::fill(host.data<float>(), host.data<float>() + n, std::numeric_limits<float>::quiet_NaN());
+  Tensor dev = host.Clone(CUDAPlace(0));
+  DeviceSynchronize(CUDAPlace(0));
+}
+
+Tensor R(const DDim &d, double lo = -1, double hi = 1, uint64_t seed = 1,
+         DType dt = DType::kFloat32) {
+  return RandomTensor(d, dt, lo, hi, seed);
+}
+
+struct TwinCase {
+  OpCase op;
+  double tol;
+};
+
+OpCase Conv(std::string name, const DDim &x, const DDim &w, std::vector<int> strides,
+            std::vector<int> pads, std::vector<int> dils, int groups, DType dt = DType::kFloat32) {
+  OpCase c;
+  c.name = std::move(name);
+  c.type = "conv2d";
+  c.inputs = {{"Input", {R(x, -1, 1, 11, dt)}}, {"Filter", {R(w, -1, 1, 12, dt)}}};
+  c.outputs = {{"Output", 1}};
+  c.attrs = {{"strides", strides}, {"paddings", pads}, {"dilations", dils}, {"groups", groups}};
+  return c;
+}
+
+OpCase Pool(std::string name, const DDim &x, std::string type, std::vector<int> k,
+            std::vector<int> s, std::vector<int> p, bool global = false, bool exclusive = true,
+            bool ceil_mode = false) {
+  OpCase c;
+  c.name = std::move(name);
+  c.type = "pool2d";
+  c.inputs = {{"X", {R(x, -2, 2, 21)}}};
+  c.attrs = {{"pooling_type", type},
+             {"ksize", k},
+             {"strides", s},
+             {"paddings", p},
+             {"global_pooling", global},
+             {"exclusive", exclusive},
+             {"ceil_mode", ceil_mode}};
+  return c;
+}
+
+OpCase BatchNorm(std::string name, const DDim &x, bool is_test, bool global_stats,
+                 float momentum = 0.9f, float eps = 1e-5f) {
+  const DDim c{x[1]};
+  OpCase o;
+  o.name = std::move(name);
+  o.type = "batch_norm";
+  o.inputs = {{"X", {R(x, -2, 3, 31)}},
+              {"Scale", {R(c, 0.5, 1.5, 32)}},
+              {"Bias", {R(c, -1, 1, 33)}},
+              {"Mean", {R(c, -0.5, 0.5, 34)}},
+              {"Variance", {R(c, 0.5, 2, 35)}}};
+  o.outputs = {
+      {"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}};
+  o.attrs = {{"is_test", is_test},
+             {"use_global_stats", global_stats},
+             {"momentum", momentum},
+             {"epsilon", eps}};
+  o.no_grad_inputs = {"Mean", "Variance"};
+  return o;
+}
+
+std::vector<TwinCase> Cases() {
+  std::vector<TwinCase> v;
+  auto add = [&](OpCase c, double tol) { v.push_back({std::move(c), tol}); };
+  const DType f64 = DType::kFloat64;
+  add(Conv("conv_3x3_pad1", {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1), 1e-4);
+  add(Conv("conv_stride2_asym_pad", {2, 4, 9, 7}, {6, 4, 3, 2}, {2, 2}, {0, 1}, {1, 1}, 1), 1e-4);
+  add(Conv("conv_dilation2", {1, 2, 10, 10}, {3, 2, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 1), 1e-4);
+  add(Conv("conv_groups2", {2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2), 1e-4);
+  add(Conv("conv_depthwise", {2, 4, 6, 6}, {4, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 4), 1e-4);
+  add(Conv("conv_1x1", {3, 8, 5, 5}, {16, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1), 1e-4);
+  add(Conv("conv_resnet_stride2", {4, 16, 16, 16}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1),
+      1e-4);
+  add(Conv("conv_float64", {2, 3, 7, 7}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, f64), 1e-10);
+  add(Pool("max_2x2", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}), 1e-6);
+  add(Pool("max_3x3_s2_pad1", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1}), 1e-6);
+  add(Pool("avg_3x3_pad1_exclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}), 1e-5);
+  add(Pool("avg_3x3_pad1_inclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, false, false),
+      1e-5);
+  add(Pool("avg_global", {2, 5, 8, 8}, "avg", {1, 1}, {1, 1}, {0, 0}, true), 1e-5);
+  add(Pool("max_global", {2, 5, 7, 3}, "max", {1, 1}, {1, 1}, {0, 0}, true), 1e-6);
+  add(Pool("max_ceil_mode_same_size", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, false, true,
+           true),
+      1e-6);
+  add(BatchNorm("bn_train_nchw", {4, 3, 5, 5}, false, false), 1e-4);
+  add(BatchNorm("bn_train_nc", {16, 6}, false, false, 0.5f, 1e-3f), 1e-4);
+  add(BatchNorm("bn_train_wide", {8, 32, 16, 16}, false, false), 1e-4);
+  add(BatchNorm("bn_is_test", {4, 3, 5, 5}, true, false), 1e-5);
+  add(BatchNorm("bn_use_global_stats", {4, 3, 5, 5}, false, true), 1e-4);
+  return v;
+}
+
+TEST(CudnnOps, EveryCaseMatchesItsCpuTwinForwardAndGrad) {
+  SKIP_WITHOUT_GPU();
+  for (TwinCase &tc : Cases()) {
+    const OpCase &c = tc.op;
+    SCOPED_TRACE(Describe(c));
+    auto cpu = RunForward(c, CPUPlace());
+    PoisonDeviceCache();
+    auto gpu = RunForward(c, CUDAPlace(0));
+    for (auto &[slot, ts] : cpu)
+      for (size_t i = 0; i < ts.size(); ++i) {
+        ASSERT_EQ(gpu[slot][i].dims(), ts[i].dims()) << slot;
+        EXPECT_LT(MaxRelErr(gpu[slot][i], ts[i]), tc.tol) << "forward " << slot;
+      }
+    auto gcpu = RunGrads(c, CPUPlace());
+    PoisonDeviceCache();
+    auto ggpu = RunGrads(c, CUDAPlace(0));
+    EXPECT_FALSE(gcpu.empty());
+    for (auto &[name, g] : gcpu) {
+      ASSERT_TRUE(ggpu.count(name)) << name;
+      EXPECT_LT(MaxRelErr(ggpu[name], g), tc.tol) << "gradient of " << name;
+    }
+  }
+}
+
+TEST(CudnnOps, PoolingCudnnCannotDoIsRefusedNamingTheAttribute) {
+  SKIP_WITHOUT_GPU();
+  std::string msg = ErrorOf([] {
+    RunForward(Pool("ceil", {1, 2, 7, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, true),
+               CUDAPlace(0));
+  });
+  ExpectErrorContainsAll(msg,
+                         {"pool2d", "CUDAPlace(0)", "ceil_mode=true", "4 windows instead of 3"});
+  msg = ErrorOf([] {
+    RunForward(Pool("pad", {1, 2, 7, 7}, "avg", {2, 2}, {1, 1}, {2, 2}), CUDAPlace(0));
+  });
+  ExpectErrorContainsAll(msg, {"pool2d", "paddings {2, 2}", "ksize {2, 2}"});
+}
+
+// Losses of `steps` steps of a built-in model on `place`.
+std::vector<double> TrainLosses(const std::string &model, const Place &place, int steps,
+                                int64_t batch) {
+  models::ModelConfig cfg;
+  cfg.name = model;
+  cfg.seed = 5;
+  cfg.batch_size = batch;
+  if (model == "lenet") cfg.data = "mnist:" + MnistDir();
+  models::TrainableModel m = models::BuildModel(cfg);
+  Executor exe(place);
+  exe.Run(*m.startup);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    FeedMap feed;
+    m.next_batch(batch, &feed);
+    losses.push_back(exe.Run(*m.main, feed, {m.loss})[0].item<double>());
+  }
+  return losses;
+}
+
+TEST(CudnnModels, LenetAndResnetTrainThirtyStepsLikeOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char *model : {"lenet", "resnet"}) {
+    SCOPED_TRACE(model);
+    if (std::string(model) == "lenet" && !HaveMnist()) {
+      ADD_FAILURE() << "no MNIST at " << MnistDir();
+      continue;
+    }
+    const int64_t batch = 16;
+    auto cpu = TrainLosses(model, CPUPlace(), 30, batch);
+    auto gpu = TrainLosses(model, CUDAPlace(0), 30, batch);
+    for (size_t s = 0; s < cpu.size(); ++s)
+      EXPECT_NEAR(gpu[s], cpu[s], 1e-4 * std::max(1.0, std::abs(cpu[s]))) << "step " << s;
+  }
+}
+
+// cuDNN's workspace and the algorithm searches grow memory in the first steps only.
+TEST(CudnnModels, ResnetSteadyStateStepsCallCudaMallocZeroTimes) {
+  SKIP_WITHOUT_GPU();
+  models::ModelConfig cfg;
+  cfg.name = "resnet";
+  cfg.seed = 3;
+  cfg.batch_size = 16;
+  models::TrainableModel m = models::BuildModel(cfg);
+  Executor exe(CUDAPlace(0));
+  exe.Run(*m.startup);
+  FeedMap feed;
+  m.next_batch(16, &feed);
+  for (int s = 0; s < 3; ++s) exe.Run(*m.main, feed, {m.loss});
+  const int64_t before = DeviceMallocCount();
+  const int64_t searches = CudnnConvAlgoSearches();
+  for (int s = 0; s < 10; ++s)
+    exe.Run(*m.main, feed,
+            s % 5 == 4 ? std::vector<std::string>{m.loss} : std::vector<std::string>{});
+  EXPECT_EQ(DeviceMallocCount(), before) << "cudaMalloc in steady state";
+  EXPECT_EQ(CudnnConvAlgoSearches(), searches);
+}
+
+// Deterministic algorithms: two GPU runs give the same bits; the algorithm searches happen in the
+// first step of a shape and never again.
+TEST(CudnnModels, DeterministicConvRepeatsBitForBitAndSearchesOncePerShape) {
+  SKIP_WITHOUT_GPU();
+  FLAGS_cudnn_deterministic = true;
+  FLAGS_cudnn_exhaustive_search = true;
+  auto a = TrainLosses("resnet", CUDAPlace(0), 5, 8);
+  const int64_t searches = CudnnConvAlgoSearches();
+  auto b = TrainLosses("resnet", CUDAPlace(0), 5, 8);
+  EXPECT_EQ(CudnnConvAlgoSearches(), searches) << "the second run searched again";
+  FLAGS_cudnn_deterministic = false;
+  FLAGS_cudnn_exhaustive_search = false;
+  EXPECT_EQ(a, b);
+  EXPECT_GT(searches, 0);
+}
+
+}  // namespace
+}  // namespace keel::testing
