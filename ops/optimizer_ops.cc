@@ -249,7 +249,7 @@ class ClipByGlobalNormKernel : public OpKernel {
     double sum_sq = 0;
     for (const Tensor* x : xs) sum_sq += SquaredL2<T>(*x);
     const double norm = std::sqrt(sum_sq);
-    const T scale = static_cast<T>(clip_norm_ / std::max(norm, clip_norm_));
+    const T scale = static_cast<T>(fn::GlobalNormScale(norm, clip_norm_));
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t n = xs[i]->numel();
       T* out = outs[i]->mutable_data<T>(ctx.place());

@@ -268,6 +268,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"cuda_host_fallback", "HostFallback.* (CUDA places)"},
       {"allow_tf32", "GPU tests (cuBLAS/cuDNN math mode; run by tools/gpu_check.sh)"},
       {"fraction_of_gpu_memory_to_use", "CachingAllocator.* (reserve)"},
+      {"init_allocated_mem", "InitAllocatedMem.*, CudaKernels2.* (poisoned outputs)"},
       {"diff", "InspectStrategy.DiffShowsOnlyWhatTheTranspilerAdded"},
       {"nranks", "InspectStrategy.* goldens"},
       {"program", "InspectStrategy.* goldens"},
