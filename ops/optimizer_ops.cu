@@ -1,7 +1,15 @@
-// CUDA twins of optimizer_ops.cc's sgd, momentum, adam and adamw: one launch per parameter (one
-// per fused buffer when gradients are coalesced), the per-element math from
-// ops/functors/optimizer_functors.h. LearningRate and the beta powers stay on the device: the
-// kernel reads them, so an update never waits for the host.
+// CUDA twins of optimizer_ops.cc: sgd, momentum, adam and adamw, one launch per parameter, the
+// per-element math from ops/functors/optimizer_functors.h; squared_l2_norm and
+// clip_by_global_norm, whose sums of squares run in double in a fixed order (per-block partials,
+// then one block adds them), so they repeat bit for bit. LearningRate, the beta powers and the
+// clip factor stay on the device: kernels read them, so an update never waits for the host.
+//
+// The program has one optimizer op per parameter even when gradients are fused (the fused
+// buffer only serves the all-reduce), so there is no multi-tensor launch per fused buffer yet:
+// that needs a merged optimizer op (Paddle's merged_momentum / merged_adam) and a pass that
+// forms it, which the CPU side does not have either.
+#include <vector>
+
 #include "ops/cuda_util.cuh"
 #include "ops/functors/optimizer_functors.h"
 
@@ -134,8 +142,113 @@ class AdamWKernel : public AdamKernel<T> {
   explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
 };
 
+// ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
+
+// partial[b] = sum over block b's grid-stride share of x of x^2, in double.
+template <typename T>
+__global__ void SquarePartials(const T* x, int64_t n, double* partial) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x) {
+    const double v = static_cast<double>(x[i]);
+    acc += v * v;
+  }
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// sum_sq = the partials added in order by one block. Writes sum_sq (squared_l2_norm), the norm
+// sqrt(sum_sq) and the clip factor (clip_by_global_norm); each output may be null.
+template <typename T>
+__global__ void FinishNorm(const double* partial, int count, double clip_norm, T* sum_sq_out,
+                           T* norm_out, T* scale_out) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  acc = BlockSum(acc);
+  if (threadIdx.x != 0) return;
+  if (sum_sq_out) *sum_sq_out = static_cast<T>(acc);
+  const double norm = sqrt(acc);
+  if (norm_out) *norm_out = static_cast<T>(norm);
+  if (scale_out) *scale_out = static_cast<T>(fn::GlobalNormScale(norm, clip_norm));
+}
+
+constexpr int kNormThreads = 256;
+int NormBlocks(int64_t n) {
+  const unsigned g = GridFor(n, kNormThreads);
+  return static_cast<int>(g < 64 ? g : 64);
+}
+
+// Partials of every x into scratch (double), then FinishNorm. scratch grows as needed and is
+// kept across runs (no allocation in steady state).
+template <typename T>
+void SumOfSquares(const ExecutionContext& ctx, const std::vector<const Tensor*>& xs,
+                  Tensor* scratch, double clip_norm, T* sum_sq_out, T* norm_out, T* scale_out) {
+  int64_t slots = 0;
+  for (const Tensor* x : xs) slots += NormBlocks(x->numel());
+  if (!scratch->initialized() || scratch->numel() < slots + 1)
+    scratch->Alloc(DType::kFloat64, DDim{slots + 1}, ctx.place());
+  double* partial = scratch->data<double>();
+  cudaStream_t stream = Cuda(ctx).stream();
+  int64_t at = 0;
+  for (const Tensor* x : xs) {
+    const int blocks = NormBlocks(x->numel());
+    SquarePartials<T><<<blocks, kNormThreads, 0, stream>>>(x->data<T>(), x->numel(), partial + at);
+    KEEL_CUDA_LAUNCH_CHECK();
+    at += blocks;
+  }
+  KEEL_ENFORCE(at < (int64_t(1) << 31), "too many tensors for one norm");
+  FinishNorm<T><<<1, 256, 0, stream>>>(partial, static_cast<int>(at), clip_norm, sum_sq_out,
+                                       norm_out, scale_out);
+  KEEL_CUDA_LAUNCH_CHECK();
+}
+
+// Out = sum(X^2).
+template <typename T>
+class SquaredL2NormKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    T* out = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    SumOfSquares<T>(ctx, {&ctx.Input("X")}, &scratch_, 1.0, out, nullptr, nullptr);
+  }
+
+ private:
+  Tensor scratch_;
+};
+
+// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm), the factor read
+// from the device.
+template <typename T>
+class ClipByGlobalNormKernel : public OpKernel {
+ public:
+  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<const Tensor*> xs = ctx.MultiInput("X");
+    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
+    KEEL_ENFORCE(xs.size() == outs.size(), "clip_by_global_norm: ", xs.size(), " X but ",
+                 outs.size(), " Out");
+    if (!scale_.initialized()) scale_.Alloc(DTypeOf<T>::value, DDim{1}, ctx.place());
+    T* scale = scale_.data<T>();
+    Tensor* g = ctx.OutputOrNull("GlobalNorm");
+    SumOfSquares<T>(ctx, xs, &scratch_, clip_norm_, nullptr,
+                    g ? g->mutable_data<T>(ctx.place()) : nullptr, scale);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      KEEL_ENFORCE(outs[i] != nullptr && outs[i]->numel() == xs[i]->numel(), "Out[", i,
+                   "] must have the shape of X[", i, "] ", xs[i]->dims().str());
+      const T* x = xs[i]->data<T>();
+      T* out = outs[i]->mutable_data<T>(ctx.place());
+      ForEach(ctx, xs[i]->numel(), [=] __device__(int64_t k) { out[k] = x[k] * *scale; });
+    }
+  }
+
+ private:
+  double clip_norm_;
+  Tensor scratch_, scale_;
+};
+
 }  // namespace
 
+KEEL_REGISTER_CUDA_KERNEL(squared_l2_norm, SquaredL2NormKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(sgd, SgdKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(momentum, MomentumKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(adam, AdamKernel, float, double);
