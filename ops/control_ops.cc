@@ -1,8 +1,7 @@
-// Control flow and the small ops that compute conditions (PaddlePaddle
-// Fluid 1.x names and slots): conditional_block runs a sub-block when its
-// condition holds; less_than, less_equal, greater_than, greater_equal, equal
-// and not_equal compare elementwise into bool; logical_and and logical_or
-// combine bools; assign copies a tensor.
+// Control flow and the small ops that compute conditions (PaddlePaddle Fluid 1.x names and slots):
+// conditional_block runs a sub-block when its condition holds; less_than, less_equal,
+// greater_than, greater_equal, equal and not_equal compare elementwise into bool; logical_and and
+// logical_or combine bools; assign copies a tensor.
 #include <algorithm>
 #include <cstring>
 
@@ -15,43 +14,35 @@ namespace keel {
 
 namespace {
 
-// -----------------------------------------------------------------------------
-// conditional_block
+// ----------------------------------------------------------------------------- conditional_block
 
-// Cond must hold one bool; the sub-block reads and writes the enclosing block's
-// vars.
-void ConditionalBlockShape(InferShapeContext &ctx) {
-  if (ctx.IsRuntime())
-    return;
+// Cond must hold one bool; the sub-block reads and writes the enclosing block's vars.
+void ConditionalBlockShape(InferShapeContext& ctx) {
+  if (ctx.IsRuntime()) return;
   const DDim c = ctx.GetInputDim("Cond");
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("Cond") == DType::kBool,
-                   "Cond must be bool, got ",
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("Cond") == DType::kBool, "Cond must be bool, got ",
                    DTypeName(ctx.GetInputDType("Cond")));
-  KEEL_SHAPE_CHECK(!c.known() || c.numel() == 1,
-                   "Cond must hold one element, got ", c);
+  KEEL_SHAPE_CHECK(!c.known() || c.numel() == 1, "Cond must hold one element, got ", c);
 }
 
-template <typename T> class ConditionalBlockKernel : public OpKernel {
-public:
-  explicit ConditionalBlockKernel(const OpDesc &op)
-      : block_(op.Attr<BlockRef>("sub_block").idx) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &cond = ctx.Input("Cond");
-    KEEL_ENFORCE(cond.numel() == 1, "Cond must hold one element, got ",
-                 cond.dims());
-    if (*cond.data<bool>())
-      ctx.RunBlock(block_);
+template <typename T>
+class ConditionalBlockKernel : public OpKernel {
+ public:
+  explicit ConditionalBlockKernel(const OpDesc& op) : block_(op.Attr<BlockRef>("sub_block").idx) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& cond = ctx.Input("Cond");
+    KEEL_ENFORCE(cond.numel() == 1, "Cond must hold one element, got ", cond.dims());
+    if (*cond.data<bool>()) ctx.RunBlock(block_);
   }
 
-private:
+ private:
   int block_;
 };
 
-// ------------------------------------------------------------------------------------
-// compare
+// ------------------------------------------------------------------------------------ compare
 
 // X and Y of one shape, or Y of one element; Out: bool, X's shape.
-void CompareShape(InferShapeContext &ctx) {
+void CompareShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X"), y = ctx.GetInputDim("Y");
   KEEL_SHAPE_CHECK(ctx.GetInputDType("X") == ctx.GetInputDType("Y"), "X is ",
                    DTypeName(ctx.GetInputDType("X")), ", Y is ",
@@ -62,85 +53,76 @@ void CompareShape(InferShapeContext &ctx) {
   ctx.SetOutputDType("Out", DType::kBool);
 }
 
-// The comparisons are ops/functors/compare_functors.h (shared with the CUDA
-// kernels).
-template <typename Cmp> struct CompareOp {
-  template <typename T> class Kernel : public OpKernel {
-  public:
-    void Compute(ExecutionContext &ctx) override {
-      const Tensor &x = ctx.Input("X");
-      const Tensor &y = ctx.Input("Y");
-      const T *a = x.data<T>();
-      const T *b = y.data<T>();
-      bool *o = ctx.Output("Out")->mutable_data<bool>(ctx.place());
+// The comparisons are ops/functors/compare_functors.h (shared with the CUDA kernels).
+template <typename Cmp>
+struct CompareOp {
+  template <typename T>
+  class Kernel : public OpKernel {
+   public:
+    void Compute(ExecutionContext& ctx) override {
+      const Tensor& x = ctx.Input("X");
+      const Tensor& y = ctx.Input("Y");
+      const T* a = x.data<T>();
+      const T* b = y.data<T>();
+      bool* o = ctx.Output("Out")->mutable_data<bool>(ctx.place());
       const int64_t n = x.numel();
       if (y.numel() == 1 && n != 1) {
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = Cmp()(a[i], b[0]);
+        for (int64_t i = 0; i < n; ++i) o[i] = Cmp()(a[i], b[0]);
       } else {
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = Cmp()(a[i], b[i]);
+        for (int64_t i = 0; i < n; ++i) o[i] = Cmp()(a[i], b[i]);
       }
     }
   };
 };
 
-// ------------------------------------------------------------------------------------
-// logical
+// ------------------------------------------------------------------------------------ logical
 
-void LogicalShape(InferShapeContext &ctx) {
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("X") == DType::kBool &&
-                       ctx.GetInputDType("Y") == DType::kBool,
-                   "X and Y must be bool, got ",
-                   DTypeName(ctx.GetInputDType("X")), " and ",
+void LogicalShape(InferShapeContext& ctx) {
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("X") == DType::kBool && ctx.GetInputDType("Y") == DType::kBool,
+                   "X and Y must be bool, got ", DTypeName(ctx.GetInputDType("X")), " and ",
                    DTypeName(ctx.GetInputDType("Y")));
   KEEL_SHAPE_CHECK(ctx.DimsEq(ctx.GetInputDim("X"), ctx.GetInputDim("Y")), "X ",
-                   ctx.GetInputDim("X"), " and Y ", ctx.GetInputDim("Y"),
-                   " differ");
+                   ctx.GetInputDim("X"), " and Y ", ctx.GetInputDim("Y"), " differ");
   ctx.ShareDimAndDType("X", "Out");
 }
 
-template <bool kAnd> struct LogicalOp {
-  template <typename T> class Kernel : public OpKernel {
-  public:
-    void Compute(ExecutionContext &ctx) override {
-      const bool *a = ctx.Input("X").data<bool>();
-      const bool *b = ctx.Input("Y").data<bool>();
-      Tensor *out = ctx.Output("Out");
-      bool *o = out->mutable_data<bool>(ctx.place());
+template <bool kAnd>
+struct LogicalOp {
+  template <typename T>
+  class Kernel : public OpKernel {
+   public:
+    void Compute(ExecutionContext& ctx) override {
+      const bool* a = ctx.Input("X").data<bool>();
+      const bool* b = ctx.Input("Y").data<bool>();
+      Tensor* out = ctx.Output("Out");
+      bool* o = out->mutable_data<bool>(ctx.place());
       const fn::Logical<kAnd> f;
-      for (int64_t i = 0; i < out->numel(); ++i)
-        o[i] = f(a[i], b[i]);
+      for (int64_t i = 0; i < out->numel(); ++i) o[i] = f(a[i], b[i]);
     }
   };
 };
 
-void AssignShape(InferShapeContext &ctx) { ctx.ShareDimAndDType("X", "Out"); }
+void AssignShape(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
 
-} // namespace
+}  // namespace
 
 KEEL_REGISTER_OP(conditional_block)
-    .Doc("Runs the ops of sub_block, in the enclosing scopes, when Cond (one "
-         "bool) is true")
+    .Doc("Runs the ops of sub_block, in the enclosing scopes, when Cond (one bool) is true")
     .Input("Cond", "one bool")
-    .OptionalInput(
-        "Input",
-        "vars the block reads (documentation for readers of the program)")
+    .OptionalInput("Input", "vars the block reads (documentation for readers of the program)")
     .RequiredAttr<BlockRef>("sub_block", "the block to run")
     .KernelDTypeFrom("Cond")
     .Shape(ConditionalBlockShape);
 KEEL_REGISTER_CPU_KERNEL(conditional_block, ConditionalBlockKernel, bool);
 
-#define KEEL_REGISTER_COMPARE_OP(name, Cmp, formula)                           \
-  KEEL_REGISTER_OP(name)                                                       \
-      .Doc("Out = " formula                                                    \
-           ", elementwise, as bool; Y of X's shape or of one element")         \
-      .Input("X", "the left operand")                                          \
-      .Input("Y", "the right operand")                                         \
-      .Output("Out", "bool, X's shape")                                        \
-      .Shape(CompareShape);                                                    \
-  KEEL_REGISTER_CPU_KERNEL(name, CompareOp<Cmp>::Kernel, float, double,        \
-                           int32_t, int64_t)
+#define KEEL_REGISTER_COMPARE_OP(name, Cmp, formula)                                        \
+  KEEL_REGISTER_OP(name)                                                                    \
+      .Doc("Out = " formula ", elementwise, as bool; Y of X's shape or of one element")     \
+      .Input("X", "the left operand")                                                       \
+      .Input("Y", "the right operand")                                                      \
+      .Output("Out", "bool, X's shape")                                                     \
+      .Shape(CompareShape);                                                                 \
+  KEEL_REGISTER_CPU_KERNEL(name, CompareOp<Cmp>::Kernel, float, double, int32_t, int64_t)
 
 KEEL_REGISTER_COMPARE_OP(less_than, fn::LessThan, "X < Y");
 KEEL_REGISTER_COMPARE_OP(less_equal, fn::LessEqual, "X <= Y");
@@ -170,7 +152,6 @@ KEEL_REGISTER_OP(assign)
     .Input("X", "the source")
     .Output("Out", "the copy")
     .Shape(AssignShape);
-KEEL_REGISTER_CPU_KERNEL(assign, CopyKernel, float, double, int32_t, int64_t,
-                         bool);
+KEEL_REGISTER_CPU_KERNEL(assign, CopyKernel, float, double, int32_t, int64_t, bool);
 
-} // namespace keel
+}  // namespace keel

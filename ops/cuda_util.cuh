@@ -1,7 +1,6 @@
-// What the CUDA op files share: the device context of a kernel's place, a
-// grid-stride launch of a device lambda over n indices, and block-wide sums.
-// Kernels favour one obvious thread-per- element (or per-row) mapping over
-// cleverness; cuBLAS and cuDNN carry the heavy math.
+// What the CUDA op files share: the device context of a kernel's place, a grid-stride launch of
+// a device lambda over n indices, and block-wide sums. Kernels favour one obvious thread-per-
+// element (or per-row) mapping over cleverness; cuBLAS and cuDNN carry the heavy math.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,11 +13,12 @@
 
 namespace keel {
 
-inline CudaContext &Cuda(const ExecutionContext &ctx) {
+inline CudaContext& Cuda(const ExecutionContext& ctx) {
   return CudaContext::Get(ctx.place().device);
 }
 
-template <typename F> __global__ void ForEachKernel(int64_t n, F f) {
+template <typename F>
+__global__ void ForEachKernel(int64_t n, F f) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(blockDim.x) * gridDim.x)
     f(i);
@@ -26,72 +26,63 @@ template <typename F> __global__ void ForEachKernel(int64_t n, F f) {
 
 // f(i) for i in [0, n) on the context's stream; no synchronisation.
 template <typename F>
-void ForEach(const ExecutionContext &ctx, int64_t n, F f) {
-  if (n <= 0)
-    return;
+void ForEach(const ExecutionContext& ctx, int64_t n, F f) {
+  if (n <= 0) return;
   ForEachKernel<<<GridFor(n), 256, 0, Cuda(ctx).stream()>>>(n, f);
   KEEL_CUDA_LAUNCH_CHECK();
 }
 
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every
-// thread gets it.
-template <typename T> __device__ T BlockSum(T v) {
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <typename T>
+__device__ T BlockSum(T v) {
   __shared__ T partial[32];
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads(); // partial may still be read from a previous call
-  if (lane == 0)
-    partial[warp] = v;
+  __syncthreads();  // partial may still be read from a previous call
+  if (lane == 0) partial[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
   v = lane < warps ? partial[lane] : T(0);
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-template <typename T> __device__ T BlockMax(T v) {
+template <typename T>
+__device__ T BlockMax(T v) {
   __shared__ T partial[32];
-  for (int o = 16; o > 0; o >>= 1)
-    v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  if (lane == 0)
-    partial[warp] = v;
+  if (lane == 0) partial[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
   v = lane < warps ? partial[lane] : partial[0];
-  for (int o = 16; o > 0; o >>= 1)
-    v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
 namespace cuda {
-// dims = [pre, n, post] around `axis` (negative counts from the end); as
-// op_util.h's SplitAt, which .cu files do not include (it pulls in Eigen).
+// dims = [pre, n, post] around `axis` (negative counts from the end); as op_util.h's SplitAt,
+// which .cu files do not include (it pulls in Eigen).
 struct AxisSplit {
   int64_t pre, n, post;
 };
-inline AxisSplit SplitAt(const DDim &d, int axis) {
+inline AxisSplit SplitAt(const DDim& d, int axis) {
   const int a = axis < 0 ? axis + d.size() : axis;
   return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
 }
-} // namespace cuda
+}  // namespace cuda
 
-// Bad input a kernel finds on the device (a label or id out of range): the
-// kernel records the first (value, index) in mapped pinned host memory, and the
-// host reads it back without synchronising. The op's next run throws it as a
-// keel::Error (device errors surface asynchronously, as CUDA's own do); the
-// output of the bad row is NaN (or zeros) meanwhile.
+// Bad input a kernel finds on the device (a label or id out of range): the kernel records the
+// first (value, index) in mapped pinned host memory, and the host reads it back without
+// synchronising. The op's next run throws it as a keel::Error (device errors surface
+// asynchronously, as CUDA's own do); the output of the bad row is NaN (or zeros) meanwhile.
 struct DeviceReport {
-  int state; // 0: none; 1: being written; 2: written
+  int state;  // 0: none; 1: being written; 2: written
   long long value, index;
 };
 
-__device__ inline void Report(DeviceReport *r, long long value,
-                              long long index) {
-  if (atomicCAS(&r->state, 0, 1) != 0)
-    return; // the first report wins
+__device__ inline void Report(DeviceReport* r, long long value, long long index) {
+  if (atomicCAS(&r->state, 0, 1) != 0) return;  // the first report wins
   r->value = value;
   r->index = index;
   __threadfence_system();
@@ -99,43 +90,38 @@ __device__ inline void Report(DeviceReport *r, long long value,
 }
 
 class DeviceReportSlot {
-public:
+ public:
   DeviceReportSlot() {
-    KEEL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&host_),
-                                  sizeof(DeviceReport),
+    KEEL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(DeviceReport),
                                   cudaHostAllocMapped | cudaHostAllocPortable));
     host_->state = 0;
-    KEEL_CUDA_CHECK(cudaHostGetDevicePointer(
-        reinterpret_cast<void **>(&device_), host_, 0));
+    KEEL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
   }
   ~DeviceReportSlot() { cudaFreeHost(host_); }
-  DeviceReportSlot(const DeviceReportSlot &) = delete;
-  DeviceReportSlot &operator=(const DeviceReportSlot &) = delete;
+  DeviceReportSlot(const DeviceReportSlot&) = delete;
+  DeviceReportSlot& operator=(const DeviceReportSlot&) = delete;
 
-  DeviceReport *device() const { return device_; }
-  // Calls on_report(value, index) (which throws) when a kernel has reported;
-  // clears the slot.
-  template <typename F> void Check(F on_report) {
-    if (reinterpret_cast<volatile DeviceReport *>(host_)->state != 2)
-      return;
+  DeviceReport* device() const { return device_; }
+  // Calls on_report(value, index) (which throws) when a kernel has reported; clears the slot.
+  template <typename F>
+  void Check(F on_report) {
+    if (reinterpret_cast<volatile DeviceReport*>(host_)->state != 2) return;
     const long long value = host_->value, index = host_->index;
     host_->state = 0;
     on_report(value, index);
   }
 
-private:
-  DeviceReport *host_ = nullptr;
-  DeviceReport *device_ = nullptr;
+ private:
+  DeviceReport* host_ = nullptr;
+  DeviceReport* device_ = nullptr;
 };
 
 // Copies n elements on the stream unless src and dst are the same memory.
 template <typename T>
-void CopyOnStream(const ExecutionContext &ctx, const T *src, T *dst,
-                  int64_t n) {
-  if (src == dst || n == 0)
-    return;
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(
-      dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
+void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) {
+  if (src == dst || n == 0) return;
+  KEEL_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
 }
 
-} // namespace keel
+}  // namespace keel

@@ -1,22 +1,17 @@
-// Learning-rate schedules as ops over a persistable step counter, so a saved
-// program resumes its schedule: `increment` advances the counter, `lr_schedule`
-// maps it to the learning rate.
+// Learning-rate schedules as ops over a persistable step counter, so a saved program resumes its
+// schedule: `increment` advances the counter, `lr_schedule` maps it to the learning rate.
 //
-// Step convention: the DSL initializes the counter to -1 and increments it
-// first thing in each run, so the first training step sees s = 0 and the k-th
-// (0-based) sees s = k. lr_schedule clamps s below at 0. With s and warm-up W =
-// warmup_steps:
+// Step convention: the DSL initializes the counter to -1 and increments it first thing in each
+// run, so the first training step sees s = 0 and the k-th (0-based) sees s = k. lr_schedule
+// clamps s below at 0. With s and warm-up W = warmup_steps:
 //
 //   constant:   lr(s) = base_lr
-//   piecewise:  lr(s) = values[k], k = #{i : s >= boundaries[i]}   (|values| =
-//   |boundaries| + 1) cosine:     lr(s) = min_lr + (base_lr - min_lr) * (1 +
-//   cos(pi * min(s, total_steps) /
-//                                                               total_steps)) /
-//                                                               2
+//   piecewise:  lr(s) = values[k], k = #{i : s >= boundaries[i]}   (|values| = |boundaries| + 1)
+//   cosine:     lr(s) = min_lr + (base_lr - min_lr) * (1 + cos(pi * min(s, total_steps) /
+//                                                               total_steps)) / 2
 //   warm-up (Paddle's linear_lr_warmup), when W > 0 and s < W:
-//               lr(s) = start + (end - start) * s / W,  start =
-//               warmup_start_lr, end = warmup_end_lr, or the schedule's lr(W)
-//               when warmup_end_lr < 0
+//               lr(s) = start + (end - start) * s / W,  start = warmup_start_lr,
+//               end = warmup_end_lr, or the schedule's lr(W) when warmup_end_lr < 0
 //   and from s = W on the schedule itself, on the same (unshifted) s.
 //
 // The counter is float32 in the DSL: exact up to 2^24 (16.7M) steps.
@@ -33,10 +28,9 @@
 namespace keel {
 namespace {
 
-// ------------------------------------------------------------------------------------
-// increment
+// ------------------------------------------------------------------------------------ increment
 
-void IncrementShape(InferShapeContext &ctx) {
+void IncrementShape(InferShapeContext& ctx) {
   DDim d = ctx.GetInputDim("X");
   KEEL_SHAPE_CHECK(d.numel() == 1 || (!ctx.IsRuntime() && d.numel() < 0),
                    "X must hold one element, got ", d.str());
@@ -44,82 +38,79 @@ void IncrementShape(InferShapeContext &ctx) {
 }
 
 // Out = X + step.
-template <typename T> class IncrementKernel : public OpKernel {
-public:
-  explicit IncrementKernel(const OpDesc &op)
-      : step_(static_cast<T>(op.Attr<float>("step"))) {}
-  void Compute(ExecutionContext &ctx) override {
+template <typename T>
+class IncrementKernel : public OpKernel {
+ public:
+  explicit IncrementKernel(const OpDesc& op) : step_(static_cast<T>(op.Attr<float>("step"))) {}
+  void Compute(ExecutionContext& ctx) override {
     const T x = ctx.Input("X").data<T>()[0];
     ctx.Output("Out")->mutable_data<T>(ctx.place())[0] = x + step_;
   }
 
-private:
+ private:
   T step_;
 };
 
-// ----------------------------------------------------------------------------------
-// lr_schedule
+// ---------------------------------------------------------------------------------- lr_schedule
 
-std::string CheckScheduleType(const Attribute &a) {
-  const std::string &t = std::get<std::string>(a);
+std::string CheckScheduleType(const Attribute& a) {
+  const std::string& t = std::get<std::string>(a);
   return t == "constant" || t == "piecewise" || t == "cosine"
              ? ""
              : "unknown schedule (known: constant, piecewise, cosine)";
 }
 
-std::string CheckNonNegative(const Attribute &a) {
+std::string CheckNonNegative(const Attribute& a) {
   return std::get<int>(a) >= 0 ? "" : "must be >= 0";
 }
 
-// The attrs that depend on each other, checked at build time; Step holds one
-// element.
-void LrScheduleShape(InferShapeContext &ctx) {
+// The attrs that depend on each other, checked at build time; Step holds one element.
+void LrScheduleShape(InferShapeContext& ctx) {
   DDim d = ctx.GetInputDim("Step");
   KEEL_SHAPE_CHECK(d.numel() == 1 || (!ctx.IsRuntime() && d.numel() < 0),
                    "Step must hold one element, got ", d.str());
-  const std::string &type = ctx.Attr<std::string>("type");
+  const std::string& type = ctx.Attr<std::string>("type");
   if (type == "piecewise") {
-    const auto &b = ctx.Attr<std::vector<int>>("boundaries");
-    const auto &v = ctx.Attr<std::vector<float>>("values");
+    const auto& b = ctx.Attr<std::vector<int>>("boundaries");
+    const auto& v = ctx.Attr<std::vector<float>>("values");
     KEEL_SHAPE_CHECK(v.size() == b.size() + 1,
-                     "piecewise needs one more value than boundaries, got ",
-                     b.size(), " boundaries and ", v.size(), " values");
+                     "piecewise needs one more value than boundaries, got ", b.size(),
+                     " boundaries and ", v.size(), " values");
     for (size_t i = 1; i < b.size(); ++i)
-      KEEL_SHAPE_CHECK(b[i - 1] < b[i],
-                       "piecewise boundaries must increase, got ", b[i - 1],
+      KEEL_SHAPE_CHECK(b[i - 1] < b[i], "piecewise boundaries must increase, got ", b[i - 1],
                        " then ", b[i]);
   } else if (type == "cosine") {
-    KEEL_SHAPE_CHECK(ctx.Attr<int>("total_steps") > 0,
-                     "cosine needs total_steps > 0, got ",
+    KEEL_SHAPE_CHECK(ctx.Attr<int>("total_steps") > 0, "cosine needs total_steps > 0, got ",
                      ctx.Attr<int>("total_steps"));
   }
   ctx.SetOutputDim("LearningRate", DDim{1});
   ctx.SetOutputDType("LearningRate", DType::kFloat32);
 }
 
-// The formulas are in the file comment (fn::LrSchedule, shared with the CUDA
-// kernel); computed in double, written as float32.
-template <typename T> class LrScheduleKernel : public OpKernel {
-public:
-  explicit LrScheduleKernel(const OpDesc &op)
+// The formulas are in the file comment (fn::LrSchedule, shared with the CUDA kernel); computed
+// in double, written as float32.
+template <typename T>
+class LrScheduleKernel : public OpKernel {
+ public:
+  explicit LrScheduleKernel(const OpDesc& op)
       : boundaries_(op.Attr<std::vector<int>>("boundaries")),
         values_(op.Attr<std::vector<float>>("values")) {
     f_ = MakeLrSchedule(op);
     f_.boundaries = boundaries_.data();
     f_.values = values_.data();
   }
-  void Compute(ExecutionContext &ctx) override {
+  void Compute(ExecutionContext& ctx) override {
     const double s = static_cast<double>(ctx.Input("Step").data<T>()[0]);
     ctx.Output("LearningRate")->mutable_data<float>(ctx.place())[0] = f_(s);
   }
 
-private:
+ private:
   std::vector<int> boundaries_;
   std::vector<float> values_;
   fn::LrSchedule f_;
 };
 
-} // namespace
+}  // namespace
 
 KEEL_REGISTER_OP(increment)
     .Doc("Out = X + step; X holds one element. In place on the step counter.")
@@ -127,33 +118,26 @@ KEEL_REGISTER_OP(increment)
     .Output("Out", "[1], usually X itself")
     .Attr<float>("step", 1.0f, "the amount added")
     .Shape(IncrementShape);
-KEEL_REGISTER_CPU_KERNEL(increment, IncrementKernel, float, double, int32_t,
-                         int64_t);
+KEEL_REGISTER_CPU_KERNEL(increment, IncrementKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(lr_schedule)
-    .Doc("LearningRate = lr(Step) for a constant, piecewise or cosine schedule "
-         "with an optional "
-         "linear warm-up; the formulas are in ops/lr_schedule_ops.cc.")
+    .Doc(
+        "LearningRate = lr(Step) for a constant, piecewise or cosine schedule with an optional "
+        "linear warm-up; the formulas are in ops/lr_schedule_ops.cc.")
     .Input("Step", "[1]: the step counter; the first training step is 0")
     .Output("LearningRate", "[1] float32")
-    .Attr<std::string>("type", "constant", "constant | piecewise | cosine",
-                       CheckScheduleType)
-    .Attr<float>("base_lr", 0.0f,
-                 "constant: the rate; cosine: the rate at step 0")
-    .Attr<std::vector<int>>("boundaries", {},
-                            "piecewise: steps where the next value starts")
+    .Attr<std::string>("type", "constant", "constant | piecewise | cosine", CheckScheduleType)
+    .Attr<float>("base_lr", 0.0f, "constant: the rate; cosine: the rate at step 0")
+    .Attr<std::vector<int>>("boundaries", {}, "piecewise: steps where the next value starts")
     .Attr<std::vector<float>>("values", {}, "piecewise: |boundaries| + 1 rates")
-    .Attr<int>("total_steps", 0, "cosine: the step where min_lr is reached",
-               CheckNonNegative)
+    .Attr<int>("total_steps", 0, "cosine: the step where min_lr is reached", CheckNonNegative)
     .Attr<float>("min_lr", 0.0f, "cosine: the final rate")
-    .Attr<int>("warmup_steps", 0, "linear warm-up over steps [0, warmup_steps)",
-               CheckNonNegative)
+    .Attr<int>("warmup_steps", 0, "linear warm-up over steps [0, warmup_steps)", CheckNonNegative)
     .Attr<float>("warmup_start_lr", 0.0f, "warm-up: the rate at step 0")
     .Attr<float>("warmup_end_lr", -1.0f,
-                 "warm-up: the rate it heads to; < 0: the schedule's rate at "
-                 "warmup_steps")
+                 "warm-up: the rate it heads to; < 0: the schedule's rate at warmup_steps")
     .Shape(LrScheduleShape)
     .KernelDTypeFrom("Step");
 KEEL_REGISTER_CPU_KERNEL(lr_schedule, LrScheduleKernel, float, double, int64_t);
 
-} // namespace keel
+}  // namespace keel

@@ -1,16 +1,15 @@
-// Optimizer update ops and gradient clipping. Every XOut is normally the same
-// variable as X: updates are in place.
+// Optimizer update ops and gradient clipping. Every XOut is normally the same variable as X:
+// updates are in place.
 //
 //   sgd        param -= lr * g
-//   momentum   v = mu * v + g;  param -= lr * (g + mu * v) (use_nesterov) or lr
-//   * v adam       (Paddle's form, t = 1, 2, ... the step; Beta1Pow = beta1^t
-//   on entry)
-//              m1 = beta1 * m1 + (1 - beta1) * g;  m2 = beta2 * m2 + (1 -
-//              beta2) * g^2 lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t) param
-//              -= lr_t * m1 / (sqrt(m2) + epsilon * sqrt(1 - beta2^t)) Beta1Pow
-//              *= beta1;  Beta2Pow *= beta2
-//   adamw      param -= lr * coeff * param (decoupled weight decay, Paddle 2),
-//   then adam squared_l2_norm       Out = sum(X^2), shape [1]
+//   momentum   v = mu * v + g;  param -= lr * (g + mu * v) (use_nesterov) or lr * v
+//   adam       (Paddle's form, t = 1, 2, ... the step; Beta1Pow = beta1^t on entry)
+//              m1 = beta1 * m1 + (1 - beta1) * g;  m2 = beta2 * m2 + (1 - beta2) * g^2
+//              lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+//              param -= lr_t * m1 / (sqrt(m2) + epsilon * sqrt(1 - beta2^t))
+//              Beta1Pow *= beta1;  Beta2Pow *= beta2
+//   adamw      param -= lr * coeff * param (decoupled weight decay, Paddle 2), then adam
+//   squared_l2_norm       Out = sum(X^2), shape [1]
 //   clip_by_global_norm   norm = sqrt(sum_i sum(X_i^2));
 //                         Out_i = X_i * clip_norm / max(norm, clip_norm)
 #include <algorithm>
@@ -27,39 +26,34 @@ namespace keel {
 namespace {
 
 // Param and Grad agree in shape and dtype; LearningRate holds one element.
-void CheckParamGradLr(InferShapeContext &ctx) {
+void CheckParamGradLr(InferShapeContext& ctx) {
   DDim p = ctx.GetInputDim("Param");
   DDim g = ctx.GetInputDim("Grad");
   DDim lr = ctx.GetInputDim("LearningRate");
   KEEL_SHAPE_CHECK(ctx.DimsEq(p, g), "Param ", p.str(), " and Grad ", g.str(),
                    " must have the same shape");
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType("Grad"),
-                   "Param is ", DTypeName(ctx.GetInputDType("Param")),
-                   ", Grad is ", DTypeName(ctx.GetInputDType("Grad")),
-                   "; they must match");
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType("Grad"), "Param is ",
+                   DTypeName(ctx.GetInputDType("Param")), ", Grad is ",
+                   DTypeName(ctx.GetInputDType("Grad")), "; they must match");
   KEEL_SHAPE_CHECK(lr.numel() == 1 || (!ctx.IsRuntime() && lr.numel() < 0),
                    "LearningRate must hold one element, got ", lr.str());
 }
 
-// Input `slot` (an accumulator) has Param's shape and dtype; output `out` gets
-// them.
-void CheckLikeParam(InferShapeContext &ctx, const std::string &slot,
-                    const std::string &out) {
+// Input `slot` (an accumulator) has Param's shape and dtype; output `out` gets them.
+void CheckLikeParam(InferShapeContext& ctx, const std::string& slot, const std::string& out) {
   DDim p = ctx.GetInputDim("Param");
   DDim a = ctx.GetInputDim(slot);
-  KEEL_SHAPE_CHECK(ctx.DimsEq(p, a), "Param ", p.str(), " and ", slot, " ",
-                   a.str(), " must have the same shape");
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType(slot),
-                   "Param is ", DTypeName(ctx.GetInputDType("Param")), ", ",
-                   slot, " is ", DTypeName(ctx.GetInputDType(slot)),
-                   "; they must match");
+  KEEL_SHAPE_CHECK(ctx.DimsEq(p, a), "Param ", p.str(), " and ", slot, " ", a.str(),
+                   " must have the same shape");
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType(slot), "Param is ",
+                   DTypeName(ctx.GetInputDType("Param")), ", ", slot, " is ",
+                   DTypeName(ctx.GetInputDType(slot)), "; they must match");
   ctx.SetOutputDim(out, p);
   ctx.SetOutputDType(out, ctx.GetInputDType("Param"));
 }
 
 // Input `slot` holds one float element; output `out` gets its shape and dtype.
-void CheckScalar(InferShapeContext &ctx, const std::string &slot,
-                 const std::string &out) {
+void CheckScalar(InferShapeContext& ctx, const std::string& slot, const std::string& out) {
   DDim d = ctx.GetInputDim(slot);
   KEEL_SHAPE_CHECK(d.numel() == 1 || (!ctx.IsRuntime() && d.numel() < 0), slot,
                    " must hold one element, got ", d.str());
@@ -69,9 +63,8 @@ void CheckScalar(InferShapeContext &ctx, const std::string &slot,
   ctx.ShareDimAndDType(slot, out);
 }
 
-// Writes v into the one-element tensor `out` in its own dtype (float32 or
-// float64).
-void SetScalar(Tensor *out, double v, const Place &place) {
+// Writes v into the one-element tensor `out` in its own dtype (float32 or float64).
+void SetScalar(Tensor* out, double v, const Place& place) {
   if (out->dtype() == DType::kFloat64) {
     *out->mutable_data<double>(place) = v;
   } else {
@@ -79,47 +72,42 @@ void SetScalar(Tensor *out, double v, const Place &place) {
   }
 }
 
-// Runtime guard that an input matches Param's element count (the shape fn
-// checks dims).
-void EnforceNumel(const ExecutionContext &ctx, const Tensor &param,
-                  const std::string &slot) {
-  const Tensor &t = ctx.Input(slot);
-  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ",
-               param.dims().str(), " and ", slot, " ", t.dims().str(),
-               " must have the same shape");
+// Runtime guard that an input matches Param's element count (the shape fn checks dims).
+void EnforceNumel(const ExecutionContext& ctx, const Tensor& param, const std::string& slot) {
+  const Tensor& t = ctx.Input(slot);
+  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
+               slot, " ", t.dims().str(), " must have the same shape");
 }
 
-// ------------------------------------------------------------------------------------------
-// sgd
+// ------------------------------------------------------------------------------------------ sgd
 
-void SgdShape(InferShapeContext &ctx) {
+void SgdShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
 // param_out = param - lr * grad.
-template <typename T> class SgdKernel : public OpKernel {
-public:
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
-    const Tensor &grad = ctx.Input("Grad");
-    Tensor *param_out = ctx.Output("ParamOut");
-    KEEL_ENFORCE(param.numel() == grad.numel(), "Param ", param.dims().str(),
-                 " and Grad ", grad.dims().str(), " must have the same shape");
+template <typename T>
+class SgdKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    const Tensor& grad = ctx.Input("Grad");
+    Tensor* param_out = ctx.Output("ParamOut");
+    KEEL_ENFORCE(param.numel() == grad.numel(), "Param ", param.dims().str(), " and Grad ",
+                 grad.dims().str(), " must have the same shape");
     const T lr = ctx.Input("LearningRate").item<T>();
     const int64_t n = param.numel();
-    const T *p = param.data<T>();
-    const T *g = grad.data<T>();
-    T *po = param_out->mutable_data<T>(ctx.place());
-    for (int64_t i = 0; i < n; ++i)
-      po[i] = fn::SgdUpdate(p[i], g[i], lr);
+    const T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* po = param_out->mutable_data<T>(ctx.place());
+    for (int64_t i = 0; i < n; ++i) po[i] = fn::SgdUpdate(p[i], g[i], lr);
   }
 };
 
-// -------------------------------------------------------------------------------------
-// momentum
+// ------------------------------------------------------------------------------------- momentum
 
-void MomentumShape(InferShapeContext &ctx) {
+void MomentumShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
   CheckLikeParam(ctx, "Velocity", "VelocityOut");
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
@@ -127,36 +115,34 @@ void MomentumShape(InferShapeContext &ctx) {
 }
 
 // v = mu * v + g;  param -= lr * (g + mu * v) with Nesterov, lr * v without.
-template <typename T> class MomentumKernel : public OpKernel {
-public:
-  explicit MomentumKernel(const OpDesc &op)
-      : mu_(static_cast<T>(op.Attr<float>("mu"))),
-        nesterov_(op.Attr<bool>("use_nesterov")) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
+template <typename T>
+class MomentumKernel : public OpKernel {
+ public:
+  explicit MomentumKernel(const OpDesc& op)
+      : mu_(static_cast<T>(op.Attr<float>("mu"))), nesterov_(op.Attr<bool>("use_nesterov")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
     EnforceNumel(ctx, param, "Grad");
     EnforceNumel(ctx, param, "Velocity");
     const int64_t n = param.numel();
     const T lr = ctx.Input("LearningRate").item<T>();
-    const T *p = param.data<T>();
-    const T *g = ctx.Input("Grad").data<T>();
-    const T *v = ctx.Input("Velocity").data<T>();
-    T *v_out = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
-    T *p_out = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    const T* v = ctx.Input("Velocity").data<T>();
+    T* v_out = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
+    T* p_out = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const fn::Momentum<T> f{mu_, nesterov_};
-    for (int64_t i = 0; i < n; ++i)
-      f(p[i], g[i], v[i], lr, &p_out[i], &v_out[i]);
+    for (int64_t i = 0; i < n; ++i) f(p[i], g[i], v[i], lr, &p_out[i], &v_out[i]);
   }
 
-private:
+ private:
   T mu_;
   bool nesterov_;
 };
 
-// ----------------------------------------------------------------------------------
-// adam, adamw
+// ---------------------------------------------------------------------------------- adam, adamw
 
-void AdamShape(InferShapeContext &ctx) {
+void AdamShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
   CheckLikeParam(ctx, "Moment1", "Moment1Out");
   CheckLikeParam(ctx, "Moment2", "Moment2Out");
@@ -166,13 +152,13 @@ void AdamShape(InferShapeContext &ctx) {
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
 
-// Adam (coeff 0) and AdamW: the math is in the file comment. Scalars are
-// computed in double.
-template <typename T> class AdamKernel : public OpKernel {
-public:
-  explicit AdamKernel(const OpDesc &op) : AdamKernel(op, 0.0) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
+// Adam (coeff 0) and AdamW: the math is in the file comment. Scalars are computed in double.
+template <typename T>
+class AdamKernel : public OpKernel {
+ public:
+  explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
     EnforceNumel(ctx, param, "Grad");
     EnforceNumel(ctx, param, "Moment1");
     EnforceNumel(ctx, param, "Moment2");
@@ -180,15 +166,13 @@ public:
     const double lr = ctx.Input("LearningRate").item<double>();
     const double b1_pow = ctx.Input("Beta1Pow").item<double>();
     const double b2_pow = ctx.Input("Beta2Pow").item<double>();
-    // The math of fn::Adam (the CUDA kernel's), kept as Eigen expressions here:
-    // the per-element functor loop rounds differently on this CPU (measured:
-    // parameters after 10 MLP steps differ in the last bits), and CPU results
-    // stay as they were.
+    // The math of fn::Adam (the CUDA kernel's), kept as Eigen expressions here: the per-element
+    // functor loop rounds differently on this CPU (measured: parameters after 10 MLP steps
+    // differ in the last bits), and CPU results stay as they were.
     const fn::Adam<T> a =
         fn::AdamStep<T>(lr, b1_pow, b2_pow, beta1_, beta2_, epsilon_, coeff_);
     ConstVec<T> p(param.data<T>(), n), g(ctx.Input("Grad").data<T>(), n),
-        m1(ctx.Input("Moment1").data<T>(), n),
-        m2(ctx.Input("Moment2").data<T>(), n);
+        m1(ctx.Input("Moment1").data<T>(), n), m2(ctx.Input("Moment2").data<T>(), n);
     Vec<T> m1_out(ctx.Output("Moment1Out")->mutable_data<T>(ctx.place()), n);
     Vec<T> m2_out(ctx.Output("Moment2Out")->mutable_data<T>(ctx.place()), n);
     Vec<T> p_out(ctx.Output("ParamOut")->mutable_data<T>(ctx.place()), n);
@@ -199,54 +183,53 @@ public:
     SetScalar(ctx.Output("Beta2PowOut"), b2_pow * beta2_, ctx.place());
   }
 
-protected:
-  AdamKernel(const OpDesc &op, double coeff)
-      : beta1_(op.Attr<float>("beta1")), beta2_(op.Attr<float>("beta2")),
-        epsilon_(op.Attr<float>("epsilon")), coeff_(coeff) {}
+ protected:
+  AdamKernel(const OpDesc& op, double coeff)
+      : beta1_(op.Attr<float>("beta1")),
+        beta2_(op.Attr<float>("beta2")),
+        epsilon_(op.Attr<float>("epsilon")),
+        coeff_(coeff) {}
 
-private:
+ private:
   double beta1_, beta2_, epsilon_, coeff_;
 };
 
-template <typename T> class AdamWKernel : public AdamKernel<T> {
-public:
-  explicit AdamWKernel(const OpDesc &op)
-      : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
+template <typename T>
+class AdamWKernel : public AdamKernel<T> {
+ public:
+  explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
 };
 
-// ---------------------------------------------------------- squared_l2_norm,
-// clip_by_global_norm
+// ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
 
-template <typename T> double SquaredL2(const Tensor &x) {
-  return static_cast<double>(
-      ConstVec<T>(x.data<T>(), x.numel()).square().sum());
+template <typename T>
+double SquaredL2(const Tensor& x) {
+  return static_cast<double>(ConstVec<T>(x.data<T>(), x.numel()).square().sum());
 }
 
-void SquaredL2NormShape(InferShapeContext &ctx) {
+void SquaredL2NormShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Out", DDim{1});
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
 
 // Out = sum(X^2).
-template <typename T> class SquaredL2NormKernel : public OpKernel {
-public:
-  void Compute(ExecutionContext &ctx) override {
-    *ctx.Output("Out")->mutable_data<T>(ctx.place()) =
-        static_cast<T>(SquaredL2<T>(ctx.Input("X")));
+template <typename T>
+class SquaredL2NormKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    *ctx.Output("Out")->mutable_data<T>(ctx.place()) = static_cast<T>(SquaredL2<T>(ctx.Input("X")));
   }
 };
 
-void ClipByGlobalNormShape(InferShapeContext &ctx) {
+void ClipByGlobalNormShape(InferShapeContext& ctx) {
   const int n = ctx.NumInputs("X");
-  KEEL_SHAPE_CHECK(ctx.NumOutputs("Out") == n,
-                   "Out must list as many vars as X (", n, "), got ",
+  KEEL_SHAPE_CHECK(ctx.NumOutputs("Out") == n, "Out must list as many vars as X (", n, "), got ",
                    ctx.NumOutputs("Out"));
   const DType t = ctx.GetInputDType("X", 0);
   for (int i = 0; i < n; ++i) {
-    KEEL_SHAPE_CHECK(ctx.GetInputDType("X", i) == t, "X[", i, "] (",
-                     ctx.InputName("X", i), ") is ",
-                     DTypeName(ctx.GetInputDType("X", i)), ", X[0] is ",
-                     DTypeName(t), "; all must match");
+    KEEL_SHAPE_CHECK(ctx.GetInputDType("X", i) == t, "X[", i, "] (", ctx.InputName("X", i), ") is ",
+                     DTypeName(ctx.GetInputDType("X", i)), ", X[0] is ", DTypeName(t),
+                     "; all must match");
     ctx.ShareDimAndDType("X", "Out", i);
   }
   if (ctx.HasOutput("GlobalNorm")) {
@@ -255,72 +238,64 @@ void ClipByGlobalNormShape(InferShapeContext &ctx) {
   }
 }
 
-// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm,
-// clip_norm).
-template <typename T> class ClipByGlobalNormKernel : public OpKernel {
-public:
-  explicit ClipByGlobalNormKernel(const OpDesc &op)
-      : clip_norm_(op.Attr<float>("clip_norm")) {}
-  void Compute(ExecutionContext &ctx) override {
-    std::vector<const Tensor *> xs = ctx.MultiInput("X");
-    std::vector<Tensor *> outs = ctx.MultiOutput("Out");
+// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm).
+template <typename T>
+class ClipByGlobalNormKernel : public OpKernel {
+ public:
+  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<const Tensor*> xs = ctx.MultiInput("X");
+    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
     double sum_sq = 0;
-    for (const Tensor *x : xs)
-      sum_sq += SquaredL2<T>(*x);
+    for (const Tensor* x : xs) sum_sq += SquaredL2<T>(*x);
     const double norm = std::sqrt(sum_sq);
     const T scale = static_cast<T>(fn::GlobalNormScale(norm, clip_norm_));
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t n = xs[i]->numel();
-      T *out = outs[i]->mutable_data<T>(ctx.place());
+      T* out = outs[i]->mutable_data<T>(ctx.place());
       if (scale != T(1)) {
         Vec<T>(out, n) = scale * ConstVec<T>(xs[i]->data<T>(), n);
       } else if (out != xs[i]->data<T>()) {
         std::copy_n(xs[i]->data<T>(), n, out);
       }
     }
-    if (Tensor *g = ctx.OutputOrNull("GlobalNorm"))
-      *g->mutable_data<T>(ctx.place()) = T(norm);
+    if (Tensor* g = ctx.OutputOrNull("GlobalNorm")) *g->mutable_data<T>(ctx.place()) = T(norm);
   }
 
-private:
+ private:
   double clip_norm_;
 };
 
-std::string CheckPositive(const Attribute &a) {
+std::string CheckPositive(const Attribute& a) {
   return std::get<float>(a) > 0 ? "" : "must be > 0";
 }
-std::string CheckUnitInterval(const Attribute &a) {
+std::string CheckUnitInterval(const Attribute& a) {
   float v = std::get<float>(a);
   return v >= 0 && v < 1 ? "" : "must be in [0, 1)";
 }
 
-} // namespace
+}  // namespace
 
 KEEL_REGISTER_OP(sgd)
-    .Doc("ParamOut = Param - LearningRate * Grad, in place when ParamOut is "
-         "Param.")
+    .Doc("ParamOut = Param - LearningRate * Grad, in place when ParamOut is Param.")
     .Input("Param", "the parameter")
     .Input("Grad", "its gradient, shape of Param")
     .Input("LearningRate", "[1] float tensor")
-    .Output("ParamOut",
-            "the updated parameter (usually the Param variable itself)")
+    .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
     .Shape(SgdShape)
     .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(sgd, SgdKernel, float, double);
 
 KEEL_REGISTER_OP(momentum)
-    .Doc("VelocityOut = mu * Velocity + Grad; ParamOut = Param - LearningRate "
-         "* VelocityOut, or "
-         "Param - LearningRate * (Grad + mu * VelocityOut) with use_nesterov. "
-         "In place.")
+    .Doc(
+        "VelocityOut = mu * Velocity + Grad; ParamOut = Param - LearningRate * VelocityOut, or "
+        "Param - LearningRate * (Grad + mu * VelocityOut) with use_nesterov. In place.")
     .Input("Param", "the parameter")
     .Input("Grad", "its gradient, shape of Param")
     .Input("Velocity", "the velocity accumulator, shape of Param")
     .Input("LearningRate", "[1] float tensor")
-    .Output("ParamOut",
-            "the updated parameter (usually the Param variable itself)")
-    .Output("VelocityOut",
-            "the updated velocity (usually the Velocity variable itself)")
+    .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
+    .Output("VelocityOut", "the updated velocity (usually the Velocity variable itself)")
     .Attr<float>("mu", 0.9f, "the momentum factor")
     .Attr<bool>("use_nesterov", false, "Nesterov's update")
     .Shape(MomentumShape)
@@ -328,7 +303,7 @@ KEEL_REGISTER_OP(momentum)
 KEEL_REGISTER_CPU_KERNEL(momentum, MomentumKernel, float, double);
 
 // adam and adamw share every slot and attr but adamw's coeff.
-static OpSchema &AdamSchema(const std::string &type, const std::string &doc) {
+static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
   return OpRegistry::Register(type)
       .Doc(doc)
       .Input("Param", "the parameter")
@@ -343,51 +318,44 @@ static OpSchema &AdamSchema(const std::string &type, const std::string &doc) {
       .Output("Moment2Out", "usually Moment2 itself")
       .Output("Beta1PowOut", "Beta1Pow * beta1 (usually Beta1Pow itself)")
       .Output("Beta2PowOut", "Beta2Pow * beta2 (usually Beta2Pow itself)")
-      .Attr<float>("beta1", 0.9f, "decay of the first moment",
-                   CheckUnitInterval)
-      .Attr<float>("beta2", 0.999f, "decay of the second moment",
-                   CheckUnitInterval)
+      .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
+      .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
       .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability");
 }
 
-[[maybe_unused]] static OpSchema &keel_op_schema_adam =
+[[maybe_unused]] static OpSchema& keel_op_schema_adam =
     AdamSchema("adam",
-               "Paddle's Adam with bias correction; Beta1Pow/Beta2Pow hold "
-               "beta^t for this step t "
+               "Paddle's Adam with bias correction; Beta1Pow/Beta2Pow hold beta^t for this step t "
                "(beta at the first step) and are multiplied by beta. In place.")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(adam, AdamKernel, float, double);
 
-[[maybe_unused]] static OpSchema &keel_op_schema_adamw =
-    AdamSchema("adamw", "Param -= LearningRate * coeff * Param (decoupled "
-                        "weight decay), then adam's "
-                        "update.")
+[[maybe_unused]] static OpSchema& keel_op_schema_adamw =
+    AdamSchema("adamw",
+               "Param -= LearningRate * coeff * Param (decoupled weight decay), then adam's "
+               "update.")
         .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(adamw, AdamWKernel, float, double);
 
 KEEL_REGISTER_OP(squared_l2_norm)
-    .Doc("Out = sum(X^2); X [3, 4] -> Out [1]. No gradient (clipping and "
-         "monitoring only).")
+    .Doc("Out = sum(X^2); X [3, 4] -> Out [1]. No gradient (clipping and monitoring only).")
     .Input("X", "any shape")
     .Output("Out", "[1], dtype of X")
     .Shape(SquaredL2NormShape);
 KEEL_REGISTER_CPU_KERNEL(squared_l2_norm, SquaredL2NormKernel, float, double);
 
 KEEL_REGISTER_OP(clip_by_global_norm)
-    .Doc("GlobalNorm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / "
-         "max(GlobalNorm, "
-         "clip_norm). Out is usually X itself (the gradients, clipped in "
-         "place).")
+    .Doc(
+        "GlobalNorm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(GlobalNorm, "
+        "clip_norm). Out is usually X itself (the gradients, clipped in place).")
     .InputList("X", "the gradients, one dtype")
     .OutputList("Out", "X scaled, one per X")
     .OptionalOutput("GlobalNorm", "[1]: the norm before clipping")
-    .RequiredAttr<float>("clip_norm", "the largest global norm let through",
-                         CheckPositive)
+    .RequiredAttr<float>("clip_norm", "the largest global norm let through", CheckPositive)
     .Shape(ClipByGlobalNormShape);
-KEEL_REGISTER_CPU_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float,
-                         double);
+KEEL_REGISTER_CPU_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float, double);
 
-} // namespace keel
+}  // namespace keel

@@ -1,15 +1,13 @@
-// CUDA twins of optimizer_ops.cc: sgd, momentum, adam and adamw, one launch per
-// parameter, the per-element math from ops/functors/optimizer_functors.h;
-// squared_l2_norm and clip_by_global_norm, whose sums of squares run in double
-// in a fixed order (per-block partials, then one block adds them), so they
-// repeat bit for bit. LearningRate, the beta powers and the clip factor stay on
-// the device: kernels read them, so an update never waits for the host.
+// CUDA twins of optimizer_ops.cc: sgd, momentum, adam and adamw, one launch per parameter, the
+// per-element math from ops/functors/optimizer_functors.h; squared_l2_norm and
+// clip_by_global_norm, whose sums of squares run in double in a fixed order (per-block partials,
+// then one block adds them), so they repeat bit for bit. LearningRate, the beta powers and the
+// clip factor stay on the device: kernels read them, so an update never waits for the host.
 //
-// The program has one optimizer op per parameter even when gradients are fused
-// (the fused buffer only serves the all-reduce), so there is no multi-tensor
-// launch per fused buffer yet: that needs a merged optimizer op (Paddle's
-// merged_momentum / merged_adam) and a pass that forms it, which the CPU side
-// does not have either.
+// The program has one optimizer op per parameter even when gradients are fused (the fused
+// buffer only serves the all-reduce), so there is no multi-tensor launch per fused buffer yet:
+// that needs a merged optimizer op (Paddle's merged_momentum / merged_adam) and a pass that
+// forms it, which the CPU side does not have either.
 #include <vector>
 
 #include "ops/cuda_util.cuh"
@@ -19,141 +17,136 @@ namespace keel {
 namespace {
 
 template <typename T>
-void EnforceLike(const ExecutionContext &ctx, const Tensor &param,
-                 const char *slot) {
-  const Tensor &t = ctx.Input(slot);
-  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ",
-               param.dims().str(), " and ", slot, " ", t.dims().str(),
-               " must have the same shape");
+void EnforceLike(const ExecutionContext& ctx, const Tensor& param, const char* slot) {
+  const Tensor& t = ctx.Input(slot);
+  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
+               slot, " ", t.dims().str(), " must have the same shape");
 }
 
-template <typename T> class SgdKernel : public OpKernel {
-public:
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
+template <typename T>
+class SgdKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
     EnforceLike<T>(ctx, param, "Grad");
-    const T *lr = ctx.Input("LearningRate").data<T>();
-    const T *p = param.data<T>();
-    const T *g = ctx.Input("Grad").data<T>();
-    T *po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      po[i] = fn::SgdUpdate(p[i], g[i], *lr);
-    });
+    const T* lr = ctx.Input("LearningRate").data<T>();
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    ForEach(ctx, param.numel(),
+            [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], *lr); });
   }
 };
 
-template <typename T> class MomentumKernel : public OpKernel {
-public:
-  explicit MomentumKernel(const OpDesc &op)
-      : f_{static_cast<T>(op.Attr<float>("mu")),
-           op.Attr<bool>("use_nesterov")} {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
+template <typename T>
+class MomentumKernel : public OpKernel {
+ public:
+  explicit MomentumKernel(const OpDesc& op)
+      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
     EnforceLike<T>(ctx, param, "Grad");
     EnforceLike<T>(ctx, param, "Velocity");
-    const T *lr = ctx.Input("LearningRate").data<T>();
-    const T *p = param.data<T>();
-    const T *g = ctx.Input("Grad").data<T>();
-    const T *v = ctx.Input("Velocity").data<T>();
-    T *vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
-    T *po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const T* lr = ctx.Input("LearningRate").data<T>();
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    const T* v = ctx.Input("Velocity").data<T>();
+    T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const fn::Momentum<T> f = f_;
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      f(p[i], g[i], v[i], *lr, &po[i], &vo[i]);
-    });
+    ForEach(ctx, param.numel(),
+            [=] __device__(int64_t i) { f(p[i], g[i], v[i], *lr, &po[i], &vo[i]); });
   }
 
-private:
+ private:
   fn::Momentum<T> f_;
 };
 
 // Reads a one-element float32/float64 device scalar as double.
 struct DeviceScalar {
-  const void *p;
+  const void* p;
   bool is_double;
   __device__ double Get() const {
-    return is_double ? *static_cast<const double *>(p)
-                     : *static_cast<const float *>(p);
+    return is_double ? *static_cast<const double*>(p) : *static_cast<const float*>(p);
   }
 };
-DeviceScalar ScalarOf(const Tensor &t) {
+DeviceScalar ScalarOf(const Tensor& t) {
   KEEL_ENFORCE(t.numel() == 1, "expected one element, got ", t.dims().str());
   return DeviceScalar{t.raw_data(), t.dtype() == DType::kFloat64};
 }
 
 template <typename T>
-__global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void *b1o,
-                              void *b2o, double beta1, double beta2) {
+__global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, void* b2o,
+                              double beta1, double beta2) {
   const double v1 = b1p.Get() * beta1, v2 = b2p.Get() * beta2;
   if (b1p.is_double)
-    *static_cast<double *>(b1o) = v1;
+    *static_cast<double*>(b1o) = v1;
   else
-    *static_cast<float *>(b1o) = static_cast<float>(v1);
+    *static_cast<float*>(b1o) = static_cast<float>(v1);
   if (b2p.is_double)
-    *static_cast<double *>(b2o) = v2;
+    *static_cast<double*>(b2o) = v2;
   else
-    *static_cast<float *>(b2o) = static_cast<float>(v2);
+    *static_cast<float*>(b2o) = static_cast<float>(v2);
 }
 
-// Adam (coeff 0) and AdamW. Every thread derives the step's scalars in double
-// from the device lr and beta powers (cheap next to the memory traffic), then
-// updates its elements.
-template <typename T> class AdamKernel : public OpKernel {
-public:
-  explicit AdamKernel(const OpDesc &op) : AdamKernel(op, 0.0) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &param = ctx.Input("Param");
+// Adam (coeff 0) and AdamW. Every thread derives the step's scalars in double from the device
+// lr and beta powers (cheap next to the memory traffic), then updates its elements.
+template <typename T>
+class AdamKernel : public OpKernel {
+ public:
+  explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
     EnforceLike<T>(ctx, param, "Grad");
     EnforceLike<T>(ctx, param, "Moment1");
     EnforceLike<T>(ctx, param, "Moment2");
     const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
     const DeviceScalar b1p = ScalarOf(ctx.Input("Beta1Pow"));
     const DeviceScalar b2p = ScalarOf(ctx.Input("Beta2Pow"));
-    const T *p = param.data<T>();
-    const T *g = ctx.Input("Grad").data<T>();
-    const T *m1 = ctx.Input("Moment1").data<T>();
-    const T *m2 = ctx.Input("Moment2").data<T>();
-    T *m1o = ctx.Output("Moment1Out")->mutable_data<T>(ctx.place());
-    T *m2o = ctx.Output("Moment2Out")->mutable_data<T>(ctx.place());
-    T *po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    const T* m1 = ctx.Input("Moment1").data<T>();
+    const T* m2 = ctx.Input("Moment2").data<T>();
+    T* m1o = ctx.Output("Moment1Out")->mutable_data<T>(ctx.place());
+    T* m2o = ctx.Output("Moment2Out")->mutable_data<T>(ctx.place());
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
     ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      const fn::Adam<T> f = fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(),
-                                            beta1, beta2, eps, coeff);
+      const fn::Adam<T> f =
+          fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, eps, coeff);
       f(p[i], g[i], m1[i], m2[i], &po[i], &m1o[i], &m2o[i]);
     });
-    // Beta powers advance after every thread has read them (stream order: the
-    // next launch).
-    Tensor *b1o = ctx.Output("Beta1PowOut");
-    Tensor *b2o = ctx.Output("Beta2PowOut");
-    void *b1d = b1o->mutable_data(ctx.Input("Beta1Pow").dtype(), ctx.place());
-    void *b2d = b2o->mutable_data(ctx.Input("Beta2Pow").dtype(), ctx.place());
-    BetaPowUpdate<T>
-        <<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1_, beta2_);
+    // Beta powers advance after every thread has read them (stream order: the next launch).
+    Tensor* b1o = ctx.Output("Beta1PowOut");
+    Tensor* b2o = ctx.Output("Beta2PowOut");
+    void* b1d = b1o->mutable_data(ctx.Input("Beta1Pow").dtype(), ctx.place());
+    void* b2d = b2o->mutable_data(ctx.Input("Beta2Pow").dtype(), ctx.place());
+    BetaPowUpdate<T><<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1_, beta2_);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
-protected:
-  AdamKernel(const OpDesc &op, double coeff)
-      : beta1_(op.Attr<float>("beta1")), beta2_(op.Attr<float>("beta2")),
-        epsilon_(op.Attr<float>("epsilon")), coeff_(coeff) {}
+ protected:
+  AdamKernel(const OpDesc& op, double coeff)
+      : beta1_(op.Attr<float>("beta1")),
+        beta2_(op.Attr<float>("beta2")),
+        epsilon_(op.Attr<float>("epsilon")),
+        coeff_(coeff) {}
 
-private:
+ private:
   double beta1_, beta2_, epsilon_, coeff_;
 };
 
-template <typename T> class AdamWKernel : public AdamKernel<T> {
-public:
-  explicit AdamWKernel(const OpDesc &op)
-      : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
+template <typename T>
+class AdamWKernel : public AdamKernel<T> {
+ public:
+  explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
 };
 
-// ---------------------------------------------------------- squared_l2_norm,
-// clip_by_global_norm
+// ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
 
 // partial[b] = sum over block b's grid-stride share of x of x^2, in double.
 template <typename T>
-__global__ void SquarePartials(const T *x, int64_t n, double *partial) {
+__global__ void SquarePartials(const T* x, int64_t n, double* partial) {
   double acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(blockDim.x) * gridDim.x) {
@@ -161,29 +154,22 @@ __global__ void SquarePartials(const T *x, int64_t n, double *partial) {
     acc += v * v;
   }
   acc = BlockSum(acc);
-  if (threadIdx.x == 0)
-    partial[blockIdx.x] = acc;
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// sum_sq = the partials added in order by one block. Writes sum_sq
-// (squared_l2_norm), the norm sqrt(sum_sq) and the clip factor
-// (clip_by_global_norm); each output may be null.
+// sum_sq = the partials added in order by one block. Writes sum_sq (squared_l2_norm), the norm
+// sqrt(sum_sq) and the clip factor (clip_by_global_norm); each output may be null.
 template <typename T>
-__global__ void FinishNorm(const double *partial, int count, double clip_norm,
-                           T *sum_sq_out, T *norm_out, T *scale_out) {
+__global__ void FinishNorm(const double* partial, int count, double clip_norm, T* sum_sq_out,
+                           T* norm_out, T* scale_out) {
   double acc = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x)
-    acc += partial[i];
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
   acc = BlockSum(acc);
-  if (threadIdx.x != 0)
-    return;
-  if (sum_sq_out)
-    *sum_sq_out = static_cast<T>(acc);
+  if (threadIdx.x != 0) return;
+  if (sum_sq_out) *sum_sq_out = static_cast<T>(acc);
   const double norm = sqrt(acc);
-  if (norm_out)
-    *norm_out = static_cast<T>(norm);
-  if (scale_out)
-    *scale_out = static_cast<T>(fn::GlobalNormScale(norm, clip_norm));
+  if (norm_out) *norm_out = static_cast<T>(norm);
+  if (scale_out) *scale_out = static_cast<T>(fn::GlobalNormScale(norm, clip_norm));
 }
 
 constexpr int kNormThreads = 256;
@@ -192,87 +178,80 @@ int NormBlocks(int64_t n) {
   return static_cast<int>(g < 64 ? g : 64);
 }
 
-// Partials of every x into scratch (double), then FinishNorm. scratch grows as
-// needed and is kept across runs (no allocation in steady state).
+// Partials of every x into scratch (double), then FinishNorm. scratch grows as needed and is
+// kept across runs (no allocation in steady state).
 template <typename T>
-void SumOfSquares(const ExecutionContext &ctx,
-                  const std::vector<const Tensor *> &xs, Tensor *scratch,
-                  double clip_norm, T *sum_sq_out, T *norm_out, T *scale_out) {
+void SumOfSquares(const ExecutionContext& ctx, const std::vector<const Tensor*>& xs,
+                  Tensor* scratch, double clip_norm, T* sum_sq_out, T* norm_out, T* scale_out) {
   int64_t slots = 0;
-  for (const Tensor *x : xs)
-    slots += NormBlocks(x->numel());
+  for (const Tensor* x : xs) slots += NormBlocks(x->numel());
   if (!scratch->initialized() || scratch->numel() < slots + 1)
     scratch->Alloc(DType::kFloat64, DDim{slots + 1}, ctx.place());
-  double *partial = scratch->data<double>();
+  double* partial = scratch->data<double>();
   cudaStream_t stream = Cuda(ctx).stream();
   int64_t at = 0;
-  for (const Tensor *x : xs) {
+  for (const Tensor* x : xs) {
     const int blocks = NormBlocks(x->numel());
-    SquarePartials<T><<<blocks, kNormThreads, 0, stream>>>(
-        x->data<T>(), x->numel(), partial + at);
+    SquarePartials<T><<<blocks, kNormThreads, 0, stream>>>(x->data<T>(), x->numel(), partial + at);
     KEEL_CUDA_LAUNCH_CHECK();
     at += blocks;
   }
   KEEL_ENFORCE(at < (int64_t(1) << 31), "too many tensors for one norm");
-  FinishNorm<T><<<1, 256, 0, stream>>>(partial, static_cast<int>(at), clip_norm,
-                                       sum_sq_out, norm_out, scale_out);
+  FinishNorm<T><<<1, 256, 0, stream>>>(partial, static_cast<int>(at), clip_norm, sum_sq_out,
+                                       norm_out, scale_out);
   KEEL_CUDA_LAUNCH_CHECK();
 }
 
 // Out = sum(X^2).
-template <typename T> class SquaredL2NormKernel : public OpKernel {
-public:
-  void Compute(ExecutionContext &ctx) override {
-    T *out = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    SumOfSquares<T>(ctx, {&ctx.Input("X")}, &scratch_, 1.0, out, nullptr,
-                    nullptr);
+template <typename T>
+class SquaredL2NormKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    T* out = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    SumOfSquares<T>(ctx, {&ctx.Input("X")}, &scratch_, 1.0, out, nullptr, nullptr);
   }
 
-private:
+ private:
   Tensor scratch_;
 };
 
-// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm,
-// clip_norm), the factor read from the device.
-template <typename T> class ClipByGlobalNormKernel : public OpKernel {
-public:
-  explicit ClipByGlobalNormKernel(const OpDesc &op)
-      : clip_norm_(op.Attr<float>("clip_norm")) {}
-  void Compute(ExecutionContext &ctx) override {
-    std::vector<const Tensor *> xs = ctx.MultiInput("X");
-    std::vector<Tensor *> outs = ctx.MultiOutput("Out");
-    KEEL_ENFORCE(xs.size() == outs.size(), "clip_by_global_norm: ", xs.size(),
-                 " X but ", outs.size(), " Out");
-    if (!scale_.initialized())
-      scale_.Alloc(DTypeOf<T>::value, DDim{1}, ctx.place());
-    T *scale = scale_.data<T>();
-    Tensor *g = ctx.OutputOrNull("GlobalNorm");
+// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm), the factor read
+// from the device.
+template <typename T>
+class ClipByGlobalNormKernel : public OpKernel {
+ public:
+  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<const Tensor*> xs = ctx.MultiInput("X");
+    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
+    KEEL_ENFORCE(xs.size() == outs.size(), "clip_by_global_norm: ", xs.size(), " X but ",
+                 outs.size(), " Out");
+    if (!scale_.initialized()) scale_.Alloc(DTypeOf<T>::value, DDim{1}, ctx.place());
+    T* scale = scale_.data<T>();
+    Tensor* g = ctx.OutputOrNull("GlobalNorm");
     SumOfSquares<T>(ctx, xs, &scratch_, clip_norm_, nullptr,
                     g ? g->mutable_data<T>(ctx.place()) : nullptr, scale);
     for (size_t i = 0; i < xs.size(); ++i) {
-      KEEL_ENFORCE(outs[i] != nullptr && outs[i]->numel() == xs[i]->numel(),
-                   "Out[", i, "] must have the shape of X[", i, "] ",
-                   xs[i]->dims().str());
-      const T *x = xs[i]->data<T>();
-      T *out = outs[i]->mutable_data<T>(ctx.place());
-      ForEach(ctx, xs[i]->numel(),
-              [=] __device__(int64_t k) { out[k] = x[k] * *scale; });
+      KEEL_ENFORCE(outs[i] != nullptr && outs[i]->numel() == xs[i]->numel(), "Out[", i,
+                   "] must have the shape of X[", i, "] ", xs[i]->dims().str());
+      const T* x = xs[i]->data<T>();
+      T* out = outs[i]->mutable_data<T>(ctx.place());
+      ForEach(ctx, xs[i]->numel(), [=] __device__(int64_t k) { out[k] = x[k] * *scale; });
     }
   }
 
-private:
+ private:
   double clip_norm_;
   Tensor scratch_, scale_;
 };
 
-} // namespace
+}  // namespace
 
 KEEL_REGISTER_CUDA_KERNEL(squared_l2_norm, SquaredL2NormKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float,
-                          double);
+KEEL_REGISTER_CUDA_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(sgd, SgdKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(momentum, MomentumKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(adam, AdamKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(adamw, AdamWKernel, float, double);
 
-} // namespace keel
+}  // namespace keel

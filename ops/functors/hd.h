@@ -1,8 +1,7 @@
-// KEEL_HD marks element-wise math that both the CPU kernels (ops/*.cc) and the
-// CUDA kernels (ops/*.cu) call, so the CPU tests cover the GPU's math. The math
-// helpers pick the float or double libm function by overload on host and device
-// alike (tanhf on host is what std::tanh(float) calls, so CPU results do not
-// change).
+// KEEL_HD marks element-wise math that both the CPU kernels (ops/*.cc) and the CUDA kernels
+// (ops/*.cu) call, so the CPU tests cover the GPU's math. The math helpers pick the float or double
+// libm function by overload on host and device alike (tanhf on host is what std::tanh(float)
+// calls, so CPU results do not change).
 #pragma once
 
 #include <math.h>
@@ -29,5 +28,5 @@ KEEL_HD double Erf(double x) { return erf(x); }
 KEEL_HD float Sqrt(float x) { return sqrtf(x); }
 KEEL_HD double Sqrt(double x) { return sqrt(x); }
 
-} // namespace fn
-} // namespace keel
+}  // namespace fn
+}  // namespace keel

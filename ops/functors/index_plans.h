@@ -1,7 +1,7 @@
-// Index bookkeeping that the CPU kernels and their CUDA twins share: the merged
-// layout of a reduction (reduce_sum, reduce_mean, mean) and the source index of
-// a transpose. Planned on the host from the shapes; the KEEL_HD members map
-// indices on either side, so the CPU tests check the mapping the GPU uses.
+// Index bookkeeping that the CPU kernels and their CUDA twins share: the merged layout of a
+// reduction (reduce_sum, reduce_mean, mean) and the source index of a transpose. Planned on the
+// host from the shapes; the KEEL_HD members map indices on either side, so the CPU tests check
+// the mapping the GPU uses.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +13,13 @@
 namespace keel {
 namespace fn {
 
-// X with size-1 dims dropped and neighbouring dims of the same kind (reduced or
-// kept) merged, e.g. [2, 3, 4, 5] reducing {1, 2} -> [2, 12, 5] with kinds
-// (kept, reduced, kept).
+// X with size-1 dims dropped and neighbouring dims of the same kind (reduced or kept) merged,
+// e.g. [2, 3, 4, 5] reducing {1, 2} -> [2, 12, 5] with kinds (kept, reduced, kept).
 struct ReduceLayout {
   int n = 0;
   int64_t dims[DDim::kMaxRank];
   bool reduced[DDim::kMaxRank];
-  int64_t out_stride[DDim::kMaxRank]; // Out's stride for a kept dim, 0 for a
-                                      // reduced one
+  int64_t out_stride[DDim::kMaxRank];  // Out's stride for a kept dim, 0 for a reduced one
   int64_t numel = 1, out_numel = 1;
 
   // The Out index that X's element i is reduced into.
@@ -36,12 +34,11 @@ struct ReduceLayout {
 };
 
 // reduced[d]: whether X's dim d is reduced.
-inline ReduceLayout MakeReduceLayout(const DDim &x, const bool *reduced) {
+inline ReduceLayout MakeReduceLayout(const DDim& x, const bool* reduced) {
   ReduceLayout l;
   for (int i = 0; i < x.size(); ++i) {
     l.numel *= x[i];
-    if (x[i] == 1)
-      continue;
+    if (x[i] == 1) continue;
     if (l.n > 0 && l.reduced[l.n - 1] == reduced[i]) {
       l.dims[l.n - 1] *= x[i];
     } else {
@@ -50,7 +47,7 @@ inline ReduceLayout MakeReduceLayout(const DDim &x, const bool *reduced) {
       ++l.n;
     }
   }
-  if (l.n == 0) { // a single element
+  if (l.n == 0) {  // a single element
     l.dims[0] = 1;
     l.reduced[0] = true;
     l.n = 1;
@@ -58,21 +55,19 @@ inline ReduceLayout MakeReduceLayout(const DDim &x, const bool *reduced) {
   int64_t stride = 1;
   for (int k = l.n - 1; k >= 0; --k) {
     l.out_stride[k] = l.reduced[k] ? 0 : stride;
-    if (!l.reduced[k])
-      stride *= l.dims[k];
+    if (!l.reduced[k]) stride *= l.dims[k];
   }
   l.out_numel = stride;
   return l;
 }
 
-// The X elements reduced into one Out element, as offsets: X's offset of Out
-// element o is Base(o) + Offset(r) for r in [0, count). Kept and reduced dims
-// each listed outer to inner.
+// The X elements reduced into one Out element, as offsets: X's offset of Out element o is
+// Base(o) + Offset(r) for r in [0, count). Kept and reduced dims each listed outer to inner.
 struct ReduceGather {
   int n_kept = 0, n_red = 0;
   int64_t kept_dims[DDim::kMaxRank], kept_stride[DDim::kMaxRank];
   int64_t red_dims[DDim::kMaxRank], red_stride[DDim::kMaxRank];
-  int64_t count = 1; // elements per Out element
+  int64_t count = 1;  // elements per Out element
 
   KEEL_HD int64_t Base(int64_t o) const {
     int64_t off = 0;
@@ -92,7 +87,7 @@ struct ReduceGather {
   }
 };
 
-inline ReduceGather MakeReduceGather(const ReduceLayout &l) {
+inline ReduceGather MakeReduceGather(const ReduceLayout& l) {
   ReduceGather g;
   int64_t stride = 1;
   int64_t strides[DDim::kMaxRank];
@@ -113,13 +108,12 @@ inline ReduceGather MakeReduceGather(const ReduceLayout &l) {
   return g;
 }
 
-// Out = X with dims permuted (Out's dim d is X's dim perm[d]): Out's element o
-// reads X's element SrcIndex(o).
+// Out = X with dims permuted (Out's dim d is X's dim perm[d]): Out's element o reads X's element
+// SrcIndex(o).
 struct TransposePlan {
   int rank = 0;
   int64_t out_dims[DDim::kMaxRank];
-  int64_t src_stride[DDim::kMaxRank]; // X's stride of the dim that Out's dim d
-                                      // walks
+  int64_t src_stride[DDim::kMaxRank];  // X's stride of the dim that Out's dim d walks
 
   KEEL_HD int64_t SrcIndex(int64_t o) const {
     int64_t off = 0;
@@ -131,8 +125,7 @@ struct TransposePlan {
   }
 };
 
-inline TransposePlan MakeTransposePlan(const DDim &x,
-                                       const std::vector<int> &perm) {
+inline TransposePlan MakeTransposePlan(const DDim& x, const std::vector<int>& perm) {
   TransposePlan p;
   p.rank = x.size();
   int64_t in_stride[DDim::kMaxRank];
@@ -148,5 +141,5 @@ inline TransposePlan MakeTransposePlan(const DDim &x,
   return p;
 }
 
-} // namespace fn
-} // namespace keel
+}  // namespace fn
+}  // namespace keel

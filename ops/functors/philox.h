@@ -1,7 +1,7 @@
-// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
-// SC 2011): a counter-based generator, so element i's random number is a pure
-// function of (seed, counter, i). The CPU and CUDA dropout kernels both draw
-// their masks here: same seed, same mask, on any place and any thread count.
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): a
+// counter-based generator, so element i's random number is a pure function of (seed, counter, i).
+// The CPU and CUDA dropout kernels both draw their masks here: same seed, same mask, on any place
+// and any thread count.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ struct Philox4 {
   uint32_t v[4];
 };
 
-KEEL_HD uint32_t MulHiLo(uint32_t a, uint32_t b, uint32_t *hi) {
+KEEL_HD uint32_t MulHiLo(uint32_t a, uint32_t b, uint32_t* hi) {
   const uint64_t p = static_cast<uint64_t>(a) * b;
   *hi = static_cast<uint32_t>(p >> 32);
   return static_cast<uint32_t>(p);
@@ -36,27 +36,23 @@ KEEL_HD Philox4 Philox4x32(Philox4 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
-// The Philox block of dropout elements [4 * block, 4 * block + 4): counter
-// (block, offset), key seed. `offset` counts the op's runs, so each run draws
-// anew.
+// The Philox block of dropout elements [4 * block, 4 * block + 4): counter (block, offset), key
+// seed. `offset` counts the op's runs, so each run draws anew.
 KEEL_HD Philox4 DropoutBlock(uint64_t seed, uint64_t offset, uint64_t block) {
-  return Philox4x32(
-      Philox4{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-               static_cast<uint32_t>(offset),
-               static_cast<uint32_t>(offset >> 32)}},
-      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return Philox4x32(Philox4{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// The dropout keep bit of element i: word i % 4 of its block, kept when it is
-// >= threshold = p * 2^32.
-KEEL_HD bool DropoutKeep(uint64_t seed, uint64_t offset, int64_t i,
-                         uint64_t threshold) {
-  return DropoutBlock(seed, offset, static_cast<uint64_t>(i) >> 2).v[i & 3] >=
-         threshold;
+// The dropout keep bit of element i: word i % 4 of its block, kept when it is >= threshold =
+// p * 2^32.
+KEEL_HD bool DropoutKeep(uint64_t seed, uint64_t offset, int64_t i, uint64_t threshold) {
+  return DropoutBlock(seed, offset, static_cast<uint64_t>(i) >> 2).v[i & 3] >= threshold;
 }
 
 // Out (and dX) of a dropped-out element: v * scale where kept, 0 elsewhere.
-template <typename T> KEEL_HD T DropoutApply(bool keep, T v, T scale) {
+template <typename T>
+KEEL_HD T DropoutApply(bool keep, T v, T scale) {
   return keep ? v * scale : T(0);
 }
 
@@ -65,5 +61,5 @@ inline uint64_t DropoutThreshold(float p) {
   return static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0);
 }
 
-} // namespace fn
-} // namespace keel
+}  // namespace fn
+}  // namespace keel

@@ -1,5 +1,5 @@
-// The `keel` binary end to end: training output, determinism, checkpoints, and
-// bad input giving exit code 1 with a message (never a crash).
+// The `keel` binary end to end: training output, determinism, checkpoints, and bad input giving
+// exit code 1 with a message (never a crash).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,35 +19,31 @@ namespace {
 
 std::string Keel() { return BinPath("keel"); }
 
-std::vector<double> Losses(const std::string &out) {
+std::vector<double> Losses(const std::string& out) {
   std::vector<double> losses;
   std::istringstream in(out);
   std::string line;
   while (std::getline(in, line)) {
     int step;
     double loss;
-    if (std::sscanf(line.c_str(), "step %d loss %lf", &step, &loss) == 2)
-      losses.push_back(loss);
+    if (std::sscanf(line.c_str(), "step %d loss %lf", &step, &loss) == 2) losses.push_back(loss);
   }
   return losses;
 }
 
 TEST(KeelTrain, SameSeedPrintsIdenticalLosses) {
-  std::string cmd =
-      Keel() + " train --model=mlp --steps=20 --seed=7 --fetch_frequency=5";
+  std::string cmd = Keel() + " train --model=mlp --steps=20 --seed=7 --fetch_frequency=5";
   auto a = RunCommand(cmd), b = RunCommand(cmd);
   ASSERT_EQ(a.exit_code, 0) << a.output;
   auto la = Losses(a.output), lb = Losses(b.output);
   ASSERT_EQ(la.size(), 4u) << a.output;
   EXPECT_EQ(la, lb);
-  auto c = RunCommand(
-      Keel() + " train --model=mlp --steps=20 --seed=8 --fetch_frequency=5");
+  auto c = RunCommand(Keel() + " train --model=mlp --steps=20 --seed=8 --fetch_frequency=5");
   EXPECT_NE(Losses(c.output), la);
 }
 
 TEST(KeelTrain, LossFallsFromLn2) {
-  auto r = RunCommand(
-      Keel() + " train --model=mlp --steps=150 --seed=1 --fetch_frequency=10");
+  auto r = RunCommand(Keel() + " train --model=mlp --steps=150 --seed=1 --fetch_frequency=10");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto l = Losses(r.output);
   ASSERT_EQ(l.size(), 15u);
@@ -55,25 +51,21 @@ TEST(KeelTrain, LossFallsFromLn2) {
   EXPECT_LT(l.back(), l.front() - 0.1) << r.output;
 }
 
-// The checkpoint holds the trained parameters, and a resumed run starts from
-// them: loading and saving again gives the same tensors bit for bit, and the
-// resumed first loss (on the same first batch) is the trained model's, not the
-// fresh one's.
+// The checkpoint holds the trained parameters, and a resumed run starts from them: loading and
+// saving again gives the same tensors bit for bit, and the resumed first loss (on the same first
+// batch) is the trained model's, not the fresh one's.
 TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   std::string dir = MakeTempDir();
-  const std::string base =
-      Keel() + " train --seed=2 --mlp_hidden=64 --fetch_frequency=1";
+  const std::string base = Keel() + " train --seed=2 --mlp_hidden=64 --fetch_frequency=1";
   auto r = RunCommand(base + " --steps=5 --save_dir=" + dir + "/ckpt");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto i = RunCommand(Keel() + " inspect " + dir + "/ckpt");
   ASSERT_EQ(i.exit_code, 0) << i.output;
-  EXPECT_NE(i.output.find("fc_1.w_0 : float32[64, 64]"), std::string::npos)
-      << i.output;
-  EXPECT_NE(i.output.find("learning_rate_0 : float32[1]"), std::string::npos)
-      << i.output;
+  EXPECT_NE(i.output.find("fc_1.w_0 : float32[64, 64]"), std::string::npos) << i.output;
+  EXPECT_NE(i.output.find("learning_rate_0 : float32[1]"), std::string::npos) << i.output;
 
-  auto again = RunCommand(base + " --steps=0 --load_dir=" + dir +
-                          "/ckpt --save_dir=" + dir + "/again");
+  auto again =
+      RunCommand(base + " --steps=0 --load_dir=" + dir + "/ckpt --save_dir=" + dir + "/again");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("resumed from"), std::string::npos);
   NamedTensors saved = LoadSafetensors(dir + "/ckpt/" + kPersistablesFile);
@@ -82,18 +74,15 @@ TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   for (size_t k = 0; k < saved.size(); ++k) {
     EXPECT_EQ(saved[k].first, reloaded[k].first);
     ASSERT_EQ(saved[k].second.dims(), reloaded[k].second.dims());
-    EXPECT_EQ(
-        std::memcmp(saved[k].second.raw_data(), reloaded[k].second.raw_data(),
-                    saved[k].second.numel() * SizeOf(saved[k].second.dtype())),
-        0)
+    EXPECT_EQ(std::memcmp(saved[k].second.raw_data(), reloaded[k].second.raw_data(),
+                          saved[k].second.numel() * SizeOf(saved[k].second.dtype())),
+              0)
         << saved[k].first;
   }
 
   auto fresh = Losses(RunCommand(base + " --steps=1").output);
-  // The checkpoint holds step 5: --steps counts the whole run, so one more step
-  // is --steps=6.
-  auto resumed = Losses(
-      RunCommand(base + " --steps=6 --load_dir=" + dir + "/ckpt").output);
+  // The checkpoint holds step 5: --steps counts the whole run, so one more step is --steps=6.
+  auto resumed = Losses(RunCommand(base + " --steps=6 --load_dir=" + dir + "/ckpt").output);
   auto trained = Losses(r.output);
   ASSERT_EQ(fresh.size(), 1u);
   ASSERT_EQ(resumed.size(), 1u);
@@ -103,29 +92,23 @@ TEST(KeelTrain, SavesACheckpointThatInspectReadsAndTrainResumesFrom) {
   RunCommand("rm -rf " + dir);
 }
 
-// Item by item, settings `keel train` would have ignored are refused, naming
-// them.
+// Item by item, settings `keel train` would have ignored are refused, naming them.
 TEST(KeelTrain, SettingsThatWouldBeIgnoredAreRefused) {
   struct Case {
     std::string flags, message;
   };
   const std::vector<Case> cases = {
-      {"--model=mlp --data=mnist:/tmp",
-       "model mlp trains on synthetic data and takes no dataset"},
-      {"--model=transformer --data=x",
-       "model transformer trains on synthetic data"},
-      {"--local_sgd_warmup_steps=3",
-       "--local_sgd_warmup_steps applies only to LocalSGD"},
+      {"--model=mlp --data=mnist:/tmp", "model mlp trains on synthetic data and takes no dataset"},
+      {"--model=transformer --data=x", "model transformer trains on synthetic data"},
+      {"--local_sgd_warmup_steps=3", "--local_sgd_warmup_steps applies only to LocalSGD"},
       {"--local_sgd_steps=2 --fuse_all_reduce_ops",
        "--fuse_all_reduce_ops does not combine with --local_sgd_steps"},
-      {"--model=resnet --mlp_hidden=8",
-       "--mlp_hidden=8 is the width of the mlp model"},
-      {"--sync_nccl_allreduce=false", "DistributedStrategy.sync_nccl_allreduce="
-                                      "false is not implemented in keel"},
+      {"--model=resnet --mlp_hidden=8", "--mlp_hidden=8 is the width of the mlp model"},
+      {"--sync_nccl_allreduce=false",
+       "DistributedStrategy.sync_nccl_allreduce=false is not implemented in keel"},
       {"--fuse_all_reduce_ops=false --fuse_parameter_memory_size=16",
        "are given but DistributedStrategy.fuse_all_reduce_ops=false"},
-      {"--fuse_parameter_groups_size=50",
-       "FLAGS_fuse_parameter_groups_size=50 has no effect"},
+      {"--fuse_parameter_groups_size=50", "FLAGS_fuse_parameter_groups_size=50 has no effect"},
       {"--local_sgd_steps=2 --fuse_parameter_memory_size=16",
        "LocalSGD all-reduces parameters, not gradients"},
       {"--bench_steps=3", "--bench_steps is not a flag of keel train"},
@@ -133,44 +116,35 @@ TEST(KeelTrain, SettingsThatWouldBeIgnoredAreRefused) {
        "--nproc_per_node is not a flag of keel train (it would be ignored; "
        "it is a flag of keel launch)"},
   };
-  for (const Case &c : cases) {
+  for (const Case& c : cases) {
     auto r = RunCommand(Keel() + " train --steps=1 --batch_size=4 " + c.flags);
     EXPECT_EQ(r.exit_code, 1) << c.flags << "\n" << r.output;
     EXPECT_FALSE(r.signaled);
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n"
-                                                           << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.flags << "\n" << r.output;
   }
   // --steps beside --epochs, on a model whose epoch is its dataset.
   if (HaveMnist()) {
-    auto r =
-        RunCommand(Keel() + " train --model=lenet --data=mnist:" + MnistDir() +
-                   " --epochs=1 --steps=5");
+    auto r = RunCommand(Keel() + " train --model=lenet --data=mnist:" + MnistDir() +
+                        " --epochs=1 --steps=5");
     EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_NE(
-        r.output.find(
-            "--steps=5 with --epochs=1: model lenet has a finite training set"),
-        std::string::npos)
+    EXPECT_NE(r.output.find("--steps=5 with --epochs=1: model lenet has a finite training set"),
+              std::string::npos)
         << r.output;
   }
   // Multi-worker settings on one worker are said to do nothing.
-  auto one =
-      RunCommand(Keel() + " train --steps=1 --mlp_hidden=8 --nccl_comm_num=2");
+  auto one = RunCommand(Keel() + " train --steps=1 --mlp_hidden=8 --nccl_comm_num=2");
   EXPECT_EQ(one.exit_code, 0) << one.output;
-  EXPECT_NE(
-      one.output.find(
-          "--nccl_comm_num: multi-worker settings, with no effect on a single "
-          "worker"),
-      std::string::npos)
+  EXPECT_NE(one.output.find("--nccl_comm_num: multi-worker settings, with no effect on a single "
+                            "worker"),
+            std::string::npos)
       << one.output;
 }
 
-// --selected_gpus as a flag picks the worker's GPU (it used to be read from the
-// environment only): the role says gpus=0, and training then runs there or,
-// with no GPU, says so.
+// --selected_gpus as a flag picks the worker's GPU (it used to be read from the environment
+// only): the role says gpus=0, and training then runs there or, with no GPU, says so.
 TEST(KeelTrain, SelectedGpusFlagPicksTheWorkersGpu) {
-  auto r = RunCommand(
-      "env -u FLAGS_selected_gpus " + Keel() +
-      " train --steps=1 --mlp_hidden=8 --batch_size=4 --selected_gpus=0");
+  auto r = RunCommand("env -u FLAGS_selected_gpus " + Keel() +
+                      " train --steps=1 --mlp_hidden=8 --batch_size=4 --selected_gpus=0");
   EXPECT_NE(r.output.find("gpus=0"), std::string::npos) << r.output;
   if (r.exit_code != 0) {
     EXPECT_NE(r.output.find("CUDA"), std::string::npos) << r.output;
@@ -179,8 +153,7 @@ TEST(KeelTrain, SelectedGpusFlagPicksTheWorkersGpu) {
 
 TEST(KeelInspect, PrintsTheInferenceProgramAsTextAndDot) {
   std::string dir = MakeTempDir();
-  auto r = RunCommand(Keel() +
-                      " train --steps=1 --seed=2 --save_inference_dir=" + dir);
+  auto r = RunCommand(Keel() + " train --steps=1 --seed=2 --save_inference_dir=" + dir);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto text = RunCommand(Keel() + " inspect " + dir + "/__model__");
   ASSERT_EQ(text.exit_code, 0) << text.output;
@@ -191,21 +164,17 @@ TEST(KeelInspect, PrintsTheInferenceProgramAsTextAndDot) {
   ASSERT_EQ(dot.exit_code, 0) << dot.output;
   EXPECT_EQ(dot.output.rfind("digraph program {", 0), 0u) << dot.output;
   auto both = RunCommand(Keel() + " inspect " + dir);
-  EXPECT_NE(both.output.find("fc_0.w_0 : float32[32, 1280]"), std::string::npos)
-      << both.output;
+  EXPECT_NE(both.output.find("fc_0.w_0 : float32[32, 1280]"), std::string::npos) << both.output;
   RunCommand("rm -rf " + dir);
 }
 
 TEST(KeelErrors, TruncatedCheckpointIsExitOneNamingTheFile) {
   std::string dir = MakeTempDir();
-  ASSERT_EQ(RunCommand(Keel() + " train --steps=1 --seed=2 --save_dir=" + dir)
-                .exit_code,
-            0);
+  ASSERT_EQ(RunCommand(Keel() + " train --steps=1 --seed=2 --save_dir=" + dir).exit_code, 0);
   std::string f = dir + "/persistables.safetensors";
   ASSERT_EQ(RunCommand("truncate -s 5000 " + f).exit_code, 0);
-  for (const std::string &cmd :
-       {Keel() + " inspect " + f,
-        Keel() + " train --steps=1 --load_dir=" + dir}) {
+  for (const std::string& cmd : {Keel() + " inspect " + f,
+                                 Keel() + " train --steps=1 --load_dir=" + dir}) {
     auto r = RunCommand(cmd);
     EXPECT_EQ(r.exit_code, 1) << cmd << "\n" << r.output;
     EXPECT_FALSE(r.signaled);
@@ -224,45 +193,36 @@ TEST(KeelErrors, BadFlagsAndEnvAreExitOneWithAMessage) {
       {Keel() + " inspect /nonexistent/file", "/nonexistent/file"},
       {Keel() + " bench nope", "nope"},
   };
-  for (auto &c : cases) {
+  for (auto& c : cases) {
     auto r = RunCommand(c.cmd);
     EXPECT_EQ(r.exit_code, 1) << c.cmd << "\n" << r.output;
     EXPECT_FALSE(r.signaled) << c.cmd;
-    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.cmd << "\n"
-                                                          << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.cmd << "\n" << r.output;
   }
 }
 
 TEST(KeelFlags, EnvironmentSetsFlagsAndUnknownNamesOnlyWarn) {
-  auto r = RunCommand("FLAGS_steps=3 FLAGS_not_a_keel_flag=1 " + Keel() +
-                      " train --seed=1");
+  auto r = RunCommand("FLAGS_steps=3 FLAGS_not_a_keel_flag=1 " + Keel() + " train --seed=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Losses(r.output).size(), 3u) << r.output;
-  EXPECT_NE(r.output.find("FLAGS_not_a_keel_flag"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("FLAGS_not_a_keel_flag"), std::string::npos) << r.output;
   // The command line wins over the environment.
   r = RunCommand("FLAGS_steps=3 " + Keel() + " train --seed=1 --steps=2");
   EXPECT_EQ(Losses(r.output).size(), 2u) << r.output;
 }
 
-// Every flag the keel binary defines is listed here with what pins it: a flag
-// read by one command is refused by the others (it would be ignored there), and
-// a new flag fails this walk until it is given a row.
+// Every flag the keel binary defines is listed here with what pins it: a flag read by one command
+// is refused by the others (it would be ignored there), and a new flag fails this walk until it
+// is given a row.
 TEST(KeelFlags, EveryFlagIsReadOrRefused) {
   // flag -> the test that shows its effect (or, for refusals, the check below).
   const std::map<std::string, std::string> rows = {
-      {"comm_timeout_s",
-       "FleetFaults.StrategyCommTimeoutBoundsEveryCollective"},
-      {"fuse_parameter_groups_size",
-       "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
-      {"fuse_parameter_memory_size",
-       "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
-      {"sync_nccl_allreduce",
-       "KeelTrain.SettingsThatWouldBeIgnoredAreRefused (false: refused)"},
-      {"log_sample_ids",
-       "KeelTrainUnderLaunch.LenetRanksTakeDisjointShardsOfOneShuffle"},
-      {"selected_gpus",
-       "KeelTrain.SelectedGpusFlagPicksTheWorkersGpu, KeelLaunch.GpuMode..."},
+      {"comm_timeout_s", "FleetFaults.StrategyCommTimeoutBoundsEveryCollective"},
+      {"fuse_parameter_groups_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
+      {"fuse_parameter_memory_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
+      {"sync_nccl_allreduce", "KeelTrain.SettingsThatWouldBeIgnoredAreRefused (false: refused)"},
+      {"log_sample_ids", "KeelTrainUnderLaunch.LenetRanksTakeDisjointShardsOfOneShuffle"},
+      {"selected_gpus", "KeelTrain.SelectedGpusFlagPicksTheWorkersGpu, KeelLaunch.GpuMode..."},
       {"cpu_comm_backend", "DataParallel.NRanksOnBOverNRowsMatchOneRankOnB"},
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},
       {"profile", "ProfilerCli.*, UserProgram.ProfileFlagWritesATraceAtExit"},
@@ -272,8 +232,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"bench_warmup", "KeelBench.PrintsOneJsonLine"},
       {"dot", "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
       {"cluster_node_ips", "KeelLaunch.MultiNodeRanksAndEndpoints"},
-      {"grace_period_s",
-       "KeelLaunch.WorkersIgnoringSigtermAreKilledAfterTheGracePeriod"},
+      {"grace_period_s", "KeelLaunch.WorkersIgnoringSigtermAreKilledAfterTheGracePeriod"},
       {"master_addr", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"master_port", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"nnodes", "KeelLaunch.MultiNodeRanksAndEndpoints"},
@@ -283,48 +242,33 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"started_port", "KeelLaunch.MultiNodeRanksAndEndpoints"},
       {"batch_size", "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage"},
       {"data", "Lenet.ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit"},
-      {"epochs",
-       "Lenet.ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit"},
+      {"epochs", "Lenet.ReachesNinetySevenPercentOnRealMnistWithinTheTimeLimit"},
       {"fetch_frequency", "KeelTrain.SameSeedPrintsIdenticalLosses"},
-      {"fuse_all_reduce_ops",
-       "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"fuse_all_reduce_ops", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"hierarchical_allreduce_inter_nranks",
        "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
-      {"load_dir",
-       "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
-      {"local_sgd_steps",
-       "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
-      {"local_sgd_warmup_steps",
-       "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"load_dir", "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
+      {"local_sgd_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"local_sgd_warmup_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"log_all_ranks", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"lr", "models and optimizer tests"},
-      {"mlp_hidden",
-       "FleetTraining.KeelTrainUnderLaunchMatchesItsCheckpointFormat"},
+      {"mlp_hidden", "FleetTraining.KeelTrainUnderLaunchMatchesItsCheckpointFormat"},
       {"model", "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage"},
       {"nccl_comm_num", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
-      {"num_iteration_per_drop_scope",
-       "Executor (drop scope) tests; keel train passes it on"},
+      {"num_iteration_per_drop_scope", "Executor (drop scope) tests; keel train passes it on"},
       {"optimizer", "models tests"},
-      {"save_dir",
-       "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
-      {"save_inference_dir",
-       "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
+      {"save_dir", "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
+      {"save_inference_dir", "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
       {"seed", "KeelTrain.SameSeedPrintsIdenticalLosses"},
       {"steps", "KeelFlags.EnvironmentSetsFlagsAndUnknownNamesOnlyWarn"},
       {"check_nan_inf", "CheckNanInf.StopsAtTheFirstOpProducingInfAndNamesIt"},
-      {"comm_overlap",
-       "ProfilerCli."
-       "TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
-      {"straggler_factor",
-       "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
-      {"straggler_report_interval_s",
-       "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
+      {"comm_overlap", "ProfilerCli.TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
+      {"straggler_factor", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
+      {"straggler_report_interval_s", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
       {"cuda_host_fallback", "HostFallback.* (CUDA places)"},
-      {"allow_tf32",
-       "GPU tests (cuBLAS/cuDNN math mode; run by tools/gpu_check.sh)"},
+      {"allow_tf32", "GPU tests (cuBLAS/cuDNN math mode; run by tools/gpu_check.sh)"},
       {"fraction_of_gpu_memory_to_use", "CachingAllocator.* (reserve)"},
-      {"init_allocated_mem",
-       "InitAllocatedMem.*, CudaKernels2.* (poisoned outputs)"},
+      {"init_allocated_mem", "InitAllocatedMem.*, CudaKernels2.* (poisoned outputs)"},
       {"diff", "InspectStrategy.DiffShowsOnlyWhatTheTranspilerAdded"},
       {"nranks", "InspectStrategy.* goldens"},
       {"program", "InspectStrategy.* goldens"},
@@ -332,73 +276,54 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"startup", "InspectStrategy (saved __model__)"},
       {"strategy", "InspectStrategy.* goldens"},
       {"summary", "InspectSummary.ParameterCountEqualsTheSavedCheckpoint"},
-      {"max_restarts",
-       "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
+      {"max_restarts", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"stopped_timeout_s", "FaultTest.ANodeWhoseOnlyWorkerIsStoppedEnds"},
-      {"num_threads",
-       "Executor."
-       "ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
+      {"num_threads", "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
       {"auto_resume", "docs/fault-tolerance.md (Kubernetes/Slurm restarts)"},
-      {"save_every",
-       "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
+      {"save_every", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"beta1", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
       {"beta2", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
       {"clip_global_norm", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
       {"epsilon", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
-      {"lr_boundaries",
-       "TrainOptimizerFlags.*, TrainScheduleFlags.* (piecewise)"},
-      {"lr_decay_steps",
-       "TrainOptimizerFlags.*, TrainScheduleFlags.* (cosine)"},
+      {"lr_boundaries", "TrainOptimizerFlags.*, TrainScheduleFlags.* (piecewise)"},
+      {"lr_decay_steps", "TrainOptimizerFlags.*, TrainScheduleFlags.* (cosine)"},
       {"lr_schedule", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
       {"lr_values", "TrainOptimizerFlags.*, TrainScheduleFlags.* (piecewise)"},
       {"min_lr", "TrainOptimizerFlags.*, TrainScheduleFlags.* (cosine)"},
       {"momentum", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
       {"nesterov", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},
-      {"warmup_start_lr",
-       "TrainOptimizerFlags.*, TrainScheduleFlags.* (warm-up)"},
+      {"warmup_start_lr", "TrainOptimizerFlags.*, TrainScheduleFlags.* (warm-up)"},
       {"warmup_steps", "TrainOptimizerFlags.*, TrainScheduleFlags.* (warm-up)"},
-      {"weight_decay",
-       "TrainOptimizerFlags.*, TrainScheduleFlags.*, WeightDecay.*"},
-      {"eval_every",
-       "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
+      {"weight_decay", "TrainOptimizerFlags.*, TrainScheduleFlags.*, WeightDecay.*"},
+      {"eval_every", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
       {"logdir", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
-      {"logdir_all_ranks",
-       "TrainTensorboard.EveryRankWritesItsOwnFolderWhenAsked"},
-      {"progress",
-       "TrainOptimizerFlags.*, TrainScheduleFlags.* (bar vs lines)"},
+      {"logdir_all_ranks", "TrainTensorboard.EveryRankWritesItsOwnFolderWhenAsked"},
+      {"progress", "TrainOptimizerFlags.*, TrainScheduleFlags.* (bar vs lines)"},
   };
   auto list = RunCommand(Keel() + " flags");
   ASSERT_EQ(list.exit_code, 0) << list.output;
-  std::map<std::string, std::string>
-      owners; // flag -> the commands that read it
+  std::map<std::string, std::string> owners;  // flag -> the commands that read it
   std::istringstream in(list.output);
   std::string name, owner;
-  while (in >> name >> owner)
-    owners[name] = owner;
+  while (in >> name >> owner) owners[name] = owner;
   std::set<std::string> listed, pinned;
-  for (const auto &kv : owners)
-    listed.insert(kv.first);
-  for (const auto &kv : rows)
-    pinned.insert(kv.first);
-  EXPECT_EQ(listed, pinned)
-      << "a keel flag without a row here (or a row for a flag that is gone)";
+  for (const auto& kv : owners) listed.insert(kv.first);
+  for (const auto& kv : rows) pinned.insert(kv.first);
+  EXPECT_EQ(listed, pinned) << "a keel flag without a row here (or a row for a flag that is gone)";
   // A flag of one command, given to another, is refused there.
-  const std::map<std::string, std::string> try_in = {
-      {"train", " train --steps=1 --mlp_hidden=8"},
-      {"bench", " bench mlp --bench_steps=1"},
-      {"inspect", " inspect /nonexistent"}};
-  for (const auto &[flag, who] : owners) {
+  const std::map<std::string, std::string> try_in = {{"train", " train --steps=1 --mlp_hidden=8"},
+                                                     {"bench", " bench mlp --bench_steps=1"},
+                                                     {"inspect", " inspect /nonexistent"}};
+  for (const auto& [flag, who] : owners) {
     if (who == "library" || who == "none") {
       EXPECT_NE(who, "none") << "--" << flag << " is read by no command";
       continue;
     }
-    for (const auto &[cmd, line] : try_in) {
-      if (("," + who + ",").find("," + cmd + ",") != std::string::npos)
-        continue;
+    for (const auto& [cmd, line] : try_in) {
+      if (("," + who + ",").find("," + cmd + ",") != std::string::npos) continue;
       auto r = RunCommand(Keel() + line + " --" + flag + "=1");
       EXPECT_EQ(r.exit_code, 1) << cmd << " --" << flag << "\n" << r.output;
-      EXPECT_NE(r.output.find("--" + flag + " is not a flag of keel " + cmd),
-                std::string::npos)
+      EXPECT_NE(r.output.find("--" + flag + " is not a flag of keel " + cmd), std::string::npos)
           << r.output;
     }
   }
@@ -407,34 +332,28 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
 TEST(KeelBench, PrintsOneJsonLine) {
   auto r = RunCommand(Keel() + " bench mlp --bench_steps=3 --bench_warmup=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"system\": \"keel\""), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("\"system\": \"keel\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"step_ms\": "), std::string::npos) << r.output;
 }
 
-// --profile works in a program built on the library (it used to be read by keel
-// train and bench only): keel::Init starts the profiler and the trace is
-// written when the program exits.
+// --profile works in a program built on the library (it used to be read by keel train and bench
+// only): keel::Init starts the profiler and the trace is written when the program exits.
 TEST(UserProgram, ProfileFlagWritesATraceAtExit) {
   std::string dir = MakeTempDir();
-  auto r = RunCommand("cd " + dir + " && " + BinPath("train_mlp") +
-                      " --profile=" + dir + "/trace.json");
+  auto r =
+      RunCommand("cd " + dir + " && " + BinPath("train_mlp") + " --profile=" + dir + "/trace.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(dir + "/trace.json");
   ASSERT_TRUE(f.good()) << r.output;
   std::stringstream trace;
   trace << f.rdbuf();
-  EXPECT_NE(trace.str().find("\"name\": \"mul\""), std::string::npos)
-      << trace.str().substr(0, 500);
-  EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/trace.json"),
-            std::string::npos)
+  EXPECT_NE(trace.str().find("\"name\": \"mul\""), std::string::npos) << trace.str().substr(0, 500);
+  EXPECT_NE(r.output.find("profile of rank 0: " + dir + "/trace.json"), std::string::npos)
       << r.output;
-  // Under keel launch each rank writes its own file, also when the program
-  // never calls fleet::init (the rank then comes from the launcher's
-  // variables).
+  // Under keel launch each rank writes its own file, also when the program never calls
+  // fleet::init (the rank then comes from the launcher's variables).
   auto two =
-      RunCommand("cd " + dir + " && " + Keel() +
-                 " launch --nproc_per_node=2 --profile=" + dir +
+      RunCommand("cd " + dir + " && " + Keel() + " launch --nproc_per_node=2 --profile=" + dir +
                  "/t.json --log_dir=" + dir + "/log " + BinPath("train_mlp"));
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_TRUE(std::ifstream(dir + "/t.json.rank0").good()) << two.output;
@@ -452,5 +371,5 @@ TEST(UserProgram, TrainMlpRunsTheSeedProgramAndSaves) {
   RunCommand("rm -rf " + dir);
 }
 
-} // namespace
-} // namespace keel::testing
+}  // namespace
+}  // namespace keel::testing
