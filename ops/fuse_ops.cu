@@ -58,8 +58,8 @@ class CoalesceKernel : public OpKernel {
     int64_t covered = 0;
     for (int64_t n : numels_) covered += n;
     if (fused->numel() > covered && !set_constant_)  // the padding holds zeros
-      KEEL_CUDA_CHECK(cudaMemsetAsync(base + covered * esize, 0,
-                                      (fused->numel() - covered) * esize, stream));
+      KEEL_CUDA_CHECK(
+          cudaMemsetAsync(base + covered * esize, 0, (fused->numel() - covered) * esize, stream));
     int64_t offset = 0;
     for (size_t i = 0; i < numels_.size(); ++i) {
       Tensor* out = ctx.Output("Output", static_cast<int>(i));
@@ -81,18 +81,18 @@ class CoalesceKernel : public OpKernel {
           const bool overlaps = src < slot + bytes && slot < src + bytes;
           if (overlaps) {
             Tensor tmp = in.Clone();
-            KEEL_CUDA_CHECK(cudaMemcpyAsync(slot, tmp.raw_data(), bytes,
-                                            cudaMemcpyDeviceToDevice, stream));
+            KEEL_CUDA_CHECK(
+                cudaMemcpyAsync(slot, tmp.raw_data(), bytes, cudaMemcpyDeviceToDevice, stream));
           } else {
             KEEL_CUDA_CHECK(cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDeviceToDevice, stream));
           }
         }
       }
       // A view of the slice; it keeps the var's own shape once it has one.
-      const DDim dims = out->initialized() && out->dims().known() &&
-                                out->dims().numel() == numels_[i]
-                            ? out->dims()
-                            : DDim{numels_[i]};
+      const DDim dims =
+          out->initialized() && out->dims().known() && out->dims().numel() == numels_[i]
+              ? out->dims()
+              : DDim{numels_[i]};
       *out = fused->Slice(offset, offset + numels_[i]);
       out->Resize(dims);
       offset += numels_[i];

@@ -73,8 +73,8 @@ class CrossEntropyKernel : public OpKernel {
     T* y = ctx.Output("Y")->mutable_data<T>(ctx.place());
     if (n == 0) return;
     CrossEntropyRows<T><<<GridFor(n), 256, 0, Cuda(ctx).stream()>>>(
-        x.data<T>(), soft_ ? nullptr : label.data<int64_t>(), soft_ ? label.data<T>() : nullptr,
-        y, n, d, ignore_index_, report_.device());
+        x.data<T>(), soft_ ? nullptr : label.data<int64_t>(), soft_ ? label.data<T>() : nullptr, y,
+        n, d, ignore_index_, report_.device());
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -201,8 +201,7 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
                  " rows exceed the grid");
     SoftmaxCrossEntropyRows<T><<<rows, RowThreads(s.n), 0, Cuda(ctx).stream()>>>(
         logits.data<T>(), soft_ ? nullptr : label.data<int64_t>(),
-        soft_ ? label.data<T>() : nullptr, sm, loss, s.n, s.post, ignore_index_,
-        report_.device());
+        soft_ ? label.data<T>() : nullptr, sm, loss, s.n, s.post, ignore_index_, report_.device());
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -273,9 +272,8 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
 
 KEEL_REGISTER_CUDA_KERNEL(cross_entropy, CrossEntropyKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(cross_entropy_grad, CrossEntropyGradKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float,
+KEEL_REGISTER_CUDA_KERNEL(softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel, float,
                           double);
-KEEL_REGISTER_CUDA_KERNEL(softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel,
-                          float, double);
 
 }  // namespace keel

@@ -54,7 +54,9 @@ class TopKKernel : public OpKernel {
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = xp + r * n;
       std::iota(idx_.begin(), idx_.end(), int64_t{0});
-      std::partial_sort(idx_.begin(), idx_.begin() + k_, idx_.end(), [row](int64_t a, int64_t b) { return fn::RanksBefore(row[a], a, row[b], b); });
+      std::partial_sort(idx_.begin(), idx_.begin() + k_, idx_.end(), [row](int64_t a, int64_t b) {
+        return fn::RanksBefore(row[a], a, row[b], b);
+      });
       for (int j = 0; j < k_; ++j) {
         vp[r * k_ + j] = row[idx_[j]];
         ip[r * k_ + j] = idx_[j];

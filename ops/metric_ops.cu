@@ -42,8 +42,8 @@ class TopKKernel : public OpKernel {
     T* vp = ctx.Output("Out")->mutable_data<T>(ctx.place());
     int64_t* ip = ctx.Output("Indices")->mutable_data<int64_t>(ctx.place());
     if (rows == 0 || k_ <= 0) return;
-    TopKRows<T><<<GridFor(rows, 128), 128, 0, Cuda(ctx).stream()>>>(x.data<T>(), vp, ip, rows, n,
-                                                                     k_);
+    TopKRows<T>
+        <<<GridFor(rows, 128), 128, 0, Cuda(ctx).stream()>>>(x.data<T>(), vp, ip, rows, n, k_);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -100,8 +100,8 @@ class AccuracyKernel : public OpKernel {
     const Tensor& idx = ctx.Input("Indices");
     const Tensor& label = ctx.Input("Label");
     const int64_t rows = idx.dims()[0], k = idx.dims()[1];
-    KEEL_ENFORCE(label.numel() == rows, "Label ", label.dims().str(), " must have one row per row of Indices ",
-                 idx.dims().str());
+    KEEL_ENFORCE(label.numel() == rows, "Label ", label.dims().str(),
+                 " must have one row per row of Indices ", idx.dims().str());
     AccuracyBlock<<<1, 256, 0, Cuda(ctx).stream()>>>(
         idx.data<int64_t>(), label.data<int64_t>(), rows, k,
         ctx.Output("Accuracy")->mutable_data<float>(ctx.place()),

@@ -183,8 +183,8 @@ class LayerNormKernel : public OpKernel {
     if (rows == 0 || R == 0) return;
     KEEL_ENFORCE(rows < (int64_t(1) << 31), "layer_norm: ", rows, " rows exceed the grid");
     LayerNormRows<T><<<rows, RowThreads(R), 0, Cuda(ctx).stream()>>>(
-        x.data<T>(), scale ? scale->data<T>() : nullptr, bias ? bias->data<T>() : nullptr, yd,
-        mean, var, R, static_cast<T>(epsilon_));
+        x.data<T>(), scale ? scale->data<T>() : nullptr, bias ? bias->data<T>() : nullptr, yd, mean,
+        var, R, static_cast<T>(epsilon_));
     KEEL_CUDA_LAUNCH_CHECK();
   }
 

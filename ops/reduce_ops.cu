@@ -45,7 +45,7 @@ void Reduce(const ExecutionContext& ctx, const Tensor& x, const fn::ReduceLayout
   const fn::ReduceGather g = fn::MakeReduceGather(l);
   const unsigned blocks = static_cast<unsigned>(l.out_numel < 65535 * 8 ? l.out_numel : 65535 * 8);
   ReduceRows<T><<<blocks, ReduceThreads(g.count), 0, Cuda(ctx).stream()>>>(x.data<T>(), out, g,
-                                                                            scale, l.out_numel);
+                                                                           scale, l.out_numel);
   KEEL_CUDA_LAUNCH_CHECK();
 }
 

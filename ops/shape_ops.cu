@@ -28,9 +28,7 @@ class LookupTableKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     const Tensor& w = ctx.Input("W");
     const Tensor& ids = ctx.Input("Ids");
-    report_.Check([&](long long id, long long at) {
-      ThrowBadId(id, at, ids.dims(), w.dims());
-    });
+    report_.Check([&](long long id, long long at) { ThrowBadId(id, at, ids.dims(), w.dims()); });
     const int64_t V = w.dims()[0], D = w.dims()[1], rows = ids.numel();
     const T* wp = w.data<T>();
     const int64_t* idp = ids.data<int64_t>();
@@ -195,7 +193,8 @@ std::vector<int> InversePerm(const std::vector<int>& perm) {
   std::vector<int> inv(perm.size(), -1);
   for (size_t i = 0; i < perm.size(); ++i) {
     const int p = perm[i];
-    KEEL_ENFORCE(p >= 0 && p < static_cast<int>(perm.size()) && inv[p] < 0, "axis is not a "
+    KEEL_ENFORCE(p >= 0 && p < static_cast<int>(perm.size()) && inv[p] < 0,
+                 "axis is not a "
                  "permutation");
     inv[p] = static_cast<int>(i);
   }

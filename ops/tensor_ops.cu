@@ -78,8 +78,7 @@ class GaussianRandomKernel : public OpKernel {
       : mean_(op.Attr<float>("mean")), std_(op.Attr<float>("std")) {}
   void Compute(ExecutionContext& ctx) override {
     std::mt19937_64& e = engine_.Get(ctx.seed());
-    DrawOnHostAndCopy<T>(ctx, &host_,
-                         [&](T* p, int64_t n) { FillGaussian(e, mean_, std_, p, n); });
+    DrawOnHostAndCopy<T>(ctx, &host_, [&](T* p, int64_t n) { FillGaussian(e, mean_, std_, p, n); });
   }
 
  private:
@@ -192,8 +191,7 @@ class CopyGradKernel : public OpKernel {
 
 }  // namespace
 
-KEEL_REGISTER_CUDA_KERNEL(fill_constant, FillConstantKernel, float, double, int32_t, int64_t,
-                          bool);
+KEEL_REGISTER_CUDA_KERNEL(fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool);
 KEEL_REGISTER_CUDA_KERNEL(fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
                           bool);
 KEEL_REGISTER_CUDA_KERNEL(uniform_random, UniformRandomKernel, float, double);
