@@ -89,23 +89,32 @@ __device__ inline void Report(DeviceReport* r, long long value, long long index)
   atomicExch(&r->state, 2);
 }
 
+// Allocated on the first launch that reports into it, on the launching op's device (a kernel is
+// constructed before its device is current, and a context on device 0 would cost every rank).
 class DeviceReportSlot {
  public:
-  DeviceReportSlot() {
-    KEEL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(DeviceReport),
-                                  cudaHostAllocMapped | cudaHostAllocPortable));
-    host_->state = 0;
-    KEEL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+  DeviceReportSlot() = default;
+  ~DeviceReportSlot() {
+    if (host_ != nullptr) cudaFreeHost(host_);
   }
-  ~DeviceReportSlot() { cudaFreeHost(host_); }
   DeviceReportSlot(const DeviceReportSlot&) = delete;
   DeviceReportSlot& operator=(const DeviceReportSlot&) = delete;
 
-  DeviceReport* device() const { return device_; }
+  // The slot for a kernel launched on ctx's place.
+  DeviceReport* device(const ExecutionContext& ctx) {
+    if (host_ == nullptr) {
+      Cuda(ctx);  // the place's device is current
+      KEEL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(DeviceReport),
+                                    cudaHostAllocMapped | cudaHostAllocPortable));
+      host_->state = 0;
+      KEEL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+    }
+    return device_;
+  }
   // Calls on_report(value, index) (which throws) when a kernel has reported; clears the slot.
   template <typename F>
   void Check(F on_report) {
-    if (reinterpret_cast<volatile DeviceReport*>(host_)->state != 2) return;
+    if (host_ == nullptr || reinterpret_cast<volatile DeviceReport*>(host_)->state != 2) return;
     const long long value = host_->value, index = host_->index;
     host_->state = 0;
     on_report(value, index);

@@ -74,7 +74,7 @@ class CrossEntropyKernel : public OpKernel {
     if (n == 0) return;
     CrossEntropyRows<T><<<GridFor(n), 256, 0, Cuda(ctx).stream()>>>(
         x.data<T>(), soft_ ? nullptr : label.data<int64_t>(), soft_ ? label.data<T>() : nullptr, y,
-        n, d, ignore_index_, report_.device());
+        n, d, ignore_index_, report_.device(ctx));
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -112,7 +112,7 @@ class CrossEntropyGradKernel : public OpKernel {
     CheckHardLabel(label);
     const int64_t* lp = label.data<int64_t>();
     const int ignore = ignore_index_;
-    DeviceReport* report = report_.device();
+    DeviceReport* report = report_.device(ctx);
     ForEach(ctx, n * d, [=] __device__(int64_t k) {
       const int64_t i = k / d, j = k % d, l = lp[i];
       if (l == ignore) {
@@ -201,7 +201,8 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
                  " rows exceed the grid");
     SoftmaxCrossEntropyRows<T><<<rows, RowThreads(s.n), 0, Cuda(ctx).stream()>>>(
         logits.data<T>(), soft_ ? nullptr : label.data<int64_t>(),
-        soft_ ? label.data<T>() : nullptr, sm, loss, s.n, s.post, ignore_index_, report_.device());
+        soft_ ? label.data<T>() : nullptr, sm, loss, s.n, s.post, ignore_index_,
+        report_.device(ctx));
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -245,7 +246,7 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
     CheckHardLabel(label);
     const int64_t* lp = label.data<int64_t>();
     const int ignore = ignore_index_;
-    DeviceReport* report = report_.device();
+    DeviceReport* report = report_.device(ctx);
     ForEach(ctx, softmax.numel(), [=] __device__(int64_t k) {
       const int64_t row = (k / (n * post)) * post + k % post, j = (k / post) % n;
       const int64_t l = lp[row];

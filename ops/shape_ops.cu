@@ -34,7 +34,7 @@ class LookupTableKernel : public OpKernel {
     const int64_t* idp = ids.data<int64_t>();
     T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
     const int64_t pad = padding_idx_;
-    DeviceReport* report = report_.device();
+    DeviceReport* report = report_.device(ctx);
     ForEach(ctx, rows * D, [=] __device__(int64_t k) {
       const int64_t r = k / D, d = k % D, id = idp[r];
       if (id == pad) {
