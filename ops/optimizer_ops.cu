@@ -4,12 +4,12 @@
 // then one block adds them), so they repeat bit for bit. LearningRate, the beta powers and the
 // clip factor stay on the device: kernels read them, so an update never waits for the host.
 //
-// The program has one optimizer op per parameter even when gradients are fused (the fused
-// buffer only serves the all-reduce), so there is no multi-tensor launch per fused buffer yet:
-// that needs a merged optimizer op (Paddle's merged_momentum / merged_adam) and a pass that
-// forms it, which the CPU side does not have either.
+// merged_sgd, merged_momentum, merged_adam and merged_adamw (the merge pass forms them from the
+// per-parameter ops of a fused gradient group) update all their parameters in one multi-tensor
+// launch: a table of per-parameter pointers goes to the device, blockIdx.y picks the parameter.
 #include <vector>
 
+#include "framework/runtime/device.h"
 #include "ops/cuda_util.cuh"
 #include "ops/functors/optimizer_functors.h"
 
@@ -142,6 +142,184 @@ class AdamWKernel : public AdamKernel<T> {
   explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
 };
 
+// ------------------------------------------------- merged_sgd, merged_momentum, merged_adam(w)
+
+// One parameter of a multi-tensor launch: its element count and pointers (unused ones null).
+template <typename T>
+struct MtEntry {
+  int64_t n;
+  const T *p, *g, *a, *b;  // param, grad, accumulators (velocity or moment1, moment2)
+  T *po, *ao, *bo;
+  DeviceScalar b1p, b2p;  // adam's beta powers
+  void *b1o, *b2o;
+};
+
+// f(entry, i) for every element i of parameter blockIdx.y.
+template <typename T, typename F>
+__global__ void MultiTensorKernel(const MtEntry<T>* table, F f) {
+  const MtEntry<T>& e = table[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < e.n;
+       i += int64_t(blockDim.x) * gridDim.x)
+    f(e, i);
+}
+
+// Beta powers advance after every thread has read them: one thread per parameter.
+template <typename T>
+__global__ void MultiBetaPowUpdate(const MtEntry<T>* table, int count, double beta1, double beta2) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= count) return;
+  const MtEntry<T>& e = table[t];
+  const double v1 = e.b1p.Get() * beta1, v2 = e.b2p.Get() * beta2;
+  if (e.b1p.is_double)
+    *static_cast<double*>(e.b1o) = v1;
+  else
+    *static_cast<float*>(e.b1o) = static_cast<float>(v1);
+  if (e.b2p.is_double)
+    *static_cast<double*>(e.b2o) = v2;
+  else
+    *static_cast<float*>(e.b2o) = static_cast<float>(v2);
+}
+
+// Builds the table of a merged op's parameters and copies it to the device (staged, no wait).
+template <typename T>
+class MtTable {
+ public:
+  // Reads slot `in` (and writes `out`) of every parameter into member `a` or `b` of the entries.
+  void Build(const ExecutionContext& ctx, const char* acc_a, const char* acc_a_out,
+             const char* acc_b, const char* acc_b_out, bool beta_pows) {
+    const int n = ctx.NumInputs("Param");
+    host_.assign(n, MtEntry<T>{});
+    max_n_ = 0;
+    for (int i = 0; i < n; ++i) {
+      MtEntry<T>& e = host_[i];
+      const Tensor& param = ctx.Input("Param", i);
+      e.n = param.numel();
+      max_n_ = e.n > max_n_ ? e.n : max_n_;
+      auto like = [&](const char* slot) -> const T* {
+        const Tensor& t = ctx.Input(slot, i);
+        KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param[", i, "] ",
+                     param.dims().str(), " and ", slot, "[", i, "] ", t.dims().str(),
+                     " must have the same shape");
+        return t.data<T>();
+      };
+      e.p = param.data<T>();
+      e.g = like("Grad");
+      e.po = ctx.Output("ParamOut", i)->mutable_data<T>(ctx.place());
+      if (acc_a) {
+        e.a = like(acc_a);
+        e.ao = ctx.Output(acc_a_out, i)->mutable_data<T>(ctx.place());
+      }
+      if (acc_b) {
+        e.b = like(acc_b);
+        e.bo = ctx.Output(acc_b_out, i)->mutable_data<T>(ctx.place());
+      }
+      if (beta_pows) {
+        e.b1p = ScalarOf(ctx.Input("Beta1Pow", i));
+        e.b2p = ScalarOf(ctx.Input("Beta2Pow", i));
+        e.b1o = ctx.Output("Beta1PowOut", i)
+                    ->mutable_data(ctx.Input("Beta1Pow", i).dtype(), ctx.place());
+        e.b2o = ctx.Output("Beta2PowOut", i)
+                    ->mutable_data(ctx.Input("Beta2Pow", i).dtype(), ctx.place());
+      }
+    }
+    KEEL_ENFORCE(n <= 65535, ctx.op().type(), ": ", n, " parameters exceed one launch");
+    const int64_t bytes = static_cast<int64_t>(n * sizeof(MtEntry<T>));
+    if (!device_.initialized() || device_.numel() < bytes)
+      device_.Alloc(DType::kUInt8, DDim{bytes}, ctx.place());
+    CopyHostToDeviceAsync(ctx.place(), device_.raw_data(), host_.data(), bytes);
+  }
+  int count() const { return static_cast<int>(host_.size()); }
+  const MtEntry<T>* device() const { return static_cast<const MtEntry<T>*>(device_.raw_data()); }
+  dim3 Grid() const {
+    const unsigned x = GridFor(max_n_);
+    return dim3(x < 1024 ? x : 1024, static_cast<unsigned>(host_.size()));
+  }
+
+ private:
+  std::vector<MtEntry<T>> host_;
+  Tensor device_;
+  int64_t max_n_ = 0;
+};
+
+template <typename T, typename F>
+void LaunchMultiTensor(const ExecutionContext& ctx, const MtTable<T>& table, F f) {
+  if (table.count() == 0) return;
+  MultiTensorKernel<T><<<table.Grid(), 256, 0, Cuda(ctx).stream()>>>(table.device(), f);
+  KEEL_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T>
+class MergedSgdKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    table_.Build(ctx, nullptr, nullptr, nullptr, nullptr, false);
+    const T* lr = ctx.Input("LearningRate").data<T>();
+    LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      e.po[i] = fn::SgdUpdate(e.p[i], e.g[i], *lr);
+    });
+  }
+
+ private:
+  MtTable<T> table_;
+};
+
+template <typename T>
+class MergedMomentumKernel : public OpKernel {
+ public:
+  explicit MergedMomentumKernel(const OpDesc& op)
+      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
+  void Compute(ExecutionContext& ctx) override {
+    table_.Build(ctx, "Velocity", "VelocityOut", nullptr, nullptr, false);
+    const T* lr = ctx.Input("LearningRate").data<T>();
+    const fn::Momentum<T> f = f_;
+    LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      f(e.p[i], e.g[i], e.a[i], *lr, &e.po[i], &e.ao[i]);
+    });
+  }
+
+ private:
+  fn::Momentum<T> f_;
+  MtTable<T> table_;
+};
+
+template <typename T>
+class MergedAdamKernel : public OpKernel {
+ public:
+  explicit MergedAdamKernel(const OpDesc& op) : MergedAdamKernel(op, 0.0) {}
+  void Compute(ExecutionContext& ctx) override {
+    table_.Build(ctx, "Moment1", "Moment1Out", "Moment2", "Moment2Out", true);
+    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
+    LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      const fn::Adam<T> f =
+          fn::AdamStep<T>(lr.Get(), e.b1p.Get(), e.b2p.Get(), beta1, beta2, eps, coeff);
+      f(e.p[i], e.g[i], e.a[i], e.b[i], &e.po[i], &e.ao[i], &e.bo[i]);
+    });
+    const int count = table_.count();
+    if (count == 0) return;
+    MultiBetaPowUpdate<T><<<(count + 127) / 128, 128, 0, Cuda(ctx).stream()>>>(
+        table_.device(), count, beta1_, beta2_);
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+
+ protected:
+  MergedAdamKernel(const OpDesc& op, double coeff)
+      : beta1_(op.Attr<float>("beta1")),
+        beta2_(op.Attr<float>("beta2")),
+        epsilon_(op.Attr<float>("epsilon")),
+        coeff_(coeff) {}
+
+ private:
+  double beta1_, beta2_, epsilon_, coeff_;
+  MtTable<T> table_;
+};
+
+template <typename T>
+class MergedAdamWKernel : public MergedAdamKernel<T> {
+ public:
+  explicit MergedAdamWKernel(const OpDesc& op) : MergedAdamKernel<T>(op, op.Attr<float>("coeff")) {}
+};
+
 // ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
 
 // partial[b] = sum over block b's grid-stride share of x of x^2, in double.
@@ -253,5 +431,9 @@ KEEL_REGISTER_CUDA_KERNEL(sgd, SgdKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(momentum, MomentumKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(adam, AdamKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(adamw, AdamWKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(merged_sgd, MergedSgdKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(merged_momentum, MergedMomentumKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(merged_adam, MergedAdamKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(merged_adamw, MergedAdamWKernel, float, double);
 
 }  // namespace keel

@@ -289,6 +289,53 @@ std::vector<GpuCase> Cases() {
   add(Op("clip_by_global_norm_within", "clip_by_global_norm", {{"X", {R({3, 2}, -0.1, 0.1)}}},
          {{"Out", 1}, {"GlobalNorm", 1}}, {{"clip_norm", 10.0f}}),
       1e-4, false);
+  // Merged optimizer updates (one multi-tensor launch on the GPU) over parameters of different
+  // sizes, against the CPU's per-parameter kernels.
+  {
+    const std::vector<DDim> shapes = {{3, 5}, {7}, {600, 3}};
+    auto list = [&](double lo, double hi, uint64_t seed) {
+      std::vector<Tensor> v;
+      for (size_t i = 0; i < shapes.size(); ++i) v.push_back(R(shapes[i], lo, hi, seed + i));
+      return v;
+    };
+    std::vector<Tensor> pows1, pows2;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      pows1.push_back(Tensor::FromVector<float>({0.9f * (i + 1) / 3}, {1}));
+      pows2.push_back(Tensor::FromVector<float>({0.999f * (i + 1) / 3}, {1}));
+    }
+    const Tensor lr = Tensor::FromVector<float>({0.05f}, {1});
+    const int n = static_cast<int>(shapes.size());
+    add(Op("merged_sgd", "merged_sgd",
+           {{"Param", list(-1, 1, 10)}, {"Grad", list(-1, 1, 20)}, {"LearningRate", {lr}}},
+           {{"ParamOut", n}}),
+        1e-6, false);
+    add(Op("merged_momentum", "merged_momentum",
+           {{"Param", list(-1, 1, 10)},
+            {"Grad", list(-1, 1, 20)},
+            {"Velocity", list(-1, 1, 30)},
+            {"LearningRate", {lr}}},
+           {{"ParamOut", n}, {"VelocityOut", n}}, {{"mu", 0.9f}, {"use_nesterov", true}}),
+        1e-6, false);
+    for (const char* adam : {"merged_adam", "merged_adamw"}) {
+      std::map<std::string, Attribute> attrs = {{"beta1", 0.9f}, {"beta2", 0.999f}};
+      if (std::string(adam) == "merged_adamw") attrs["coeff"] = 0.01f;
+      add(Op(adam, adam,
+             {{"Param", list(-1, 1, 10)},
+              {"Grad", list(-1, 1, 20)},
+              {"LearningRate", {lr}},
+              {"Moment1", list(-1, 1, 30)},
+              {"Moment2", list(0, 1, 40)},
+              {"Beta1Pow", pows1},
+              {"Beta2Pow", pows2}},
+             {{"ParamOut", n},
+              {"Moment1Out", n},
+              {"Moment2Out", n},
+              {"Beta1PowOut", n},
+              {"Beta2PowOut", n}},
+             attrs),
+          1e-5, false);
+    }
+  }
   // float64 twins of a few.
   const DType f64 = DType::kFloat64;
   add(Op("layer_norm_f64", "layer_norm", {{"X", {R({4, 9}, -1, 1, 1, f64)}}},
