@@ -20,6 +20,7 @@
 #include "models/model_zoo.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
+#include "transpiler/merge_optimizer_pass.h"
 
 DECLARE_bool(init_allocated_mem);
 DECLARE_bool(cuda_host_fallback);
@@ -587,6 +588,73 @@ TEST_F(CudaKernels2, MlpAndTransformerTrainWithoutHostFallbackAndFollowTheCpu) {
       for (int s = 0; s < 20; ++s) {
         FeedMap feed;
         m.next_batch(32, &feed);
+        r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
+      }
+      return r;
+    };
+    const std::vector<double> cpu = losses(CPUPlace());
+    std::vector<double> gpu;
+    ASSERT_EQ(ErrorOf([&] { gpu = losses(CUDAPlace(0)); }), "");
+    for (size_t s = 0; s < cpu.size(); ++s)
+      EXPECT_NEAR(gpu[s], cpu[s], 1e-4 * std::max(1.0, std::abs(cpu[s]))) << "step " << s;
+  }
+}
+
+// Fused gradients (coalesce_tensor views) and one merged update per group, as a data-parallel
+// program with fusion has them: the GPU follows the CPU step by step, for every optimizer.
+TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
+  SKIP_WITHOUT_GPU();
+  FLAGS_init_allocated_mem = false;
+  for (const char* opt : {"sgd", "momentum", "adam", "adamw"}) {
+    SCOPED_TRACE(opt);
+    auto losses = [&](const Place& place) {
+      models::ModelConfig cfg;
+      cfg.name = "mlp";
+      cfg.seed = 3;
+      cfg.hidden = 64;
+      cfg.batch_size = 16;
+      const std::string name = opt;
+      cfg.make_optimizer = [name](const std::string&, float) {
+        std::unique_ptr<optimizer::Optimizer> o;
+        if (name == "sgd") o = std::make_unique<optimizer::SGD>(0.05f);
+        if (name == "momentum") o = std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
+        if (name == "adam") o = std::make_unique<optimizer::Adam>(0.01f);
+        if (name == "adamw") o = std::make_unique<optimizer::AdamW>(0.01f, 0.1f);
+        return o;
+      };
+      models::TrainableModel m = models::BuildModel(cfg);
+      Block& b = m.main->global_block();
+      std::vector<std::string> grads;
+      std::vector<int64_t> numels;
+      for (auto& op : b.ops())
+        if (op->type() == name) {
+          const auto& rv = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
+          grads.push_back(rv[1]);
+          numels.push_back(b.MustFindVar(rv[0])->dims().numel());
+        }
+      b.Var("@FUSED_GRAD@0")->set_dtype(DType::kFloat32);
+      auto c = std::make_unique<OpDesc>("coalesce_tensor");
+      c->SetInput("Input", grads);
+      c->SetOutput("Output", grads);
+      c->SetOutput("FusedOutput", {"@FUSED_GRAD@0"});
+      c->SetAttr("numels", numels);
+      c->SetAttr("dtype", static_cast<int>(DType::kFloat32));
+      c->SetAttr("copy_data", false);
+      c->SetAttr("set_constant", false);
+      c->SetAttr("constant", 0.0f);
+      c->SetAttr("pad_to_multiple", 1);
+      b.InsertOp(0, std::move(c));
+      transpiler::MergeOptimizerOpsPass().Apply(*m.main, *m.startup, fleet::DistributedStrategy(),
+                                                fleet::Role());
+      int merged = 0;
+      for (auto& op : b.ops()) merged += op->type() == "merged_" + name;
+      EXPECT_EQ(merged, 1);
+      Executor exe(place);
+      exe.Run(*m.startup);
+      std::vector<double> r;
+      for (int s = 0; s < 10; ++s) {
+        FeedMap feed;
+        m.next_batch(16, &feed);
         r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
       }
       return r;
