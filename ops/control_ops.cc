@@ -7,6 +7,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/compare_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -52,31 +53,7 @@ void CompareShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", DType::kBool);
 }
 
-struct LessThan {
-  template <typename T>
-  bool operator()(T a, T b) const { return a < b; }
-};
-struct LessEqual {
-  template <typename T>
-  bool operator()(T a, T b) const { return a <= b; }
-};
-struct GreaterThan {
-  template <typename T>
-  bool operator()(T a, T b) const { return a > b; }
-};
-struct GreaterEqual {
-  template <typename T>
-  bool operator()(T a, T b) const { return a >= b; }
-};
-struct Equal {
-  template <typename T>
-  bool operator()(T a, T b) const { return a == b; }
-};
-struct NotEqual {
-  template <typename T>
-  bool operator()(T a, T b) const { return a != b; }
-};
-
+// The comparisons are ops/functors/compare_functors.h (shared with the CUDA kernels).
 template <typename Cmp>
 struct CompareOp {
   template <typename T>
@@ -119,7 +96,8 @@ struct LogicalOp {
       const bool* b = ctx.Input("Y").data<bool>();
       Tensor* out = ctx.Output("Out");
       bool* o = out->mutable_data<bool>(ctx.place());
-      for (int64_t i = 0; i < out->numel(); ++i) o[i] = kAnd ? (a[i] && b[i]) : (a[i] || b[i]);
+      const fn::Logical<kAnd> f;
+      for (int64_t i = 0; i < out->numel(); ++i) o[i] = f(a[i], b[i]);
     }
   };
 };
@@ -146,12 +124,12 @@ KEEL_REGISTER_CPU_KERNEL(conditional_block, ConditionalBlockKernel, bool);
       .Shape(CompareShape);                                                                 \
   KEEL_REGISTER_CPU_KERNEL(name, CompareOp<Cmp>::Kernel, float, double, int32_t, int64_t)
 
-KEEL_REGISTER_COMPARE_OP(less_than, LessThan, "X < Y");
-KEEL_REGISTER_COMPARE_OP(less_equal, LessEqual, "X <= Y");
-KEEL_REGISTER_COMPARE_OP(greater_than, GreaterThan, "X > Y");
-KEEL_REGISTER_COMPARE_OP(greater_equal, GreaterEqual, "X >= Y");
-KEEL_REGISTER_COMPARE_OP(equal, Equal, "X == Y");
-KEEL_REGISTER_COMPARE_OP(not_equal, NotEqual, "X != Y");
+KEEL_REGISTER_COMPARE_OP(less_than, fn::LessThan, "X < Y");
+KEEL_REGISTER_COMPARE_OP(less_equal, fn::LessEqual, "X <= Y");
+KEEL_REGISTER_COMPARE_OP(greater_than, fn::GreaterThan, "X > Y");
+KEEL_REGISTER_COMPARE_OP(greater_equal, fn::GreaterEqual, "X >= Y");
+KEEL_REGISTER_COMPARE_OP(equal, fn::Equal, "X == Y");
+KEEL_REGISTER_COMPARE_OP(not_equal, fn::NotEqual, "X != Y");
 #undef KEEL_REGISTER_COMPARE_OP
 
 KEEL_REGISTER_OP(logical_and)

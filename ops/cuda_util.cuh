@@ -72,6 +72,59 @@ inline AxisSplit SplitAt(const DDim& d, int axis) {
 }
 }  // namespace cuda
 
+// Bad input a kernel finds on the device (a label or id out of range): the kernel records the
+// first (value, index) in mapped pinned host memory, and the host reads it back without
+// synchronising. The op's next run throws it as a keel::Error (device errors surface
+// asynchronously, as CUDA's own do); the output of the bad row is NaN (or zeros) meanwhile.
+struct DeviceReport {
+  int state;  // 0: none; 1: being written; 2: written
+  long long value, index;
+};
+
+__device__ inline void Report(DeviceReport* r, long long value, long long index) {
+  if (atomicCAS(&r->state, 0, 1) != 0) return;  // the first report wins
+  r->value = value;
+  r->index = index;
+  __threadfence_system();
+  atomicExch(&r->state, 2);
+}
+
+// Allocated on the first launch that reports into it, on the launching op's device (a kernel is
+// constructed before its device is current, and a context on device 0 would cost every rank).
+class DeviceReportSlot {
+ public:
+  DeviceReportSlot() = default;
+  ~DeviceReportSlot() {
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+  DeviceReportSlot(const DeviceReportSlot&) = delete;
+  DeviceReportSlot& operator=(const DeviceReportSlot&) = delete;
+
+  // The slot for a kernel launched on ctx's place.
+  DeviceReport* device(const ExecutionContext& ctx) {
+    if (host_ == nullptr) {
+      Cuda(ctx);  // the place's device is current
+      KEEL_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), sizeof(DeviceReport),
+                                    cudaHostAllocMapped | cudaHostAllocPortable));
+      host_->state = 0;
+      KEEL_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+    }
+    return device_;
+  }
+  // Calls on_report(value, index) (which throws) when a kernel has reported; clears the slot.
+  template <typename F>
+  void Check(F on_report) {
+    if (host_ == nullptr || reinterpret_cast<volatile DeviceReport*>(host_)->state != 2) return;
+    const long long value = host_->value, index = host_->index;
+    host_->state = 0;
+    on_report(value, index);
+  }
+
+ private:
+  DeviceReport* host_ = nullptr;
+  DeviceReport* device_ = nullptr;
+};
+
 // Copies n elements on the stream unless src and dst are the same memory.
 template <typename T>
 void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) {

@@ -22,6 +22,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/lr_schedule_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -86,53 +87,27 @@ void LrScheduleShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("LearningRate", DType::kFloat32);
 }
 
-// The formulas are in the file comment; computed in double, written as float32.
+// The formulas are in the file comment (fn::LrSchedule, shared with the CUDA kernel); computed
+// in double, written as float32.
 template <typename T>
 class LrScheduleKernel : public OpKernel {
  public:
   explicit LrScheduleKernel(const OpDesc& op)
-      : type_(op.Attr<std::string>("type")),
-        base_lr_(op.Attr<float>("base_lr")),
-        min_lr_(op.Attr<float>("min_lr")),
-        boundaries_(op.Attr<std::vector<int>>("boundaries")),
-        values_(op.Attr<std::vector<float>>("values")),
-        total_steps_(op.Attr<int>("total_steps")),
-        warmup_steps_(op.Attr<int>("warmup_steps")),
-        warmup_start_lr_(op.Attr<float>("warmup_start_lr")),
-        warmup_end_lr_(op.Attr<float>("warmup_end_lr")) {}
-
+      : boundaries_(op.Attr<std::vector<int>>("boundaries")),
+        values_(op.Attr<std::vector<float>>("values")) {
+    f_ = MakeLrSchedule(op);
+    f_.boundaries = boundaries_.data();
+    f_.values = values_.data();
+  }
   void Compute(ExecutionContext& ctx) override {
-    const double s = std::max(0.0, static_cast<double>(ctx.Input("Step").data<T>()[0]));
-    double lr;
-    if (s < warmup_steps_) {
-      const double end = warmup_end_lr_ >= 0 ? warmup_end_lr_ : Schedule(warmup_steps_);
-      lr = warmup_start_lr_ + (end - warmup_start_lr_) * s / warmup_steps_;
-    } else {
-      lr = Schedule(s);
-    }
-    ctx.Output("LearningRate")->mutable_data<float>(ctx.place())[0] = static_cast<float>(lr);
+    const double s = static_cast<double>(ctx.Input("Step").data<T>()[0]);
+    ctx.Output("LearningRate")->mutable_data<float>(ctx.place())[0] = f_(s);
   }
 
  private:
-  double Schedule(double s) const {
-    if (type_ == "piecewise") {
-      size_t k = 0;
-      while (k < boundaries_.size() && s >= boundaries_[k]) ++k;
-      return values_[k];
-    }
-    if (type_ == "cosine") {
-      const double t = std::min(s, static_cast<double>(total_steps_)) / total_steps_;
-      return min_lr_ + (base_lr_ - min_lr_) * (1 + std::cos(M_PI * t)) / 2;
-    }
-    return base_lr_;
-  }
-
-  std::string type_;
-  double base_lr_, min_lr_;
   std::vector<int> boundaries_;
   std::vector<float> values_;
-  int total_steps_, warmup_steps_;
-  double warmup_start_lr_, warmup_end_lr_;
+  fn::LrSchedule f_;
 };
 
 }  // namespace

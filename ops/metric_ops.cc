@@ -12,27 +12,13 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/metric_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
 namespace {
 
-template <typename T>
-bool IsNaN(T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return std::isnan(v);
-  } else {
-    return false;
-  }
-}
-
-// a ranks before b: larger, NaN largest of all. A strict weak order even with NaNs; callers break
-// ties by index.
-template <typename T>
-bool Greater(T a, T b) {
-  if (IsNaN(b)) return false;
-  return IsNaN(a) || a > b;
-}
+using fn::Greater;  // ops/functors/metric_functors.h, shared with the CUDA kernels
 
 // ---------------------------------------------------------------- top_k
 
@@ -69,9 +55,7 @@ class TopKKernel : public OpKernel {
       const T* row = xp + r * n;
       std::iota(idx_.begin(), idx_.end(), int64_t{0});
       std::partial_sort(idx_.begin(), idx_.begin() + k_, idx_.end(), [row](int64_t a, int64_t b) {
-        if (Greater(row[a], row[b])) return true;
-        if (Greater(row[b], row[a])) return false;
-        return a < b;
+        return fn::RanksBefore(row[a], a, row[b], b);
       });
       for (int j = 0; j < k_; ++j) {
         vp[r * k_ + j] = row[idx_[j]];

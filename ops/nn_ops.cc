@@ -525,17 +525,13 @@ class DropoutKernel : public OpKernel {
     const uint64_t threshold = fn::DropoutThreshold(a_.p);
     // One Philox block serves four elements (fn::DropoutKeep draws the same words one at a time).
     for (int64_t i = 0; i < n; i += 4) {
-      const uint64_t block = static_cast<uint64_t>(i) >> 2;
-      const fn::Philox4 r = fn::Philox4x32(
-          fn::Philox4{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                       static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
-          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+      const fn::Philox4 r = fn::DropoutBlock(seed, offset, static_cast<uint64_t>(i) >> 2);
       for (int64_t k = 0; k < 4 && i + k < n; ++k) mask[i + k] = r.v[k] >= threshold;
     }
     const T s = static_cast<T>(a_.TrainScale());
     const T* xd = x.data<T>();
     T* od = out.data();
-    for (int64_t i = 0; i < n; ++i) od[i] = mask[i] ? xd[i] * s : T(0);
+    for (int64_t i = 0; i < n; ++i) od[i] = fn::DropoutApply(mask[i] != 0, xd[i], s);
   }
 
  private:
@@ -564,7 +560,7 @@ class DropoutGradKernel : public OpKernel {
                  " differ in size");
     const uint8_t* md = mask.data<uint8_t>();
     const T s = static_cast<T>(a_.TrainScale());
-    for (int64_t i = 0; i < n; ++i) dxd[i] = md[i] ? gd[i] * s : T(0);
+    for (int64_t i = 0; i < n; ++i) dxd[i] = fn::DropoutApply(md[i] != 0, gd[i], s);
   }
 
  private:

@@ -14,7 +14,9 @@
 //                         Out_i = X_i * clip_norm / max(norm, clip_norm)
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
@@ -200,6 +202,120 @@ class AdamWKernel : public AdamKernel<T> {
   explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
 };
 
+// ------------------------------------------------- merged_sgd, merged_momentum, merged_adam(w)
+
+// The merged ops update a list of parameters with one op (Paddle's merged_momentum /
+// merged_adam): every list slot holds one var per parameter, LearningRate is shared. The merge
+// pass forms them from the per-parameter ops of a fused gradient group, so that the CUDA kernel
+// updates the group in one launch. On the CPU each parameter runs the per-parameter kernel
+// itself, so results are those of the separate ops, bit for bit.
+
+// The list slots of a merged op and the input each output list mirrors.
+struct MergedSlots {
+  std::vector<std::string> inputs;                           // besides Param and LearningRate
+  std::vector<std::pair<std::string, std::string>> outputs;  // (output, its input)
+};
+const MergedSlots& SlotsOf(const std::string& single) {
+  static const MergedSlots sgd{{"Grad"}, {{"ParamOut", "Param"}}};
+  static const MergedSlots momentum{{"Grad", "Velocity"},
+                                    {{"ParamOut", "Param"}, {"VelocityOut", "Velocity"}}};
+  static const MergedSlots adam{{"Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow"},
+                                {{"ParamOut", "Param"},
+                                 {"Moment1Out", "Moment1"},
+                                 {"Moment2Out", "Moment2"},
+                                 {"Beta1PowOut", "Beta1Pow"},
+                                 {"Beta2PowOut", "Beta2Pow"}}};
+  if (single == "sgd") return sgd;
+  if (single == "momentum") return momentum;
+  return adam;
+}
+
+// Every list has one var per Param; parameter i's slots pass the per-parameter op's checks.
+void MergedShape(InferShapeContext& ctx) {
+  const std::string single = ctx.op().type().substr(std::string("merged_").size());
+  const MergedSlots& slots = SlotsOf(single);
+  const int n = ctx.NumInputs("Param");
+  KEEL_SHAPE_CHECK(n > 0, "needs at least one Param");
+  for (const std::string& in : slots.inputs)
+    KEEL_SHAPE_CHECK(ctx.NumInputs(in) == n, in, " lists ", ctx.NumInputs(in), " vars for ", n,
+                     " Params");
+  for (const auto& [out, in] : slots.outputs)
+    KEEL_SHAPE_CHECK(ctx.NumOutputs(out) == n, out, " lists ", ctx.NumOutputs(out), " vars for ", n,
+                     " Params");
+  const DDim lr = ctx.GetInputDim("LearningRate");
+  KEEL_SHAPE_CHECK(lr.numel() == 1 || (!ctx.IsRuntime() && lr.numel() < 0),
+                   "LearningRate must hold one element, got ", lr.str());
+  const bool scalar_pow = single == "adam" || single == "adamw";
+  for (int i = 0; i < n; ++i) {
+    const DDim p = ctx.GetInputDim("Param", i);
+    const DType pt = ctx.GetInputDType("Param", i);
+    for (const std::string& in : slots.inputs) {
+      if (scalar_pow && (in == "Beta1Pow" || in == "Beta2Pow")) {
+        const DDim d = ctx.GetInputDim(in, i);
+        KEEL_SHAPE_CHECK(d.numel() == 1 || (!ctx.IsRuntime() && d.numel() < 0), in, "[", i, "] (",
+                         ctx.InputName(in, i), ") must hold one element, got ", d.str());
+        continue;
+      }
+      KEEL_SHAPE_CHECK(ctx.DimsEq(p, ctx.GetInputDim(in, i)) && ctx.GetInputDType(in, i) == pt, in,
+                       "[", i, "] (", ctx.InputName(in, i), ") ", ctx.GetInputDim(in, i).str(), " ",
+                       DTypeName(ctx.GetInputDType(in, i)), " must match Param[", i, "] (",
+                       ctx.InputName("Param", i), ") ", p.str(), " ", DTypeName(pt));
+    }
+    for (const auto& [out, in] : slots.outputs) ctx.ShareDimAndDType(in, out, i);
+  }
+}
+
+// The per-parameter kernel of type `single` with the merged op's attrs.
+template <typename K>
+std::unique_ptr<OpKernel> MakeSingle(const OpDesc& desc) {
+  if constexpr (std::is_constructible_v<K, const OpDesc&>) {
+    return std::make_unique<K>(desc);
+  } else {
+    return std::make_unique<K>();
+  }
+}
+
+template <typename T, template <typename> class Single>
+class MergedKernel : public OpKernel {
+ public:
+  explicit MergedKernel(const OpDesc& op) : desc_(op.type().substr(std::string("merged_").size())) {
+    for (const auto& [name, value] : op.attrs()) desc_.SetAttr(name, value);
+    single_ = MakeSingle<Single<T>>(desc_);
+  }
+  void Compute(ExecutionContext& ctx) override {
+    const int n = ctx.NumInputs("Param");
+    // Parameter i's context: the i-th var of each list slot, the shared LearningRate. Built once;
+    // the executor resolves a context's vars once per plan.
+    if (subs_.size() != static_cast<size_t>(n) || first_ != ctx.input_slots()[0].vars[0]) {
+      subs_.clear();
+      for (int i = 0; i < n; ++i) {
+        ExecutionContext sub(&desc_, ctx.place());
+        for (const auto& s : ctx.input_slots())
+          sub.AddInput(s.name, {s.vars.size() == static_cast<size_t>(n) ? s.vars[i] : s.vars[0]});
+        for (const auto& s : ctx.output_slots()) sub.AddOutput(s.name, {s.vars[i]});
+        subs_.push_back(std::move(sub));
+      }
+      first_ = ctx.input_slots()[0].vars[0];
+    }
+    for (ExecutionContext& sub : subs_) single_->Compute(sub);
+  }
+
+ private:
+  OpDesc desc_;
+  std::unique_ptr<OpKernel> single_;
+  std::vector<ExecutionContext> subs_;
+  const Variable* first_ = nullptr;
+};
+
+template <typename T>
+using MergedSgdKernel = MergedKernel<T, SgdKernel>;
+template <typename T>
+using MergedMomentumKernel = MergedKernel<T, MomentumKernel>;
+template <typename T>
+using MergedAdamKernel = MergedKernel<T, AdamKernel>;
+template <typename T>
+using MergedAdamWKernel = MergedKernel<T, AdamWKernel>;
+
 // ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
 
 template <typename T>
@@ -249,7 +365,7 @@ class ClipByGlobalNormKernel : public OpKernel {
     double sum_sq = 0;
     for (const Tensor* x : xs) sum_sq += SquaredL2<T>(*x);
     const double norm = std::sqrt(sum_sq);
-    const T scale = static_cast<T>(clip_norm_ / std::max(norm, clip_norm_));
+    const T scale = static_cast<T>(fn::GlobalNormScale(norm, clip_norm_));
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t n = xs[i]->numel();
       T* out = outs[i]->mutable_data<T>(ctx.place());
@@ -339,6 +455,42 @@ KEEL_REGISTER_CPU_KERNEL(adam, AdamKernel, float, double);
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
 KEEL_REGISTER_CPU_KERNEL(adamw, AdamWKernel, float, double);
+
+// The merged ops: list versions of the slots above (one var per parameter), the same attrs.
+static OpSchema& MergedSchema(const std::string& type, const std::string& single) {
+  OpSchema& s = OpRegistry::Register(type)
+                    .Doc("updates every Param of the lists as " + single +
+                         " does, in one op (one CUDA launch); formed by the merge pass from the "
+                         "per-parameter ops of a fused gradient group")
+                    .InputList("Param", "the parameters")
+                    .Input("LearningRate", "[1] float tensor, shared");
+  for (const std::string& in : SlotsOf(single).inputs)
+    s.InputList(in, "one per Param, as in " + single);
+  for (const auto& [out, in] : SlotsOf(single).outputs)
+    s.OutputList(out, "one per Param (usually the " + in + " vars themselves)");
+  return s.Shape(MergedShape).KernelDTypeFrom("Param");
+}
+
+[[maybe_unused]] static OpSchema& keel_op_schema_merged_sgd = MergedSchema("merged_sgd", "sgd");
+KEEL_REGISTER_CPU_KERNEL(merged_sgd, MergedSgdKernel, float, double);
+[[maybe_unused]] static OpSchema& keel_op_schema_merged_momentum =
+    MergedSchema("merged_momentum", "momentum")
+        .Attr<float>("mu", 0.9f, "the momentum factor")
+        .Attr<bool>("use_nesterov", false, "Nesterov's update");
+KEEL_REGISTER_CPU_KERNEL(merged_momentum, MergedMomentumKernel, float, double);
+[[maybe_unused]] static OpSchema& keel_op_schema_merged_adam =
+    MergedSchema("merged_adam", "adam")
+        .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
+        .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
+        .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability");
+KEEL_REGISTER_CPU_KERNEL(merged_adam, MergedAdamKernel, float, double);
+[[maybe_unused]] static OpSchema& keel_op_schema_merged_adamw =
+    MergedSchema("merged_adamw", "adamw")
+        .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
+        .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
+        .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
+        .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient");
+KEEL_REGISTER_CPU_KERNEL(merged_adamw, MergedAdamWKernel, float, double);
 
 KEEL_REGISTER_OP(squared_l2_norm)
     .Doc("Out = sum(X^2); X [3, 4] -> Out [1]. No gradient (clipping and monitoring only).")

@@ -9,6 +9,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/index_plans.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -86,42 +87,11 @@ void ReduceShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
 
-// X with size-1 dims dropped and neighbouring dims of the same kind (reduced or kept) merged,
-// e.g. [2, 3, 4, 5] reducing {1, 2} -> [2, 12, 5] with kinds (kept, reduced, kept). The innermost
-// merged dim is walked with vector ops, the others with an odometer.
-struct ReduceLayout {
-  int n = 0;
-  int64_t dims[DDim::kMaxRank];
-  bool reduced[DDim::kMaxRank];
-  int64_t out_stride[DDim::kMaxRank];  // Out's stride for a kept dim, 0 for a reduced one
-  int64_t numel = 1, out_numel = 1;
-};
-
+// X's dims merged by kind (ops/functors/index_plans.h, shared with the CUDA kernels); the
+// innermost merged dim is walked with vector ops, the others with an odometer.
+using fn::ReduceLayout;
 ReduceLayout MakeLayout(const DDim& x, const ReduceDims& r) {
-  ReduceLayout l;
-  for (int i = 0; i < x.size(); ++i) {
-    l.numel *= x[i];
-    if (x[i] == 1) continue;
-    if (l.n > 0 && l.reduced[l.n - 1] == r.reduced[i]) {
-      l.dims[l.n - 1] *= x[i];
-    } else {
-      l.dims[l.n] = x[i];
-      l.reduced[l.n] = r.reduced[i];
-      ++l.n;
-    }
-  }
-  if (l.n == 0) {  // a single element
-    l.dims[0] = 1;
-    l.reduced[0] = true;
-    l.n = 1;
-  }
-  int64_t stride = 1;
-  for (int k = l.n - 1; k >= 0; --k) {
-    l.out_stride[k] = l.reduced[k] ? 0 : stride;
-    if (!l.reduced[k]) stride *= l.dims[k];
-  }
-  l.out_numel = stride;
-  return l;
+  return fn::MakeReduceLayout(x, r.reduced);
 }
 
 // Calls fn(x_offset, out_offset) for each contiguous run of the innermost merged dim.

@@ -13,6 +13,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "ops/op_util.h"
+#include "ops/random_fill.h"
 
 namespace keel {
 namespace {
@@ -85,26 +86,6 @@ class FillZerosLikeKernel : public OpKernel {
 
 // ---------------------------------------------------------------- uniform_random, gaussian_random
 
-// A mt19937_64 seeded once, from ctx.seed(), on the first run; later runs continue the stream.
-class SeededEngine {
- public:
-  std::mt19937_64& Get(const ExecutionContext& ctx) {
-    if (!seeded_) {
-      engine_.seed(ctx.seed());
-      seeded_ = true;
-    }
-    return engine_;
-  }
-
- private:
-  std::mt19937_64 engine_;
-  bool seeded_ = false;
-};
-
-// Uniform in [0, 1) from the top 53 bits. Spelled out (unlike std::*_distribution, whose
-// algorithms are implementation-defined) so a seed gives the same values with every library.
-inline double Uniform01(std::mt19937_64& e) { return static_cast<double>(e() >> 11) * 0x1.0p-53; }
-
 void UniformRandomShape(InferShapeContext& ctx) {
   KEEL_SHAPE_CHECK(ctx.Attr<float>("min") < ctx.Attr<float>("max"), "min ", ctx.Attr<float>("min"),
                    " must be below max ", ctx.Attr<float>("max"));
@@ -118,16 +99,9 @@ class UniformRandomKernel : public OpKernel {
   explicit UniformRandomKernel(const OpDesc& op)
       : min_(op.Attr<float>("min")), max_(op.Attr<float>("max")) {}
   void Compute(ExecutionContext& ctx) override {
-    std::mt19937_64& e = engine_.Get(ctx);
     Tensor* out = ctx.Output("Out");
-    T* p = out->mutable_data<T>(ctx.place());
-    const T lo = static_cast<T>(min_);
-    const T hi = static_cast<T>(max_);
-    const T below_hi = std::nextafter(hi, lo);  // rounding to T must not reach max
-    for (int64_t i = 0; i < out->numel(); ++i) {
-      T v = static_cast<T>(min_ + (max_ - min_) * Uniform01(e));
-      p[i] = v < hi ? v : below_hi;
-    }
+    FillUniform(engine_.Get(ctx.seed()), min_, max_, out->mutable_data<T>(ctx.place()),
+                out->numel());
   }
 
  private:
@@ -147,18 +121,9 @@ class GaussianRandomKernel : public OpKernel {
   explicit GaussianRandomKernel(const OpDesc& op)
       : mean_(op.Attr<float>("mean")), std_(op.Attr<float>("std")) {}
   void Compute(ExecutionContext& ctx) override {
-    std::mt19937_64& e = engine_.Get(ctx);
     Tensor* out = ctx.Output("Out");
-    T* p = out->mutable_data<T>(ctx.place());
-    const int64_t n = out->numel();
-    constexpr double kTwoPi = 6.283185307179586476925286766559;
-    for (int64_t i = 0; i < n; i += 2) {
-      const double u1 = 1.0 - Uniform01(e);  // (0, 1]: log stays finite
-      const double u2 = Uniform01(e);
-      const double r = std_ * std::sqrt(-2.0 * std::log(u1));
-      p[i] = static_cast<T>(mean_ + r * std::cos(kTwoPi * u2));
-      if (i + 1 < n) p[i + 1] = static_cast<T>(mean_ + r * std::sin(kTwoPi * u2));
-    }
+    FillGaussian(engine_.Get(ctx.seed()), mean_, std_, out->mutable_data<T>(ctx.place()),
+                 out->numel());
   }
 
  private:

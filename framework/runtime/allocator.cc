@@ -1,5 +1,6 @@
 #include "framework/runtime/allocator.h"
 
+#include <gflags/gflags.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -7,6 +8,12 @@
 #include <cstring>
 
 #include "framework/error.h"
+
+DEFINE_bool(init_allocated_mem, false,
+            "Fill every new tensor allocation, on CPU and CUDA places, with 0xFF bytes (NaN for "
+            "floats, -1 for integers) before a kernel writes it, as Paddle's flag of that name: a "
+            "kernel that leaves part of an output unwritten shows up as NaN. For debugging and "
+            "tests; costs a memset per allocation.");
 
 namespace keel {
 
@@ -40,6 +47,7 @@ std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
     if (rounded == 0) rounded = kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
     KEEL_ENFORCE(p != nullptr, "out of CPU memory allocating ", size, " bytes");
+    if (FLAGS_init_allocated_mem) std::memset(p, 0xFF, rounded);
     return std::make_shared<Allocation>(p, size, place);
   }
 #ifdef KEEL_WITH_CUDA

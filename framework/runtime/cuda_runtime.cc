@@ -1,6 +1,7 @@
 // Tensor memory on CUDA places: allocations come from the device's caching allocator, copies run
 // on its compute stream. Compiled only when KEEL_WITH_CUDA.
 #include <cuda_runtime.h>
+#include <gflags/gflags.h>
 
 #include <cstring>
 
@@ -8,6 +9,8 @@
 #include "framework/runtime/allocator.h"
 #include "framework/runtime/cuda_context.h"
 #include "framework/runtime/device.h"
+
+DECLARE_bool(init_allocated_mem);
 
 namespace keel {
 
@@ -24,7 +27,11 @@ bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
 void* CudaMalloc(int device, size_t size) {
   CudaContext& c = CudaContext::Get(device);
-  return c.allocator().Allocate(size, c.stream());
+  void* p = c.allocator().Allocate(size, c.stream());
+  // Poisoned in stream order: before any kernel queued after this allocation writes it.
+  if (FLAGS_init_allocated_mem && size > 0)
+    KEEL_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, size, c.stream()));
+  return p;
 }
 
 void CudaFree(int device, void* p) { CudaContext::Get(device).allocator().Free(p); }

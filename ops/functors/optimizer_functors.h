@@ -55,5 +55,11 @@ KEEL_HD Adam<T> AdamStep(double lr, double b1_pow, double b2_pow, double beta1, 
   return a;
 }
 
+// clip_by_global_norm's factor on every tensor: clip_norm / max(norm, clip_norm) (1 when the
+// norm is within clip_norm).
+KEEL_HD double GlobalNormScale(double norm, double clip_norm) {
+  return clip_norm / (norm < clip_norm ? clip_norm : norm);  // a NaN norm stays NaN
+}
+
 }  // namespace fn
 }  // namespace keel

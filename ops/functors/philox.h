@@ -36,14 +36,24 @@ KEEL_HD Philox4 Philox4x32(Philox4 c, uint32_t k0, uint32_t k1) {
   return c;
 }
 
-// The dropout keep bit of element i: word i % 4 of the block for counter (i / 4, offset), kept
-// when it is >= threshold = p * 2^32. `offset` counts the op's runs, so each run draws anew.
+// The Philox block of dropout elements [4 * block, 4 * block + 4): counter (block, offset), key
+// seed. `offset` counts the op's runs, so each run draws anew.
+KEEL_HD Philox4 DropoutBlock(uint64_t seed, uint64_t offset, uint64_t block) {
+  return Philox4x32(Philox4{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The dropout keep bit of element i: word i % 4 of its block, kept when it is >= threshold =
+// p * 2^32.
 KEEL_HD bool DropoutKeep(uint64_t seed, uint64_t offset, int64_t i, uint64_t threshold) {
-  const uint64_t block = static_cast<uint64_t>(i) >> 2;
-  Philox4 c{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}};
-  Philox4 r = Philox4x32(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return r.v[i & 3] >= threshold;
+  return DropoutBlock(seed, offset, static_cast<uint64_t>(i) >> 2).v[i & 3] >= threshold;
+}
+
+// Out (and dX) of a dropped-out element: v * scale where kept, 0 elsewhere.
+template <typename T>
+KEEL_HD T DropoutApply(bool keep, T v, T scale) {
+  return keep ? v * scale : T(0);
 }
 
 // p * 2^32 as the keep threshold (p in [0, 1]; p = 1 drops everything).

@@ -275,6 +275,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
        "CudnnModels.DeterministicConvRepeatsBitForBitAndSearchesOncePerShape"},
       {"conv_workspace_size_limit", "PickConvAlgo.NoUsableAlgorithmNamesTheOpShapesAndFlags"},
       {"fraction_of_gpu_memory_to_use", "CachingAllocator.* (reserve)"},
+      {"init_allocated_mem", "InitAllocatedMem.*, CudaKernels2.* (poisoned outputs)"},
       {"diff", "InspectStrategy.DiffShowsOnlyWhatTheTranspilerAdded"},
       {"nranks", "InspectStrategy.* goldens"},
       {"program", "InspectStrategy.* goldens"},
