@@ -293,13 +293,28 @@ class Pool2DGradKernel : public OpKernel {
 
 // --------------------------------------------------------------------------------- batch_norm
 
-// Runs fn(c0, c1) on pieces of batch_norm's C channels (of N * S values each) on the CPU
-// thread budget; the cut depends on the shape only and every per-channel sum stays in one piece.
-template <typename Fn>
-void ForChannels(int64_t N, int64_t C, int64_t S, const Fn& fn) {
-  const int64_t grain =
-      std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, N * S));
-  cpu_threads::ParallelForRange(C, grain, fn);
+// batch_norm's work in pieces of whole samples (contiguous memory), cut by the shape only, on the
+// CPU thread budget. Per-channel sums are summed per piece, then over the pieces in order, so
+// results are the same bits on any number of threads.
+struct SamplePieces {
+  int64_t per, count;
+  SamplePieces(int64_t N, int64_t C, int64_t S)
+      : per(std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, C * S))),
+        count((N + per - 1) / per) {}
+  // fn(n0, n1, piece) for each piece [n0, n1) of the samples.
+  template <typename Fn>
+  void Run(int64_t N, const Fn& fn) const {
+    cpu_threads::ParallelFor(count, [&](int64_t p) { fn(p * per, std::min(N, (p + 1) * per), p); });
+  }
+};
+
+// sums[c] = sum over pieces p (in order) of partial[p * C + c].
+void SumPieces(const ScratchVector<double>& partial, int64_t pieces, int64_t C, double* sums) {
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0;
+    for (int64_t p = 0; p < pieces; ++p) acc += partial[p * C + c];
+    sums[c] = acc;
+  }
 }
 
 // X [N, C, ...] with Scale, Bias, Mean, Variance of [C]; Y like X; the stats outputs [C].
@@ -363,16 +378,24 @@ class BatchNormKernel : public OpKernel {
       const double m = static_cast<double>(N * S);
       // Two passes (mean, then squared deviations): exact enough in float for large m. Pieces of
       // channels; each channel sums over n in order, as on one thread.
-      ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t c = c0; c < c1; ++c)
-            mean_[c] += ConstVec<T>(xd + (n * C + c) * S, S).sum();
-        for (int64_t c = c0; c < c1; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t c = c0; c < c1; ++c)
-            var_[c] +=
+      const SamplePieces pieces(N, C, S);
+      partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
+      pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+        double* acc = partial_.data() + p * C;
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c) acc[c] += ConstVec<T>(xd + (n * C + c) * S, S).sum();
+      });
+      SumPieces(partial_, pieces.count, C, mean_.data());
+      for (int64_t c = 0; c < C; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
+      partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
+      pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+        double* acc = partial_.data() + p * C;
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c)
+            acc[c] +=
                 (ConstVec<T>(xd + (n * C + c) * S, S) - static_cast<T>(mean_[c])).square().sum();
       });
+      SumPieces(partial_, pieces.count, C, var_.data());
       const double mom = momentum_;
       for (int64_t c = 0; c < C; ++c) {
         var_[c] = m > 0 ? var_[c] / m : 0.0;
@@ -388,9 +411,9 @@ class BatchNormKernel : public OpKernel {
       mean_[c] = scale[c] * inv_std;
       var_[c] = bias[c] - saved_mean[c] * mean_[c];
     }
-    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) {
+    SamplePieces(N, C, S).Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
           Vec<T>(yd + off, S) =
               ConstVec<T>(xd + off, S) * static_cast<T>(mean_[c]) + static_cast<T>(var_[c]);
@@ -403,6 +426,7 @@ class BatchNormKernel : public OpKernel {
   bool is_test_;
   // Per channel: the mean and variance, then the affine coefficients a and b.
   ScratchVector<double> mean_, var_;
+  ScratchVector<double> partial_;  // per piece of samples, per channel
 };
 
 // With xhat = (x - mean) * inv_std, sums over the channel's m values:
@@ -430,15 +454,25 @@ class BatchNormGradKernel : public OpKernel {
     const T* inv_std = ctx.Input("SavedVariance").data<T>();
     sum_dy_.assign(C, 0.0);
     sum_dy_xc_.assign(C, 0.0);  // sum(dy * (x - mean))
-    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) {
+    const SamplePieces pieces(N, C, S);
+    partial_.assign(static_cast<size_t>(2 * pieces.count * C), 0.0);
+    pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+      double* dy_acc = partial_.data() + p * C;
+      double* dyxc_acc = partial_.data() + (pieces.count + p) * C;
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
           ConstVec<T> g(gd + off, S);
-          sum_dy_[c] += g.sum();
-          sum_dy_xc_[c] += (g * (ConstVec<T>(xd + off, S) - mean[c])).sum();
+          dy_acc[c] += g.sum();
+          dyxc_acc[c] += (g * (ConstVec<T>(xd + off, S) - mean[c])).sum();
         }
     });
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t p = 0; p < pieces.count; ++p) {
+        sum_dy_[c] += partial_[p * C + c];
+        sum_dy_xc_[c] += partial_[(pieces.count + p) * C + c];
+      }
+    }
     if (dbias) {
       T* p = dbias->mutable_data<T>(ctx.place());
       for (int64_t c = 0; c < C; ++c) p[c] = static_cast<T>(sum_dy_[c]);
@@ -459,9 +493,9 @@ class BatchNormGradKernel : public OpKernel {
       coef_b_[c] = static_cast<T>(B);
       coef_d_[c] = static_cast<T>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
     }
-    ForChannels(N, C, S, [&](int64_t c0, int64_t c1) {
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) {
+    pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
           Vec<T>(dxd + off, S) = ConstVec<T>(gd + off, S) * coef_a_[c] +
                                  ConstVec<T>(xd + off, S) * coef_b_[c] + coef_d_[c];
@@ -472,6 +506,7 @@ class BatchNormGradKernel : public OpKernel {
  private:
   bool is_test_;
   ScratchVector<double> sum_dy_, sum_dy_xc_;   // per channel
+  ScratchVector<double> partial_;              // per piece of samples, per channel
   ScratchVector<T> coef_a_, coef_b_, coef_d_;  // per channel
 };
 

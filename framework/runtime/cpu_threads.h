@@ -48,7 +48,7 @@ void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t
 
 // Elements per piece of memory-bound element-wise kernels: 128 KiB of float32, a few tens of
 // microseconds of work, well above the cost of handing a piece to another thread.
-constexpr int64_t kElementwiseGrain = int64_t{1} << 15;
+constexpr int64_t kElementwiseGrain = int64_t{1} << 17;
 
 // Makes the calling thread use one OpenMP thread (what oneDNN's CPU primitives use), so oneDNN
 // runs on the thread that calls it. Cheap after the first call on a thread.
