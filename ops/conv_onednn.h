@@ -3,7 +3,7 @@
 // oneDNN's direct convolutions (jit:avx512_core and its 1x1 variant) want channel-blocked layouts
 // (nChw16c), so each call reorders NCHW input and output into the layouts the primitive chose
 // and back; measured on ResNet-20's shapes (batch 32, one core), this is still 1.2x (forward) to
-// 1.4x (both gradients) faster than im2col + GEMM and Winograd, reorders included.
+// 1.4x (both gradients) faster than keel's im2col + GEMM and Winograd kernels, reorders included.
 //
 // One ConvPrimitives object serves one op's one geometry and one piece size: the primitives,
 // their reorders and the layouts are created once (in the plan's kernel, not per step). It may

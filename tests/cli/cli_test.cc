@@ -226,7 +226,6 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"cpu_comm_backend", "DataParallel.NRanksOnBOverNRowsMatchOneRankOnB"},
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},
       {"profile", "ProfilerCli.*, UserProgram.ProfileFlagWritesATraceAtExit"},
-      {"conv_winograd", "ConvNnOps (Winograd vs im2col)"},
       {"conv_onednn", "Conv2DOp.OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount"},
       {"bench_numel", "keel bench allreduce"},
       {"bench_steps", "KeelBench.PrintsOneJsonLine"},

@@ -59,8 +59,8 @@ const ConvParams kConvCases[] = {
     {"batched_tail_chunk", {5, 2, 16, 16}, {3, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
     {"lenet_conv1", {4, 1, 28, 28}, {6, 1, 5, 5}, {1, 1}, {0, 0}, {1, 1}, 1},
     {"resnet_3x3", {2, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
-    // Winograd F(2x2, 3x3) (3x3, stride 1, >= 32 channels in and out): even and odd planes, each
-    // padding it serves, more tile rows than one block holds.
+    // 3x3 stride-1 convs of >= 32 channels (once run by Winograd F(2x2, 3x3)): even and odd
+    // planes, several paddings, many tile rows.
     {"winograd_pad1", {2, 32, 6, 6}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
     {"winograd_odd_pad0", {1, 32, 7, 9}, {33, 32, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
     {"winograd_odd_pad2", {1, 33, 5, 3}, {32, 33, 3, 3}, {1, 1}, {2, 2}, {1, 1}, 1},
@@ -137,7 +137,7 @@ TEST(Conv2DOp, GradMatchesFiniteDifferences) {
     if (p.x.numel() + p.filter.numel() <= 400) CheckGrad(ConvCase(p, DType::kFloat64));
 }
 
-// Too many elements for finite differences (the Winograd cases among them): conv2d_grad against
+// Too many elements for finite differences (the 32-channel cases among them): conv2d_grad against
 // the adjoint of NaiveConv, summed in double, for a random Output@GRAD.
 TEST(Conv2DOp, LargeCaseGradsMatchTheNaiveAdjoint) {
   int checked = 0;
@@ -164,7 +164,7 @@ TEST(Conv2DOp, LargeCaseGradsMatchTheNaiveAdjoint) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 8);  // the four Winograd cases, in both types, at least
+  EXPECT_GE(checked, 8);  // the four 32-channel cases, in both types, at least
 }
 
 // Four images of 13 x 13 (P = 169): three share a GEMM, the fourth runs alone.
@@ -201,7 +201,7 @@ TEST(Conv2DOp, RunsAgainWithAnotherBatchSize) {
 }
 
 // float32 convs run by oneDNN's primitives (--conv_onednn) agree with keel's own kernels (im2col
-// + GEMM, Winograd) within float32 rounding, forward and both gradients, on shapes cut into
+// + GEMM) within float32 rounding, forward and both gradients, on shapes cut into
 // several pieces of images (the last one shorter), with groups, strides and dilations; and give the
 // same bits on one thread and on three.
 TEST(Conv2DOp, OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount) {
