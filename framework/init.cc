@@ -54,28 +54,37 @@ namespace {
 // mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, srun's SLURM_NTASKS_PER_NODE), as keel launch divides
 // them. A scheduler that binds each rank to its own cores (mpirun's default --bind-to core)
 // leaves a narrow mask, and the share is at least one thread.
-int DefaultMathThreads() {
+struct CpuShare {
+  int cpus = 1, local = 1;
+  std::string from;  // the variable that announced `local`
+};
+
+CpuShare ThisProcessesShare() {
+  CpuShare share;
   cpu_set_t set;
-  int cpus = sched_getaffinity(0, sizeof(set), &set) == 0
-                 ? CPU_COUNT(&set)
-                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int local = 1;
-  std::string from;
+  share.cpus = sched_getaffinity(0, sizeof(set), &set) == 0
+                   ? CPU_COUNT(&set)
+                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (const char* var :
        {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
     const char* v = std::getenv(var);
     if (v == nullptr) continue;
     int n = std::atoi(v);
     if (n > 0) {
-      local = n;
-      from = var;
+      share.local = n;
+      share.from = var;
       break;
     }
   }
-  int threads = std::max(1, cpus / local);
-  if (local > 1)
-    LOG(INFO) << "cpu_math_threads=" << threads << " (" << cpus << " CPU(s) for " << local
-              << " workers on this node, " << from << ")";
+  return share;
+}
+
+int DefaultMathThreads() {
+  const CpuShare share = ThisProcessesShare();
+  int threads = std::max(1, share.cpus / share.local);
+  if (share.local > 1)
+    LOG(INFO) << "cpu_math_threads=" << threads << " (" << share.cpus << " CPU(s) for "
+              << share.local << " workers on this node, " << share.from << ")";
   return threads;
 }
 
@@ -118,7 +127,9 @@ void Init(int* argc, char*** argv) {
   KEEL_ENFORCE(FLAGS_cpu_math_threads >= 0, "--cpu_math_threads must be >= 0, got ",
                FLAGS_cpu_math_threads);
   if (FLAGS_cpu_math_threads == 0) FLAGS_cpu_math_threads = DefaultMathThreads();
-  cpu_threads::SetBudget(FLAGS_cpu_math_threads);
+  const CpuShare share = ThisProcessesShare();
+  cpu_threads::SetBudget(FLAGS_cpu_math_threads,
+                         cpu_threads::ShouldSpin(FLAGS_cpu_math_threads, share.local, share.cpus));
 }
 
 }  // namespace keel

@@ -52,6 +52,7 @@ using Pool = Eigen::ThreadPoolTempl<KeelThreadEnvironment>;
 
 std::mutex g_mu;
 int g_budget = 1;
+bool g_spin = false;
 std::unique_ptr<Pool> g_pool;
 
 struct ParallelForState {
@@ -84,14 +85,24 @@ std::atomic<int> g_unstarted_helpers{0};
 
 }  // namespace
 
-void SetBudget(int n) {
+void SetBudget(int n, bool spin_when_idle) {
   KEEL_ENFORCE(n >= 1, "the CPU thread budget must be >= 1, got ", n);
   std::lock_guard<std::mutex> lock(g_mu);
   UseOneOpenMPThread();
-  if (n == g_budget) return;
+  if (n == g_budget && spin_when_idle == g_spin) return;
   g_pool.reset();  // joins its threads
-  if (n > 1) g_pool = std::make_unique<Pool>(n - 1, /*allow_spinning=*/false);
+  if (n > 1) g_pool = std::make_unique<Pool>(n - 1, spin_when_idle);
   g_budget = n;
+  g_spin = spin_when_idle;
+}
+
+bool SpinWhenIdle() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_spin && g_budget > 1;
+}
+
+bool ShouldSpin(int budget, int local_workers, int cpus) {
+  return budget > 1 && static_cast<int64_t>(budget) * std::max(1, local_workers) <= cpus;
 }
 
 int Budget() {

@@ -330,3 +330,25 @@ TEST(CheckNanInf, StopsAtTheFirstOpProducingInfAndNamesIt) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// Pool threads spin briefly before sleeping only when the budget does not oversubscribe the CPUs
+// (the budget times the node's workers at most the CPUs), never with no pool.
+TEST(CpuThreads, PoolThreadsSpinOnlyWhenTheBudgetFitsTheCpus) {
+  EXPECT_TRUE(cpu_threads::ShouldSpin(2, 1, 2));
+  EXPECT_TRUE(cpu_threads::ShouldSpin(4, 2, 8));
+  EXPECT_FALSE(cpu_threads::ShouldSpin(3, 1, 2));  // more threads than CPUs
+  EXPECT_FALSE(cpu_threads::ShouldSpin(2, 2, 2));  // two workers of 2 threads on 2 CPUs
+  EXPECT_FALSE(cpu_threads::ShouldSpin(1, 1, 2));  // no pool
+  cpu_threads::SetBudget(2, true);
+  EXPECT_TRUE(cpu_threads::SpinWhenIdle());
+  cpu_threads::SetBudget(2, false);
+  EXPECT_FALSE(cpu_threads::SpinWhenIdle());
+  cpu_threads::SetBudget(1, true);
+  EXPECT_FALSE(cpu_threads::SpinWhenIdle());
+}
+
+}  // namespace
+}  // namespace keel
