@@ -46,8 +46,8 @@ const std::vector<DistributedStrategy::Setting>& DistributedStrategy::Settings()
        [](S* s) { s->nccl_comm_num = 2; }, true, ""},
       {"sync_nccl_allreduce=false", [](const S& s) { return !s.sync_nccl_allreduce; },
        [](S* s) { s->sync_nccl_allreduce = false; }, false,
-       "keel's collectives complete before their op returns (an asynchronous all-reduce needs "
-       "the executor's communication threads); keep sync_nccl_allreduce=true "
+       "keel's rings complete each collective before their next one (compute goes on beside "
+       "them, on the executor's workers); keep sync_nccl_allreduce=true "
        "(FLAGS_sync_nccl_allreduce=1, the seed's setting)"},
   };
   return settings;
