@@ -7,8 +7,8 @@
 //
 // One ConvPrimitives object serves one op's one geometry and one piece size: the primitives,
 // their reorders and the layouts are created once (in the plan's kernel, not per step). It may
-// run several pieces at once, each with its own ConvBuffers; every primitive runs on the calling
-// thread (one OpenMP thread), so results do not depend on how many threads run the pieces.
+// run several pieces at once; every primitive runs on the calling thread (one OpenMP thread), so
+// results do not depend on how many threads run the pieces. Working memory is per thread.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -26,11 +26,6 @@ struct ConvShape {
   bool operator==(const ConvShape& o) const;
 };
 
-// Per-piece working memory in the primitives' layouts, kept across steps.
-struct ConvBuffers {
-  dnnl::memory src, dst, diff_dst_d, diff_dst_w, src_w, diff_src, diff_weights, scratch;
-};
-
 class ConvPrimitives {
  public:
   // Creates the forward primitive (and, with `backward`, the data and weights gradients').
@@ -44,10 +39,10 @@ class ConvPrimitives {
   void PrepareBackwardWeights(const float* w, dnnl::memory* out) const;
 
   // y = conv(x, w) for this piece. `w` comes from PrepareForwardWeights.
-  void Forward(const float* x, const dnnl::memory& w, float* y, ConvBuffers* b) const;
+  void Forward(const float* x, const dnnl::memory& w, float* y) const;
   // dx (may be null; `w` from PrepareBackwardWeights) and dw (OIHW, may be null) for this piece.
-  void Backward(const float* x, const dnnl::memory& w, const float* dy, float* dx, float* dw,
-                ConvBuffers* b) const;
+  void Backward(const float* x, const dnnl::memory& w, const float* dy, float* dx,
+                float* dw) const;
 
  private:
   struct Impl;

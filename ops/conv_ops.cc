@@ -404,7 +404,7 @@ class OneDnnConv {
     if (!Prepare(g, per, pieces, /*backward=*/false, f)) return false;
     cpu_threads::ParallelFor(pieces, [&](int64_t p) {
       Entry& e = *piece_entry_[static_cast<size_t>(p)];
-      e.prims->Forward(x + p * per * g.C * g.H * g.W, e.w, y + p * per * g.M * g.P, bufs_[p].get());
+      e.prims->Forward(x + p * per * g.C * g.H * g.W, e.w, y + p * per * g.M * g.P);
     });
     return true;
   }
@@ -419,8 +419,7 @@ class OneDnnConv {
       Entry& e = *piece_entry_[static_cast<size_t>(p)];
       float* dfp = df == nullptr ? nullptr : pieces > 1 ? dw_.data() + p * fsize : df;
       e.prims->Backward(x + p * per * g.C * g.H * g.W, e.w, dy + p * per * g.M * g.P,
-                        dx != nullptr ? dx + p * per * g.C * g.H * g.W : nullptr, dfp,
-                        bufs_[p].get());
+                        dx != nullptr ? dx + p * per * g.C * g.H * g.W : nullptr, dfp);
     });
     if (df != nullptr && pieces > 1) {
       std::copy(dw_.begin(), dw_.begin() + fsize, df);
@@ -448,8 +447,6 @@ class OneDnnConv {
       if (r == Shape(g, g.N)) return false;
     if (entries_.size() > 8) entries_.clear();  // batch sizes keep changing
     piece_entry_.assign(static_cast<size_t>(pieces), nullptr);
-    while (bufs_.size() < static_cast<size_t>(pieces))
-      bufs_.push_back(std::make_unique<onednn::ConvBuffers>());
     std::vector<Entry*> used;
     for (int64_t p = 0; p < pieces; ++p) {
       const onednn::ConvShape s = Shape(g, std::min(per, g.N - p * per));
@@ -487,7 +484,6 @@ class OneDnnConv {
   std::vector<std::unique_ptr<Entry>> entries_;
   std::vector<onednn::ConvShape> refused_;
   std::vector<Entry*> piece_entry_;
-  std::vector<std::unique_ptr<onednn::ConvBuffers>> bufs_;
   ScratchVector<float> dw_;
 };
 
