@@ -18,6 +18,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"
+#include "tests/util/gpu_test_util.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 #include "transpiler/merge_optimizer_pass.h"
@@ -27,9 +28,6 @@ DECLARE_bool(cuda_host_fallback);
 
 namespace keel::testing {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
 
 // Poisoned allocations and no host fallback for the test's duration.
 class CudaKernels2 : public ::testing::Test {
@@ -44,23 +42,6 @@ class CudaKernels2 : public ::testing::Test {
   }
 };
 
-// max |a - b| / max(|b|, 1); NaN anywhere (a poisoned element) is infinitely wrong.
-double MaxRelErr(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = ToDouble(a), y = ToDouble(b);
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    if (std::isnan(y[i]) && std::isnan(x[i])) continue;  // NaN where the CPU gives NaN too
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    err = std::max(err, std::abs(x[i] - y[i]) / std::max(std::abs(y[i]), 1.0));
-  }
-  return err;
-}
-
-Tensor R(const DDim& d, double lo = -1, double hi = 1, uint64_t seed = 1,
-         DType dt = DType::kFloat32) {
-  return RandomTensor(d, dt, lo, hi, seed);
-}
 Tensor Ints(const DDim& d, int64_t below, uint64_t seed = 3, DType dt = DType::kInt64) {
   Tensor t(dt, d);
   uint64_t s = seed;
@@ -87,19 +68,6 @@ Tensor SoftLabel(int64_t rows, int64_t d, uint64_t seed) {
     for (int64_t j = 0; j < d; ++j) t.data<float>()[i * d + j] /= static_cast<float>(s);
   }
   return t;
-}
-
-OpCase Op(std::string name, std::string type,
-          std::vector<std::pair<std::string, std::vector<Tensor>>> inputs,
-          std::vector<std::pair<std::string, int>> outputs = {{"Out", 1}},
-          std::map<std::string, Attribute> attrs = {}) {
-  OpCase c;
-  c.name = std::move(name);
-  c.type = std::move(type);
-  c.inputs = std::move(inputs);
-  c.outputs = std::move(outputs);
-  c.attrs = std::move(attrs);
-  return c;
 }
 
 struct GpuCase {

@@ -9,31 +9,13 @@
 #include "executor/executor.h"
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"
+#include "tests/util/gpu_test_util.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
 namespace keel::testing {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
-
-// max |a - b| / max(|b|, 1) over the elements: float32 results compared with a tolerance that
-// is relative for large values and absolute near zero.
-double MaxRelErr(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = ToDouble(a), y = ToDouble(b);
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    err = std::max(err, std::abs(x[i] - y[i]) / std::max(std::abs(y[i]), 1.0));
-  }
-  return err;
-}
-
-Tensor R(const DDim& d, double lo = -1, double hi = 1, uint64_t seed = 1) {
-  return RandomTensor(d, DType::kFloat32, lo, hi, seed);
-}
 Tensor Labels(const DDim& d, int64_t classes, uint64_t seed = 3) {
   Tensor t(DType::kInt64, d);
   uint64_t s = seed;
@@ -42,19 +24,6 @@ Tensor Labels(const DDim& d, int64_t classes, uint64_t seed = 3) {
     t.data<int64_t>()[i] = static_cast<int64_t>((s >> 33) % classes);
   }
   return t;
-}
-
-OpCase Op(std::string name, std::string type,
-          std::vector<std::pair<std::string, std::vector<Tensor>>> inputs,
-          std::vector<std::pair<std::string, int>> outputs = {{"Out", 1}},
-          std::map<std::string, Attribute> attrs = {}) {
-  OpCase c;
-  c.name = std::move(name);
-  c.type = std::move(type);
-  c.inputs = std::move(inputs);
-  c.outputs = std::move(outputs);
-  c.attrs = std::move(attrs);
-  return c;
 }
 
 struct GpuCase {

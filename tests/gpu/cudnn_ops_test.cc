@@ -14,6 +14,7 @@
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"
 #include "ops/cudnn_plan.h"
+#include "tests/util/gpu_test_util.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/test_data.h"
@@ -24,21 +25,6 @@ DECLARE_bool(cudnn_exhaustive_search);
 namespace keel::testing {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
-
-// max |a - b| / max(|b|, 1): relative for large values, absolute near zero.
-double MaxRelErr(const Tensor &a, const Tensor &b) {
-  std::vector<double> x = ToDouble(a), y = ToDouble(b);
-  EXPECT_EQ(x.size(), y.size());
-  double err = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    if (std::isnan(x[i]) || std::isnan(y[i])) return INFINITY;
-    err = std::max(err, std::abs(x[i] - y[i]) / std::max(std::abs(y[i]), 1.0));
-  }
-  return err;
-}
-
 // Fills 64 MB of the device's caching allocator with NaN and frees it, so the outputs of the next
 // kernels land in NaN memory: an element a kernel does not write fails the comparison.
 void PoisonDeviceCache() {
@@ -47,11 +33,6 @@ void PoisonDeviceCache() {
   std::fill(host.data<float>(), host.data<float>() + n, std::numeric_limits<float>::quiet_NaN());
   Tensor dev = host.Clone(CUDAPlace(0));
   DeviceSynchronize(CUDAPlace(0));
-}
-
-Tensor R(const DDim &d, double lo = -1, double hi = 1, uint64_t seed = 1,
-         DType dt = DType::kFloat32) {
-  return RandomTensor(d, dt, lo, hi, seed);
 }
 
 struct TwinCase {

@@ -9,14 +9,12 @@
 #include "executor/executor.h"
 #include "framework/io/io.h"
 #include "framework/runtime/device.h"
+#include "tests/util/gpu_test_util.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA device visible: GPU test not run"
 
 // mlp_dp_worker on GPU 0: one rank alone, or `nranks` ranks sharing GPU 0 under keel launch.
 NamedTensors TrainOnGpu(int nranks, int rings, int fuse_num, const std::string& backend,
