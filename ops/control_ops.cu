@@ -63,18 +63,6 @@ struct LogicalOp {
   };
 };
 
-template <typename T>
-class AssignKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    Tensor* out = ctx.Output("Out");
-    KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
-                 out->dims().str());
-    CopyOnStream(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
-  }
-};
-
 }  // namespace
 
 KEEL_REGISTER_CUDA_KERNEL(conditional_block, ConditionalBlockKernel, bool);
@@ -91,6 +79,6 @@ KEEL_REGISTER_CUDA_KERNEL(not_equal, CompareOp<fn::NotEqual>::Kernel, float, dou
                           int64_t);
 KEEL_REGISTER_CUDA_KERNEL(logical_and, LogicalOp<true>::Kernel, bool);
 KEEL_REGISTER_CUDA_KERNEL(logical_or, LogicalOp<false>::Kernel, bool);
-KEEL_REGISTER_CUDA_KERNEL(assign, AssignKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_CUDA_KERNEL(assign, CopyKernel, float, double, int32_t, int64_t, bool);
 
 }  // namespace keel

@@ -133,4 +133,32 @@ void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) 
       cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
 }
 
+// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): a copy on the
+// stream, none when they share memory.
+template <typename T>
+class CopyKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    Tensor* out = ctx.Output("Out");
+    KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
+                 out->dims().str());
+    CopyOnStream(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
+  }
+};
+
+// X@GRAD = Out@GRAD's elements in X's shape.
+template <typename T>
+class CopyGradKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
+    if (dx == nullptr) return;
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(dout.numel() == dx->numel(), "cannot copy ", dout.dims().str(), " into ",
+                 dx->dims().str());
+    CopyOnStream(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
+  }
+};
+
 }  // namespace keel

@@ -162,33 +162,6 @@ class CastGradKernel : public OpKernel {
   int in_dtype_;
 };
 
-// ---------------------------------------------------------------- reshape
-
-template <typename T>
-class CopyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    Tensor* out = ctx.Output("Out");
-    KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
-                 out->dims().str());
-    CopyOnStream(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
-  }
-};
-
-template <typename T>
-class CopyGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(dout.numel() == dx->numel(), "cannot copy ", dout.dims().str(), " into ",
-                 dx->dims().str());
-    CopyOnStream(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
-  }
-};
-
 }  // namespace
 
 KEEL_REGISTER_CUDA_KERNEL(fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool);

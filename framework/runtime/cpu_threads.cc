@@ -171,13 +171,6 @@ bool HelpOnce() {
   return true;
 }
 
-bool HelpAvailable() {
-  std::lock_guard<std::mutex> lock(g_jobs_mu);
-  for (const Job& j : g_jobs)
-    if (j.state->next.load(std::memory_order_relaxed) < j.n) return true;
-  return false;
-}
-
 void AddHelpListener(const std::function<void()>* on_job) {
   std::lock_guard<std::mutex> lock(g_jobs_mu);
   g_listeners.push_back(on_job);

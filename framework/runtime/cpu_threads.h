@@ -42,12 +42,10 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 //   started (a pool thread running executor ops should return to the pool).
 // - HelpOnce: runs pieces of a ParallelFor in flight on the calling thread (an executor worker
 //   with nothing ready to run); false when there is none.
-// - HelpAvailable: whether HelpOnce would find pieces now.
 // - Add/RemoveHelpListener: `on_job` is called (under an internal lock: it must only signal)
 //   whenever a ParallelFor starts.
 bool HelpWanted();
 bool HelpOnce();
-bool HelpAvailable();
 void AddHelpListener(const std::function<void()>* on_job);
 void RemoveHelpListener(const std::function<void()>* on_job);
 

@@ -104,12 +104,20 @@ std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c, const Pla
 }
 
 namespace {
-// Appends loss = sum_k reduce_sum(out_k * w_k) (w_k fed as fixed random data) and its backward;
-// returns (input var, grad var) for every checked input. Empty when there is nothing to check.
-std::vector<std::pair<std::string, std::string>> AppendLossAndBackward(
-    const OpCase& c, const std::vector<std::string>& loss_outputs, Built* bp) {
+// What AppendLossAndBackward built.
+struct LossAndGrads {
+  bool has_loss = false;                                      // some float output to sum
+  std::vector<std::pair<std::string, std::string>> checked;  // (input var, grad var)
+  std::vector<std::string> missing;  // slots of float inputs that got no gradient
+};
+
+// Appends loss = sum_k reduce_sum(out_k * w_k) (w_k fed as fixed random data, over the outputs in
+// loss_outputs, default all) and its backward, named "loss".
+LossAndGrads AppendLossAndBackward(const OpCase& c, const std::vector<std::string>& loss_outputs,
+                                   Built* bp) {
   Built& b = *bp;
   Block& block = b.prog.global_block();
+  LossAndGrads r;
   std::vector<std::string> terms;
   uint64_t seed = 7;
   for (auto& [slot, names] : b.out_names) {
@@ -132,10 +140,10 @@ std::vector<std::pair<std::string, std::string>> AppendLossAndBackward(
       terms.push_back(s);
     }
   }
-  if (terms.empty()) return {};
+  if (terms.empty()) return r;
+  r.has_loss = true;
   AppendOp(block, "sum", {{"X", terms}}, {{"Out", {"loss"}}});
   append_backward(b.prog, "loss");
-  std::vector<std::pair<std::string, std::string>> checked;
   for (auto& [slot, names] : b.in_names) {
     if (std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), slot) !=
         c.no_grad_inputs.end())
@@ -143,17 +151,20 @@ std::vector<std::pair<std::string, std::string>> AppendLossAndBackward(
     for (auto& n : names) {
       if (!IsFloat(block.FindVar(n)->dtype())) continue;
       std::string g = GradVarName(n);
-      if (block.FindVar(g) != nullptr) checked.emplace_back(n, g);
+      if (block.FindVar(g) != nullptr)
+        r.checked.emplace_back(n, g);
+      else
+        r.missing.push_back(slot);
     }
   }
-  return checked;
+  return r;
 }
 }  // namespace
 
 std::map<std::string, Tensor> RunGrads(const OpCase& c, const Place& place) {
   Built b;
   Build(c, &b);
-  auto checked = AppendLossAndBackward(c, {}, &b);
+  const auto checked = AppendLossAndBackward(c, {}, &b).checked;
   std::vector<std::string> fetch;
   for (auto& kv : checked) fetch.push_back(kv.second);
   std::map<std::string, Tensor> r;
@@ -169,52 +180,15 @@ void CheckGrad(const OpCase& c, double eps, double rtol, double atol,
   SCOPED_TRACE(Describe(c));
   Built b;
   Build(c, &b);
-  Block& block = b.prog.global_block();
-
-  // loss = sum_k reduce_sum(out_k * w_k), with w_k fed as fixed random data.
-  std::vector<std::string> terms;
-  uint64_t seed = 7;
-  for (auto& [slot, names] : b.out_names) {
-    if (!loss_outputs.empty() &&
-        std::find(loss_outputs.begin(), loss_outputs.end(), slot) == loss_outputs.end())
-      continue;
-    for (auto& n : names) {
-      VarDesc* out = block.FindVar(n);
-      if (!IsFloat(out->dtype())) continue;
-      std::string w = n + "_w", prod = n + "_prod", s = n + "_sum";
-      KEEL_ENFORCE(out->dims().known(), "output ", n, " has unknown shape ", out->dims().str());
-      b.feed[w] = RandomTensor(out->dims(), out->dtype(), 0.5, 1.5, seed++);
-      VarDesc* wv = block.Var(w);
-      wv->set_dtype(out->dtype());
-      wv->set_shape(out->shape());
-      wv->set_is_data(true);
-      wv->set_stop_gradient(true);
-      AppendOp(block, "elementwise_mul", {{"X", {n}}, {"Y", {w}}}, {{"Out", {prod}}});
-      AppendOp(block, "reduce_sum", {{"X", {prod}}}, {{"Out", {s}}}, {{"reduce_all", true}});
-      terms.push_back(s);
-    }
-  }
-  ASSERT_FALSE(terms.empty()) << "no float output to build a loss from";
-  std::string loss = "loss";
-  AppendOp(block, "sum", {{"X", terms}}, {{"Out", {loss}}});
-
-  append_backward(b.prog, loss);
+  const LossAndGrads lg = AppendLossAndBackward(c, loss_outputs, &b);
+  ASSERT_TRUE(lg.has_loss) << "no float output to build a loss from";
+  ASSERT_TRUE(lg.missing.empty()) << "no gradient was produced for input " << lg.missing[0];
+  const std::string loss = "loss";
+  const auto& checked = lg.checked;
 
   // Analytic gradients.
   std::vector<std::string> grad_fetch;
-  std::vector<std::pair<std::string, std::string>> checked;  // (input var, grad var)
-  for (auto& [slot, names] : b.in_names) {
-    if (std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), slot) !=
-        c.no_grad_inputs.end())
-      continue;
-    for (auto& n : names) {
-      if (!IsFloat(block.FindVar(n)->dtype())) continue;
-      std::string g = GradVarName(n);
-      ASSERT_NE(block.FindVar(g), nullptr) << "no gradient was produced for input " << slot;
-      grad_fetch.push_back(g);
-      checked.emplace_back(n, g);
-    }
-  }
+  for (const auto& kv : checked) grad_fetch.push_back(kv.second);
   ASSERT_FALSE(checked.empty()) << "no input to check";
   Executor exe;
   auto grads = exe.Run(b.prog, b.feed, grad_fetch);
