@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <random>
@@ -13,6 +14,7 @@
 #include <unordered_map>
 
 #include "executor/event_plan.h"
+#include "executor/graph_capture.h"
 #include "executor/scheduler.h"
 #include "executor/stream.h"
 #include "framework/comm/communicator.h"
@@ -21,6 +23,7 @@
 #include "framework/op/validate_program.h"
 #include "framework/profiler/profiler.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/cuda_graph.h"
 #include "framework/runtime/device.h"
 
 DEFINE_bool(check_nan_inf, false,
@@ -116,6 +119,7 @@ struct Executor::Plan {
     void* calc_out = nullptr;
   };
   ~Plan() {
+    cuda_graph.reset();  // waits for its last replay
     for (Op& op : ops)
       for (void* e : {op.event, op.calc_in, op.calc_out}) DeviceEventDestroy(place, e);
     DeviceEventDestroy(place, start_event);
@@ -136,6 +140,15 @@ struct Executor::Plan {
   bool device_events = false;
   EventPlan events;
   void* start_event = nullptr;
+  // ExecutionStrategy::use_cuda_graph (block 0 only): the captured step, the feeds its inputs
+  // are copied from (host feeds by name, in the order of its inputs; the run index last), and
+  // the run index on the device, which random kernels read in a replay.
+  GraphCapturePolicy graph_policy;
+  bool graph_checked = false;
+  std::unique_ptr<CudaGraph> cuda_graph;
+  std::vector<std::string> graph_feeds;
+  Tensor device_run_index;
+  int64_t graph_captures = 0;
 };
 
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
@@ -181,6 +194,10 @@ int Executor::WorkersFor(const Program& program) {
   }
   if (asked > 0) return asked;
   return std::max(1, std::min(cpu_threads::Budget(), GetPlan(program).width));
+}
+
+int64_t Executor::CudaGraphCaptures(const Program& program) {
+  return GetPlan(program).graph_captures;
 }
 
 DependencyGraph& Executor::GraphForTesting(const Program& program, int block) {
@@ -326,6 +343,13 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
                                   const std::vector<std::string>& fetch) {
   Plan& plan = GetPlan(program);
   const ExecutionStrategy& strategy = StrategyFor(program);
+  const bool graphed = strategy.use_cuda_graph;
+  if (graphed && !plan.graph_checked) CheckGraphable(program);
+  plan.graph_checked = graphed;
+  if (!graphed && plan.cuda_graph) {  // the strategy changed: plain runs move the feeds' buffers
+    plan.cuda_graph.reset();
+    plan.graph_policy.Reset();
+  }
 
   for (auto& kv : feed) {
     auto it = plan.vars.find(kv.first);
@@ -341,7 +365,14 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     KEEL_ENFORCE(ok, "feed '", kv.first, "' has shape ", t.dims().str(), ", the program declares ",
                  want.str(), " (-1 matches any size)");
     Tensor* dst = it->second.first->mutable_tensor();
-    if (t.place() == place_) {
+    if (graphed) {
+      // A graph copies into the buffer it captured: keep the var's buffer while the shape holds.
+      if (!dst->initialized() || dst->dtype() != t.dtype() || dst->dims() != t.dims() ||
+          dst->place() != place_) {
+        dst->Resize(t.dims());
+        dst->mutable_data(t.dtype(), place_);
+      }
+    } else if (t.place() == place_) {
       dst->ShareDataWith(t);
     } else {
       *dst = t.Clone(place_);
@@ -351,7 +382,11 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   for (auto& name : fetch)
     KEEL_ENFORCE(plan.vars.count(name), "fetch '", name, "' is not a variable of the program");
 
-  RunOps(program, plan, WorkersFor(program));
+  if (graphed) {
+    RunGraphed(program, plan, feed);
+  } else {
+    RunOps(program, plan, WorkersFor(program));
+  }
   ++*plan.runs;
 
   std::vector<Tensor> results;
@@ -364,6 +399,10 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
 
   const int drop = strategy.num_iteration_per_drop_scope;
   if (*plan.runs % drop == 0) {
+    // The graph writes the temporaries' buffers on every replay: it goes first, and the steps
+    // after the drop warm up and capture again.
+    plan.cuda_graph.reset();
+    plan.graph_policy.Reset();
     // This block's temporaries and those of the sub-blocks it ran.
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)
@@ -372,6 +411,95 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     if (place_.is_cpu()) malloc_trim(0);
   }
   return results;
+}
+
+void Executor::CheckGraphable(const Program& program) {
+  KEEL_ENFORCE(place_.is_cuda(), "ExecutionStrategy::use_cuda_graph (keel train --cuda_graph) "
+               "needs a CUDA place; this executor runs on ", place_.str());
+  KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
+               "reads every output on the host after its op, which a CUDA graph cannot do; turn "
+               "one of them off");
+}
+
+void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& feed) {
+  bool drop = false;
+  const GraphCapturePolicy::Action action = plan.graph_policy.Next(FeedSignature(feed), &drop);
+  if (drop) plan.cuda_graph.reset();
+  // Device feeds are copied into the vars' buffers before the step, outside the graph.
+  for (auto& kv : feed)
+    if (kv.second.place() == place_) plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
+  auto host_feeds = [&](CudaGraph& g) {
+    size_t i = 0;
+    for (auto& name : plan.graph_feeds) {
+      const Tensor& t = feed.at(name);
+      std::memcpy(g.Input(i++), t.raw_data(), t.nbytes());
+    }
+    *static_cast<int64_t*>(g.Input(i)) = *plan.runs;
+  };
+  switch (action) {
+    case GraphCapturePolicy::Action::kPlain: {
+      for (auto& kv : feed)
+        if (kv.second.place() != place_)
+          plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
+      RunOps(program, plan, WorkersFor(program));
+      return;
+    }
+    case GraphCapturePolicy::Action::kCapture: {
+      // Checked here, not at the first run: a program that never reaches its capture (a startup
+      // program) may hold ops a graph cannot.
+      const std::string blocker = GraphCaptureBlocker(program);
+      KEEL_ENFORCE(blocker.empty(), "ExecutionStrategy::use_cuda_graph: ", blocker,
+                   "; this program cannot be captured into a CUDA graph (set use_cuda_graph=false)");
+      // Every ring a collective uses must run on a device stream (NCCL) to be captured.
+      for (auto& op : plan.ops) {
+        if (!op.on_stream && !op.calc_stream) continue;
+        const Communicator& ring =
+            RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+        KEEL_ENFORCE(std::string(ring.backend()) == "nccl", "ExecutionStrategy::use_cuda_graph: ",
+                     op.desc->type(), " runs on ring ", op.desc->Attr<int>("ring_id"), " (",
+                     ring.backend(), "), which waits on the host; a CUDA graph needs NCCL "
+                     "(--gpu_comm_backend=nccl, one GPU per rank)");
+      }
+      if (!plan.device_run_index.initialized())
+        plan.device_run_index.Alloc(DType::kInt64, DDim{1}, place_);
+      std::vector<std::pair<void*, size_t>> inputs;
+      plan.graph_feeds.clear();
+      for (auto& kv : feed) {
+        if (kv.second.place() == place_) continue;
+        Tensor* dst = plan.vars.at(kv.first).first->mutable_tensor();
+        inputs.emplace_back(dst->raw_data(), dst->nbytes());
+        plan.graph_feeds.push_back(kv.first);
+      }
+      inputs.emplace_back(plan.device_run_index.raw_data(), sizeof(int64_t));
+      auto graph = std::make_unique<CudaGraph>(place_);
+      const int64_t* run_index = plan.device_run_index.data<int64_t>();
+      for (auto& op : plan.ops) op.ctx->set_device_run_index(run_index);
+      try {
+        graph->BeginCapture(inputs);
+        RunOps(program, plan, WorkersFor(program));
+        graph->EndCapture();
+      } catch (const Error& e) {
+        graph->AbortCapture();
+        for (auto& op : plan.ops) op.ctx->set_device_run_index(nullptr);
+        KEEL_THROW("ExecutionStrategy::use_cuda_graph: capturing the step into a CUDA graph "
+                   "failed: ", e.what());
+      }
+      for (auto& op : plan.ops) op.ctx->set_device_run_index(nullptr);
+      plan.cuda_graph = std::move(graph);
+      plan.graph_policy.Captured();
+      ++plan.graph_captures;
+      host_feeds(*plan.cuda_graph);
+      plan.cuda_graph->Launch();  // the capture recorded the step; this runs it
+      return;
+    }
+    case GraphCapturePolicy::Action::kReplay: {
+      profiler::RecordEvent span("op", "cuda_graph_launch", "replay of the captured step");
+      plan.cuda_graph->WaitInputs();
+      host_feeds(*plan.cuda_graph);
+      plan.cuda_graph->Launch();
+      return;
+    }
+  }
 }
 
 void Executor::RunOps(const Program& program, Plan& plan, int workers) {

@@ -32,6 +32,11 @@ struct ExecutionStrategy {
   // Temporaries are released (and their memory returned to the system) every this many runs of
   // a program (>= 1).
   int num_iteration_per_drop_scope = 100;
+  // CUDA places: after two warm-up runs the step (feed copies, kernels, NCCL calls) is captured
+  // into a CUDA graph once and replayed as one launch, with the same bits as a plain run; new feed
+  // shapes, a changed program or a scope drop capture again (executor/graph_capture.h). A
+  // program with an op that cannot be captured, a CPU place, or FLAGS_check_nan_inf is refused.
+  bool use_cuda_graph = false;
 };
 
 // The executor that runs `program` uses `strategy` for it, whatever the executor's own
@@ -72,6 +77,8 @@ class Executor {
   // N, so random ops (dropout) continue with the draws of run N and fetch_frequency keeps its
   // cadence.
   void SetRunCount(const Program& program, int64_t runs);
+  // CUDA graphs captured for block 0 of `program` so far (ExecutionStrategy::use_cuda_graph).
+  int64_t CudaGraphCaptures(const Program& program);
   // Workers a run of `program` uses (num_threads resolved against the budget and the graph).
   int WorkersFor(const Program& program);
   // The dependency graph of block `block` of `program` (built on first use). Tests only: an edge
@@ -84,6 +91,11 @@ class Executor {
   Plan& GetPlan(const Program& program, int block = 0);
   std::unique_ptr<Plan> BuildPlan(const Program& program, int block);
   void RunOps(const Program& program, Plan& plan, int workers);
+  // ExecutionStrategy::use_cuda_graph: CheckGraphable refuses a CPU place and
+  // FLAGS_check_nan_inf at the first run; RunGraphed runs, captures (refusing a program with an
+  // op that cannot be captured) or replays the step.
+  void CheckGraphable(const Program& program);
+  void RunGraphed(const Program& program, Plan& plan, const FeedMap& feed);
   void RunOp(Plan& plan, int i);
 
   Place place_;

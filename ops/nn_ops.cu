@@ -22,9 +22,13 @@ struct DropoutAttrs {
 };
 
 // One thread per Philox block of four elements: Mask = (draw >= threshold), Out = X * Mask * s.
+// The Philox offset is `offset`, or *device_offset when set (a CUDA graph replays this launch's
+// arguments; the run index it reads from device memory changes every replay).
 template <typename T>
 __global__ void DropoutBlocks(const T* x, T* out, uint8_t* mask, int64_t n, uint64_t seed,
-                              uint64_t offset, uint64_t threshold, T s) {
+                              uint64_t offset, const int64_t* device_offset, uint64_t threshold,
+                              T s) {
+  if (device_offset) offset = static_cast<uint64_t>(*device_offset);
   const int64_t blocks = (n + 3) / 4;
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks;
        b += int64_t(blockDim.x) * gridDim.x) {
@@ -56,7 +60,8 @@ class DropoutKernel : public OpKernel {
     uint8_t* mask = ctx.Output("Mask")->mutable_data<uint8_t>(ctx.place());
     if (n == 0) return;
     DropoutBlocks<T><<<GridFor((n + 3) / 4), 256, 0, Cuda(ctx).stream()>>>(
-        xd, od, mask, n, ctx.seed(), offset, fn::DropoutThreshold(a_.p),
+        xd, od, mask, n, ctx.seed(), offset, a_.fix_seed ? nullptr : ctx.device_run_index(),
+        fn::DropoutThreshold(a_.p),
         static_cast<T>(a_.TrainScale()));
     KEEL_CUDA_LAUNCH_CHECK();
   }

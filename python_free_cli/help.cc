@@ -45,7 +45,9 @@ const std::vector<Command>& Commands() {
          {"nccl_comm_num", "fuse_all_reduce_ops", "fuse_parameter_memory_size",
           "fuse_parameter_groups_size", "hierarchical_allreduce_inter_nranks", "local_sgd_steps",
           "local_sgd_warmup_steps", "cpu_comm_backend", "gpu_comm_backend", "comm_timeout_s"}},
-        {"performance", {"num_iteration_per_drop_scope", "cpu_math_threads", "conv_onednn"}}},
+        {"performance",
+         {"num_iteration_per_drop_scope", "num_threads", "cpu_math_threads", "conv_onednn",
+          "cuda_graph"}}},
        {"python_free_cli/train.cc", "python_free_cli/train_flags.cc",
         "python_free_cli/train_monitor.cc"}},
       {"inspect",
@@ -59,7 +61,9 @@ const std::vector<Command>& Commands() {
       {"bench",
        "usage: keel bench mlp|lenet|resnet|transformer|allreduce [flags]\n"
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
-       {{"bench", {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile"}}},
+       {{"bench",
+         {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",
+          "cuda_graph"}}},
        {"python_free_cli/bench.cc"}},
       {"launch",
        "usage: keel launch [flags] COMMAND [ARGS...]\n"

@@ -73,6 +73,7 @@ const std::map<std::string, std::set<std::string>>& CommandFlags() {
     f["train"].insert(model.begin(), model.end());
     f["bench"] = model;
     f["bench"].insert(bench.begin(), bench.end());
+    f["bench"].insert("cuda_graph");  // timing replayed steps
     f["inspect"] = model;
     f["inspect"].insert(inspect.begin(), inspect.end());
     f["inspect"].insert("nnodes");

@@ -41,6 +41,9 @@ DEFINE_int32(num_iteration_per_drop_scope, 100,
 DEFINE_int32(num_threads, 0,
              "ExecutionStrategy.num_threads: workers running ready ops at once, sharing "
              "--cpu_math_threads cores with the kernels; 0: one per core the program can use.");
+DEFINE_bool(cuda_graph, false,
+            "ExecutionStrategy.use_cuda_graph (GPU workers): after two warm-up steps, capture the "
+            "training step into a CUDA graph once and replay it; new feed shapes capture again.");
 DEFINE_int32(mlp_hidden, 1280, "Width of the mlp model's hidden layers.");
 DECLARE_bool(fuse_all_reduce_ops);  // train_flags.cc
 DEFINE_bool(log_all_ranks, false, "Print training lines from every worker, not only rank 0.");
@@ -65,6 +68,7 @@ ExecutionStrategy CliExecutionStrategy() {
   ExecutionStrategy s;
   s.num_threads = FLAGS_num_threads;
   s.num_iteration_per_drop_scope = FLAGS_num_iteration_per_drop_scope;
+  s.use_cuda_graph = FLAGS_cuda_graph;
   ValidateExecutionStrategy(s, "keel train/bench: ");
   return s;
 }

@@ -94,6 +94,10 @@ if [ "${RESULT[build]}" = ok ]; then
     b=128; [ $m = transformer ] && b=64
     FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b >"$OUT/keel_$m.json" 2>"$OUT/keel_$m.log"
     RESULT[keel_$m]=$(tail -1 "$OUT/keel_$m.json" 2>/dev/null)
+    # The same step captured once into a CUDA graph and replayed (--cuda_graph).
+    FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b --cuda_graph \
+      >"$OUT/keel_${m}_graph.json" 2>"$OUT/keel_${m}_graph.log"
+    RESULT[keel_${m}_graph]=$(tail -1 "$OUT/keel_${m}_graph.json" 2>/dev/null)
   done
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 tests/bench/gpu_torch_bench.py >"$OUT/torch.json" 2>"$OUT/torch.log"
@@ -106,6 +110,7 @@ fi
 echo
 echo "| check | result |"
 echo "| --- | --- |"
-for k in build ctest_gpu memcheck keel_mlp keel_resnet keel_transformer torch; do
+for k in build ctest_gpu memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
+    keel_transformer keel_transformer_graph torch; do
   echo "| $k | ${RESULT[$k]:-not run} |"
 done | tee "$OUT/summary.md"

@@ -145,6 +145,11 @@ class NcclCommunicator : public Communicator {
     ncclResult_t r = enqueue();
     KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, Where(what), ": ",
                  ncclGetErrorString(r));
+    // In a CUDA graph capture the call was recorded, not run: nothing to wait for (and querying
+    // a capturing stream is an error). A replay's collectives complete with the graph.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    Cuda(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) return;
     // Wait for the stream, watching for peer failures and the timeout.
     auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {

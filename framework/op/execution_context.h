@@ -30,6 +30,10 @@ class ExecutionContext {
   // and a resumed executor (Executor::SetRunCount) draws what the uninterrupted one would have.
   int64_t run_index() const { return run_index_ ? *run_index_ : 0; }
   void set_run_index_source(const int64_t* runs) { run_index_ = runs; }
+  // CUDA graphs: device memory holding the run index, which a captured step's random kernels
+  // read when they run (a replay's kernel arguments are those of the capture); null otherwise.
+  const int64_t* device_run_index() const { return device_run_index_; }
+  void set_device_run_index(const int64_t* p) { device_run_index_ = p; }
   // Runs block `idx` of the op's program in the same scopes (control-flow ops); set by the
   // executor.
   void RunBlock(int idx) const {
@@ -78,6 +82,7 @@ class ExecutionContext {
   Place place_;
   uint64_t seed_ = 0;
   const int64_t* run_index_ = nullptr;
+  const int64_t* device_run_index_ = nullptr;
   std::vector<Slot> ins_, outs_;
   std::function<void(int)> run_block_;
 };

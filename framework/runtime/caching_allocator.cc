@@ -75,6 +75,7 @@ CachingAllocator::~CachingAllocator() {
   for (Block* b : large_pool_) all.push_back(b);
   for (auto& kv : allocated_) all.push_back(kv.second);
   for (auto& p : pending_) all.push_back(p.first);
+  for (auto& h : held_) all.insert(all.end(), h.second.begin(), h.second.end());
   std::set<Block*> heads;
   for (Block* b : all) {
     while (b->prev) b = b->prev;
@@ -132,7 +133,7 @@ CachingAllocator::Block* CachingAllocator::Split(Block* b, size_t size, Pool& po
 
 void* CachingAllocator::Allocate(size_t bytes, DeviceMemory::Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  ProcessEvents();
+  if (capture_ == 0) ProcessEvents();  // querying events is an error during a capture
   const size_t size = RoundSize(bytes);
   const bool small = size <= kSmallRequest;
   Block* b = FindFree(PoolFor(small), size, stream);
@@ -142,7 +143,9 @@ void* CachingAllocator::Allocate(size_t bytes, DeviceMemory::Stream stream) {
     const size_t seg = small ? kSmallSegment : (size + kLargeRound - 1) / kLargeRound * kLargeRound;
     b = NewSegment(seg, small, stream, false);
     if (b == nullptr) {
-      // Out of device memory: give back what the cache holds whole, wait for nothing, retry.
+      // Out of device memory: give back what the cache holds whole, wait for nothing, retry
+      // (not during a graph capture: giving memory back waits for the device).
+      if (capture_ != 0) ThrowOutOfMemory(bytes);
       ++stats_.oom_retries;
       ReleaseFreeSegments();
       b = NewSegment(seg, small, stream, false);
@@ -168,6 +171,14 @@ void CachingAllocator::Free(void* ptr) {
   b->allocated = false;
   stats_.in_use_bytes -= b->size;
   ++stats_.frees;
+  if (capture_ != 0) {
+    // The graph being captured may use this block: it writes it again on every replay.
+    b->other_streams.clear();
+    b->pending = true;  // neither reused nor merged
+    held_[capture_].push_back(b);
+    stats_.graph_held_bytes += b->size;
+    return;
+  }
   if (b->other_streams.empty()) {
     Release(b);
     return;
@@ -252,15 +263,51 @@ size_t CachingAllocator::ReleaseFreeSegments() {
 
 void CachingAllocator::EmptyCache() {
   std::lock_guard<std::mutex> lock(mu_);
-  ProcessEvents();
+  if (capture_ == 0) ProcessEvents();
   ReleaseFreeSegments();
+}
+
+int64_t CachingAllocator::BeginCapture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK_EQ(capture_, 0) << "CachingAllocator: a capture is already under way";
+  capture_ = next_capture_++;
+  held_[capture_];  // present even when nothing is freed
+  return capture_;
+}
+
+void CachingAllocator::EndCapture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK_NE(capture_, 0) << "CachingAllocator::EndCapture without BeginCapture";
+  capture_ = 0;
+}
+
+bool CachingAllocator::capturing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capture_ != 0;
+}
+
+void CachingAllocator::ReleaseCapture(int64_t id, DeviceMemory::Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK_NE(capture_, id) << "CachingAllocator::ReleaseCapture of the capture under way";
+  auto it = held_.find(id);
+  CHECK(it != held_.end()) << "CachingAllocator::ReleaseCapture of unknown capture " << id;
+  for (Block* b : it->second) {
+    stats_.graph_held_bytes -= b->size;
+    pending_.emplace_back(b, std::vector<DeviceMemory::Event>{device_->RecordEvent(stream)});
+  }
+  held_.erase(it);
 }
 
 void CachingAllocator::ThrowOutOfMemory(size_t asked) {
   const std::string* op = AllocationOpScope::Current();
   KEEL_THROW("out of memory on ", device_->Name(), op ? " in op '" + *op + "'" : std::string(),
              ": asked for ", Bytes(asked), "; in use ", Bytes(stats_.in_use_bytes), ", cached ",
-             Bytes(stats_.cached_bytes()), ", device total ", Bytes(device_->TotalBytes()), "; ",
+             Bytes(stats_.cached_bytes()),
+             stats_.graph_held_bytes ? ", held for CUDA graphs " + Bytes(stats_.graph_held_bytes)
+                                     : std::string(),
+             capture_ ? " (during a CUDA graph capture, which cannot free cached memory)"
+                      : std::string(),
+             ", device total ", Bytes(device_->TotalBytes()), "; ",
              kFractionFlag, " reserved ", Bytes(reserve_bytes_),
              " up front (0 allocates on demand; lower it if other processes share the device), or "
              "use a smaller batch");

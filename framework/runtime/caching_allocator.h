@@ -11,7 +11,11 @@
 //   - `reserve_bytes` > 0 (FLAGS_fraction_of_gpu_memory_to_use x the device's memory) takes one
 //     segment of that size up front, as Paddle does; later needs grow the cache on demand;
 //   - when the device is out of memory, fully free segments are returned and the request retried;
-//     if it still fails, the error names the op, the bytes asked, in use and cached, and the flag.
+//     if it still fails, the error names the op, the bytes asked, in use and cached, and the flag;
+//   - while a CUDA graph is captured (BeginCapture .. EndCapture) the graph bakes in every address
+//     its kernels use, and replays write them again later: a block freed during the capture is
+//     held for the graph (not reused, not merged) until ReleaseCapture, and no event is recorded
+//     or queried then (both are errors on a capturing stream).
 //
 // The device is behind DeviceMemory, so tests drive the bookkeeping with a fake device on any
 // machine. Thread-safe (one mutex).
@@ -58,7 +62,8 @@ struct AllocatorStats {
   int64_t allocs = 0;          // blocks handed out
   int64_t frees = 0;           // blocks returned
   int64_t oom_retries = 0;     // times the cache was emptied to satisfy a request
-  size_t cached_bytes() const { return reserved_bytes - in_use_bytes; }
+  size_t graph_held_bytes = 0;  // freed during a graph capture, held until the graph is gone
+  size_t cached_bytes() const { return reserved_bytes - in_use_bytes - graph_held_bytes; }
 };
 
 // Names the op on whose behalf memory is allocated, for the out-of-memory message. The executor
@@ -103,6 +108,16 @@ class CachingAllocator {
   // Gives every wholly free segment back to the device (the reserve stays).
   void EmptyCache();
 
+  // CUDA graph capture. Blocks freed between BeginCapture and EndCapture are held for the
+  // capture (its graph replays their addresses) and the allocator records and queries no events.
+  // Returns the capture's id; one capture at a time.
+  int64_t BeginCapture();
+  void EndCapture();
+  bool capturing() const;
+  // The graph of capture `id` is destroyed: its held blocks become reusable once the work queued
+  // on `stream` so far (the graph's last replay) has completed.
+  void ReleaseCapture(int64_t id, DeviceMemory::Stream stream);
+
   AllocatorStats stats() const;
   void ResetPeak();
   size_t reserve_bytes() const { return reserve_bytes_; }
@@ -133,6 +148,10 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> allocated_;
   // Blocks freed while other streams may still use them, with the events to wait for.
   std::vector<std::pair<Block*, std::vector<DeviceMemory::Event>>> pending_;
+  // Blocks freed during graph captures, by capture id.
+  std::unordered_map<int64_t, std::vector<Block*>> held_;
+  int64_t capture_ = 0;  // the capture under way (0: none)
+  int64_t next_capture_ = 1;
   AllocatorStats stats_;
 };
 

@@ -134,7 +134,12 @@ cudnnHandle_t CudaContext::cudnn() {
 
 void* CudaContext::Workspace(size_t bytes) {
   if (bytes <= workspace_bytes_) return workspace_;
-  if (workspace_) allocator_->Free(workspace_);  // stream-ordered: safe for the next kernel
+  if (workspace_) {
+    if (capturing_)
+      retired_workspaces_.push_back(workspace_);  // a graph captured earlier may use it
+    else
+      allocator_->Free(workspace_);  // stream-ordered: safe for the next kernel
+  }
   workspace_ = allocator_->Allocate(bytes, stream_);
   workspace_bytes_ = bytes;
   return workspace_;
@@ -142,6 +147,12 @@ void* CudaContext::Workspace(size_t bytes) {
 
 void* CudaContext::StagingBuffer(size_t bytes) {
   std::lock_guard<std::mutex> lock(staging_mu_);
+  if (capturing_) {  // the graph copies from it on every replay: its own, never reused
+    void* p = nullptr;
+    KEEL_CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+    capture_staging_.push_back(p);
+    return p;
+  }
   Staging::Buffer* best = nullptr;
   for (auto& b : staging_->buffers) {
     if (b.busy || b.size < bytes) continue;
@@ -167,6 +178,8 @@ void* CudaContext::StagingBuffer(size_t bytes) {
 
 void CudaContext::DoneWithStaging(void* buffer) {
   std::lock_guard<std::mutex> lock(staging_mu_);
+  for (void* p : capture_staging_)
+    if (p == buffer) return;  // the graph's: no event (none may be recorded in a capture)
   for (auto& b : staging_->buffers) {
     if (b.ptr != buffer) continue;
     KEEL_CUDA_CHECK(cudaEventRecord(b.done, stream_));
@@ -174,6 +187,20 @@ void CudaContext::DoneWithStaging(void* buffer) {
     return;
   }
   LOG(FATAL) << "DoneWithStaging of a buffer StagingBuffer did not hand out";
+}
+
+void CudaContext::BeginCapture() {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  CHECK(!capturing_) << CUDAPlace(device_).str() << ": a graph capture is already under way";
+  capturing_ = true;
+}
+
+std::vector<void*> CudaContext::EndCapture() {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  capturing_ = false;
+  std::vector<void*> owned;
+  owned.swap(capture_staging_);
+  return owned;
 }
 
 // ---------------------------------------------------------------- device.h

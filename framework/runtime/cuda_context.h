@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "framework/error.h"
 #include "framework/runtime/caching_allocator.h"
@@ -66,6 +67,13 @@ class CudaContext {
   void* StagingBuffer(size_t bytes);
   void DoneWithStaging(void* buffer);
 
+  // CUDA graph capture on this device (CudaGraph). Meanwhile staging buffers are new ones that
+  // belong to the graph (each replay copies from them again; EndCapture hands them over, to be
+  // freed after the graph's last replay), and a workspace that grows keeps the old block alive
+  // (graphs captured earlier may use it).
+  void BeginCapture();
+  std::vector<void*> EndCapture();
+
   ~CudaContext();
 
  private:
@@ -83,6 +91,9 @@ class CudaContext {
   size_t workspace_bytes_ = 0;
   std::mutex staging_mu_;
   std::unique_ptr<Staging> staging_;
+  bool capturing_ = false;
+  std::vector<void*> capture_staging_;
+  std::vector<void*> retired_workspaces_;
 };
 
 // Grid size for a 1-D kernel over n elements with `threads` per block (grid-stride loops cover

@@ -5,6 +5,7 @@
 #include <gflags/gflags.h>
 
 #include "framework/error.h"
+#include "framework/runtime/cuda_graph.h"
 
 DEFINE_double(fraction_of_gpu_memory_to_use, 0.0,
               "Fraction of each GPU's memory the caching allocator reserves up front, as Paddle "
@@ -53,6 +54,20 @@ void* DeviceEventCreate(const Place& place) { NoCuda(place); }
 void DeviceEventDestroy(const Place&, void*) {}
 void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }
 void DeviceStreamWaitEvent(const Place& place, void*, void*) { NoCuda(place); }
+
+struct CudaGraph::Impl {};
+CudaGraph::CudaGraph(const Place& place) : place_(place) {
+  NoCuda(place.is_cuda() ? place : CUDAPlace(0));
+}
+CudaGraph::~CudaGraph() = default;
+void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>&) { NoCuda(place_); }
+void CudaGraph::EndCapture() { NoCuda(place_); }
+void CudaGraph::AbortCapture() noexcept {}
+bool CudaGraph::capturing() const { return false; }
+bool CudaGraph::ready() const { return false; }
+void* CudaGraph::Input(size_t) { NoCuda(place_); }
+void CudaGraph::WaitInputs() { NoCuda(place_); }
+void CudaGraph::Launch() { NoCuda(place_); }
 #endif
 
 }  // namespace keel

@@ -192,6 +192,9 @@ TEST(KeelErrors, BadFlagsAndEnvAreExitOneWithAMessage) {
       {"FLAGS_steps=abc " + Keel() + " train", "FLAGS_steps"},
       {Keel() + " inspect /nonexistent/file", "/nonexistent/file"},
       {Keel() + " bench nope", "nope"},
+      // No GPU selected: a CUDA graph has nothing to capture, which the first step says.
+      {Keel() + " train --steps=1 --cuda_graph", "use_cuda_graph (keel train --cuda_graph) needs "
+                                                  "a CUDA place; this executor runs on CPUPlace"},
   };
   for (auto& c : cases) {
     auto r = RunCommand(c.cmd);
@@ -285,6 +288,8 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"max_restarts", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"stopped_timeout_s", "FaultTest.ANodeWhoseOnlyWorkerIsStoppedEnds"},
       {"num_threads", "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
+      {"cuda_graph", "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage (CPU: refused), "
+                     "CudaGraph.* (GPU)"},
       {"auto_resume", "docs/fault-tolerance.md (Kubernetes/Slurm restarts)"},
       {"save_every", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"beta1", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},

@@ -23,6 +23,9 @@ class FakeDevice : public DeviceMemory {
     std::map<void*, size_t> live;
     std::map<int64_t, bool> events;  // id -> done
     int64_t next_event = 1;
+    // Set by a test while a CUDA graph would be capturing: recording or querying an event, or
+    // giving memory back, is then an error, as on a capturing CUDA stream.
+    bool capturing = false;
   };
   FakeDevice(State* s) : s_(s) {}
   void* Malloc(size_t bytes) override {
@@ -38,6 +41,7 @@ class FakeDevice : public DeviceMemory {
     return p;
   }
   void Free(void* p) override {
+    EXPECT_FALSE(s_->capturing) << "cudaFree during a capture";
     auto it = s_->live.find(p);
     ASSERT_NE(it, s_->live.end());
     s_->used -= it->second;
@@ -46,11 +50,15 @@ class FakeDevice : public DeviceMemory {
   }
   size_t TotalBytes() const override { return s_->capacity; }
   Event RecordEvent(Stream) override {
+    EXPECT_FALSE(s_->capturing) << "event recorded during a capture";
     int64_t id = s_->next_event++;
     s_->events[id] = false;
     return reinterpret_cast<Event>(id);
   }
-  bool EventDone(Event e) override { return s_->events.at(reinterpret_cast<int64_t>(e)); }
+  bool EventDone(Event e) override {
+    EXPECT_FALSE(s_->capturing) << "event queried during a capture";
+    return s_->events.at(reinterpret_cast<int64_t>(e));
+  }
   void DestroyEvent(Event e) override { s_->events.erase(reinterpret_cast<int64_t>(e)); }
   std::string Name() const override { return "FakeDevice(0)"; }
 
@@ -152,6 +160,72 @@ TEST(CachingAllocator, BlockUsedOnAnotherStreamWaitsForItsEvent) {
   void* d = f.alloc->Allocate(4096, S(1));
   EXPECT_TRUE(c == a || d == a);
   EXPECT_TRUE(f.dev.events.empty()) << "events are destroyed once done";
+}
+
+TEST(CachingAllocator, BlocksFreedDuringAGraphCaptureAreHeldUntilTheGraphIsReleased) {
+  Fixture f;
+  void* before = f.alloc->Allocate(4096, S(1));
+  f.alloc->RecordStream(before, S(7));
+  f.alloc->Free(before);  // pending on stream 7's event, recorded before the capture
+  void* kept = f.alloc->Allocate(8192, S(1));
+
+  const int64_t id = f.alloc->BeginCapture();
+  f.dev.capturing = true;
+  EXPECT_TRUE(f.alloc->capturing());
+  void* scratch = f.alloc->Allocate(4096, S(1));  // no event query, though one is pending
+  f.alloc->RecordStream(scratch, S(7));
+  f.alloc->Free(scratch);  // no event recorded: held for the graph instead
+  void* next = f.alloc->Allocate(4096, S(1));
+  EXPECT_NE(next, scratch) << "a block the graph writes on replay was handed out again";
+  f.alloc->Free(next);
+  f.alloc->Free(kept);  // allocated before, freed during: the graph may use it too
+  EXPECT_NE(f.alloc->Allocate(8192, S(1)), kept);
+  f.dev.capturing = false;
+  f.alloc->EndCapture();
+  EXPECT_FALSE(f.alloc->capturing());
+
+  AllocatorStats s = f.alloc->stats();
+  EXPECT_EQ(s.graph_held_bytes, 4096u + 4096u + 8192u);
+  EXPECT_EQ(s.cached_bytes() + s.in_use_bytes + s.graph_held_bytes, s.reserved_bytes);
+  f.alloc->EmptyCache();  // held blocks are not cache: nothing of theirs is given back
+  for (void* p : {scratch, next, kept}) {
+    bool live = false;
+    for (auto& kv : f.dev.live)
+      live |= p >= kv.first && static_cast<char*>(p) < static_cast<char*>(kv.first) + kv.second;
+    EXPECT_TRUE(live) << "a held block's segment went back to the device";
+  }
+
+  const size_t events_before = f.dev.events.size();
+  f.alloc->ReleaseCapture(id, S(1));
+  EXPECT_EQ(f.dev.events.size(), events_before + 3) << "one event per held block, on S(1)";
+  EXPECT_EQ(f.alloc->stats().graph_held_bytes, 0u);
+  void* early = f.alloc->Allocate(4096, S(1));
+  EXPECT_TRUE(early != scratch && early != next) << "reused before the last replay finished";
+  for (auto& e : f.dev.events) e.second = true;  // the replays (and stream 7) finished
+  std::vector<void*> got;
+  for (int i = 0; i < 4; ++i) got.push_back(f.alloc->Allocate(4096, S(1)));
+  EXPECT_TRUE(std::count(got.begin(), got.end(), scratch) == 1 ||
+              std::count(got.begin(), got.end(), next) == 1);
+  EXPECT_TRUE(f.dev.events.empty());
+}
+
+TEST(CachingAllocator, OutOfMemoryDuringAGraphCaptureGivesNothingBackAndSaysSo) {
+  Fixture f(8 * kMiB);
+  void* a = f.alloc->Allocate(4 * kMiB, S(1));
+  f.alloc->Free(a);  // a whole free 4 MiB segment: normally given back and retried
+  f.alloc->BeginCapture();
+  f.dev.capturing = true;
+  try {
+    f.alloc->Allocate(6 * kMiB, S(1));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("during a CUDA graph capture"), std::string::npos)
+        << e.what();
+  }
+  f.dev.capturing = false;
+  f.alloc->EndCapture();
+  EXPECT_EQ(f.dev.frees, 0);
+  EXPECT_NE(f.alloc->Allocate(6 * kMiB, S(1)), nullptr) << "after the capture it gives back";
 }
 
 TEST(CachingAllocator, ReserveIsTakenUpFrontAndServesBothPools) {

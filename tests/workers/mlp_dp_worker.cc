@@ -32,6 +32,7 @@ DEFINE_int32(strategy_timeout_s, 0, "> 0: DistributedStrategy::comm_timeout_s.")
 DEFINE_int32(stall_rank, -1, "This rank sleeps --stall_s seconds before its first step.");
 DEFINE_int32(stall_s, 0, "How long --stall_rank sleeps.");
 DEFINE_string(load_dir, "", "Resume from this checkpoint (fleet::load_persistables).");
+DEFINE_bool(cuda_graph, false, "exec_strategy.use_cuda_graph (GPU workers).");
 
 using namespace keel;
 
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
       strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup;
       strategy.use_hierarchical_allreduce = FLAGS_hier > 0;
       strategy.hierarchical_allreduce_inter_nranks = FLAGS_hier;
+      strategy.exec_strategy.use_cuda_graph = FLAGS_cuda_graph;
       // Adam's step is about lr whatever the gradient's size: it gets a smaller rate.
       const float base = FLAGS_opt == "adam" ? 0.01f : 0.5f;
       LearningRate lr = base;
