@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -120,6 +122,8 @@ struct Executor::Plan {
   };
   ~Plan() {
     cuda_graph.reset();  // waits for its last replay
+    graph_holds.clear();
+    DeviceEventDestroy(place, graph_done);
     for (Op& op : ops)
       for (void* e : {op.event, op.calc_in, op.calc_out}) DeviceEventDestroy(place, e);
     DeviceEventDestroy(place, start_event);
@@ -149,6 +153,35 @@ struct Executor::Plan {
   std::vector<std::string> graph_feeds;
   Tensor device_run_index;
   int64_t graph_captures = 0;
+  // The buffers of the plan's vars when the graph was captured, kept alive while it lives (a
+  // replay writes them whatever happens to the vars), and checked before each replay: another
+  // program on this executor (a test program sharing the temporaries' names) may have freed or
+  // reallocated a var, which then needs a new capture.
+  struct Hold {
+    const Variable* var;
+    std::shared_ptr<Allocation> holder;
+    const void* data;
+    size_t bytes;
+  };
+  std::vector<Hold> graph_holds;
+  // The rings the graph's collectives use, watched while a replay runs (their timeouts and
+  // failures), and the event recorded after each launch for that.
+  std::vector<Communicator*> graph_rings;
+  void* graph_done = nullptr;
+  void DropGraph() {
+    cuda_graph.reset();
+    graph_holds.clear();
+    graph_policy.Reset();
+  }
+  bool GraphBuffersIntact() const {
+    for (const Hold& h : graph_holds) {
+      const Tensor& t = h.var->tensor();
+      if (!t.initialized() || t.holder() != h.holder || t.raw_data() != h.data ||
+          t.nbytes() != h.bytes)
+        return false;
+    }
+    return true;
+  }
 };
 
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
@@ -346,10 +379,7 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   const bool graphed = strategy.use_cuda_graph;
   if (graphed && !plan.graph_checked) CheckGraphable(program);
   plan.graph_checked = graphed;
-  if (!graphed && plan.cuda_graph) {  // the strategy changed: plain runs move the feeds' buffers
-    plan.cuda_graph.reset();
-    plan.graph_policy.Reset();
-  }
+  if (!graphed && plan.cuda_graph) plan.DropGraph();  // plain runs move the feeds' buffers
 
   for (auto& kv : feed) {
     auto it = plan.vars.find(kv.first);
@@ -400,9 +430,8 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   const int drop = strategy.num_iteration_per_drop_scope;
   if (*plan.runs % drop == 0) {
     // The graph writes the temporaries' buffers on every replay: it goes first, and the steps
-    // after the drop warm up and capture again.
-    plan.cuda_graph.reset();
-    plan.graph_policy.Reset();
+    // after the drop warm up and capture again. (Other programs' graphs notice on their own.)
+    plan.DropGraph();
     // This block's temporaries and those of the sub-blocks it ran.
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)
@@ -422,12 +451,14 @@ void Executor::CheckGraphable(const Program& program) {
 }
 
 void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& feed) {
+  if (plan.cuda_graph && !plan.GraphBuffersIntact()) plan.DropGraph();
   bool drop = false;
   const GraphCapturePolicy::Action action = plan.graph_policy.Next(FeedSignature(feed), &drop);
-  if (drop) plan.cuda_graph.reset();
+  if (drop) plan.DropGraph();
   // Device feeds are copied into the vars' buffers before the step, outside the graph.
   for (auto& kv : feed)
-    if (kv.second.place() == place_) plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
+    if (!kv.second.place().is_cpu())
+      plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
   auto host_feeds = [&](CudaGraph& g) {
     size_t i = 0;
     for (auto& name : plan.graph_feeds) {
@@ -439,7 +470,7 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
   switch (action) {
     case GraphCapturePolicy::Action::kPlain: {
       for (auto& kv : feed)
-        if (kv.second.place() != place_)
+        if (kv.second.place().is_cpu())
           plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
       RunOps(program, plan, WorkersFor(program));
       return;
@@ -450,11 +481,17 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       const std::string blocker = GraphCaptureBlocker(program);
       KEEL_ENFORCE(blocker.empty(), "ExecutionStrategy::use_cuda_graph: ", blocker,
                    "; this program cannot be captured into a CUDA graph (set use_cuda_graph=false)");
+      KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
+                   "reads every output on the host after its op, which a CUDA graph cannot do");
       // Every ring a collective uses must run on a device stream (NCCL) to be captured.
+      plan.graph_rings.clear();
       for (auto& op : plan.ops) {
         if (!op.on_stream && !op.calc_stream) continue;
-        const Communicator& ring =
+        Communicator& ring =
             RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+        if (std::find(plan.graph_rings.begin(), plan.graph_rings.end(), &ring) ==
+            plan.graph_rings.end())
+          plan.graph_rings.push_back(&ring);
         KEEL_ENFORCE(std::string(ring.backend()) == "nccl", "ExecutionStrategy::use_cuda_graph: ",
                      op.desc->type(), " runs on ring ", op.desc->Attr<int>("ring_id"), " (",
                      ring.backend(), "), which waits on the host; a CUDA graph needs NCCL "
@@ -465,7 +502,7 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       std::vector<std::pair<void*, size_t>> inputs;
       plan.graph_feeds.clear();
       for (auto& kv : feed) {
-        if (kv.second.place() == place_) continue;
+        if (!kv.second.place().is_cpu()) continue;
         Tensor* dst = plan.vars.at(kv.first).first->mutable_tensor();
         inputs.emplace_back(dst->raw_data(), dst->nbytes());
         plan.graph_feeds.push_back(kv.first);
@@ -488,17 +525,55 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       plan.cuda_graph = std::move(graph);
       plan.graph_policy.Captured();
       ++plan.graph_captures;
+      plan.graph_holds.clear();
+      for (auto& kv : plan.vars) {
+        const Tensor& t = kv.second.first->tensor();
+        if (t.initialized())
+          plan.graph_holds.push_back({kv.second.first, t.holder(), t.raw_data(), t.nbytes()});
+      }
       host_feeds(*plan.cuda_graph);
       plan.cuda_graph->Launch();  // the capture recorded the step; this runs it
+      WatchGraph(plan);
       return;
     }
     case GraphCapturePolicy::Action::kReplay: {
       profiler::RecordEvent span("op", "cuda_graph_launch", "replay of the captured step");
+      // What kernels reported in earlier replays (bad labels, ids), as Compute would check it.
+      for (size_t i = 0; i < plan.ops.size(); ++i) {
+        try {
+          plan.ops[i].kernel->Replayed(*plan.ops[i].ctx);
+        } catch (const Error& e) {
+          KEEL_THROW("op #", i, " ", plan.ops[i].desc->type(), " (",
+                     SlotsText(plan.ops[i].desc->inputs()), " -> ",
+                     SlotsText(plan.ops[i].desc->outputs()), "): ", e.what());
+        }
+      }
       plan.cuda_graph->WaitInputs();
       host_feeds(*plan.cuda_graph);
       plan.cuda_graph->Launch();
+      WatchGraph(plan);
       return;
     }
+  }
+}
+
+void Executor::WatchGraph(Plan& plan) {
+  // Without collectives nothing can hang: the run returns at once (a fetch waits for the stream).
+  if (plan.graph_rings.empty()) return;
+  // With them, as a plain run waits for its collectives on the rings' threads (with the job's
+  // timeout, aborting a ring whose peer died), this waits for the replay.
+  if (plan.graph_done == nullptr) plan.graph_done = DeviceEventCreate(place_);
+  DeviceEventRecord(place_, plan.graph_done, nullptr);
+  double timeout_s = 0;
+  for (Communicator* r : plan.graph_rings) timeout_s = std::max(timeout_s, r->timeout_s());
+  const auto start = std::chrono::steady_clock::now();
+  while (!DeviceEventDone(place_, plan.graph_done)) {
+    const bool past = timeout_s > 0 && std::chrono::duration<double>(
+                                           std::chrono::steady_clock::now() - start)
+                                               .count() > timeout_s;
+    for (Communicator* r : plan.graph_rings) r->WatchDevice("a CUDA graph replay", past);
+    KEEL_ENFORCE(!past, "a CUDA graph replay did not finish within ", timeout_s, " s");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 

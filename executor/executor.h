@@ -96,6 +96,8 @@ class Executor {
   // op that cannot be captured) or replays the step.
   void CheckGraphable(const Program& program);
   void RunGraphed(const Program& program, Plan& plan, const FeedMap& feed);
+  // After a graph launch of a program with collectives: waits for it, watching the rings.
+  void WatchGraph(Plan& plan);
   void RunOp(Plan& plan, int i);
 
   Place place_;

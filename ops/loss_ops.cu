@@ -78,6 +78,11 @@ class CrossEntropyKernel : public OpKernel {
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
+  void Replayed(ExecutionContext& ctx) override {
+    const DDim& xd = ctx.Input("X").dims();
+    ThrowIfReported(report_, "cross_entropy", xd[xd.size() - 1], ignore_index_);
+  }
+
  private:
   bool soft_;
   int ignore_index_;
@@ -124,6 +129,11 @@ class CrossEntropyGradKernel : public OpKernel {
         dxp[k] = j == l ? -dyp[i] / xp[k] : T(0);
       }
     });
+  }
+
+  void Replayed(ExecutionContext& ctx) override {
+    const DDim& xd = ctx.Input("X").dims();
+    ThrowIfReported(report_, "cross_entropy_grad", xd[xd.size() - 1], ignore_index_);
   }
 
  private:
@@ -206,6 +216,11 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
+  void Replayed(ExecutionContext& ctx) override {
+    ThrowIfReported(report_, "softmax_with_cross_entropy",
+                    cuda::SplitAt(ctx.Input("Logits").dims(), axis_).n, ignore_index_);
+  }
+
  private:
   bool soft_;
   int ignore_index_;
@@ -260,6 +275,11 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
         dxp[k] = j == l ? smp[k] * dl - dl : smp[k] * dl;
       }
     });
+  }
+
+  void Replayed(ExecutionContext& ctx) override {
+    ThrowIfReported(report_, "softmax_with_cross_entropy_grad",
+                    cuda::SplitAt(ctx.Input("Softmax").dims(), axis_).n, ignore_index_);
   }
 
  private:

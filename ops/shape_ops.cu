@@ -48,6 +48,12 @@ class LookupTableKernel : public OpKernel {
     });
   }
 
+  void Replayed(ExecutionContext& ctx) override {
+    const DDim& ids = ctx.Input("Ids").dims();
+    const DDim& w = ctx.Input("W").dims();
+    report_.Check([&](long long id, long long at) { ThrowBadId(id, at, ids, w); });
+  }
+
  private:
   int64_t padding_idx_;
   DeviceReportSlot report_;

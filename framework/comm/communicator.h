@@ -35,6 +35,12 @@ class Communicator {
   // The CUDA stream (a cudaStream_t) this ring runs CUDA tensors' collectives on, for the
   // executor's events; nullptr for rings of CPU tensors.
   virtual void* device_stream() const { return nullptr; }
+  // For waits on this ring's device work that do not go through a collective call (a CUDA graph
+  // replay): throws, after aborting the ring, when its device side failed (a peer died) or when
+  // `past_deadline` (the caller waited timeout_s()); otherwise returns. CPU rings: nothing.
+  virtual void WatchDevice(const std::string& what, bool past_deadline) {}
+  // How long this ring's collectives wait for peers (0: not bounded here).
+  virtual double timeout_s() const { return 0; }
   // Nanoseconds this rank has spent inside this ring's collectives (moving data and waiting for
   // peers); read from any thread. The straggler monitor subtracts it from step time.
   int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }

@@ -72,6 +72,23 @@ class NcclCommunicator : public Communicator {
   }
   const char* backend() const override { return "nccl"; }
   void* device_stream() const override { return stream_; }
+  double timeout_s() const override { return timeout_.count() / 1000.0; }
+  void WatchDevice(const std::string& what, bool past_deadline) override {
+    KEEL_ENFORCE(comm_ != nullptr, Where(what), ": the ring is dead after an earlier failure");
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      KEEL_THROW(Where(what), ": ", ncclGetErrorString(state));
+    }
+    if (past_deadline) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      KEEL_THROW(Where(what), ": timed out after ", timeout_.count() / 1000.0,
+                 " s (a peer crashed or stopped?)");
+    }
+  }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
     Run(std::string("allreduce_") + ReduceOpName(op), [&] {
@@ -145,6 +162,9 @@ class NcclCommunicator : public Communicator {
     ncclResult_t r = enqueue();
     KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, Where(what), ": ",
                  ncclGetErrorString(r));
+    // A non-blocking communicator may still be enqueuing the call: until it has, neither the
+    // stream nor an event recorded after it covers the collective.
+    if (r == ncclInProgress) WaitComm(what);
     // In a CUDA graph capture the call was recorded, not run: nothing to wait for (and querying
     // a capturing stream is an error). A replay's collectives complete with the graph.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

@@ -33,6 +33,9 @@ class OpKernel {
  public:
   virtual ~OpKernel() = default;
   virtual void Compute(ExecutionContext& ctx) = 0;
+  // A CUDA graph replayed this op's captured launches instead of calling Compute: the host-side
+  // checks Compute makes of earlier runs (errors kernels reported through DeviceReportSlot).
+  virtual void Replayed(ExecutionContext& ctx) {}
 };
 
 using KernelFactory = std::function<std::unique_ptr<OpKernel>(const OpDesc&)>;

@@ -269,7 +269,8 @@ void CachingAllocator::EmptyCache() {
 
 int64_t CachingAllocator::BeginCapture() {
   std::lock_guard<std::mutex> lock(mu_);
-  CHECK_EQ(capture_, 0) << "CachingAllocator: a capture is already under way";
+  KEEL_ENFORCE(capture_ == 0, device_->Name(),
+               ": a CUDA graph capture is already under way on this device (one at a time)");
   capture_ = next_capture_++;
   held_[capture_];  // present even when nothing is freed
   return capture_;

@@ -118,6 +118,11 @@ CudaContext::CudaContext(int device) : device_(device), staging_(std::make_uniqu
   auto mem = std::make_unique<CudaDeviceMemory>(device);
   const size_t reserve = static_cast<size_t>(fraction * static_cast<double>(mem->TotalBytes()));
   allocator_ = std::make_unique<CachingAllocator>(std::move(mem), reserve, stream_);
+  // cuBLAS's scratch from our allocator, fixed for the context's life: without one, cuBLAS
+  // allocates its own, and inside a CUDA graph capture that becomes memory nodes of the graph.
+  constexpr size_t kCublasWorkspace = size_t{32} << 20;  // what cuBLAS asks for on Hopper
+  cublas_workspace_ = allocator_->Allocate(kCublasWorkspace, stream_);
+  KEEL_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
   VLOG(1) << CUDAPlace(device).str() << ": stream ready, reserve " << reserve << " bytes, tf32 "
           << (allow_tf32_ ? "on" : "off");
 }
@@ -135,8 +140,9 @@ cudnnHandle_t CudaContext::cudnn() {
 void* CudaContext::Workspace(size_t bytes) {
   if (bytes <= workspace_bytes_) return workspace_;
   if (workspace_) {
-    if (capturing_)
-      retired_workspaces_.push_back(workspace_);  // a graph captured earlier may use it
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    if (capturing_ || live_graphs_ > 0)
+      retired_workspaces_.push_back(workspace_);  // a graph's replays use it: freed with the last
     else
       allocator_->Free(workspace_);  // stream-ordered: safe for the next kernel
   }
@@ -191,8 +197,21 @@ void CudaContext::DoneWithStaging(void* buffer) {
 
 void CudaContext::BeginCapture() {
   std::lock_guard<std::mutex> lock(staging_mu_);
-  CHECK(!capturing_) << CUDAPlace(device_).str() << ": a graph capture is already under way";
+  KEEL_ENFORCE(!capturing_, CUDAPlace(device_).str(),
+               ": a CUDA graph capture is already under way on this device (one at a time)");
   capturing_ = true;
+}
+
+void CudaContext::GraphCreated() {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  ++live_graphs_;
+}
+
+void CudaContext::GraphDestroyed() {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  if (--live_graphs_ > 0) return;
+  for (void* w : retired_workspaces_) allocator_->Free(w);  // the last replay has finished
+  retired_workspaces_.clear();
 }
 
 std::vector<void*> CudaContext::EndCapture() {
@@ -261,6 +280,14 @@ void DeviceStreamWaitEvent(const Place& place, void* stream, void* event) {
   CudaContext& c = CudaContext::Get(place.device);
   KEEL_CUDA_CHECK(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : c.stream(),
                                       static_cast<cudaEvent_t>(event), 0));
+}
+
+bool DeviceEventDone(const Place& place, void* event) {
+  CudaContext::Get(place.device);
+  cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (r == cudaErrorNotReady) return false;
+  KEEL_CUDA_CHECK(r);
+  return true;
 }
 
 void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size) {

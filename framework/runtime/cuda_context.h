@@ -73,6 +73,10 @@ class CudaContext {
   // (graphs captured earlier may use it).
   void BeginCapture();
   std::vector<void*> EndCapture();
+  // CUDA graphs alive on this device (CudaGraph's constructor and destructor): while any is, a
+  // workspace that grows keeps its old block (a graph may replay with it) until the last goes.
+  void GraphCreated();
+  void GraphDestroyed();
 
   ~CudaContext();
 
@@ -94,6 +98,8 @@ class CudaContext {
   bool capturing_ = false;
   std::vector<void*> capture_staging_;
   std::vector<void*> retired_workspaces_;
+  int live_graphs_ = 0;
+  void* cublas_workspace_ = nullptr;
 };
 
 // Grid size for a 1-D kernel over n elements with `threads` per block (grid-stride loops cover

@@ -23,6 +23,7 @@ CudaGraph::CudaGraph(const Place& place) : place_(place), impl_(std::make_unique
   KEEL_ENFORCE(place.is_cuda(), "a CUDA graph needs a CUDA place, not ", place.str());
   impl_->ctx = &CudaContext::Get(place.device);
   KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->inputs_copied, cudaEventDisableTiming));
+  impl_->ctx->GraphCreated();
 }
 
 CudaGraph::~CudaGraph() {
@@ -38,6 +39,7 @@ CudaGraph::~CudaGraph() {
   for (void* p : m.inputs) cudaFreeHost(p);
   for (void* p : m.staging) cudaFreeHost(p);
   cudaEventDestroy(m.inputs_copied);
+  m.ctx->GraphDestroyed();
 }
 
 void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs) {
@@ -50,12 +52,28 @@ void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs
     m.inputs.push_back(p);
   }
   const cudaStream_t s = m.ctx->stream();
+  CachingAllocator& alloc = m.ctx->allocator();
+  m.alloc_capture = alloc.BeginCapture();  // throws when another capture is under way
+  auto undo = [&] {
+    alloc.EndCapture();
+    alloc.ReleaseCapture(m.alloc_capture, s);
+    m.alloc_capture = 0;
+  };
+  try {
+    m.ctx->BeginCapture();
+  } catch (...) {
+    undo();
+    throw;
+  }
   // Relaxed: the rings' threads enqueue NCCL calls on their streams (which join this capture
   // through the executor's events), and a first-time cudaMalloc of the allocator stays legal.
-  KEEL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  const cudaError_t begun = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  if (begun != cudaSuccess) {
+    m.ctx->EndCapture();
+    undo();
+    KEEL_CUDA_CHECK(begun);
+  }
   m.capturing = true;
-  m.alloc_capture = m.ctx->allocator().BeginCapture();
-  m.ctx->BeginCapture();
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].second)
       KEEL_CUDA_CHECK(cudaMemcpyAsync(inputs[i].first, m.inputs[i], inputs[i].second,

@@ -54,6 +54,7 @@ void* DeviceEventCreate(const Place& place) { NoCuda(place); }
 void DeviceEventDestroy(const Place&, void*) {}
 void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }
 void DeviceStreamWaitEvent(const Place& place, void*, void*) { NoCuda(place); }
+bool DeviceEventDone(const Place& place, void*) { NoCuda(place); }
 
 struct CudaGraph::Impl {};
 CudaGraph::CudaGraph(const Place& place) : place_(place) {

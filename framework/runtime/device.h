@@ -38,5 +38,7 @@ void DeviceEventDestroy(const Place& place, void* event);
 void DeviceEventRecord(const Place& place, void* event, void* stream);
 // Work enqueued on `stream` after this waits until `event`'s last recording has completed.
 void DeviceStreamWaitEvent(const Place& place, void* stream, void* event);
+// Whether the work before `event`'s last recording has completed (does not block).
+bool DeviceEventDone(const Place& place, void* event);
 
 }  // namespace keel

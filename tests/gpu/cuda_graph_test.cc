@@ -115,6 +115,32 @@ TEST(CudaGraph, AScopeDropCapturesAgainAndStillMatches) {
   ExpectSameRun(graph, plain);
 }
 
+// The test program shares the temporaries' names (and so their vars) with the training program;
+// evaluating a bigger batch reallocates them under the training graph, which must notice and
+// capture again rather than replay into freed memory.
+TEST(CudaGraph, AnEvalProgramThatReallocatesSharedVarsMakesTheTrainingGraphCaptureAgain) {
+  SKIP_WITHOUT_GPU();
+  std::vector<float> losses[2];
+  int64_t captures = 0;
+  for (int graph = 0; graph < 2; ++graph) {
+    DropoutMlp m;
+    std::unique_ptr<Program> test = m.main.clone_for_test();
+    ExecutionStrategy s;
+    s.use_cuda_graph = graph == 1;
+    Executor exe(CUDAPlace(0), s);
+    exe.Run(m.startup);
+    for (int step = 0; step < 12; ++step) {
+      losses[graph].push_back(exe.Run(m.main, {{"x", Batch(16, step)}}, {m.loss})[0].item<float>());
+      if (step % 4 == 3)
+        losses[graph].push_back(
+            exe.Run(*test, {{"x", Batch(200, 50 + step)}}, {m.loss})[0].item<float>());
+    }
+    if (graph) captures = exe.CudaGraphCaptures(m.main);
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_GE(captures, 2) << "the training graph was replayed after the eval moved its buffers";
+}
+
 TEST(CudaGraph, BuiltInModelsReplayTheirPlainStepsAndCallCudaMallocZeroTimes) {
   SKIP_WITHOUT_GPU();
   for (const char* name : {"mlp", "resnet", "transformer"}) {
