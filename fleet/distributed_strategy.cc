@@ -81,7 +81,8 @@ std::string DistributedStrategy::ToString() const {
       ", local_sgd_is_warm_steps=", local_sgd_is_warm_steps,
       ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce), ", comm_timeout_s=", comm_timeout_s,
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
-      ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope, "}}");
+      ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
+      ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {

@@ -53,6 +53,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
   EXPECT_TRUE(s.sync_nccl_allreduce);
   EXPECT_EQ(s.comm_timeout_s, 300);
   EXPECT_EQ(s.exec_strategy.num_threads, ExecutionStrategy().num_threads);
+  EXPECT_FALSE(s.exec_strategy.use_cuda_graph);
   EXPECT_NO_THROW(s.Validate(Role()));
   EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(s));
   EXPECT_EQ(s.ToString(),
@@ -62,7 +63,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
             "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
             "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
             "comm_timeout_s=300, "
-            "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100}}");
+            "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100, use_cuda_graph=false}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -367,6 +368,9 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
       {"exec_strategy.num_iteration_per_drop_scope", kPinnedBy, none, none,
        "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
+      {"exec_strategy.use_cuda_graph", kPinnedBy, none, none,
+       "ExecutorCudaGraph.IsRefusedOnACpuPlaceBeforeAnyOpRuns (attached), "
+       "CudaGraph.OneNcclRankReplaysTheTranspiledProgramExactly (GPU)"},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -374,7 +378,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 88u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 96u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {
