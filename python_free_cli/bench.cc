@@ -15,6 +15,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/blas.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/device.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
 
@@ -168,6 +169,11 @@ int Bench(const std::vector<std::string>& args) {
   FeedMap feed;
   m.next_batch(FLAGS_batch_size, &feed);  // one batch, reused, as the torch anchor does
   for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(*m.main, feed);
+  // A CUDA place's run returns once its work is queued: each timed step waits for the device, as
+  // the PyTorch anchor synchronises (a no-op on the CPU).
+  const Place place = exe.place();
+  DeviceSynchronize(place);
+  DeviceResetPeakStats(place);
   fleet::barrier_worker();
   profiler::StartFromFlags();
   std::vector<double> ms;
@@ -176,6 +182,7 @@ int Bench(const std::vector<std::string>& args) {
   for (int i = 0; i < FLAGS_bench_steps; ++i) {
     auto a = std::chrono::steady_clock::now();
     exe.Run(*m.main, feed);
+    DeviceSynchronize(place);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -185,13 +192,22 @@ int Bench(const std::vector<std::string>& args) {
   double median = Median(ms);
   double mean = total * 1e3 / FLAGS_bench_steps;
   if (fleet::worker_index() != 0) return 0;
+  // On a GPU: the caching allocator's peak over the timed steps (torch.cuda.max_memory_allocated's
+  // counterpart) and whether the steps replayed a CUDA graph.
+  const std::string gpu =
+      place.is_cuda()
+          ? StrCat(", \"place\": \"", place.str(), "\", \"cuda_graph\": ",
+                   exe.CudaGraphCaptures(*m.main) > 0 ? "true" : "false", ", \"peak_mem_mb\": ",
+                   static_cast<double>(DeviceAllocatorStats(place).peak_in_use_bytes) / (1 << 20))
+          : std::string();
   std::printf(
       "{\"system\": \"keel\", \"model\": \"%s\", \"world\": %d, \"threads\": %d, "
       "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
-      "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"loss\": %.5f}\n",
+      "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"loss\": %.5f%s}\n",
       args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(), FLAGS_batch_size,
-      FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3), loss);
+      FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3), loss,
+      gpu.c_str());
   return 0;
 }
 
