@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch anchors for tools/gpu_check.sh on the same GPU: the seed MLP at batch 128 (eager and
-torch.compile(mode="reduce-overhead")) and ResNet-20 at batch 128 (eager). One JSON line per run
+torch.compile(mode="reduce-overhead")), ResNet-20 at batch 128 and keel's small Transformer at
+batch 64 (eager). One JSON line per run
 with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated."""
 import json, os, statistics, sys, time
 
@@ -9,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_models import ResNet20  # noqa: E402
+from torch_models import ResNet20, TinyTransformer  # noqa: E402
 
 
 def mlp():
@@ -17,12 +18,16 @@ def mlp():
                          nn.Linear(1280, 2))
 
 
-def bench(name, model, shape, classes, opt, steps=200, compile_mode=None):
+def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False):
     dev = torch.device("cuda")
     model = model.to(dev)
     optim = opt(model.parameters())
-    x = torch.rand(*shape, device=dev)
-    y = torch.randint(0, classes, (shape[0],), device=dev)
+    if tokens:  # ids [N, L]; a label per position
+        x = torch.randint(0, classes, shape, device=dev)
+        y = torch.randint(0, classes, (shape[0] * shape[1],), device=dev)
+    else:
+        x = torch.rand(*shape, device=dev)
+        y = torch.randint(0, classes, (shape[0],), device=dev)
 
     def step():
         optim.zero_grad(set_to_none=True)
@@ -58,6 +63,8 @@ def main():
     except Exception as e:  # a missing compiler toolchain must not hide the other numbers
         print(json.dumps({"run": "mlp_compile_reduce_overhead", "error": str(e)[:200]}))
     bench("resnet20_eager", ResNet20(), (128, 3, 32, 32), 10, sgd(0.05, 0.9), steps=50)
+    adam = lambda lr: (lambda p: torch.optim.Adam(p, lr=lr))  # noqa: E731
+    bench("transformer_eager", TinyTransformer(), (64, 8), 10, adam(0.003), tokens=True)
 
 
 if __name__ == "__main__":

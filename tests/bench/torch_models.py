@@ -57,6 +57,37 @@ class ResNet20(nn.Module):
         x = self.layers(F.relu(self.b(self.c(x))))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
+class TinyTransformer(nn.Module):
+    """keel's built-in transformer (models/transformer): token and position embeddings, post-norm
+    encoder layers (self-attention with q/k/v/out projections, then fc-gelu-fc), each followed by
+    layer_norm of the residual sum, and a classifier per position. Defaults: vocab 10, sequence 8,
+    d_model 32, 2 heads, d_ff 64, 2 layers."""
+
+    def __init__(self, vocab=10, seq_len=8, d_model=32, heads=2, d_ff=64, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.emb = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+        self.qkv = nn.ModuleList(nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(4))
+                                 for _ in range(layers))
+        self.ff = nn.ModuleList(nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(),
+                                              nn.Linear(d_ff, d_model)) for _ in range(layers))
+        self.ln = nn.ModuleList(nn.ModuleList(nn.LayerNorm(d_model) for _ in range(2))
+                                for _ in range(layers))
+        self.out = nn.Linear(d_model, vocab)
+
+    def forward(self, ids):  # ids [N, L] -> logits [N * L, vocab]
+        x = self.emb(ids) + self.pos
+        n, l, d = x.shape
+        e = d // self.heads
+        for (q, k, v, o), ff, (ln1, ln2) in zip(self.qkv, self.ff, self.ln):
+            split = lambda t: t.view(n, l, self.heads, e).transpose(1, 2)  # noqa: E731
+            scores = split(q(x)) @ split(k(x)).transpose(-1, -2) / e ** 0.5
+            ctx = (scores.softmax(-1) @ split(v(x))).transpose(1, 2).reshape(n, l, d)
+            x = ln1(x + o(ctx))
+            x = ln2(x + ff(x))
+        return self.out(x).reshape(n * l, -1)
+
 
 def main():
     p = argparse.ArgumentParser()
@@ -91,3 +122,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+
