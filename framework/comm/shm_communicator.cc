@@ -116,21 +116,31 @@ std::string HostIdentity() {
   return id;
 }
 
+// dst[i] = a[i] op b[i], also stored to dst2[i] when dst2 is set (one pass for both copies).
+template <typename T, typename F>
+void Combine(T* dst, T* dst2, const T* a, const T* b, size_t n, F f) {
+  if (dst2 == nullptr) {
+    for (size_t i = 0; i < n; ++i) dst[i] = f(a[i], b[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = dst2[i] = f(a[i], b[i]);
+  }
+}
+
 template <typename T>
-void ReduceInto(T* dst, const T* a, const T* b, size_t n, ReduceOp op) {
+void ReduceInto(T* dst, const T* a, const T* b, size_t n, ReduceOp op, T* dst2 = nullptr) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] + b[i]);
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
       break;
     case ReduceOp::kProd:
-      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<T>(a[i] * b[i]);
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return static_cast<T>(x * y); });
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) dst[i] = a[i] < b[i] ? b[i] : a[i];
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return x < y ? y : x; });
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) dst[i] = b[i] < a[i] ? b[i] : a[i];
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return y < x ? y : x; });
       break;
   }
 }
@@ -270,13 +280,18 @@ class ShmCommunicator : public Communicator {
           return j == rank_ ? chunk + lo : reinterpret_cast<const T*>(Slot(j)) + lo;
         };
         T* acc = nranks_ > 1 ? mine + lo : chunk + lo;
+        // The last step also stores into `data` (my part was read by then), unless an average
+        // still divides.
+        T* also = op == ReduceOp::kAvg ? nullptr : chunk + lo;
         if (nranks_ > 1) {
-          ReduceInto(acc, part(0), part(1), hi - lo, op);
-          for (int j = 2; j < nranks_; ++j) ReduceInto(acc, acc, part(j), hi - lo, op);
+          ReduceInto(acc, part(0), part(1), hi - lo, op, nranks_ == 2 ? also : nullptr);
+          for (int j = 2; j < nranks_; ++j)
+            ReduceInto(acc, acc, part(j), hi - lo, op, j == nranks_ - 1 ? also : nullptr);
         }
-        if (op == ReduceOp::kAvg)
+        if (op == ReduceOp::kAvg) {
           for (size_t i = 0; i < hi - lo; ++i) acc[i] = static_cast<T>(acc[i] / nranks_);
-        if (nranks_ > 1) std::memcpy(chunk + lo, acc, (hi - lo) * sizeof(T));
+          if (nranks_ > 1) std::memcpy(chunk + lo, acc, (hi - lo) * sizeof(T));
+        }
       }
       Arrive("every rank's reduced slice");
       for (int j = 0; j < nranks_; ++j) {
