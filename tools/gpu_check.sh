@@ -77,14 +77,21 @@ if [ "${RESULT[build]}" = ok ]; then
   log "ctest -L gpu"
   ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 900 >"$OUT/ctest_gpu.log" 2>&1
   RESULT[ctest_gpu]=$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1)
+  # ctest counts a skipped test as passed: say how many skipped (no device visible).
+  skipped=$(sed -n '/The following tests did not run/,$p' "$OUT/ctest_gpu.log" | grep -c '(Skipped)')
+  [ "$skipped" -gt 0 ] && RESULT[ctest_gpu]="${RESULT[ctest_gpu]}; $skipped SKIPPED (no GPU visible?)"
   log "compute-sanitizer memcheck on the model tests"
-  if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_kernels_test \
+  SAN=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+  if [ -x "$SAN" ]; then
+    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_kernels_test \
       --gtest_filter='CudaModels.*:CudaRuntime.*' >"$OUT/memcheck.log" 2>&1
     rc=$?
-    compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cudnn_ops_test \
+    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cudnn_ops_test \
       --gtest_filter='CudnnOps.*:CudnnModels.LenetAndResnet*' >>"$OUT/memcheck.log" 2>&1
-    [ $? -eq 0 ] && [ $rc -eq 0 ]
+    rc2=$?
+    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_graph_test \
+      --gtest_filter='CudaGraph.BuiltInModels*:CudaGraph.Replayed*' >>"$OUT/memcheck.log" 2>&1
+    [ $? -eq 0 ] && [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
     RESULT[memcheck]=$([ $? -eq 0 ] && echo clean || echo "errors (see memcheck.log)")
   else
     RESULT[memcheck]="compute-sanitizer not found"
@@ -94,10 +101,13 @@ if [ "${RESULT[build]}" = ok ]; then
     b=128; [ $m = transformer ] && b=64
     FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b >"$OUT/keel_$m.json" 2>"$OUT/keel_$m.log"
     RESULT[keel_$m]=$(tail -1 "$OUT/keel_$m.json" 2>/dev/null)
+    [ -n "${RESULT[keel_$m]}" ] || RESULT[keel_$m]="failed: $(grep -m1 'error' "$OUT/keel_$m.log")"
     # The same step captured once into a CUDA graph and replayed (--cuda_graph).
     FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b --cuda_graph \
       >"$OUT/keel_${m}_graph.json" 2>"$OUT/keel_${m}_graph.log"
     RESULT[keel_${m}_graph]=$(tail -1 "$OUT/keel_${m}_graph.json" 2>/dev/null)
+    [ -n "${RESULT[keel_${m}_graph]}" ] ||
+      RESULT[keel_${m}_graph]="failed: $(grep -m1 'error' "$OUT/keel_${m}_graph.log")"
   done
   if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     PYTHONUNBUFFERED=1 python3 tests/bench/gpu_torch_bench.py >"$OUT/torch.json" 2>"$OUT/torch.log"
