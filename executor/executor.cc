@@ -24,6 +24,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/validate_program.h"
 #include "framework/profiler/profiler.h"
+#include "framework/runtime/allocator.h"
 #include "framework/runtime/cpu_threads.h"
 #include "framework/runtime/cuda_graph.h"
 #include "framework/runtime/device.h"
@@ -168,6 +169,7 @@ struct Executor::Plan {
   // failures), and the event recorded after each launch for that.
   std::vector<Communicator*> graph_rings;
   void* graph_done = nullptr;
+  Tensor graph_vote;  // one int32 on the place: this rank's action, then the ring's minimum
   void DropGraph() {
     cuda_graph.reset();
     graph_holds.clear();
@@ -453,8 +455,31 @@ void Executor::CheckGraphable(const Program& program) {
 void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& feed) {
   if (plan.cuda_graph && !plan.GraphBuffersIntact()) plan.DropGraph();
   bool drop = false;
-  const GraphCapturePolicy::Action action = plan.graph_policy.Next(FeedSignature(feed), &drop);
+  GraphCapturePolicy::Action action = plan.graph_policy.Next(FeedSignature(feed), &drop);
   if (drop) plan.DropGraph();
+  // NCCL requires every rank of a ring to capture the same collectives at the same step and to
+  // replay the graphs of that capture: the ranks take the least advanced of their actions
+  // (plain < capture < replay). A rank whose feeds changed makes all run plain until it has
+  // warmed up; then all capture together.
+  for (const Plan::Op& op : plan.ops) {
+    if (!op.on_stream && !op.calc_stream) continue;
+    Communicator& ring = RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+    if (!plan.graph_vote.initialized()) plan.graph_vote.Alloc(DType::kInt32, DDim{1}, place_);
+    const int32_t mine = static_cast<int32_t>(action);
+    MemCopy(place_, plan.graph_vote.raw_data(), CPUPlace(), &mine, sizeof(mine));
+    DeviceSynchronize(place_);  // the ring's stream reads the vote the compute stream wrote
+    ring.AllReduce(&plan.graph_vote, ReduceOp::kMin);
+    int32_t least = mine;
+    MemCopy(CPUPlace(), &least, place_, plan.graph_vote.raw_data(), sizeof(least));
+    using Action = GraphCapturePolicy::Action;
+    const auto agreed = static_cast<Action>(least);
+    if (agreed == Action::kCapture && action == Action::kReplay) {
+      plan.cuda_graph.reset();  // another rank captures anew: so does this one
+      plan.graph_holds.clear();
+    }
+    action = agreed;
+    break;
+  }
   // Device feeds are copied into the vars' buffers before the step, outside the graph.
   for (auto& kv : feed)
     if (!kv.second.place().is_cpu())
@@ -480,7 +505,8 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       // program) may hold ops a graph cannot.
       const std::string blocker = GraphCaptureBlocker(program);
       KEEL_ENFORCE(blocker.empty(), "ExecutionStrategy::use_cuda_graph: ", blocker,
-                   "; this program cannot be captured into a CUDA graph (set use_cuda_graph=false)");
+                   "; this program cannot be captured into a CUDA graph "
+                   "(set use_cuda_graph=false)");
       KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
                    "reads every output on the host after its op, which a CUDA graph cannot do");
       // Every ring a collective uses must run on a device stream (NCCL) to be captured.

@@ -19,6 +19,7 @@ namespace keel {
 class GraphCapturePolicy {
  public:
   static constexpr int kWarmupRuns = 2;
+  // In this order: ranks of a ring agree on the least of their actions (executor.cc).
   enum class Action { kPlain, kCapture, kReplay };
 
   // The action for a step whose feeds have signature `key`. Sets *drop_graph when a graph
