@@ -167,7 +167,7 @@ class SoftmaxKernel : public OpKernel {
   explicit SoftmaxKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
-    const cuda::AxisSplit s = cuda::SplitAt(x.dims(), axis_);
+    const AxisSplit s = SplitAt(x.dims(), axis_);
     T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
     const int64_t rows = s.pre * s.post;
     if (rows == 0 || s.n == 0) return;
@@ -192,10 +192,12 @@ class SoftmaxGradKernel : public OpKernel {
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     KEEL_ENFORCE(out.numel() == dout.numel(), "Out ", out.dims().str(), " and Out@GRAD ",
                  dout.dims().str(), " differ in size");
-    const cuda::AxisSplit s = cuda::SplitAt(out.dims(), axis_);
+    const AxisSplit s = SplitAt(out.dims(), axis_);
     T* dp = dx->mutable_data<T>(ctx.place());
     const int64_t rows = s.pre * s.post;
     if (rows == 0 || s.n == 0) return;
+    KEEL_ENFORCE(rows < (int64_t(1) << 31), ctx.op().type(), ": ", rows,
+                 " rows exceed one launch");
     SoftmaxGradRows<T, kLog><<<rows, RowThreads(s.n), 0, Cuda(ctx).stream()>>>(
         out.data<T>(), dout.data<T>(), dp, s.n, s.post);
     KEEL_CUDA_LAUNCH_CHECK();

@@ -5,6 +5,7 @@
 #include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/device.h"
 
 namespace keel {
 
@@ -14,20 +15,28 @@ void SameAsX(InferShapeContext& ctx) {
   if (ctx.HasInput("X") && ctx.HasOutput("Out")) ctx.ShareDimAndDType("X", "Out");
 }
 
-// Out aliases X in programs the transpiler writes; otherwise copy X into Out first.
+Communicator& Ring(const ExecutionContext& ctx) {
+  return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
+}
+
+// Out aliases X in programs the transpiler writes; otherwise copy X into Out first. On a CUDA
+// place the collective runs on the ring's stream, so the copy does too, after the compute
+// stream's work (Out's block was allocated in that stream's order).
 Tensor* InPlaceOut(ExecutionContext& ctx) {
   const Tensor& x = ctx.Input("X");
   Tensor* out = ctx.Output("Out");
   if (out->holder() != x.holder() || out->offset() != x.offset()) {
     out->Resize(x.dims());
     out->mutable_data(x.dtype(), ctx.place());
-    out->CopyFrom(x);
+    void* ring_stream = x.place().is_cuda() ? Ring(ctx).device_stream() : nullptr;
+    if (ring_stream != nullptr) {
+      DeviceCopyOnStreamAfterCompute(ctx.place(), out->raw_data(), x.raw_data(), x.nbytes(),
+                                     ring_stream);
+    } else {
+      out->CopyFrom(x);
+    }
   }
   return out;
-}
-
-Communicator& Ring(const ExecutionContext& ctx) {
-  return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
 }
 
 template <ReduceOp kOp>

@@ -10,6 +10,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cuda_context.h"
+#include "ops/axis_layout.h"
 
 namespace keel {
 
@@ -60,17 +61,6 @@ __device__ T BlockMax(T v) {
   return v;
 }
 
-namespace cuda {
-// dims = [pre, n, post] around `axis` (negative counts from the end); as op_util.h's SplitAt,
-// which .cu files do not include (it pulls in Eigen).
-struct AxisSplit {
-  int64_t pre, n, post;
-};
-inline AxisSplit SplitAt(const DDim& d, int axis) {
-  const int a = axis < 0 ? axis + d.size() : axis;
-  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
-}
-}  // namespace cuda
 
 // Bad input a kernel finds on the device (a label or id out of range): the kernel records the
 // first (value, index) in mapped pinned host memory, and the host reads it back without

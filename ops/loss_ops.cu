@@ -200,7 +200,7 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     const Tensor& logits = ctx.Input("Logits");
     const Tensor& label = ctx.Input("Label");
-    const cuda::AxisSplit s = cuda::SplitAt(logits.dims(), axis_);
+    const AxisSplit s = SplitAt(logits.dims(), axis_);
     ThrowIfReported(report_, "softmax_with_cross_entropy", s.n, ignore_index_);
     if (!soft_) CheckHardLabel(label);
     T* sm = ctx.Output("Softmax")->mutable_data<T>(ctx.place());
@@ -218,7 +218,7 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
 
   void Replayed(ExecutionContext& ctx) override {
     ThrowIfReported(report_, "softmax_with_cross_entropy",
-                    cuda::SplitAt(ctx.Input("Logits").dims(), axis_).n, ignore_index_);
+                    SplitAt(ctx.Input("Logits").dims(), axis_).n, ignore_index_);
   }
 
  private:
@@ -242,7 +242,7 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
     const Tensor& softmax = ctx.Input("Softmax");
     const Tensor& label = ctx.Input("Label");
     const Tensor& dloss = ctx.Input(GradVarName("Loss"));
-    const cuda::AxisSplit s = cuda::SplitAt(softmax.dims(), axis_);
+    const AxisSplit s = SplitAt(softmax.dims(), axis_);
     KEEL_ENFORCE(dloss.numel() == s.pre * s.post, "Loss@GRAD ", dloss.dims().str(),
                  " does not match Softmax ", softmax.dims().str());
     ThrowIfReported(report_, "softmax_with_cross_entropy_grad", s.n, ignore_index_);
@@ -279,7 +279,7 @@ class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
 
   void Replayed(ExecutionContext& ctx) override {
     ThrowIfReported(report_, "softmax_with_cross_entropy_grad",
-                    cuda::SplitAt(ctx.Input("Softmax").dims(), axis_).n, ignore_index_);
+                    SplitAt(ctx.Input("Softmax").dims(), axis_).n, ignore_index_);
   }
 
  private:

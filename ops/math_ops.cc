@@ -275,30 +275,9 @@ class MatMulGradKernel : public OpKernel {
 
 // ------------------------------------------------------------------------------ elementwise
 
-// Y's rank once trailing 1s are dropped (Paddle: Y [C, 1] broadcasts like Y [C]; Y [1] is a
-// scalar).
-int TrimmedRank(const DDim& y) {
-  int r = y.size();
-  while (r > 0 && y[r - 1] == 1) --r;
-  return r;
-}
-
-// axis -1 aligns Y with X's trailing dims.
-int ResolveAxis(int axis, const DDim& x, const DDim& y) {
-  return axis == -1 ? x.size() - y.size() : axis;
-}
-
-// X as (pre, n, post) around the dims Y covers. Assumes ElementwiseShape validated the shapes.
+// TrimmedRank, ResolveAxis and GetMid (X as (pre, n, post) around the dims Y covers) are in
+// ops/axis_layout.h, shared with the CUDA kernels.
 using fn::BroadcastMid;
-
-BroadcastMid GetMid(const DDim& x, const DDim& y, int axis) {
-  const int a = ResolveAxis(axis, x, y), yr = TrimmedRank(y);
-  // Grad kernels get here without ElementwiseShape (their shape function copies X's and Y's).
-  KEEL_ENFORCE(yr <= x.size() && a >= 0 && a <= x.size() - yr, "axis ", axis, " places Y ", y.str(),
-               " outside X ", x.str());
-  axis = a;
-  return BroadcastMid{x.prod(0, axis), y.prod(0, yr), x.prod(axis + yr, x.size())};
-}
 
 // X [N, C, H, W] op Y [C] with axis 1 = Out [N, C, H, W]; X [N, C] op Y [C] (axis -1 or 1) is the
 // bias add; Y of X's shape is plain elementwise.

@@ -1,6 +1,7 @@
 // CUDA twins of math_ops.cc: mul and matmul through cuBLAS (row-major GEMMs mapped onto its
 // column-major calls; TF32 only with FLAGS_allow_tf32), elementwise ops with Paddle's axis
 // broadcasting through the shared functors, sum and scale.
+#include <climits>
 #include <type_traits>
 
 #include "ops/cuda_util.cuh"
@@ -19,6 +20,18 @@ void Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N, i
           const T* A, int64_t sa, const T* B, int64_t sb, T beta, T* C, int64_t sc,
           int64_t batch = 1) {
   if (M == 0 || N == 0 || batch == 0) return;
+  if (K == 0) {  // C = beta * C; cuBLAS would refuse the zero leading dimension of A or B
+    KEEL_ENFORCE(beta == T(0) || beta == T(1), "Gemm with K == 0 and beta ", beta);
+    if (beta == T(0)) {
+      const int64_t blocks = sc == 0 ? 1 : batch;
+      for (int64_t b = 0; b < blocks; ++b)
+        KEEL_CUDA_CHECK(cudaMemsetAsync(C + b * sc, 0, M * N * sizeof(T), Cuda(ctx).stream()));
+    }
+    return;
+  }
+  KEEL_ENFORCE(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX,
+               "GEMM of ", M, " x ", N, " x ", K, " (batch ", batch,
+               ") exceeds cuBLAS's 32-bit sizes");
   cublasHandle_t h = Cuda(ctx).cublas();
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -181,16 +194,7 @@ class MatMulGradKernel : public OpKernel {
 
 // ------------------------------------------------------------------------------ elementwise
 
-int TrimmedRank(const DDim& y) {
-  int r = y.size();
-  while (r > 0 && y[r - 1] == 1) --r;
-  return r;
-}
-fn::BroadcastMid GetMid(const DDim& x, const DDim& y, int axis) {
-  axis = axis == -1 ? x.size() - y.size() : axis;
-  const int yr = TrimmedRank(y);
-  return fn::BroadcastMid{x.prod(0, axis), y.prod(0, yr), x.prod(axis + yr, x.size())};
-}
+// GetMid (ops/axis_layout.h): X as (pre, n, post) around the dims Y covers, axis checked.
 
 // out[i] = f(x[i], y[YIndex(i)]); out may be x itself.
 template <typename T, typename F>
@@ -251,6 +255,8 @@ class ElementwiseGradKernel : public OpKernel {
     if (Tensor* dy = ctx.OutputOrNull("Y@GRAD")) {
       T* dyd = dy->mutable_data<T>(ctx.place());
       if (m.n == 0) return;
+      KEEL_ENFORCE(m.n < (int64_t(1) << 31), ctx.op().type(), ": Y of ", m.n,
+                   " elements exceeds one launch (one block per element of Y)");
       ElementwiseDyKernel<T, G><<<m.n, 256, 0, Cuda(ctx).stream()>>>(gd, xd, yd, dyd, m);
       KEEL_CUDA_LAUNCH_CHECK();
     }

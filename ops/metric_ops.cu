@@ -58,7 +58,7 @@ class ArgMaxKernel : public OpKernel {
   explicit ArgMaxKernel(const OpDesc& op) : axis_(static_cast<int>(op.Attr<int64_t>("axis"))) {}
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
-    const cuda::AxisSplit s = cuda::SplitAt(x.dims(), axis_);
+    const AxisSplit s = SplitAt(x.dims(), axis_);
     const T* xp = x.data<T>();
     int64_t* op = ctx.Output("Out")->mutable_data<int64_t>(ctx.place());
     const int64_t n = s.n, post = s.post;

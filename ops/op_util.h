@@ -13,6 +13,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/ddim.h"
+#include "ops/axis_layout.h"
 
 namespace keel {
 
@@ -35,22 +36,6 @@ using ScratchVector = std::vector<T, Eigen::aligned_allocator<T>>;
 
 // Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
 constexpr int64_t kShortRow = 16;
-
-// Normalizes a possibly negative axis against `rank`.
-inline int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
-
-// dims = [pre, n, post] around the axis: row (i, j) is the n elements at i * n * post + j with
-// stride post, so post == 1 (the last axis, the common case) gives contiguous rows.
-struct AxisSplit {
-  int64_t pre, n, post;
-};
-// A kernel-side guard too: grad ops share the forward attrs but not always its shape checks.
-inline AxisSplit SplitAt(const DDim& d, int axis) {
-  KEEL_ENFORCE(axis >= -d.size() && axis < d.size(), "axis ", axis, " is outside [", -d.size(),
-               ", ", d.size(), ") for shape ", d.str());
-  int a = CanonicalAxis(axis, d.size());
-  return AxisSplit{d.prod(0, a), d[a], d.prod(a + 1, d.size())};
-}
 
 // ---------------------------------------------------------------- shape checks and functions
 

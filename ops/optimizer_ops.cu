@@ -23,45 +23,6 @@ void EnforceLike(const ExecutionContext& ctx, const Tensor& param, const char* s
                slot, " ", t.dims().str(), " must have the same shape");
 }
 
-template <typename T>
-class SgdKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceLike<T>(ctx, param, "Grad");
-    const T* lr = ctx.Input("LearningRate").data<T>();
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    ForEach(ctx, param.numel(),
-            [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], *lr); });
-  }
-};
-
-template <typename T>
-class MomentumKernel : public OpKernel {
- public:
-  explicit MomentumKernel(const OpDesc& op)
-      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceLike<T>(ctx, param, "Grad");
-    EnforceLike<T>(ctx, param, "Velocity");
-    const T* lr = ctx.Input("LearningRate").data<T>();
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    const T* v = ctx.Input("Velocity").data<T>();
-    T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
-    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    const fn::Momentum<T> f = f_;
-    ForEach(ctx, param.numel(),
-            [=] __device__(int64_t i) { f(p[i], g[i], v[i], *lr, &po[i], &vo[i]); });
-  }
-
- private:
-  fn::Momentum<T> f_;
-};
-
 // Reads a one-element float32/float64 device scalar as double.
 struct DeviceScalar {
   const void* p;
@@ -74,6 +35,48 @@ DeviceScalar ScalarOf(const Tensor& t) {
   KEEL_ENFORCE(t.numel() == 1, "expected one element, got ", t.dims().str());
   return DeviceScalar{t.raw_data(), t.dtype() == DType::kFloat64};
 }
+
+template <typename T>
+class SgdKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLike<T>(ctx, param, "Grad");
+    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
+    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    ForEach(ctx, param.numel(),
+            [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get())); });
+  }
+};
+
+template <typename T>
+class MomentumKernel : public OpKernel {
+ public:
+  explicit MomentumKernel(const OpDesc& op)
+      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLike<T>(ctx, param, "Grad");
+    EnforceLike<T>(ctx, param, "Velocity");
+    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
+    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    const T* v = ctx.Input("Velocity").data<T>();
+    T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const fn::Momentum<T> f = f_;
+    ForEach(ctx, param.numel(),
+            [=] __device__(int64_t i) { f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]); });
+  }
+
+ private:
+  fn::Momentum<T> f_;
+};
+
 
 template <typename T>
 __global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, void* b2o,
@@ -253,9 +256,10 @@ class MergedSgdKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     table_.Build(ctx, nullptr, nullptr, nullptr, nullptr, false);
-    const T* lr = ctx.Input("LearningRate").data<T>();
+    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
+    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
-      e.po[i] = fn::SgdUpdate(e.p[i], e.g[i], *lr);
+      e.po[i] = fn::SgdUpdate(e.p[i], e.g[i], static_cast<T>(lr.Get()));
     });
   }
 
@@ -270,10 +274,11 @@ class MergedMomentumKernel : public OpKernel {
       : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
   void Compute(ExecutionContext& ctx) override {
     table_.Build(ctx, "Velocity", "VelocityOut", nullptr, nullptr, false);
-    const T* lr = ctx.Input("LearningRate").data<T>();
+    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
+    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
     const fn::Momentum<T> f = f_;
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
-      f(e.p[i], e.g[i], e.a[i], *lr, &e.po[i], &e.ao[i]);
+      f(e.p[i], e.g[i], e.a[i], static_cast<T>(lr.Get()), &e.po[i], &e.ao[i]);
     });
   }
 

@@ -133,7 +133,7 @@ class ConcatKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     std::vector<const Tensor*> xs = ctx.MultiInput("X");
     Tensor* out = ctx.Output("Out");
-    const cuda::AxisSplit s = cuda::SplitAt(out->dims(), axis_);
+    const AxisSplit s = SplitAt(out->dims(), axis_);
     const int a = CanonicalAxis(axis_, out->dims().size());
     std::vector<int64_t> ns;
     std::vector<T*> parts;
@@ -155,7 +155,7 @@ class ConcatGradKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     std::vector<Tensor*> dxs = ctx.MultiOutput(GradVarName("X"));
     const Tensor& dout = ctx.Input(GradVarName("Out"));
-    const cuda::AxisSplit s = cuda::SplitAt(dout.dims(), axis_);
+    const AxisSplit s = SplitAt(dout.dims(), axis_);
     const int a = CanonicalAxis(axis_, dout.dims().size());
     std::vector<int64_t> ns;
     std::vector<T*> parts;
@@ -177,7 +177,7 @@ class SplitKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
     std::vector<Tensor*> outs = ctx.MultiOutput("Out");
-    const cuda::AxisSplit s = cuda::SplitAt(x.dims(), axis_);
+    const AxisSplit s = SplitAt(x.dims(), axis_);
     const int a = CanonicalAxis(axis_, x.dims().size());
     std::vector<int64_t> ns;
     std::vector<T*> parts;

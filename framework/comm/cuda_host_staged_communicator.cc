@@ -117,8 +117,13 @@ class HostStagedCommunicator : public Communicator {
                                     cudaMemcpyHostToDevice, stream_));
     KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // The last copy from the buffer (ToDevice does not wait for it) must be done before the memory
+  // is unpinned and freed.
   void Unpin() {
-    if (pinned_) cudaHostUnregister(pinned_);
+    if (pinned_) {
+      cudaStreamSynchronize(stream_);
+      cudaHostUnregister(pinned_);
+    }
     pinned_ = nullptr;
   }
 

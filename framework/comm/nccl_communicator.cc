@@ -12,6 +12,7 @@
 #include "framework/comm/communicator.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
+#include "framework/runtime/cuda_context.h"
 
 namespace keel {
 
@@ -48,7 +49,7 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(int ring_id, int rank, int nranks, int device, StoreClient& store,
                    const CommOptions& o)
       : Communicator(ring_id, rank, nranks), device_(device), timeout_(o.timeout) {
-    Cuda(cudaSetDevice(device), "cudaSetDevice");
+    CudaContext::Get(device);  // the calling thread's device, through the context's cache
     ncclUniqueId id;
     const std::string key = o.prefix + "nccl/ring" + std::to_string(ring_id) + "/id";
     if (rank == 0) {
@@ -69,6 +70,7 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (computed_) cudaEventDestroy(computed_);
   }
   const char* backend() const override { return "nccl"; }
   void* device_stream() const override { return stream_; }
@@ -104,6 +106,7 @@ class NcclCommunicator : public Communicator {
   }
   void AllGather(const Tensor& in, Tensor* out) override {
     AllocateGathered(in, out);
+    AfterCompute();
     Run("allgather", [&] {
       return ncclAllGather(in.raw_data(), out->raw_data(), static_cast<size_t>(in.numel()),
                            NcclType(in.dtype()), comm_, stream_);
@@ -116,17 +119,32 @@ class NcclCommunicator : public Communicator {
     d[0] /= nranks_;
     out->Resize(d);
     out->mutable_data(in.dtype(), in.place());
+    AfterCompute();
     Run("reduce_scatter", [&] {
       return ncclReduceScatter(in.raw_data(), out->raw_data(), static_cast<size_t>(out->numel()),
                                NcclType(in.dtype()), NcclOp(op), comm_, stream_);
     });
   }
   void Barrier() override {
-    Tensor one(DType::kInt32, {1}, CUDAPlace(device_));
-    AllReduce(&one, ReduceOp::kSum);
+    if (!barrier_.initialized()) {
+      barrier_.Alloc(DType::kInt32, {1}, CUDAPlace(device_));
+      AfterCompute();
+    }
+    Cuda(cudaMemsetAsync(barrier_.raw_data(), 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
+    AllReduce(&barrier_, ReduceOp::kSum);
   }
 
  private:
+  // The ring's stream waits for the work queued on the compute stream so far. An output this
+  // ring writes was allocated in the compute stream's order (its block may have been another
+  // tensor's there a moment ago).
+  void AfterCompute() {
+    CudaContext& c = CudaContext::Get(device_);
+    if (computed_ == nullptr)
+      Cuda(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming), "cudaEventCreate");
+    Cuda(cudaEventRecord(computed_, c.stream()), "cudaEventRecord");
+    Cuda(cudaStreamWaitEvent(stream_, computed_, 0), "cudaStreamWaitEvent");
+  }
   void Cuda(cudaError_t e, const char* what) {
     KEEL_ENFORCE(e == cudaSuccess, "NCCL ring ", ring_id_, ": ", what, ": ",
                  cudaGetErrorString(e));
@@ -158,7 +176,7 @@ class NcclCommunicator : public Communicator {
     CommTimer timer(&comm_ns_);
     ++seq_;
     KEEL_ENFORCE(comm_ != nullptr, Where(what), ": the ring is dead after an earlier failure");
-    Cuda(cudaSetDevice(device_), "cudaSetDevice");
+    CudaContext::Get(device_);
     ncclResult_t r = enqueue();
     KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, Where(what), ": ",
                  ncclGetErrorString(r));
@@ -197,6 +215,8 @@ class NcclCommunicator : public Communicator {
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t computed_ = nullptr;
+  Tensor barrier_;  // one int32 on the device, zeroed on the ring's stream before each barrier
 };
 
 }  // namespace

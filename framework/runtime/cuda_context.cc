@@ -290,6 +290,18 @@ bool DeviceEventDone(const Place& place, void* event) {
   return true;
 }
 
+void DeviceCopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                    void* stream) {
+  CudaContext& c = CudaContext::Get(place.device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaEvent_t computed;
+  KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
+  KEEL_CUDA_CHECK(cudaEventRecord(computed, c.stream()));
+  KEEL_CUDA_CHECK(cudaStreamWaitEvent(s, computed, 0));
+  cudaEventDestroy(computed);  // released once its recording completes
+  if (size > 0) KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToDevice, s));
+}
+
 void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size) {
   if (size == 0) return;
   CudaContext& c = CudaContext::Get(dst_place.device);

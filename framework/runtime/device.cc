@@ -55,6 +55,9 @@ void DeviceEventDestroy(const Place&, void*) {}
 void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }
 void DeviceStreamWaitEvent(const Place& place, void*, void*) { NoCuda(place); }
 bool DeviceEventDone(const Place& place, void*) { NoCuda(place); }
+void DeviceCopyOnStreamAfterCompute(const Place& place, void*, const void*, size_t, void*) {
+  NoCuda(place);
+}
 
 struct CudaGraph::Impl {};
 CudaGraph::CudaGraph(const Place& place) : place_(place) {

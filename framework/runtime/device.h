@@ -40,5 +40,10 @@ void DeviceEventRecord(const Place& place, void* event, void* stream);
 void DeviceStreamWaitEvent(const Place& place, void* stream, void* event);
 // Whether the work before `event`'s last recording has completed (does not block).
 bool DeviceEventDone(const Place& place, void* event);
+// Copies `size` bytes between two buffers of the place on `stream` (a ring's), after the work
+// queued on the compute stream so far: for a collective whose input must first be copied to its
+// output, which the compute stream may still be writing.
+void DeviceCopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                    void* stream);
 
 }  // namespace keel
