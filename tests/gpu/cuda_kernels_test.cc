@@ -191,6 +191,43 @@ TEST(CudaRuntime, OutOfMemoryNamesBytesCacheAndFlag) {
                           "FLAGS_fraction_of_gpu_memory_to_use"});
 }
 
+// K == 0: out = X * Y is all zeros; cuBLAS refuses the zero leading dimension, so the GEMM must
+// write the zeros itself (on the CPU twin too).
+TEST(CudaKernels, GemmWithAnEmptyContractionWritesZeros) {
+  SKIP_WITHOUT_GPU();
+  for (const char* type : {"mul", "matmul"}) {
+    SCOPED_TRACE(type);
+    OpCase c = Op(type, type, {{"X", {R({4, 0})}}, {"Y", {R({0, 6}, -1, 1, 2)}}});
+    const Tensor cpu = RunForward(c)["Out"][0];
+    const Tensor gpu = RunForward(c, CUDAPlace(0))["Out"][0];
+    ASSERT_EQ(gpu.dims(), (DDim{4, 6}));
+    EXPECT_EQ(ToDouble(gpu), ToDouble(cpu));
+    for (double v : ToDouble(gpu)) EXPECT_EQ(v, 0.0);
+  }
+}
+
+// The DSL's learning rate is float32 whatever the parameters' dtype: float64 sgd and momentum
+// read it as the CPU's item<T>() does.
+TEST(CudaKernels, Float64OptimizersTakeAFloat32LearningRate) {
+  SKIP_WITHOUT_GPU();
+  const DType f64 = DType::kFloat64;
+  const Tensor lr = Tensor::FromVector<float>({0.1f}, {1});
+  std::vector<OpCase> cases = {
+      Op("sgd", "sgd",
+         {{"Param", {R({5, 3}, -1, 1, 1, f64)}}, {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
+          {"LearningRate", {lr}}},
+         {{"ParamOut", 1}}),
+      Op("momentum", "momentum",
+         {{"Param", {R({5, 3}, -1, 1, 1, f64)}}, {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
+          {"Velocity", {R({5, 3}, -1, 1, 3, f64)}}, {"LearningRate", {lr}}},
+         {{"ParamOut", 1}, {"VelocityOut", 1}}, {{"mu", 0.9f}, {"use_nesterov", true}})};
+  for (const OpCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto cpu = RunForward(c), gpu = RunForward(c, CUDAPlace(0));
+    for (auto& kv : cpu) EXPECT_LE(MaxRelErr(gpu.at(kv.first)[0], kv.second[0]), 1e-12) << kv.first;
+  }
+}
+
 TEST(CudaRuntime, TensorsCopyBetweenPlacesExactly) {
   SKIP_WITHOUT_GPU();
   Tensor a = R({1000, 3});
