@@ -47,8 +47,9 @@ class SgdKernel : public OpKernel {
     const T* p = param.data<T>();
     const T* g = ctx.Input("Grad").data<T>();
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    ForEach(ctx, param.numel(),
-            [=] __device__(int64_t i) { po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get())); });
+    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
+      po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get()));
+    });
   }
 };
 
@@ -69,8 +70,9 @@ class MomentumKernel : public OpKernel {
     T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const fn::Momentum<T> f = f_;
-    ForEach(ctx, param.numel(),
-            [=] __device__(int64_t i) { f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]); });
+    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
+      f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]);
+    });
   }
 
  private:

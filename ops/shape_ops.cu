@@ -10,8 +10,6 @@
 namespace keel {
 namespace {
 
-int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
-
 // ------------------------------------------------------------------------------- lookup_table
 
 [[noreturn]] void ThrowBadId(long long id, long long at, const DDim& ids, const DDim& w) {
@@ -61,14 +59,19 @@ class LookupTableKernel : public OpKernel {
 
 // dW[v, d] = sum of dout[r, d] over rows r with ids[r] = v: one thread per column d walks the
 // rows in order, so the sums are deterministic and in the CPU kernel's order.
+// An id outside [0, V) is reported (by column 0's thread) and skipped.
 template <typename T>
 __global__ void LookupTableGradColumns(const int64_t* ids, const T* dout, T* dw, int64_t rows,
-                                       int64_t V, int64_t D, int64_t pad) {
+                                       int64_t V, int64_t D, int64_t pad, DeviceReport* report) {
   for (int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; d < D;
        d += int64_t(blockDim.x) * gridDim.x)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t id = ids[r];
-      if (id == pad || id < 0 || id >= V) continue;
+      if (id == pad) continue;
+      if (id < 0 || id >= V) {
+        if (d == 0) Report(report, id, r);
+        continue;
+      }
       dw[id * D + d] += dout[r * D + d];
     }
 }
@@ -84,6 +87,7 @@ class LookupTableGradKernel : public OpKernel {
     const Tensor& ids = ctx.Input("Ids");
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     const DDim wd = dw->dims();
+    report_.Check([&](long long id, long long at) { ThrowBadId(id, at, ids.dims(), wd); });
     const int64_t V = wd[0], D = wd[1], rows = ids.numel();
     KEEL_ENFORCE(dout.numel() == rows * D, "Out@GRAD ", dout.dims().str(), " does not match Ids ",
                  ids.dims().str(), " and W ", wd.str());
@@ -91,12 +95,18 @@ class LookupTableGradKernel : public OpKernel {
     KEEL_CUDA_CHECK(cudaMemsetAsync(dwp, 0, V * D * sizeof(T), Cuda(ctx).stream()));
     if (rows == 0 || D == 0) return;
     LookupTableGradColumns<T><<<GridFor(D, 128), 128, 0, Cuda(ctx).stream()>>>(
-        ids.data<int64_t>(), dout.data<T>(), dwp, rows, V, D, padding_idx_);
+        ids.data<int64_t>(), dout.data<T>(), dwp, rows, V, D, padding_idx_, report_.device(ctx));
     KEEL_CUDA_LAUNCH_CHECK();
+  }
+  void Replayed(ExecutionContext& ctx) override {
+    const DDim& ids = ctx.Input("Ids").dims();
+    const DDim& w = ctx.Input("W").dims();
+    report_.Check([&](long long id, long long at) { ThrowBadId(id, at, ids, w); });
   }
 
  private:
   int64_t padding_idx_;
+  DeviceReportSlot report_;
 };
 
 // -------------------------------------------------------------------------- concat, split
@@ -112,7 +122,12 @@ void CopySlabs(const ExecutionContext& ctx, int64_t pre, int64_t post,
   int64_t off = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
     const int64_t len = ns[k] * post;
-    if (parts[k] != nullptr && len > 0 && pre > 0) {
+    if (parts[k] != nullptr && len > 0 && pre == 1) {  // one contiguous run (any size)
+      T* w = whole + off;
+      KEEL_CUDA_CHECK(cudaMemcpyAsync(to_whole ? w : parts[k], to_whole ? parts[k] : w,
+                                      len * sizeof(T), cudaMemcpyDeviceToDevice,
+                                      Cuda(ctx).stream()));
+    } else if (parts[k] != nullptr && len > 0 && pre > 0) {
       T* w = whole + off;
       const size_t wpitch = total * post * sizeof(T), ppitch = len * sizeof(T);
       if (to_whole)
