@@ -445,6 +445,30 @@ TEST_F(CudaKernels2, BadLabelsAndIdsAreReportedByTheNextRun) {
     ExpectErrorContainsAll(ErrorOf([&] { exe.Run(prog, feed, {"out"}); }),
                            {"Ids value -4", "flat index 1", "[0, 5)"});
   }
+  {
+    // The gradient reports a bad id too (the CPU twin throws at once).
+    Program prog;
+    Block& b = prog.global_block();
+    for (auto [n, dt, dims] :
+         {std::tuple<const char*, DType, DDim>{"w", DType::kFloat32, {5, 2}},
+          {"ids", DType::kInt64, {3, 1}},
+          {"dout", DType::kFloat32, {3, 2}}}) {
+      VarDesc* v = b.Var(n);
+      v->set_dtype(dt);
+      v->set_dims(dims);
+      v->set_is_data(true);
+    }
+    AppendOp(b, "lookup_table_grad",
+             {{"W", {"w"}}, {"Ids", {"ids"}}, {GradVarName("Out"), {"dout"}}},
+             {{GradVarName("W"), {"dw"}}});
+    Executor exe(CUDAPlace(0));
+    FeedMap feed{{"w", R({5, 2})},
+                 {"ids", Tensor::FromVector<int64_t>({1, 9, 2}, {3, 1})},
+                 {"dout", R({3, 2})}};
+    exe.Run(prog, feed, {"dw"});
+    ExpectErrorContainsAll(ErrorOf([&] { exe.Run(prog, feed, {"dw"}); }),
+                           {"Ids value 9", "flat index 1", "[0, 5)"});
+  }
 }
 
 // coalesce_tensor on the device: the vars are views of one allocation, so what a kernel writes
