@@ -168,8 +168,15 @@ struct Executor::Plan {
   // The rings the graph's collectives use, watched while a replay runs (their timeouts and
   // failures), and the event recorded after each launch for that.
   std::vector<Communicator*> graph_rings;
+  bool graph_rings_known = false;
   void* graph_done = nullptr;
   Tensor graph_vote;  // one int32 on the place: this rank's action, then the ring's minimum
+  // "block 1 op #3 mul (X=x, Y=w -> Out=y)": how errors name op i (block 0 is not named).
+  std::string OpWhere(int i) const {
+    const OpDesc& d = *ops[i].desc;
+    return StrCat(block == 0 ? std::string() : StrCat("block ", block, " "), "op #", i, " ",
+                  d.type(), " (", SlotsText(d.inputs()), " -> ", SlotsText(d.outputs()), ")");
+  }
   void DropGraph() {
     cuda_graph.reset();
     graph_holds.clear();
@@ -461,9 +468,19 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
   // replay the graphs of that capture: the ranks take the least advanced of their actions
   // (plain < capture < replay). A rank whose feeds changed makes all run plain until it has
   // warmed up; then all capture together.
-  for (const Plan::Op& op : plan.ops) {
-    if (!op.on_stream && !op.calc_stream) continue;
-    Communicator& ring = RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+  if (!plan.graph_rings_known) {  // the rings exist once the startup program has run
+    for (const Plan::Op& op : plan.ops) {
+      if (!op.on_stream && !op.calc_stream) continue;
+      Communicator* ring =
+          &RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+      if (std::find(plan.graph_rings.begin(), plan.graph_rings.end(), ring) ==
+          plan.graph_rings.end())
+        plan.graph_rings.push_back(ring);
+    }
+    plan.graph_rings_known = true;
+  }
+  if (!plan.graph_rings.empty()) {
+    Communicator& ring = *plan.graph_rings.front();
     if (!plan.graph_vote.initialized()) plan.graph_vote.Alloc(DType::kInt32, DDim{1}, place_);
     const int32_t mine = static_cast<int32_t>(action);
     MemCopy(place_, plan.graph_vote.raw_data(), CPUPlace(), &mine, sizeof(mine));
@@ -478,7 +495,6 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       plan.graph_holds.clear();
     }
     action = agreed;
-    break;
   }
   // Device feeds are copied into the vars' buffers before the step, outside the graph.
   for (auto& kv : feed)
@@ -510,19 +526,10 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
       KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
                    "reads every output on the host after its op, which a CUDA graph cannot do");
       // Every ring a collective uses must run on a device stream (NCCL) to be captured.
-      plan.graph_rings.clear();
-      for (auto& op : plan.ops) {
-        if (!op.on_stream && !op.calc_stream) continue;
-        Communicator& ring =
-            RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
-        if (std::find(plan.graph_rings.begin(), plan.graph_rings.end(), &ring) ==
-            plan.graph_rings.end())
-          plan.graph_rings.push_back(&ring);
-        KEEL_ENFORCE(std::string(ring.backend()) == "nccl", "ExecutionStrategy::use_cuda_graph: ",
-                     op.desc->type(), " runs on ring ", op.desc->Attr<int>("ring_id"), " (",
-                     ring.backend(), "), which waits on the host; a CUDA graph needs NCCL "
-                     "(--gpu_comm_backend=nccl, one GPU per rank)");
-      }
+      for (const Communicator* ring : plan.graph_rings)
+        KEEL_ENFORCE(std::string(ring->backend()) == "nccl", "ExecutionStrategy::use_cuda_graph: "
+                     "ring ", ring->ring_id(), " (", ring->backend(), ") waits on the host; a CUDA "
+                     "graph needs NCCL (--gpu_comm_backend=nccl, one GPU per rank)");
       if (!plan.device_run_index.initialized())
         plan.device_run_index.Alloc(DType::kInt64, DDim{1}, place_);
       std::vector<std::pair<void*, size_t>> inputs;
@@ -569,9 +576,7 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
         try {
           plan.ops[i].kernel->Replayed(*plan.ops[i].ctx);
         } catch (const Error& e) {
-          KEEL_THROW("op #", i, " ", plan.ops[i].desc->type(), " (",
-                     SlotsText(plan.ops[i].desc->inputs()), " -> ",
-                     SlotsText(plan.ops[i].desc->outputs()), "): ", e.what());
+          KEEL_THROW(plan.OpWhere(static_cast<int>(i)), ": ", e.what());
         }
       }
       plan.cuda_graph->WaitInputs();
@@ -667,13 +672,9 @@ void Executor::RunOp(Plan& plan, int i) {
       }
     }
   } catch (const Error& e) {
-    const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
-    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
-               SlotsText(op.desc->outputs()), "): ", e.what());
+    KEEL_THROW(plan.OpWhere(i), ": ", e.what());
   } catch (const std::bad_alloc&) {
-    const std::string where = plan.block == 0 ? std::string() : StrCat("block ", plan.block, " ");
-    KEEL_THROW(where, "op #", i, " ", op.desc->type(), " (", SlotsText(op.desc->inputs()), " -> ",
-               SlotsText(op.desc->outputs()), "): out of memory");
+    KEEL_THROW(plan.OpWhere(i), ": out of memory");
   }
 }
 
