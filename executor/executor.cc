@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "executor/eager_deletion.h"
 #include "executor/event_plan.h"
 #include "executor/graph_capture.h"
 #include "executor/scheduler.h"
@@ -32,6 +33,13 @@
 DEFINE_bool(check_nan_inf, false,
             "Check every float output of every op for NaN and Inf after it runs, and stop at "
             "the first op that produces one, naming the op and the variable (Paddle's flag).");
+DEFINE_double(eager_delete_tensor_gb, 0.0,
+              "Eager deletion (Paddle's flag), CPU places: a temporary's memory goes back to the "
+              "allocator as soon as the last op that touches it in a run has finished. 0: at "
+              "once; > 0: in batches of at least this many GB (the rest at the end of the run); "
+              "< 0: off, temporaries keep their memory until the scope drop (for code that reads "
+              "them from the scope after a run instead of fetching them). CUDA places keep their "
+              "temporaries until the scope drop and refuse a value given explicitly.");
 DEFINE_bool(comm_overlap, true,
             "Let collectives run on their ring's thread (and, on CUDA, the ring's stream) while "
             "compute goes on; false: every collective waits for all earlier ops and all later ops "
@@ -135,6 +143,7 @@ struct Executor::Plan {
   std::vector<Op> ops;
   std::unordered_map<std::string, std::pair<Variable*, const VarDesc*>> vars;
   std::vector<Variable*> temporaries;
+  EagerDeletionPlan collect;  // CPU places
   int64_t* runs = nullptr;  // the program's run count (runs_ in the executor)
   std::unique_ptr<DependencyGraph> graph;
   Scheduler::StreamOf stream_of;  // empty when no op runs on a stream
@@ -268,12 +277,16 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   const Block& block = program.block(block_idx);
   // The block's vars and those of its ancestors (a sub-block reads and writes its parent's):
   // the nearest declaration of a name wins.
+  std::map<std::string, Variable*> owned;  // the temporaries by name
   for (int b = block_idx; b >= 0; b = program.block(b).parent_idx()) {
     for (VarDesc* v : program.block(b).AllVars()) {
       if (plan->vars.count(v->name())) continue;
       Variable* var = v->persistable() ? scope_->Var(v->name()) : local_scope_->Var(v->name());
       plan->vars[v->name()] = {var, v};
-      if (!v->persistable() && b == block_idx) plan->temporaries.push_back(var);
+      if (!v->persistable() && b == block_idx) {
+        plan->temporaries.push_back(var);
+        owned[v->name()] = var;
+      }
     }
   }
   std::random_device rd;
@@ -328,7 +341,8 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     // Ops that run blocks touch variables the graph cannot see; c_comm_init creates the ring
     // that later collectives use.
-    acc.barrier = op->HasAttr("sub_block") || op->type() == "c_comm_init";
+    acc.hidden_accesses = op->HasAttr("sub_block");
+    acc.barrier = acc.hidden_accesses || op->type() == "c_comm_init";
     if (op->type() == "coalesce_tensor" && !op->Output("FusedOutput").empty())
       for (auto& name : op->Output("Output")) slice_of[name] = op->Output("FusedOutput")[0];
     if (RunsOnRingStream(op->type())) {
@@ -356,6 +370,16 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   }
   plan->graph = std::make_unique<DependencyGraph>(access, slice_of);
   plan->width = plan->graph->MaxWidth();
+  if (place_.is_cpu()) {
+    plan->collect = EagerDeletionPlan(access, owned, slice_of);
+  } else {
+    gflags::CommandLineFlagInfo info;
+    KEEL_ENFORCE(!gflags::GetCommandLineFlagInfo("eager_delete_tensor_gb", &info) ||
+                     info.is_default || FLAGS_eager_delete_tensor_gb < 0,
+                 "FLAGS_eager_delete_tensor_gb=", FLAGS_eager_delete_tensor_gb, ": ",
+                 place_.str(), " keeps temporaries until the scope drop (eager deletion runs on "
+                 "CPU places); leave the flag unset or set it to -1");
+  }
   if (any_stream) {
     plan->stream_of.assign(plan->ops.size(), nullptr);
     for (size_t i = 0; i < plan->ops.size(); ++i)
@@ -424,7 +448,9 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   if (graphed) {
     RunGraphed(program, plan, feed);
   } else {
-    RunOps(program, plan, WorkersFor(program));
+    std::set<const Variable*> keep;  // eager deletion frees no fetched variable
+    for (auto& name : fetch) keep.insert(plan.vars.at(name).first);
+    RunOps(program, plan, WorkersFor(program), keep);
   }
   ++*plan.runs;
 
@@ -445,8 +471,12 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)
       for (Variable* v : it->second->temporaries) v->mutable_tensor()->clear();
-    // glibc keeps freed heap memory (and raises its mmap threshold after big frees): hand it back.
-    if (place_.is_cpu()) malloc_trim(0);
+    // The CPU cache gives its free segments back, and glibc the heap memory it keeps (it also
+    // raises its mmap threshold after big frees).
+    if (place_.is_cpu()) {
+      CpuAllocatorEmptyCache();
+      malloc_trim(0);
+    }
   }
   return results;
 }
@@ -608,9 +638,20 @@ void Executor::WatchGraph(Plan& plan) {
   }
 }
 
-void Executor::RunOps(const Program& program, Plan& plan, int workers) {
+void Executor::RunOps(const Program& program, Plan& plan, int workers,
+                      const std::set<const Variable*>& keep) {
   if (plan.device_events) DeviceEventRecord(place_, plan.start_event, nullptr);
-  Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan](int i) { RunOp(plan, i); });
+  if (!plan.collect.empty() && FLAGS_eager_delete_tensor_gb >= 0) {
+    EagerDeletionRun collect(plan.collect, keep,
+                             static_cast<int64_t>(FLAGS_eager_delete_tensor_gb * (1 << 30)));
+    Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan, &collect](int i) {
+      RunOp(plan, i);
+      collect.OpDone(i);
+    });
+    collect.Finish();
+  } else {
+    Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan](int i) { RunOp(plan, i); });
+  }
   // The compute stream (fetches, the next run) comes after every ring's last collective.
   if (plan.device_events)
     for (int i : plan.events.final_waits) DeviceStreamWaitEvent(place_, nullptr, plan.ops[i].event);

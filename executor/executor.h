@@ -9,6 +9,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,7 +91,9 @@ class Executor {
   // The plan of block `block` of `program`, built or rebuilt when the program changed.
   Plan& GetPlan(const Program& program, int block = 0);
   std::unique_ptr<Plan> BuildPlan(const Program& program, int block);
-  void RunOps(const Program& program, Plan& plan, int workers);
+  // `keep`: variables eager deletion must not free (the run's fetches).
+  void RunOps(const Program& program, Plan& plan, int workers,
+              const std::set<const Variable*>& keep = {});
   // ExecutionStrategy::use_cuda_graph: CheckGraphable refuses a CPU place and
   // FLAGS_check_nan_inf at the first run; RunGraphed runs, captures (refusing a program with an
   // op that cannot be captured) or replays the step.

@@ -1,6 +1,7 @@
 #include "framework/runtime/allocator.h"
 
 #include <gflags/gflags.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "framework/error.h"
+#include "framework/runtime/caching_allocator.h"
 
 DEFINE_bool(init_allocated_mem, false,
             "Fill every new tensor allocation, on CPU and CUDA places, with 0xFF bytes (NaN for "
@@ -15,7 +17,66 @@ DEFINE_bool(init_allocated_mem, false,
             "kernel that leaves part of an output unwritten shows up as NaN. For debugging and "
             "tests; costs a memset per allocation.");
 
+DEFINE_string(cpu_allocator, "caching",
+              "How CPU tensors get memory: caching (segments of 2 MiB multiples, backed by huge "
+              "pages where the kernel allows, are kept and reused block by block, so a training "
+              "step neither maps nor faults in memory; returned at a scope drop) or system "
+              "(aligned_alloc and free per tensor, for memory checkers such as valgrind).");
+
 namespace keel {
+
+namespace {
+
+// The host behind the CPU caching allocator: segments are 2 MiB-aligned so transparent huge
+// pages can back them (madvise mode is the common default), and there are no streams or events:
+// a CPU tensor is freed only after every kernel that used it has returned.
+class HostMemory : public DeviceMemory {
+ public:
+  void* Malloc(size_t bytes) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, kSegmentAlignment, bytes) != 0) return nullptr;
+    madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without THP the pages stay small
+    return p;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  size_t TotalBytes() const override { return PhysicalBytes(); }
+  Event RecordEvent(Stream) override { return nullptr; }
+  bool EventDone(Event) override { return true; }
+  void DestroyEvent(Event) override {}
+  std::string Name() const override { return "CPUPlace"; }
+  std::string OutOfMemoryAdvice() const override {
+    return "free memory on this machine, use a smaller batch, or keep "
+           "FLAGS_eager_delete_tensor_gb at 0 so temporaries are freed as soon as they are dead";
+  }
+  static constexpr size_t kSegmentAlignment = 2 << 20;
+};
+
+bool UseCachingCpuAllocator() {
+  if (FLAGS_cpu_allocator == "caching") return true;
+  KEEL_ENFORCE(FLAGS_cpu_allocator == "system", "--cpu_allocator=", FLAGS_cpu_allocator,
+               ": expected caching or system");
+  return false;
+}
+
+// Never destroyed: tensors in static storage may outlive any destruction order.
+CachingAllocator& CpuCache() {
+  static auto* cache = new CachingAllocator(std::make_unique<HostMemory>());
+  return *cache;
+}
+
+}  // namespace
+
+uint64_t PhysicalBytes() {
+  static const uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+  return bytes;
+}
+
+AllocatorStats CpuAllocatorStats() { return CpuCache().stats(); }
+
+void CpuAllocatorEmptyCache() { CpuCache().EmptyCache(); }
+
+void CpuAllocatorResetPeak() { CpuCache().ResetPeak(); }
 
 #ifdef KEEL_WITH_CUDA
 void* CudaMalloc(int device, size_t size);  // cuda_runtime.cc
@@ -27,7 +88,10 @@ void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, cons
 Allocation::~Allocation() {
   if (!ptr_) return;
   if (place_.is_cpu()) {
-    std::free(ptr_);
+    if (cached_)
+      CpuCache().Free(ptr_);
+    else
+      std::free(ptr_);
   } else {
 #ifdef KEEL_WITH_CUDA
     CudaFree(place_.device, ptr_);
@@ -39,16 +103,20 @@ std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
   if (place.is_cpu()) {
     // More than the machine has would only succeed on overcommit and die in the OOM killer when
     // touched (a crafted or mistaken shape): refuse it here.
-    static const uint64_t kPhysical = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-                                      static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
-    KEEL_ENFORCE(kPhysical == 0 || size <= kPhysical, "allocating ", size,
-                 " bytes of CPU memory: more than this machine's ", kPhysical, " bytes");
+    const uint64_t physical = PhysicalBytes();
+    KEEL_ENFORCE(physical == 0 || size <= physical, "allocating ", size,
+                 " bytes of CPU memory: more than this machine's ", physical, " bytes");
     size_t rounded = (size + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     if (rounded == 0) rounded = kCpuAlignment;
-    void* p = std::aligned_alloc(kCpuAlignment, rounded);
+    const bool cached = UseCachingCpuAllocator();
+    // The cache's blocks are multiples of 512 bytes inside 2 MiB-aligned segments.
+    void* p = cached ? CpuCache().Allocate(rounded, nullptr)
+                     : std::aligned_alloc(kCpuAlignment, rounded);
     KEEL_ENFORCE(p != nullptr, "out of CPU memory allocating ", size, " bytes");
     if (FLAGS_init_allocated_mem) std::memset(p, 0xFF, rounded);
-    return std::make_shared<Allocation>(p, size, place);
+    auto a = std::make_shared<Allocation>(p, size, place);
+    a->cached_ = cached;
+    return a;
   }
 #ifdef KEEL_WITH_CUDA
   return std::make_shared<Allocation>(CudaMalloc(place.device, size), size, place);

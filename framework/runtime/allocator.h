@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+
+#include "framework/runtime/caching_allocator.h"
 
 #include "framework/runtime/place.h"
 
@@ -21,15 +24,26 @@ class Allocation {
   const Place& place() const { return place_; }
 
  private:
+  friend std::shared_ptr<Allocation> Allocate(const Place& place, size_t size);
   void* ptr_;
   size_t size_;
   Place place_;
+  bool cached_ = false;  // CPU: a block of the caching allocator (else aligned_alloc's)
 };
 
 constexpr size_t kCpuAlignment = 64;
 
 // Allocates `size` bytes at `place`; CPU memory is 64-byte aligned. Throws keel::Error on failure.
 std::shared_ptr<Allocation> Allocate(const Place& place, size_t size);
+
+// The machine's physical memory in bytes (0 when unknown).
+uint64_t PhysicalBytes();
+
+// The CPU caching allocator (--cpu_allocator=caching): its counters, giving every wholly free
+// segment back to the system (the executor does at a scope drop), and restarting the peaks.
+AllocatorStats CpuAllocatorStats();
+void CpuAllocatorEmptyCache();
+void CpuAllocatorResetPeak();
 
 // Copies `size` bytes between places (CPU<->CUDA when built with CUDA).
 void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src, size_t size);

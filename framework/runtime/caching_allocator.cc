@@ -309,9 +309,11 @@ void CachingAllocator::ThrowOutOfMemory(size_t asked) {
              capture_ ? " (during a CUDA graph capture, which cannot free cached memory)"
                       : std::string(),
              ", device total ", Bytes(device_->TotalBytes()), "; ",
-             kFractionFlag, " reserved ", Bytes(reserve_bytes_),
-             " up front (0 allocates on demand; lower it if other processes share the device), or "
-             "use a smaller batch");
+             device_->OutOfMemoryAdvice().empty()
+                 ? StrCat(kFractionFlag, " reserved ", Bytes(reserve_bytes_),
+                          " up front (0 allocates on demand; lower it if other processes share "
+                          "the device), or use a smaller batch")
+                 : device_->OutOfMemoryAdvice());
 }
 
 void CachingAllocator::UpdatePeaks() {

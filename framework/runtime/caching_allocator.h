@@ -50,6 +50,8 @@ class DeviceMemory {
   virtual void DestroyEvent(Event event) = 0;
   // A name for errors ("CUDAPlace(0)").
   virtual std::string Name() const = 0;
+  // What the out-of-memory error advises; empty: the GPU advice (FLAGS_fraction_of_gpu_memory_to_use).
+  virtual std::string OutOfMemoryAdvice() const { return std::string(); }
 };
 
 struct AllocatorStats {

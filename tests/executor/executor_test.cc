@@ -2,6 +2,7 @@
 // DistributedStrategy::exec_strategy reaches the executor running fleet::main_program().
 #include "executor/executor.h"
 
+#include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,8 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "tests/util/op_test_util.h"
+
+DECLARE_double(eager_delete_tensor_gb);
 
 namespace keel {
 namespace {
@@ -99,6 +102,8 @@ TEST(Executor, ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgr
 }
 
 TEST(Executor, DropScopeReleasesTemporariesButKeepsParameters) {
+  gflags::FlagSaver saver;
+  FLAGS_eager_delete_tensor_gb = -1;  // else the temporaries are freed within each run
   Program main, startup;
   Var loss;
   {
