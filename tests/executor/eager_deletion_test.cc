@@ -7,7 +7,6 @@
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 
 #include "executor/executor.h"
 #include "framework/dsl/layers.h"
@@ -16,6 +15,7 @@
 #include "framework/runtime/allocator.h"
 #include "framework/runtime/cpu_threads.h"
 #include "models/model_zoo.h"
+#include "tests/util/model_train.h"
 #include "tests/util/op_test_util.h"
 
 DECLARE_double(eager_delete_tensor_gb);
@@ -26,6 +26,7 @@ namespace {
 
 using Access = DependencyGraph::OpAccess;
 using testing::ErrorOf;
+using testing::SameBits;
 
 TEST(EagerDeletionPlan, CollectsOnlyTemporariesEveryRunWritesBeforeReading) {
   Variable a, b, c, d, e, buf, g0, out;
@@ -130,36 +131,16 @@ struct Trained {
   size_t last_step_peak = 0;
 };
 Trained Train(const std::string& name, int64_t batch, int threads) {
-  models::ModelConfig cfg;
-  cfg.name = name;
-  cfg.seed = 5;
-  cfg.batch_size = batch;
-  models::TrainableModel m = models::BuildModel(cfg);
-  ExecutionStrategy s;
-  s.num_threads = threads;
-  Executor exe(CPUPlace(), s);
-  exe.Run(*m.startup);
-  FeedMap feed;
   Trained t;
-  for (int step = 0; step < 3; ++step) {
-    m.next_batch(cfg.batch_size, &feed);
-    const size_t before = CpuAllocatorStats().in_use_bytes;
-    CpuAllocatorResetPeak();
-    exe.Run(*m.main, feed);
-    t.last_step_peak = CpuAllocatorStats().peak_in_use_bytes - before;
-  }
-  for (const VarDesc* v : m.main->global_block().AllVars())
-    if (v->persistable()) t.params.push_back(exe.scope().FindVar(v->name())->tensor().Clone());
+  t.params = testing::TrainBuiltInModel(name, batch, threads, /*steps=*/3, /*seed=*/5,
+                                        [&](const std::function<void()>& run) {
+                                          const size_t before = CpuAllocatorStats().in_use_bytes;
+                                          CpuAllocatorResetPeak();
+                                          run();
+                                          t.last_step_peak =
+                                              CpuAllocatorStats().peak_in_use_bytes - before;
+                                        });
   return t;
-}
-
-bool SameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].nbytes() != b[i].nbytes() ||
-        std::memcmp(a[i].raw_data(), b[i].raw_data(), a[i].nbytes()) != 0)
-      return false;
-  return true;
 }
 
 TEST(EagerDeletion, ChangesNoBitOnAnyThreadCountAndLowersTheStepsPeakMemory) {

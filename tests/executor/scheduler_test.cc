@@ -21,6 +21,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/cpu_threads.h"
 #include "models/model_zoo.h"
+#include "tests/util/model_train.h"
 #include "tests/util/op_test_util.h"
 
 DECLARE_bool(check_nan_inf);
@@ -29,6 +30,7 @@ namespace keel {
 namespace {
 
 using testing::ErrorOf;
+using testing::SameBits;
 using Access = DependencyGraph::OpAccess;
 
 // A budget of 4 threads (a pool of 3), whatever the machine has: enough for 4 workers.
@@ -218,15 +220,6 @@ std::vector<Tensor> Persistables(Executor& exe, const Program& p) {
   return out;
 }
 
-bool SameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].nbytes() != b[i].nbytes() ||
-        std::memcmp(a[i].raw_data(), b[i].raw_data(), a[i].nbytes()) != 0)
-      return false;
-  return true;
-}
-
 TEST_F(SchedulerTest, ManyBranchesGiveTheSameBitsWithOneTwoAndFourThreads) {
   Tensor x(DType::kFloat32, {256, 96});
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = std::sin(0.37f * i);
@@ -247,23 +240,9 @@ TEST_F(SchedulerTest, ManyBranchesGiveTheSameBitsWithOneTwoAndFourThreads) {
   EXPECT_TRUE(SameBits(one, train(1)));
 }
 
-// A built-in model trained a few steps with `threads` workers; its parameters.
+// A built-in model trained 2 steps with `threads` workers; its parameters.
 std::vector<Tensor> TrainModel(const std::string& name, int64_t batch, int threads) {
-  models::ModelConfig cfg;
-  cfg.name = name;
-  cfg.seed = 3;
-  cfg.batch_size = batch;
-  models::TrainableModel m = models::BuildModel(cfg);
-  ExecutionStrategy s;
-  s.num_threads = threads;
-  Executor exe(CPUPlace(), s);
-  exe.Run(*m.startup);
-  FeedMap feed;
-  for (int step = 0; step < 2; ++step) {
-    m.next_batch(cfg.batch_size, &feed);
-    exe.Run(*m.main, feed);
-  }
-  return Persistables(exe, *m.main);
+  return testing::TrainBuiltInModel(name, batch, threads, /*steps=*/2, /*seed=*/3);
 }
 
 TEST_F(SchedulerTest, TransformerGivesTheSameBitsWithOneTwoAndFourThreads) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "framework/error.h"
@@ -65,6 +66,15 @@ void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& p
 void ExpectErrorContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
   EXPECT_FALSE(msg.empty()) << "expected a keel::Error";
   ExpectContainsAll(msg, parts);
+}
+
+bool SameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].nbytes() != b[i].nbytes() ||
+        std::memcmp(a[i].raw_data(), b[i].raw_data(), a[i].nbytes()) != 0)
+      return false;
+  return true;
 }
 
 }  // namespace keel::testing

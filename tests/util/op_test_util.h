@@ -41,4 +41,7 @@ void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& p
 // EXPECTs msg (from ErrorOf or ForwardError) to be a keel::Error's, holding every one of `parts`.
 void ExpectErrorContainsAll(const std::string& msg, const std::vector<std::string>& parts);
 
+// Whether two lists of tensors hold the same bytes, tensor by tensor.
+bool SameBits(const std::vector<Tensor>& a, const std::vector<Tensor>& b);
+
 }  // namespace keel::testing
