@@ -117,9 +117,14 @@ bool Schedule(std::function<void()> task) {
   return true;
 }
 
+std::atomic<int64_t> g_split_calls{0};
+
+int64_t SplitCalls() { return g_split_calls.load(std::memory_order_relaxed); }
+
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
   Pool* pool = g_pool.get();
   if (n <= 0) return;
+  if (n > 1) g_split_calls.fetch_add(1, std::memory_order_relaxed);
   if (n == 1 || pool == nullptr) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;

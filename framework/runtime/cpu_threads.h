@@ -54,6 +54,10 @@ void RemoveHelpListener(const std::function<void()>* on_job);
 // reductions whose every sum lies inside one piece.
 void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// ParallelFor calls of more than one piece since the process started, budget 1 or not (tests: a
+// kernel that should cut its work into pieces does).
+int64_t SplitCalls();
+
 // Elements per piece of memory-bound element-wise kernels: 128 KiB of float32, a few tens of
 // microseconds of work, well above the cost of handing a piece to another thread.
 constexpr int64_t kElementwiseGrain = int64_t{1} << 17;

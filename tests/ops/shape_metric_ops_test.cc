@@ -17,6 +17,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_layers.h"
 #include "framework/error.h"
+#include "framework/runtime/cpu_threads.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
@@ -113,6 +114,34 @@ TEST(ElementwiseActivations, ForwardMatchesReference) {
         for (double& v : want) v = p.fn(v);
         ExpectForward(c, "Out", dims, want);
       }
+}
+
+// Big inputs are cut into pieces (gelu's smaller than the others', for its erf and exp), the last
+// one shorter, that run on the pool: every element is still computed, as on one thread.
+TEST(ElementwiseActivations, BigInputsRunInPiecesOnThePoolAndMatchTheReference) {
+  cpu_threads::SetBudget(4);
+  const DDim dims{3, 100003};  // 2.3 pieces of 128 K elements, 18.3 of gelu's 16 K
+  for (const auto& p : kElementwise) {
+    OpCase c = UnaryCase(p.name, p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 7), p.attrs);
+    std::vector<double> want = ToDouble(c.inputs[0].second[0]);
+    for (double& v : want) v = p.fn(v);
+    const int64_t before = cpu_threads::SplitCalls();
+    ExpectForward(c, "Out", dims, want);
+    EXPECT_GT(cpu_threads::SplitCalls(), before) << p.name << " ran in one piece";
+    // The gradient kernels share the cut: 4 threads give one thread's bits.
+    OpCase g = UnaryCase(p.name + "_grad", p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 8),
+                         p.attrs);
+    auto grads = [&] {
+      std::vector<Tensor> v;
+      for (auto& kv : RunGrads(g, CPUPlace())) v.push_back(kv.second);
+      return v;
+    };
+    cpu_threads::SetBudget(1);
+    const std::vector<Tensor> one = grads();
+    cpu_threads::SetBudget(4);
+    EXPECT_TRUE(SameBits(one, grads())) << p.name;
+  }
+  cpu_threads::SetBudget(1);
 }
 
 TEST(ElementwiseActivations, GradMatchesFiniteDifferences) {
