@@ -10,7 +10,7 @@ EagerDeletionPlan::EagerDeletionPlan(const std::vector<DependencyGraph::OpAccess
                                      const std::map<std::string, Variable*>& owned,
                                      const std::map<std::string, std::string>& slice_of) {
   for (const auto& op : ops)
-    if (op.barrier && op.hidden_accesses) return;
+    if (op.hidden_accesses) return;
   std::set<std::string> fused;
   for (const auto& kv : slice_of) {
     fused.insert(kv.first);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -373,9 +374,8 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
   if (place_.is_cpu()) {
     plan->collect = EagerDeletionPlan(access, owned, slice_of);
   } else {
-    gflags::CommandLineFlagInfo info;
-    KEEL_ENFORCE(!gflags::GetCommandLineFlagInfo("eager_delete_tensor_gb", &info) ||
-                     info.is_default || FLAGS_eager_delete_tensor_gb < 0,
+    KEEL_ENFORCE(gflags::GetCommandLineFlagInfoOrDie("eager_delete_tensor_gb").is_default ||
+                     FLAGS_eager_delete_tensor_gb < 0,
                  "FLAGS_eager_delete_tensor_gb=", FLAGS_eager_delete_tensor_gb, ": ",
                  place_.str(), " keeps temporaries until the scope drop (eager deletion runs on "
                  "CPU places); leave the flag unset or set it to -1");
@@ -641,17 +641,15 @@ void Executor::WatchGraph(Plan& plan) {
 void Executor::RunOps(const Program& program, Plan& plan, int workers,
                       const std::set<const Variable*>& keep) {
   if (plan.device_events) DeviceEventRecord(place_, plan.start_event, nullptr);
-  if (!plan.collect.empty() && FLAGS_eager_delete_tensor_gb >= 0) {
-    EagerDeletionRun collect(plan.collect, keep,
-                             static_cast<int64_t>(FLAGS_eager_delete_tensor_gb * (1 << 30)));
-    Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan, &collect](int i) {
-      RunOp(plan, i);
-      collect.OpDone(i);
-    });
-    collect.Finish();
-  } else {
-    Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan](int i) { RunOp(plan, i); });
-  }
+  std::optional<EagerDeletionRun> collect;
+  if (!plan.collect.empty() && FLAGS_eager_delete_tensor_gb >= 0)
+    collect.emplace(plan.collect, keep,
+                    static_cast<int64_t>(FLAGS_eager_delete_tensor_gb * (1 << 30)));
+  Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan, &collect](int i) {
+    RunOp(plan, i);
+    if (collect) collect->OpDone(i);
+  });
+  if (collect) collect->Finish();
   // The compute stream (fetches, the next run) comes after every ring's last collective.
   if (plan.device_events)
     for (int i : plan.events.final_waits) DeviceStreamWaitEvent(place_, nullptr, plan.ops[i].event);

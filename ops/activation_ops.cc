@@ -28,9 +28,10 @@ namespace {
 
 // ---------------------------------------------------------------- elementwise kernels
 
-// tanh and sigmoid forward stay on Eigen's vectorized exp/tanh on the CPU (several times faster
-// than libm per element, within an ulp or two of it); the CUDA kernels use fn::Tanh/fn::Sigmoid.
-// Every other formula is one shared functor (ops/functors/activation_functors.h).
+// tanh and sigmoid forward, and gelu (below), stay on Eigen's vectorized exp/tanh/erf on the CPU
+// (several times faster than libm per element, within an ulp or two of it); the CUDA kernels use
+// fn::Tanh/fn::Sigmoid/fn::Gelu. Every other formula is one shared functor
+// (ops/functors/activation_functors.h).
 struct TanhFn {
   template <typename X, typename O>
   void operator()(const X& x, O out) const {
@@ -137,11 +138,16 @@ void ElementwisePieces(int64_t n, const F& fn) {
 // of it), as tanh and sigmoid above; the CUDA kernels use the functors.
 struct GeluArrays {
   bool approximate;
+  // The tanh form's tanh(sqrt(2 / pi) (x + 0.044715 x^3)).
+  template <typename T, typename X>
+  static auto TanhOfCubic(const X& x) {
+    return (T(fn::kSqrt2_Pi) * (x + T(fn::kGeluCubic) * x.cube())).tanh();
+  }
   template <typename X, typename O>
   void Forward(const X& x, O out) const {
     using T = typename O::Scalar;
     if (approximate)
-      out = T(0.5) * x * (T(1) + (T(fn::kSqrt2_Pi) * (x + T(fn::kGeluCubic) * x.cube())).tanh());
+      out = T(0.5) * x * (T(1) + TanhOfCubic<T>(x));
     else
       out = T(0.5) * x * (T(1) + (x * T(fn::kSqrt1_2)).erf());
   }
@@ -149,7 +155,7 @@ struct GeluArrays {
   void Grad(const X& x, const D& dout, G dx) const {
     using T = typename G::Scalar;
     if (approximate) {
-      const auto t = (T(fn::kSqrt2_Pi) * (x + T(fn::kGeluCubic) * x.cube())).tanh().eval();
+      const auto t = TanhOfCubic<T>(x).eval();
       const auto du = T(fn::kSqrt2_Pi) * (T(1) + T(3 * fn::kGeluCubic) * x.square());
       dx = dout * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t.square()) * du);
     } else {

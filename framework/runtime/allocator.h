@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "framework/runtime/caching_allocator.h"
-
 #include "framework/runtime/place.h"
 
 namespace keel {
