@@ -369,6 +369,22 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     plan->ops.push_back(std::move(p));
   }
+  // A fused buffer that a ring all-reduces is allocated where that ring can read and write it
+  // without copies (the first all-reduce of it decides).
+  if (place_.is_cpu()) {
+    std::map<std::string, int> ring_of;
+    for (auto it = plan->ops.rbegin(); it != plan->ops.rend(); ++it) {
+      const OpDesc& d = *it->desc;
+      if (d.type().rfind("c_allreduce_", 0) == 0 && d.Input("X").size() == 1 &&
+          d.HasAttr("ring_id"))
+        ring_of[d.Input("X")[0]] = d.Attr<int>("ring_id");
+    }
+    for (auto& op : plan->ops)
+      if (op.desc->type() == "coalesce_tensor" && !op.desc->Output("FusedOutput").empty()) {
+        auto it = ring_of.find(op.desc->Output("FusedOutput")[0]);
+        if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
+      }
+  }
   plan->graph = std::make_unique<DependencyGraph>(access, slice_of);
   plan->width = plan->graph->MaxWidth();
   if (place_.is_cpu()) {

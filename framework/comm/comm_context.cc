@@ -19,6 +19,12 @@ DEFINE_string(gpu_comm_backend, "auto",
               "host memory over the --cpu_comm_backend ring, so ranks may share a GPU), or auto: "
               "nccl when keel has NCCL and no two ranks of the ring share a GPU, else host.");
 
+DEFINE_int32(shm_zero_copy_mb, 1024,
+             "Shared-memory rings: MB of each rank's memory that its peers map. The fused gradient "
+             "buffers go there, and their all-reduces read and write the ranks' buffers directly "
+             "instead of copying through the ring (half the memory traffic). Pages are used only "
+             "for the buffers placed there; buffers that do not fit copy. 0: off.");
+
 namespace keel {
 
 #ifndef KEEL_WITH_CUDA
@@ -131,6 +137,11 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
   const std::string& want = FLAGS_cpu_comm_backend;
   KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo", "--cpu_comm_backend must be "
                "auto, shm or gloo, got '", want, "'");
+  KEEL_ENFORCE(FLAGS_shm_zero_copy_mb >= 0, "--shm_zero_copy_mb must be >= 0, got ",
+               FLAGS_shm_zero_copy_mb);
+  KEEL_ENFORCE(want != "gloo" || gflags::GetCommandLineFlagInfoOrDie("shm_zero_copy_mb").is_default,
+               "--shm_zero_copy_mb applies to shared-memory rings, but --cpu_comm_backend=gloo");
+  opts.shm_shared_bytes = static_cast<size_t>(FLAGS_shm_zero_copy_mb) << 20;
   std::shared_ptr<Communicator> comm;
   std::string gpu_backend;
   if (cuda) {

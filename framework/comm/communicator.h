@@ -45,6 +45,19 @@ class Communicator {
   // peers); read from any thread. The straggler monitor subtracts it from step time.
   int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }
 
+  // A block of `bytes` of CPU memory that every rank of the ring maps (shm rings), for a buffer
+  // this ring all-reduces again and again (the fused gradients): an all-reduce of a tensor that
+  // lies in such a block on every rank reads and writes the ranks' buffers directly instead of
+  // copying through the ring's slots. nullptr when the ring has none to give (other backends,
+  // --shm_zero_copy_mb=0, that much already given).
+  virtual std::shared_ptr<Allocation> AllocateShared(size_t bytes) { return nullptr; }
+  // Whether [p, p + bytes) lies in one block AllocateShared gave.
+  virtual bool IsShared(const void* p, size_t bytes) const { return false; }
+  // Collectives that ran that way, without copies.
+  int64_t zero_copy_collectives() const {
+    return zero_copy_collectives_.load(std::memory_order_relaxed);
+  }
+
   // In place over `t`.
   virtual void AllReduce(Tensor* t, ReduceOp op) = 0;
   virtual void Broadcast(Tensor* t, int root) = 0;
@@ -63,6 +76,7 @@ class Communicator {
   int ring_id_, rank_, nranks_;
   uint64_t seq_ = 0;
   std::atomic<int64_t> comm_ns_{0};
+  std::atomic<int64_t> zero_copy_collectives_{0};
   // Adds the time from construction to destruction to comm_ns_.
   struct CommTimer {
     explicit CommTimer(std::atomic<int64_t>* total)
@@ -82,6 +96,9 @@ struct CommOptions {
   std::string my_host = "127.0.0.1";  // the address peers reach this rank at (never gethostname)
   std::chrono::milliseconds timeout{300000};
   std::string prefix;  // store key prefix, unique per job and ring
+  // shm rings: the bytes of each rank's memory that its peers map for zero-copy all-reduces
+  // (--shm_zero_copy_mb; 0: none).
+  size_t shm_shared_bytes = 0;
 };
 
 // A Gloo ring over the store; connects its full mesh now. Throws keel::Error on failure/timeout.

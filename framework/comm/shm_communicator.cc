@@ -15,6 +15,15 @@
 // bits. The next chunk uses the other buffer, so no third barrier is needed: a rank writes a
 // buffer again only after a barrier that every rank reached after reading it.
 //
+// Zero-copy all-reduce (--shm_zero_copy_mb): every rank also creates a memfd of its own that all
+// its peers map (sparse: a block's pages are reserved when AllocateShared gives it and punched out
+// when it comes back). The executor places the fused gradient buffers there. When every rank's
+// tensor lies in its shared memory, each rank's intent says where, and rank r reduces the r-th
+// 1/N slice straight from the ranks' buffers (in rank order, through a small block on its stack)
+// and writes the result into all of them; a second barrier ends it. That moves half the bytes of
+// the slot path and needs 2 barriers instead of 2 per MiB. The bits are the slot path's: each
+// element is reduced by one rank, in rank order.
+//
 // While waiting, a rank checks its peers' pids: a peer that exited (killed, crashed) is an error
 // naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks.
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
@@ -37,8 +46,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "framework/comm/communicator.h"
 #include "framework/comm/store.h"
@@ -61,6 +73,9 @@ struct Intent {
   uint32_t dtype;
   uint64_t bytes;
   int32_t root;
+  // An all-reduce's tensor: its offset in this rank's shared memory, or -1 when it lies elsewhere
+  // (not compared between ranks).
+  int64_t shared_off;
 };
 
 enum Kind : uint32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier };
@@ -152,6 +167,87 @@ std::string Describe(const Intent& i) {
                 i.bytes, " bytes", i.root >= 0 ? StrCat(", root ", i.root) : std::string(), ")");
 }
 
+struct Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+};
+
+// A rank's memory for zero-copy all-reduces: a sparse memfd its peers map. Blocks are 4 KiB
+// multiples, first fit; Take reserves a block's pages (so a full machine fails here, not with
+// SIGBUS later) and Give punches them out. Shared with the Allocations it gave, which may outlive
+// the ring.
+class SharedArena {
+ public:
+  SharedArena(int fd, char* base, size_t bytes) : fd_(fd), base_(base), bytes_(bytes) {
+    free_[0] = bytes;
+  }
+  ~SharedArena() {
+    munmap(base_, bytes_);
+    close(fd_);
+  }
+  SharedArena(const SharedArena&) = delete;
+  SharedArena& operator=(const SharedArena&) = delete;
+
+  int fd() const { return fd_; }
+  char* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+
+  // The offset of a block of `bytes` with its pages reserved, or -1 (no room, or no memory).
+  int64_t Take(size_t bytes) {
+    const size_t need = Round(bytes);
+    int64_t off = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second < need) continue;
+        off = static_cast<int64_t>(it->first);
+        const size_t left = it->second - need;
+        free_.erase(it);
+        if (left > 0) free_[static_cast<size_t>(off) + need] = left;
+        break;
+      }
+    }
+    if (off < 0) return -1;
+    if (posix_fallocate(fd_, off, static_cast<off_t>(need)) != 0) {
+      Put(static_cast<size_t>(off), need);
+      return -1;
+    }
+    return off;
+  }
+
+  void Give(int64_t off, size_t bytes) {
+    const size_t need = Round(bytes);
+    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, static_cast<off_t>(need));
+    Put(static_cast<size_t>(off), need);
+  }
+
+ private:
+  static size_t Round(size_t b) { return (std::max<size_t>(b, 1) + 4095) / 4096 * 4096; }
+  // Back into the free list, merged with its neighbours.
+  void Put(size_t off, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = free_.lower_bound(off);
+    if (next != free_.end() && off + size == next->first) {
+      size += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        prev->second += size;
+        return;
+      }
+    }
+    free_[off] = size;
+  }
+
+  int fd_;
+  char* base_;
+  size_t bytes_;
+  std::mutex mu_;
+  std::map<size_t, size_t> free_;  // offset -> bytes
+};
+
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(int ring_id, int rank, int nranks, void* base, size_t bytes,
@@ -173,9 +269,87 @@ class ShmCommunicator : public Communicator {
     spin_ = nranks * (cpu_threads::Budget() + 1) <= ncpu ? 20000 : 1000;
     arrived_ = header_->ranks[rank].arrived.load();
   }
-  ~ShmCommunicator() override { munmap(base_, bytes_); }
+  ~ShmCommunicator() override {
+    for (size_t j = 0; j < peer_shared_.size(); ++j)
+      if (static_cast<int>(j) != rank_ && peer_shared_[j].base)
+        munmap(peer_shared_[j].base, peer_shared_[j].bytes);
+    munmap(base_, bytes_);
+  }
 
   const char* backend() const override { return "shm"; }
+
+  std::shared_ptr<Allocation> AllocateShared(size_t bytes) override {
+    if (!shared_ready_) return nullptr;
+    const int64_t off = arena_->Take(bytes);
+    if (off < 0) return nullptr;
+    return Allocation::External(arena_->base() + off, bytes, CPUPlace(),
+                                [arena = arena_, off, bytes] { arena->Give(off, bytes); });
+  }
+
+  bool IsShared(const void* p, size_t bytes) const override {
+    if (!shared_ready_) return false;
+    const char* c = static_cast<const char*>(p);
+    return c >= arena_->base() && bytes <= arena_->bytes() &&
+           static_cast<size_t>(c - arena_->base()) <= arena_->bytes() - bytes;
+  }
+
+  // Creates this rank's shared memory of `bytes` (none when 0), publishes where its peers open
+  // it, and maps theirs. When any rank has none or a mapping fails, zero-copy stays off for this
+  // rank, and since its intents then say so, for the ring's all-reduces.
+  void SetUpSharedMemory(StoreClient& store, const std::string& key, size_t bytes,
+                         std::chrono::milliseconds timeout) {
+    std::string mine = "-";
+    int fd = bytes > 0 ? memfd_create("keel-shm-shared", MFD_CLOEXEC) : -1;
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+      void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+      if (base != MAP_FAILED) {
+        arena_ = std::make_shared<SharedArena>(fd, static_cast<char*>(base), bytes);
+        mine = StrCat("/proc/", getpid(), "/fd/", fd, " ", bytes);
+      }
+    }
+    if (!arena_ && bytes > 0) {
+      LOG(WARNING) << "shm ring " << ring_id_ << ": no shared memory for zero-copy all-reduces ("
+                   << std::strerror(errno) << "); they copy through the ring";
+      if (fd >= 0) close(fd);
+    }
+    store.Set(key + "shared" + std::to_string(rank_), mine);
+    peer_shared_.assign(static_cast<size_t>(nranks_), Mapping{});
+    bool ok = arena_ != nullptr;
+    for (int j = 0; j < nranks_; ++j) {
+      const std::string s = store.Get(key + "shared" + std::to_string(j), timeout);
+      if (j == rank_) {
+        if (arena_) peer_shared_[j] = {arena_->base(), arena_->bytes()};
+        continue;
+      }
+      if (s == "-") {
+        ok = false;
+        continue;
+      }
+      const std::string path = s.substr(0, s.find(' '));
+      const size_t size = std::stoull(s.substr(s.find(' ') + 1));
+      int pfd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+      struct stat st;
+      void* base = MAP_FAILED;
+      if (pfd >= 0 && fstat(pfd, &st) == 0 && static_cast<size_t>(st.st_size) == size)
+        base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pfd, 0);
+      if (pfd >= 0) close(pfd);
+      if (base == MAP_FAILED) {
+        LOG(WARNING) << "shm ring " << ring_id_ << ": cannot map rank " << j
+                     << "'s shared memory (" << path << "); all-reduces copy through the ring";
+        ok = false;
+        continue;
+      }
+      peer_shared_[j] = {base, size};
+    }
+    // Every rank has opened every file before any owner could exit and take its fd with it.
+    try {
+      Arrive("every rank to map the others' shared memory");
+    } catch (const Error& e) {
+      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_, "): setup failed: ",
+                 e.what());
+    }
+    shared_ready_ = ok;
+  }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
     Run("allreduce_" + std::string(ReduceOpName(op)), kAllReduce, *t, -1, [&] {
@@ -184,7 +358,10 @@ class ShmCommunicator : public Communicator {
         if constexpr (std::is_same_v<T, bool>) {
           KEEL_THROW("allreduce of bool tensors is not supported; cast to int32");
         } else {
-          AllReduceT<T>(t->data<T>(), static_cast<size_t>(t->numel()), op);
+          if (all_shared_)
+            AllReduceShared<T>(static_cast<size_t>(t->numel()), op);
+          else
+            AllReduceT<T>(t->data<T>(), static_cast<size_t>(t->numel()), op);
         }
       });
     });
@@ -259,6 +436,32 @@ class ShmCommunicator : public Communicator {
   }
 
  private:
+  // Every rank's tensor lies in its shared memory (the intents of this collective say where):
+  // rank r reduces slice r of all of them and stores the result into each.
+  template <typename T>
+  void AllReduceShared(size_t n, ReduceOp op) {
+    const int parity = static_cast<int>(seq_ & 1);
+    std::vector<T*> p(static_cast<size_t>(nranks_));
+    for (int j = 0; j < nranks_; ++j)
+      p[j] = reinterpret_cast<T*>(static_cast<char*>(peer_shared_[j].base) +
+                                  header_->ranks[j].intent[parity].shared_off);
+    const size_t lo = n * rank_ / nranks_, hi = n * (rank_ + 1) / nranks_;
+    // Through a block on the stack: an element is fully reduced before any rank's copy of it is
+    // overwritten.
+    constexpr size_t kBlock = 16384 / sizeof(T);
+    alignas(64) T acc[kBlock];
+    for (size_t s = lo; s < hi; s += kBlock) {
+      const size_t m = std::min(kBlock, hi - s);
+      ReduceInto(acc, p[0] + s, p[1] + s, m, op);
+      for (int j = 2; j < nranks_; ++j) ReduceInto(acc, acc, p[j] + s, m, op);
+      if (op == ReduceOp::kAvg)
+        for (size_t i = 0; i < m; ++i) acc[i] = static_cast<T>(acc[i] / nranks_);
+      for (int j = 0; j < nranks_; ++j) std::memcpy(p[j] + s, acc, m * sizeof(T));
+    }
+    Arrive("every rank's reduced slice");
+    zero_copy_collectives_.fetch_add(1, std::memory_order_relaxed);
+  }
+
   template <typename T>
   void AllReduceT(T* data, size_t n, ReduceOp op) {
     const size_t per_chunk = kSlotBytes / sizeof(T);
@@ -342,15 +545,21 @@ class ShmCommunicator : public Communicator {
     try {
       const int parity = static_cast<int>(seq_ & 1);
       Intent& m = header_->ranks[rank_].intent[parity];
+      int64_t shared_off = -1;
+      if (kind == kAllReduce && nranks_ > 1 && t.initialized() && t.nbytes() > 0 &&
+          IsShared(t.raw_data(), t.nbytes()))
+        shared_off = static_cast<const char*>(t.raw_data()) - arena_->base();
       m = Intent{seq_, kind, static_cast<uint32_t>(t.initialized() ? t.dtype() : DType{}),
-                 t.initialized() ? t.nbytes() : 0, root};
+                 t.initialized() ? t.nbytes() : 0, root, shared_off};
       Arrive("every rank to start it");
+      all_shared_ = shared_off >= 0;
       for (int j = 0; j < nranks_; ++j) {
         const Intent& o = header_->ranks[j].intent[parity];
         if (o.seq != m.seq || o.kind != m.kind || o.dtype != m.dtype || o.bytes != m.bytes ||
             o.root != m.root)
           KEEL_THROW("rank ", j, " runs ", Describe(o), " while this rank runs ", Describe(m),
                      ": the ranks run different programs");
+        if (o.shared_off < 0) all_shared_ = false;
       }
       f();
     } catch (const Error& e) {
@@ -421,11 +630,12 @@ class ShmCommunicator : public Communicator {
   int buffer_ = 0;
   uint64_t arrived_ = 0;
   std::string dead_;
-};
-
-struct Mapping {
-  void* base = nullptr;
-  size_t bytes = 0;
+  // Zero-copy: this rank's shared memory, every rank's mapped here (index = rank), whether all
+  // of them are, and whether the collective in flight uses them.
+  std::shared_ptr<SharedArena> arena_;
+  std::vector<Mapping> peer_shared_;
+  bool shared_ready_ = false;
+  bool all_shared_ = false;
 };
 
 // Rank 0: creates, sizes (reserving the pages: a full /dev/shm fails here, not with SIGBUS
@@ -549,6 +759,8 @@ std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int n
   auto comm = std::make_unique<ShmCommunicator>(ring_id, rank, nranks, m.base, m.bytes,
                                                 opts.timeout);
   comm->Join();  // every pid is posted before anyone relies on them
+  // Also with no bytes of its own (zero-copy off here): the peers wait for every rank's answer.
+  if (nranks > 1) comm->SetUpSharedMemory(store, key, opts.shm_shared_bytes, opts.timeout);
   return comm;
 }
 

@@ -85,9 +85,18 @@ void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, cons
                  size_t size);
 #endif
 
+std::shared_ptr<Allocation> Allocation::External(void* ptr, size_t size, Place place,
+                                                 std::function<void()> release) {
+  auto a = std::make_shared<Allocation>(ptr, size, place);
+  a->release_ = std::move(release);
+  return a;
+}
+
 Allocation::~Allocation() {
   if (!ptr_) return;
-  if (place_.is_cpu()) {
+  if (release_) {
+    release_();
+  } else if (place_.is_cpu()) {
     if (cached_)
       CpuCache().Free(ptr_);
     else

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "framework/runtime/caching_allocator.h"
@@ -22,12 +23,18 @@ class Allocation {
   size_t size() const { return size_; }
   const Place& place() const { return place_; }
 
+  // Memory that another component owns (a block of a communicator's shared memory): `release`
+  // gives it back when the last tensor sharing it lets go.
+  static std::shared_ptr<Allocation> External(void* ptr, size_t size, Place place,
+                                              std::function<void()> release);
+
  private:
   friend std::shared_ptr<Allocation> Allocate(const Place& place, size_t size);
   void* ptr_;
   size_t size_;
   Place place_;
   bool cached_ = false;  // CPU: a block of the caching allocator (else aligned_alloc's)
+  std::function<void()> release_;  // set for External memory
 };
 
 constexpr size_t kCpuAlignment = 64;

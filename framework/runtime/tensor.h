@@ -84,6 +84,13 @@ class Tensor {
   template <typename T>
   T item() const;
 
+  // Makes `a` this tensor's memory (offset 0, a's place); the next mutable_data keeps it when it
+  // is large enough.
+  void ResetHolder(std::shared_ptr<Allocation> a) {
+    place_ = a->place();
+    holder_ = std::move(a);
+    offset_ = 0;
+  }
   // This tensor becomes another name for `src`'s memory (same allocation, offset, shape).
   void ShareDataWith(const Tensor& src) { *this = src; }
   // A view of rows [begin, end) of the first dimension, sharing memory.

@@ -227,6 +227,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"log_sample_ids", "KeelTrainUnderLaunch.LenetRanksTakeDisjointShardsOfOneShuffle"},
       {"selected_gpus", "KeelTrain.SelectedGpusFlagPicksTheWorkersGpu, KeelLaunch.GpuMode..."},
       {"cpu_comm_backend", "DataParallel.NRanksOnBOverNRowsMatchOneRankOnB"},
+      {"shm_zero_copy_mb", "DataParallel.FusedGradientsAllReduceWithoutCopiesToTheSameBits"},
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},
       {"profile", "ProfilerCli.*, UserProgram.ProfileFlagWritesATraceAtExit"},
       {"conv_onednn", "Conv2DOp.OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount"},

@@ -31,6 +31,46 @@ TEST(CollectiveOps, AllMatchOnTwoThreeAndFourRanks) {
   }
 }
 
+// The worker's fused all-reduces (coalesce_tensor, then an all-reduce of the buffer in place) run
+// without copies on shared-memory rings, to the bits the copying path gives; with zero-copy off,
+// or off on one rank only, they copy and still match.
+TEST(ShmRing, FusedAllReducesRunWithoutCopiesUnlessARankTurnsItOff) {
+  for (int n : {2, 3}) {
+    for (std::string env : {"", "FLAGS_shm_zero_copy_mb=0", "KEEL_TEST_NO_ZERO_COPY_RANK=1"}) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + env);
+      std::string dir = MakeTempDir();
+      auto r = RunCommand(env + " FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=shm " +
+                          BinPath("keel") + " launch --nproc_per_node=" + std::to_string(n) +
+                          " --log_dir=" + dir + " " + BinPath("collective_worker") + "; cat " +
+                          dir + "/workerlog.*");
+      RunCommand("rm -rf " + dir);
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      for (int k = 0; k < n; ++k) {
+        const std::string rank = "rank " + std::to_string(k) + ": ";
+        EXPECT_NE(r.output.find(rank + "all collectives match"), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find(rank + (env.empty() ? "48" : "0") + " of 48 fused all-reduces "
+                                "without copies"),
+                  std::string::npos)
+            << r.output;
+      }
+    }
+  }
+}
+
+TEST(ShmRing, ABadZeroCopySizeOrOneForGlooIsAnErrorNamingTheFlag) {
+  for (std::string env : {"FLAGS_shm_zero_copy_mb=-1 FLAGS_cpu_comm_backend=shm",
+                          "FLAGS_shm_zero_copy_mb=64 FLAGS_cpu_comm_backend=gloo"}) {
+    std::string dir = MakeTempDir();
+    auto r = RunCommand(env + " FLAGS_cpu_math_threads=1 " + BinPath("keel") +
+                        " launch --nproc_per_node=2 --log_dir=" + dir + " " +
+                        BinPath("collective_worker") + "; rc=$?; cat " + dir +
+                        "/workerlog.*; exit $rc");
+    RunCommand("rm -rf " + dir);
+    EXPECT_NE(r.exit_code, 0) << env << "\n" << r.output;
+    EXPECT_NE(r.output.find("--shm_zero_copy_mb"), std::string::npos) << env << "\n" << r.output;
+  }
+}
+
 struct FaultRun {
   CommandResult result;
   double seconds;

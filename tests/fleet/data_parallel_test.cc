@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <sstream>
 
@@ -65,6 +66,42 @@ TEST(DataParallel, NRanksOnBOverNRowsMatchOneRankOnB) {
       struct stat st;
       for (int r = 1; r < n; ++r)
         EXPECT_NE(::stat((d + "/rank" + std::to_string(r)).c_str(), &st), 0) << "rank " << r;
+    }
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// On shared-memory rings the fused gradients live in memory the peers map, and their all-reduces
+// run without copies (--shm_zero_copy_mb): every step's all-reduce of every group does, on 1 and 2
+// rings, and the parameters come out bit for bit as with the copying path.
+TEST(DataParallel, FusedGradientsAllReduceWithoutCopiesToTheSameBits) {
+  std::string dir = MakeTempDir();
+  for (int rings : {1, 2}) {
+    SCOPED_TRACE(std::to_string(rings) + " rings");
+    const std::string d = dir + "/r" + std::to_string(rings);
+    std::string with, without;
+    NamedTensors a = Train(2, rings, d + "/on", "shm", 2, "", &with);
+    NamedTensors b = Train(2, rings, d + "/off", "shm", 2, " --shm_zero_copy_mb=0", &without);
+    // 20 steps, each all-reducing every fused group once.
+    const size_t at = with.find("rank 0 fused_groups ");
+    ASSERT_NE(at, std::string::npos) << with;
+    const int groups = std::stoi(with.substr(at + 20));
+    EXPECT_GE(groups, 2);
+    EXPECT_NE(with.find("rank 0 zero_copy_allreduces " + std::to_string(20 * groups)),
+              std::string::npos)
+        << with;
+    EXPECT_NE(with.find("rank 1 zero_copy_allreduces " + std::to_string(20 * groups)),
+              std::string::npos)
+        << with;
+    EXPECT_NE(without.find("rank 0 zero_copy_allreduces 0"), std::string::npos) << without;
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (size_t k = 0; k < a.size(); ++k) {
+      ASSERT_EQ(a[k].first, b[k].first);
+      ASSERT_EQ(a[k].second.nbytes(), b[k].second.nbytes()) << a[k].first;
+      EXPECT_EQ(std::memcmp(a[k].second.raw_data(), b[k].second.raw_data(), a[k].second.nbytes()),
+                0)
+          << a[k].first;
     }
   }
   RunCommand("rm -rf " + dir);

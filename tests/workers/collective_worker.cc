@@ -9,13 +9,18 @@
 #include <keel/keel.h>
 
 #include <dirent.h>
+#include <gflags/gflags.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "fleet/fleet.h"
 #include "framework/comm/communicator.h"
@@ -96,6 +101,63 @@ void RunAll(DType dtype, int ring, int64_t len) {
         [&](int64_t i) { return got[6][i] == sum[rank * (len / n) + i]; });
 }
 
+// What the transpiler's gradient fusion runs: coalesce_tensor lays g0 and g1 out in one buffer and
+// `op` all-reduces it in place. On a shared-memory ring the executor places that buffer where the
+// peers map it, and the all-reduce runs without copies. Values that are not integers, so the sum
+// matches only when it is taken in rank order, as the ring's copying path does (shm rings).
+int g_fused_runs = 0;
+
+template <typename T>
+void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b) {
+  // Gloo reduces floats in an order of its own: near, not the same bits.
+  const bool exact = std::string(RingRegistry::Get().At(ring, "collective_worker").backend()) == "shm";
+  const int rank = fleet::worker_index(), n = fleet::worker_num();
+  Program main;
+  Block& blk = main.global_block();
+  for (auto [name, len] : {std::pair<const char*, int64_t>{"g0", a}, {"g1", b}}) {
+    VarDesc* v = blk.Var(name);
+    v->set_dtype(dtype);
+    v->set_shape({len});
+    v->set_is_data(true);
+  }
+  blk.Var("fused")->set_dtype(dtype);
+  AppendOp(blk, "coalesce_tensor", {{"Input", {"g0", "g1"}}},
+           {{"Output", {"g0", "g1"}}, {"FusedOutput", {"fused"}}},
+           {{"numels", std::vector<int64_t>{a, b}}, {"dtype", static_cast<int>(dtype)},
+            {"copy_data", true}});
+  AppendOp(blk, op, {{"X", {"fused"}}}, {{"Out", {"fused"}}}, {{"ring_id", ring}});
+  auto value = [](int r, int64_t i) {
+    if constexpr (std::is_floating_point_v<T>) return static_cast<T>(0.37 / (r + 2 + i % 5));
+    return static_cast<T>((r + 1) * ((i % 3) + 1));
+  };
+  std::vector<T> x(a + b);
+  for (int64_t i = 0; i < a + b; ++i) x[i] = value(rank, i);
+  std::vector<T> x0(x.begin(), x.begin() + a), x1(x.begin() + a, x.end());
+  Executor exe;
+  auto out = exe.Run(main, {{"g0", Tensor::FromVector<T>(x0, {a})}, {"g1", Tensor::FromVector<T>(x1, {b})}},
+                     {"g0", "g1"});
+  ++g_fused_runs;
+  const std::string tag = "fused " + op + " " + DTypeName(dtype) + " ring " + std::to_string(ring) +
+                          " len " + std::to_string(a + b);
+  for (int64_t i = 0; i < a + b; ++i) {
+    T want = value(0, i);
+    for (int r = 1; r < n; ++r) {
+      const T v = value(r, i);
+      want = op == "c_allreduce_sum" ? static_cast<T>(want + v)
+             : op == "c_allreduce_max" ? std::max(want, v)
+                                       : static_cast<T>(want * v);
+    }
+    const T got = i < a ? out[0].template data<T>()[i] : out[1].template data<T>()[i - a];
+    const bool ok = exact || !std::is_floating_point_v<T>
+                        ? std::memcmp(&got, &want, sizeof(T)) == 0
+                        : std::abs(got - want) <= 1e-5 * std::abs(want);
+    if (!ok) {
+      Expect(false, tag + "[" + std::to_string(i) + "]");
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +165,11 @@ int main(int argc, char** argv) {
   try {
     fleet::init();
     const int n = fleet::worker_num();
+    // KEEL_TEST_NO_ZERO_COPY_RANK=k: that rank alone turns zero-copy off, so the ring's ranks
+    // disagree and every all-reduce must take the copying path.
+    if (const char* off = std::getenv("KEEL_TEST_NO_ZERO_COPY_RANK"))
+      if (std::atoi(off) == fleet::worker_index())
+        gflags::SetCommandLineOption("shm_zero_copy_mb", "0");
     Program startup;
     for (int ring = 0; ring < 2; ++ring)
       AppendOp(startup.global_block(), "c_comm_init", {}, {},
@@ -150,6 +217,19 @@ int main(int argc, char** argv) {
         RunAll<int32_t>(DType::kInt32, ring, len);
       }
     }
+    for (int ring = 0; ring < 2; ++ring)
+      for (const char* op : {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_prod"})
+        for (int64_t len : {int64_t{7}, int64_t{400009}}) {
+          RunFused<float>(DType::kFloat32, ring, op, 3, len);
+          RunFused<double>(DType::kFloat64, ring, op, 3, len);
+          RunFused<int64_t>(DType::kInt64, ring, op, 3, len);
+          RunFused<int32_t>(DType::kInt32, ring, op, 3, len);
+        }
+    int64_t zero_copy = 0;
+    for (int ring = 0; ring < 2; ++ring)
+      zero_copy += RingRegistry::Get().At(ring, "collective_worker").zero_copy_collectives();
+    std::printf("rank %d: %lld of %d fused all-reduces without copies\n", rank,
+                static_cast<long long>(zero_copy), g_fused_runs);
     if (!g_failures) std::printf("rank %d: %s rings\n", rank, backend);
   } catch (const Error& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", fleet::initialized() ? fleet::worker_index() : -1,

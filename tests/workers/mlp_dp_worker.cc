@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "fleet/fleet.h"
+#include "framework/comm/communicator.h"
 
 DEFINE_int32(global_batch, 24, "Rows per step over all ranks.");
 DEFINE_int32(steps, 20, "Training steps.");
@@ -127,6 +128,11 @@ int main(int argc, char** argv) {
     for (const auto& op : fleet::main_program().global_block().ops())
       groups += op->type() == "coalesce_tensor";
     std::printf("rank %d fused_groups %d\n", rank, groups);
+    int64_t zero_copy = 0;
+    for (int ring = 0; ring < FLAGS_rings; ++ring)
+      if (RingRegistry::Get().Has(ring))
+        zero_copy += RingRegistry::Get().At(ring, "mlp_dp_worker").zero_copy_collectives();
+    std::printf("rank %d zero_copy_allreduces %lld\n", rank, static_cast<long long>(zero_copy));
     if (!FLAGS_out.empty()) fleet::save_persistables(exe, FLAGS_out);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
