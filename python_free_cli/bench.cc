@@ -11,6 +11,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "framework/comm/communicator.h"
 #include "framework/profiler/profiler.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/runtime/blas.h"
@@ -40,24 +41,34 @@ double Median(std::vector<double> v) {
 }
 
 // keel bench allreduce: c_allreduce_sum of --bench_numel floats through a program, as training
-// runs it; rank 0 prints one JSON line.
+// runs it: of a buffer coalesce_tensor laid out once (so on a shared-memory ring it lives where the
+// peers map it, unless --shm_zero_copy_mb=0). Rank 0 prints one JSON line.
 int BenchAllReduce() {
   fleet::init();
   const int world = fleet::worker_num();
   KEEL_ENFORCE(world > 1, "bench allreduce needs several workers: run it under keel launch");
-  Program startup, main;
+  Program startup, layout, main;
   AppendOp(startup.global_block(), "c_comm_init", {}, {},
            {{"ring_id", 0}, {"nranks", world}, {"rank", fleet::worker_index()}});
-  Block& b = main.global_block();
-  VarDesc* g = b.Var("grad");
+  for (Block* b : {&layout.global_block(), &main.global_block()}) {
+    VarDesc* fused = b->Var("fused");
+    fused->set_shape({FLAGS_bench_numel});
+    fused->set_persistable(true);
+  }
+  VarDesc* g = layout.global_block().Var("grad");
   g->set_shape({FLAGS_bench_numel});
-  g->set_is_data(true);
-  AppendOp(b, "c_allreduce_sum", {{"X", {"grad"}}}, {{"Out", {"grad"}}});
+  g->set_persistable(true);
+  // Zeros: sums that stay finite whatever the number of steps.
+  AppendOp(layout.global_block(), "coalesce_tensor", {{"Input", {"grad"}}},
+           {{"Output", {"grad"}}, {"FusedOutput", {"fused"}}},
+           {{"numels", std::vector<int64_t>{FLAGS_bench_numel}},
+            {"dtype", static_cast<int>(DType::kFloat32)}, {"set_constant", true}});
+  for (Program* p : {&layout, &main})
+    AppendOp(p->global_block(), "c_allreduce_sum", {{"X", {"fused"}}}, {{"Out", {"fused"}}});
   Executor exe(fleet::worker_place());
   exe.Run(startup);
-  Tensor t(DType::kFloat32, {FLAGS_bench_numel});
-  std::fill(t.data<float>(), t.data<float>() + t.numel(), 1.0f);
-  FeedMap feed{{"grad", t}};
+  exe.Run(layout);
+  FeedMap feed;
   for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(main, feed);
   profiler::StartFromFlags();
   std::vector<double> ms;
@@ -71,8 +82,9 @@ int BenchAllReduce() {
   if (fleet::worker_index() != 0) return 0;
   double med = Median(ms), bytes = 4.0 * FLAGS_bench_numel;
   std::printf("{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"bytes\": %.0f, "
-              "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f}\n",
-              world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9);
+              "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f, \"zero_copy\": %s}\n",
+              world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9,
+              RingRegistry::Get().At(0, "bench").zero_copy_collectives() > 0 ? "true" : "false");
   return 0;
 }
 
