@@ -1,6 +1,8 @@
-// Collective ops. The executor sees them as ordinary ops; the work goes to the ring's
-// Communicator (Gloo for CPU tensors). On CPU the executor runs ops in order, so the stream-sync
-// ops have nothing to wait for; they keep Paddle's program shape for the CUDA executor.
+// Collective ops. The executor runs each collective on its ring's stream (a thread per ring on
+// CPU); the work goes to the ring's Communicator (shared memory or Gloo for CPU tensors, NCCL or
+// host staging for CUDA ones). The stream-sync ops read the collectives' outputs, so the
+// dependency graph already starts them after those collectives finish; on CPU their kernels have
+// nothing left to wait for, and they keep Paddle's program shape.
 #include "framework/comm/comm_context.h"
 #include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
@@ -80,7 +82,7 @@ class BarrierKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override { Ring(ctx).Barrier(); }
 };
 
-// CPU collectives complete before the op returns: nothing to order.
+// CPU collectives are finished when the graph starts this op: nothing to order.
 template <typename T>
 class StreamSyncKernel : public OpKernel {
  public:
