@@ -62,7 +62,7 @@ namespace keel {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6b65656c73686d31ull;  // "keelshm1"
+constexpr uint64_t kMagic = 0x6b65656c73686d32ull;  // "keelshm2" (intents carry shared_off)
 constexpr size_t kSlotBytes = size_t{1} << 20;      // per rank and buffer
 constexpr int kMaxShmRanks = 64;
 
