@@ -68,13 +68,12 @@ int BenchAllReduce() {
   Executor exe(fleet::worker_place());
   exe.Run(startup);
   exe.Run(layout);
-  FeedMap feed;
-  for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(main, feed);
+  for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(main);
   profiler::StartFromFlags();
   std::vector<double> ms;
   for (int i = 0; i < FLAGS_bench_steps; ++i) {
     auto a = std::chrono::steady_clock::now();
-    exe.Run(main, feed);
+    exe.Run(main);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   FinishProfile();

@@ -51,7 +51,7 @@ class Communicator {
   // copying through the ring's slots. nullptr when the ring has none to give (other backends,
   // --shm_zero_copy_mb=0, that much already given).
   virtual std::shared_ptr<Allocation> AllocateShared(size_t bytes) { return nullptr; }
-  // Whether [p, p + bytes) lies in one block AllocateShared gave.
+  // Whether [p, p + bytes) lies in the memory AllocateShared gives blocks from.
   virtual bool IsShared(const void* p, size_t bytes) const { return false; }
   // Collectives that ran that way, without copies.
   int64_t zero_copy_collectives() const {

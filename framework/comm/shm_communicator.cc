@@ -188,7 +188,6 @@ class SharedArena {
   SharedArena(const SharedArena&) = delete;
   SharedArena& operator=(const SharedArena&) = delete;
 
-  int fd() const { return fd_; }
   char* base() const { return base_; }
   size_t bytes() const { return bytes_; }
 

@@ -31,6 +31,25 @@ TEST(CollectiveOps, AllMatchOnTwoThreeAndFourRanks) {
   }
 }
 
+struct WorkerRun {
+  CommandResult result;
+  double seconds;
+};
+
+// The worker under keel launch on shm rings (`env` may override that), in KEEL_TEST_MODE `mode`
+// ("": every collective); the output includes every rank's log.
+WorkerRun RunWorker(const std::string& mode, const std::string& env = "", int nproc = 2) {
+  std::string dir = MakeTempDir();
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = RunCommand("KEEL_TEST_MODE=" + mode + " FLAGS_cpu_comm_backend=shm " + env + " " +
+                      BinPath("keel") + " launch --nproc_per_node=" + std::to_string(nproc) +
+                      " --log_dir=" + dir + " " + BinPath("collective_worker") + "; rc=$?; cat " +
+                      dir + "/workerlog.*; exit $rc");
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RunCommand("rm -rf " + dir);
+  return {r, secs};
+}
+
 // The worker's fused all-reduces (coalesce_tensor, then an all-reduce of the buffer in place) run
 // without copies on shared-memory rings, to the bits the copying path gives; with zero-copy off,
 // or off on one rank only, they copy and still match.
@@ -38,12 +57,7 @@ TEST(ShmRing, FusedAllReducesRunWithoutCopiesUnlessARankTurnsItOff) {
   for (int n : {2, 3}) {
     for (std::string env : {"", "FLAGS_shm_zero_copy_mb=0", "KEEL_TEST_NO_ZERO_COPY_RANK=1"}) {
       SCOPED_TRACE(std::to_string(n) + " ranks, " + env);
-      std::string dir = MakeTempDir();
-      auto r = RunCommand(env + " FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=shm " +
-                          BinPath("keel") + " launch --nproc_per_node=" + std::to_string(n) +
-                          " --log_dir=" + dir + " " + BinPath("collective_worker") + "; cat " +
-                          dir + "/workerlog.*");
-      RunCommand("rm -rf " + dir);
+      const CommandResult r = RunWorker("", "FLAGS_cpu_math_threads=1 " + env, n).result;
       EXPECT_EQ(r.exit_code, 0) << r.output;
       for (int k = 0; k < n; ++k) {
         const std::string rank = "rank " + std::to_string(k) + ": ";
@@ -60,41 +74,20 @@ TEST(ShmRing, FusedAllReducesRunWithoutCopiesUnlessARankTurnsItOff) {
 TEST(ShmRing, ABadZeroCopySizeOrOneForGlooIsAnErrorNamingTheFlag) {
   for (std::string env : {"FLAGS_shm_zero_copy_mb=-1 FLAGS_cpu_comm_backend=shm",
                           "FLAGS_shm_zero_copy_mb=64 FLAGS_cpu_comm_backend=gloo"}) {
-    std::string dir = MakeTempDir();
-    auto r = RunCommand(env + " FLAGS_cpu_math_threads=1 " + BinPath("keel") +
-                        " launch --nproc_per_node=2 --log_dir=" + dir + " " +
-                        BinPath("collective_worker") + "; rc=$?; cat " + dir +
-                        "/workerlog.*; exit $rc");
-    RunCommand("rm -rf " + dir);
+    const CommandResult r = RunWorker("", "FLAGS_cpu_math_threads=1 " + env).result;
     EXPECT_NE(r.exit_code, 0) << env << "\n" << r.output;
     EXPECT_NE(r.output.find("--shm_zero_copy_mb"), std::string::npos) << env << "\n" << r.output;
   }
 }
 
-struct FaultRun {
-  CommandResult result;
-  double seconds;
-};
-
-FaultRun RunFault(const std::string& mode, const std::string& env = "") {
-  std::string dir = MakeTempDir();
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = RunCommand("KEEL_TEST_MODE=" + mode + " FLAGS_cpu_comm_backend=shm " + env + " " +
-                      BinPath("keel") + " launch --nproc_per_node=2 --log_dir=" + dir + " " +
-                      BinPath("collective_worker") + "; rc=$?; cat " + dir + "/workerlog.*; exit $rc");
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  RunCommand("rm -rf " + dir);
-  return {r, secs};
-}
-
 TEST(ShmRing, LeavesNoNameInDevShm) {
-  auto f = RunFault("shm_names");
+  auto f = RunWorker("shm_names");
   EXPECT_NE(f.result.output.find("rank 0: shm rings, 0 shm names left"), std::string::npos)
       << f.result.output;
 }
 
 TEST(ShmRing, RanksRunningDifferentCollectivesFailNamingBoth) {
-  auto f = RunFault("mismatch");
+  auto f = RunWorker("mismatch");
   const std::string& out = f.result.output;
   EXPECT_NE(f.result.exit_code, 0) << out;
   EXPECT_LT(f.seconds, 20) << out;
@@ -109,7 +102,7 @@ TEST(ShmRing, RanksRunningDifferentCollectivesFailNamingBoth) {
 TEST(ShmRing, APeerThatExitsIsNamedWithinSeconds) {
   // Rank 1 exits cleanly, so the launcher waits on rank 0, which must notice by itself, well
   // before the 300 s collective timeout.
-  auto f = RunFault("exit");
+  auto f = RunWorker("exit");
   const std::string& out = f.result.output;
   EXPECT_NE(f.result.exit_code, 0) << out;
   EXPECT_LT(f.seconds, 20) << out;
@@ -119,7 +112,7 @@ TEST(ShmRing, APeerThatExitsIsNamedWithinSeconds) {
 }
 
 TEST(ShmRing, APeerThatNeverComesIsATimeoutNamingIt) {
-  auto f = RunFault("stall", "FLAGS_comm_timeout_s=2");
+  auto f = RunWorker("stall", "FLAGS_comm_timeout_s=2");
   const std::string& out = f.result.output;
   EXPECT_NE(f.result.exit_code, 0) << out;
   EXPECT_LT(f.seconds, 20) << out;
