@@ -1,126 +1,215 @@
 #!/usr/bin/env bash
-# One command on a machine with an NVIDIA GPU: build keel with CUDA, run the GPU tests
-# (ctest -L gpu), compute-sanitizer's memcheck on the model tests, and the GPU benchmarks side by
-# side with PyTorch on the same GPU; ends with a summary table.
+# The GPU check: keel's GPU tests (every CUDA kernel against its CPU twin, the models on
+# CUDAPlace(0), CUDA graphs, GPU data parallelism), compute-sanitizer's memcheck on the model
+# tests, and the GPU benchmarks side by side with PyTorch on the same GPU; ends with a summary
+# table (also written to OUTDIR/summary.md).
 #
-#   tools/gpu_check.sh fetch-debs   # on a Debian machine with network: the -dev packages as .debs
-#                                   # into .debs/ (ignored by git), for a GPU machine that lacks them
-#   tools/gpu_check.sh [OUTDIR]     # on the GPU machine (default OUTDIR: gpu_check_out)
+# Two ways to run it. A lent GPU machine has little time and none of Debian's libraries, so the
+# usual way is to build here and carry the result:
 #
-# Needs: nvcc (CUDA 12+), cmake, ninja, a C++17 compiler, cuDNN and NCCL (the toolkit's, or
-# PyTorch's nvidia-cudnn / nvidia-nccl wheels, found through python3), python3 with torch for the
-# benchmarks. Debian's protobuf, gflags, glog, gloo, Eigen and GoogleTest come from the system or
-# from .debs/ unpacked with dpkg -x into .debs/root (nothing is installed system-wide).
+#   tools/gpu_check.sh bundle [BUILD]      # here, after a CUDA build (default BUILD: build):
+#                                          # .gpu_bundle/keel_gpu.tar.xz, the binaries the check
+#                                          # runs and the non-CUDA shared libraries they need
+#   tools/gpu_check.sh run-bundle [OUTDIR] # on the GPU machine (carry .gpu_bundle)
+#
+# or build on the GPU machine itself (needs .debs/ there when it lacks the -dev packages):
+#
+#   tools/gpu_check.sh fetch-debs          # on a Debian machine with network: .debs/
+#   tools/gpu_check.sh [OUTDIR]            # on the GPU machine: build into build-gpu/, then check
+#
+# The bundle should come from a portable build (cmake -DKEEL_NATIVE=OFF): the GPU machine's CPU
+# is not this one. CUDA's own libraries (cudart, cuBLAS, cuDNN, NCCL) are the GPU machine's: the
+# toolkit's, or PyTorch's nvidia-* wheels found through python3. GPU_CHECK_ONLY=tests|bench limits
+# a run to one half (a rerun after a fix).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+GPU_TESTS=(cuda_kernels_test cuda_kernels2_test cudnn_ops_test cuda_graph_test gpu_data_parallel_test)
+log() { echo "== gpu_check: $*"; }
 
 DEB_PACKAGES=(libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler libgflags-dev libgflags2.2
   libgoogle-glog-dev libgoogle-glog0v6 libunwind8 libunwind-dev libgloo-dev libgloo0
   libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 libeigen3-dev libgtest-dev libgmock-dev
   googletest zlib1g-dev libdnnl-dev libdnnl2 libgomp1)
 
-if [ "${1:-}" = "fetch-debs" ]; then
+mode=${1:-}
+if [ "$mode" = fetch-debs ]; then
   mkdir -p .debs && cd .debs && apt-get download "${DEB_PACKAGES[@]}" && ls -la
   exit $?
 fi
 
-OUT=${1:-gpu_check_out}
+# --- bundle: here, after the build ------------------------------------------------------------
+if [ "$mode" = bundle ]; then
+  B=$(cd "${2:-build}" && pwd) || exit 1
+  LIBKEEL=$(ls "$B"/libkeel.so "$B"/lib/libkeel.so 2>/dev/null | head -1)
+  ldd "$LIBKEEL" 2>/dev/null | grep -q libcudart || { echo "gpu_check: $B is not a CUDA build (its libkeel.so does not load cudart)"; exit 1; }
+  grep -q '^KEEL_NATIVE:BOOL=ON' "$B/CMakeCache.txt" &&
+    echo "gpu_check: warning: $B was built with -march=native; the GPU machine's CPU may lack its instructions"
+  S=$(mktemp -d)
+  mkdir -p "$S/build/bin" "$S/build/tests" "$S/syslib"
+  cp -a "$B"/bin/* "$S/build/bin/"
+  LIBREL=$(dirname "${LIBKEEL#$B/}")     # where libkeel sits in the build folder: . or lib
+  mkdir -p "$S/build/$LIBREL" && cp -a "$(dirname "$LIBKEEL")"/libkeel.so* "$S/build/$LIBREL/"
+  for t in "${GPU_TESTS[@]}"; do cp -a "$B/tests/$t" "$S/build/tests/" || exit 1; done
+  # Every shared library they load, except CUDA's (the GPU machine's own) and the C runtime.
+  for f in "$S"/build/bin/* "$S"/build/tests/* "$S"/build/lib/libkeel.so; do ldd "$f"; done 2>/dev/null |
+    awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/libkeel\.|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so|/libcu|/libnccl|/libnvidia|/libnvrtc' |
+    while read -r l; do cp -L "$l" "$S/syslib/"; done
+  strip --strip-unneeded "$S"/build/bin/* "$S"/build/tests/* "$S"/build/$LIBREL/libkeel.so.* 2>/dev/null
+  echo "$B" >"$S/build_dir"           # where the binaries expect their build folder
+  echo "$ROOT" >"$S/source_dir"
+  git -C "$ROOT" rev-parse HEAD >"$S/commit" 2>/dev/null
+  mkdir -p .gpu_bundle
+  tar -C "$S" -cf - . | xz -T0 -6 >.gpu_bundle/keel_gpu.tar.xz
+  rm -rf "$S"
+  grep -qx '/.gpu_bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu_bundle/' >>.git/info/exclude
+  ls -la .gpu_bundle
+  exit 0
+fi
+
+if [ "$mode" = run-bundle ]; then OUT=${2:-gpu_check_out}; else OUT=${1:-gpu_check_out}; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 declare -A RESULT
-log() { echo "== gpu_check: $*"; }
-
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+command -v nvidia-smi >/dev/null &&
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+grep -m1 'model name' /proc/cpuinfo
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-[ -x "$NVCC" ] || { echo "gpu_check: no nvcc found"; exit 1; }
 
-# Debian libraries: from .debs/ when the system lacks them.
-PREFIXES=()
-EXTRA=()
-if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/logging.h ] ||
-   [ ! -f /usr/include/oneapi/dnnl/dnnl.h ]; then
-  [ -d .debs ] || { echo "gpu_check: no system protobuf/glog and no .debs/ (run: tools/gpu_check.sh fetch-debs on a Debian machine)"; exit 1; }
-  log "unpacking .debs into .debs/root"
-  mkdir -p .debs/root
-  for f in .debs/*.deb; do dpkg -x "$f" .debs/root || dpkg-deb -x "$f" .debs/root; done
-  SYS=$ROOT/.debs/root/usr
-  PREFIXES+=("$SYS")
-  export PATH=$SYS/bin:$PATH
-  export LD_LIBRARY_PATH=$SYS/lib/x86_64-linux-gnu:$SYS/lib:${LD_LIBRARY_PATH:-}
-  EXTRA+=(-DProtobuf_PROTOC_EXECUTABLE=$SYS/bin/protoc -DEigen3_DIR=$SYS/share/eigen3/cmake
-          -DGTest_DIR=$SYS/lib/x86_64-linux-gnu/cmake/GTest)
+# CUDA's libraries: the toolkit's, then PyTorch's nvidia-* wheels (cuDNN, NCCL, cuBLAS).
+CUDA_LIBDIRS=()
+[ -x "$NVCC" ] && CUDA_LIBDIRS+=("$(dirname "$NVCC")/../lib64")
+WHEELS=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d) for p in nvidia.__path__ for d in sorted(os.listdir(p))))' 2>/dev/null)
+for d in $WHEELS; do [ -d "$d/lib" ] && CUDA_LIBDIRS+=("$d/lib"); done
+CUDA_LD=$(IFS=:; echo "${CUDA_LIBDIRS[*]:-}")
+
+if [ "$mode" = run-bundle ]; then
+  [ -f .gpu_bundle/keel_gpu.tar.xz ] || { echo "gpu_check: no .gpu_bundle/keel_gpu.tar.xz (run: tools/gpu_check.sh bundle, and carry .gpu_bundle)"; exit 1; }
+  U=$ROOT/.gpu_bundle/unpacked
+  rm -rf "$U" && mkdir -p "$U" && xz -dc .gpu_bundle/keel_gpu.tar.xz | tar -C "$U" -xf - || exit 1
+  log "bundle of commit $(cat "$U/commit" 2>/dev/null)"
+  # The tests find the binaries under the build folder they were built in (an absolute path).
+  # and the sources under the folder they were built from: link both paths here.
+  SRC_WANT=$(cat "$U/source_dir")
+  if [ "$SRC_WANT" != "$ROOT" ] && [ ! -e "$SRC_WANT" ]; then
+    mkdir -p "$(dirname "$SRC_WANT")" && ln -s "$ROOT" "$SRC_WANT"
+  fi
+  WANT=$(cat "$U/build_dir")
+  [ -e "$WANT" ] && [ ! -L "$WANT" ] && { echo "gpu_check: $WANT exists and is not the bundle's"; exit 1; }
+  mkdir -p "$(dirname "$WANT")" && ln -sfn "$U/build" "$WANT"
+  B=$WANT
+  export LD_LIBRARY_PATH=$B:$B/lib:$U/syslib:$CUDA_LD:${LD_LIBRARY_PATH:-}
+  log "libraries not found:"
+  for f in "$B"/bin/* "$B"/tests/*; do ldd "$f" | grep 'not found'; done | sort -u | tee "$OUT/ldd_missing.txt"
+  RESULT[build]="prebuilt bundle ($(cat "$U/commit" 2>/dev/null | cut -c1-10))"
+else
+  # --- build on the GPU machine ---------------------------------------------------------------
+  [ -x "$NVCC" ] || { echo "gpu_check: no nvcc found"; exit 1; }
+  PREFIXES=()
+  EXTRA=()
+  if [ ! -f /usr/include/google/protobuf/message.h ] || [ ! -f /usr/include/glog/logging.h ] ||
+     [ ! -f /usr/include/oneapi/dnnl/dnnl.h ]; then
+    [ -d .debs ] || { echo "gpu_check: no system protobuf/glog and no .debs/ (run: tools/gpu_check.sh fetch-debs on a Debian machine)"; exit 1; }
+    log "unpacking .debs into .debs/root"
+    mkdir -p .debs/root
+    for f in .debs/*.deb; do dpkg -x "$f" .debs/root || dpkg-deb -x "$f" .debs/root; done
+    SYS=$ROOT/.debs/root/usr
+    PREFIXES+=("$SYS")
+    export PATH=$SYS/bin:$PATH
+    export LD_LIBRARY_PATH=$SYS/lib/x86_64-linux-gnu:$SYS/lib:${LD_LIBRARY_PATH:-}
+    EXTRA+=(-DProtobuf_PROTOC_EXECUTABLE=$SYS/bin/protoc -DEigen3_DIR=$SYS/share/eigen3/cmake
+            -DGTest_DIR=$SYS/lib/x86_64-linux-gnu/cmake/GTest)
+  fi
+  CUDA_INC=$(dirname "$NVCC")/../include
+  for pkg in cudnn nccl; do
+    if [ ! -f "$CUDA_INC/$pkg.h" ]; then
+      d=$(python3 -c "import nvidia.$pkg as m; print(list(m.__path__)[0])" 2>/dev/null)
+      if [ -n "$d" ]; then
+        PREFIXES+=("$d")
+        [ -e "$d/lib/lib$pkg.so" ] || { f=$(ls "$d"/lib/lib$pkg.so.* | head -1); mkdir -p "$OUT/lib"; ln -sf "$f" "$d/lib/lib$pkg.so" 2>/dev/null || ln -sf "$f" "$OUT/lib/lib$pkg.so"; PREFIXES+=("$OUT"); }
+        [ $pkg = cudnn ] && EXTRA+=(-DKEEL_CUDNN_ROOT=$d)
+      fi
+    fi
+  done
+  export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$CUDA_LD
+  PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]:-}")
+  log "configure + build (build-gpu/)"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_WITH_CUDA=ON -DKEEL_NATIVE=ON \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_PREFIX_PATH="$PREFIX_PATH" "${EXTRA[@]}" \
+    >"$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1
+  RESULT[build]=$([ $? -eq 0 ] && echo ok || echo "FAILED (see build.log)")
+  if [ "${RESULT[build]}" != ok ]; then tail -30 "$OUT/configure.log" "$OUT/build.log"; fi
+  B=$ROOT/build-gpu
 fi
-# cuDNN and NCCL: the toolkit's, else PyTorch's wheels.
-CUDA_INC=$(dirname "$NVCC")/../include
-for pkg in cudnn nccl; do
-  if [ ! -f "$CUDA_INC/$pkg.h" ]; then
-    d=$(python3 -c "import nvidia.$pkg as m, os; print(list(m.__path__)[0])" 2>/dev/null)
-    if [ -n "$d" ]; then
-      PREFIXES+=("$d")
-      export LD_LIBRARY_PATH=$d/lib:${LD_LIBRARY_PATH:-}
-      [ -e "$d/lib/lib$pkg.so" ] || { f=$(ls "$d"/lib/lib$pkg.so.* | head -1); mkdir -p "$OUT/lib"; ln -sf "$f" "$d/lib/lib$pkg.so" 2>/dev/null || ln -sf "$f" "$OUT/lib/lib$pkg.so"; PREFIXES+=("$OUT"); }
-      [ $pkg = cudnn ] && EXTRA+=(-DKEEL_CUDNN_ROOT=$d)
+export KEEL_BIN=$B/bin/keel
+
+if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
+  ONLY=${GPU_CHECK_ONLY:-all}
+  if [ "$ONLY" != bench ]; then
+    # The test binaries run at once (small kernels; the GPU has room), memcheck beside them.
+    log "GPU tests and compute-sanitizer memcheck"
+    for t in "${GPU_TESTS[@]}"; do
+      timeout -k 5 "${GPU_TEST_TIMEOUT:-170}" "$B/tests/$t" --gtest_color=no \
+        ${GPU_TEST_FILTER:+--gtest_filter=$GPU_TEST_FILTER} >"$OUT/test_$t.log" 2>&1 &
+    done
+    SAN=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
+    if [ -x "$SAN" ] && [ "${GPU_CHECK_MEMCHECK:-1}" = 1 ]; then
+      (
+        rc=0
+        for spec in "cuda_kernels_test:CudaModels.*:CudaRuntime.*" \
+                    "cudnn_ops_test:CudnnOps.*:CudnnModels.LenetAndResnet*" \
+                    "cuda_graph_test:CudaGraph.BuiltInModels*:CudaGraph.Replayed*"; do
+          t=${spec%%:*}
+          timeout -k 5 "${GPU_MEMCHECK_TIMEOUT:-160}" "$SAN" --tool memcheck --error-exitcode 3 \
+            "$B/tests/$t" --gtest_filter="${spec#*:}" >>"$OUT/memcheck.log" 2>&1 || rc=$?
+        done
+        exit $rc
+      ) &
+      SAN_PID=$!
+    fi
+    wait_tests() { for p in $(jobs -p); do [ "$p" = "${SAN_PID:-}" ] || wait "$p"; done; }
+    wait_tests
+    for t in "${GPU_TESTS[@]}"; do
+      f=$OUT/test_$t.log
+      passed=$(grep -c '^\[       OK \]' "$f"); failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$f")
+      skipped=$(grep -c "^\[  SKIPPED \] .*ms)" "$f")
+      verdict="$passed passed, $failed failed"
+      [ "$skipped" -gt 0 ] && verdict="$verdict, $skipped SKIPPED"
+      grep -q '^\[  PASSED  \]' "$f" || [ "$failed" -gt 0 ] || verdict="$verdict; did not finish: $(tail -c 160 "$f" | tr '\n' ' ')"
+      RESULT[test_$t]=$verdict
+    done
+    if [ -n "${SAN_PID:-}" ]; then
+      wait "$SAN_PID"; rc=$?
+      RESULT[memcheck]=$([ $rc -eq 0 ] && echo clean || echo "rc $rc: $(grep -m1 -E 'ERROR SUMMARY: [1-9]|Invalid|error' "$OUT/memcheck.log" | cut -c1-150)")
+    else
+      RESULT[memcheck]="not run"
     fi
   fi
-done
-PREFIX_PATH=$(IFS=';'; echo "${PREFIXES[*]:-}")
-
-log "configure + build (build-gpu/)"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_WITH_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_PREFIX_PATH="$PREFIX_PATH" "${EXTRA[@]}" \
-  >"$OUT/configure.log" 2>&1 && cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1
-RESULT[build]=$([ $? -eq 0 ] && echo ok || echo "FAILED (see build.log)")
-if [ "${RESULT[build]}" != ok ]; then tail -30 "$OUT/configure.log" "$OUT/build.log"; fi
-
-if [ "${RESULT[build]}" = ok ]; then
-  log "ctest -L gpu"
-  ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 900 >"$OUT/ctest_gpu.log" 2>&1
-  RESULT[ctest_gpu]=$(grep -E 'tests passed|tests failed' "$OUT/ctest_gpu.log" | tail -1)
-  # ctest counts a skipped test as passed: say how many skipped (no device visible).
-  skipped=$(sed -n '/The following tests did not run/,$p' "$OUT/ctest_gpu.log" | grep -c '(Skipped)')
-  [ "$skipped" -gt 0 ] && RESULT[ctest_gpu]="${RESULT[ctest_gpu]}; $skipped SKIPPED (no GPU visible?)"
-  log "compute-sanitizer memcheck on the model tests"
-  SAN=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
-  if [ -x "$SAN" ]; then
-    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_kernels_test \
-      --gtest_filter='CudaModels.*:CudaRuntime.*' >"$OUT/memcheck.log" 2>&1
-    rc=$?
-    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cudnn_ops_test \
-      --gtest_filter='CudnnOps.*:CudnnModels.LenetAndResnet*' >>"$OUT/memcheck.log" 2>&1
-    rc2=$?
-    "$SAN" --tool memcheck --error-exitcode 3 build-gpu/tests/cuda_graph_test \
-      --gtest_filter='CudaGraph.BuiltInModels*:CudaGraph.Replayed*' >>"$OUT/memcheck.log" 2>&1
-    [ $? -eq 0 ] && [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
-    RESULT[memcheck]=$([ $? -eq 0 ] && echo clean || echo "errors (see memcheck.log)")
-  else
-    RESULT[memcheck]="compute-sanitizer not found"
-  fi
-  log "benchmarks: keel (FLAGS_selected_gpus=0) and PyTorch on the same GPU"
-  for m in mlp resnet transformer; do
-    b=128; [ $m = transformer ] && b=64
-    FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b >"$OUT/keel_$m.json" 2>"$OUT/keel_$m.log"
-    RESULT[keel_$m]=$(tail -1 "$OUT/keel_$m.json" 2>/dev/null)
-    [ -n "${RESULT[keel_$m]}" ] || RESULT[keel_$m]="failed: $(grep -m1 'error' "$OUT/keel_$m.log")"
-    # The same step captured once into a CUDA graph and replayed (--cuda_graph).
-    FLAGS_selected_gpus=0 build-gpu/bin/keel bench $m --batch_size=$b --cuda_graph \
-      >"$OUT/keel_${m}_graph.json" 2>"$OUT/keel_${m}_graph.log"
-    RESULT[keel_${m}_graph]=$(tail -1 "$OUT/keel_${m}_graph.json" 2>/dev/null)
-    [ -n "${RESULT[keel_${m}_graph]}" ] ||
-      RESULT[keel_${m}_graph]="failed: $(grep -m1 'error' "$OUT/keel_${m}_graph.log")"
-  done
-  if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    PYTHONUNBUFFERED=1 python3 tests/bench/gpu_torch_bench.py >"$OUT/torch.json" 2>"$OUT/torch.log"
-    RESULT[torch]=$(cat "$OUT/torch.json")
-  else
-    RESULT[torch]="no torch with CUDA"
+  if [ "$ONLY" != tests ]; then
+    log "benchmarks: keel (FLAGS_selected_gpus=0) and PyTorch on the same GPU"
+    for m in mlp resnet transformer; do
+      b=128; [ $m = transformer ] && b=64
+      for g in "" _graph; do
+        FLAGS_selected_gpus=0 timeout -k 5 "${GPU_BENCH_TIMEOUT:-45}" "$KEEL_BIN" bench $m --batch_size=$b ${g:+--cuda_graph} \
+          >"$OUT/keel_$m$g.json" 2>"$OUT/keel_$m$g.log"
+        RESULT[keel_$m$g]=$(tail -1 "$OUT/keel_$m$g.json" 2>/dev/null)
+        [ -n "${RESULT[keel_$m$g]}" ] || RESULT[keel_$m$g]="failed: $(grep -m1 -iE 'error|fault|abort' "$OUT/keel_$m$g.log" | cut -c1-200)"
+      done
+    done
+    if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+      PYTHONUNBUFFERED=1 timeout -k 5 "${GPU_TORCH_TIMEOUT:-120}" python3 tests/bench/gpu_torch_bench.py >"$OUT/torch.json" 2>"$OUT/torch.log"
+      RESULT[torch]=$(tr '\n' ' ' <"$OUT/torch.json")
+    else
+      RESULT[torch]="no torch with CUDA"
+    fi
   fi
 fi
 
 echo
 echo "| check | result |"
 echo "| --- | --- |"
-for k in build ctest_gpu memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
+for k in build "${GPU_TESTS[@]/#/test_}" memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
     keel_transformer keel_transformer_graph torch; do
   echo "| $k | ${RESULT[$k]:-not run} |"
 done | tee "$OUT/summary.md"
