@@ -79,6 +79,6 @@ KEEL_REGISTER_CUDA_KERNEL(not_equal, CompareOp<fn::NotEqual>::Kernel, float, dou
                           int64_t);
 KEEL_REGISTER_CUDA_KERNEL(logical_and, LogicalOp<true>::Kernel, bool);
 KEEL_REGISTER_CUDA_KERNEL(logical_or, LogicalOp<false>::Kernel, bool);
-KEEL_REGISTER_CUDA_KERNEL(assign, CopyKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_CUDA_KERNEL(assign, CudaCopyKernel, float, double, int32_t, int64_t, bool);
 
 }  // namespace keel

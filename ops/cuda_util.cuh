@@ -124,9 +124,11 @@ void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) 
 }
 
 // Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): a copy on the
-// stream, none when they share memory.
+// stream, none when they share memory. Named apart from op_util.h's CPU CopyKernel: two classes of
+// one name in one library are one class to the linker, which gave the CUDA registrations the CPU's
+// host-side copy of device memory (a SIGSEGV on the first GPU run; tests/cmake/odr_check.sh).
 template <typename T>
-class CopyKernel : public OpKernel {
+class CudaCopyKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
@@ -139,7 +141,7 @@ class CopyKernel : public OpKernel {
 
 // X@GRAD = Out@GRAD's elements in X's shape.
 template <typename T>
-class CopyGradKernel : public OpKernel {
+class CudaCopyGradKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     Tensor* dx = ctx.OutputOrNull(GradVarName("X"));

@@ -274,11 +274,11 @@ KEEL_REGISTER_CUDA_KERNEL(concat_grad, ConcatGradKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(split, SplitKernel, float, double, int32_t, int64_t);
 KEEL_REGISTER_CUDA_KERNEL(transpose, TransposeKernel, float, double, int32_t, int64_t);
 KEEL_REGISTER_CUDA_KERNEL(transpose_grad, TransposeGradKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(flatten, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(flatten_grad, CopyGradKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(unsqueeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(unsqueeze_grad, CopyGradKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(squeeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(squeeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(flatten, CudaCopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CUDA_KERNEL(flatten_grad, CudaCopyGradKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(unsqueeze, CudaCopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CUDA_KERNEL(unsqueeze_grad, CudaCopyGradKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(squeeze, CudaCopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CUDA_KERNEL(squeeze_grad, CudaCopyGradKernel, float, double);
 
 }  // namespace keel

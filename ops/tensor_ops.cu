@@ -171,8 +171,8 @@ KEEL_REGISTER_CUDA_KERNEL(uniform_random, UniformRandomKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(gaussian_random, GaussianRandomKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
 KEEL_REGISTER_CUDA_KERNEL(cast_grad, CastGradKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
+KEEL_REGISTER_CUDA_KERNEL(reshape, CudaCopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
                           int8_t);
-KEEL_REGISTER_CUDA_KERNEL(reshape_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_CUDA_KERNEL(reshape_grad, CudaCopyGradKernel, float, double);
 
 }  // namespace keel

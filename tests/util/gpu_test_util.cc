@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include <gflags/gflags.h>
+
+#include "executor/executor.h"
+#include "models/model_zoo.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/test_data.h"
+
+DECLARE_bool(cudnn_deterministic);
 
 namespace keel::testing {
 
@@ -33,6 +40,87 @@ OpCase Op(std::string name, std::string type,
   c.outputs = std::move(outputs);
   c.attrs = std::move(attrs);
   return c;
+}
+
+namespace {
+
+models::TrainableModel BuildForTest(const std::string& model, int64_t batch, float lr) {
+  models::ModelConfig cfg;
+  cfg.name = model;
+  cfg.seed = 5;
+  cfg.batch_size = batch;
+  cfg.lr = lr;
+  if (model == "mlp") cfg.hidden = 256;
+  if (model == "lenet") cfg.data = "mnist:" + MnistDir();
+  return models::BuildModel(cfg);
+}
+
+// One step of m on the CPU and the GPU from the CPU's state: the losses and the state after it.
+void ExpectStepsFromTheSameStateAgree(models::TrainableModel& m, int64_t batch, int steps) {
+  Executor cpu(CPUPlace()), gpu(CUDAPlace(0));
+  cpu.Run(*m.startup);
+  gpu.Run(*m.startup);
+  std::vector<std::string> state;
+  for (VarDesc* v : m.main->global_block().AllVars())
+    if (v->persistable()) state.push_back(v->name());
+  ASSERT_FALSE(state.empty());
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s) + " from the same state");
+    for (const std::string& name : state) {
+      const Variable* c = cpu.scope().FindVar(name);
+      if (c == nullptr || !c->tensor().initialized()) continue;
+      Tensor* g = gpu.scope().Var(name)->mutable_tensor();
+      if (g->initialized() && g->dims() == c->tensor().dims() && g->dtype() == c->tensor().dtype())
+        g->CopyFrom(c->tensor());
+      else
+        *g = c->tensor().Clone(CUDAPlace(0));
+    }
+    FeedMap feed;
+    m.next_batch(batch, &feed);
+    const double lc = cpu.Run(*m.main, feed, {m.loss})[0].item<double>();
+    const double lg = gpu.Run(*m.main, feed, {m.loss})[0].item<double>();
+    EXPECT_NEAR(lg, lc, 1e-4 * std::max(1.0, std::abs(lc))) << "loss";
+    for (const std::string& name : state) {
+      const Variable* c = cpu.scope().FindVar(name);
+      const Variable* g = gpu.scope().FindVar(name);
+      if (c == nullptr || !c->tensor().initialized()) continue;
+      ASSERT_TRUE(g != nullptr && g->tensor().initialized()) << name;
+      EXPECT_LE(MaxRelErr(g->tensor().Clone(CPUPlace()), c->tensor()), 1e-4) << name;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<double> TrainLosses(const std::string& model, const Place& place, int steps,
+                                int64_t batch, float lr) {
+  models::TrainableModel m = BuildForTest(model, batch, lr);
+  Executor exe(place);
+  exe.Run(*m.startup);
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    FeedMap feed;
+    m.next_batch(batch, &feed);
+    losses.push_back(exe.Run(*m.main, feed, {m.loss})[0].item<double>());
+  }
+  return losses;
+}
+
+void ExpectGpuTrainsLikeCpu(const std::string& model, int64_t batch, float lr,
+                            double trajectory_tol) {
+  SCOPED_TRACE(model);
+  gflags::FlagSaver saver;
+  FLAGS_cudnn_deterministic = true;
+  {
+    models::TrainableModel m = BuildForTest(model, batch, 0);
+    ExpectStepsFromTheSameStateAgree(m, batch, 30);
+  }
+  const std::vector<double> cpu = TrainLosses(model, CPUPlace(), 30, batch, lr);
+  const std::vector<double> gpu = TrainLosses(model, CUDAPlace(0), 30, batch, lr);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t s = 0; s < cpu.size(); ++s)
+    EXPECT_NEAR(gpu[s], cpu[s], (s < 2 ? 1e-4 : trajectory_tol) * std::max(1.0, std::abs(cpu[s])))
+        << "free-running step " << s;
 }
 
 }  // namespace keel::testing

@@ -25,6 +25,23 @@ namespace keel::testing {
 // sides (where the CPU twin gives NaN too) is no error.
 double MaxRelErr(const Tensor& a, const Tensor& b);
 
+// Losses of `steps` training steps of built-in model `model` on `place` (seed 5, the same data on
+// every place); lr 0: the model's default rate.
+std::vector<double> TrainLosses(const std::string& model, const Place& place, int steps,
+                                int64_t batch, float lr = 0);
+
+// The GPU trains `model` like the CPU, in two ways (cuDNN's deterministic convolutions):
+// - step by step from the same state: before each of 30 steps the GPU takes the CPU's
+//   persistables (parameters, optimizer and batch-norm state), both run the step on the same
+//   batch, and the losses and every persistable afterwards agree to 1e-4 (relative, absolute
+//   below 1);
+// - free-running: 30 steps from the same start, the losses agree to 1e-4 for the first two steps
+//   and to `trajectory_tol` after. Different summation orders are rounding apart at first and
+//   training amplifies them: ResNet-20 at its default rate took a 1e-5 difference between two GPU
+//   runs to 4e-3 in one step, so callers pass it a smaller rate and a looser tolerance.
+void ExpectGpuTrainsLikeCpu(const std::string& model, int64_t batch, float lr,
+                            double trajectory_tol);
+
 // Uniform random tensor in [lo, hi).
 Tensor R(const DDim& d, double lo = -1, double hi = 1, uint64_t seed = 1,
          DType dt = DType::kFloat32);
