@@ -137,8 +137,8 @@ TEST(CudaKernels, DropoutMaskOnTheGpuEqualsTheCpuMask) {
 TEST(CudaModels, ThirtyStepsOnTheGpuFollowTheCpuLosses) {
   SKIP_WITHOUT_GPU();
   ExpectGpuTrainsLikeCpu("mlp", 32, 0, 1e-4);
-  ExpectGpuTrainsLikeCpu("transformer", 32, 0, 1e-4);
-  ExpectGpuTrainsLikeCpu("resnet", 8, 0.005f, 0.1);
+  ExpectGpuTrainsLikeCpu("transformer", 32, 0, 1e-4, 1e-2);
+  ExpectGpuTrainsLikeCpu("resnet", 8, 0.005f, 0.1, 5e-2);
 }
 
 TEST(CudaRuntime, SteadyStateStepsCallCudaMallocZeroTimes) {

@@ -70,7 +70,8 @@ models::TrainableModel BuildForTest(const std::string& model, int64_t batch, flo
 }
 
 // One step of m on the CPU and the GPU from the CPU's state: the losses and the state after it.
-void ExpectStepsFromTheSameStateAgree(models::TrainableModel& m, int64_t batch, int steps) {
+void ExpectStepsFromTheSameStateAgree(models::TrainableModel& m, int64_t batch, int steps,
+                                      double state_tol) {
   Executor cpu(CPUPlace()), gpu(CUDAPlace(0));
   cpu.Run(*m.startup);
   gpu.Run(*m.startup);
@@ -101,8 +102,11 @@ void ExpectStepsFromTheSameStateAgree(models::TrainableModel& m, int64_t batch, 
       const Variable* g = gpu.scope().FindVar(name);
       if (c == nullptr || !c->tensor().initialized()) continue;
       ASSERT_TRUE(g != nullptr && g->tensor().initialized()) << name;
-      const double err = NormRelErr(g->tensor().Clone(CPUPlace()), c->tensor());
-      EXPECT_LE(err, 1e-3) << name;
+      // Whole-tensor error, or element-wise for a tensor of rounding noise (a gradient that is
+      // zero in exact arithmetic).
+      const Tensor gt = g->tensor().Clone(CPUPlace());
+      const double err = std::min(NormRelErr(gt, c->tensor()), MaxRelErr(gt, c->tensor()));
+      EXPECT_LE(err, state_tol) << name;
       if (err > worst) worst = err, worst_var = name;
     }
   }
@@ -127,13 +131,13 @@ std::vector<double> TrainLosses(const std::string& model, const Place& place, in
 }
 
 void ExpectGpuTrainsLikeCpu(const std::string& model, int64_t batch, float lr,
-                            double trajectory_tol) {
+                            double trajectory_tol, double state_tol) {
   SCOPED_TRACE(model);
   gflags::FlagSaver saver;
   FLAGS_cudnn_deterministic = true;
   {
     models::TrainableModel m = BuildForTest(model, batch, 0);
-    ExpectStepsFromTheSameStateAgree(m, batch, 30);
+    ExpectStepsFromTheSameStateAgree(m, batch, 30, state_tol);
   }
   const std::vector<double> cpu = TrainLosses(model, CPUPlace(), 30, batch, lr);
   const std::vector<double> gpu = TrainLosses(model, CUDAPlace(0), 30, batch, lr);
