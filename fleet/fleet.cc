@@ -17,6 +17,7 @@
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "framework/io/io.h"
+#include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
 #include "transpiler/transpile.h"
 
@@ -163,18 +164,20 @@ void CheckSameOnEveryRank(
   }
 }
 
-// The startup program as ranks must agree on it: a ring's rank and group (which node or local
-// index) are each rank's own, and initializer seeds may differ (every parameter is then broadcast
-// from rank 0); nothing else may.
-std::unique_ptr<Program> StartupForComparison(const Program& startup) {
-  std::unique_ptr<Program> p = startup.Clone();
-  p->set_random_seed(0);
+// A program as ranks must agree on it: every attribute its op's schema declares per-rank (a
+// ring's rank, device and group are each rank's own) at the schema's default, whatever the op;
+// in the startup program also the seeds, since initializers may draw differently (every parameter
+// is then broadcast from rank 0). Nothing else may differ.
+std::unique_ptr<Program> ForComparison(const Program& program, bool startup) {
+  std::unique_ptr<Program> p = program.Clone();
+  if (startup) p->set_random_seed(0);
   for (int b = 0; b < p->num_blocks(); ++b)
     for (auto& op : p->block(b).ops()) {
-      if (op->HasAttr("seed")) op->SetAttr("seed", 0);
-      if (op->type() != "c_comm_init") continue;
-      op->SetAttr("rank", 0);
-      if (op->HasAttr("group")) op->SetAttr("group", std::string());
+      if (startup && op->HasAttr("seed")) op->SetAttr("seed", 0);
+      const OpSchema* schema = OpRegistry::Find(op->type());
+      if (schema == nullptr) continue;
+      for (const AttrDef& a : schema->attrs())
+        if (a.per_rank && op->HasAttr(a.name)) op->SetAttr(a.name, a.default_value);
     }
   return p;
 }
@@ -328,8 +331,8 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     std::set<std::string> before = PersistableNames(main);
     transpiler::TranspileCollective(main, *startup, strategy_, r);
     RecordPassMadeVars(before, main, *startup);
-    CheckProgramsMatch(main, "main program");
-    CheckProgramsMatch(*StartupForComparison(*startup), "startup program");
+    CheckProgramsMatch(*ForComparison(main, false), "main program");
+    CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
   }
   State().main = &main;
   State().startup = startup;

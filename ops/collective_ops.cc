@@ -206,10 +206,11 @@ KEEL_REGISTER_OP(c_comm_init)
     .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")
     .Attr<int>("ring_id", 0, "the ring to create", RankCheck)
     .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
-    .Attr<int>("rank", 0, "this process's rank in the ring", RankCheck)
-    .Attr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a ring for CPU tensors")
-    .Attr<std::string>("group", "",
-                       "which ranks meet in this ring (\"node0\": one node's ranks); empty: all");
+    .PerRankAttr<int>("rank", 0, "this process's rank in the ring", RankCheck)
+    .PerRankAttr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a ring for CPU tensors")
+    .PerRankAttr<std::string>("group", "",
+                              "which ranks meet in this ring (\"node0\": one node's ranks); "
+                              "empty: all");
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_comm_init, CommInitKernel, float);
 
 }  // namespace keel

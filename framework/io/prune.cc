@@ -3,7 +3,9 @@
 // Requires: feeds and targets are vars of block 0. Guarantees: the returned clone keeps, in their
 // original order, exactly the forward ops (op_role without backward/optimize bits) some target
 // transitively depends on, not looking past feeds; block 0 keeps only vars those ops use plus the
-// feeds and targets. Leaves alone: the input program, and the ops and vars of other blocks.
+// feeds and targets; every op with an `is_test` attribute, in every block, has it true (batch norm
+// normalizes with its moving statistics, dropout passes through), as Program::clone_for_test
+// sets it. Leaves alone: the input program, and which ops and vars other blocks hold.
 #include <set>
 #include <string>
 #include <variant>
@@ -123,6 +125,9 @@ std::unique_ptr<Program> PruneForInference(const Program& program,
     const std::string name = v->name();  // a copy: RemoveVar destroys *v
     if (!used.count(name)) block.RemoveVar(name);
   }
+  for (int b = 0; b < pruned->num_blocks(); ++b)
+    for (auto& op : pruned->block(b).ops())
+      if (op->HasAttr("is_test")) op->SetAttr("is_test", true);
   return pruned;
 }
 

@@ -57,6 +57,9 @@ struct AttrDef {
   Attribute default_value;
   bool required = false;
   AttrCheckFn check;
+  // Differs between the ranks of one job by design (a rank, a device id, a node's group): the
+  // cross-rank program check compares programs with it set to its default.
+  bool per_rank = false;
 };
 
 class OpSchema {
@@ -90,6 +93,14 @@ class OpSchema {
                  AttrCheckFn check = nullptr) {
     attrs_.push_back(AttrDef{name, doc, Attribute(std::in_place_type<T>, std::move(default_value)),
                              false, std::move(check)});
+    return *this;
+  }
+  // An attribute whose value is this process's own (see AttrDef::per_rank).
+  template <typename T>
+  OpSchema& PerRankAttr(const std::string& name, T default_value, const std::string& doc = "",
+                        AttrCheckFn check = nullptr) {
+    Attr<T>(name, std::move(default_value), doc, std::move(check));
+    attrs_.back().per_rank = true;
     return *this;
   }
   template <typename T>

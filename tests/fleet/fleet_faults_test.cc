@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "framework/runtime/place.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -167,6 +168,25 @@ INSTANTIATE_TEST_SUITE_P(
         Mismatch{"cpu_comm_backend", "--cpu_comm_backend=$([ $RANK = 0 ] && echo shm || echo gloo)",
                  "rank 1 has cpu_comm_backend=gloo"}),
     [](const ::testing::TestParamInfo<Mismatch>& info) { return info.param.name; });
+
+// Ranks on distinct GPUs build programs that differ only in per-rank attributes (c_comm_init's
+// device_id, rank): the cross-rank check passes them, before any device call. Without two GPUs
+// the workers then fail naming the device they cannot have; with two they train.
+TEST(FleetStart, DistinctGpuIdsPassTheProgramCheck) {
+  std::string dir = MakeTempDir();
+  auto r = RunCommand("FLAGS_comm_timeout_s=60 " + BinPath("keel") +
+                      " launch --selected_gpus=0,1 --log_dir=" + dir + "/log " + BinPath("keel") +
+                      " train --steps=2 --mlp_hidden=16");
+  auto logs = RunCommand("cat " + dir + "/log/workerlog.*");
+  EXPECT_EQ(logs.output.find("differs between ranks"), std::string::npos) << logs.output;
+  if (CudaDeviceCount() >= 2) {
+    EXPECT_EQ(r.exit_code, 0) << r.output << logs.output;
+  } else {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(logs.output.find("CUDAPlace(1)"), std::string::npos) << logs.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
 
 // The pid of the process running with RANK=<rank> in its environment, among `pattern` matches.
 int FindRankPid(const std::string& pattern, int rank) {

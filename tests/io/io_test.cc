@@ -19,7 +19,12 @@
 #include <sstream>
 
 #include "executor/executor.h"
+#include "framework/dsl/layers.h"
+#include "framework/dsl/nn_layers.h"
+#include "framework/dsl/optimizer.h"
+#include "framework/dsl/program_guard.h"
 #include "tests/util/golden.h"
+#include "tests/util/op_test_util.h"
 
 namespace keel {
 namespace {
@@ -822,6 +827,60 @@ TEST_F(IoTest, SaveInferenceModelRefusesTargetsThatNeedMoreThanTheFeeds) {
   }
   // Feeding what the target needs is fine.
   EXPECT_NO_THROW(save_inference_model(Path("ok"), {"x", "label"}, {"loss"}, exe, *p));
+}
+
+// A net with batch norm and dropout, trained a few steps: the exported model predicts what the
+// test-mode program predicts, and one sample alone gets the prediction it gets in a batch.
+TEST_F(IoTest, InferenceModelsRunBatchNormAndDropoutInTestMode) {
+  Program main, startup;
+  startup.set_random_seed(3);
+  main.set_random_seed(3);
+  Var x, label, prob, loss;
+  {
+    ProgramGuard g(main, startup);
+    x = layers::data("x", {-1, 6});
+    label = layers::data("label", {-1, 1}, DType::kInt64);
+    Var h = layers::batch_norm(layers::fc(x, 16), "relu");
+    h = layers::dropout(h, 0.5f);
+    prob = layers::fc(h, 3, "softmax");
+    loss = layers::mean(layers::cross_entropy(prob, label));
+    optimizer::SGD(0.1f).minimize(loss);
+  }
+  std::unique_ptr<Program> test = main.clone_for_test();
+  auto batch = [](int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-2, 2);
+    Tensor xs(DType::kFloat32, {n, 6}), ys(DType::kInt64, {n, 1});
+    for (int64_t i = 0; i < n; ++i) {
+      for (int j = 0; j < 6; ++j) xs.data<float>()[i * 6 + j] = u(rng) + (j == 0 ? 1.f : 0.f);
+      ys.data<int64_t>()[i] = static_cast<int64_t>(rng() % 3);
+    }
+    return FeedMap{{"x", xs}, {"label", ys}};
+  };
+  Executor exe;
+  exe.Run(startup);
+  for (int step = 0; step < 20; ++step) exe.Run(main, batch(32, 100 + step));
+  const FeedMap eval = batch(50, 7);
+  const std::vector<double> want = testing::ToDouble(exe.Run(*test, eval, {prob.name()})[0]);
+
+  const std::string dir = Path("bn_dropout");
+  save_inference_model(dir, {"x"}, {prob.name()}, exe, main);
+  Executor exe2;
+  InferenceModel m = load_inference_model(dir, exe2);
+  for (const auto& op : m.program->global_block().ops())
+    if (op->HasAttr("is_test")) EXPECT_TRUE(op->Attr<bool>("is_test")) << op->type();
+  const std::vector<double> got =
+      testing::ToDouble(exe2.Run(*m.program, {{"x", eval.at("x")}}, m.targets)[0]);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+  for (int64_t row : {0, 17, 49}) {
+    SCOPED_TRACE(row);
+    Tensor one(DType::kFloat32, {1, 6});
+    std::memcpy(one.data<float>(), eval.at("x").data<float>() + row * 6, 6 * sizeof(float));
+    const std::vector<double> alone = testing::ToDouble(exe2.Run(*m.program, {{"x", one}}, m.targets)[0]);
+    ASSERT_EQ(alone.size(), 3u);
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(alone[k], want[row * 3 + k], 1e-6);
+  }
 }
 
 TEST_F(IoTest, InferenceModelRoundTrip) {
