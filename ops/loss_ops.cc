@@ -10,6 +10,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/functors/elementwise_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -190,7 +191,8 @@ using ConstStridedVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>, 0, 
 
 // Per row, with m = max(x) and lse = log(sum(exp(x - m))):
 //   softmax = exp(x - m - lse);  hard: loss = lse - (x[label] - m);
-//   soft: loss = sum_j label_j * (lse - (x_j - m)).
+//   soft: loss = sum_j label_j * (lse - (x_j - m)), a label of 0 contributing 0 even where x_j is
+//   -inf (fn::WeightTimes).
 template <typename T>
 class SoftmaxWithCrossEntropyKernel : public OpKernel {
  public:
@@ -228,7 +230,8 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       sm *= T(1) / sum;
       if (soft_) {
         ConstStridedVec<T, S> l(soft_lp + off, s.n, stride);
-        lossp[row] = lse * l.sum() - (l * (x - mx)).sum();
+        lossp[row] = lse * l.sum() -
+                     l.binaryExpr(x - mx, [](T w, T v) { return fn::WeightTimes(w, v); }).sum();
         return;
       }
       const int64_t l = hard_lp[row];
@@ -257,7 +260,7 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       for (int64_t k = 0; k < n; ++k) sm[k] = x[k] - mx;
       if (soft_) {
         T dot = 0;
-        for (int64_t k = 0; k < n; ++k) dot += soft_lp[i * n + k] * sm[k];
+        for (int64_t k = 0; k < n; ++k) dot += fn::WeightTimes(soft_lp[i * n + k], sm[k]);
         lossp[i] = -dot;
         continue;
       }

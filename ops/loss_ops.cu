@@ -3,6 +3,7 @@
 // that row a NaN loss (and a NaN gradient row) and is reported, with its value and row, as a
 // keel::Error at the op's next run (DeviceReportSlot): the device cannot throw.
 #include "ops/cuda_util.cuh"
+#include "ops/functors/elementwise_functors.h"
 #include "ops/functors/hd.h"
 
 namespace keel {
@@ -147,7 +148,7 @@ class CrossEntropyGradKernel : public OpKernel {
 // One block per softmax row r = (i, k) of Logits viewed as [pre, n, post]; the row's elements sit
 // at base + j * post. With m = max(x), lse = log(sum(exp(x - m))):
 //   softmax = exp(x - m) / sum;  hard: loss = lse - (x[label] - m);
-//   soft: loss = lse * sum(label) - sum(label * (x - m)).
+//   soft: loss = lse * sum(label) - sum(label * (x - m)), 0 * -inf counted as 0.
 template <typename T>
 __global__ void SoftmaxCrossEntropyRows(const T* x, const int64_t* hard, const T* soft, T* sm,
                                         T* loss, int64_t n, int64_t post, int ignore_index,
@@ -169,7 +170,7 @@ __global__ void SoftmaxCrossEntropyRows(const T* x, const int64_t* hard, const T
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const T l = soft[base + j * post];
       lsum += l;
-      dot += l * (x[base + j * post] - mx);
+      dot += fn::WeightTimes(l, x[base + j * post] - mx);
     }
     lsum = BlockSum(lsum);
     dot = BlockSum(dot);

@@ -49,7 +49,7 @@ class CudnnPool {
     const cudnnPoolingMode_t mode = max_         ? CUDNN_POOLING_MAX_DETERMINISTIC
                                     : exclusive_ ? CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING
                                                  : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
-    KEEL_CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_.get(), mode, CUDNN_NOT_PROPAGATE_NAN, kh, kw,
+    KEEL_CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_.get(), mode, CUDNN_PROPAGATE_NAN, kh, kw,
                                                  ph, pw, sh, sw));
     xd_.Set4d(CudnnType<T>(), x);
     yd_.Set4d(CudnnType<T>(), y);

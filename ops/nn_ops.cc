@@ -15,6 +15,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cpu_threads.h"
+#include "ops/functors/elementwise_functors.h"
 #include "ops/functors/norm_functors.h"
 #include "ops/functors/philox.h"
 #include "ops/op_util.h"
@@ -141,7 +142,7 @@ inline bool Is2x2Tiling(const PoolGeom& g) {
          2 * g.Ho <= g.H && 2 * g.Wo <= g.W;
 }
 
-// max: the largest value in the window; avg: the window's sum over its clipped size (exclusive) or
+// max: the largest value in the window, NaN if it holds one (as PyTorch); avg: the window's sum over its clipped size (exclusive) or
 // over kh * kw (padding counted as zeros). An empty window (ceil_mode overhang) gives 0.
 template <typename T>
 class Pool2DKernel : public OpKernel {
@@ -162,9 +163,10 @@ class Pool2DKernel : public OpKernel {
           T* o = od + (c * g.Ho + oh) * g.Wo;
           if (a_.max) {
             for (int64_t ow = 0; ow < g.Wo; ++ow)
-              o[ow] = std::max(std::max(std::max(std::max(lowest, r0[2 * ow]), r0[2 * ow + 1]),
-                                        r1[2 * ow]),
-                               r1[2 * ow + 1]);
+              o[ow] = fn::MaxOrNan(
+                  fn::MaxOrNan(fn::MaxOrNan(fn::MaxOrNan(lowest, r0[2 * ow]), r0[2 * ow + 1]),
+                               r1[2 * ow]),
+                  r1[2 * ow + 1]);
           } else {
             for (int64_t ow = 0; ow < g.Wo; ++ow)
               o[ow] = (((T(0) + r0[2 * ow]) + r0[2 * ow + 1]) + r1[2 * ow] + r1[2 * ow + 1]) /
@@ -189,7 +191,7 @@ class Pool2DKernel : public OpKernel {
           for (int64_t ih = h.lo; ih < h.hi; ++ih) {
             const T* xr = xp + ih * g.W;
             if (a_.max) {
-              for (int64_t iw = w.lo; iw < w.hi; ++iw) acc = std::max(acc, xr[iw]);
+              for (int64_t iw = w.lo; iw < w.hi; ++iw) acc = fn::MaxOrNan(acc, xr[iw]);
             } else {
               for (int64_t iw = w.lo; iw < w.hi; ++iw) acc += xr[iw];
             }
@@ -205,7 +207,8 @@ class Pool2DKernel : public OpKernel {
   PoolAttrs a_;
 };
 
-// max: dout goes to the first position in the window holding the max (Paddle's rule for ties); avg:
+// max: dout goes to the first position in the window holding the max (Paddle's rule for ties; a
+// NaN max: the first NaN); avg:
 // dout / size goes to every position of the window.
 template <typename T>
 class Pool2DGradKernel : public OpKernel {
@@ -241,8 +244,10 @@ class Pool2DGradKernel : public OpKernel {
             if (a_.max) {
               // The first of the window, in row-major order, equal to the max takes it all.
               const T y = od[o + ow];
-              const bool a = x0[i] == y, b = !a && x0[i + 1] == y, c2 = !a && !b && x1[i] == y,
-                         d = !a && !b && !c2 && x1[i + 1] == y;
+              const bool a = fn::SameOrBothNan(x0[i], y),
+                         b = !a && fn::SameOrBothNan(x0[i + 1], y),
+                         c2 = !a && !b && fn::SameOrBothNan(x1[i], y),
+                         d = !a && !b && !c2 && fn::SameOrBothNan(x1[i + 1], y);
               d0[i] = a ? go : T(0);
               d0[i + 1] = b ? go : T(0);
               d1[i] = c2 ? go : T(0);
@@ -272,7 +277,7 @@ class Pool2DGradKernel : public OpKernel {
             bool done = false;
             for (int64_t ih = h.lo; ih < h.hi && !done; ++ih)
               for (int64_t iw = w.lo; iw < w.hi; ++iw)
-                if (xp[ih * g.W + iw] == y) {
+                if (fn::SameOrBothNan(xp[ih * g.W + iw], y)) {
                   dp[ih * g.W + iw] += go;
                   done = true;
                   break;

@@ -8,17 +8,19 @@
 namespace keel {
 namespace fn {
 
-// out = max(x, 0);  dx = dout * (out > 0)
+// out = max(x, 0);  dx = dout * (out > 0). A NaN passes through both ways, as in PyTorch (relu
+// of NaN is NaN; its gradient is dout): a NaN that became 0 would hide an overflow from
+// FLAGS_check_nan_inf and from loss scaling.
 struct Relu {
   template <typename T>
   KEEL_HD T operator()(T x) const {
-    return x > T(0) ? x : T(0);
+    return x > T(0) || x != x ? x : T(0);
   }
 };
 struct ReluGrad {
   template <typename T>
   KEEL_HD T operator()(T out, T dout) const {
-    return out > T(0) ? dout : T(0);
+    return out > T(0) || out != out ? dout : T(0);
   }
 };
 

@@ -42,6 +42,28 @@ struct Div {
   }
 };
 
+// The larger of a and b, NaN if either is (the first NaN met): max pooling propagates NaN as
+// PyTorch does, where std::max(a, NaN) would drop it.
+template <typename T>
+KEEL_HD T MaxOrNan(T a, T b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b > a ? b : a;
+}
+
+// a == b, with NaN equal to NaN: finds the element a NaN maximum came from.
+template <typename T>
+KEEL_HD bool SameOrBothNan(T a, T b) {
+  return a == b || (a != a && b != b);
+}
+
+// w * v with 0 * anything = 0 (the x log x convention): a zero weight on an infinite term, such
+// as a soft label of 0 on a -inf logit, contributes nothing instead of NaN.
+template <typename T>
+KEEL_HD T WeightTimes(T w, T v) {
+  return w == T(0) ? T(0) : w * v;
+}
+
 // Gradient rules of z = f(x, y): DX(dz, x, y) = dz * df/dx, DY(dz, x, y) = dz * df/dy.
 // kDxIsDout: dx = dz (no need to read x or y).
 struct AddGrad {

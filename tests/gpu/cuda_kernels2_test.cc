@@ -102,6 +102,17 @@ std::vector<GpuCase> Cases() {
          {{"Logits", {R({6, 7}, -3, 3)}}, {"Label", {SoftLabel(6, 7, 5)}}},
          {{"Softmax", 1}, {"Loss", 1}}, {{"soft_label", true}}),
       1e-4);
+  {  // A soft label of 0 on a -inf logit contributes nothing (no NaN) on both places.
+    Tensor logits = R({6, 7}, -3, 3), soft = SoftLabel(6, 7, 5);
+    for (int row : {0, 4}) {
+      logits.data<float>()[row * 7 + 2] = -std::numeric_limits<float>::infinity();
+      soft.data<float>()[row * 7 + 2] = 0.f;
+    }
+    add(Op("swce_soft_minus_inf", "softmax_with_cross_entropy",
+           {{"Logits", {logits}}, {"Label", {soft}}}, {{"Softmax", 1}, {"Loss", 1}},
+           {{"soft_label", true}}),
+        1e-4);
+  }
   add(Op("swce_axis1", "softmax_with_cross_entropy",
          {{"Logits", {R({3, 5, 4}, -3, 3)}}, {"Label", {Ints({3, 1, 4}, 5)}}},
          {{"Softmax", 1}, {"Loss", 1}}, {{"axis", 1}}),

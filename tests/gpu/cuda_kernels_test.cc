@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "executor/executor.h"
 #include "framework/runtime/device.h"
@@ -35,6 +36,11 @@ std::vector<GpuCase> Cases() {
   std::vector<GpuCase> v;
   auto add = [&](OpCase c, double tol = 1e-5) { v.push_back({std::move(c), tol}); };
   for (const char* act : {"relu", "tanh", "sigmoid"}) add(Op(act, act, {{"X", {R({17, 33})}}}));
+  {  // NaN passes through relu (forward and gradient) on both places.
+    Tensor x = R({9, 8});
+    for (int i : {0, 13, 50}) x.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+    add(Op("relu_nan", "relu", {{"X", {x}}}));
+  }
   add(Op("gelu", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}}, {{"approximate", false}}));
   add(Op("gelu_tanh", "gelu", {{"X", {R({17, 33}, -3, 3)}}}, {{"Out", 1}},
          {{"approximate", true}}));
