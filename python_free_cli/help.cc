@@ -21,7 +21,9 @@ struct Command {
   const char* name;
   const char* usage;
   std::vector<Group> groups;
-  std::vector<const char*> own_files;  // source files whose other flags go under "other"
+  // Sources whose other flags go under "other": a path, or a prefix ending in '*'
+  // ("python_free_cli/train*" is every file of keel train, present and future).
+  std::vector<const char*> own_files;
 };
 
 const std::vector<Command>& Commands() {
@@ -40,7 +42,8 @@ const std::vector<Command>& Commands() {
         {"watching",
          {"fetch_frequency", "eval_every", "progress", "logdir", "logdir_all_ranks",
           "log_all_ranks", "profile"}},
-        {"checkpoints", {"save_dir", "save_inference_dir", "load_dir"}},
+        {"checkpoints",
+         {"save_dir", "save_every", "auto_resume", "save_inference_dir", "load_dir"}},
         {"several workers (see keel launch --help)",
          {"nccl_comm_num", "fuse_all_reduce_ops", "fuse_parameter_memory_size",
           "fuse_parameter_groups_size", "hierarchical_allreduce_inter_nranks", "local_sgd_steps",
@@ -48,8 +51,7 @@ const std::vector<Command>& Commands() {
         {"performance",
          {"num_iteration_per_drop_scope", "num_threads", "cpu_math_threads", "conv_onednn",
           "cuda_graph"}}},
-       {"python_free_cli/train.cc", "python_free_cli/train_flags.cc",
-        "python_free_cli/train_monitor.cc"}},
+       {"python_free_cli/train*"}},
       {"inspect",
        "usage: keel inspect FILE|DIR                  a __model__, .safetensors or checkpoint dir\n"
        "       keel inspect --strategy [--model=NAME | FILE] --nranks=N [--nnodes=K] [flags]\n"
@@ -151,10 +153,17 @@ std::string CommandHelp(const std::string& command) {
     bool header = false;
     for (const auto& info : all) {
       bool own = false;
-      for (const std::string f : c.own_files) {
+      for (std::string f : c.own_files) {
         const std::string& file = info.filename;
-        own = own ||
-              (file.size() >= f.size() && file.compare(file.size() - f.size(), f.size(), f) == 0);
+        if (!f.empty() && f.back() == '*') {  // a prefix of the path below the source root
+          f.pop_back();
+          const size_t at = file.rfind(f);
+          own = own || (at != std::string::npos && (at == 0 || file[at - 1] == '/') &&
+                        file.find('/', at + f.size()) == std::string::npos);
+        } else {
+          own = own || (file.size() >= f.size() &&
+                        file.compare(file.size() - f.size(), f.size(), f) == 0);
+        }
       }
       if (!own || listed.count(info.name)) continue;
       if (!header) out << "\nother:\n";

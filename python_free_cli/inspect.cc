@@ -201,6 +201,8 @@ int Inspect(const std::vector<std::string>& args) {
                  std::string(f) == "model" ? " or --summary" : "");
   KEEL_ENFORCE(args.size() == 1, "inspect takes one FILE or DIR, got ", args.size(), " arguments");
   const std::string& path = args[0];
+  // --dot prints a program's digraph and nothing else, so that the output goes to `dot` as it is:
+  // a directory's tensors are left out, and a tensors file alone is an error.
   if (IsDir(path)) {
     bool any = false;
     struct stat st;
@@ -210,17 +212,23 @@ int Inspect(const std::vector<std::string>& args) {
       any = true;
       if (f == kModelFile)
         PrintProgram(p);
-      else
+      else if (!FLAGS_dot)
         PrintTensors(p);
     }
     KEEL_ENFORCE(any, path, ": holds none of ", kModelFile, ", ", kParamsFile, ", ",
                  kPersistablesFile);
+    struct stat model;
+    KEEL_ENFORCE(!FLAGS_dot || ::stat((path + "/" + kModelFile).c_str(), &model) == 0,
+                 "--dot draws a program, and ", path, " holds no ", kModelFile,
+                 " (only tensors)");
     return 0;
   }
-  if (EndsWith(path, ".safetensors"))
+  if (EndsWith(path, ".safetensors")) {
+    KEEL_ENFORCE(!FLAGS_dot, "--dot draws a program, and ", path, " holds tensors");
     PrintTensors(path);
-  else
+  } else {
     PrintProgram(path);
+  }
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -267,8 +268,29 @@ std::string ProfilePathForRank(int rank, int nranks) {
 
 bool Requested() { return !FLAGS_profile.empty(); }
 
+namespace {
+// Refuses --profile before anything runs when the trace could not be written at the end: its
+// folder missing or not writable, or the file there but not a writable regular file. (Under
+// several workers each writes PATH.rankN beside PATH.)
+void CheckProfilePath() {
+  const std::string& path = FLAGS_profile;
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st;
+  KEEL_ENFORCE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--profile=", path, ": ",
+               dir, " is not a directory, so the trace could not be written at the end");
+  KEEL_ENFORCE(::access(dir.c_str(), W_OK | X_OK) == 0, "--profile=", path,
+               ": cannot create files in ", dir);
+  const bool absent = ::stat(path.c_str(), &st) != 0;
+  KEEL_ENFORCE(absent || (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) == 0), "--profile=",
+               path, ": exists and is not a writable file");
+}
+}  // namespace
+
 bool StartFromFlags() {
   if (FLAGS_profile.empty()) return false;
+  CheckProfilePath();
   Reset();
   Start();
   return true;
@@ -306,6 +328,7 @@ void SetRank(int rank, int nranks) {
 void StartFromFlagsUntilExit() {
   static bool armed = false;
   if (FLAGS_profile.empty() || armed) return;
+  CheckProfilePath();
   armed = true;
   Start();
   std::atexit(FinishAtExit);

@@ -67,7 +67,9 @@ std::string ProfilePathForRank(int rank, int nranks);
 // Whether --profile is set.
 bool Requested();
 // Turns the profiler on when --profile is set, dropping what was recorded before (keel train and
-// bench profile their steps only). Returns whether it is on.
+// bench profile their steps only). Returns whether it is on. Both Start functions throw
+// keel::Error naming the flag when the trace could not be written there (checked now, not after
+// the last step).
 bool StartFromFlags();
 // keel::Init calls it: with --profile set, records from now on and, when the process exits,
 // writes the trace (FinishFromFlags) unless that ran before. So --profile works in any program

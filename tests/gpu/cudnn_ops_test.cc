@@ -202,7 +202,8 @@ TEST(CudnnModels, ResnetStepIntermediatesFollowTheCpu) {
   std::set<std::string> seen;
   for (const auto& op : b.ops())
     for (const std::string& n : op->OutputArgumentNames())
-      if (n != kEmptyVarName && b.HasVar(n) && !b.FindVar(n)->persistable() && seen.insert(n).second) {
+      if (n != kEmptyVarName && b.HasVar(n) && !b.FindVar(n)->persistable() &&
+          seen.insert(n).second) {
         fetch.push_back(n);
         writer.push_back(op->type());
         writer_op.push_back(op.get());
@@ -227,9 +228,10 @@ TEST(CudnnModels, ResnetStepIntermediatesFollowTheCpu) {
     if (tc[i].dtype() != DType::kFloat32) continue;
     const Tensor g = tg[i].Clone(CPUPlace());
     const double err = NormRelErr(g, tc[i]);
-    const bool forward = !writer_op[i]->HasAttr(kOpRoleAttr) ||
-                         (writer_op[i]->Attr<int>(kOpRoleAttr) & ~static_cast<int>(OpRole::kLoss)) ==
-                             static_cast<int>(OpRole::kForward);
+    const OpDesc& op = *writer_op[i];
+    const int role = op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0;
+    const bool forward =
+        (role & ~static_cast<int>(OpRole::kLoss)) == static_cast<int>(OpRole::kForward);
     if (forward) {
       EXPECT_LE(err, 1e-4) << fetch[i] << " (" << writer[i] << ")";
     }
