@@ -7,13 +7,6 @@
 
 namespace keel {
 
-bool RunsOnRingStream(const std::string& type) {
-  static const std::set<std::string> kTypes = {
-      "c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod",  "c_broadcast",
-      "c_allgather",     "c_reducescatter", "c_barrier",       "c_sync_comm_stream"};
-  return kTypes.count(type) > 0;
-}
-
 EventPlan PlanEvents(const DependencyGraph& graph, const std::vector<int>& lane_of) {
   const int n = static_cast<int>(graph.size());
   CHECK_EQ(lane_of.size(), graph.size());

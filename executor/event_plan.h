@@ -28,13 +28,8 @@ struct EventPlan {
   std::vector<int> final_waits;         // ops whose events the compute lane waits for at the end
 };
 
-// Collectives that run on their ring's stream (CPU: the ring's thread; CUDA: the ring's CUDA
-// stream). c_sync_comm_stream runs there too: it completes when the ring's earlier work has, which
-// is the event the ops after it wait for. c_sync_calc_stream stays on the compute side: the edge
-// from it to the collective after it is where the ring waits for compute.
-bool RunsOnRingStream(const std::string& op_type);
-
-// lane_of[i]: 0 for the compute stream, r + 1 for ring r's stream.
+// lane_of[i]: 0 for the compute stream, r + 1 for ring r's stream (ops whose schema declares
+// OpTraits::on_ring, CPU: the ring's thread, CUDA: the ring's CUDA stream).
 EventPlan PlanEvents(const DependencyGraph& graph, const std::vector<int>& lane_of);
 
 }  // namespace keel

@@ -340,13 +340,15 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       for (auto& a : kv.second)
         if (a != kEmptyVarName) acc.writes.push_back(a);
     }
-    // Ops that run blocks touch variables the graph cannot see; c_comm_init creates the ring
-    // that later collectives use.
+    // Ops that run blocks touch variables the graph cannot see; a barrier trait orders an op
+    // against all others (one that creates a ring later collectives use).
+    const OpTraits& traits = OpRegistry::Traits(op->type());
     acc.hidden_accesses = op->HasAttr("sub_block");
-    acc.barrier = acc.hidden_accesses || op->type() == "c_comm_init";
-    if (op->type() == "coalesce_tensor" && !op->Output("FusedOutput").empty())
-      for (auto& name : op->Output("Output")) slice_of[name] = op->Output("FusedOutput")[0];
-    if (RunsOnRingStream(op->type())) {
+    acc.barrier = acc.hidden_accesses || !traits.barrier.empty();
+    if (!traits.fused_slot.empty() && !op->Output(traits.fused_slot).empty())
+      for (auto& name : op->Output(traits.slices_slot))
+        slice_of[name] = op->Output(traits.fused_slot)[0];
+    if (traits.on_ring) {
       if (op->HasAttr("use_calc_stream") && op->Attr<bool>("use_calc_stream")) {
         // In order with compute, as if on its stream: after every earlier op, before every later
         // one (which also keeps the ring's program order against its stream's ops).
@@ -375,15 +377,16 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     std::map<std::string, int> ring_of;
     for (auto it = plan->ops.rbegin(); it != plan->ops.rend(); ++it) {
       const OpDesc& d = *it->desc;
-      if (d.type().rfind("c_allreduce_", 0) == 0 && d.Input("X").size() == 1 &&
+      if (OpRegistry::Traits(d.type()).all_reduces_in_place && d.Input("X").size() == 1 &&
           d.HasAttr("ring_id"))
         ring_of[d.Input("X")[0]] = d.Attr<int>("ring_id");
     }
-    for (auto& op : plan->ops)
-      if (op.desc->type() == "coalesce_tensor" && !op.desc->Output("FusedOutput").empty()) {
-        auto it = ring_of.find(op.desc->Output("FusedOutput")[0]);
-        if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
-      }
+    for (auto& op : plan->ops) {
+      const OpTraits& traits = OpRegistry::Traits(op.desc->type());
+      if (traits.fused_slot.empty() || op.desc->Output(traits.fused_slot).empty()) continue;
+      auto it = ring_of.find(op.desc->Output(traits.fused_slot)[0]);
+      if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
+    }
   }
   plan->graph = std::make_unique<DependencyGraph>(access, slice_of);
   plan->width = plan->graph->MaxWidth();

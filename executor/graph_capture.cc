@@ -1,6 +1,6 @@
 #include "executor/graph_capture.h"
 
-#include <set>
+#include "framework/op/op_registry.h"
 
 namespace keel {
 
@@ -30,17 +30,14 @@ std::string FeedSignature(const FeedMap& feed) {
 }
 
 std::string GraphCaptureBlocker(const Program& program, int block_idx) {
-  static const std::set<std::string> kHostDraws = {"uniform_random", "gaussian_random"};
-  static const std::set<std::string> kSetUp = {"c_comm_init"};
   const Block& block = program.block(block_idx);
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc* op = block.op(i);
     const std::string at = "op #" + std::to_string(i) + " " + op->type();
     if (op->HasAttr("sub_block"))
       return at + " runs a sub-block, and its condition comes to the host every step";
-    if (kHostDraws.count(op->type()))
-      return at + " draws its random numbers on the host (a replay would repeat them)";
-    if (kSetUp.count(op->type())) return at + " sets up a communication ring";
+    const std::string& why = OpRegistry::Traits(op->type()).not_capturable;
+    if (!why.empty()) return at + " " + why;
   }
   return "";
 }

@@ -143,7 +143,8 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
 
 #define KEEL_REGISTER_ALLREDUCE(name, op)                                                \
   [[maybe_unused]] static OpSchema& keel_schema_##name =                                 \
-      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)");      \
+      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)")       \
+          .AllReducesInPlace();                                                            \
   KEEL_REGISTER_COLLECTIVE_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, \
                                   int32_t, int64_t)
 
@@ -154,12 +155,14 @@ KEEL_REGISTER_ALLREDUCE(c_allreduce_prod, kProd);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_broadcast =
     Collective("c_broadcast", "Out = X of rank `root`, on every rank of ring_id")
+        .RunsOnRing()
         .Attr<int>("root", 0, "the rank whose X everybody gets", RankCheck);
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
                          uint8_t, int8_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_allgather =
     Collective("c_allgather", "Out = concat over ranks of X along dim 0")
+        .RunsOnRing()
         .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
         .Shape([](InferShapeContext& ctx) {
           DDim d = ctx.GetInputDim("X");
@@ -172,6 +175,7 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int
 
 [[maybe_unused]] static OpSchema& keel_schema_c_reducescatter =
     Collective("c_reducescatter", "Out = this rank's dim-0 slice of the sum of X over ranks")
+        .RunsOnRing()
         .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
         .Shape([](InferShapeContext& ctx) {
           DDim d = ctx.GetInputDim("X");
@@ -191,19 +195,25 @@ KEEL_REGISTER_OP(c_barrier)
     .OptionalInput("X", "ignored; orders the barrier after X's writer")
     .OptionalOutput("Out", "ignored")
     .Attr<int>("ring_id", 0, "which ring", RankCheck)
-    .KernelDTypeFrom("X");
+    .KernelDTypeFrom("X")
+    .RunsOnRing();
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_barrier, BarrierKernel, float);
 
+// On the compute side (no RunsOnRing): the edge from it to the collective after it is where the
+// ring waits for compute.
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
     Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t, int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
-    Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)");
+    Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)")
+        .RunsOnRing();  // completes when the ring's earlier work has: what later ops wait for
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(c_comm_init)
     .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")
+    .Barrier("creates the ring that later collectives use")
+    .NotCapturable("sets up a communication ring")
     .Attr<int>("ring_id", 0, "the ring to create", RankCheck)
     .Attr<int>("nranks", 1, "ranks in the ring", PositiveCheck)
     .PerRankAttr<int>("rank", 0, "this process's rank in the ring", RankCheck)

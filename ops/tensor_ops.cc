@@ -279,6 +279,7 @@ KEEL_REGISTER_CPU_KERNEL(fill_zeros_like, FillZerosLikeKernel, float, double, in
 
 KEEL_REGISTER_OP(uniform_random)
     .Doc("Out ~ U[min, max). The same seed gives the same values.")
+    .NotCapturable("draws its random numbers on the host (a replay would repeat them)")
     .Output("Out", "shape `shape`, dtype `dtype`")
     .Attr<std::vector<int64_t>>("shape", {}, "Out's shape", CheckShapeAttr)
     .Attr<float>("min", -1.0f, "lower bound, inclusive")
@@ -291,6 +292,7 @@ KEEL_REGISTER_CPU_KERNEL(uniform_random, UniformRandomKernel, float, double);
 
 KEEL_REGISTER_OP(gaussian_random)
     .Doc("Out ~ N(mean, std^2). The same seed gives the same values.")
+    .NotCapturable("draws its random numbers on the host (a replay would repeat them)")
     .Output("Out", "shape `shape`, dtype `dtype`")
     .Attr<std::vector<int64_t>>("shape", {}, "Out's shape", CheckShapeAttr)
     .Attr<float>("mean", 0.0f, "mean of the distribution")

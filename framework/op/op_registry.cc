@@ -272,6 +272,12 @@ const OpSchema* OpRegistry::Find(const std::string& type) {
   return it == Reg().schemas.end() ? nullptr : it->second.get();
 }
 
+const OpTraits& OpRegistry::Traits(const std::string& type) {
+  static const OpTraits kNone;
+  const OpSchema* s = Find(type);
+  return s ? s->traits() : kNone;
+}
+
 std::vector<std::string> OpRegistry::OpTypes() {
   std::vector<std::string> r;
   for (auto& kv : Reg().schemas) r.push_back(kv.first);

@@ -62,6 +62,25 @@ struct AttrDef {
   bool per_rank = false;
 };
 
+// What the executor must know of an op beyond its slots, declared at registration: the executor,
+// the event plan and the CUDA-graph capture read these, never op type names.
+struct OpTraits {
+  // Runs on its ring's thread and stream (attribute ring_id), overlapping compute, unless its
+  // use_calc_stream attribute is set.
+  bool on_ring = false;
+  // On a ring, reduces X into itself across the ranks: a fused buffer it reduces is placed where
+  // the ring reads and writes it without copies.
+  bool all_reduces_in_place = false;
+  // Why it must run after every earlier op and before every later one ("" : it need not), e.g.
+  // it makes a ring that later collectives use.
+  std::string barrier;
+  // Outputs that are views into one buffer: each var of `slices_slot` is a slice of the var of
+  // `fused_slot` ("" : none).
+  std::string slices_slot, fused_slot;
+  // Why a CUDA graph cannot capture it ("" : it can).
+  std::string not_capturable;
+};
+
 class OpSchema {
  public:
   explicit OpSchema(std::string type) : type_(std::move(type)) {}
@@ -125,6 +144,28 @@ class OpSchema {
     kernel_dtype_slot_ = slot;
     return *this;
   }
+  // Traits (OpTraits says what each means to the executor).
+  OpSchema& RunsOnRing() {
+    traits_.on_ring = true;
+    return *this;
+  }
+  OpSchema& AllReducesInPlace() {
+    traits_.on_ring = traits_.all_reduces_in_place = true;
+    return *this;
+  }
+  OpSchema& Barrier(std::string why) {
+    traits_.barrier = std::move(why);
+    return *this;
+  }
+  OpSchema& FusesOutputs(std::string slices_slot, std::string fused_slot) {
+    traits_.slices_slot = std::move(slices_slot);
+    traits_.fused_slot = std::move(fused_slot);
+    return *this;
+  }
+  OpSchema& NotCapturable(std::string why) {
+    traits_.not_capturable = std::move(why);
+    return *this;
+  }
 
   const std::string& type() const { return type_; }
   const std::string& doc() const { return doc_; }
@@ -135,6 +176,7 @@ class OpSchema {
   const GradOpMakerFn& grad_maker() const { return grad_maker_; }
   bool has_grad() const { return static_cast<bool>(grad_maker_); }
   const std::string& kernel_dtype_slot() const { return kernel_dtype_slot_; }
+  const OpTraits& traits() const { return traits_; }
   const ArgDef* FindInput(const std::string& name) const;
   const ArgDef* FindOutput(const std::string& name) const;
   const AttrDef* FindAttr(const std::string& name) const;
@@ -158,6 +200,7 @@ class OpSchema {
   InferShapeFn infer_shape_;
   GradOpMakerFn grad_maker_;
   std::string kernel_dtype_slot_;
+  OpTraits traits_;
 };
 
 struct KernelKey {
@@ -183,6 +226,8 @@ class OpRegistry {
   // The kernel for (place, dtype), or a keel::Error listing what is registered for the op.
   static std::unique_ptr<OpKernel> CreateKernel(const OpDesc& op, const Place& place, DType dtype);
   static bool HasKernel(const std::string& type, Place::Kind place, DType dtype);
+  // The op's declared traits; none for a type without a schema.
+  static const OpTraits& Traits(const std::string& type);
   static std::vector<std::string> OpTypes();
 
   // The dtype that picks op's kernel given the block's var descs.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "executor/executor.h"
+#include "framework/op/op_registry.h"
 #include "fleet/distributed_strategy.h"
 #include "framework/dsl/program_guard.h"
 #include "tests/util/transpiler_fixtures.h"
@@ -68,7 +69,7 @@ TEST(EventPlan, TwoRingMlpWaitsOnlyAtTheSyncOpsAndTheOptimizer) {
   const auto& ops = main.global_block().ops();
   std::vector<int> lanes;
   for (auto& op : ops)
-    lanes.push_back(RunsOnRingStream(op->type()) ? op->Attr<int>("ring_id") + 1 : 0);
+    lanes.push_back(OpRegistry::Traits(op->type()).on_ring ? op->Attr<int>("ring_id") + 1 : 0);
   EventPlan p = PlanEvents(g, lanes);
   int first_sync_comm = -1, allreduces = 0, sgds = 0;
   std::vector<int> last_of_ring(2, -1);

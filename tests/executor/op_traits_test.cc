@@ -1,0 +1,75 @@
+// Op traits, not names: the executor, the event plan and the CUDA-graph capture learn what they
+// need of an op from the traits its schema declares (framework/op/op_registry.h, OpTraits), so
+// a new collective or a new op that fuses outputs needs no executor change.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "framework/op/op_registry.h"
+#include "tests/util/golden.h"
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+TEST(OpTraits, CollectivesFusedBuffersAndHostDrawsDeclareThemselves) {
+  for (const char* t : {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_min",
+                        "c_allreduce_prod"}) {
+    EXPECT_TRUE(OpRegistry::Traits(t).on_ring) << t;
+    EXPECT_TRUE(OpRegistry::Traits(t).all_reduces_in_place) << t;
+  }
+  for (const char* t : {"c_broadcast", "c_allgather", "c_reducescatter", "c_barrier",
+                        "c_sync_comm_stream"}) {
+    EXPECT_TRUE(OpRegistry::Traits(t).on_ring) << t;
+    EXPECT_FALSE(OpRegistry::Traits(t).all_reduces_in_place) << t;
+  }
+  EXPECT_FALSE(OpRegistry::Traits("c_sync_calc_stream").on_ring);
+  EXPECT_FALSE(OpRegistry::Traits("c_comm_init").barrier.empty());
+  EXPECT_FALSE(OpRegistry::Traits("c_comm_init").not_capturable.empty());
+  EXPECT_EQ(OpRegistry::Traits("coalesce_tensor").fused_slot, "FusedOutput");
+  EXPECT_EQ(OpRegistry::Traits("coalesce_tensor").slices_slot, "Output");
+  for (const char* t : {"uniform_random", "gaussian_random"})
+    EXPECT_NE(OpRegistry::Traits(t).not_capturable.find("host"), std::string::npos) << t;
+  // Ordinary ops, grad ops (which do not inherit their forward's traits) and unknown types.
+  for (const char* t : {"mul", "conv2d", "sgd", "dropout", "mul_grad", "no_such_op"}) {
+    const OpTraits& tr = OpRegistry::Traits(t);
+    EXPECT_FALSE(tr.on_ring || !tr.barrier.empty() || !tr.fused_slot.empty() ||
+                 !tr.not_capturable.empty())
+        << t;
+  }
+}
+
+// No string literal in executor/ is an op type (or the start of one, like "c_allreduce_").
+TEST(OpTraits, TheExecutorNamesNoOpType) {
+  const std::vector<std::string> types = OpRegistry::OpTypes();
+  ASSERT_GT(types.size(), 50u);
+  auto files = RunCommand("ls " + SourcePath("executor") + "/*.cc " + SourcePath("executor") +
+                          "/*.h");
+  std::istringstream list(files.output);
+  std::string file;
+  int read = 0;
+  const std::regex literal("\"([a-z0-9_]+)\"");
+  while (std::getline(list, file)) {
+    std::ifstream in(file);
+    ASSERT_TRUE(in) << file;
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    ++read;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), literal); it != std::sregex_iterator();
+         ++it) {
+      const std::string word = (*it)[1];
+      for (const std::string& t : types)
+        EXPECT_FALSE(t == word || (word.back() == '_' && t.rfind(word, 0) == 0))
+            << file << " names op type " << t << " (\"" << word << "\"): declare a trait instead";
+    }
+  }
+  EXPECT_GE(read, 10);
+}
+
+}  // namespace
+}  // namespace keel::testing
