@@ -66,6 +66,9 @@ class DistributedOptimizer {
   std::vector<ParamGrad> minimize(Var loss, Program* startup = nullptr,
                                   const std::set<std::string>& no_grad_set = {});
   const DistributedStrategy& strategy() const { return strategy_; }
+  // The learning-rate var its minimize created (fetch it to log the rate; the optimizer passed to
+  // distributed_optimizer was copied and knows none).
+  const std::string& learning_rate_var() const { return opt_->learning_rate_var(); }
 
  private:
   std::shared_ptr<optimizer::Optimizer> opt_;

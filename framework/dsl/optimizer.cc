@@ -18,6 +18,14 @@ std::vector<ParamGrad> Optimizer::backward(Var loss, const std::set<std::string>
   return append_backward(*loss.block()->program(), loss.name(), no_grad_set);
 }
 
+const std::string& Optimizer::learning_rate_var() const {
+  KEEL_ENFORCE(!lr_var_.empty(), "optimizer ", type(),
+               ": learning_rate_var() before minimize/apply_gradients appended its updates (under "
+               "fleet, the DistributedOptimizer minimizes a copy of this optimizer: ask it for "
+               "learning_rate_var())");
+  return lr_var_;
+}
+
 void Optimizer::set_grad_clip(GradientClipByGlobalNorm clip) {
   KEEL_ENFORCE(clip.clip_norm > 0, type(), ": GradientClipByGlobalNorm needs clip_norm > 0, got ",
                clip.clip_norm);

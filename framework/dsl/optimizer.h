@@ -53,8 +53,10 @@ class Optimizer {
   // The constant learning rate; a keel::Error when it is a schedule (see lr()).
   float learning_rate() const { return learning_rate_.value(); }
   const LearningRate& lr() const { return learning_rate_; }
-  // The [1] learning-rate var the last apply_gradients created (fetch it to log the rate).
-  const std::string& learning_rate_var() const { return lr_var_; }
+  // The [1] learning-rate var the last apply_gradients created (fetch it to log the rate). A
+  // keel::Error before this optimizer appended its updates (fleet's DistributedOptimizer
+  // minimizes a copy: ask it).
+  const std::string& learning_rate_var() const;
 
  protected:
   // Appends the update of one parameter to `main`; `lr` names the [1] learning-rate var;

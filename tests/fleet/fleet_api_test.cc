@@ -6,12 +6,14 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "executor/executor.h"
 #include "fleet/fleet.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/program_guard.h"
@@ -65,6 +67,34 @@ TEST(FleetMinimize, TwiceOnOneProgramIsAnErrorSayingSo) {
   Var y2 = layers::data("y", {-1, 1}, DType::kInt64);
   EXPECT_NO_THROW(fleet::distributed_optimizer(optimizer::SGD(0.1f))
                       .minimize(models::mlp(x2, y2, 4), &startup2));
+  fleet::reset();
+}
+
+// The learning rate after fleet's minimize: the DistributedOptimizer names its var, which a run
+// fetches; the optimizer it copied says to ask it instead of naming "".
+TEST(FleetMinimize, TheLearningRateVarIsTheDistributedOptimizers) {
+  fleet::reset();
+  fleet::init(fleet::UserDefinedRoleMaker(0, 1));
+  Program main, startup;
+  ProgramGuard g(main, startup);
+  Var x = layers::data("x", {-1, 32});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var loss = models::mlp(x, y, 4);
+  optimizer::SGD sgd(0.25f);
+  fleet::DistributedOptimizer d = fleet::distributed_optimizer(sgd);
+  d.minimize(loss, &startup);
+  Executor exe;
+  exe.Run(startup);
+  FeedMap feed{{"x", Tensor(DType::kFloat32, {2, 32})}, {"y", Tensor(DType::kInt64, {2, 1})}};
+  std::memset(feed["x"].data<float>(), 0, 2 * 32 * sizeof(float));
+  feed["y"].data<int64_t>()[0] = feed["y"].data<int64_t>()[1] = 1;
+  EXPECT_EQ(exe.Run(main, feed, {d.learning_rate_var()})[0].item<float>(), 0.25f);
+  try {
+    sgd.learning_rate_var();
+    ADD_FAILURE() << "the copied optimizer named a learning-rate var";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Contains(e.what(), "DistributedOptimizer")) << e.what();
+  }
   fleet::reset();
 }
 

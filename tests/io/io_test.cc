@@ -867,8 +867,11 @@ TEST_F(IoTest, InferenceModelsRunBatchNormAndDropoutInTestMode) {
   save_inference_model(dir, {"x"}, {prob.name()}, exe, main);
   Executor exe2;
   InferenceModel m = load_inference_model(dir, exe2);
-  for (const auto& op : m.program->global_block().ops())
-    if (op->HasAttr("is_test")) EXPECT_TRUE(op->Attr<bool>("is_test")) << op->type();
+  for (const auto& op : m.program->global_block().ops()) {
+    if (op->HasAttr("is_test")) {
+      EXPECT_TRUE(op->Attr<bool>("is_test")) << op->type();
+    }
+  }
   const std::vector<double> got =
       testing::ToDouble(exe2.Run(*m.program, {{"x", eval.at("x")}}, m.targets)[0]);
   ASSERT_EQ(got.size(), want.size());
