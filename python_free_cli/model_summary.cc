@@ -61,10 +61,12 @@ double OpFlops(const Block& b, const OpDesc& op) {
   const VarDesc* out = out_slot.empty() ? nullptr : First(b, op, out_slot, false);
   if (op.type() == "mul") {
     // Out = X * Y, Y: [K..., M...] folded at y_num_col_dims; each output element takes K madds.
+    // The attribute comes from a file: clamped to Y's rank, unknown dims counting 1.
     const VarDesc* y = First(b, op, "Y", true);
-    int ycols = op.HasAttr("y_num_col_dims") ? op.Attr<int>("y_num_col_dims") : 1;
-    int64_t k = 1;
-    for (int i = 0; y && i < ycols; ++i) k *= y->shape()[i];
+    const int64_t ycols = op.HasAttr("y_num_col_dims") ? op.Attr<int>("y_num_col_dims") : 1;
+    double k = 1;
+    for (int64_t i = 0; y && i < std::min<int64_t>(ycols, y->shape().size()); ++i)
+      k *= std::max<int64_t>(y->shape()[i], 1);
     return out ? 2.0 * NumelPerSample(out) * k : 0;
   }
   if (op.type() == "matmul") {
@@ -78,8 +80,8 @@ double OpFlops(const Block& b, const OpDesc& op) {
   if (op.type() == "conv2d") {
     const VarDesc* f = First(b, op, "Filter", true);
     const VarDesc* o = First(b, op, "Output", false);
-    if (!f || !o || f->shape().empty()) return 0;
-    return 2.0 * NumelPerSample(o) * (NumelPerSample(f) / f->shape()[0]);
+    if (!f || !o || f->shape().empty() || f->shape()[0] <= 0) return 0;  // no filters: no math
+    return 2.0 * NumelPerSample(o) * (static_cast<double>(NumelPerSample(f)) / f->shape()[0]);
   }
   if (op.type() == "pool2d") {
     const VarDesc* x = First(b, op, "X", true);

@@ -25,8 +25,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -235,7 +237,7 @@ void CheckCanWrite(const std::string& dir, uint64_t bytes, const std::string& wh
   }
 }
 
-std::string ReadFile(const std::string& path) {
+std::string ReadFile(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -252,11 +254,21 @@ std::string ReadFile(const std::string& path) {
     KEEL_THROW(path, ": is a directory, expected a file");
   }
   // Read straight into the result; st_size is a hint (+1 so EOF needs no regrow), not trusted.
+  const bool regular = S_ISREG(st.st_mode);
+  if (max_bytes == 0) max_bytes = std::numeric_limits<size_t>::max();
+  if (!regular) max_bytes = std::min(max_bytes, size_t{64} << 20);
   std::string out;
   size_t len = 0;
-  out.resize(S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : 4096);
+  out.resize(regular && st.st_size > 0
+                 ? std::min(static_cast<size_t>(st.st_size), max_bytes) + 1
+                 : std::min<size_t>(4096, max_bytes + 1));
   for (;;) {
-    if (len == out.size()) out.resize(out.size() * 2);
+    if (len > max_bytes) {
+      ::close(fd);
+      KEEL_THROW(path, ": holds more than ", max_bytes, " bytes, the most read from ",
+                 regular ? "such a file" : "a file that is not a regular file", "; not read further");
+    }
+    if (len == out.size()) out.resize(std::min(out.size() * 2, max_bytes + 1));
     ssize_t n = ::read(fd, &out[len], out.size() - len);
     if (n < 0) {
       if (errno == EINTR) continue;

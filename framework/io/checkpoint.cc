@@ -167,7 +167,10 @@ void SaveProgram(const Program& program, const std::string& path) {
 }
 
 std::unique_ptr<Program> LoadProgram(const std::string& path) {
-  std::unique_ptr<Program> program = Program::ParseFromString(ReadFile(path), path);
+  // A ProgramDesc is one protobuf message, which protobuf caps below 2 GiB; real ones are far
+  // smaller, so a larger file is refused before it is read whole.
+  std::unique_ptr<Program> program =
+      Program::ParseFromString(ReadFile(path, size_t{1} << 30), path);
   ValidateProgram(*program, path);
   return program;
 }

@@ -24,7 +24,10 @@ class Executor;
 // directory); removes the temps of `path` that dead writers on this host left. A file size limit
 // (ulimit -f) or a full disk is a keel::Error naming the file, never a SIGXFSZ.
 void WriteFileAtomic(const std::string& path, const std::string& bytes);
-std::string ReadFile(const std::string& path);
+// Reads the whole file, at most `max_bytes` of it (0: no limit but the file's size), and at most
+// 64 MiB of anything but a regular file (a device or a pipe, which has no size); a file that
+// holds more is a keel::Error naming it and the limit, read no further.
+std::string ReadFile(const std::string& path, size_t max_bytes = 0);
 // fsync of directory `dir`; `what` names the file whose entry it makes durable in errors.
 void SyncDirectory(const std::string& dir, const std::string& what);
 // ".<base>.tmp.<random>.<pid>@<host>": a temp name beside `base` that says who wrote it.

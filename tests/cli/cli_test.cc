@@ -178,6 +178,20 @@ TEST(KeelInspect, PrintsTheInferenceProgramAsTextAndDot) {
   RunCommand("rm -rf " + dir);
 }
 
+// NaN or infinity as a time interval made the straggler monitor spin (or never report): refused.
+TEST(KeelErrors, ANonFiniteStragglerIntervalIsRefused) {
+  for (const char* bad : {"nan", "inf", "-1"}) {
+    SCOPED_TRACE(bad);
+    auto r = RunCommand(Keel() + " train --steps=2 --fetch_frequency=1 --straggler_report_interval_s=" +
+                        bad);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--straggler_report_interval_s must be a finite number"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("step 0"), std::string::npos) << r.output;
+  }
+}
+
 // An unwritable --profile path is refused at start, not after the last step.
 TEST(KeelErrors, AnUnwritableProfilePathIsRefusedBeforeTraining) {
   std::string dir = MakeTempDir();

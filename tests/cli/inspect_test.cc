@@ -210,6 +210,46 @@ TEST(InspectSummary, ParameterCountEqualsTheSavedCheckpoint) {
   }
 }
 
+// Programs read from files are whatever the file says: a mul whose y_num_col_dims is 2^31 - 1 (it
+// read past Y's shape: SIGSEGV) and a conv2d with no filters (a division by zero) summarize
+// without a crash; a device with no end (/dev/zero) is read to a limit, then refused.
+TEST(InspectSummary, HostileProgramsAndEndlessFilesNeverCrashIt) {
+  const std::string dir = MakeTempDir();
+  Program p;
+  Block& b = p.global_block();
+  auto var = [&](const std::string& name, std::vector<int64_t> shape) {
+    VarDesc* v = b.Var(name);
+    v->set_dtype(DType::kFloat32);
+    v->set_shape(shape);
+  };
+  var("x", {-1, 4});
+  var("w", {4, 3});
+  var("y", {-1, 3});
+  OpDesc* mul = b.AppendOp("mul");
+  mul->SetInput("X", {"x"});
+  mul->SetInput("Y", {"w"});
+  mul->SetOutput("Out", {"y"});
+  mul->SetAttr("x_num_col_dims", 1);
+  mul->SetAttr("y_num_col_dims", 2147483647);
+  var("img", {-1, 3, 8, 8});
+  var("filter", {0, 3, 3, 3});
+  var("conv", {-1, 0, 6, 6});
+  OpDesc* conv = b.AppendOp("conv2d");
+  conv->SetInput("Input", {"img"});
+  conv->SetInput("Filter", {"filter"});
+  conv->SetOutput("Output", {"conv"});
+  SaveProgram(p, dir + "/__model__");
+  auto r = InspectAll("--summary " + dir + "/__model__");
+  EXPECT_FALSE(r.signaled) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("flops mul"), std::string::npos) << r.output;
+  auto zero = InspectAll("/dev/zero");
+  EXPECT_FALSE(zero.signaled) << zero.output;
+  EXPECT_EQ(zero.exit_code, 1) << zero.output;
+  EXPECT_NE(zero.output.find("/dev/zero: holds more than"), std::string::npos) << zero.output;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(InspectSummary, FlopsOfTheMlpAreTwoPerMultiplyAdd) {
   const int64_t h = 16;
   auto s = Inspect("--summary --model=mlp --mlp_hidden=16");
