@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "framework/error.h"
 
@@ -41,15 +42,44 @@ TrainMonitor::TrainMonitor(int64_t total_steps, int64_t samples_per_step, int ra
   KEEL_ENFORCE(!FLAGS_logdir_all_ranks || !FLAGS_logdir.empty(),
                "--logdir_all_ranks needs --logdir");
   if (!FLAGS_logdir.empty()) {
-    if (FLAGS_logdir_all_ranks)
-      tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir + "/rank_" + std::to_string(rank));
-    else if (rank == 0)
-      tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir);
+    // A folder that cannot be made (a mistyped path) is an error now; writing into it later is
+    // a convenience that warns and stops when it fails (LoggingFailed).
+    std::error_code ec;
+    std::filesystem::create_directories(FLAGS_logdir, ec);
+    KEEL_ENFORCE(std::filesystem::is_directory(FLAGS_logdir), "--logdir=", FLAGS_logdir,
+                 ": not a directory and cannot be made one",
+                 ec ? ": " + ec.message() : std::string());
+    try {
+      if (FLAGS_logdir_all_ranks)
+        tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir + "/rank_" + std::to_string(rank));
+      else if (rank == 0)
+        tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir);
+    } catch (const Error& e) {
+      LoggingFailed(e);
+    }
   }
   start_ = last_ = std::chrono::steady_clock::now();
 }
 
 TrainMonitor::~TrainMonitor() { EndBarLine(); }
+
+// TensorBoard is a convenience: a log disk that is full, read-only or over the file size limit
+// stops the logging, with one warning, and training goes on (its checkpoints may still be
+// writable elsewhere; under --max_restarts an error here would fail every restart alike).
+void TrainMonitor::LoggingFailed(const Error& e) {
+  tb_.reset();
+  std::fprintf(stderr, "keel train: warning: --logdir=%s: %s; TensorBoard logging stops here, "
+               "training goes on\n", FLAGS_logdir.c_str(), e.what());
+}
+
+void TrainMonitor::Scalar(const std::string& tag, double value, int64_t step) {
+  if (!tb_) return;
+  try {
+    tb_->AddScalar(tag, value, step);
+  } catch (const Error& e) {
+    LoggingFailed(e);
+  }
+}
 
 std::string TrainMonitor::Eta(int64_t steps_done) const {
   if (total_steps_ <= 0 || steps_done <= 0) return "";
@@ -66,12 +96,10 @@ void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional
   const double step_ms = steps > 0 ? 1000.0 * s / static_cast<double>(steps) : 0.0;
   last_ = now;
   last_step_ = step;
-  if (tb_) {
-    tb_->AddScalar("train/loss", *loss, step);
-    if (lr) tb_->AddScalar("train/learning_rate", *lr, step);
-    tb_->AddScalar("train/samples_per_sec", samples_per_s, step);
-    tb_->AddScalar("train/step_time_ms", step_ms, step);
-  }
+  Scalar("train/loss", *loss, step);
+  if (lr) Scalar("train/learning_rate", *lr, step);
+  Scalar("train/samples_per_sec", samples_per_s, step);
+  Scalar("train/step_time_ms", step_ms, step);
   if (quiet_) return;
   const std::string eta = Eta(step + 1);
   if (bar_) {
@@ -103,7 +131,7 @@ void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional
 }
 
 void TrainMonitor::OnEval(int64_t step, int epoch, double accuracy, int64_t samples) {
-  if (tb_) tb_->AddScalar("eval/accuracy", accuracy, step);
+  Scalar("eval/accuracy", accuracy, step);
   if (quiet_) return;
   EndBarLine();
   const std::string count =
@@ -125,7 +153,12 @@ void TrainMonitor::EndBarLine() {
 
 void TrainMonitor::Finish() {
   EndBarLine();
-  if (tb_) tb_->Flush();
+  if (!tb_) return;
+  try {
+    tb_->Flush();
+  } catch (const Error& e) {
+    LoggingFailed(e);
+  }
 }
 
 }  // namespace cli

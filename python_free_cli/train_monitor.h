@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "framework/error.h"
 #include "framework/summary/summary_writer.h"
 
 DECLARE_int32(eval_every);
@@ -39,6 +40,9 @@ class TrainMonitor {
 
  private:
   void EndBarLine();
+  // One scalar to TensorBoard; a failed write turns the logging off (LoggingFailed).
+  void Scalar(const std::string& tag, double value, int64_t step);
+  void LoggingFailed(const Error& e);
   std::string Eta(int64_t steps_done) const;
 
   int64_t total_steps_, samples_per_step_;

@@ -73,6 +73,18 @@ int WriteAll(int fd, const char* data, size_t size) {
   return 0;
 }
 
+bool PidAlive(long pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
+}
+
+void SplitPath(const std::string& path, std::string* dir_prefix, std::string* base) {
+  size_t slash = path.rfind('/');
+  *dir_prefix = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  *base = slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
 // Checked on every write (one syscall): the program may have reset the disposition since.
 void IgnoreSigxfsz() {
   struct sigaction old;
@@ -87,17 +99,6 @@ std::string FileSizeLimitText() {
                 " bytes)");
 }
 
-bool PidAlive(long pid) {
-  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH);
-}
-
-void SplitPath(const std::string& path, std::string* dir_prefix, std::string* base) {
-  size_t slash = path.rfind('/');
-  *dir_prefix = slash == std::string::npos ? "" : path.substr(0, slash + 1);
-  *base = slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-}  // namespace
 
 std::string TempNameFor(const std::string& base) {
   return StrCat(".", base, ".tmp.", RandomHex(), ".", ::getpid(), "@", HostName());
@@ -208,13 +209,16 @@ void CheckCanWrite(const std::string& dir, uint64_t bytes, const std::string& wh
   KEEL_ENFORCE(!ec, what, "=", dir, ": cannot create the directory: ", ec.message());
   KEEL_ENFORCE(std::filesystem::is_directory(dir, ec), what, "=", dir,
                ": exists and is not a directory");
-  // A real write, as a save will do it (read-only mounts, permissions, quotas, full disks).
+  // A real write, as a save will do it (read-only mounts, permissions, quotas, full disks). The
+  // probes of checks that were killed before removing theirs go first.
+  RemoveStaleTemps(dir, ".keel-write-check.tmp.");
   const std::string probe = dir + "/" + TempNameFor("keel-write-check");
   int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
     int e = errno;
     KEEL_THROW(what, "=", dir, ": cannot write there: ", ErrnoText(e));
   }
+  FaultPoint("write_check");
   IgnoreSigxfsz();
   char block[4096] = {0};
   int werr = WriteAll(fd, block, sizeof(block));

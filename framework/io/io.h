@@ -28,6 +28,12 @@ void WriteFileAtomic(const std::string& path, const std::string& bytes);
 // 64 MiB of anything but a regular file (a device or a pipe, which has no size); a file that
 // holds more is a keel::Error naming it and the limit, read no further.
 std::string ReadFile(const std::string& path, size_t max_bytes = 0);
+// Makes SIGXFSZ ignored if it has its default action, so that a write past the file size limit
+// (ulimit -f) fails with EFBIG instead of killing the process; checked on every write (the
+// program may have reset it since).
+void IgnoreSigxfsz();
+// " (the file size limit, ulimit -f, is N bytes)", or "" without a limit: for EFBIG messages.
+std::string FileSizeLimitText();
 // fsync of directory `dir`; `what` names the file whose entry it makes durable in errors.
 void SyncDirectory(const std::string& dir, const std::string& what);
 // ".<base>.tmp.<random>.<pid>@<host>": a temp name beside `base` that says who wrote it.

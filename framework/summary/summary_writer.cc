@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "framework/error.h"
+#include "framework/io/io.h"
 #include "framework/summary/event.pb.h"
 
 namespace keel {
@@ -127,17 +128,26 @@ void SummaryWriter::Flush() {
 
 void SummaryWriter::WriteRecord(const std::string& data) {
   const std::string rec = summary::FrameRecord(data);
-  // O_APPEND and one write per record: a record lands whole or (disk full) not at all here.
-  ssize_t n;
-  do {
-    n = ::write(fd_, rec.data(), rec.size());
-  } while (n < 0 && errno == EINTR);
-  if (n >= 0 && static_cast<size_t>(n) == rec.size()) return;
-  int err = n < 0 ? errno : ENOSPC;
-  if (n > 0 && ::ftruncate(fd_, ::lseek(fd_, 0, SEEK_END) - n) != 0) {
+  // O_APPEND; a short write is retried, so the error reported is the one that stopped it (EFBIG
+  // at the file size limit, ENOSPC on a full disk), and what of the record landed is dropped.
+  IgnoreSigxfsz();
+  size_t done = 0;
+  int err = 0;
+  while (done < rec.size()) {
+    const ssize_t n = ::write(fd_, rec.data() + done, rec.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0) return;
+  if (done > 0 && ::ftruncate(fd_, ::lseek(fd_, 0, SEEK_END) - static_cast<off_t>(done)) != 0) {
     // Could not drop the partial record: readers stop at it, as at a crash mid-write.
   }
-  KEEL_THROW("SummaryWriter: writing ", path_, ": ", std::strerror(err));
+  KEEL_THROW("SummaryWriter: writing ", path_, ": ", std::strerror(err),
+             err == EFBIG ? FileSizeLimitText() : std::string());
 }
 
 }  // namespace keel

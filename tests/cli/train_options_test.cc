@@ -143,6 +143,27 @@ TEST(TrainFlags, SettingsThatDoNotApplyAreRefusedByName) {
   }
 }
 
+// TensorBoard logging that cannot write (here: past the file size limit) warns once, naming the
+// flag and the limit, and training goes on to its last step; no SIGXFSZ kills the worker.
+TEST(TrainTensorboard, ALogDiskThatFailsStopsTheLoggingNotTheTraining) {
+  const std::string dir = MakeTempDir();
+  auto r = RunCommand("ulimit -f 4; " + Keel() +
+                      " train --model=mlp --mlp_hidden=16 --steps=300 --fetch_frequency=1 "
+                      "--progress=lines --logdir=" + dir + "/tb");
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
+  EXPECT_FALSE(r.signaled);
+  EXPECT_NE(r.output.find("warning: --logdir=" + dir + "/tb"), std::string::npos)
+      << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("ulimit -f"), std::string::npos) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("step 299 loss"), std::string::npos);
+  size_t warnings = 0;
+  for (size_t at = r.output.find("warning: --logdir"); at != std::string::npos;
+       at = r.output.find("warning: --logdir", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 1u);
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(TrainProgress, BarOnRequestAndLinesWithEta) {
   auto bar = RunCommand(Keel() +
                         " train --model=mlp --mlp_hidden=16 --steps=6 --progress=bar "

@@ -136,6 +136,16 @@ TEST_F(CrashTest, CheckCanWriteRefusesUnusableDirectoriesByFlagName) {
   EXPECT_TRUE(Entries(Path("ok")).empty()) << "the probe file was left behind";
 }
 
+// A check killed between creating its probe file and removing it leaves the probe; the next check
+// in that directory removes it (its writer's pid is dead), so none stays for good.
+TEST_F(CrashTest, AProbeLeftByAKilledWriteCheckIsRemovedByTheNext) {
+  const std::string dir = Path("save");
+  ASSERT_TRUE(KilledAt("write_check", [&] { CheckCanWrite(dir, 100, "--save_dir"); }));
+  ASSERT_EQ(Entries(dir).size(), 1u) << "the killed check left no probe to clean up";
+  CheckCanWrite(dir, 100, "--save_dir");
+  EXPECT_TRUE(Entries(dir).empty()) << Entries(dir)[0];
+}
+
 // ---------------------------------------------------------------- inference models
 
 struct Model {
