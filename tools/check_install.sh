@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a user outside keel's tree does, from an existing build (nothing is rebuilt):
-#   1. cmake --install into a fresh prefix;
+#   1. cmake --install into a fresh prefix, where find_package(Keel) points KEEL_INCLUDE_DIR and
+#      KEEL_EXECUTABLE;
 #   2. configure and build examples/ against it with find_package(Keel 0.2);
 #   3. run the example alone and under the installed `keel launch` with two workers, writing
 #      TensorBoard files;
@@ -21,6 +22,21 @@ for f in bin/keel include/keel/keel.h lib/cmake/Keel/KeelConfig.cmake lib/cmake/
 done
 grep -q "cxx_std_17" "$prefix"/lib/cmake/Keel/KeelTargets.cmake ||
   { echo "check_install: the exported keel::keel does not require C++17" >&2; exit 1; }
+
+# The package's variables point into the prefix (glog's config once moved them to /usr).
+mkdir -p "$work/vars"
+cat >"$work/vars/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(keel_vars LANGUAGES CXX)
+find_package(Keel 0.2 REQUIRED)
+message(STATUS "KEEL_INCLUDE_DIR=${KEEL_INCLUDE_DIR}")
+message(STATUS "KEEL_EXECUTABLE=${KEEL_EXECUTABLE}")
+CMAKE
+vars=$(cmake -S "$work/vars" -B "$work/vars/build" -DCMAKE_PREFIX_PATH="$prefix")
+for v in "KEEL_INCLUDE_DIR=$prefix/include" "KEEL_EXECUTABLE=$prefix/bin/keel"; do
+  grep -q -- "-- $v\$" <<<"$vars" ||
+    { echo "check_install: find_package(Keel) does not set $v:" >&2; grep KEEL_ <<<"$vars" >&2; exit 1; }
+done
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
