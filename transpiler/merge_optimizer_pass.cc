@@ -100,6 +100,16 @@ void MergeOptimizerOpsPass::Apply(Program& main, Program&, const fleet::Distribu
     ++groups;
   }
   if (groups == 0) return;
+  // Gradients derived from a raw one by ops that name it in their op_role_var (weight decay's
+  // grad + coeff * param, into <grad>@L2DECAY): derived var -> the raw gradient.
+  std::map<std::string, std::string> raw_of;
+  for (const auto& op : block.ops()) {
+    if (IsMergeable(op->type()) || !op->HasAttr(kOpRoleVarAttr)) continue;
+    const auto& rv = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
+    if (rv.size() != 2) continue;
+    for (const std::string& out : op->OutputArgumentNames())
+      if (out != rv[1]) raw_of[out] = rv[1];
+  }
   // (group, merge key) -> positions of its optimizer ops, in program order.
   std::map<std::pair<int, std::string>, std::vector<size_t>> sets;
   for (size_t i = 0; i < block.num_ops(); ++i) {
@@ -108,6 +118,7 @@ void MergeOptimizerOpsPass::Apply(Program& main, Program&, const fleet::Distribu
     const auto& rv = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     if (rv.size() != 2) continue;
     auto it = group_of.find(rv[1]);
+    if (it == group_of.end() && raw_of.count(rv[1])) it = group_of.find(raw_of.at(rv[1]));
     if (it == group_of.end()) continue;
     sets[{it->second, MergeKey(op, block)}].push_back(i);
   }
