@@ -43,14 +43,21 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-TEST(FleetMinimize, TwiceOnOneProgramIsAnErrorSayingSo) {
+// The seed MLP's loss on data vars x [-1, 32] and y, in the current ProgramGuard's programs.
+Var MlpLoss() {
+  return models::mlp(layers::data("x", {-1, 32}), layers::data("y", {-1, 1}, DType::kInt64), 4);
+}
+
+void InitOneWorker() {
   fleet::reset();
   fleet::init(fleet::UserDefinedRoleMaker(0, 1));
+}
+
+TEST(FleetMinimize, TwiceOnOneProgramIsAnErrorSayingSo) {
+  InitOneWorker();
   Program main, startup;
   ProgramGuard g(main, startup);
-  Var x = layers::data("x", {-1, 32});
-  Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var loss = models::mlp(x, y, 4);
+  Var loss = MlpLoss();
   fleet::distributed_optimizer(optimizer::SGD(0.1f)).minimize(loss, &startup);
   const std::string before = main.ToText();
   try {
@@ -63,23 +70,18 @@ TEST(FleetMinimize, TwiceOnOneProgramIsAnErrorSayingSo) {
   // Another program is fine.
   Program main2, startup2;
   ProgramGuard g2(main2, startup2);
-  Var x2 = layers::data("x", {-1, 32});
-  Var y2 = layers::data("y", {-1, 1}, DType::kInt64);
-  EXPECT_NO_THROW(fleet::distributed_optimizer(optimizer::SGD(0.1f))
-                      .minimize(models::mlp(x2, y2, 4), &startup2));
+  EXPECT_NO_THROW(
+      fleet::distributed_optimizer(optimizer::SGD(0.1f)).minimize(MlpLoss(), &startup2));
   fleet::reset();
 }
 
 // The learning rate after fleet's minimize: the DistributedOptimizer names its var, which a run
 // fetches; the optimizer it copied says to ask it instead of naming "".
 TEST(FleetMinimize, TheLearningRateVarIsTheDistributedOptimizers) {
-  fleet::reset();
-  fleet::init(fleet::UserDefinedRoleMaker(0, 1));
+  InitOneWorker();
   Program main, startup;
   ProgramGuard g(main, startup);
-  Var x = layers::data("x", {-1, 32});
-  Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var loss = models::mlp(x, y, 4);
+  Var loss = MlpLoss();
   optimizer::SGD sgd(0.25f);
   fleet::DistributedOptimizer d = fleet::distributed_optimizer(sgd);
   d.minimize(loss, &startup);
