@@ -66,7 +66,6 @@ if [ "$mode" = bundle ]; then
   mkdir -p .gpu_bundle
   tar -C "$S" -cf - . | xz -T0 -6 >.gpu_bundle/keel_gpu.tar.xz
   rm -rf "$S"
-  grep -qx '/.gpu_bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu_bundle/' >>.git/info/exclude
   ls -la .gpu_bundle
   exit 0
 fi
