@@ -19,6 +19,7 @@
 #include "framework/io/io.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "transpiler/local_sgd_pass.h"
 #include "transpiler/transpile.h"
 
 DECLARE_string(cpu_comm_backend);
@@ -380,9 +381,11 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
 
 std::set<std::string> pass_made_vars(const Program& program) { return PassMadeVarsOf(program); }
 
-void rebuild_pass_made_vars(Executor& exe, const Program& program) {
+void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done) {
   auto it = State().rebuild.find(program.id());
-  if (!PassMadeVarsOf(program).empty() && it != State().rebuild.end()) exe.Run(*it->second);
+  if (PassMadeVarsOf(program).empty() || it == State().rebuild.end()) return;
+  exe.Run(*it->second);
+  if (steps_done >= 0) transpiler::ResumeLocalSGDCounters(program, exe.scope(), steps_done);
 }
 
 void save_inference_model(Executor& exe, const std::string& dirname,

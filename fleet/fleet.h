@@ -98,7 +98,10 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
 // The persistables the transpiler added to `program` (LocalSGD snapshots and counters): checkpoints
 // leave them out, and rebuild_pass_made_vars recreates them from the loaded user variables.
 std::set<std::string> pass_made_vars(const Program& program);
-void rebuild_pass_made_vars(Executor& exe, const Program& program);
+// With `steps_done` >= 0 (a checkpoint's training step): also sets the state that counts steps
+// (LocalSGD's step and since-average counters) to where the interrupted run was, and refuses a
+// LocalSGD checkpoint taken between two averages (keel::Error).
+void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done = -1);
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets,

@@ -18,6 +18,7 @@
 #include "python_free_cli/train_monitor.h"
 #include "python_free_cli/train_checkpoint.h"
 
+DECLARE_int32(save_every);  // train_checkpoint.cc
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
@@ -136,6 +137,16 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
                    "warning: %s: multi-worker settings, with no effect on a single worker (run "
                    "under keel launch for several)\n",
                    unused.c_str());
+  }
+  // Periodic checkpoints must land where the ranks have just averaged: between two averages rank
+  // 0's checkpoint holds its own parameters, from which a resume is refused.
+  if (strategy.use_local_sgd && fleet::worker_num() > 1 && FLAGS_save_every > 0) {
+    const int64_t k = strategy.local_sgd_steps, w = strategy.LocalSgdWarmupSteps();
+    KEEL_ENFORCE(k <= 1 || (FLAGS_save_every % k == 0 && w % k == 0), "--save_every=",
+                 FLAGS_save_every, " with --local_sgd_steps=", k, " and a warm-up of ", w,
+                 " steps: a checkpoint resumes exactly only where the ranks have just averaged "
+                 "(during the warm-up, then every ", k, " steps); make --save_every and "
+                 "--local_sgd_warmup_steps multiples of ", k);
   }
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);

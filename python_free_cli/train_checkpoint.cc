@@ -9,6 +9,7 @@
 #include "fleet/fleet.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
+#include "transpiler/local_sgd_pass.h"
 
 DECLARE_string(save_dir);
 DECLARE_string(save_inference_dir);
@@ -80,7 +81,11 @@ int64_t TrainCheckpoints::Resume(Executor& exe, models::TrainableModel& m, int64
   if (resume_dir_.empty()) return 0;
   std::optional<TrainingState> st =
       load_checkpoint(exe, resume_dir_, *m.main, fleet::pass_made_vars(*m.main));
-  fleet::rebuild_pass_made_vars(exe, *m.main);
+  try {
+    fleet::rebuild_pass_made_vars(exe, *m.main, st ? st->step : -1);
+  } catch (const Error& e) {
+    KEEL_THROW("resuming from ", resume_dir_, ": ", e.what());
+  }
   if (!st) {
     if (!quiet)
       std::printf("resumed parameters from %s (no training state: starting at step 0)\n",
@@ -133,6 +138,13 @@ void TrainCheckpoints::AfterStep(Executor& exe, const models::TrainableModel& m,
 void TrainCheckpoints::SaveFinal(Executor& exe, const models::TrainableModel& m, int64_t steps_done,
                                  bool rank0, bool quiet) {
   if (FLAGS_save_dir.empty()) return;
+  if (rank0 && last_saved_step_ != steps_done &&
+      transpiler::LocalSGDBetweenAverages(exe.scope(), steps_done))
+    std::fprintf(stderr,
+                 "keel train: warning: step %lld falls between two LocalSGD averages, so the final "
+                 "checkpoint holds rank 0's own parameters: it serves evaluation and inference, "
+                 "and resuming training from it is refused\n",
+                 static_cast<long long>(steps_done));
   if (rank0 && last_saved_step_ != steps_done)
     save_checkpoint(exe.scope(), FLAGS_save_dir, *m.main, State(steps_done),
                     fleet::pass_made_vars(*m.main));

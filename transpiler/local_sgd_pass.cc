@@ -1,9 +1,12 @@
 #include "transpiler/local_sgd_pass.h"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
+#include "framework/error.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/tensor.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -126,6 +129,60 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
       kOptimize);
   Add(mb, "conditional_block", {{"Cond", {sync}}}, {},
       {{"sub_block", BlockRef{avg.idx()}}}, kOptimize);
+}
+
+bool LocalSGDAveragedAfter(int64_t steps_done, int64_t warmup, int64_t k) {
+  return steps_done <= warmup || k <= 1 || (steps_done - warmup) % k == 0;
+}
+
+namespace {
+// The schedule's constants in `scope` (warm-up steps, k); false without LocalSGD's counters.
+bool Schedule(const Scope& scope, int64_t* warmup, int64_t* k) {
+  const Variable* w = scope.FindVar("@LOCAL_SGD_WARMUP@");
+  const Variable* kv = scope.FindVar("@LOCAL_SGD_K@");
+  if (w == nullptr || kv == nullptr || !w->tensor().initialized() || !kv->tensor().initialized())
+    return false;
+  *warmup = w->tensor().Clone(CPUPlace()).data<int64_t>()[0];
+  *k = kv->tensor().Clone(CPUPlace()).data<int64_t>()[0];
+  return true;
+}
+}  // namespace
+
+bool LocalSGDBetweenAverages(const Scope& scope, int64_t steps_done) {
+  int64_t warmup = 0, k = 1;
+  return Schedule(scope, &warmup, &k) && !LocalSGDAveragedAfter(steps_done, warmup, k);
+}
+
+void ResumeLocalSGDCounters(const Program& main, Scope& scope, int64_t steps_done) {
+  Variable* step = scope.FindVar("@LOCAL_SGD_STEP@");
+  Variable* since = scope.FindVar("@LOCAL_SGD_SINCE@");
+  int64_t warmup = 0, k = 1;
+  if (step == nullptr || since == nullptr || !Schedule(scope, &warmup, &k)) return;
+  // An update op's persistable outputs besides ParamOut are its accumulators.
+  const Block& b = main.global_block();
+  for (const auto& op : b.ops()) {
+    if (!op->HasOutput("ParamOut")) continue;
+    const auto& params = op->Output("ParamOut");
+    for (const auto& [slot, vars] : op->outputs())
+      for (const std::string& v : vars) {
+        const VarDesc* d = b.FindVar(v);
+        KEEL_ENFORCE(slot == "ParamOut" || d == nullptr || !d->persistable() ||
+                         std::find(params.begin(), params.end(), v) != params.end(),
+                     "LocalSGD with ", op->type(), ": its ", slot, " (", v,
+                     ") is each rank's own (LocalSGD averages parameters only) and the "
+                     "checkpoint holds rank 0's, so no resume continues the interrupted run; "
+                     "train with sgd to resume, or start again");
+      }
+  }
+  KEEL_ENFORCE(LocalSGDAveragedAfter(steps_done, warmup, k), "LocalSGD (local_sgd_steps=", k,
+               ", warm-up ", warmup, " steps): the checkpoint was taken after step ", steps_done,
+               ", between two averages, so it holds rank 0's own parameters and no rank could "
+               "resume as it was; resume from a checkpoint taken after the warm-up or after a "
+               "multiple of ", k, " steps beyond it");
+  // After the warm-up's last step SINCE is 0; it counts up to k and is reset by each average.
+  const int64_t since_value = steps_done <= warmup ? 0 : (steps_done - warmup) % k;
+  step->mutable_tensor()->CopyFrom(Tensor::FromVector<int64_t>({steps_done}, {1}));
+  since->mutable_tensor()->CopyFrom(Tensor::FromVector<int64_t>({since_value}, {1}));
 }
 
 }  // namespace transpiler

@@ -17,6 +17,9 @@
 // Leaves alone: forward, backward and optimizer ops.
 #pragma once
 
+#include <cstdint>
+
+#include "framework/runtime/scope.h"
 #include "transpiler/pass.h"
 
 namespace keel {
@@ -28,6 +31,25 @@ class LocalSGDPass : public Pass {
   void Apply(Program& main, Program& startup, const fleet::DistributedStrategy& strategy,
              const fleet::Role& role) const override;
 };
+
+// Whether the ranks have just averaged after `steps_done` steps of a schedule with `warmup`
+// synchronous steps and then an average every `k`: then every rank holds the same parameters,
+// and a checkpoint of rank 0's is the job's state.
+bool LocalSGDAveragedAfter(int64_t steps_done, int64_t warmup, int64_t k);
+
+// Whether `scope` holds LocalSGD's counters and, after `steps_done` steps, the ranks are between
+// two averages (each holds its own parameters).
+bool LocalSGDBetweenAverages(const Scope& scope, int64_t steps_done);
+
+// For a program LocalSGDPass rewrote, after its checkpoint of `steps_done` steps was loaded and
+// its pass-made state rebuilt from it (snapshots = parameters, counters at their start): sets
+// @LOCAL_SGD_STEP@ and @LOCAL_SGD_SINCE@ in `scope` to where an uninterrupted run is after that
+// many steps, so that the warm-up is not repeated and the next average comes when it would have.
+// A keel::Error when the checkpoint was taken between two averages (rank 0's own parameters then,
+// from which no rank could continue as it was), or when `main`'s optimizer keeps accumulators
+// (momentum's velocity, Adam's moments): LocalSGD averages parameters only, so those are each
+// rank's own and the checkpoint holds rank 0's. Does nothing to a scope without the counters.
+void ResumeLocalSGDCounters(const Program& main, Scope& scope, int64_t steps_done);
 
 }  // namespace transpiler
 }  // namespace keel

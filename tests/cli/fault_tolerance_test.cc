@@ -289,6 +289,56 @@ TEST_F(FaultTest, LoadDirResumesTheStraightRunBitForBit) {
   }
 }
 
+// LocalSGD (average every 3 steps after a 6-step synchronous warm-up) on two workers: a resume
+// from a checkpoint in the warm-up (step 3) or at an average after it (step 9) ends where the
+// straight run ends, bit for bit (the counters continue, the warm-up is not repeated); a
+// --save_every that would land between averages is refused at start, and so is a resume from a
+// final checkpoint taken between averages (step 8), and one of an optimizer with per-rank
+// accumulators.
+TEST_F(FaultTest, LocalSgdResumesExactlyInTheWarmupAndAfterIt) {
+  const std::string train = Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ +
+                            "/log " + Keel() +
+                            " train --model=mlp --mlp_hidden=32 --optimizer=sgd --seed=4 "
+                            "--local_sgd_steps=3 --local_sgd_warmup_steps=6 --progress=lines "
+                            "--fetch_frequency=1 --save_dir=" + dir_;
+  auto straight = RunCommand(train + "/a --steps=18");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  for (const char* at : {"3", "9"}) {
+    SCOPED_TRACE(std::string("resumed at step ") + at);
+    const std::string first = dir_ + "/first" + at, resumed = dir_ + "/resumed" + at;
+    auto r1 = RunCommand(train + "/first" + at + " --steps=" + at);
+    ASSERT_EQ(r1.exit_code, 0) << r1.output;
+    auto r2 = RunCommand(train + "/resumed" + at + " --steps=18 --load_dir=" + first);
+    ASSERT_EQ(r2.exit_code, 0) << r2.output;
+    EXPECT_TRUE(Contains(r2.output, std::string("at step ") + at)) << r2.output;
+    std::map<int, std::string> a = LossLines(straight.output), b = LossLines(r2.output);
+    for (int s = std::stoi(at); s < 18; ++s) EXPECT_EQ(b[s], a[s]) << "step " << s;
+    EXPECT_EQ(CheckpointTensorBytes(resumed), CheckpointTensorBytes(dir_ + "/a"));
+  }
+  // The launcher's exit status, then rank 0's log (which holds the error).
+  auto with_log = [&](const std::string& cmd) {
+    return RunCommand(cmd + "; rc=$?; cat " + dir_ + "/log/workerlog.0; exit $rc");
+  };
+  auto every4 = with_log(train + "/every4 --steps=18 --save_every=4");
+  EXPECT_NE(every4.exit_code, 0);
+  EXPECT_TRUE(Contains(every4.output, "--save_every=4 with --local_sgd_steps=3")) << every4.output;
+  auto mid = RunCommand(train + "/mid --steps=8");
+  ASSERT_EQ(mid.exit_code, 0) << mid.output;
+  EXPECT_TRUE(Contains(mid.output, "falls between two LocalSGD averages")) << mid.output;
+  auto refused = with_log(train + "/from_mid --steps=18 --load_dir=" + dir_ + "/mid");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(Contains(refused.output, "between two averages")) << refused.output;
+  // Momentum's velocity is each rank's own under LocalSGD: a resume is refused, naming it.
+  auto momentum = RunCommand(train + "/momentum --steps=9 --optimizer=momentum");
+  ASSERT_EQ(momentum.exit_code, 0) << momentum.output;
+  auto from_momentum =
+      with_log(train + "/from_momentum --steps=18 --optimizer=momentum --load_dir=" + dir_ +
+               "/momentum");
+  EXPECT_NE(from_momentum.exit_code, 0);
+  EXPECT_TRUE(Contains(from_momentum.output, "LocalSGD with momentum: its VelocityOut"))
+      << from_momentum.output;
+}
+
 // A rank slowed down (stopped 60 ms of every 100) is logged by rank 0, by rank and with how far
 // behind it is, long before the 300 s comm timeout.
 TEST_F(FaultTest, AStragglerIsLoggedByRankWithHowFarBehind) {
