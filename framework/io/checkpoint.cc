@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -193,7 +194,20 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
   metadata[kTrainPrefix + "seed"] = std::to_string(state.seed);
   metadata[kTrainPrefix + "world_size"] = std::to_string(state.world_size);
   MakeDirs(dirname);
-  SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, metadata);
+  const std::string latest = JoinPath(dirname, kPersistablesFile);
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(latest, ec)) {
+    // The latest becomes the previous: a link under a temp name renamed over the previous one, so
+    // a kill at any point leaves a sound latest and (after the first save) a previous.
+    const std::string prev = JoinPath(dirname, kPreviousPersistablesFile);
+    const std::string tmp = JoinPath(dirname, TempNameFor(kPreviousPersistablesFile));
+    if (::link(latest.c_str(), tmp.c_str()) == 0) {
+      if (::rename(tmp.c_str(), prev.c_str()) != 0) ::unlink(tmp.c_str());
+    } else {
+      WriteFileAtomic(prev, ReadFile(latest));  // no hard links here: a copy
+    }
+  }
+  SaveSafetensors(latest, tensors, metadata);
 }
 
 namespace {
@@ -227,12 +241,47 @@ std::optional<TrainingState> StateFromMetadata(const std::map<std::string, std::
 
 }  // namespace
 
+namespace {
+
+// DIR's latest checkpoint file, or its previous one when the latest cannot be read and the
+// previous can (`warn`: say so on stderr); the tensors and metadata of the one chosen.
+std::string ReadCheckpointFile(const std::string& dirname, NamedTensors* tensors,
+                               std::map<std::string, std::string>* metadata, bool warn) {
+  const std::string latest = JoinPath(dirname, kPersistablesFile);
+  try {
+    *tensors = LoadSafetensors(latest, metadata);
+    return latest;
+  } catch (const Error& damaged) {
+    const std::string prev = JoinPath(dirname, kPreviousPersistablesFile);
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(prev, ec)) throw;
+    metadata->clear();
+    try {
+      *tensors = LoadSafetensors(prev, metadata);
+    } catch (const Error&) {
+      throw damaged;
+    }
+    if (warn) {
+      // Set aside (best effort: another rank may have done it, the folder may be read-only), so
+      // that the next save does not keep the damaged file as its previous one.
+      const bool aside = ::rename(latest.c_str(), (latest + ".damaged").c_str()) == 0;
+      std::fprintf(stderr,
+                   "warning: %s\nwarning: the latest checkpoint is damaged%s; loading the "
+                   "previous one, %s\n",
+                   damaged.what(), aside ? " (set aside as .damaged)" : "", prev.c_str());
+    }
+    return prev;
+  }
+}
+
+}  // namespace
+
 std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
                                              const Program& program,
                                              const std::set<std::string>& skip) {
-  const std::string path = JoinPath(dirname, kPersistablesFile);
   std::map<std::string, std::string> metadata;
-  NamedTensors tensors = LoadSafetensors(path, &metadata);
+  NamedTensors tensors;
+  const std::string path = ReadCheckpointFile(dirname, &tensors, &metadata, /*warn=*/true);
   std::optional<TrainingState> state = StateFromMetadata(metadata, path);
   ValidateAndAssign(exe.scope(), &exe.place(), std::move(tensors), path, program,
                     "load_checkpoint", skip);
@@ -242,15 +291,16 @@ std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& d
 
 std::optional<TrainingState> ReadTrainingState(const std::string& dirname) {
   if (!HasCheckpoint(dirname)) return std::nullopt;
-  const std::string path = JoinPath(dirname, kPersistablesFile);
   std::map<std::string, std::string> metadata;
-  LoadSafetensors(path, &metadata);
+  NamedTensors tensors;
+  const std::string path = ReadCheckpointFile(dirname, &tensors, &metadata, /*warn=*/false);
   return StateFromMetadata(metadata, path);
 }
 
 bool HasCheckpoint(const std::string& dirname) {
   std::error_code ec;
-  return std::filesystem::is_regular_file(JoinPath(dirname, kPersistablesFile), ec);
+  return std::filesystem::is_regular_file(JoinPath(dirname, kPersistablesFile), ec) ||
+         std::filesystem::is_regular_file(JoinPath(dirname, kPreviousPersistablesFile), ec);
 }
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program& program,

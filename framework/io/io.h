@@ -68,6 +68,8 @@ std::unique_ptr<Program> LoadProgram(const std::string& path);
 // ---- checkpoints
 // File name of the persistables inside a checkpoint directory.
 inline const std::string kPersistablesFile = "persistables.safetensors";
+// The checkpoint before the latest, kept by save_checkpoint for load_checkpoint to fall back to.
+inline const std::string kPreviousPersistablesFile = "persistables.prev.safetensors";
 inline const std::string kModelFile = "__model__";
 inline const std::string kParamsFile = "params.safetensors";
 
@@ -97,15 +99,24 @@ struct TrainingState {
 };
 void save_checkpoint(const Scope& scope, const std::string& dirname, const Program& program,
                      const TrainingState& state, const std::set<std::string>& skip = {});
-// Loads the persistables (as load_persistables) and returns the state; when the file holds
-// one, also sets exe's run count of `program` to state.step (Executor::SetRunCount), so random
-// ops continue with the draws of that step. nullopt when the file has no training state.
+// save_checkpoint keeps the checkpoint it replaces as DIR/persistables.prev.safetensors (a hard
+// link when the filesystem has them), so that a damaged latest one does not lose the run.
+// load_checkpoint loads the persistables (as load_persistables) and returns the state; when the
+// file holds one, also sets exe's run count of `program` to state.step (Executor::SetRunCount),
+// so random ops continue with the draws of that step. nullopt when the file has no training
+// state. When the latest file is damaged (truncated, checksum mismatch) and the previous one is
+// sound, it loads the previous one, saying so on stderr, and renames the damaged one
+// "persistables.safetensors.damaged" (so the next save keeps the sound one as previous); when
+// both are damaged, the error names the latest.
 std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
                                              const Program& program,
                                              const std::set<std::string>& skip = {});
-// The training state in DIR's checkpoint without loading its tensors; nullopt when DIR has no
-// checkpoint file or the file no state. A corrupt file is a keel::Error.
+// The training state in DIR's checkpoint without loading its tensors (the previous checkpoint's
+// when the latest is damaged, as load_checkpoint); nullopt when DIR has no checkpoint file or the
+// file no state. A corrupt file, with no sound previous one, is a keel::Error.
 std::optional<TrainingState> ReadTrainingState(const std::string& dirname);
+// Whether DIR holds a checkpoint file: the latest, or the previous one alone (the latest set
+// aside as damaged).
 bool HasCheckpoint(const std::string& dirname);
 
 // Keeps only the ops of block 0 needed to compute `targets` from `feeds`, drops backward and

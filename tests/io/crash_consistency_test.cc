@@ -176,6 +176,58 @@ std::map<std::string, std::string> Params(Executor& exe, const Program& p) {
   return out;
 }
 
+// save_checkpoint keeps the one it replaces; a damaged latest checkpoint (one flipped byte) loads
+// the previous one, saying so; with both damaged the error names the latest.
+TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
+  Model m = SmallModel();
+  Executor exe;
+  exe.Run(*m.startup);
+  const std::string dir = Path("ckpt");
+  const std::map<std::string, std::string> at5 = Params(exe, *m.main);
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{5, 7, 1, {}});
+  for (const VarDesc* v : m.main->global_block().AllVars())  // other values for the next save
+    if (v->persistable()) {
+      Tensor* t = exe.scope().FindVar(v->name())->mutable_tensor();
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] += 1.f;
+    }
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
+  ASSERT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  EXPECT_EQ(ReadTrainingState(dir)->step, 10);
+
+  const std::string latest = dir + "/" + kPersistablesFile;
+  std::string bytes = ReadFile(latest);
+  bytes[bytes.size() - 3] ^= 0x40;  // a data byte: the checksum catches it
+  { std::ofstream(latest, std::ios::binary) << bytes; }
+  Executor fresh;
+  fresh.Run(*m.startup);
+  ::testing::internal::CaptureStderr();
+  std::optional<TrainingState> st = load_checkpoint(fresh, dir, *m.main);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->step, 5);
+  EXPECT_EQ(ReadTrainingState(dir)->step, 5);
+  EXPECT_EQ(Params(fresh, *m.main), at5);
+  EXPECT_NE(said.find("loading the previous one"), std::string::npos) << said;
+  EXPECT_NE(said.find(latest), std::string::npos) << said;
+  // The damaged file is set aside: the next save keeps the sound one as its previous.
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile,
+                                                    kPersistablesFile + ".damaged"}));
+  save_checkpoint(fresh.scope(), dir, *m.main, TrainingState{6, 7, 1, {}});
+  EXPECT_EQ(ReadTrainingState(dir)->step, 6);
+  ASSERT_EQ(std::rename((latest + ".damaged").c_str(), latest.c_str()), 0);  // damaged again
+
+  const std::string prev = dir + "/" + kPreviousPersistablesFile;
+  std::string prev_bytes = ReadFile(prev);
+  prev_bytes[prev_bytes.size() - 3] ^= 0x40;
+  { std::ofstream(prev, std::ios::binary) << prev_bytes; }
+  try {
+    load_checkpoint(fresh, dir, *m.main);
+    ADD_FAILURE() << "two damaged checkpoints loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(latest), std::string::npos) << e.what();
+  }
+}
+
 void Perturb(Executor& exe, const Program& p, float delta) {
   for (const VarDesc* v : p.global_block().AllVars()) {
     if (!v->persistable()) continue;
