@@ -24,8 +24,9 @@
 namespace keel {
 namespace {
 
+// keel.version 2: the header checksum (keel.header_crc32) is required, as the data one is.
 const std::map<std::string, std::string> kFormatMetadata = {{"format", "keel"},
-                                                            {"keel.version", "1"}};
+                                                            {"keel.version", "2"}};
 const std::string kFeedsKey = "keel.feeds";
 const std::string kTargetsKey = "keel.targets";
 const std::string kModelChecksumKey = "keel.model_crc32";

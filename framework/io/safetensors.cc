@@ -4,9 +4,15 @@
 // the JSON is parsed strictly by a small depth-limited parser, and every dtype, shape and offset
 // is checked before a byte of data is copied: the tensors must tile the data buffer exactly (no
 // gap, no overlap, nothing after the last), as the reference library requires. The writer puts a
-// CRC-32 of the data buffer in __metadata__ ("keel.data_crc32"); the reader verifies it when
-// present (files of other writers and older keel have none and load without). Every failure is a
-// keel::Error starting with `what`.
+// CRC-32 of the data buffer in __metadata__ ("keel.data_crc32") and one of the rest of the header
+// ("keel.header_crc32": every other metadata entry and every tensor's name, dtype, shape and
+// offsets, so an edited training step or two exchanged offsets are caught); the reader verifies
+// them when present. A file that carries keel's metadata (a "keel.*" entry or format "keel") must
+// carry the data checksum, and from keel.version 2 the header checksum too, unless
+// --safetensors_allow_unverified asks to load it anyway: deleting a checksum does not disable
+// the check. Files of other writers have none and load without. Every failure is a keel::Error
+// starting with `what`.
+#include <gflags/gflags.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -26,6 +32,11 @@
 #error "keel's safetensors code copies tensor bytes as-is and needs a little-endian host"
 #endif
 
+DEFINE_bool(safetensors_allow_unverified, false,
+            "Load a keel safetensors file (checkpoint, parameters) whose checksums are missing, "
+            "with a warning; false: such a file is an error (a deleted checksum is tampering or "
+            "damage as surely as a wrong one).");
+
 namespace keel {
 namespace {
 
@@ -35,6 +46,8 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 constexpr int kMaxJsonDepth = 32;
 // The __metadata__ key of the data buffer's CRC-32 (zlib's), 8 lowercase hex digits.
 const char kChecksumKey[] = "keel.data_crc32";
+// The __metadata__ key of the CRC-32 of HeaderDigestText: the rest of the header.
+const char kHeaderChecksumKey[] = "keel.header_crc32";
 
 uint32_t Crc32(const char* p, uint64_t n) {
   return static_cast<uint32_t>(crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(p), n));
@@ -458,6 +471,34 @@ uint64_t ReadU64LE(const char* p) {
 
 }  // namespace
 
+namespace {
+
+// What the header checksum covers, canonically: the metadata entries but the two checksums, in
+// key order, then each tensor's name, dtype, shape and offsets, in name order.
+struct TensorRecord {
+  std::string name, code;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+std::string HeaderDigestText(const std::map<std::string, std::string>& meta,
+                             std::vector<TensorRecord> tensors) {
+  std::string s;
+  for (const auto& [k, v] : meta) {
+    if (k == kChecksumKey || k == kHeaderChecksumKey) continue;
+    s += std::to_string(k.size()) + ":" + k + "=" + std::to_string(v.size()) + ":" + v + "\n";
+  }
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
+  for (const TensorRecord& t : tensors) {
+    s += std::to_string(t.name.size()) + ":" + t.name + " " + t.code + " [";
+    for (int64_t d : t.shape) s += std::to_string(d) + ",";
+    s += "] " + std::to_string(t.begin) + " " + std::to_string(t.end) + "\n";
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string EncodeSafetensors(const NamedTensors& tensors,
                               const std::map<std::string, std::string>& metadata) {
   // Largest element size first, then by name: each tensor then starts aligned to its element size
@@ -492,6 +533,19 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
     crc = crc32_z(crc, static_cast<const Bytef*>(nt->second.raw_data()), nt->second.nbytes());
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = Hex32(static_cast<uint32_t>(crc));
+  {
+    std::vector<TensorRecord> records;
+    uint64_t at = 0;
+    for (const auto* nt : order) {
+      const Tensor& t = nt->second;
+      std::vector<int64_t> shape;
+      for (int d = 0; d < t.dims().size(); ++d) shape.push_back(t.dims()[d]);
+      records.push_back({nt->first, SafetensorsCode(t.dtype()), shape, at, at + t.nbytes()});
+      at += t.nbytes();
+    }
+    const std::string digest = HeaderDigestText(meta, records);
+    meta[kHeaderChecksumKey] = Hex32(Crc32(digest.data(), digest.size()));
+  }
   std::string header = "{";
   {
     header += "\"__metadata__\":{";
@@ -600,6 +654,29 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
   KEEL_ENFORCE(covered == data_size, what, ": the data buffer holds ", data_size - covered,
                " bytes after the last tensor (ending at offset ", covered,
                "): tensor offsets must tile the data buffer exactly");
+  // keel's own files must carry their checksums (see the top of this file).
+  bool keel_file = meta.count("format") && meta.at("format") == "keel";
+  for (const auto& kv : meta) keel_file = keel_file || kv.first.rfind("keel.", 0) == 0;
+  const bool header_required = meta.count("keel.version") && meta.at("keel.version") != "1";
+  for (const char* key : {kChecksumKey, kHeaderChecksumKey}) {
+    if (!keel_file || meta.count(key) || (key == kHeaderChecksumKey && !header_required)) continue;
+    KEEL_ENFORCE(FLAGS_safetensors_allow_unverified, what, ": a keel file without its \"", key,
+                 "\" checksum (damaged or edited); --safetensors_allow_unverified loads it anyway");
+    std::fprintf(stderr, "warning: %s: no \"%s\" checksum; loaded unverified "
+                 "(--safetensors_allow_unverified)\n", what.c_str(), key);
+  }
+  if (meta.count(kHeaderChecksumKey)) {
+    const std::string& want = meta[kHeaderChecksumKey];
+    std::vector<TensorRecord> records;
+    for (const Entry& e : entries)
+      records.push_back({e.name, SafetensorsCode(e.dtype), e.shape, e.begin, e.end});
+    const std::string digest = HeaderDigestText(meta, records);
+    KEEL_ENFORCE(want == Hex32(Crc32(digest.data(), digest.size())), what,
+                 ": the header (metadata and tensor table) does not match its checksum (",
+                 kHeaderChecksumKey, " ", want,
+                 "): the file was edited or is corrupt");
+    meta.erase(kHeaderChecksumKey);
+  }
   if (meta.count(kChecksumKey)) {
     const std::string& want = meta[kChecksumKey];
     const std::string got = Hex32(Crc32(data, data_size));

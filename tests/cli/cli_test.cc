@@ -351,6 +351,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"logdir", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
       {"logdir_all_ranks", "TrainTensorboard.EveryRankWritesItsOwnFolderWhenAsked"},
       {"progress", "TrainOptimizerFlags.*, TrainScheduleFlags.* (bar vs lines)"},
+      {"safetensors_allow_unverified", "IoTest.AnEditedHeaderOrADeletedChecksumIsCaught"},
   };
   auto list = RunCommand(Keel() + " flags");
   ASSERT_EQ(list.exit_code, 0) << list.output;

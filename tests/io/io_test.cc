@@ -2,6 +2,7 @@
 // robust against damaged files), persistables, pruning and inference models.
 #include "framework/io/io.h"
 
+#include <gflags/gflags.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -25,6 +26,8 @@
 #include "framework/dsl/program_guard.h"
 #include "tests/util/golden.h"
 #include "tests/util/op_test_util.h"
+
+DECLARE_bool(safetensors_allow_unverified);
 
 namespace keel {
 namespace {
@@ -235,6 +238,7 @@ from safetensors import safe_open
 with safe_open(sys.argv[1], framework="numpy") as f:
     meta = f.metadata()
     crc = meta.pop("keel.data_crc32")
+    header_crc = meta.pop("keel.header_crc32")
     assert meta == {"format": "keel", "note": "h\u00e9llo \"q\"\n"}, f.metadata()
     assert sorted(f.keys()) == sorted(list(exp) + ["bf16"]), f.keys()
     for k, v in exp.items():
@@ -248,6 +252,21 @@ import zlib
 raw = open(sys.argv[1], "rb").read()
 n = int.from_bytes(raw[:8], "little")
 assert crc == "%08x" % zlib.crc32(raw[8 + n:]), (crc, "%08x" % zlib.crc32(raw[8 + n:]))
+# The header checksum: CRC-32 of the other metadata entries (byte-length-prefixed, key order) and
+# each tensor's name, dtype, shape and offsets (name order), from the JSON header itself.
+import json
+hdr = json.loads(raw[8:8 + n])
+def lp(s):
+    b = s.encode()
+    return str(len(b)).encode() + b":" + b
+text = b""
+for k, v in sorted(hdr.pop("__metadata__").items(), key=lambda kv: kv[0].encode()):
+    if k not in ("keel.data_crc32", "keel.header_crc32"):
+        text += lp(k) + b"=" + lp(v) + b"\n"
+for name, t in sorted(hdr.items(), key=lambda kv: kv[0].encode()):
+    text += lp(name) + b" " + t["dtype"].encode() + b" [" + b"".join(b"%d," % d for d in t["shape"])
+    text += b"] %d %d\n" % tuple(t["data_offsets"])
+assert header_crc == "%08x" % zlib.crc32(text), (header_crc, "%08x" % zlib.crc32(text), text)
 print("OK")
 )PY";
   std::string output;
@@ -448,6 +467,51 @@ TEST_F(IoTest, ADataByteChangedOrShiftedIsCaughtByTheChecksumOrTheTiling) {
   ExpectLoadError(Path("shifted.safetensors"), shifted, "after the last tensor");
 }
 
+// The header checksum: an edited training step (one digit, same length), two same-shaped
+// tensors with exchanged offsets, and a deleted checksum are all errors; a deleted one loads only
+// with --safetensors_allow_unverified.
+TEST_F(IoTest, AnEditedHeaderOrADeletedChecksumIsCaught) {
+  const NamedTensors tensors = {{"a", Make<float>(DType::kFloat32, {2}, {1.f, 2.f})},
+                                {"b", Make<float>(DType::kFloat32, {2}, {3.f, 4.f})}};
+  const std::map<std::string, std::string> meta = {
+      {"format", "keel"}, {"keel.version", "2"}, {"keel.train.step", "12"}};
+  const std::string good = EncodeSafetensors(tensors, meta);
+  EXPECT_EQ(DecodeSafetensors(good, "good").size(), 2u);
+  auto edit = [&](const std::string& from, const std::string& to) {
+    std::string bad = good;
+    const size_t at = bad.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) bad.replace(at, from.size(), to);
+    EXPECT_EQ(bad.size(), good.size());
+    return bad;
+  };
+  ExpectLoadError(Path("step.safetensors"),
+                  edit("\"keel.train.step\":\"12\"", "\"keel.train.step\":\"13\""),
+                  "header (metadata and tensor table) does not match its checksum");
+  // "a" holds [0,8], "b" [8,16] (in that order in the header): exchanged, each would load the
+  // other's values, and the tensors still tile the buffer.
+  const size_t pa = good.find("[0,8]"), pb = good.find("[8,16]");
+  ASSERT_LT(pa, pb);
+  const std::string swapped = good.substr(0, pa) + "[8,16]" + good.substr(pa + 5, pb - pa - 5) +
+                              "[0,8]" + good.substr(pb + 6);
+  ASSERT_EQ(swapped.size(), good.size());
+  ExpectLoadError(Path("swapped.safetensors"), swapped,
+                  "header (metadata and tensor table) does not match its checksum");
+  // The checksums deleted (blanked to spaces, which JSON allows): refused unless asked.
+  for (const std::string key : {"keel.data_crc32", "keel.header_crc32"}) {
+    SCOPED_TRACE(key);
+    std::string bad = good;
+    const size_t at = bad.find(",\"" + key + "\":\"");
+    ASSERT_NE(at, std::string::npos);
+    bad.replace(at, key.size() + 14, std::string(key.size() + 14, ' '));  // ,"key":"8 hex"
+    ASSERT_EQ(bad.size(), good.size());
+    ExpectLoadError(Path("deleted.safetensors"), bad, "--safetensors_allow_unverified");
+    gflags::FlagSaver saver;
+    FLAGS_safetensors_allow_unverified = true;
+    EXPECT_EQ(DecodeSafetensors(bad, "allowed").size(), 2u);
+  }
+}
+
 TEST_F(IoTest, ForeignLayoutsDecode) {
   // Unpadded header, whitespace, escapes, empty tensors sharing an offset, no checksum.
   const std::string header =
@@ -609,7 +673,7 @@ TEST_F(IoTest, PersistablesRoundTripBitExactly) {
   std::map<std::string, std::string> meta;
   NamedTensors file = LoadSafetensors(dir + "/" + kPersistablesFile, &meta);
   EXPECT_EQ(meta.at("format"), "keel");
-  EXPECT_EQ(meta.at("keel.version"), "1");
+  EXPECT_EQ(meta.at("keel.version"), "2");
   EXPECT_EQ(file.size(), 3u);  // only persistables
 
   Scope loaded;
