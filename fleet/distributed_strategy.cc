@@ -7,8 +7,9 @@
 #include "framework/error.h"
 
 DEFINE_bool(sync_nccl_allreduce, true,
-            "Wait for each gradient all-reduce before running the next op (default of "
-            "DistributedStrategy::sync_nccl_allreduce).");
+            "Each gradient all-reduce completes before the ops that read its result and before "
+            "the step ends, overlapping backward (keel's mode; false is refused). Default of "
+            "DistributedStrategy::sync_nccl_allreduce.");
 DEFINE_int32(comm_timeout_s, 300,
              "Seconds the rendezvous store, communicator setup and each collective may take "
              "before failing (default of DistributedStrategy::comm_timeout_s).");

@@ -65,10 +65,10 @@ struct DistributedStrategy {
   // Either may be set; both set to different values is refused. Warm-up counts steps.
   int local_sgd_is_warm_steps = -1;
 
-  // Wait for each all-reduce to finish before the next op (the seed's FLAGS_sync_nccl_allreduce).
-  // keel's collectives always complete before their op returns, which is `true`; `false`
-  // (asynchronous all-reduce) is refused by RequireImplemented until the executor has
-  // communication threads.
+  // The seed's FLAGS_sync_nccl_allreduce. keel's all-reduces run on their rings' threads and
+  // streams, overlapping backward, and each completes before the ops that read its result
+  // (c_sync_comm_stream) and before the step's run returns: Paddle's `true`. `false` (an
+  // all-reduce that may still run when the step ends) is refused by RequireImplemented.
   bool sync_nccl_allreduce = true;
   // Seconds the setup of each ring and every collective on it may take: minimize() gives it to
   // the rings the startup program creates. (fleet::init's store connection, made before any
