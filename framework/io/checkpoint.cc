@@ -199,10 +199,13 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
   std::error_code ec;
   if (std::filesystem::is_regular_file(latest, ec)) {
     // The latest becomes the previous: a link under a temp name renamed over the previous one, so
-    // a kill at any point leaves a sound latest and (after the first save) a previous.
+    // a kill at any point leaves a sound latest and (after the first save) a previous; the temp
+    // names a kill left between link and rename go first.
+    RemoveStaleTemps(dirname, "." + kPreviousPersistablesFile + ".tmp.");
     const std::string prev = JoinPath(dirname, kPreviousPersistablesFile);
     const std::string tmp = JoinPath(dirname, TempNameFor(kPreviousPersistablesFile));
     if (::link(latest.c_str(), tmp.c_str()) == 0) {
+      FaultPoint("checkpoint_keep_previous");
       if (::rename(tmp.c_str(), prev.c_str()) != 0) ::unlink(tmp.c_str());
     } else {
       WriteFileAtomic(prev, ReadFile(latest));  // no hard links here: a copy

@@ -176,6 +176,24 @@ std::map<std::string, std::string> Params(Executor& exe, const Program& p) {
   return out;
 }
 
+// A save killed between linking the previous checkpoint and renaming it leaves its temp name;
+// the next save removes it (its writer is dead), and the checkpoints are sound.
+TEST_F(CrashTest, ASaveKilledWhileKeepingThePreviousLeavesNothingForGood) {
+  Model m = SmallModel();
+  Executor exe;
+  exe.Run(*m.startup);
+  const std::string dir = Path("ckpt");
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{5, 7, 1, {}});
+  ASSERT_TRUE(KilledAt("checkpoint_keep_previous", [&] {
+    save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
+  }));
+  ASSERT_EQ(Entries(dir).size(), 2u) << "no temp name was left to clean up";
+  EXPECT_EQ(ReadTrainingState(dir)->step, 5);
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
+  EXPECT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  EXPECT_EQ(ReadTrainingState(dir)->step, 10);
+}
+
 // save_checkpoint keeps the one it replaces; a damaged latest checkpoint (one flipped byte) loads
 // the previous one, saying so; with both damaged the error names the latest.
 TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
