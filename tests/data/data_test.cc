@@ -23,6 +23,7 @@
 #include "framework/data/synthetic_dataset.h"
 #include "models/mlp/mlp_model.h"
 #include "tests/util/test_data.h"
+#include "tests/util/op_test_util.h"
 
 namespace keel {
 namespace {
@@ -33,22 +34,13 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------- helpers
 
 // What a call threw: the keel::Error's message, or a marker that makes any substring check fail.
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a keel::Error> ") + e.what();
-  }
-  return "<no error>";
-}
+using testing::ErrorOf;
 
 #define EXPECT_ERROR_WITH(stmt, ...)                                                        \
   do {                                                                                      \
     const std::string msg_ = ErrorOf([&] { stmt; });                                        \
-    EXPECT_EQ(msg_.find("<not a keel::Error>"), std::string::npos) << msg_;                 \
-    EXPECT_NE(msg_, "<no error>") << #stmt;                                                 \
+    EXPECT_EQ(msg_.find(testing::kNotAKeelError), std::string::npos) << msg_;                 \
+    EXPECT_FALSE(msg_.empty()) << "no error from " << #stmt;                                                 \
     for (const std::string& sub_ : std::vector<std::string>{__VA_ARGS__})                   \
       EXPECT_NE(msg_.find(sub_), std::string::npos) << "'" << sub_ << "' not in: " << msg_; \
   } while (0)

@@ -13,6 +13,7 @@
 #include "framework/error.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "tests/util/op_test_util.h"
 
 DECLARE_bool(sync_nccl_allreduce);
 DECLARE_int32(comm_timeout_s);
@@ -23,14 +24,7 @@ namespace keel {
 namespace fleet {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 Role World(int world_size, int local_world_size) {
   Role r;

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "framework/error.h"
+#include "tests/util/op_test_util.h"
 
 namespace keel {
 namespace fleet {
@@ -16,14 +17,7 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 std::string Print(const Env& env) {
   std::string s;

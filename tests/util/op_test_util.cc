@@ -51,6 +51,8 @@ std::string ErrorOf(const std::function<void()>& f) {
     f();
   } catch (const Error& e) {
     return e.what();
+  } catch (const std::exception& e) {
+    return std::string(kNotAKeelError) + e.what();
   }
   return "";
 }
@@ -65,6 +67,7 @@ void ExpectContainsAll(const std::string& msg, const std::vector<std::string>& p
 
 void ExpectErrorContainsAll(const std::string& msg, const std::vector<std::string>& parts) {
   EXPECT_FALSE(msg.empty()) << "expected a keel::Error";
+  EXPECT_EQ(msg.rfind(kNotAKeelError, 0), std::string::npos) << msg;
   ExpectContainsAll(msg, parts);
 }
 

@@ -29,7 +29,9 @@ struct OutputCheck {
 void ExpectOutputNear(const OpCase& c, const std::string& slot, const DDim& want_dims,
                       const std::vector<double>& want, const OutputCheck& check);
 
-// The keel::Error message of f(); "" when it throws none.
+// The keel::Error message of f(); "" when it throws none; another exception's message after
+// kNotAKeelError (user input must fail with a keel::Error, so that is a finding, not a crash).
+inline constexpr char kNotAKeelError[] = "<not a keel::Error> ";
 std::string ErrorOf(const std::function<void()>& f);
 
 // The keel::Error message of running c forward (which builds the program first); "" when none.
