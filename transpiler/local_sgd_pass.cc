@@ -14,6 +14,13 @@ namespace transpiler {
 
 namespace {
 
+// The schedule's counters and constants (int64 [1], persistable), set up by Apply and read back
+// on resume.
+const char kStepVar[] = "@LOCAL_SGD_STEP@";
+const char kSinceVar[] = "@LOCAL_SGD_SINCE@";
+const char kWarmupVar[] = "@LOCAL_SGD_WARMUP@";
+const char kKVar[] = "@LOCAL_SGD_K@";
+
 constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
 constexpr int kForward = static_cast<int>(OpRole::kForward);
 
@@ -77,8 +84,7 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
     for (Block* b : {&mb, &sb}) Declare(*b, snapshot(p), pv->dtype(), pv->shape(), true);
     Add(sb, "assign", {{"X", {p}}}, {{"Out", {snapshot(p)}}}, {}, kForward);
   }
-  const std::string step = "@LOCAL_SGD_STEP@", since = "@LOCAL_SGD_SINCE@",
-                    warmup = "@LOCAL_SGD_WARMUP@", k = "@LOCAL_SGD_K@";
+  const std::string step = kStepVar, since = kSinceVar, warmup = kWarmupVar, k = kKVar;
   const std::vector<std::pair<std::string, int64_t>> counters = {
       {step, 0},
       {since, 0},
@@ -138,8 +144,8 @@ bool LocalSGDAveragedAfter(int64_t steps_done, int64_t warmup, int64_t k) {
 namespace {
 // The schedule's constants in `scope` (warm-up steps, k); false without LocalSGD's counters.
 bool Schedule(const Scope& scope, int64_t* warmup, int64_t* k) {
-  const Variable* w = scope.FindVar("@LOCAL_SGD_WARMUP@");
-  const Variable* kv = scope.FindVar("@LOCAL_SGD_K@");
+  const Variable* w = scope.FindVar(kWarmupVar);
+  const Variable* kv = scope.FindVar(kKVar);
   if (w == nullptr || kv == nullptr || !w->tensor().initialized() || !kv->tensor().initialized())
     return false;
   *warmup = w->tensor().Clone(CPUPlace()).data<int64_t>()[0];
@@ -154,8 +160,8 @@ bool LocalSGDBetweenAverages(const Scope& scope, int64_t steps_done) {
 }
 
 void ResumeLocalSGDCounters(const Program& main, Scope& scope, int64_t steps_done) {
-  Variable* step = scope.FindVar("@LOCAL_SGD_STEP@");
-  Variable* since = scope.FindVar("@LOCAL_SGD_SINCE@");
+  Variable* step = scope.FindVar(kStepVar);
+  Variable* since = scope.FindVar(kSinceVar);
   int64_t warmup = 0, k = 1;
   if (step == nullptr || since == nullptr || !Schedule(scope, &warmup, &k)) return;
   // An update op's persistable outputs besides ParamOut are its accumulators.

@@ -533,19 +533,18 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
     crc = crc32_z(crc, static_cast<const Bytef*>(nt->second.raw_data()), nt->second.nbytes());
   std::map<std::string, std::string> meta = metadata;
   meta[kChecksumKey] = Hex32(static_cast<uint32_t>(crc));
-  {
-    std::vector<TensorRecord> records;
-    uint64_t at = 0;
-    for (const auto* nt : order) {
-      const Tensor& t = nt->second;
-      std::vector<int64_t> shape;
-      for (int d = 0; d < t.dims().size(); ++d) shape.push_back(t.dims()[d]);
-      records.push_back({nt->first, SafetensorsCode(t.dtype()), shape, at, at + t.nbytes()});
-      at += t.nbytes();
-    }
-    const std::string digest = HeaderDigestText(meta, records);
-    meta[kHeaderChecksumKey] = Hex32(Crc32(digest.data(), digest.size()));
+  // Each tensor's entry in file order: what the header lists and its checksum covers.
+  std::vector<TensorRecord> records;
+  uint64_t offset = 0;
+  for (const auto* nt : order) {
+    const Tensor& t = nt->second;
+    std::vector<int64_t> shape;
+    for (int d = 0; d < t.dims().size(); ++d) shape.push_back(t.dims()[d]);
+    records.push_back({nt->first, SafetensorsCode(t.dtype()), shape, offset, offset + t.nbytes()});
+    offset += t.nbytes();
   }
+  const std::string digest = HeaderDigestText(meta, records);
+  meta[kHeaderChecksumKey] = Hex32(Crc32(digest.data(), digest.size()));
   std::string header = "{";
   {
     header += "\"__metadata__\":{";
@@ -559,21 +558,16 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
     }
     header += "}";
   }
-  uint64_t offset = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const Tensor& t = order[i]->second;
+  for (const TensorRecord& r : records) {
     header += ",";
-    AppendJsonString(&header, order[i]->first);
-    header += ":{\"dtype\":\"";
-    header += SafetensorsCode(t.dtype());
-    header += "\",\"shape\":[";
-    for (int d = 0; d < t.dims().size(); ++d) {
+    AppendJsonString(&header, r.name);
+    header += ":{\"dtype\":\"" + r.code + "\",\"shape\":[";
+    for (size_t d = 0; d < r.shape.size(); ++d) {
       if (d) header += ",";
-      header += std::to_string(t.dims()[d]);
+      header += std::to_string(r.shape[d]);
     }
-    uint64_t end = offset + t.nbytes();
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
-    offset = end;
+    header += "],\"data_offsets\":[" + std::to_string(r.begin) + "," + std::to_string(r.end) +
+              "]}";
   }
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');  // data buffer starts 8-aligned
