@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "executor/executor.h"
-#include "fleet/role_maker.h"
+#include "executor/execution_strategy.h"
+#include "fleet/role.h"
 
 namespace keel {
 namespace fleet {

@@ -16,11 +16,12 @@
 
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
 #include "transpiler/local_sgd_pass.h"
-#include "transpiler/transpile.h"
+#include "fleet/transpile.h"
 
 DECLARE_string(cpu_comm_backend);
 
@@ -28,6 +29,47 @@ namespace keel {
 namespace fleet {
 
 namespace {
+
+// Puts this process's trace timestamps on rank 0's clock: each rank in turn measures a round trip
+// to rank 0 through the store and takes rank 0's time at its middle (error: half the round trip,
+// tens of microseconds on one host). Every rank calls it (init, when --profile is set). Several
+// rounds; the one with the shortest round trip (least time for a rank to be descheduled in)
+// gives the offset.
+void AlignProfilerClock(StoreClient& store, int rank, int nranks) {
+  constexpr int kRounds = 8;
+  if (nranks <= 1) return;
+  const std::string prefix = "keel/profiler/clock/";
+  try {
+    if (rank == 0) {
+      for (int r = 1; r < nranks; ++r)
+        for (int round = 0; round < kRounds; ++round) {
+          const std::string k = prefix + std::to_string(r) + "/" + std::to_string(round);
+          store.Set(k + "/turn", "");
+          store.Get(k + "/ping");  // waits for rank r
+          store.Set(k + "/pong", std::to_string(profiler::internal::NowNs()));
+        }
+      return;
+    }
+    int64_t best_rtt = -1, best_offset = 0;
+    for (int round = 0; round < kRounds; ++round) {
+      const std::string k = prefix + std::to_string(rank) + "/" + std::to_string(round);
+      store.Get(k + "/turn");  // rank 0 is ready to answer at once
+      const int64_t sent = profiler::internal::NowNs();
+      store.Set(k + "/ping", "");
+      const int64_t theirs = std::stoll(store.Get(k + "/pong"));
+      const int64_t back = profiler::internal::NowNs();
+      if (best_rtt < 0 || back - sent < best_rtt) {
+        best_rtt = back - sent;
+        best_offset = theirs - (sent + back) / 2;
+      }
+    }
+    profiler::SetClockOffsetNs(best_offset);
+    VLOG(1) << "profiler: clock offset to rank 0 " << best_offset << " ns, round trip "
+            << best_rtt << " ns";
+  } catch (const Error& e) {
+    KEEL_THROW("profiler: aligning rank ", rank, "'s clock with rank 0's: ", e.what());
+  }
+}
 
 struct FleetState {
   bool initialized = false;
@@ -228,7 +270,7 @@ void init(const RoleMaker& role_maker) {
   CommContext::Get().Init(cfg);
   // With --profile, trace timestamps on rank 0's clock, so the ranks' traces line up.
   if (profiler::Requested())
-    profiler::AlignClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
+    AlignProfilerClock(CommContext::Get().store("profiler"), cfg.rank, cfg.nranks);
   // Before any ring exists (a program's or fleet::all_reduce's): ranks that disagree on how rings
   // are made would wait for each other in ring setup until the comm timeout.
   const std::string config = RingConfiguration();
@@ -330,7 +372,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
-    transpiler::TranspileCollective(main, *startup, strategy_, r);
+    fleet::TranspileCollective(main, *startup, strategy_, r);
     RecordPassMadeVars(before, main, *startup);
     CheckProgramsMatch(*ForComparison(main, false), "main program");
     CheckProgramsMatch(*ForComparison(*startup, true), "startup program");

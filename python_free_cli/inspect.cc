@@ -20,7 +20,7 @@
 #include "python_free_cli/model_summary.h"
 #include "python_free_cli/text_diff.h"
 #include "python_free_cli/train_flags.h"
-#include "transpiler/transpile.h"
+#include "fleet/transpile.h"
 
 DEFINE_bool(dot, false, "keel inspect: print programs as Graphviz digraphs instead of text.");
 DEFINE_bool(strategy, false,
@@ -135,7 +135,7 @@ int Strategy(const std::vector<std::string>& args) {
       o->apply_gradients(o->backward(loss), st);
       main_before = loss.block()->program()->ToText();
       startup_before = st->ToText();
-      transpiler::TranspileCollective(*loss.block()->program(), *st, strategy, role);
+      fleet::TranspileCollective(*loss.block()->program(), *st, strategy, role);
     });
   } else {
     what = ModelPath(args[0]);
@@ -149,7 +149,7 @@ int Strategy(const std::vector<std::string>& args) {
     }
     main_before = main->ToText();
     startup_before = startup->ToText();
-    transpiler::TranspileCollective(*main, *startup, strategy, role);
+    fleet::TranspileCollective(*main, *startup, strategy, role);
   }
   const Program& main_after = main ? *main : *m.main;
   const Program& startup_after = startup ? *startup : *m.startup;

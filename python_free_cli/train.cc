@@ -10,6 +10,7 @@
 #include "executor/executor.h"
 #include "fleet/fleet.h"
 #include "fleet/straggler_monitor.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
 

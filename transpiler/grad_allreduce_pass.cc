@@ -150,19 +150,19 @@ std::vector<Group> GroupLikePaddle(const Block& mb, const std::vector<Grad>& gra
 // Each group gets a coalesce_tensor before the first backward op, making its gradients slices of
 // "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
 // group's last gradient is written (with hierarchy: reduce-scatter, all-reduce, all-gather).
-void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nrings,
-                   std::set<int>* rings_used, const std::vector<Grad>& grads,
-                   const Hierarchy& hier) {
+void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>* rings_used,
+                   const std::vector<Grad>& grads, const Hierarchy& hier) {
+  const int nrings = options.rings.nrings;
   std::vector<Group> groups;
-  if (!strategy.fuse_all_reduce_ops) {
+  if (!options.fuse) {
     // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
     groups = GroupBySize(mb, grads, 1e300, 1);
-  } else if (strategy.paddle_fuse.given) {
-    groups = GroupLikePaddle(mb, grads, strategy.paddle_fuse.memory_size_mb,
-                             strategy.paddle_fuse.groups_size);
+  } else if (options.paddle_fuse) {
+    groups = GroupLikePaddle(mb, grads, options.paddle_fuse_memory_size_mb,
+                             options.paddle_fuse_groups_size);
   } else {
-    groups = GroupBySize(mb, grads, strategy.fuse_grad_size_in_MB * 1024.0 * 1024.0,
-                         static_cast<size_t>(strategy.fuse_grad_size_in_num));
+    groups = GroupBySize(mb, grads, options.fuse_mb * 1024.0 * 1024.0,
+                         static_cast<size_t>(options.fuse_num));
   }
   // The fused buffers, declared.
   std::vector<std::string> fused(groups.size());
@@ -230,19 +230,16 @@ void FuseGradients(Block& mb, const fleet::DistributedStrategy& strategy, int nr
 
 }  // namespace
 
-void AppendRingsAndParamBroadcast(const Program& main, Program& startup, int nrings,
-                                  const fleet::Role& role) {
-  const int nranks = role.world_size;
-  const int device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
-
+void AppendRingsAndParamBroadcast(const Program& main, Program& startup,
+                                  const RingOptions& rings) {
   // ---- startup: rings, then every parameter from rank 0.
   Block& sb = startup.global_block();
-  for (int r = 0; r < nrings; ++r) {
+  for (int r = 0; r < rings.nrings; ++r) {
     OpDesc* init = sb.AppendOp("c_comm_init");
     init->SetAttr("ring_id", r);
-    init->SetAttr("nranks", nranks);
-    init->SetAttr("rank", role.rank);
-    init->SetAttr("device_id", device);
+    init->SetAttr("nranks", rings.nranks);
+    init->SetAttr("rank", rings.rank);
+    init->SetAttr("device_id", rings.device);
     init->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
     InferShapeAtBuild(init, &sb);
   }
@@ -260,30 +257,28 @@ void AppendRingsAndParamBroadcast(const Program& main, Program& startup, int nri
                   static_cast<int>(OpRole::kForward));
 }
 
-void GradAllReducePass::Apply(Program& main, Program& startup,
-                              const fleet::DistributedStrategy& strategy,
-                              const fleet::Role& role) const {
-  const int nrings = strategy.nccl_comm_num;
-  const int nranks = role.world_size;
+void GradAllReducePass::Apply(Program& main, Program& startup) const {
+  const RingOptions& ro = options_.rings;
+  const int nrings = ro.nrings;
+  const int nranks = ro.nranks;
   KEEL_ENFORCE(nrings >= 1, "grad_allreduce: nccl_comm_num must be >= 1, got ", nrings);
-  AppendRingsAndParamBroadcast(main, startup, nrings, role);
+  AppendRingsAndParamBroadcast(main, startup, ro);
   // Hierarchy needs two nodes or more; on one node it would only add rings, and (like Paddle) the
   // flat ring is used instead.
-  bool hierarchical = strategy.use_hierarchical_allreduce;
-  if (hierarchical && strategy.HierarchicalInterNranks(role) >= nranks) {
+  bool hierarchical = options_.hierarchical;
+  if (hierarchical && options_.ranks_per_node >= nranks) {
     LOG(WARNING) << "use_hierarchical_allreduce: all " << nranks << " ranks are on one node ("
-                 << strategy.HierarchicalInterNranks(role)
-                 << " ranks per node); using the flat ring instead";
+                 << options_.ranks_per_node << " ranks per node); using the flat ring instead";
     hierarchical = false;
   }
   if (hierarchical) {
     // Per flat ring r: ring nrings + r inside this node, ring 2 * nrings + r across nodes.
-    const int k = strategy.HierarchicalInterNranks(role);
+    const int k = options_.ranks_per_node;
     KEEL_ENFORCE(k >= 1 && nranks % k == 0, "grad_allreduce: ", k,
                  " ranks per node (hierarchical_allreduce_inter_nranks) do not divide ", nranks,
                  " ranks");
-    const int node = role.rank / k, local = role.rank % k;
-    const int device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
+    const int node = ro.rank / k, local = ro.rank % k;
+    const int device = ro.device;
     Block& sb = startup.global_block();
     for (int r = 0; r < nrings; ++r) {
       for (int inter = 0; inter < 2; ++inter) {
@@ -331,7 +326,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
   }
 
   std::set<int> rings_used;
-  if (!strategy.fuse_all_reduce_ops && !hierarchical) {
+  if (!options_.fuse && !hierarchical) {
     // All-reduce each gradient right after its last writer (from the back, so that the writer
     // indices stay valid).
     for (size_t k = grads.size(); k-- > 0;) {
@@ -347,9 +342,9 @@ void GradAllReducePass::Apply(Program& main, Program& startup,
     Hierarchy hier;
     if (hierarchical) {
       hier.on = true;
-      hier.k = strategy.HierarchicalInterNranks(role);
+      hier.k = options_.ranks_per_node;
     }
-    FuseGradients(mb, strategy, nrings, &rings_used, grads, hier);
+    FuseGradients(mb, options_, &rings_used, grads, hier);
   }
 
   // Wait for the rings before the first optimizer op.

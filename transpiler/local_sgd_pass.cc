@@ -54,23 +54,20 @@ VarDesc* Declare(Block& block, const std::string& name, DType dtype, std::vector
 
 }  // namespace
 
-void LocalSGDPass::Apply(Program& main, Program& startup,
-                         const fleet::DistributedStrategy& strategy,
-                         const fleet::Role& role) const {
-  const int nrings = strategy.nccl_comm_num;
+void LocalSGDPass::Apply(Program& main, Program& startup) const {
+  const int nrings = options_.rings.nrings;
   KEEL_ENFORCE(nrings >= 1, "local_sgd: nccl_comm_num must be >= 1, got ", nrings);
-  KEEL_ENFORCE(strategy.local_sgd_steps >= 1, "local_sgd: local_sgd_steps must be >= 1, got ",
-               strategy.local_sgd_steps);
-  KEEL_ENFORCE(strategy.LocalSgdWarmupSteps() >= 0,
-               "local_sgd: local_sgd_warmup_steps must be >= 0, got ",
-               strategy.LocalSgdWarmupSteps());
+  KEEL_ENFORCE(options_.steps >= 1, "local_sgd: local_sgd_steps must be >= 1, got ",
+               options_.steps);
+  KEEL_ENFORCE(options_.warmup_steps >= 0, "local_sgd: local_sgd_warmup_steps must be >= 0, got ",
+               options_.warmup_steps);
   Block& mb = main.global_block();
   bool has_optimizer = false;
   for (size_t i = 0; i < mb.num_ops(); ++i) has_optimizer |= Role(*mb.op(i)) == kOptimize;
   KEEL_ENFORCE(has_optimizer, "local_sgd: the main program has no optimizer ops; call minimize "
                               "before transpiling");
 
-  AppendRingsAndParamBroadcast(main, startup, nrings, role);
+  AppendRingsAndParamBroadcast(main, startup, options_.rings);
 
   // ---- the state: snapshots and counters, declared in both programs, set by startup.
   Block& sb = startup.global_block();
@@ -88,8 +85,8 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
   const std::vector<std::pair<std::string, int64_t>> counters = {
       {step, 0},
       {since, 0},
-      {warmup, strategy.LocalSgdWarmupSteps()},
-      {k, strategy.local_sgd_steps}};
+      {warmup, options_.warmup_steps},
+      {k, options_.steps}};
   for (const auto& [name, value] : counters) {
     for (Block* b : {&mb, &sb}) Declare(*b, name, DType::kInt64, {1}, true);
     Add(sb, "fill_constant", {}, {{"Out", {name}}},
@@ -124,7 +121,7 @@ void LocalSGDPass::Apply(Program& main, Program& startup,
         {{"ring_id", ring}}, kOptimize);
   for (const std::string& p : params) {
     Add(avg, "scale", {{"X", {p}}}, {{"Out", {p}}},
-        {{"scale", 1.0f / static_cast<float>(role.world_size)}}, kOptimize);
+        {{"scale", 1.0f / static_cast<float>(options_.rings.nranks)}}, kOptimize);
     Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {},
         kOptimize);
     Add(avg, "assign", {{"X", {p}}}, {{"Out", {snapshot(p)}}}, {}, kOptimize);

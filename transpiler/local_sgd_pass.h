@@ -11,13 +11,14 @@
 //     after the optimizer ops, both counters are incremented and a conditional_block runs
 //     sub-block 1 when STEP <= WARMUP (synchronous warm-up: every step) or SINCE >= K. The
 //     sub-block averages the parameters: P = S - allreduce_sum(S - P) / nranks with S the
-//     snapshot (on ring i % nccl_comm_num for the i-th parameter), then S = P and SINCE = 0.
+//     snapshot (on ring i % rings.nrings for the i-th parameter), then S = P and SINCE = 0.
 //   With plain SGD and K = 1 this is synchronous data parallelism: the average of the ranks' steps
 //   from equal parameters is the step on the averaged gradient.
 // Leaves alone: forward, backward and optimizer ops.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "framework/runtime/scope.h"
 #include "transpiler/pass.h"
@@ -25,11 +26,20 @@
 namespace keel {
 namespace transpiler {
 
+struct LocalSGDOptions {
+  RingOptions rings;
+  int steps = 1;         // K: steps between two averages (>= 1)
+  int warmup_steps = 0;  // synchronous steps first (>= 0)
+};
+
 class LocalSGDPass : public Pass {
  public:
+  explicit LocalSGDPass(LocalSGDOptions options) : options_(std::move(options)) {}
   std::string name() const override { return "local_sgd"; }
-  void Apply(Program& main, Program& startup, const fleet::DistributedStrategy& strategy,
-             const fleet::Role& role) const override;
+  void Apply(Program& main, Program& startup) const override;
+
+ private:
+  LocalSGDOptions options_;
 };
 
 // Whether the ranks have just averaged after `steps_done` steps of a schedule with `warmup`

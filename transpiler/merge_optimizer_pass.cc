@@ -88,8 +88,7 @@ std::unique_ptr<OpDesc> Merged(const Block& block, const std::vector<size_t>& po
 
 }  // namespace
 
-void MergeOptimizerOpsPass::Apply(Program& main, Program&, const fleet::DistributedStrategy&,
-                                  const fleet::Role&) const {
+void MergeOptimizerOpsPass::Apply(Program& main, Program&) const {
   Block& block = main.global_block();
   // The fused groups: gradient -> group index.
   std::map<std::string, int> group_of;

@@ -23,8 +23,7 @@ namespace transpiler {
 class MergeOptimizerOpsPass : public Pass {
  public:
   std::string name() const override { return "merge_optimizer_ops"; }
-  void Apply(Program& main, Program& startup, const fleet::DistributedStrategy& strategy,
-             const fleet::Role& role) const override;
+  void Apply(Program& main, Program& startup) const override;
 };
 
 }  // namespace transpiler

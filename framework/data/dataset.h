@@ -3,7 +3,7 @@
 //   Dataset              random access to examples: size(), Get(i), names()
 //     MnistDataset       IDX image + label files, gzipped or not        (mnist_dataset.h)
 //     CsvDataset         numeric CSV with a header row and a label column (csv_dataset.h)
-//     SyntheticMlpDataset the seed MLP's synthetic data                  (synthetic_dataset.h)
+//     TensorDataset      examples held in memory as columns             (tensor_dataset.h)
 //   DataLoader           shuffles, shards across ranks, batches, prefetches (data_loader.h)
 //   ReadFileBytes/GunzipBytes/GzipBytes                                  (gzip.h)
 #pragma once

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "executor/executor.h"
 #include "framework/error.h"
 #include "framework/fault_point.h"
 #include "framework/io/io.h"
@@ -280,16 +279,14 @@ std::string ReadCheckpointFile(const std::string& dirname, NamedTensors* tensors
 
 }  // namespace
 
-std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
-                                             const Program& program,
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const std::string& dirname, const Program& program,
                                              const std::set<std::string>& skip) {
   std::map<std::string, std::string> metadata;
   NamedTensors tensors;
   const std::string path = ReadCheckpointFile(dirname, &tensors, &metadata, /*warn=*/true);
   std::optional<TrainingState> state = StateFromMetadata(metadata, path);
-  ValidateAndAssign(exe.scope(), &exe.place(), std::move(tensors), path, program,
-                    "load_checkpoint", skip);
-  if (state) exe.SetRunCount(program, state->step);
+  ValidateAndAssign(scope, &place, std::move(tensors), path, program, "load_checkpoint", skip);
   return state;
 }
 
@@ -307,11 +304,6 @@ bool HasCheckpoint(const std::string& dirname) {
          std::filesystem::is_regular_file(JoinPath(dirname, kPreviousPersistablesFile), ec);
 }
 
-void save_persistables(Executor& exe, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip) {
-  save_persistables(exe.scope(), dirname, program, skip);
-}
-
 void load_persistables(Scope& scope, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
@@ -319,11 +311,11 @@ void load_persistables(Scope& scope, const std::string& dirname, const Program& 
                     skip);
 }
 
-void load_persistables(Executor& exe, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip) {
+void load_persistables(Scope& scope, const Place& place, const std::string& dirname,
+                       const Program& program, const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
-  ValidateAndAssign(exe.scope(), &exe.place(), LoadSafetensors(path), path, program,
-                    "load_persistables", skip);
+  ValidateAndAssign(scope, &place, LoadSafetensors(path), path, program, "load_persistables",
+                    skip);
 }
 
 // ---------------------------------------------------------------- inference models
@@ -376,7 +368,7 @@ void RenameInto(const std::string& from, const std::string& to) {
 }  // namespace
 
 void save_inference_model(const std::string& dirname, const std::vector<std::string>& feeds,
-                          const std::vector<std::string>& targets, Executor& exe,
+                          const std::vector<std::string>& targets, const Scope& scope,
                           const Program& program) {
   std::map<std::string, std::string> metadata = kFormatMetadata;
   metadata[kFeedsKey] = Join(feeds, "feed");
@@ -387,7 +379,7 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   } catch (const Error& e) {
     KEEL_THROW("save_inference_model to ", dirname, ": ", e.what(), "; nothing was written");
   }
-  NamedTensors params = CollectPersistables(exe.scope(), *pruned, "save_inference_model");
+  NamedTensors params = CollectPersistables(scope, *pruned, "save_inference_model");
   const std::string model_bytes = pruned->SerializeToString();
   metadata[kModelChecksumKey] = Crc32Hex(model_bytes);
   MakeDirs(dirname);
@@ -427,7 +419,8 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   SyncDirectory(dirname, JoinPath(dirname, kPublishMarker));
 }
 
-InferenceModel load_inference_model(const std::string& dirname, Executor& exe) {
+InferenceModel load_inference_model(const std::string& dirname, Scope& scope,
+                                    const Place& place) {
   const std::string model_path = JoinPath(dirname, kModelFile);
   const std::string params_path = JoinPath(dirname, kParamsFile);
   std::string model_bytes, checksum;
@@ -459,7 +452,7 @@ InferenceModel load_inference_model(const std::string& dirname, Executor& exe) {
     for (const auto& n : *names)
       KEEL_ENFORCE(model.program->global_block().HasVar(n), params_path, ": feed/target var '", n,
                    "' is not defined in ", model_path);
-  ValidateAndAssign(exe.scope(), &exe.place(), std::move(params), params_path, *model.program,
+  ValidateAndAssign(scope, &place, std::move(params), params_path, *model.program,
                     "load_inference_model");
   return model;
 }

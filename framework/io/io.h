@@ -17,7 +17,6 @@
 
 namespace keel {
 
-class Executor;
 
 // ---- atomic files
 // Writes `bytes` to `path` atomically (unnamed temp file, fsync, link, rename, fsync of the
@@ -78,15 +77,14 @@ inline const std::string kParamsFile = "params.safetensors";
 // nothing is written then.
 void save_persistables(const Scope& scope, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip = {});
-void save_persistables(Executor& exe, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip = {});
 // Loads them back into `scope`; each persistable of `program` but those in `skip` must be in the
 // file with the same dtype and shape (a keel::Error names the var, file and both shapes
-// otherwise). Vars in `skip` are neither required nor read.
+// otherwise). Vars in `skip` are neither required nor read. With `place`, each tensor is put
+// there (a CUDA place: copied to the device); without, it stays in host memory.
 void load_persistables(Scope& scope, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip = {});
-void load_persistables(Executor& exe, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip = {});
+void load_persistables(Scope& scope, const Place& place, const std::string& dirname,
+                       const Program& program, const std::set<std::string>& skip = {});
 
 // ---- training checkpoints: the persistables plus where training stands, in one file
 // (DIR/persistables.safetensors, its "keel.train.*" metadata), so a checkpoint is written and
@@ -101,15 +99,15 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
                      const TrainingState& state, const std::set<std::string>& skip = {});
 // save_checkpoint keeps the checkpoint it replaces as DIR/persistables.prev.safetensors (a hard
 // link when the filesystem has them), so that a damaged latest one does not lose the run.
-// load_checkpoint loads the persistables (as load_persistables) and returns the state; when the
-// file holds one, also sets exe's run count of `program` to state.step (Executor::SetRunCount),
-// so random ops continue with the draws of that step. nullopt when the file has no training
-// state. When the latest file is damaged (truncated, checksum mismatch) and the previous one is
+// load_checkpoint loads the persistables (as load_persistables) and returns the state (the
+// executor's overload, executor/executor_io.h, also sets the run count of `program` to
+// state.step, so random ops continue with the draws of that step); nullopt when the file has no
+// training state. When the latest file is damaged (truncated, checksum mismatch) and the previous one is
 // sound, it loads the previous one, saying so on stderr, and renames the damaged one
 // "persistables.safetensors.damaged" (so the next save keeps the sound one as previous); when
 // both are damaged, the error names the latest.
-std::optional<TrainingState> load_checkpoint(Executor& exe, const std::string& dirname,
-                                             const Program& program,
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const std::string& dirname, const Program& program,
                                              const std::set<std::string>& skip = {});
 // The training state in DIR's checkpoint without loading its tensors (the previous checkpoint's
 // when the latest is damaged, as load_checkpoint); nullopt when DIR has no checkpoint file or the
@@ -133,14 +131,14 @@ std::unique_ptr<Program> PruneForInference(const Program& program,
 // there, so a writer killed anywhere leaves the old pair or the new one, never a mix. The params
 // file records a checksum of __model__, and the loader refuses a pair that does not match.
 void save_inference_model(const std::string& dirname, const std::vector<std::string>& feeds,
-                          const std::vector<std::string>& targets, Executor& exe,
+                          const std::vector<std::string>& targets, const Scope& scope,
                           const Program& program);
 
 struct InferenceModel {
   std::unique_ptr<Program> program;
   std::vector<std::string> feeds, targets;
 };
-// Reads DIR/__model__ and loads DIR/params.safetensors into exe's scope.
-InferenceModel load_inference_model(const std::string& dirname, Executor& exe);
+// Reads DIR/__model__ and loads DIR/params.safetensors into `scope`, on `place`.
+InferenceModel load_inference_model(const std::string& dirname, Scope& scope, const Place& place);
 
 }  // namespace keel

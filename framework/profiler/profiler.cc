@@ -15,7 +15,6 @@
 #include <mutex>
 #include <sstream>
 
-#include "framework/comm/store.h"
 #include "framework/error.h"
 #include "framework/io/io.h"
 
@@ -51,7 +50,7 @@ const std::chrono::steady_clock::time_point& Epoch() {
   return epoch;
 }
 // The epoch is fixed when the library loads (not at the first span), so a rank's trace times
-// count from its own start; AlignClock maps them onto rank 0's.
+// count from its own start; fleet::init measures the offset that maps them onto rank 0's.
 [[maybe_unused]] const auto& g_epoch_at_load = Epoch();
 
 int ThreadNumber() {
@@ -213,51 +212,7 @@ std::string ThreadName(int tid) {
   return name.empty() ? "thread " + std::to_string(tid) : name;
 }
 
-namespace {
-
-void ExchangeClock(StoreClient& store, int rank, int nranks) {
-  // Several rounds; the one with the shortest round trip (least time for a rank to be
-  // descheduled in) gives the offset.
-  constexpr int kRounds = 8;
-  if (nranks <= 1) return;
-  const std::string prefix = "keel/profiler/clock/";
-  if (rank == 0) {
-    for (int r = 1; r < nranks; ++r)
-      for (int round = 0; round < kRounds; ++round) {
-        const std::string k = prefix + std::to_string(r) + "/" + std::to_string(round);
-        store.Set(k + "/turn", "");
-        store.Get(k + "/ping");  // waits for rank r
-        store.Set(k + "/pong", std::to_string(internal::NowNs()));
-      }
-    return;
-  }
-  int64_t best_rtt = -1, best_offset = 0;
-  for (int round = 0; round < kRounds; ++round) {
-    const std::string k = prefix + std::to_string(rank) + "/" + std::to_string(round);
-    store.Get(k + "/turn");  // rank 0 is ready to answer at once
-    const int64_t sent = internal::NowNs();
-    store.Set(k + "/ping", "");
-    const int64_t theirs = std::stoll(store.Get(k + "/pong"));
-    const int64_t back = internal::NowNs();
-    if (best_rtt < 0 || back - sent < best_rtt) {
-      best_rtt = back - sent;
-      best_offset = theirs - (sent + back) / 2;
-    }
-  }
-  state().clock_offset_ns.store(best_offset);
-  VLOG(1) << "profiler: clock offset to rank 0 " << best_offset << " ns, round trip " << best_rtt
-          << " ns";
-}
-
-}  // namespace
-
-void AlignClock(StoreClient& store, int rank, int nranks) {
-  try {
-    ExchangeClock(store, rank, nranks);
-  } catch (const Error& e) {
-    KEEL_THROW("profiler: aligning rank ", rank, "'s clock with rank 0's: ", e.what());
-  }
-}
+void SetClockOffsetNs(int64_t offset_ns) { state().clock_offset_ns.store(offset_ns); }
 
 int64_t ClockOffsetNs() { return state().clock_offset_ns.load(); }
 

@@ -13,7 +13,6 @@
 #include <vector>
 
 namespace keel {
-class StoreClient;
 namespace profiler {
 
 struct Event {
@@ -48,18 +47,17 @@ int64_t Dropped();
 
 // Writes the events as Chrome trace JSON to `path` atomically; `pid` labels the process (its
 // rank), each thread is named ("main", "keel-ring0", ...), and timestamps are on rank 0's clock
-// once AlignClock has run. Throws keel::Error naming the path when it cannot be written.
+// once fleet has aligned the clocks (SetClockOffsetNs). Throws keel::Error naming the path when it cannot be written.
 void WriteChromeTrace(const std::string& path, int pid = 0);
 // Per (category, name): calls, total, mean and share of the total, largest total first, as a
 // fixed-width table.
 std::string Summary();
 
-// Puts this process's trace timestamps on rank 0's clock: each rank in turn measures a round trip
-// to rank 0 through the store and takes rank 0's time at its middle (error: half the round trip,
-// tens of microseconds on one host). Every rank of the job calls it: fleet::init does when
-// --profile is set; a program that starts the profiler itself calls it after fleet::init.
-void AlignClock(StoreClient& store, int rank, int nranks);
-// Nanoseconds added to this process's timestamps in the trace (0 until AlignClock).
+// Nanoseconds added to this process's timestamps in the trace, so that the ranks' traces share
+// rank 0's clock: fleet::init measures the offset through the job's store when --profile is set
+// (fleet/fleet.cc). Set before the trace is written.
+void SetClockOffsetNs(int64_t offset_ns);
+// The offset set (0 until then).
 int64_t ClockOffsetNs();
 
 // The --profile flag, for the CLI: "" when off; under several workers the rank's own file.

@@ -1,5 +1,10 @@
 #include "models/mlp/mlp_model.h"
 
+#include <utility>
+#include <vector>
+
+#include "framework/error.h"
+
 namespace keel {
 namespace models {
 
@@ -31,6 +36,22 @@ void SyntheticMlpData::Next(int64_t batch, Tensor* x, Tensor* y) {
     py[i] = a > b ? 1 : 0;
   }
 }
+
+namespace {
+
+std::vector<Tensor> DrawColumns(int64_t n, uint64_t seed, int64_t features) {
+  KEEL_ENFORCE(n >= 0 && features >= 2,
+               "SyntheticMlpDataset: want n >= 0 and features >= 2, got n ", n, ", features ",
+               features);
+  Tensor x, y;
+  SyntheticMlpData(seed, features).Next(n, &x, &y);
+  return {std::move(x), std::move(y)};
+}
+
+}  // namespace
+
+SyntheticMlpDataset::SyntheticMlpDataset(int64_t n, uint64_t seed, int64_t features)
+    : TensorDataset({"x", "y"}, DrawColumns(n, seed, features)) {}
 
 }  // namespace models
 }  // namespace keel

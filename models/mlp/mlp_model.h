@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 
+#include "framework/data/tensor_dataset.h"
 #include "framework/dsl/layers.h"
 #include "framework/runtime/tensor.h"
 
@@ -27,6 +28,15 @@ class SyntheticMlpData {
   std::mt19937_64 rng_;
   int64_t features_;
   int classes_;
+};
+
+// The seed's synthetic data as a Dataset: x float32 [features] uniform in [0, 1), y int64 [1]
+// = [sum of the first half of x > sum of the second half]. Example i is row i of
+// SyntheticMlpData(seed, features).Next(n, ...), drawn once up front, so a loader without
+// shuffling reproduces the seed's stream; fields "x" and "y" feed mlp() directly.
+class SyntheticMlpDataset : public TensorDataset {
+ public:
+  SyntheticMlpDataset(int64_t n, uint64_t seed, int64_t features = 32);
 };
 
 }  // namespace models

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/test_data.h"

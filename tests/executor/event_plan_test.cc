@@ -11,6 +11,7 @@
 #include "fleet/distributed_strategy.h"
 #include "framework/dsl/program_guard.h"
 #include "tests/util/transpiler_fixtures.h"
+#include "fleet/transpile.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -63,7 +64,7 @@ TEST(EventPlan, TwoRingMlpWaitsOnlyAtTheSyncOpsAndTheOptimizer) {
   testing::BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.nccl_comm_num = 2;
-  transpiler::GradAllReducePass().Apply(main, startup, s, testing::TwoOfFour());
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour())).Apply(main, startup);
   Executor exe;
   DependencyGraph& g = exe.GraphForTesting(main);
   const auto& ops = main.global_block().ops();

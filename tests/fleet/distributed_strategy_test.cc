@@ -11,6 +11,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "fleet/transpile.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
 #include "tests/util/op_test_util.h"
@@ -249,9 +250,9 @@ std::string Transpiled(const DistributedStrategy& s, const Role& role = TwoNodes
   s.Validate(role);
   DistributedStrategy::RequireImplemented(s);
   if (s.use_local_sgd)
-    transpiler::LocalSGDPass().Apply(main, startup, s, role);
+    transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, role)).Apply(main, startup);
   else
-    transpiler::GradAllReducePass().Apply(main, startup, s, role);
+    transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, role)).Apply(main, startup);
   return main.ToText() + startup.ToText();
 }
 

@@ -23,7 +23,12 @@ TEST(KeelHeader, AFleetProgramFedByADataLoaderBuildsWithTheOneHeader) {
   opts.batch_size = 16;
   opts.rank = fleet::worker_index();
   opts.nranks = fleet::worker_num();
-  DataLoader loader(std::make_shared<SyntheticMlpDataset>(64, 3), opts);
+  Tensor xs(DType::kFloat32, {64, 32}), ys(DType::kInt64, {64, 1});
+  for (int64_t i = 0; i < xs.numel(); ++i) xs.data<float>()[i] = static_cast<float>(i % 7) / 7;
+  for (int64_t i = 0; i < ys.numel(); ++i) ys.data<int64_t>()[i] = i % 2;
+  DataLoader loader(std::make_shared<TensorDataset>(std::vector<std::string>{"x", "y"},
+                                                    std::vector<Tensor>{xs, ys}),
+                    opts);
   Executor exe(fleet::worker_place());
   exe.Run(startup);
   FeedMap batch;

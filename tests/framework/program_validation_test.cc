@@ -17,6 +17,7 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/program_guard.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/op/op_registry.h"
 #include "framework/op/validate_program.h"

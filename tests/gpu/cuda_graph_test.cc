@@ -12,6 +12,7 @@
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"

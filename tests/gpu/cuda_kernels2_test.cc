@@ -647,8 +647,7 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
       c->SetAttr("constant", 0.0f);
       c->SetAttr("pad_to_multiple", 1);
       b.InsertOp(0, std::move(c));
-      transpiler::MergeOptimizerOpsPass().Apply(*m.main, *m.startup, fleet::DistributedStrategy(),
-                                                fleet::Role());
+      transpiler::MergeOptimizerOpsPass().Apply(*m.main, *m.startup);
       int merged = 0;
       for (auto& op : b.ops()) merged += op->type() == "merged_" + name;
       EXPECT_EQ(merged, 1);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/runtime/device.h"
 #include "tests/util/gpu_test_util.h"

@@ -21,6 +21,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 
 namespace keel {

@@ -1,5 +1,6 @@
 // framework/io: atomic writes, safetensors (bit-exact, interoperable with the python package,
 // robust against damaged files), persistables, pruning and inference models.
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 
 #include <gflags/gflags.h>

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "framework/dsl/layers.h"
+#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "models/model_zoo.h"
 #include "tests/util/subprocess.h"

@@ -11,6 +11,7 @@
 #include "framework/op/op_registry.h"
 #include "models/model_zoo.h"
 #include "tests/util/transpiler_fixtures.h"
+#include "fleet/transpile.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -63,7 +64,7 @@ TEST(CudaKernelCoverage, EveryOpOfTheBuiltInModelsHasACudaKernel) {
       models::TrainableModel m = models::BuildModel(cfg);
       fleet::DistributedStrategy s;
       s.fuse_all_reduce_ops = true;
-      transpiler::GradAllReducePass().Apply(*m.main, *m.startup, s, testing::TwoOfFour());
+      transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour())).Apply(*m.main, *m.startup);
       CollectMissing(*m.main, model + " main", &missing);
       CollectMissing(*m.startup, model + " startup", &missing);
       if (m.test) CollectMissing(*m.test, model + " test", &missing);

@@ -5,6 +5,7 @@
 #include "fleet/role_maker.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
+#include "fleet/transpile.h"
 #include "tests/util/golden.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "tests/util/op_test_util.h"
@@ -24,7 +25,7 @@ TEST(LocalSGDPass, MatchesGolden) {
   s.local_sgd_steps = 4;
   s.local_sgd_warmup_steps = 10;
   s.nccl_comm_num = 2;
-  transpiler::LocalSGDPass().Apply(main, startup, s, TwoOfFour());
+  transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "local_sgd_main.txt");
   testing::ExpectGolden(startup.ToText(), "local_sgd_startup.txt");
   // No gradient all-reduce in block 0; the averaging lives in block 1.
@@ -44,13 +45,13 @@ TEST(LocalSGDPass, NeedsAnOptimizerAndSaneSteps) {
   fleet::DistributedStrategy s;
   s.use_local_sgd = true;
   testing::ExpectErrorContainsAll(
-      testing::ErrorOf([&] { transpiler::LocalSGDPass().Apply(main, startup, s, TwoOfFour()); }),
+      testing::ErrorOf([&] { transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(main, startup); }),
       {"local_sgd", "no optimizer ops"});
   Program m2, s2;
   BuildTrainedMlp(m2, s2);
   s.local_sgd_steps = 0;
   testing::ExpectErrorContainsAll(
-      testing::ErrorOf([&] { transpiler::LocalSGDPass().Apply(m2, s2, s, TwoOfFour()); }),
+      testing::ErrorOf([&] { transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(m2, s2); }),
       {"local_sgd_steps must be >= 1, got 0"});
 }
 

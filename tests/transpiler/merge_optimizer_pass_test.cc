@@ -1,6 +1,7 @@
 // MergeOptimizerOpsPass: the optimizer ops of a fused gradient group become one merged op (one
 // CUDA launch); the program text before and after (golden), the same parameters bit for bit after
 // training with and without the merge, groups that must not merge, and the merged ops' checks.
+#include "fleet/transpile.h"
 #include "transpiler/merge_optimizer_pass.h"
 
 #include <gtest/gtest.h>
@@ -23,8 +24,7 @@ using testing::BuildTrainedMlp;
 using testing::TwoOfFour;
 
 void Merge(Program& main, Program& startup) {
-  transpiler::MergeOptimizerOpsPass().Apply(main, startup, fleet::DistributedStrategy(),
-                                            TwoOfFour());
+  transpiler::MergeOptimizerOpsPass().Apply(main, startup);
 }
 
 int Count(const Program& p, const std::string& type) {
@@ -39,7 +39,7 @@ TEST(MergeOptimizerOpsPass, OneMergedOpPerFusedGroupMatchesGolden) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;  // two groups of two gradients
-  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
   Merge(main, startup);
   testing::ExpectGolden(main.ToText(), "merge_optimizer_2groups_main.txt");
   EXPECT_EQ(Count(main, "sgd"), 0);
@@ -63,7 +63,7 @@ TEST(MergeOptimizerOpsPass, WeightDecayedGroupsMergeMatchesGolden) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;
-  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
   Merge(main, startup);
   testing::ExpectGolden(main.ToText(), "merge_optimizer_weight_decay_main.txt");
   EXPECT_EQ(Count(main, "momentum"), 0);
@@ -73,7 +73,7 @@ TEST(MergeOptimizerOpsPass, WeightDecayedGroupsMergeMatchesGolden) {
 TEST(MergeOptimizerOpsPass, WithoutFusedGroupsNothingChanges) {
   Program main, startup;
   BuildTrainedMlp(main, startup);
-  transpiler::GradAllReducePass().Apply(main, startup, fleet::DistributedStrategy(), TwoOfFour());
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(fleet::DistributedStrategy(), TwoOfFour())).Apply(main, startup);
   const std::string before = main.ToText();
   Merge(main, startup);
   EXPECT_EQ(main.ToText(), before);
@@ -164,7 +164,7 @@ TEST(MergeOptimizerOpsPass, AnOpReadingAnEarlierUpdateKeepsTheGroupApart) {
   BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
-  transpiler::GradAllReducePass().Apply(main, startup, s, TwoOfFour());
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
   Block& b = main.global_block();
   size_t first_sgd = 0;
   while (b.op(first_sgd)->type() != "sgd") ++first_sgd;
