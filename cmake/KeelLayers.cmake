@@ -1,6 +1,7 @@
 # keel's layers, which the build enforces.
 #
-# Each layer is a set of source paths (folders or single files) and the layers it may use. It
+# Each layer is a set of source paths (folders, single files, or file patterns such as
+# ops/*.cu) and the layers it may use. It
 # compiles as an OBJECT library whose include path is a *view*: a folder under
 # build/layer_views/<layer>/ holding symbolic links to its own paths and to those of the layers it
 # may use (transitively), and nothing else. An include of a layer above, or of one it does not
@@ -35,13 +36,19 @@ function(keel_layer name)
   set(KEEL_LAYER_TABLE "${KEEL_LAYER_TABLE}| ${name} | ${paths} | ${uses} |\n" PARENT_SCOPE)
 endfunction()
 
-# The view of `layer`: links to the paths of every layer in its closure. Returns its folder.
+# The view of `layer`: links to the paths of every layer in its closure (patterns name files
+# inside folders of the layers they extend, which the closure links). Returns its folder.
 function(keel_layer_view layer out_var)
   set(view ${PROJECT_BINARY_DIR}/layer_views/${layer})
   file(REMOVE_RECURSE ${view})
-  foreach(l ${KEEL_LAYER_${layer}_CLOSURE})
+  # Bottom-up, so that a folder is linked before a file inside it is considered (already
+  # reachable then, it is skipped).
+  foreach(l ${KEEL_LAYERS})
+    if(NOT l IN_LIST KEEL_LAYER_${layer}_CLOSURE)
+      continue()
+    endif()
     foreach(p ${KEEL_LAYER_${l}_PATHS})
-      if(EXISTS ${PROJECT_SOURCE_DIR}/${p})
+      if(NOT p MATCHES "[*]" AND EXISTS ${PROJECT_SOURCE_DIR}/${p} AND NOT EXISTS ${view}/${p})
         get_filename_component(parent ${view}/${p} DIRECTORY)
         file(MAKE_DIRECTORY ${parent})
         file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${p} ${view}/${p} SYMBOLIC)
@@ -57,7 +64,10 @@ function(keel_layer_sources layer exclude_regex out_var)
   set(srcs "")
   foreach(p ${KEEL_LAYER_${layer}_PATHS})
     set(abs ${PROJECT_SOURCE_DIR}/${p})
-    if(IS_DIRECTORY ${abs})
+    if(p MATCHES "[*]")
+      file(GLOB found CONFIGURE_DEPENDS ${abs})
+      list(APPEND srcs ${found})
+    elseif(IS_DIRECTORY ${abs})
       file(GLOB_RECURSE found CONFIGURE_DEPENDS ${abs}/*.cc ${abs}/*.cu)
       list(APPEND srcs ${found})
     elseif(p MATCHES "\\.(cc|cu)$")

@@ -28,6 +28,7 @@
 #include "framework/profiler/profiler.h"
 #include "framework/runtime/allocator.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/cuda_backend.h"
 #include "framework/runtime/cuda_graph.h"
 #include "framework/runtime/device.h"
 
@@ -206,8 +207,11 @@ struct Executor::Plan {
 Executor::Executor(const Place& place, ExecutionStrategy strategy)
     : place_(place), strategy_(strategy), scope_(std::make_unique<Scope>()) {
   local_scope_ = &scope_->NewScope();
-  KEEL_ENFORCE(place.is_cpu() || CudaAvailable(), "Executor on ", place.str(),
-               ": no CUDA device is available to this process");
+  if (place.is_cuda()) {
+    CudaBackendFor(place);  // a keel::Error saying why when libkeel_cuda cannot be opened
+    KEEL_ENFORCE(CudaAvailable(), "Executor on ", place.str(),
+                 ": no CUDA device is available to this process");
+  }
   ValidateExecutionStrategy(strategy_, "Executor: ");
 }
 
@@ -590,7 +594,7 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
         plan.graph_feeds.push_back(kv.first);
       }
       inputs.emplace_back(plan.device_run_index.raw_data(), sizeof(int64_t));
-      auto graph = std::make_unique<CudaGraph>(place_);
+      std::unique_ptr<CudaGraph> graph = CudaGraph::Create(place_);
       const int64_t* run_index = plan.device_run_index.data<int64_t>();
       for (auto& op : plan.ops) op.ctx->set_device_run_index(run_index);
       try {

@@ -130,16 +130,12 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
 
 }  // namespace
 
-// The kernels are place-agnostic (the ring's Communicator takes CPU or CUDA memory), so a CUDA
-// build registers the same classes for CUDA places; an NCCL ring then serves them.
-#ifdef KEEL_WITH_CUDA
-#define KEEL_REGISTER_COLLECTIVE_KERNEL(name, Kernel, ...)  \
-  KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__);      \
-  KEEL_REGISTER_CUDA_KERNEL(name, Kernel, __VA_ARGS__)
-#else
+// The kernels are place-agnostic (the ring's Communicator takes CPU or CUDA memory), so the same
+// classes serve CUDA places; an NCCL or host-staged ring from libkeel_cuda then moves the data.
+// (On a machine without CUDA no CUDA place exists, and the registrations are never looked up.)
 #define KEEL_REGISTER_COLLECTIVE_KERNEL(name, Kernel, ...) \
-  KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__)
-#endif
+  KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__);     \
+  KEEL_REGISTER_CUDA_KERNEL(name, Kernel, __VA_ARGS__)
 
 #define KEEL_REGISTER_ALLREDUCE(name, op)                                                \
   [[maybe_unused]] static OpSchema& keel_schema_##name =                                 \

@@ -31,10 +31,6 @@ ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf> &perfs, size_t works
              tf32, " use TF32 (FLAGS_allow_tf32=false))");
 }
 
-#ifndef KEEL_WITH_CUDA
-int64_t CudnnConvAlgoSearches() { return 0; }
-#endif
-
 namespace {
 int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
   if (in + 2 * p < k) return 0;

@@ -37,7 +37,8 @@ ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf> &perfs, size_t works
                             const std::string &problem);
 
 // Algorithm searches the conv2d CUDA kernels ran in this process (one per shape, direction and
-// flags); 0 in a build without CUDA. Tests check that steady-state steps search nothing.
+// flags). Defined in libkeel_cuda (ops/conv_ops.cu), which the GPU tests link; they check that
+// steady-state steps search nothing.
 int64_t CudnnConvAlgoSearches();
 
 // Why cuDNN cannot compute pool2d like the CPU kernel for input dims `x` (NCHW), or "" when it can.

@@ -27,12 +27,15 @@ DEFINE_int32(shm_zero_copy_mb, 1024,
 
 namespace keel {
 
-#ifndef KEEL_WITH_CUDA
-std::unique_ptr<Communicator> CreateHostStagedCommunicator(std::unique_ptr<Communicator>,
-                                                           int device) {
-  KEEL_THROW("a ring for CUDA tensors on GPU ", device, ": this keel was built without CUDA");
+namespace {
+NcclRingFactory g_nccl_rings = nullptr;
+HostStagedRingFactory g_host_staged_rings = nullptr;
+}  // namespace
+
+void RegisterNcclRingFactory(NcclRingFactory factory) { g_nccl_rings = factory; }
+void RegisterHostStagedRingFactory(HostStagedRingFactory factory) {
+  g_host_staged_rings = factory;
 }
-#endif
 
 std::string ChooseGpuCommBackend(const std::string& flag, bool have_nccl,
                                  const std::vector<std::string>& gpus, int ring_id) {
@@ -150,15 +153,12 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
     s.Set(key + std::to_string(rank), DeviceUuid(CUDAPlace(device)));
     std::vector<std::string> gpus;
     for (int r = 0; r < nranks; ++r) gpus.push_back(s.Get(key + std::to_string(r), opts.timeout));
-#ifdef KEEL_WITH_NCCL
-    const bool have_nccl = true;
-#else
-    const bool have_nccl = false;
-#endif
-    gpu_backend = ChooseGpuCommBackend(FLAGS_gpu_comm_backend, have_nccl, gpus, ring_id);
+    // (DeviceUuid opened libkeel_cuda, which registers the CUDA ring factories.)
+    gpu_backend =
+        ChooseGpuCommBackend(FLAGS_gpu_comm_backend, g_nccl_rings != nullptr, gpus, ring_id);
   }
   if (gpu_backend == "nccl") {
-    comm = CreateNcclCommunicator(ring_id, rank, nranks, device, s, opts);
+    comm = g_nccl_rings(ring_id, rank, nranks, device, s, opts);
   } else {
     std::unique_ptr<Communicator> host;
     if (want != "gloo") {
@@ -172,7 +172,11 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
                   << "); using gloo";
     }
     if (!host) host = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
-    if (cuda) host = CreateHostStagedCommunicator(std::move(host), device);
+    if (cuda) {
+      KEEL_ENFORCE(g_host_staged_rings != nullptr, "ring ", ring_id,
+                   ": the CUDA backend registered no host-staged rings");
+      host = g_host_staged_rings(std::move(host), device);
+    }
     comm = std::move(host);
   }
   LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "

@@ -111,16 +111,21 @@ std::unique_ptr<Communicator> CreateGlooCommunicator(int ring_id, int rank, int 
 std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int nranks,
                                                     StoreClient& store, const CommOptions& opts,
                                                     std::string* why_not);
-// An NCCL ring for CUDA tensors on `device` (the unique id goes through the store). Throws when
-// keel was built without NCCL.
-std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int rank, int nranks, int device,
-                                                     StoreClient& store, const CommOptions& opts);
-// Collectives of CUDA tensors on `device` staged through pinned host memory over `host_ring` (a
-// shm or Gloo ring of the same ranks): device -> pinned host -> host_ring -> device, on a CUDA
-// stream of its own. Ranks may share a GPU, which NCCL refuses. CPU tensors go to host_ring as
-// they are. Throws when keel was built without CUDA.
-std::unique_ptr<Communicator> CreateHostStagedCommunicator(std::unique_ptr<Communicator> host_ring,
-                                                           int device);
+// Rings for CUDA tensors live in libkeel_cuda (framework/runtime/cuda_backend.h), which registers
+// their factories as it opens:
+// - nccl: an NCCL ring on `device` (the unique id goes through the store); registered when
+//   libkeel_cuda was built with NCCL.
+// - host_staged: collectives of CUDA tensors on `device` staged through pinned host memory over
+//   `host_ring` (a shm or Gloo ring of the same ranks): device -> pinned host -> host_ring ->
+//   device, on a CUDA stream of its own. Ranks may share a GPU, which NCCL refuses. CPU tensors
+//   go to host_ring as they are.
+using NcclRingFactory = std::unique_ptr<Communicator> (*)(int ring_id, int rank, int nranks,
+                                                          int device, StoreClient& store,
+                                                          const CommOptions& opts);
+using HostStagedRingFactory = std::unique_ptr<Communicator> (*)(
+    std::unique_ptr<Communicator> host_ring, int device);
+void RegisterNcclRingFactory(NcclRingFactory factory);
+void RegisterHostStagedRingFactory(HostStagedRingFactory factory);
 
 // Which backend serves a ring of CUDA tensors (--gpu_comm_backend): "nccl" or "host". `gpus`
 // holds each rank's GPU identity (its UUID); auto picks nccl when NCCL is built in and no two

@@ -144,4 +144,12 @@ std::unique_ptr<Communicator> CreateHostStagedCommunicator(std::unique_ptr<Commu
   return std::make_unique<HostStagedCommunicator>(std::move(host_ring), device);
 }
 
+// Registered as libkeel_cuda opens (framework/comm/communicator.h).
+namespace {
+const bool g_registered = [] {
+  RegisterHostStagedRingFactory(&CreateHostStagedCommunicator);
+  return true;
+}();
+}  // namespace
+
 }  // namespace keel

@@ -246,11 +246,4 @@ void RingRegistry::Clear() {
   rings_.clear();
 }
 
-#ifndef KEEL_WITH_NCCL
-std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int, int, int, StoreClient&,
-                                                     const CommOptions&) {
-  KEEL_THROW("NCCL ring ", ring_id, ": this keel was built without NCCL");
-}
-#endif
-
 }  // namespace keel

@@ -226,4 +226,12 @@ std::unique_ptr<Communicator> CreateNcclCommunicator(int ring_id, int rank, int 
   return std::make_unique<NcclCommunicator>(ring_id, rank, nranks, device, store, opts);
 }
 
+// Registered as libkeel_cuda opens (framework/comm/communicator.h).
+namespace {
+const bool g_registered = [] {
+  RegisterNcclRingFactory(&CreateNcclCommunicator);
+  return true;
+}();
+}  // namespace
+
 }  // namespace keel

@@ -7,6 +7,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/host_fallback_kernel.h"
+#include "framework/runtime/cuda_backend.h"
 
 namespace keel {
 
@@ -292,12 +293,16 @@ const OpSchema& OpRegistry::Get(const std::string& type) {
 }
 
 bool OpRegistry::HasKernel(const std::string& type, Place::Kind place, DType dtype) {
+  if (place == Place::Kind::kCUDA) GetCudaBackend();  // libkeel_cuda registers the CUDA kernels
   auto it = Reg().kernels.find(type);
   return it != Reg().kernels.end() && it->second.count(KernelKey{place, dtype});
 }
 
 std::unique_ptr<OpKernel> OpRegistry::CreateKernel(const OpDesc& op, const Place& place,
                                                    DType dtype) {
+  // The CUDA kernels are libkeel_cuda's, registered as it opens: a CUDA place without the
+  // backend is refused here, naming why.
+  if (place.is_cuda()) CudaBackendFor(place);
   auto it = Reg().kernels.find(op.type());
   if (it != Reg().kernels.end()) {
     auto k = it->second.find(KernelKey{place.kind, dtype});

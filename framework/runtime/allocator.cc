@@ -10,6 +10,7 @@
 
 #include "framework/error.h"
 #include "framework/runtime/caching_allocator.h"
+#include "framework/runtime/cuda_backend.h"
 
 DEFINE_bool(init_allocated_mem, false,
             "Fill every new tensor allocation, on CPU and CUDA places, with 0xFF bytes (NaN for "
@@ -78,13 +79,6 @@ void CpuAllocatorEmptyCache() { CpuCache().EmptyCache(); }
 
 void CpuAllocatorResetPeak() { CpuCache().ResetPeak(); }
 
-#ifdef KEEL_WITH_CUDA
-void* CudaMalloc(int device, size_t size);  // cuda_runtime.cc
-void CudaFree(int device, void* p);
-void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
-                 size_t size);
-#endif
-
 std::shared_ptr<Allocation> Allocation::External(void* ptr, size_t size, Place place,
                                                  std::function<void()> release) {
   auto a = std::make_shared<Allocation>(ptr, size, place);
@@ -101,10 +95,8 @@ Allocation::~Allocation() {
       CpuCache().Free(ptr_);
     else
       std::free(ptr_);
-  } else {
-#ifdef KEEL_WITH_CUDA
-    CudaFree(place_.device, ptr_);
-#endif
+  } else if (CudaBackend* b = GetCudaBackend()) {
+    b->Free(place_.device, ptr_);
   }
 }
 
@@ -127,11 +119,8 @@ std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
     a->cached_ = cached;
     return a;
   }
-#ifdef KEEL_WITH_CUDA
-  return std::make_shared<Allocation>(CudaMalloc(place.device, size), size, place);
-#else
-  KEEL_THROW("cannot allocate on ", place.str(), ": this keel was built without CUDA");
-#endif
+  return std::make_shared<Allocation>(CudaBackendFor(place).Malloc(place.device, size), size,
+                                      place);
 }
 
 void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
@@ -141,17 +130,15 @@ void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const vo
     std::memcpy(dst, src, size);
     return;
   }
-#ifdef KEEL_WITH_CUDA
-  CudaMemCopy(dst_place, dst, src_place, src, size);
-#else
-  KEEL_THROW("copy between ", src_place.str(), " and ", dst_place.str(),
-             " needs a CUDA build of keel");
-#endif
+  CudaBackendFor(dst_place.is_cuda() ? dst_place : src_place)
+      .MemCopy(dst_place, dst, src_place, src, size);
 }
 
-#ifndef KEEL_WITH_CUDA
-bool CudaAvailable() { return false; }
-int CudaDeviceCount() { return 0; }
-#endif
+int CudaDeviceCount() {
+  CudaBackend* b = GetCudaBackend();
+  return b ? b->DeviceCount() : 0;
+}
+
+bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
 }  // namespace keel

@@ -222,7 +222,11 @@ std::vector<void*> CudaContext::EndCapture() {
   return owned;
 }
 
-// ---------------------------------------------------------------- device.h
+// ---------------------------------------------------------------- device.h, for CudaBackend
+// (cuda_runtime.cc). In namespace cuda: libkeel's device.h functions of the same names forward
+// here through the backend.
+
+namespace cuda {
 
 void DeviceSynchronize(const Place& place) {
   if (!place.is_cuda()) return;
@@ -310,5 +314,7 @@ void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, s
   KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, staging, size, cudaMemcpyHostToDevice, c.stream()));
   c.DoneWithStaging(staging);
 }
+
+}  // namespace cuda
 
 }  // namespace keel

@@ -1,4 +1,4 @@
-// CudaGraph on a CUDA device (compiled only when KEEL_WITH_CUDA).
+// CudaGraph on a CUDA device: libkeel_cuda's implementation, made through CudaBackend::NewGraph.
 #include "framework/runtime/cuda_graph.h"
 
 #include <glog/logging.h>
@@ -8,7 +8,31 @@
 
 namespace keel {
 
-struct CudaGraph::Impl {
+namespace cuda {
+namespace {
+
+class DeviceCudaGraph final : public CudaGraph {
+ public:
+  explicit DeviceCudaGraph(const Place& place);
+  ~DeviceCudaGraph() override;
+  void BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs) override;
+  void EndCapture() override;
+  void AbortCapture() noexcept override;
+  bool capturing() const override;
+  bool ready() const override;
+  void* Input(size_t i) override;
+  void WaitInputs() override;
+  void Launch() override;
+  int64_t launches() const override { return launches_; }
+
+ private:
+  struct Impl;
+  Place place_;
+  std::unique_ptr<Impl> impl_;
+  int64_t launches_ = 0;
+};
+
+struct DeviceCudaGraph::Impl {
   CudaContext* ctx = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -19,14 +43,14 @@ struct CudaGraph::Impl {
   bool capturing = false;
 };
 
-CudaGraph::CudaGraph(const Place& place) : place_(place), impl_(std::make_unique<Impl>()) {
+DeviceCudaGraph::DeviceCudaGraph(const Place& place) : place_(place), impl_(std::make_unique<Impl>()) {
   KEEL_ENFORCE(place.is_cuda(), "a CUDA graph needs a CUDA place, not ", place.str());
   impl_->ctx = &CudaContext::Get(place.device);
   KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->inputs_copied, cudaEventDisableTiming));
   impl_->ctx->GraphCreated();
 }
 
-CudaGraph::~CudaGraph() {
+DeviceCudaGraph::~DeviceCudaGraph() {
   AbortCapture();
   Impl& m = *impl_;
   CudaContext::Get(place_.device);
@@ -42,7 +66,7 @@ CudaGraph::~CudaGraph() {
   m.ctx->GraphDestroyed();
 }
 
-void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs) {
+void DeviceCudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs) {
   Impl& m = *impl_;
   KEEL_ENFORCE(!m.capturing && m.exec == nullptr, "CudaGraph::BeginCapture: already captured");
   CudaContext::Get(place_.device);
@@ -81,7 +105,7 @@ void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs
   KEEL_CUDA_CHECK(cudaEventRecordWithFlags(m.inputs_copied, s, cudaEventRecordExternal));
 }
 
-void CudaGraph::EndCapture() {
+void DeviceCudaGraph::EndCapture() {
   Impl& m = *impl_;
   KEEL_ENFORCE(m.capturing, "CudaGraph::EndCapture without BeginCapture");
   CudaContext::Get(place_.device);
@@ -108,7 +132,7 @@ void CudaGraph::EndCapture() {
   KEEL_CUDA_CHECK(cudaGraphUpload(m.exec, m.ctx->stream()));
 }
 
-void CudaGraph::AbortCapture() noexcept {
+void DeviceCudaGraph::AbortCapture() noexcept {
   Impl& m = *impl_;
   if (!m.capturing) return;
   m.capturing = false;
@@ -120,24 +144,31 @@ void CudaGraph::AbortCapture() noexcept {
   cudaGetLastError();  // the capture's error is not the next call's
 }
 
-bool CudaGraph::capturing() const { return impl_->capturing; }
-bool CudaGraph::ready() const { return impl_->exec != nullptr; }
+bool DeviceCudaGraph::capturing() const { return impl_->capturing; }
+bool DeviceCudaGraph::ready() const { return impl_->exec != nullptr; }
 
-void* CudaGraph::Input(size_t i) {
+void* DeviceCudaGraph::Input(size_t i) {
   CHECK_LT(i, impl_->inputs.size());
   return impl_->inputs[i];
 }
 
-void CudaGraph::WaitInputs() {
+void DeviceCudaGraph::WaitInputs() {
   if (launches_ == 0) return;
   KEEL_CUDA_CHECK(cudaEventSynchronize(impl_->inputs_copied));
 }
 
-void CudaGraph::Launch() {
+void DeviceCudaGraph::Launch() {
   KEEL_ENFORCE(ready(), "CudaGraph::Launch before a capture");
   CudaContext::Get(place_.device);
   KEEL_CUDA_CHECK(cudaGraphLaunch(impl_->exec, impl_->ctx->stream()));
   ++launches_;
 }
 
+}  // namespace
+
+std::unique_ptr<CudaGraph> NewCudaGraph(const Place& place) {
+  return std::make_unique<DeviceCudaGraph>(place);
+}
+
+}  // namespace cuda
 }  // namespace keel

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -22,36 +23,29 @@ namespace keel {
 
 class CudaGraph {
  public:
-  explicit CudaGraph(const Place& place);
+  // A graph on CUDA place `place` (through the CUDA backend, framework/runtime/cuda_backend.h).
+  static std::unique_ptr<CudaGraph> Create(const Place& place);
   // Waits for the last replay, then gives the held memory and pinned buffers back.
-  ~CudaGraph();
-  CudaGraph(const CudaGraph&) = delete;
-  CudaGraph& operator=(const CudaGraph&) = delete;
+  virtual ~CudaGraph() = default;
 
   // Begins capturing the compute stream (relaxed mode: the rings' threads enqueue on streams
   // that join the capture through events). The graph starts with one copy per input: `bytes`
   // from a pinned buffer (Input(i)) to device memory `dst`.
-  void BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs);
+  virtual void BeginCapture(const std::vector<std::pair<void*, size_t>>& inputs) = 0;
   // Ends the capture and instantiates the graph; a keel::Error says what CUDA refused.
-  void EndCapture();
+  virtual void EndCapture() = 0;
   // After an error during the capture: ends it and drops what was recorded.
-  void AbortCapture() noexcept;
-  bool capturing() const;
-  bool ready() const;  // captured and instantiated
+  virtual void AbortCapture() noexcept = 0;
+  virtual bool capturing() const = 0;
+  virtual bool ready() const = 0;  // captured and instantiated
 
   // The pinned buffer input `i` is copied from. Rewrite it only after WaitInputs.
-  void* Input(size_t i);
+  virtual void* Input(size_t i) = 0;
   // Waits until the last replay has copied its inputs.
-  void WaitInputs();
+  virtual void WaitInputs() = 0;
   // Replays the graph on the compute stream (does not wait for it).
-  void Launch();
-  int64_t launches() const { return launches_; }
-
- private:
-  struct Impl;
-  Place place_;
-  std::unique_ptr<Impl> impl_;
-  int64_t launches_ = 0;
+  virtual void Launch() = 0;
+  virtual int64_t launches() const = 0;
 };
 
 }  // namespace keel

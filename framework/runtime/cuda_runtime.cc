@@ -1,20 +1,44 @@
-// Tensor memory on CUDA places: allocations come from the device's caching allocator, copies run
-// on its compute stream. Compiled only when KEEL_WITH_CUDA.
+// libkeel_cuda's CudaBackend (framework/runtime/cuda_backend.h), registered as the library is
+// opened. Tensor memory on CUDA places comes from the device's caching allocator; copies run on
+// its compute stream.
 #include <cuda_runtime.h>
 #include <gflags/gflags.h>
 
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "framework/error.h"
 #include "framework/runtime/allocator.h"
+#include "framework/runtime/cuda_backend.h"
 #include "framework/runtime/cuda_context.h"
 #include "framework/runtime/device.h"
 
 DECLARE_bool(init_allocated_mem);
 
 namespace keel {
+namespace cuda {
 
-int CudaDeviceCount() {
+// cuda_context.cc and cuda_graph.cc.
+void DeviceSynchronize(const Place& place);
+AllocatorStats DeviceAllocatorStats(const Place& place);
+void DeviceResetPeakStats(const Place& place);
+void DeviceEmptyCache(const Place& place);
+int64_t DeviceMallocCount();
+std::string DeviceUuid(const Place& place);
+void* DeviceEventCreate(const Place& place);
+void DeviceEventDestroy(const Place& place, void* event);
+void DeviceEventRecord(const Place& place, void* event, void* stream);
+void DeviceStreamWaitEvent(const Place& place, void* stream, void* event);
+bool DeviceEventDone(const Place& place, void* event);
+void DeviceCopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                    void* stream);
+void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size);
+std::unique_ptr<CudaGraph> NewCudaGraph(const Place& place);
+
+namespace {
+
+int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky "no device" error
@@ -22,8 +46,6 @@ int CudaDeviceCount() {
   }
   return n;
 }
-
-bool CudaAvailable() { return CudaDeviceCount() > 0; }
 
 void* CudaMalloc(int device, size_t size) {
   CudaContext& c = CudaContext::Get(device);
@@ -42,7 +64,7 @@ void CudaFree(int device, void* p) { CudaContext::Get(device).allocator().Free(p
 void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
                  size_t size) {
   if (dst_place.is_cuda() && src_place.is_cpu()) {
-    CopyHostToDeviceAsync(dst_place, dst, src, size);
+    cuda::CopyHostToDeviceAsync(dst_place, dst, src, size);
     return;
   }
   if (dst_place.is_cpu() && src_place.is_cuda()) {
@@ -66,4 +88,48 @@ void CudaMemCopy(const Place& dst_place, void* dst, const Place& src_place, cons
       cudaMemcpyPeerAsync(dst, dst_place.device, src, src_place.device, size, d.stream()));
 }
 
+class Backend final : public CudaBackend {
+ public:
+  int DeviceCount() override { return cuda::DeviceCount(); }
+  void* Malloc(int device, size_t size) override { return cuda::CudaMalloc(device, size); }
+  void Free(int device, void* p) override { cuda::CudaFree(device, p); }
+  void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
+               size_t size) override {
+    cuda::CudaMemCopy(dst_place, dst, src_place, src, size);
+  }
+  void Synchronize(const Place& place) override { cuda::DeviceSynchronize(place); }
+  AllocatorStats Stats(const Place& place) override { return cuda::DeviceAllocatorStats(place); }
+  void ResetPeakStats(const Place& place) override { cuda::DeviceResetPeakStats(place); }
+  void EmptyCache(const Place& place) override { cuda::DeviceEmptyCache(place); }
+  int64_t MallocCount() override { return cuda::DeviceMallocCount(); }
+  void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src,
+                             size_t size) override {
+    cuda::CopyHostToDeviceAsync(dst_place, dst, src, size);
+  }
+  std::string Uuid(const Place& place) override { return cuda::DeviceUuid(place); }
+  void* EventCreate(const Place& place) override { return cuda::DeviceEventCreate(place); }
+  void EventDestroy(const Place& place, void* event) override { cuda::DeviceEventDestroy(place, event); }
+  void EventRecord(const Place& place, void* event, void* stream) override {
+    cuda::DeviceEventRecord(place, event, stream);
+  }
+  void StreamWaitEvent(const Place& place, void* stream, void* event) override {
+    cuda::DeviceStreamWaitEvent(place, stream, event);
+  }
+  bool EventDone(const Place& place, void* event) override { return cuda::DeviceEventDone(place, event); }
+  void CopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                void* stream) override {
+    cuda::DeviceCopyOnStreamAfterCompute(place, dst, src, size, stream);
+  }
+  std::unique_ptr<CudaGraph> NewGraph(const Place& place) override { return cuda::NewCudaGraph(place); }
+};
+
+// Registered as libkeel_cuda is opened (or, in a program linked with it, at start).
+const bool g_registered = [] {
+  static Backend backend;
+  RegisterCudaBackend(&backend);
+  return true;
+}();
+
+}  // namespace
+}  // namespace cuda
 }  // namespace keel

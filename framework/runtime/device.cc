@@ -1,10 +1,11 @@
-// GPU flags (defined in every build, so a CPU build accepts the seed's FLAGS_ environment), and
-// device.h for builds without CUDA.
+// GPU flags (defined in libkeel, so a machine without CUDA accepts the seed's FLAGS_
+// environment), and device.h, which hands CUDA places to the CUDA backend.
 #include "framework/runtime/device.h"
 
 #include <gflags/gflags.h>
 
 #include "framework/error.h"
+#include "framework/runtime/cuda_backend.h"
 #include "framework/runtime/cuda_graph.h"
 
 DEFINE_double(fraction_of_gpu_memory_to_use, 0.0,
@@ -25,53 +26,49 @@ DEFINE_int64(conv_workspace_size_limit, 512,
 
 namespace keel {
 
-#ifndef KEEL_WITH_CUDA
-namespace {
-[[noreturn]] void NoCuda(const Place& place) {
-  KEEL_THROW(place.str(), ": this keel was built without CUDA");
-}
-}  // namespace
+// CUDA places go to the CUDA backend (libkeel_cuda, opened on first use); the CPU needs nothing.
 
 void DeviceSynchronize(const Place& place) {
-  if (place.is_cuda()) NoCuda(place);
+  if (place.is_cuda()) CudaBackendFor(place).Synchronize(place);
 }
 AllocatorStats DeviceAllocatorStats(const Place& place) {
-  if (place.is_cuda()) NoCuda(place);
-  return {};
+  return place.is_cuda() ? CudaBackendFor(place).Stats(place) : AllocatorStats{};
 }
 void DeviceResetPeakStats(const Place& place) {
-  if (place.is_cuda()) NoCuda(place);
+  if (place.is_cuda()) CudaBackendFor(place).ResetPeakStats(place);
 }
 void DeviceEmptyCache(const Place& place) {
-  if (place.is_cuda()) NoCuda(place);
+  if (place.is_cuda()) CudaBackendFor(place).EmptyCache(place);
 }
-int64_t DeviceMallocCount() { return 0; }
-void CopyHostToDeviceAsync(const Place& dst_place, void*, const void*, size_t) {
-  NoCuda(dst_place);
+int64_t DeviceMallocCount() {
+  CudaBackend* b = GetCudaBackend();
+  return b ? b->MallocCount() : 0;
 }
-std::string DeviceUuid(const Place& place) { NoCuda(place); }
-void* DeviceEventCreate(const Place& place) { NoCuda(place); }
-void DeviceEventDestroy(const Place&, void*) {}
-void DeviceEventRecord(const Place& place, void*, void*) { NoCuda(place); }
-void DeviceStreamWaitEvent(const Place& place, void*, void*) { NoCuda(place); }
-bool DeviceEventDone(const Place& place, void*) { NoCuda(place); }
-void DeviceCopyOnStreamAfterCompute(const Place& place, void*, const void*, size_t, void*) {
-  NoCuda(place);
+void CopyHostToDeviceAsync(const Place& dst_place, void* dst, const void* src, size_t size) {
+  CudaBackendFor(dst_place).CopyHostToDeviceAsync(dst_place, dst, src, size);
+}
+std::string DeviceUuid(const Place& place) { return CudaBackendFor(place).Uuid(place); }
+void* DeviceEventCreate(const Place& place) { return CudaBackendFor(place).EventCreate(place); }
+void DeviceEventDestroy(const Place& place, void* event) {
+  if (event != nullptr) CudaBackendFor(place).EventDestroy(place, event);
+}
+void DeviceEventRecord(const Place& place, void* event, void* stream) {
+  CudaBackendFor(place).EventRecord(place, event, stream);
+}
+void DeviceStreamWaitEvent(const Place& place, void* stream, void* event) {
+  CudaBackendFor(place).StreamWaitEvent(place, stream, event);
+}
+bool DeviceEventDone(const Place& place, void* event) {
+  return CudaBackendFor(place).EventDone(place, event);
+}
+void DeviceCopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                    void* stream) {
+  CudaBackendFor(place).CopyOnStreamAfterCompute(place, dst, src, size, stream);
 }
 
-struct CudaGraph::Impl {};
-CudaGraph::CudaGraph(const Place& place) : place_(place) {
-  NoCuda(place.is_cuda() ? place : CUDAPlace(0));
+std::unique_ptr<CudaGraph> CudaGraph::Create(const Place& place) {
+  KEEL_ENFORCE(place.is_cuda(), "a CUDA graph needs a CUDA place, not ", place.str());
+  return CudaBackendFor(place).NewGraph(place);
 }
-CudaGraph::~CudaGraph() = default;
-void CudaGraph::BeginCapture(const std::vector<std::pair<void*, size_t>>&) { NoCuda(place_); }
-void CudaGraph::EndCapture() { NoCuda(place_); }
-void CudaGraph::AbortCapture() noexcept {}
-bool CudaGraph::capturing() const { return false; }
-bool CudaGraph::ready() const { return false; }
-void* CudaGraph::Input(size_t) { NoCuda(place_); }
-void CudaGraph::WaitInputs() { NoCuda(place_); }
-void CudaGraph::Launch() { NoCuda(place_); }
-#endif
 
 }  // namespace keel

@@ -24,7 +24,8 @@ inline Place CPUPlace() { return Place{Place::Kind::kCPU, 0}; }
 inline Place CUDAPlace(int device) { return Place{Place::Kind::kCUDA, device}; }
 inline std::ostream& operator<<(std::ostream& os, const Place& p) { return os << p.str(); }
 
-// True when this build has CUDA and at least one device is visible.
+// True when keel's CUDA backend opens (framework/runtime/cuda_backend.h) and at least one device
+// is visible; CudaDeviceCount is 0 without the backend.
 bool CudaAvailable();
 int CudaDeviceCount();
 
