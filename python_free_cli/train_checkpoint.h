@@ -11,7 +11,7 @@
 #include <string>
 
 #include "executor/executor.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "models/model_zoo.h"
 
 namespace keel {

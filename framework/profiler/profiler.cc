@@ -17,7 +17,7 @@
 
 #include "framework/comm/store.h"
 #include "framework/error.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
 
 DEFINE_string(profile, "",
               "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "

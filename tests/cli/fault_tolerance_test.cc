@@ -22,7 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "tests/util/files.h"
 #include "tests/util/process.h"
 #include "tests/util/subprocess.h"
 
@@ -30,8 +31,6 @@ namespace keel::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Keel() { return BinPath("keel"); }
 
 // "step N loss X" lines of a training log, by step.
 std::map<int, std::string> LossLines(const std::string& text) {

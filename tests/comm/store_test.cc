@@ -383,12 +383,5 @@ TEST(Store, MultiRankJobsNeedATokenOnlyTheJobKnows) {
   EXPECT_EQ(JobTokenFromEnvironment(4), "s3cret");
 }
 
-TEST(Store, EndpointParsing) {
-  EXPECT_EQ(ParseEndpoint("10.0.0.1:6170", "x").second, 6170);
-  EXPECT_THROW(ParseEndpoint("10.0.0.1", "PADDLE_CURRENT_ENDPOINT"), Error);
-  EXPECT_THROW(ParseEndpoint("h:99999", "x"), Error);
-  EXPECT_THROW(ParseEndpoint("h:12a", "x"), Error);
-}
-
 }  // namespace
 }  // namespace keel

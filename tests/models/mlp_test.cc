@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "framework/dsl/layers.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "models/model_zoo.h"
 #include "tests/util/subprocess.h"
 

@@ -13,7 +13,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 
 namespace keel::testing {
 
@@ -43,6 +44,8 @@ std::string BinPath(const std::string& name) {
   return "build/bin/" + name;
 #endif
 }
+
+std::string Keel() { return BinPath("keel"); }
 
 std::string MakeTempDir() {
   char tmpl[] = "/tmp/keel_test_XXXXXX";

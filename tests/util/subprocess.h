@@ -16,6 +16,8 @@ struct CommandResult {
 CommandResult RunCommand(const std::string& cmd);
 // build/bin/<name> for a binary this build made.
 std::string BinPath(const std::string& name);
+// The keel binary of this build (build/bin/keel).
+std::string Keel();
 // A fresh empty directory under /tmp, removed by the caller.
 std::string MakeTempDir();
 // A TCP port on 127.0.0.1 that was free a moment ago.
