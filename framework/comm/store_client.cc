@@ -1,5 +1,7 @@
 // The rendezvous store's client (a connection that retries until the server answers its hello,
 // then one request at a time), and the job identity a rank says hello with (store.h).
+#include "framework/comm/store.h"
+
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "framework/comm/store.h"
 #include "framework/comm/store_wire.h"
 #include "framework/error.h"
 

@@ -1,5 +1,7 @@
 // The rendezvous store's server: the acceptor thread that reads hellos and sheds strangers, and a
 // thread per accepted client that serves its requests (store.h).
+#include "framework/comm/store.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <glog/logging.h>
@@ -16,7 +18,6 @@
 #include <deque>
 
 #include "framework/base/strings.h"
-#include "framework/comm/store.h"
 #include "framework/comm/store_wire.h"
 #include "framework/error.h"
 

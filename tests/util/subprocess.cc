@@ -65,6 +65,18 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+int ConnectLocal(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+  ::close(fd);
+  return -1;
+}
+
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }

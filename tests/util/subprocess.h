@@ -22,6 +22,9 @@ std::string Keel();
 std::string MakeTempDir();
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
+// A TCP connection to 127.0.0.1:`port` (its fd), or -1 when it cannot be made (safe in a forked
+// child: sockets only).
+int ConnectLocal(int port);
 // Whether `s` contains `part` (for checks on a command's output or a log).
 bool Contains(const std::string& s, const std::string& part);
 // name -> bytes of every tensor in DIR/persistables.safetensors: checkpoints compared bit for bit.
