@@ -65,8 +65,10 @@ void FillCheckpointScope(Scope* scope, float base) {
   std::vector<float> w(12);
   for (int i = 0; i < 12; ++i) w[i] = base + i * 0.1f;
   *scope->Var("w")->mutable_tensor() = MakeTensor(DType::kFloat32, {3, 4}, w);
-  *scope->Var("b")->mutable_tensor() = MakeTensor<double>(DType::kFloat64, {4}, {base, -0.0, 1e300, 3});
-  *scope->Var("step")->mutable_tensor() = MakeTensor<int64_t>(DType::kInt64, {1}, {int64_t(base) + 7});
+  *scope->Var("b")->mutable_tensor() =
+      MakeTensor<double>(DType::kFloat64, {4}, {base, -0.0, 1e300, 3});
+  *scope->Var("step")->mutable_tensor() =
+      MakeTensor<int64_t>(DType::kInt64, {1}, {int64_t(base) + 7});
 }
 
 TEST_F(IoTest, ProgramRoundTrip) {
@@ -118,7 +120,8 @@ TEST_F(IoTest, PersistablesRoundTripBitExactly) {
   // Executor overloads go through exe.scope().
   Executor exe;
   load_persistables(exe, dir, *p);
-  EXPECT_EQ(TensorBytes(exe.scope().FindVar("w")->tensor()), TensorBytes(scope.FindVar("w")->tensor()));
+  EXPECT_EQ(TensorBytes(exe.scope().FindVar("w")->tensor()),
+            TensorBytes(scope.FindVar("w")->tensor()));
   save_persistables(exe, Path("ckpt2"), *p);
   EXPECT_EQ(ReadFile(Path("ckpt2/") + kPersistablesFile), ReadFile(dir + "/" + kPersistablesFile));
 }
@@ -370,7 +373,8 @@ TEST_F(IoTest, InferenceModelsRunBatchNormAndDropoutInTestMode) {
     SCOPED_TRACE(row);
     Tensor one(DType::kFloat32, {1, 6});
     std::memcpy(one.data<float>(), eval.at("x").data<float>() + row * 6, 6 * sizeof(float));
-    const std::vector<double> alone = testing::ToDouble(exe2.Run(*m.program, {{"x", one}}, m.targets)[0]);
+    const std::vector<double> alone =
+        testing::ToDouble(exe2.Run(*m.program, {{"x", one}}, m.targets)[0]);
     ASSERT_EQ(alone.size(), 3u);
     for (int k = 0; k < 3; ++k) EXPECT_NEAR(alone[k], want[row * 3 + k], 1e-6);
   }

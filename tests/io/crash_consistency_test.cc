@@ -174,7 +174,8 @@ TEST_F(CrashTest, ASaveKilledWhileKeepingThePreviousLeavesNothingForGood) {
   ASSERT_EQ(DirEntries(dir).size(), 2u) << "no temp name was left to clean up";
   EXPECT_EQ(ReadTrainingState(dir)->step, 5);
   save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
-  EXPECT_EQ(DirEntries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  EXPECT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
   EXPECT_EQ(ReadTrainingState(dir)->step, 10);
 }
 
@@ -193,7 +194,8 @@ TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
       for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] += 1.f;
     }
   save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
-  ASSERT_EQ(DirEntries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  ASSERT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
   EXPECT_EQ(ReadTrainingState(dir)->step, 10);
 
   const std::string latest = dir + "/" + kPersistablesFile;

@@ -78,8 +78,8 @@ NamedTensors InteropTensors(bool with_bf16) {
   for (int i = 0; i < 20; ++i) big[i] = static_cast<float>(i);
   ts.emplace_back("view", MakeTensor(DType::kFloat32, {20}, big).View({2, 3}, 5));
   if (with_bf16)
-    ts.emplace_back("bf16",
-                    MakeTensor<uint16_t>(DType::kBFloat16, {2, 2}, {0x3F80, 0xC000, 0x7F80, 0x0001}));
+    ts.emplace_back(
+        "bf16", MakeTensor<uint16_t>(DType::kBFloat16, {2, 2}, {0x3F80, 0xC000, 0x7F80, 0x0001}));
   return ts;
 }
 
@@ -280,9 +280,10 @@ TEST_F(IoTest, EveryTruncationOfAFileIsAnErrorNamingIt) {
 
 TEST_F(IoTest, CorruptedBytesNeverCrash) {
   // Every header byte set to a handful of values: decoding succeeds or throws keel::Error.
-  std::string bytes = EncodeSafetensors({{"w", MakeTensor<int32_t>(DType::kInt32, {2, 2}, {1, 2, 3, 4})},
-                                         {"z", MakeTensor<uint8_t>(DType::kBool, {2}, {0, 1})}},
-                                        {{"m", "x"}});
+  std::string bytes =
+      EncodeSafetensors({{"w", MakeTensor<int32_t>(DType::kInt32, {2, 2}, {1, 2, 3, 4})},
+                         {"z", MakeTensor<uint8_t>(DType::kBool, {2}, {0, 1})}},
+                        {{"m", "x"}});
   int errors = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     for (unsigned char v : {0x00, 0x01, 0x22, 0x2c, 0x30, 0x39, 0x5b, 0x5d, 0x7b, 0x7d, 0xff}) {
