@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "executor/executor.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 
 namespace keel {
 

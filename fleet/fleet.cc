@@ -14,10 +14,11 @@
 #include <set>
 #include <sstream>
 
+#include "framework/base/endpoint.h"
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
 #include "transpiler/local_sgd_pass.h"
@@ -258,7 +259,7 @@ void init(const RoleMaker& role_maker) {
   cfg.store_host = r.master_addr;
   cfg.store_port = r.master_port;
   if (!r.current_endpoint.empty()) {
-    cfg.my_host = ParseEndpoint(r.current_endpoint, "PADDLE_CURRENT_ENDPOINT").first;
+    cfg.my_host = ParseEndpoint("PADDLE_CURRENT_ENDPOINT", r.current_endpoint).host;
   } else {
     cfg.my_host = LocalAddressTowards(r.master_addr, r.master_port);
   }

@@ -3,12 +3,13 @@
 #include <gflags/gflags.h>
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <set>
 #include <utility>
 
+#include "framework/base/endpoint.h"
+#include "framework/base/strings.h"
 #include "framework/error.h"
 
 extern char** environ;
@@ -73,12 +74,6 @@ std::string Present(const Env& env, const std::vector<std::string>& names) {
   return out.empty() ? "none" : out;
 }
 
-std::string Join(const std::vector<std::string>& v, const char* sep = ", ") {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
-
 // Throws unless every name in `required` is set, naming the missing and the present variables.
 // `why` follows the missing names; `fix` ends the message (default: all or none).
 void RequireAll(const Env& env, const std::string& source, const std::vector<std::string>& all,
@@ -88,9 +83,9 @@ void RequireAll(const Env& env, const std::string& source, const std::vector<std
   for (const auto& n : required)
     if (!env.count(n)) missing.push_back(n);
   if (missing.empty()) return;
-  KEEL_THROW("incomplete ", source, " environment: missing ", Join(missing), why,
+  KEEL_THROW("incomplete ", source, " environment: missing ", StrJoin(missing, ", "), why,
              "; present: ", Present(env, all), ". ",
-             fix.empty() ? StrCat("Set all of ", Join(required),
+             fix.empty() ? StrCat("Set all of ", StrJoin(required, ", "),
                                   " or none of them (keel does not guess the rest).")
                          : fix);
 }
@@ -113,56 +108,12 @@ int ParseVar(const Env& env, const std::string& name, int min) {
   return ParseInt(name, env.at(name), min);
 }
 
-void CheckHost(const std::string& what, const std::string& host) {
-  bool ok = !host.empty();
-  for (char c : host)
-    ok = ok && !std::isspace(static_cast<unsigned char>(c)) && c != ',' && c != '/';
-  // An IPv6 address is written in brackets so that the last ':' separates the port.
-  bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
-  ok = ok && (bracketed || host.find_first_of("[]:") == std::string::npos);
-  KEEL_ENFORCE(ok, what, ": '", host, "' is not a host name or address");
-}
-
-int ParsePort(const std::string& what, const std::string& value) {
-  int port = 0;
-  auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), port);
-  KEEL_ENFORCE(!value.empty() && ec == std::errc() && p == value.data() + value.size() &&
-                   value[0] != '-' && port >= 1 && port <= 65535,
-               what, ": port '", value, "' is not in 1..65535");
-  return port;
-}
-
-struct HostPort {
-  std::string host;
-  int port = 0;
-};
-
-HostPort ParseEndpoint(const std::string& what, const std::string& ep) {
-  size_t colon = ep.rfind(':');
-  KEEL_ENFORCE(colon != std::string::npos, what, "='", ep, "' is not host:port");
-  HostPort hp{ep.substr(0, colon), 0};
-  CheckHost(StrCat(what, "='", ep, "'"), hp.host);
-  hp.port = ParsePort(StrCat(what, "='", ep, "'"), ep.substr(colon + 1));
-  return hp;
-}
-
-std::vector<std::string> SplitComma(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t comma = s.find(',', start);
-    out.push_back(s.substr(start, comma - start));
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
-}
-
 // FLAGS_selected_gpus: "0,1" -> {0, 1}; "" -> {}. One GPU per rank, so no duplicates.
 std::vector<int> ParseSelectedGpus(const Env& env) {
   const std::string* v = Find(env, "FLAGS_selected_gpus");
   if (!v || v->empty()) return {};
   std::vector<int> gpus;
-  for (const auto& item : SplitComma(*v)) {
+  for (const auto& item : StrSplit(*v, ',')) {
     int id = ParseInt(StrCat("FLAGS_selected_gpus='", *v, "': entry"), item, 0);
     KEEL_ENFORCE(std::find(gpus.begin(), gpus.end(), id) == gpus.end(), "FLAGS_selected_gpus='", *v,
                  "' lists GPU ", id, " twice; NCCL allows one GPU per rank");
@@ -176,7 +127,7 @@ std::vector<int> ParseSelectedGpus(const Env& env) {
 // `name` labels the list in errors (an env variable, or "endpoints").
 void ApplyEndpoints(const std::string& name, const std::vector<std::string>& endpoints,
                     Role* role) {
-  const std::string list = Join(endpoints, ",");
+  const std::string list = StrJoin(endpoints, ",");
   KEEL_ENFORCE(static_cast<int>(endpoints.size()) == role->world_size, name, "='", list, "' has ",
                endpoints.size(), " endpoints but the world size is ", role->world_size,
                "; give one host:port per rank");
@@ -232,7 +183,7 @@ void ReadMaster(const Env& env, const std::string& source, const std::vector<std
 int SlurmTasksPerNode(const Env& env) {
   int per_node = 0;
   if (const std::string* v = Find(env, "SLURM_TASKS_PER_NODE")) {
-    for (const auto& item : SplitComma(*v)) {
+    for (const auto& item : StrSplit(*v, ',')) {
       size_t paren = item.find('(');
       std::string count = item.substr(0, paren);
       if (paren != std::string::npos) {
@@ -349,7 +300,7 @@ Role FromPaddle(const Env& env) {
   if (!env.count("PADDLE_TRAINERS_NUM") && env.count("PADDLE_TRAINER_ENDPOINTS")) {
     // Paddle derives the world size from the endpoint list when PADDLE_TRAINERS_NUM is absent.
     RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID"});
-    role.world_size = static_cast<int>(SplitComma(env.at("PADDLE_TRAINER_ENDPOINTS")).size());
+    role.world_size = static_cast<int>(StrSplit(env.at("PADDLE_TRAINER_ENDPOINTS"), ',').size());
   } else {
     RequireAll(env, "paddle", kPaddleVars, {"PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"});
     role.world_size = ParseVar(env, "PADDLE_TRAINERS_NUM", 1);
@@ -364,7 +315,7 @@ Role FromPaddle(const Env& env) {
   const std::string* current = Find(env, "PADDLE_CURRENT_ENDPOINT");
   if (current) ParseEndpoint("PADDLE_CURRENT_ENDPOINT", *current);
   if (const std::string* list = Find(env, "PADDLE_TRAINER_ENDPOINTS")) {
-    ApplyEndpoints("PADDLE_TRAINER_ENDPOINTS", SplitComma(*list), &role);
+    ApplyEndpoints("PADDLE_TRAINER_ENDPOINTS", StrSplit(*list, ','), &role);
     KEEL_ENFORCE(!current || *current == role.current_endpoint,
                  "contradictory environment: PADDLE_CURRENT_ENDPOINT=", current ? *current : "",
                  " but PADDLE_TRAINER_ENDPOINTS[", role.rank, "]=", role.current_endpoint,
@@ -418,7 +369,7 @@ void CheckRole(const Role& r, const std::string& what) {
     KEEL_ENFORCE(r.current_endpoint == derived.current_endpoint &&
                      r.master_addr == derived.master_addr && r.master_port == derived.master_port &&
                      r.local_world_size == derived.local_world_size,
-                 what, ": endpoints='", Join(r.endpoints, ","),
+                 what, ": endpoints='", StrJoin(r.endpoints, ","),
                  "' give current_endpoint=", derived.current_endpoint, ", master ",
                  derived.store_endpoint(), ", local_world_size=", derived.local_world_size,
                  " but the role says ", r.current_endpoint.empty() ? "(none)" : r.current_endpoint,
@@ -436,8 +387,7 @@ void CheckRole(const Role& r, const std::string& what) {
 std::string Role::store_endpoint() const { return StrCat(master_addr, ":", master_port); }
 
 std::string Role::ToString() const {
-  std::string gpus;
-  for (int g : selected_gpus) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
+  const std::string gpus = StrJoin(selected_gpus, ",");
   return StrCat("rank ", rank, "/", world_size, " local ", local_rank, "/", local_world_size,
                 " node ", node_rank(), "/", num_nodes(), " source=", source,
                 " store=", store_endpoint(),

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "framework/base/strings.h"
 #include "framework/error.h"
 #include "framework/profiler/profiler.h"
 #include "framework/runtime/cpu_threads.h"
@@ -112,15 +113,11 @@ void Init(int* argc, char*** argv) {
   // keel launch passes the flags given to it as FLAGS_ variables and names them here: a program
   // that does not define one would ignore it, so it refuses to start.
   if (const char* names = std::getenv("KEEL_LAUNCH_FLAGS")) {
-    std::string list = names;
-    for (size_t start = 0; start <= list.size();) {
-      size_t comma = std::min(list.find(',', start), list.size());
-      std::string name = list.substr(start, comma - start);
+    for (const std::string& name : StrSplit(names, ',')) {
       gflags::CommandLineFlagInfo info;
       KEEL_ENFORCE(name.empty() || gflags::GetCommandLineFlagInfo(name.c_str(), &info),
                    "keel launch was given --", name, " for its workers, but ", (*argv)[0],
                    " defines no flag --", name, "; pass it only to programs that read it");
-      start = comma + 1;
     }
   }
   profiler::StartFromFlagsUntilExit();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "framework/base/strings.h"
 #include "framework/data/data_loader.h"
 #include "framework/data/mnist_dataset.h"
 #include "models/lenet/lenet_model.h"
@@ -271,9 +272,7 @@ TrainableModel BuildModel(const ModelConfig& cfg) {
   if (cfg.name == "lenet") return BuildLenet(cfg);
   if (cfg.name == "resnet") return BuildResnet(cfg);
   if (cfg.name == "transformer") return BuildTransformer(cfg);
-  std::string known;
-  for (auto& n : ModelNames()) known += (known.empty() ? "" : ", ") + n;
-  KEEL_THROW("unknown model '", cfg.name, "' (known: ", known, ")");
+  KEEL_THROW("unknown model '", cfg.name, "' (known: ", StrJoin(ModelNames(), ", "), ")");
 }
 
 }  // namespace models

@@ -11,6 +11,7 @@
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "framework/base/strings.h"
 #include "framework/comm/communicator.h"
 #include "framework/profiler/profiler.h"
 #include "framework/dsl/program_guard.h"
@@ -169,11 +170,8 @@ int BenchGemm() {
 int Bench(const std::vector<std::string>& args) {
   if (args.size() == 1 && args[0] == "allreduce") return BenchAllReduce();
   if (args.size() == 1 && args[0] == "gemm") return BenchGemm();
-  KEEL_ENFORCE(args.size() == 1, "bench takes one model name (", [] {
-    std::string s;
-    for (auto& n : models::ModelNames()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }(), "), got ", args.size(), " arguments");
+  KEEL_ENFORCE(args.size() == 1, "bench takes one model name (",
+               StrJoin(models::ModelNames(), ", "), "), got ", args.size(), " arguments");
   KEEL_ENFORCE(FLAGS_bench_steps > 0, "--bench_steps must be positive");
   models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr),
                                                    FLAGS_seed ? FLAGS_seed : 1);

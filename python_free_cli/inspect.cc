@@ -15,7 +15,8 @@
 
 #include "fleet/fleet.h"
 #include "framework/error.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 #include "python_free_cli/commands.h"
 #include "python_free_cli/model_summary.h"
 #include "python_free_cli/text_diff.h"

@@ -1,4 +1,9 @@
 // keel: train | inspect | bench | launch | flags. `keel help` lists them.
+//
+// python_free_cli/ holds the `keel` binary, one file (or a few) per subcommand: train*.cc,
+// inspect.cc (with model_summary, text_diff), bench.cc, launch*.cc (the plan, the supervisor, the
+// sentinel) with process_util.cc, help.cc, and this entry point. The folder keeps the name the
+// design card gave it ("no Python needed to train"); there is no Python in keel.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 

@@ -11,7 +11,7 @@
 #include "fleet/fleet.h"
 #include "fleet/straggler_monitor.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"

@@ -9,6 +9,7 @@
 #include "fleet/fleet.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
+#include "framework/io/atomic_file.h"
 #include "transpiler/local_sgd_pass.h"
 
 DECLARE_string(save_dir);

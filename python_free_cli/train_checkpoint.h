@@ -12,7 +12,7 @@
 
 #include "executor/executor.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "models/model_zoo.h"
 
 namespace keel {

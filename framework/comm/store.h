@@ -1,5 +1,6 @@
 // The rendezvous store: a small TCP key-value store that rank 0 serves and every rank uses to
-// exchange addresses, NCCL ids and program fingerprints.
+// exchange addresses, NCCL ids and program fingerprints. The code: store_wire.{h,cc} (the wire
+// format below), store_server.cc and store_client.cc.
 //
 // Wire format: every message is a frame, a little-endian u32 length then that many bytes. A
 // connection opens with a hello frame of at most kMaxHelloBytes, "KEEL-STORE/2\n<token>\n
@@ -151,9 +152,6 @@ class StoreClient {
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
 };
-
-// "host:port" -> (host, port); a keel::Error naming `what` when malformed.
-std::pair<std::string, int> ParseEndpoint(const std::string& endpoint, const std::string& what);
 
 // The job token for a job of `world_size` ranks, from the environment: KEEL_JOB_TOKEN (keel launch
 // sets a random one), else one derived from OpenMPI's per-job random key

@@ -6,28 +6,17 @@
 #include <cstdlib>
 #include <set>
 
+#include "framework/base/strings.h"
 #include "framework/data/gzip.h"
 #include "framework/error.h"
 
 namespace keel {
 namespace {
 
-std::string Trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t");
-  return s.substr(b, e - b + 1);
-}
-
 std::vector<std::string> SplitFields(const std::string& line, char delimiter) {
-  std::vector<std::string> fields;
-  size_t start = 0;
-  for (;;) {
-    size_t at = line.find(delimiter, start);
-    fields.push_back(Trim(line.substr(start, at == std::string::npos ? at : at - start)));
-    if (at == std::string::npos) return fields;
-    start = at + 1;
-  }
+  std::vector<std::string> fields = StrSplit(line, delimiter);
+  for (std::string& f : fields) f = StrTrim(f);
+  return fields;
 }
 
 // A finite float spelled by the whole of `s`; false otherwise.
@@ -73,7 +62,7 @@ CsvDataset::CsvDataset(const std::string& path, const std::string& label_column,
     pos = nl + 1;
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (Trim(line).empty()) continue;
+    if (StrTrim(line).empty()) continue;
     std::vector<std::string> fields = SplitFields(line, options_.delimiter);
 
     if (header.empty()) {

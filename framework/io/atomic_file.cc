@@ -12,6 +12,8 @@
 // SIGXFSZ (a file size limit, `ulimit -f`) would kill the writer without a word: it is ignored
 // (unless the program installed a handler), so the write fails with EFBIG and a keel::Error that
 // names the file and the limit.
+#include "framework/io/atomic_file.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <glog/logging.h>
@@ -32,9 +34,9 @@
 #include <random>
 #include <string>
 
+#include "framework/base/fd_io.h"
 #include "framework/error.h"
 #include "framework/fault_point.h"
-#include "framework/io/io.h"
 
 namespace keel {
 namespace {
@@ -57,20 +59,6 @@ std::string RandomHex() {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(r));
   return hex;
-}
-
-// Writes all of [data, data+size) to fd, retrying short writes and EINTR. Returns 0 or an errno.
-int WriteAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return 0;
 }
 
 bool PidAlive(long pid) {
@@ -171,7 +159,7 @@ void WriteFileAtomic(const std::string& path, const std::string& bytes) {
                err == EFBIG ? FileSizeLimitText() : std::string(),
                err == ENOSPC ? StrCat(" (", bytes.size(), " bytes to write)") : std::string());
   };
-  if (int e = WriteAll(fd, bytes.data(), bytes.size())) fail("write", e);
+  if (!WriteAll(fd, bytes.data(), bytes.size())) fail("write", errno);
   FaultPoint("write_file_atomic");
   if (::fsync(fd) != 0) fail("fsync", errno);
   if (!named) {
@@ -221,7 +209,7 @@ void CheckCanWrite(const std::string& dir, uint64_t bytes, const std::string& wh
   FaultPoint("write_check");
   IgnoreSigxfsz();
   char block[4096] = {0};
-  int werr = WriteAll(fd, block, sizeof(block));
+  int werr = WriteAll(fd, block, sizeof(block)) ? 0 : errno;
   if (werr == 0 && ::fsync(fd) != 0) werr = errno;
   ::close(fd);
   ::unlink(probe.c_str());

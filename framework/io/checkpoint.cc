@@ -2,6 +2,8 @@
 //
 // Loading validates the whole file against the program before it touches the scope, so a bad file
 // leaves the scope exactly as it was.
+#include "framework/io/checkpoint.h"
+
 #include <glog/logging.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -15,9 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "framework/base/strings.h"
 #include "framework/error.h"
 #include "framework/fault_point.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
+#include "framework/io/prune.h"
+#include "framework/io/safetensors.h"
 #include "framework/op/validate_program.h"
 
 namespace keel {
@@ -58,27 +63,16 @@ void MakeDirs(const std::string& dir) {
   KEEL_ENFORCE(std::filesystem::is_directory(dir, ec), dir, ": exists and is not a directory");
 }
 
-std::string Join(const std::vector<std::string>& names, const char* what) {
-  std::string s;
-  for (const auto& n : names) {
+// Feed or target names as the params file records them: comma-separated ("" for none).
+std::string JoinNames(const std::vector<std::string>& names, const char* what) {
+  for (const auto& n : names)
     KEEL_ENFORCE(n.find(',') == std::string::npos, "save_inference_model: ", what, " name '", n,
                  "' contains ',', which the params file uses as separator");
-    if (!s.empty()) s += ",";
-    s += n;
-  }
-  return s;
+  return StrJoin(names, ",");
 }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  if (s.empty()) return out;
-  size_t begin = 0;
-  for (;;) {
-    size_t comma = s.find(',', begin);
-    out.push_back(s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
-    if (comma == std::string::npos) return out;
-    begin = comma + 1;
-  }
+std::vector<std::string> SplitNames(const std::string& s) {
+  return s.empty() ? std::vector<std::string>{} : StrSplit(s, ',');
 }
 
 std::vector<const VarDesc*> PersistableVars(const Program& program,
@@ -371,8 +365,8 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
                           const std::vector<std::string>& targets, const Scope& scope,
                           const Program& program) {
   std::map<std::string, std::string> metadata = kFormatMetadata;
-  metadata[kFeedsKey] = Join(feeds, "feed");
-  metadata[kTargetsKey] = Join(targets, "target");
+  metadata[kFeedsKey] = JoinNames(feeds, "feed");
+  metadata[kTargetsKey] = JoinNames(targets, "target");
   std::unique_ptr<Program> pruned;
   try {
     pruned = PruneForInference(program, feeds, targets);
@@ -446,8 +440,8 @@ InferenceModel load_inference_model(const std::string& dirname, Scope& scope,
   for (const std::string* key : {&kFeedsKey, &kTargetsKey})
     KEEL_ENFORCE(metadata.count(*key), params_path, ": no \"", *key,
                  "\" in __metadata__ (not written by save_inference_model?)");
-  model.feeds = Split(metadata[kFeedsKey]);
-  model.targets = Split(metadata[kTargetsKey]);
+  model.feeds = SplitNames(metadata[kFeedsKey]);
+  model.targets = SplitNames(metadata[kTargetsKey]);
   for (const auto* names : {&model.feeds, &model.targets})
     for (const auto& n : *names)
       KEEL_ENFORCE(model.program->global_block().HasVar(n), params_path, ": feed/target var '", n,

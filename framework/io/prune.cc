@@ -6,13 +6,14 @@
 // feeds and targets; every op with an `is_test` attribute, in every block, has it true (batch norm
 // normalizes with its moving statistics, dropout passes through), as Program::clone_for_test
 // sets it. Leaves alone: the input program, and which ops and vars other blocks hold.
+#include "framework/io/prune.h"
+
 #include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "framework/error.h"
-#include "framework/io/io.h"
 
 namespace keel {
 namespace {

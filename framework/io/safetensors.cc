@@ -12,6 +12,8 @@
 // --safetensors_allow_unverified asks to load it anyway: deleting a checksum does not disable
 // the check. Files of other writers have none and load without. Every failure is a keel::Error
 // starting with `what`.
+#include "framework/io/safetensors.h"
+
 #include <gflags/gflags.h>
 #include <zlib.h>
 
@@ -26,7 +28,7 @@
 #include <vector>
 
 #include "framework/error.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "keel's safetensors code copies tensor bytes as-is and needs a little-endian host"

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "framework/base/strings.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/host_fallback_kernel.h"
 #include "framework/runtime/cuda_backend.h"
@@ -23,17 +24,12 @@ Registry& Reg() {
   return *r;
 }
 
-std::string JoinNames(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
 std::string SlotsDebug(const OpDesc::VarMap& m) {
   std::string s;
   for (auto& kv : m) {
     if (!s.empty()) s += ", ";
-    s += kv.first + "=" + (kv.second.size() == 1 ? kv.second[0] : "[" + JoinNames(kv.second) + "]");
+    s += kv.first + "=" +
+         (kv.second.size() == 1 ? kv.second[0] : "[" + StrJoin(kv.second, ", ") + "]");
   }
   return s;
 }
@@ -287,8 +283,8 @@ std::vector<std::string> OpRegistry::OpTypes() {
 
 const OpSchema& OpRegistry::Get(const std::string& type) {
   const OpSchema* s = Find(type);
-  KEEL_ENFORCE(s != nullptr, "unknown op type '", type, "' (known types: ", JoinNames(OpTypes()),
-               ")");
+  KEEL_ENFORCE(s != nullptr, "unknown op type '", type,
+               "' (known types: ", StrJoin(OpTypes(), ", "), ")");
   return *s;
 }
 
@@ -318,7 +314,7 @@ std::unique_ptr<OpKernel> OpRegistry::CreateKernel(const OpDesc& op, const Place
       have.push_back(std::string(kv.first.place == Place::Kind::kCPU ? "CPU" : "CUDA") + "/" +
                      DTypeName(kv.first.dtype));
   KEEL_THROW("op ", op.type(), ": no kernel for ", place.is_cpu() ? "CPU" : "CUDA", "/",
-             DTypeName(dtype), " (registered: ", have.empty() ? "none" : JoinNames(have), ")",
+             DTypeName(dtype), " (registered: ", have.empty() ? "none" : StrJoin(have, ", "), ")",
              place.is_cuda() && !CudaHostFallbackAllowed()
                  ? "; FLAGS_cuda_host_fallback=false forbids running the CPU kernel"
                  : "");

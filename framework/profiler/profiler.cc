@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "framework/error.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
 
 DEFINE_string(profile, "",
               "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every op and "

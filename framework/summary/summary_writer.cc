@@ -9,8 +9,9 @@
 #include <chrono>
 #include <cstring>
 
+#include "framework/base/fd_io.h"
 #include "framework/error.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
 #include "framework/summary/event.pb.h"
 
 namespace keel {
@@ -132,17 +133,8 @@ void SummaryWriter::WriteRecord(const std::string& data) {
   // at the file size limit, ENOSPC on a full disk), and what of the record landed is dropped.
   IgnoreSigxfsz();
   size_t done = 0;
-  int err = 0;
-  while (done < rec.size()) {
-    const ssize_t n = ::write(fd_, rec.data() + done, rec.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (err == 0) return;
+  if (WriteAll(fd_, rec.data(), rec.size(), &done)) return;
+  const int err = errno;
   if (done > 0 && ::ftruncate(fd_, ::lseek(fd_, 0, SEEK_END) - static_cast<off_t>(done)) != 0) {
     // Could not drop the partial record: readers stop at it, as at a crash mid-write.
   }

@@ -11,14 +11,13 @@
 #include <vector>
 
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/test_data.h"
 
 namespace keel::testing {
 namespace {
-
-std::string Keel() { return BinPath("keel"); }
 
 std::vector<double> Losses(const std::string& out) {
   std::vector<double> losses;

@@ -22,7 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "tests/util/files.h"
 #include "tests/util/process.h"
 #include "tests/util/subprocess.h"
 
@@ -30,8 +31,6 @@ namespace keel::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Keel() { return BinPath("keel"); }
 
 // "step N loss X" lines of a training log, by step.
 std::map<int, std::string> LossLines(const std::string& text) {
@@ -202,15 +201,10 @@ pid_t Flood(int port, int n) {
   if (pid != 0) return pid;
   std::vector<int> fds;
   while (true) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    int fd = ConnectLocal(port);
+    if (fd >= 0) {
       fds.push_back(fd);
     } else {
-      if (fd >= 0) ::close(fd);
       usleep(2000);
     }
     if (static_cast<int>(fds.size()) >= n) {

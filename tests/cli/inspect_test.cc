@@ -9,14 +9,12 @@
 
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "tests/util/golden.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
 namespace {
-
-std::string Keel() { return BinPath("keel"); }
 
 // stdout only (glog's lines go to stderr).
 CommandResult Inspect(const std::string& flags) {

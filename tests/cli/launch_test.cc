@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/files.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -23,15 +24,6 @@ const char* kEnvScript =
     "pt=$PADDLE_TRAINER_ID pn=$PADDLE_TRAINERS_NUM cur=$PADDLE_CURRENT_ENDPOINT "
     "eps=$PADDLE_TRAINER_ENDPOINTS master=$MASTER_ADDR:$MASTER_PORT tok=$KEEL_JOB_TOKEN "
     "gpu=${FLAGS_selected_gpus-unset} threads=$FLAGS_cpu_math_threads'";
-
-std::string Keel() { return BinPath("keel"); }
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "k1=v1 k2=v2 ..." (the first line of `text` containing "rank=") -> {k1: v1, ...}.
 std::map<std::string, std::string> EnvLine(const std::string& text) {
@@ -71,7 +63,7 @@ TEST(KeelLaunch, EveryWorkerSeesItsRankInBothConventions) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::map<std::string, std::string>> env;
   for (int i = 0; i < 3; ++i) {
-    env.push_back(EnvLine(ReadFile(dir + "/workerlog." + std::to_string(i))));
+    env.push_back(EnvLine(ReadText(dir + "/workerlog." + std::to_string(i))));
     ASSERT_FALSE(env[i].empty()) << "workerlog." << i;
   }
   std::string eps = env[0]["eps"];
@@ -132,7 +124,7 @@ TEST(KeelLaunch, ArgumentsAfterTheCommandPassThroughUntouched) {
                            " -- sh -c 'echo \"args:$*\"' sh --steps=5");
   ASSERT_EQ(dashes.exit_code, 0) << dashes.output;
   EXPECT_TRUE(Contains(dashes.output, "args:--steps=5")) << dashes.output;
-  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.1"), "args:--steps=5"));
+  EXPECT_TRUE(Contains(ReadText(dir + "/workerlog.1"), "args:--steps=5"));
   RunCommand("rm -rf " + dir);
 }
 
@@ -142,10 +134,10 @@ TEST(KeelLaunch, Rank0OutputReachesConsoleAndLogWhole) {
                       " sh -c 'seq 1 100000; echo done-$RANK >&2' 2>/dev/null | wc -l");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(std::stoi(r.output), 100001) << r.output;
-  std::string log0 = ReadFile(dir + "/workerlog.0");
+  std::string log0 = ReadText(dir + "/workerlog.0");
   EXPECT_EQ(std::count(log0.begin(), log0.end(), '\n'), 100001);
   EXPECT_TRUE(Contains(log0, "\n99999\n100000\ndone-0\n"));
-  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.1"), "done-1"));
+  EXPECT_TRUE(Contains(ReadText(dir + "/workerlog.1"), "done-1"));
   RunCommand("rm -rf " + dir);
 }
 
@@ -154,7 +146,7 @@ TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
   auto r = RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
                       " launch --selected_gpus=2,5 --log_dir=" + dir + " sh -c " + kEnvScript);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto w0 = EnvLine(ReadFile(dir + "/workerlog.0")), w1 = EnvLine(ReadFile(dir + "/workerlog.1"));
+  auto w0 = EnvLine(ReadText(dir + "/workerlog.0")), w1 = EnvLine(ReadText(dir + "/workerlog.1"));
   EXPECT_EQ(w0["gpu"], "2");
   EXPECT_EQ(w1["gpu"], "5");
   EXPECT_EQ(w1["world"], "2");  // --nproc_per_node defaults to the number of GPUs
@@ -162,8 +154,8 @@ TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
   auto v = RunCommand("CUDA_VISIBLE_DEVICES=4,5,6 " + Keel() +
                       " launch --selected_gpus=6,4 --log_dir=" + dir + " sh -c " + kEnvScript);
   ASSERT_EQ(v.exit_code, 0) << v.output;
-  EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.0"))["gpu"], "2");
-  EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog.1"))["gpu"], "0");
+  EXPECT_EQ(EnvLine(ReadText(dir + "/workerlog.0"))["gpu"], "2");
+  EXPECT_EQ(EnvLine(ReadText(dir + "/workerlog.1"))["gpu"], "0");
   // Host-staged collectives let two ranks share a GPU; the backend reaches the workers.
   auto h = RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
                       " launch --selected_gpus=3,3 --gpu_comm_backend=host --log_dir=" + dir +
@@ -171,7 +163,7 @@ TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
                       std::string(kEnvScript + 1));
   ASSERT_EQ(h.exit_code, 0) << h.output;
   for (const char* log : {"/workerlog.0", "/workerlog.1"}) {
-    const std::string text = ReadFile(dir + log);
+    const std::string text = ReadText(dir + log);
     EXPECT_EQ(EnvLine(text)["gpu"], "3") << text;
     EXPECT_TRUE(Contains(text, "backend=host")) << text;
   }
@@ -188,7 +180,7 @@ TEST(KeelLaunch, MultiNodeRanksAndEndpoints) {
   const std::string eps = "127.0.0.1:7000,127.0.0.1:7001,127.0.0.2:7000,127.0.0.2:7001";
   for (int local = 0; local < 2; ++local) {
     SCOPED_TRACE("local rank " + std::to_string(local));
-    auto w = EnvLine(ReadFile(dir + "/workerlog." + std::to_string(local)));
+    auto w = EnvLine(ReadText(dir + "/workerlog." + std::to_string(local)));
     EXPECT_EQ(w["rank"], std::to_string(2 + local));
     EXPECT_EQ(w["pt"], std::to_string(2 + local));
     EXPECT_EQ(w["local"], std::to_string(local));
@@ -205,7 +197,7 @@ TEST(KeelLaunch, MultiNodeRanksAndEndpoints) {
                           "--started_port=7100 --log_dir=" +
                           dir + " sh -c " + kEnvScript);
   ASSERT_EQ(by_ip.exit_code, 0) << by_ip.output;
-  auto w = EnvLine(ReadFile(dir + "/workerlog.0"));
+  auto w = EnvLine(ReadText(dir + "/workerlog.0"));
   EXPECT_EQ(w["rank"], "1");
   EXPECT_EQ(w["eps"], "127.0.0.1:7100,127.0.0.2:7100");
   RunCommand("rm -rf " + dir);
@@ -367,22 +359,22 @@ TEST(KeelLaunch, FlagsBeforeTheCommandReachTheWorkers) {
                             " sh -c " + kEnvScript);
   ASSERT_EQ(threads.exit_code, 0) << threads.output;
   for (int local = 0; local < 2; ++local)
-    EXPECT_EQ(EnvLine(ReadFile(dir + "/workerlog." + std::to_string(local)))["threads"], "3");
+    EXPECT_EQ(EnvLine(ReadText(dir + "/workerlog." + std::to_string(local)))["threads"], "3");
 
   // train_mlp (a program on the library) has no --bench_steps: it refuses to start.
   auto unknown =
       RunCommand("cd " + dir + " && " + Keel() + " launch --bench_steps=2 --log_dir=" + dir + " " +
                  BinPath("train_mlp"));
   EXPECT_NE(unknown.exit_code, 0) << unknown.output;
-  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.0"),
+  EXPECT_TRUE(Contains(ReadText(dir + "/workerlog.0"),
                        "keel launch was given --bench_steps for its workers, but"))
-      << ReadFile(dir + "/workerlog.0");
+      << ReadText(dir + "/workerlog.0");
   // keel train has it (keel bench's), and refuses it as not its own.
   auto foreign = RunCommand(Keel() + " launch --bench_steps=2 --log_dir=" + dir + " " + Keel() +
                             " train --steps=1");
   EXPECT_NE(foreign.exit_code, 0) << foreign.output;
-  EXPECT_TRUE(Contains(ReadFile(dir + "/workerlog.0"), "--bench_steps is not a flag of keel train"))
-      << ReadFile(dir + "/workerlog.0");
+  EXPECT_TRUE(Contains(ReadText(dir + "/workerlog.0"), "--bench_steps is not a flag of keel train"))
+      << ReadText(dir + "/workerlog.0");
   RunCommand("rm -rf " + dir);
 }
 
@@ -401,9 +393,9 @@ TEST(KeelLaunch, MultiNodeByMasterAddressWithoutClusterIps) {
   };
   auto r = RunCommand(node(1) + " > " + dir + "/node1.out 2>&1 & other=$!; " + node(0) +
                       "; code=$?; wait $other || code=1; exit $code");
-  ASSERT_EQ(r.exit_code, 0) << r.output << ReadFile(dir + "/node1.out");
-  std::string all = ReadFile(dir + "/node0/workerlog.0") + ReadFile(dir + "/node0/workerlog.1") +
-                    ReadFile(dir + "/node1/workerlog.0") + ReadFile(dir + "/node1/workerlog.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output << ReadText(dir + "/node1.out");
+  std::string all = ReadText(dir + "/node0/workerlog.0") + ReadText(dir + "/node0/workerlog.1") +
+                    ReadText(dir + "/node1/workerlog.0") + ReadText(dir + "/node1/workerlog.1");
   // Four ranks trained together: each printed the same parameters.
   std::set<std::string> params;
   std::istringstream lines(all);

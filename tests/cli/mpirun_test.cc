@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <string>
 
-#include "framework/io/io.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {

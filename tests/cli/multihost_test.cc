@@ -15,7 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "tests/util/files.h"
 #include "tests/util/process.h"
 #include "tests/util/subprocess.h"
 
@@ -23,8 +24,6 @@ namespace keel::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Keel() { return BinPath("keel"); }
 
 // Two namespaces "keel<id>a"/"keel<id>b" with veth ends "kv<id>a"/"kv<id>b" on 10.X.Y.1 and .2.
 class TwoHosts {

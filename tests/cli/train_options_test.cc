@@ -12,11 +12,10 @@
 
 #include "tests/util/golden.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_data.h"
 
 namespace keel::testing {
 namespace {
-
-std::string Keel() { return BinPath("keel"); }
 
 // A small, fast model: the seed MLP 16 wide.
 const std::string kTrain = " train --model=mlp --mlp_hidden=16 --seed=3 --progress=lines ";
@@ -49,11 +48,6 @@ std::vector<double> Losses(const std::string& out) {
 
 CommandResult Train(const std::string& flags) {
   return RunCommand(Keel() + kTrain + flags + " 2>&1");
-}
-
-std::string MnistDir() {
-  std::string d = std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist";
-  return std::ifstream(d + "/t10k-images-idx3-ubyte.gz").good() ? d : "";
 }
 
 TEST(TrainOptimizerFlags, EachSettingChangesTheTraining) {
@@ -184,8 +178,8 @@ TEST(TrainProgress, BarOnRequestAndLinesWithEta) {
 
 TEST(TrainTensorboard, LossRateAndAccuracyReadBackWithTensorboard) {
   if (!HaveTensorboard()) GTEST_SKIP() << "python tensorboard not installed (tools/setup.sh)";
-  std::string mnist = MnistDir();
-  if (mnist.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
+  if (!HaveMnist()) GTEST_SKIP() << "no MNIST in " << MnistDir();
+  const std::string mnist = MnistDir();
   std::string dir = MakeTempDir();
   auto r = RunCommand(Keel() + " train --model=lenet --data=mnist:" + mnist +
                       " --steps=20 --batch_size=32 --eval_every=10 --fetch_frequency=5 --seed=1 "

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "framework/error.h"
+#include "tests/util/subprocess.h"
 
 namespace keel {
 namespace {
@@ -113,12 +114,8 @@ TEST(Store, WrongTokenIsRefused) {
 }
 
 int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  int fd = testing::ConnectLocal(port);
+  EXPECT_GE(fd, 0) << "cannot connect to port " << port;
   return fd;
 }
 
@@ -210,17 +207,8 @@ pid_t Flood(int port, int n) {
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
   setrlimit(RLIMIT_NOFILE, &rl);
-  for (int i = 0; i < n; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      if (fd >= 0) ::close(fd);
-      usleep(1000);
-    }
-  }
+  for (int i = 0; i < n; ++i)
+    if (testing::ConnectLocal(port) < 0) usleep(1000);
   pause();
   _exit(0);
 }
@@ -381,13 +369,6 @@ TEST(Store, MultiRankJobsNeedATokenOnlyTheJobKnows) {
   }
   EnvVar token("KEEL_JOB_TOKEN", "s3cret");
   EXPECT_EQ(JobTokenFromEnvironment(4), "s3cret");
-}
-
-TEST(Store, EndpointParsing) {
-  EXPECT_EQ(ParseEndpoint("10.0.0.1:6170", "x").second, 6170);
-  EXPECT_THROW(ParseEndpoint("10.0.0.1", "PADDLE_CURRENT_ENDPOINT"), Error);
-  EXPECT_THROW(ParseEndpoint("h:99999", "x"), Error);
-  EXPECT_THROW(ParseEndpoint("h:12a", "x"), Error);
 }
 
 }  // namespace

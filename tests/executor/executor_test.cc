@@ -12,6 +12,7 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/small_programs.h"
 
 DECLARE_double(eager_delete_tensor_gb);
 
@@ -20,15 +21,7 @@ namespace {
 
 using testing::ErrorOf;
 
-struct Net {
-  Program main, startup;
-  Var x, out;
-  Net() {
-    ProgramGuard g(main, startup);
-    x = layers::data("x", {-1, 3});
-    out = layers::scale(layers::tanh(x), 2.0f, 1.0f);
-  }
-};
+using Net = testing::TanhNet;
 
 TEST(Executor, RunsAndFetchesCopies) {
   Net n;

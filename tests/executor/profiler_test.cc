@@ -11,6 +11,7 @@
 #include "executor/executor.h"
 #include "framework/dsl/layers.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/small_programs.h"
 #include "tests/util/subprocess.h"
 
 namespace keel {
@@ -18,15 +19,7 @@ namespace {
 
 using testing::ErrorOf;
 
-struct Net {
-  Program main, startup;
-  Var x, out;
-  Net() {
-    ProgramGuard g(main, startup);
-    x = layers::data("x", {-1, 3});
-    out = layers::scale(layers::tanh(x), 2.0f, 1.0f);
-  }
-};
+using Net = testing::TanhNet;
 
 class ProfilerTest : public ::testing::Test {
  protected:

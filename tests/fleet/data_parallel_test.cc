@@ -9,7 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
+#include "tests/util/model_train.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -51,17 +53,7 @@ TEST(DataParallel, NRanksOnBOverNRowsMatchOneRankOnB) {
       std::string d = dir + "/n" + std::to_string(n) + "r" + std::to_string(rings) + c.backend +
                       "f" + std::to_string(c.fuse_num);
       NamedTensors got = Train(n, rings, d, c.backend, c.fuse_num);
-      ASSERT_EQ(got.size(), ref.size());
-      for (size_t k = 0; k < ref.size(); ++k) {
-        ASSERT_EQ(got[k].first, ref[k].first);
-        const Tensor& a = ref[k].second;
-        const Tensor& b = got[k].second;
-        ASSERT_EQ(a.dims(), b.dims());
-        for (int64_t i = 0; i < a.numel(); ++i) {
-          float x = a.data<float>()[i], y = b.data<float>()[i];
-          ASSERT_NEAR(y, x, 1e-5f * std::abs(x) + 1e-6f) << ref[k].first << "[" << i << "]";
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(ExpectSameParameters(got, ref));
       // Only rank 0 wrote.
       struct stat st;
       for (int r = 1; r < n; ++r)

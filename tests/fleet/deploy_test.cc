@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "fleet/role_maker.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "tests/util/files.h"
 #include "tests/util/subprocess.h"
 
 namespace keel {
@@ -21,16 +22,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::BinPath;
+using testing::ReadText;
 using testing::RunCommand;
 
 std::string Source(const std::string& rel) { return std::string(KEEL_SOURCE_DIR) + "/" + rel; }
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string Trim(std::string s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t\r");
@@ -76,7 +71,7 @@ int ManifestPort(const std::string& yaml) {
 }
 
 TEST(Deploy, PyTorchJobManifestGivesEveryPodARoleTheRoleMakerAccepts) {
-  const std::string yaml = Slurp(Source("deploy/k8s/keel-pytorchjob.yaml"));
+  const std::string yaml = ReadText(Source("deploy/k8s/keel-pytorchjob.yaml"));
   ASSERT_FALSE(yaml.empty());
   auto envs = ManifestEnvs(yaml);
   ASSERT_EQ(envs.size(), 2u) << "expected a Master and a Worker container";

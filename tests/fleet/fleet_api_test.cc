@@ -19,6 +19,7 @@
 #include "framework/dsl/program_guard.h"
 #include "models/mlp/mlp_model.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_data.h"
 
 namespace keel::testing {
 namespace {
@@ -184,12 +185,6 @@ TEST(CrashEvidence, AWorkerKilledByASignalLeavesItsOutputAndAStackTraceInItsLog)
 
 // ---------------------------------------------------------------- keel train under keel launch
 
-std::string MnistDir() {
-  std::string d = std::string(KEEL_SOURCE_DIR) + "/../shared/data/mnist";
-  struct stat st;
-  return ::stat((d + "/t10k-images-idx3-ubyte.gz").c_str(), &st) == 0 ? d : "";
-}
-
 // rank -> every sample index its "samples epoch <epoch> rank R: ..." lines list.
 std::map<int, std::vector<int64_t>> SampleIds(const std::string& log, int epoch) {
   std::map<int, std::vector<int64_t>> ids;
@@ -209,8 +204,8 @@ std::map<int, std::vector<int64_t>> SampleIds(const std::string& log, int epoch)
 }
 
 void ExpectDisjointShardsCoveringTheTrainingSet(const std::string& extra_flags) {
-  std::string mnist = MnistDir();
-  if (mnist.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
+  if (!HaveMnist()) GTEST_SKIP() << "no MNIST in " << MnistDir();
+  const std::string mnist = MnistDir();
   std::string dir = MakeTempDir();
   auto r = RunCommand(
       Launch(2, dir) + BinPath("keel") + " train --model=lenet --data=mnist:" + mnist +
@@ -254,8 +249,8 @@ double TestAccuracy(const std::string& out, long long* samples) {
 }
 
 TEST(KeelTrainUnderLaunch, LenetEvaluatesAShardPerRankAndReportsTheGlobalAccuracy) {
-  std::string mnist = MnistDir();
-  if (mnist.empty()) GTEST_SKIP() << "no ../shared/data/mnist beside the checkout";
+  if (!HaveMnist()) GTEST_SKIP() << "no MNIST in " << MnistDir();
+  const std::string mnist = MnistDir();
   std::string dir = MakeTempDir();
   const std::string train = BinPath("keel") + " train --model=lenet --data=mnist:" + mnist +
                             " --epochs=1 --fetch_frequency=1000 --seed=2";

@@ -16,7 +16,7 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"

@@ -21,6 +21,7 @@
 #include "tests/util/gpu_test_util.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/transpiler_fixtures.h"
 #include "transpiler/merge_optimizer_pass.h"
 
 DECLARE_bool(init_allocated_mem);
@@ -635,18 +636,7 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
           grads.push_back(rv[1]);
           numels.push_back(b.MustFindVar(rv[0])->dims().numel());
         }
-      b.Var("@FUSED_GRAD@0")->set_dtype(DType::kFloat32);
-      auto c = std::make_unique<OpDesc>("coalesce_tensor");
-      c->SetInput("Input", grads);
-      c->SetOutput("Output", grads);
-      c->SetOutput("FusedOutput", {"@FUSED_GRAD@0"});
-      c->SetAttr("numels", numels);
-      c->SetAttr("dtype", static_cast<int>(DType::kFloat32));
-      c->SetAttr("copy_data", false);
-      c->SetAttr("set_constant", false);
-      c->SetAttr("constant", 0.0f);
-      c->SetAttr("pad_to_multiple", 1);
-      b.InsertOp(0, std::move(c));
+      InsertFusedGradients(b, grads, numels);
       transpiler::MergeOptimizerOpsPass().Apply(*m.main, *m.startup);
       int merged = 0;
       for (auto& op : b.ops()) merged += op->type() == "merged_" + name;

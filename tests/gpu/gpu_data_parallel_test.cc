@@ -8,9 +8,11 @@
 
 #include "executor/executor.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 #include "framework/runtime/device.h"
 #include "tests/util/gpu_test_util.h"
+#include "tests/util/model_train.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
@@ -34,20 +36,6 @@ NamedTensors TrainOnGpu(int nranks, int rings, int fuse_num, const std::string& 
   auto r = RunCommand(cmd + (nranks == 1 ? "" : "; cat " + dir + "/log/workerlog.*"));
   EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   return LoadSafetensors(dir + "/rank0/" + kPersistablesFile);
-}
-
-void ExpectSameParameters(const NamedTensors& got, const NamedTensors& ref) {
-  ASSERT_EQ(got.size(), ref.size());
-  for (size_t k = 0; k < ref.size(); ++k) {
-    ASSERT_EQ(got[k].first, ref[k].first);
-    const Tensor& a = ref[k].second;
-    const Tensor& b = got[k].second;
-    ASSERT_EQ(a.dims(), b.dims());
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      float x = a.data<float>()[i], y = b.data<float>()[i];
-      ASSERT_NEAR(y, x, 1e-5f * std::abs(x) + 1e-6f) << ref[k].first << "[" << i << "]";
-    }
-  }
 }
 
 TEST(GpuDataParallel, TwoRanksSharingAGpuWithHostCollectivesMatchOneRankOnTheDoubleBatch) {

@@ -22,35 +22,19 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/atomic_file.h"
+#include "framework/io/checkpoint.h"
+#include "tests/util/files.h"
 
 namespace keel {
 namespace {
 
 namespace fs = std::filesystem;
 
-class CrashTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/keel_crash_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string dir_;
-};
+using testing::DirEntries;
+using testing::TensorBytes;
 
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::string Bytes(const Tensor& t) {
-  return std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-}
+class CrashTest : public testing::TempDirTest {};
 
 // Runs `body` in a child process with KEEL_FAULT_POINT=point; true when the child died of
 // SIGKILL at it.
@@ -77,7 +61,7 @@ TEST_F(CrashTest, AWriterKilledMidWriteLeavesNoTempFile) {
   WriteFileAtomic(path, "old");
   ASSERT_TRUE(
       KilledAt("write_file_atomic", [&] { WriteFileAtomic(path, std::string(1 << 20, 'n')); }));
-  EXPECT_EQ(Entries(dir_), std::vector<std::string>{"persistables.safetensors"});
+  EXPECT_EQ(DirEntries(dir_), std::vector<std::string>{"persistables.safetensors"});
   EXPECT_EQ(ReadFile(path), "old");
 }
 
@@ -120,7 +104,7 @@ TEST_F(CrashTest, AFileSizeLimitIsAnErrorNamingTheFileNotSigxfsz) {
   waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 7);
-  EXPECT_TRUE(Entries(dir_).empty());
+  EXPECT_TRUE(DirEntries(dir_).empty());
 }
 
 TEST_F(CrashTest, CheckCanWriteRefusesUnusableDirectoriesByFlagName) {
@@ -134,7 +118,7 @@ TEST_F(CrashTest, CheckCanWriteRefusesUnusableDirectoriesByFlagName) {
   }
   EXPECT_THROW(CheckCanWrite("/proc/keel_no_such_dir", 100, "--save_dir"), Error);
   CheckCanWrite(Path("ok"), 100, "--save_dir");
-  EXPECT_TRUE(Entries(Path("ok")).empty()) << "the probe file was left behind";
+  EXPECT_TRUE(DirEntries(Path("ok")).empty()) << "the probe file was left behind";
 }
 
 // A check killed between creating its probe file and removing it leaves the probe; the next check
@@ -142,9 +126,9 @@ TEST_F(CrashTest, CheckCanWriteRefusesUnusableDirectoriesByFlagName) {
 TEST_F(CrashTest, AProbeLeftByAKilledWriteCheckIsRemovedByTheNext) {
   const std::string dir = Path("save");
   ASSERT_TRUE(KilledAt("write_check", [&] { CheckCanWrite(dir, 100, "--save_dir"); }));
-  ASSERT_EQ(Entries(dir).size(), 1u) << "the killed check left no probe to clean up";
+  ASSERT_EQ(DirEntries(dir).size(), 1u) << "the killed check left no probe to clean up";
   CheckCanWrite(dir, 100, "--save_dir");
-  EXPECT_TRUE(Entries(dir).empty()) << Entries(dir)[0];
+  EXPECT_TRUE(DirEntries(dir).empty()) << DirEntries(dir)[0];
 }
 
 // ---------------------------------------------------------------- inference models
@@ -173,7 +157,7 @@ std::map<std::string, std::string> Params(Executor& exe, const Program& p) {
   std::map<std::string, std::string> out;
   for (const VarDesc* v : p.global_block().AllVars())
     if (v->persistable() && exe.scope().FindVar(v->name()))
-      out[v->name()] = Bytes(exe.scope().FindVar(v->name())->tensor());
+      out[v->name()] = TensorBytes(exe.scope().FindVar(v->name())->tensor());
   return out;
 }
 
@@ -188,10 +172,11 @@ TEST_F(CrashTest, ASaveKilledWhileKeepingThePreviousLeavesNothingForGood) {
   ASSERT_TRUE(KilledAt("checkpoint_keep_previous", [&] {
     save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
   }));
-  ASSERT_EQ(Entries(dir).size(), 2u) << "no temp name was left to clean up";
+  ASSERT_EQ(DirEntries(dir).size(), 2u) << "no temp name was left to clean up";
   EXPECT_EQ(ReadTrainingState(dir)->step, 5);
   save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
-  EXPECT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  EXPECT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
   EXPECT_EQ(ReadTrainingState(dir)->step, 10);
 }
 
@@ -210,7 +195,8 @@ TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
       for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] += 1.f;
     }
   save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
-  ASSERT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  ASSERT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
   EXPECT_EQ(ReadTrainingState(dir)->step, 10);
 
   const std::string latest = dir + "/" + kPersistablesFile;
@@ -229,7 +215,7 @@ TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
   EXPECT_NE(said.find("loading the previous one"), std::string::npos) << said;
   EXPECT_NE(said.find(latest), std::string::npos) << said;
   // The damaged file is set aside: the next save keeps the sound one as its previous.
-  EXPECT_EQ(Entries(dir), (std::vector<std::string>{kPreviousPersistablesFile,
+  EXPECT_EQ(DirEntries(dir), (std::vector<std::string>{kPreviousPersistablesFile,
                                                     kPersistablesFile + ".damaged"}));
   save_checkpoint(fresh.scope(), dir, *m.main, TrainingState{6, 7, 1, {}});
   EXPECT_EQ(ReadTrainingState(dir)->step, 6);
@@ -281,13 +267,13 @@ TEST_F(CrashTest, InferenceModelKilledAnywhereLoadsTheOldOrTheNewPair) {
     InferenceModel loaded = load_inference_model(dir, reader);
     std::map<std::string, std::string> got;
     for (const auto& [name, bytes] : old_params)
-      got[name] = Bytes(reader.scope().FindVar(name)->tensor());
+      got[name] = TensorBytes(reader.scope().FindVar(name)->tensor());
     EXPECT_EQ(got, c.expect_new ? new_params : old_params);
     // Put the old pair back for the next case (and check that a full save cleans up).
     Executor restore;
     restore.Run(*m.startup);
     save_inference_model(dir, {m.x}, {m.y}, restore, *m.main);
-    EXPECT_EQ(Entries(dir), (std::vector<std::string>{"__model__", "params.safetensors"}));
+    EXPECT_EQ(DirEntries(dir), (std::vector<std::string>{"__model__", "params.safetensors"}));
   }
 }
 
@@ -361,7 +347,7 @@ TEST_F(CrashTest, ResumedTrainingEqualsTheStraightRunBitForBit) {
   ea.Run(*a.startup);
   std::vector<std::string> straight_losses;
   for (int s = 0; s < kSteps; ++s)
-    straight_losses.push_back(Bytes(ea.Run(*a.main, Batch(s), {a.loss})[0]));
+    straight_losses.push_back(TensorBytes(ea.Run(*a.main, Batch(s), {a.loss})[0]));
 
   // Interrupted after kCut steps, resumed by a fresh process's worth of objects.
   TrainModel b = DropoutAdamModel();
@@ -389,7 +375,7 @@ TEST_F(CrashTest, ResumedTrainingEqualsTheStraightRunBitForBit) {
   EXPECT_EQ(ec.RunCount(*c.main), kCut);
   for (int s = kCut; s < kSteps; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
-    EXPECT_EQ(Bytes(ec.Run(*c.main, Batch(s), {c.loss})[0]), straight_losses[s]);
+    EXPECT_EQ(TensorBytes(ec.Run(*c.main, Batch(s), {c.loss})[0]), straight_losses[s]);
   }
   EXPECT_EQ(Params(ec, *c.main), Params(ea, *a.main));
 }
@@ -408,8 +394,8 @@ TEST_F(CrashTest, DropoutDrawsDependOnTheRunIndexOnly) {
     if (v->persistable())
       eb.scope().Var(v->name())->mutable_tensor()->CopyFrom(
           ea.scope().FindVar(v->name())->tensor());
-  EXPECT_EQ(Bytes(ea.Run(*a.main, Batch(5), {a.loss})[0]),
-            Bytes(eb.Run(*b.main, Batch(5), {b.loss})[0]));
+  EXPECT_EQ(TensorBytes(ea.Run(*a.main, Batch(5), {a.loss})[0]),
+            TensorBytes(eb.Run(*b.main, Batch(5), {b.loss})[0]));
 }
 
 }  // namespace

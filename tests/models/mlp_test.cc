@@ -6,7 +6,7 @@
 
 #include "framework/dsl/layers.h"
 #include "executor/executor_io.h"
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
 #include "models/model_zoo.h"
 #include "tests/util/subprocess.h"
 

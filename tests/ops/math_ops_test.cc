@@ -18,7 +18,7 @@ const DType kDTypes[] = {DType::kFloat32, DType::kFloat64};
 
 // Runs c forward and compares Out, of X's dtype, with `want` (computed in double from the same
 // inputs).
-void ExpectForward(const OpCase& c, const DDim& want_dims, const std::vector<double>& want) {
+void ExpectOut(const OpCase& c, const DDim& want_dims, const std::vector<double>& want) {
   ExpectOutputNear(c, "Out", want_dims, want, {1e-5, /*dtype_of_first_input=*/true});
 }
 
@@ -61,7 +61,7 @@ TEST(MulOp, ForwardMatchesReference) {
       for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j)
           for (int64_t k = 0; k < K; ++k) want[i * N + j] += x[i * K + k] * y[k * N + j];
-      ExpectForward(c, p.out, want);
+      ExpectOut(c, p.out, want);
     }
   }
 }
@@ -169,7 +169,7 @@ TEST(MatMulOp, ForwardMatchesReference) {
             for (int64_t k = 0; k < K; ++k) s += xat(b, i, k) * yat(b, k, j);
             want[(b * M + i) * N + j] = p.alpha * s;
           }
-      ExpectForward(c, p.out, want);
+      ExpectOut(c, p.out, want);
     }
   }
 }
@@ -182,7 +182,7 @@ TEST(MatMulOp, EmptyBatchGivesEmptyOutput) {
       {"empty_x_batch_folded", {0, 3, 4}, {4, 5}, false, false, 1.0f, {0, 3, 5}},
   };
   for (const auto& p : cases) {
-    for (DType dt : kDTypes) ExpectForward(MatMulCase(p, dt), p.out, {});
+    for (DType dt : kDTypes) ExpectOut(MatMulCase(p, dt), p.out, {});
   }
 }
 
@@ -283,7 +283,7 @@ TEST(ElementwiseOps, ForwardMatchesReference) {
         std::vector<double> want(x.size());
         for (size_t i = 0; i < x.size(); ++i)
           want[i] = Apply(op, x[i], y[YIndex(p.x, p.y, p.axis, static_cast<int64_t>(i))]);
-        ExpectForward(c, p.x, want);
+        ExpectOut(c, p.x, want);
       }
     }
   }
@@ -366,7 +366,7 @@ TEST(SumOp, ForwardMatchesReference) {
         std::vector<double> v = ToDouble(t);
         for (size_t i = 0; i < v.size(); ++i) want[i] += v[i];
       }
-      ExpectForward(c, p.dims, want);
+      ExpectOut(c, p.dims, want);
     }
   }
 }
@@ -457,7 +457,7 @@ TEST(ScaleOp, ForwardMatchesReference) {
       const double s = p.scale, b = p.bias;
       for (size_t i = 0; i < x.size(); ++i)
         want[i] = p.bias_after_scale ? s * x[i] + b : s * (x[i] + b);
-      ExpectForward(c, p.dims, want);
+      ExpectOut(c, p.dims, want);
     }
   }
 }

@@ -1,7 +1,7 @@
-// Tests of ops/optimizer_ops.cc (momentum, adam, adamw, squared_l2_norm, clip_by_global_norm) and
-// ops/lr_schedule_ops.cc (increment, lr_schedule): three in-place steps against reference loops
-// in double (float32 and float64), the documented schedule values at chosen steps, and bad
-// shapes and attrs reported as keel::Error naming the op and the shapes.
+// Tests of ops/optimizer_ops.cc (sgd, momentum, adam, adamw, squared_l2_norm, clip_by_global_norm)
+// and ops/lr_schedule_ops.cc (increment, lr_schedule): in-place steps against reference loops in
+// double (float32 and float64), the documented schedule values at chosen steps, and bad shapes and
+// attrs reported as keel::Error naming the op and the shapes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,8 +19,6 @@
 
 namespace keel::testing {
 namespace {
-
-const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64};
 
 using State = std::map<std::string, std::vector<double>>;  // slot -> values
 
@@ -429,6 +427,60 @@ TEST(LrScheduleOp, BadAttrsAreBuildErrors) {
       {"lr_schedule", "increase", "5", "3"});
   ExpectErrorContainsAll(ForwardError(ScheduleCase(0, {{"type", std::string("cosine")}})),
                          {"lr_schedule", "total_steps"});
+}
+
+// ------------------------------------------------------------------------------------------- sgd
+
+OpCase SgdCase(const std::string& name, DType dt, DDim param, DDim grad, float lr) {
+  OpCase c;
+  c.name = name;
+  c.type = "sgd";
+  Tensor rate(DType::kFloat32, {1});
+  rate.data<float>()[0] = lr;
+  c.inputs = {{"Param", {RandomTensor(param, dt, -1, 1, 91)}},
+              {"Grad", {RandomTensor(grad, dt, -1, 1, 92)}},
+              {"LearningRate", {rate}}};
+  c.outputs = {{"ParamOut", 1}};
+  return c;
+}
+
+TEST(SgdOp, ForwardMatchesReference) {
+  for (DType dt : kFloatTypes)
+    for (const DDim& dims : {DDim{5}, DDim{3, 4}, DDim{1280, 2}}) {
+      OpCase c = SgdCase(dims.str(), dt, dims, dims, 0.1f);
+      std::vector<double> p = ToDouble(c.inputs[0].second[0]), g = ToDouble(c.inputs[1].second[0]);
+      std::vector<double> want(p.size());
+      for (size_t i = 0; i < p.size(); ++i) want[i] = p[i] - static_cast<double>(0.1f) * g[i];
+      ExpectForward(c, "ParamOut", dims, want);
+    }
+}
+
+// ParamOut is Param's own var: the update is in place, in Param's allocation.
+TEST(SgdOp, InPlaceUpdate) {
+  Program prog;
+  Block& block = prog.global_block();
+  for (const char* n : {"w", "g", "lr"}) {
+    block.Var(n)->set_is_data(true);
+  }
+  block.Var("w")->set_shape({2, 3});
+  block.Var("g")->set_shape({2, 3});
+  block.Var("lr")->set_shape({1});
+  AppendOp(block, "sgd", {{"Param", {"w"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
+           {{"ParamOut", {"w"}}});
+  Tensor w = RandomTensor({2, 3}, DType::kFloat32, -1, 1, 93);
+  Tensor g = RandomTensor({2, 3}, DType::kFloat32, -1, 1, 94);
+  Tensor lr = Tensor::FromVector<float>({0.5f}, {1});
+  Tensor fed = w.Clone();  // the executor shares a fed tensor's memory
+  Executor exe;
+  std::vector<double> got = ToDouble(exe.Run(prog, {{"w", fed}, {"g", g}, {"lr", lr}}, {"w"})[0]);
+  std::vector<double> wv = ToDouble(w), gv = ToDouble(g);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], wv[i] - 0.5 * gv[i]) << i;
+  EXPECT_EQ(ToDouble(fed), got) << "the update did not land in Param's own allocation";
+}
+
+TEST(SgdOp, ShapeMismatchIsABuildError) {
+  OpCase c = SgdCase("grad_shape", DType::kFloat32, {3, 4}, {4, 3}, 0.1f);
+  ExpectErrorContainsAll(ForwardError(c), {"sgd", "[3, 4]", "[4, 3]"});
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ namespace keel {
 namespace {
 
 using testing::BuildTrainedMlp;
+using testing::InsertFusedGradients;
 using testing::TwoOfFour;
 
 void Merge(Program& main, Program& startup) {
@@ -112,18 +113,7 @@ struct FusedModel {
         grads.push_back(GradVarName(rv[0]));
         numels.push_back(b.MustFindVar(rv[0])->dims().numel());
       }
-    b.Var("@FUSED_GRAD@0")->set_dtype(DType::kFloat32);
-    auto c = std::make_unique<OpDesc>("coalesce_tensor");
-    c->SetInput("Input", grads);
-    c->SetOutput("Output", grads);
-    c->SetOutput("FusedOutput", {"@FUSED_GRAD@0"});
-    c->SetAttr("numels", numels);
-    c->SetAttr("dtype", static_cast<int>(DType::kFloat32));
-    c->SetAttr("copy_data", false);
-    c->SetAttr("set_constant", false);
-    c->SetAttr("constant", 0.0f);
-    c->SetAttr("pad_to_multiple", 1);
-    b.InsertOp(0, std::move(c));
+    InsertFusedGradients(b, grads, numels);
     if (merge) Merge(*m.main, *m.startup);
   }
 };

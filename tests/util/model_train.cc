@@ -1,5 +1,9 @@
 #include "tests/util/model_train.h"
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+
 #include "executor/executor.h"
 #include "models/model_zoo.h"
 
@@ -30,6 +34,20 @@ std::vector<Tensor> TrainBuiltInModel(
   for (const VarDesc* v : m.main->global_block().AllVars())
     if (v->persistable()) out.push_back(exe.scope().FindVar(v->name())->tensor().Clone());
   return out;
+}
+
+void ExpectSameParameters(const NamedTensors& got, const NamedTensors& ref) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t k = 0; k < ref.size(); ++k) {
+    ASSERT_EQ(got[k].first, ref[k].first);
+    const Tensor& a = ref[k].second;
+    const Tensor& b = got[k].second;
+    ASSERT_EQ(a.dims(), b.dims());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      float x = a.data<float>()[i], y = b.data<float>()[i];
+      ASSERT_NEAR(y, x, 1e-5f * std::abs(x) + 1e-6f) << ref[k].first << "[" << i << "]";
+    }
+  }
 }
 
 }  // namespace keel::testing

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/io/safetensors.h"
 #include "framework/runtime/tensor.h"
 
 namespace keel::testing {
@@ -16,5 +17,9 @@ namespace keel::testing {
 std::vector<Tensor> TrainBuiltInModel(
     const std::string& name, int64_t batch, int threads, int steps, uint64_t seed,
     const std::function<void(const std::function<void()>& run)>& around_step = nullptr);
+
+// ASSERTs two trainings' parameters (as saved, in the same order) agree: the same names and shapes
+// and float32 values within 1e-5 relative (collectives sum in another order than one rank does).
+void ExpectSameParameters(const NamedTensors& got, const NamedTensors& ref);
 
 }  // namespace keel::testing

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "framework/error.h"
@@ -44,6 +46,57 @@ void ExpectOutputNear(const OpCase& c, const std::string& slot, const DDim& want
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << slot << " at flat index " << i;
+}
+
+void ExpectForward(const OpCase& c, const std::string& slot, const DDim& want_dims,
+                   const std::vector<double>& want, double f32_tol) {
+  ExpectOutputNear(c, slot, want_dims, want, {f32_tol});
+}
+
+OpCase UnaryCase(const std::string& name, const std::string& type, Tensor x,
+                 std::map<std::string, Attribute> attrs) {
+  OpCase c;
+  c.name = name;
+  c.type = type;
+  c.inputs = {{"X", {std::move(x)}}};
+  c.attrs = std::move(attrs);
+  return c;
+}
+
+Tensor RandomInts(const DDim& dims, DType dtype, int lo, int hi, uint64_t seed) {
+  Tensor r = RandomTensor(dims, DType::kFloat64, lo, hi + 1, seed);
+  Tensor t(dtype, dims);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v = std::floor(r.data<double>()[i]);
+    VisitDType(dtype, [&](auto z) {
+      using V = decltype(z);
+      t.data<V>()[i] = static_cast<V>(v);
+    });
+  }
+  return t;
+}
+
+std::vector<int> Pair(int a, int b) { return {a, b}; }
+
+int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
+
+AxisParts SplitAroundAxis(const DDim& d, int axis) {
+  if (axis < 0) axis += d.size();
+  return {d.prod(0, axis), d[axis], d.prod(axis + 1, d.size())};
+}
+
+std::vector<double> NaiveSoftmax(const std::vector<double>& x, const DDim& dims, int axis) {
+  AxisParts s = SplitAroundAxis(dims, axis);
+  std::vector<double> y(x.size());
+  for (int64_t i = 0; i < s.pre; ++i)
+    for (int64_t j = 0; j < s.post; ++j) {
+      auto at = [&](int64_t k) { return (i * s.n + k) * s.post + j; };
+      double mx = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t k = 0; k < s.n; ++k) mx = std::max(mx, x[at(k)]);
+      for (int64_t k = 0; k < s.n; ++k) sum += std::exp(x[at(k)] - mx);
+      for (int64_t k = 0; k < s.n; ++k) y[at(k)] = std::exp(x[at(k)] - mx) / sum;
+    }
+  return y;
 }
 
 std::string ErrorOf(const std::function<void()>& f) {

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/util/files.h"
+
 namespace keel::testing {
 
 Background StartBackground(const std::string& cmd, const std::string& output_path) {
@@ -49,13 +51,6 @@ int WaitFor(pid_t pid, double timeout_s) {
   kill(pid, SIGKILL);
   waitpid(pid, &status, 0);
   return -1;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 bool WaitForText(const std::string& path, const std::string& text, double timeout_s) {

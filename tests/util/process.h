@@ -20,9 +20,8 @@ Background StartBackground(const std::string& cmd, const std::string& output_pat
 // Waits up to `timeout_s` for `pid` to exit; returns its wait status, or -1 after killing its
 // whole process group when it did not exit in time.
 int WaitFor(pid_t pid, double timeout_s);
-// Waits up to `timeout_s` until `path` contains `text`.
+// Waits up to `timeout_s` until `path` contains `text` (ReadText, files.h).
 bool WaitForText(const std::string& path, const std::string& text, double timeout_s);
-std::string ReadText(const std::string& path);
 // Pids of the processes whose environment holds `env_entry` (e.g. "KEEL_TEST_MARK=x") and, when
 // `rank` >= 0, RANK=rank, and whose command name (comm) is `comm` unless that is empty.
 std::vector<pid_t> FindProcesses(const std::string& env_entry, int rank = -1,

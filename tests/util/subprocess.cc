@@ -13,7 +13,8 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "framework/io/io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 
 namespace keel::testing {
 
@@ -44,6 +45,8 @@ std::string BinPath(const std::string& name) {
 #endif
 }
 
+std::string Keel() { return BinPath("keel"); }
+
 std::string MakeTempDir() {
   char tmpl[] = "/tmp/keel_test_XXXXXX";
   char* d = mkdtemp(tmpl);
@@ -60,6 +63,18 @@ int FreePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+int ConnectLocal(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+  ::close(fd);
+  return -1;
 }
 
 bool Contains(const std::string& s, const std::string& part) {

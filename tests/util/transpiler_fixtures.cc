@@ -1,5 +1,7 @@
 #include "tests/util/transpiler_fixtures.h"
 
+#include <memory>
+
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 
@@ -21,6 +23,22 @@ fleet::Role TwoOfFour() {
   r.local_world_size = 4;
   r.local_rank = 1;
   return r;
+}
+
+void InsertFusedGradients(Block& b, const std::vector<std::string>& grads,
+                          const std::vector<int64_t>& numels) {
+  b.Var("@FUSED_GRAD@0")->set_dtype(DType::kFloat32);
+  auto c = std::make_unique<OpDesc>("coalesce_tensor");
+  c->SetInput("Input", grads);
+  c->SetOutput("Output", grads);
+  c->SetOutput("FusedOutput", {"@FUSED_GRAD@0"});
+  c->SetAttr("numels", numels);
+  c->SetAttr("dtype", static_cast<int>(DType::kFloat32));
+  c->SetAttr("copy_data", false);
+  c->SetAttr("set_constant", false);
+  c->SetAttr("constant", 0.0f);
+  c->SetAttr("pad_to_multiple", 1);
+  b.InsertOp(0, std::move(c));
 }
 
 }  // namespace keel::testing

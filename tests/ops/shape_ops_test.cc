@@ -1,13 +1,11 @@
-// Tests of ops/shape_ops.cc, ops/metric_ops.cc, the gelu/leaky_relu/log_softmax/clip ops of
-// ops/activation_ops.cc and the layers of framework/dsl/tensor_layers.h: forward values against
-// naive reference loops (float32 and float64, int types where registered), gradients by finite
-// differences (float64), and bad shapes / ids reported as keel::Error naming the op and shapes.
+// Tests of ops/shape_ops.cc (lookup_table, concat, split, transpose, flatten, unsqueeze, squeeze)
+// and the layers of framework/dsl/tensor_layers.h: forward values against naive reference loops
+// (float32 and float64, int types where registered), gradients by finite differences (float64),
+// and bad shapes / ids reported as keel::Error naming the op and shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
-#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -17,29 +15,11 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_layers.h"
 #include "framework/error.h"
-#include "framework/runtime/cpu_threads.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
 namespace keel::testing {
 namespace {
-
-const DType kFloatTypes[] = {DType::kFloat32, DType::kFloat64};
-
-void ExpectForward(const OpCase& c, const std::string& slot, const DDim& want_dims,
-                   const std::vector<double>& want) {
-  ExpectOutputNear(c, slot, want_dims, want, {2e-6});
-}
-
-OpCase UnaryCase(const std::string& name, const std::string& type, Tensor x,
-                 std::map<std::string, Attribute> attrs = {}) {
-  OpCase c;
-  c.name = name;
-  c.type = type;
-  c.inputs = {{"X", {std::move(x)}}};
-  c.attrs = std::move(attrs);
-  return c;
-}
 
 // Row-major multi-index of flat index `flat` in `d`, and back.
 std::vector<int64_t> Unravel(int64_t flat, const DDim& d) {
@@ -54,179 +34,6 @@ int64_t Ravel(const std::vector<int64_t>& idx, const DDim& d) {
   int64_t flat = 0;
   for (int i = 0; i < d.size(); ++i) flat = flat * d[i] + idx[i];
   return flat;
-}
-
-int Canon(int axis, int rank) { return axis < 0 ? axis + rank : axis; }
-
-// A random tensor of integers in [lo, hi] (as dtype), so int kernels and exact ties get tested.
-Tensor RandomInts(const DDim& dims, DType dtype, int lo, int hi, uint64_t seed) {
-  Tensor r = RandomTensor(dims, DType::kFloat64, lo, hi + 1, seed);
-  Tensor t(dtype, dims);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double v = std::floor(r.data<double>()[i]);
-    VisitDType(dtype, [&](auto z) {
-      using V = decltype(z);
-      t.data<V>()[i] = static_cast<V>(v);
-    });
-  }
-  return t;
-}
-
-// ------------------------------------------------------------------- gelu, leaky_relu, clip
-
-struct ElementwiseParams {
-  std::string name, type;
-  std::map<std::string, Attribute> attrs;
-  std::function<double(double)> fn;
-};
-
-const double kPi = 3.14159265358979323846;
-
-const ElementwiseParams kElementwise[] = {
-    {"gelu_erf", "gelu", {}, [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
-    {"gelu_tanh",
-     "gelu",
-     {{"approximate", true}},
-     [](double x) {
-       return 0.5 * x * (1 + std::tanh(std::sqrt(2 / kPi) * (x + 0.044715 * x * x * x)));
-     }},
-    {"leaky_relu_default",
-     "leaky_relu",
-     {},
-     [](double x) { return x > 0 ? x : double(0.02f) * x; }},
-    {"leaky_relu_0.3",
-     "leaky_relu",
-     {{"alpha", 0.3f}},
-     [](double x) { return x > 0 ? x : double(0.3f) * x; }},
-    {"clip",
-     "clip",
-     {{"min", -0.5f}, {"max", 0.75f}},
-     [](double x) { return std::min(std::max(x, -0.5), 0.75); }},
-};
-
-TEST(ElementwiseActivations, ForwardMatchesReference) {
-  for (const auto& p : kElementwise)
-    for (const DDim& dims : {DDim{3, 5}, DDim{2, 3, 4}, DDim{1}, DDim{64, 130}})
-      for (DType dt : kFloatTypes) {
-        OpCase c =
-            UnaryCase(p.name + dims.str(), p.type, RandomTensor(dims, dt, -4, 4, 3), p.attrs);
-        std::vector<double> want = ToDouble(c.inputs[0].second[0]);
-        for (double& v : want) v = p.fn(v);
-        ExpectForward(c, "Out", dims, want);
-      }
-}
-
-// Big inputs are cut into pieces (gelu's smaller than the others', for its erf and exp), the last
-// one shorter, that run on the pool: every element is still computed, as on one thread.
-TEST(ElementwiseActivations, BigInputsRunInPiecesOnThePoolAndMatchTheReference) {
-  cpu_threads::SetBudget(4);
-  const DDim dims{3, 100003};  // 2.3 pieces of 128 K elements, 9.2 of gelu's 32 K
-  for (const auto& p : kElementwise) {
-    OpCase c = UnaryCase(p.name, p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 7), p.attrs);
-    std::vector<double> want = ToDouble(c.inputs[0].second[0]);
-    for (double& v : want) v = p.fn(v);
-    const int64_t before = cpu_threads::SplitCalls();
-    ExpectForward(c, "Out", dims, want);
-    EXPECT_GT(cpu_threads::SplitCalls(), before) << p.name << " ran in one piece";
-    // The gradient kernels share the cut: 4 threads give one thread's bits.
-    OpCase g = UnaryCase(p.name + "_grad", p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 8),
-                         p.attrs);
-    auto grads = [&] {
-      std::vector<Tensor> v;
-      for (auto& kv : RunGrads(g, CPUPlace())) v.push_back(kv.second);
-      return v;
-    };
-    cpu_threads::SetBudget(1);
-    const std::vector<Tensor> one = grads();
-    cpu_threads::SetBudget(4);
-    EXPECT_TRUE(SameBits(one, grads())) << p.name;
-  }
-  cpu_threads::SetBudget(1);
-}
-
-TEST(ElementwiseActivations, GradMatchesFiniteDifferences) {
-  for (const auto& p : kElementwise)
-    for (const DDim& dims : {DDim{3, 4}, DDim{2, 3, 2}})
-      CheckGrad(UnaryCase(p.name + dims.str(), p.type,
-                          RandomTensor(dims, DType::kFloat64, -2, 2, 5), p.attrs));
-}
-
-TEST(ElementwiseActivations, GeluGradAtLargeMagnitudes) {
-  // Far from 0 gelu is x or 0: the gradient is 1 or 0 without NaN.
-  for (bool approximate : {false, true})
-    CheckGrad(UnaryCase(approximate ? "tanh" : "erf", "gelu",
-                        Tensor::FromVector<double>({-30, -8, 8, 30}, {4}),
-                        {{"approximate", approximate}}));
-}
-
-TEST(ClipOp, MinAboveMaxIsABuildError) {
-  OpCase c = UnaryCase("min_gt_max", "clip", Tensor(DType::kFloat32, {2, 3}),
-                       {{"min", 1.0f}, {"max", -1.0f}});
-  ExpectErrorContainsAll(ForwardError(c), {"clip", "min 1", "max -1"});
-}
-
-TEST(ClipOp, MissingBoundIsAnError) {
-  OpCase c = UnaryCase("no_max", "clip", Tensor(DType::kFloat32, {2, 3}), {{"min", 1.0f}});
-  ExpectErrorContainsAll(ForwardError(c), {"clip", "max"});
-}
-
-// ---------------------------------------------------------------------------------- log_softmax
-
-struct LogSoftmaxParams {
-  std::string name;
-  DDim dims;
-  int axis;
-  double lo, hi;
-};
-
-const LogSoftmaxParams kLogSoftmaxCases[] = {
-    {"rows", {4, 5}, -1, -3, 3},
-    {"rank3_last", {2, 3, 4}, 2, -3, 3},
-    {"rank3_middle", {2, 3, 4}, 1, -3, 3},
-    {"rank3_first", {2, 3, 4}, 0, -3, 3},
-    {"one_class", {3, 1}, -1, -3, 3},
-    {"huge_logits", {3, 4}, -1, 900, 1000},
-    {"tiny_logits", {3, 4}, -1, -1000, -900},
-    {"wide", {16, 1000}, -1, -5, 5},
-};
-
-std::vector<double> NaiveLogSoftmax(const std::vector<double>& x, const DDim& dims, int axis) {
-  axis = Canon(axis, dims.size());
-  const int64_t pre = dims.prod(0, axis), n = dims[axis], post = dims.prod(axis + 1, dims.size());
-  std::vector<double> y(x.size());
-  for (int64_t i = 0; i < pre; ++i)
-    for (int64_t j = 0; j < post; ++j) {
-      auto at = [&](int64_t k) { return (i * n + k) * post + j; };
-      double mx = -std::numeric_limits<double>::infinity(), sum = 0;
-      for (int64_t k = 0; k < n; ++k) mx = std::max(mx, x[at(k)]);
-      for (int64_t k = 0; k < n; ++k) sum += std::exp(x[at(k)] - mx);
-      for (int64_t k = 0; k < n; ++k) y[at(k)] = x[at(k)] - mx - std::log(sum);
-    }
-  return y;
-}
-
-OpCase LogSoftmaxCase(const LogSoftmaxParams& p, DType dt) {
-  return UnaryCase(p.name, "log_softmax", RandomTensor(p.dims, dt, p.lo, p.hi, 11),
-                   {{"axis", p.axis}});
-}
-
-TEST(LogSoftmaxOp, ForwardMatchesReference) {
-  for (const auto& p : kLogSoftmaxCases)
-    for (DType dt : kFloatTypes) {
-      OpCase c = LogSoftmaxCase(p, dt);
-      ExpectForward(c, "Out", p.dims,
-                    NaiveLogSoftmax(ToDouble(c.inputs[0].second[0]), p.dims, p.axis));
-    }
-}
-
-TEST(LogSoftmaxOp, GradMatchesFiniteDifferences) {
-  for (const auto& p : kLogSoftmaxCases)
-    if (p.dims.numel() <= 64) CheckGrad(LogSoftmaxCase(p, DType::kFloat64));
-}
-
-TEST(LogSoftmaxOp, AxisOutOfRangeIsABuildError) {
-  OpCase c = UnaryCase("axis_2", "log_softmax", Tensor(DType::kFloat32, {3, 4}), {{"axis", 2}});
-  ExpectErrorContainsAll(ForwardError(c), {"log_softmax", "axis 2", "[3, 4]"});
 }
 
 // --------------------------------------------------------------------------------- lookup_table
@@ -345,7 +152,7 @@ OpCase ConcatCase(const ConcatParams& p, DType dt) {
 // The concatenation by multi-index: X[k]'s element idx lands at idx with idx[axis] + offset_k.
 DDim NaiveConcat(const std::vector<std::vector<double>>& xs, const std::vector<DDim>& dims,
                  int axis, std::vector<double>* out) {
-  const int a = Canon(axis, dims[0].size());
+  const int a = CanonicalAxis(axis, dims[0].size());
   DDim od = dims[0];
   for (size_t k = 1; k < dims.size(); ++k) od[a] += dims[k][a];
   out->assign(od.numel(), 0);
@@ -438,7 +245,7 @@ TEST(SplitOp, ForwardMatchesReference) {
       std::vector<double> x = ToDouble(c.inputs[0].second[0]);
       auto outs = RunForward(c)["Out"];
       ASSERT_EQ(outs.size(), p.sizes.size());
-      const int a = Canon(p.axis, p.x.size());
+      const int a = CanonicalAxis(p.axis, p.x.size());
       int64_t off = 0;
       for (size_t k = 0; k < outs.size(); ++k) {
         DDim od = p.x;
@@ -610,172 +417,6 @@ TEST(ReshapeLikeOps, UnknownBatchDimAtBuildTime) {
   EXPECT_EQ(block.FindVar("t")->dims(), DDim({4, -1, 1, 3}));
 }
 
-// ----------------------------------------------------------------------------------------- top_k
-
-struct TopKParams {
-  std::string name;
-  DDim x;
-  int k;
-};
-
-const TopKParams kTopKCases[] = {
-    {"rows", {5, 7}, 3},     {"all", {4, 6}, 6}, {"one", {3, 10}, 1},
-    {"rank3", {2, 3, 5}, 2}, {"rank1", {9}, 4},  {"wide", {4, 1000}, 5},
-};
-
-OpCase TopKCase(const TopKParams& p, DType dt) {
-  OpCase c = UnaryCase(p.name, "top_k",
-                       dt == DType::kInt64 || dt == DType::kInt32
-                           ? RandomInts(p.x, dt, 0, 4, 81)  // many ties
-                           : RandomTensor(p.x, dt, -1, 1, 81),
-                       {{"k", p.k}});
-  c.outputs = {{"Out", 1}, {"Indices", 1}};
-  return c;
-}
-
-TEST(TopKOp, ForwardMatchesReference) {
-  for (const auto& p : kTopKCases)
-    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
-      OpCase c = TopKCase(p, dt);
-      std::vector<double> x = ToDouble(c.inputs[0].second[0]);
-      const int64_t n = p.x[p.x.size() - 1], rows = p.x.numel() / n;
-      std::vector<double> values, indices;
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<int64_t> order(n);
-        std::iota(order.begin(), order.end(), 0);
-        // Larger first; equal values keep index order.
-        std::stable_sort(order.begin(), order.end(),
-                         [&](int64_t a, int64_t b) { return x[r * n + a] > x[r * n + b]; });
-        for (int j = 0; j < p.k; ++j) {
-          values.push_back(x[r * n + order[j]]);
-          indices.push_back(static_cast<double>(order[j]));
-        }
-      }
-      DDim od = p.x;
-      od[od.size() - 1] = p.k;
-      ExpectOutputNear(c, "Out", od, values, {0, /*dtype_of_first_input=*/true});
-      ExpectOutputNear(c, "Indices", od, indices, {0});
-      EXPECT_EQ(RunForward(c)["Indices"][0].dtype(), DType::kInt64);
-    }
-}
-
-TEST(TopKOp, NaNRanksFirst) {
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  OpCase c =
-      UnaryCase("nan", "top_k", Tensor::FromVector<double>({1, nan, 3, 2}, {1, 4}), {{"k", 2}});
-  c.outputs = {{"Out", 1}, {"Indices", 1}};
-  auto out = RunForward(c);
-  EXPECT_EQ(ToDouble(out["Indices"][0]), (std::vector<double>{1, 2}));
-}
-
-TEST(TopKOp, KOutOfRangeIsABuildError) {
-  for (int k : {8, 0}) {
-    TopKParams p{"k_" + std::to_string(k), {5, 7}, k};
-    ExpectErrorContainsAll(ForwardError(TopKCase(p, DType::kFloat32)),
-                           {"top_k", "k " + std::to_string(k), "[5, 7]"});
-  }
-}
-
-// --------------------------------------------------------------------------------------- arg_max
-
-struct ArgMaxParams {
-  std::string name;
-  DDim x;
-  int64_t axis;
-  bool keepdims;
-  DDim out;
-};
-
-const ArgMaxParams kArgMaxCases[] = {
-    {"rows", {4, 6}, -1, false, {4}},
-    {"cols", {4, 6}, 0, false, {6}},
-    {"keepdims", {4, 6}, 1, true, {4, 1}},
-    {"rank3_middle", {2, 5, 3}, 1, false, {2, 3}},
-    {"rank3_first_keep", {2, 5, 3}, 0, true, {1, 5, 3}},
-    {"rank1", {7}, 0, false, {1}},
-};
-
-TEST(ArgMaxOp, ForwardMatchesReference) {
-  for (const auto& p : kArgMaxCases)
-    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
-      Tensor x = dt == DType::kInt64 || dt == DType::kInt32 ? RandomInts(p.x, dt, 0, 3, 91)
-                                                            : RandomTensor(p.x, dt, -1, 1, 91);
-      OpCase c = UnaryCase(p.name, "arg_max", x, {{"axis", p.axis}, {"keepdims", p.keepdims}});
-      std::vector<double> xv = ToDouble(x);
-      const int a = Canon(static_cast<int>(p.axis), p.x.size());
-      const int64_t pre = p.x.prod(0, a), n = p.x[a], post = p.x.prod(a + 1, p.x.size());
-      std::vector<double> want;
-      for (int64_t i = 0; i < pre; ++i)
-        for (int64_t j = 0; j < post; ++j) {
-          int64_t best = 0;  // the first of equal maxima
-          for (int64_t k = 1; k < n; ++k)
-            if (xv[(i * n + k) * post + j] > xv[(i * n + best) * post + j]) best = k;
-          want.push_back(static_cast<double>(best));
-        }
-      ExpectOutputNear(c, "Out", p.out, want, {0});
-      EXPECT_EQ(RunForward(c)["Out"][0].dtype(), DType::kInt64);
-    }
-}
-
-TEST(ArgMaxOp, AxisOutOfRangeIsABuildError) {
-  OpCase c =
-      UnaryCase("axis_2", "arg_max", Tensor(DType::kFloat32, {3, 4}), {{"axis", int64_t{2}}});
-  ExpectErrorContainsAll(ForwardError(c), {"arg_max", "axis 2", "[3, 4]"});
-}
-
-// -------------------------------------------------------------------------------------- accuracy
-
-OpCase AccuracyCase(const std::string& name, Tensor indices, Tensor label) {
-  OpCase c;
-  c.name = name;
-  c.type = "accuracy";
-  c.inputs = {{"Out", {RandomTensor(indices.dims(), DType::kFloat32, 0, 1, 3)}},
-              {"Indices", {std::move(indices)}},
-              {"Label", {std::move(label)}}};
-  c.outputs = {{"Accuracy", 1}, {"Correct", 1}, {"Total", 1}};
-  return c;
-}
-
-TEST(AccuracyOp, CountsRowsWithLabelAmongTopK) {
-  // Rows 0, 2, 3 hold their label among the indices; row 1 does not.
-  OpCase c = AccuracyCase("top2", Tensor::FromVector<int64_t>({1, 2, 0, 3, 2, 1, 3, 0}, {4, 2}),
-                          Tensor::FromVector<int64_t>({2, 1, 1, 0}, {4, 1}));
-  auto out = RunForward(c);
-  EXPECT_EQ(out["Accuracy"][0].dtype(), DType::kFloat32);
-  EXPECT_EQ(out["Accuracy"][0].dims(), DDim({1}));
-  EXPECT_FLOAT_EQ(out["Accuracy"][0].item<float>(), 0.75f);
-  EXPECT_EQ(out["Correct"][0].dtype(), DType::kInt32);
-  EXPECT_EQ(out["Correct"][0].item<int>(), 3);
-  EXPECT_EQ(out["Total"][0].dtype(), DType::kInt32);
-  EXPECT_EQ(out["Total"][0].item<int>(), 4);
-}
-
-TEST(AccuracyOp, MatchesNaiveCountOnRandomRows) {
-  const int64_t N = 50, k = 3, classes = 6;
-  Tensor idx = RandomInts({N, k}, DType::kInt64, 0, classes - 1, 5);
-  Tensor label = RandomInts({N, 1}, DType::kInt64, 0, classes - 1, 6);
-  int correct = 0;
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t j = 0; j < k; ++j)
-      if (idx.data<int64_t>()[r * k + j] == label.data<int64_t>()[r]) {
-        ++correct;
-        break;
-      }
-  auto out = RunForward(AccuracyCase("random", idx, label));
-  EXPECT_EQ(out["Correct"][0].item<int>(), correct);
-  EXPECT_EQ(out["Total"][0].item<int>(), N);
-  EXPECT_FLOAT_EQ(out["Accuracy"][0].item<float>(), static_cast<float>(correct) / N);
-}
-
-TEST(AccuracyOp, BadShapesAreBuildErrors) {
-  OpCase c = AccuracyCase("label_rows", Tensor::FromVector<int64_t>({1, 2, 0, 3}, {2, 2}),
-                          Tensor::FromVector<int64_t>({1, 2, 3}, {3, 1}));
-  ExpectErrorContainsAll(ForwardError(c), {"accuracy", "[2, 2]", "[3, 1]"});
-  c = AccuracyCase("label_int32", Tensor::FromVector<int64_t>({1, 2, 0, 3}, {2, 2}),
-                   Tensor::FromVector<int32_t>({1, 2}, {2, 1}));
-  ExpectErrorContainsAll(ForwardError(c), {"accuracy", "int64", "int32"});
-}
-
 // ------------------------------------------------------------------------------------------ DSL
 
 TEST(TensorLayers, BuildShapesAndTrainThroughEmbedding) {
@@ -874,6 +515,5 @@ TEST(TensorLayers, WrongShapesFailAtTheLayerCall) {
                          }),
                          {"lookup_table", "int64", "float32"});
 }
-
 }  // namespace
 }  // namespace keel::testing

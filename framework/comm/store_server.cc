@@ -1,9 +1,10 @@
+// The rendezvous store's server: the acceptor thread that reads hellos and sheds strangers, and a
+// thread per accepted client that serves its requests (store.h).
 #include "framework/comm/store.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <glog/logging.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -13,169 +14,41 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 
+#include "framework/base/strings.h"
+#include "framework/comm/store_wire.h"
 #include "framework/error.h"
 
 namespace keel {
+
+using store_wire::GetLE;
+using store_wire::kAdd;
+using store_wire::kBadGeneration;
+using store_wire::kBadToken;
+using store_wire::kBarrier;
+using store_wire::kCheck;
+using store_wire::kDel;
+using store_wire::kGet;
+using store_wire::kGetAlive;
+using store_wire::kOk;
+using store_wire::kPeerGone;
+using store_wire::kSet;
+using store_wire::kTimeout;
+using store_wire::ParseHello;
+using store_wire::PutU64;
+using store_wire::ReadFrame;
+using store_wire::Reader;
+using store_wire::Status;
+using store_wire::WriteFrame;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kHello[] = "KEEL-STORE/2\n";
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kDel = 5, kBarrier = 6, kGetAlive = 7 };
-enum Status : uint8_t {
-  kOk = 0,
-  kTimeout = 1,
-  kBad = 2,
-  kBadToken = 3,
-  kBadGeneration = 4,
-  kPeerGone = 5
-};
-
-void PutU32(std::string* s, uint32_t v) {
-  for (int i = 0; i < 4; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void PutU64(std::string* s, uint64_t v) {
-  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-uint64_t GetLE(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i)
-    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
 int64_t MsSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
-}
-
-// Reads exactly n bytes; false on EOF, error or when `deadline_ms` (-1: none) passes.
-bool ReadAll(int fd, char* buf, size_t n, int64_t deadline_ms = -1) {
-  auto start = Clock::now();
-  size_t got = 0;
-  while (got < n) {
-    if (deadline_ms >= 0) {
-      int64_t left = deadline_ms - MsSince(start);
-      if (left <= 0) return false;
-      pollfd p{fd, POLLIN, 0};
-      int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-    }
-    ssize_t k = ::recv(fd, buf + got, n - got, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    got += static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool WriteAll(int fd, const char* buf, size_t n) {
-  size_t sent = 0;
-  while (sent < n) {
-    ssize_t k = ::send(fd, buf + sent, n - sent, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    sent += static_cast<size_t>(k);
-  }
-  return true;
-}
-
-bool WriteFrame(int fd, const std::string& payload) {
-  std::string f;
-  f.reserve(4 + payload.size());
-  PutU32(&f, static_cast<uint32_t>(payload.size()));
-  f += payload;
-  return WriteAll(fd, f.data(), f.size());
-}
-
-// Reads one frame of at most `cap` bytes; returns an error description (empty on success). The
-// buffer grows with the bytes that arrive, so a length prefix alone allocates nothing.
-std::string ReadFrame(int fd, std::string* out, int64_t deadline_ms = -1,
-                      uint32_t cap = kMaxFrameBytes) {
-  char len[4];
-  if (!ReadAll(fd, len, 4, deadline_ms)) return "connection closed or timed out";
-  uint32_t n = static_cast<uint32_t>(GetLE(len, 4));
-  if (n > cap)
-    return "frame of " + std::to_string(n) + " bytes exceeds the cap of " + std::to_string(cap);
-  out->clear();
-  constexpr size_t kChunk = 1 << 20;
-  while (out->size() < n) {
-    size_t have = out->size(), take = std::min<size_t>(kChunk, n - have);
-    out->resize(have + take);
-    if (!ReadAll(fd, &(*out)[have], take, deadline_ms)) return "connection closed mid-frame";
-  }
-  return "";
-}
-
-// A cursor over a request payload that refuses to read past the end.
-struct Reader {
-  const std::string& s;
-  size_t pos = 0;
-  bool ok = true;
-  uint64_t Int(int n) {
-    if (pos + n > s.size()) {
-      ok = false;
-      return 0;
-    }
-    uint64_t v = GetLE(s.data() + pos, n);
-    pos += n;
-    return v;
-  }
-  std::string Bytes(size_t n) {
-    if (pos + n > s.size()) {
-      ok = false;
-      return "";
-    }
-    std::string v = s.substr(pos, n);
-    pos += n;
-    return v;
-  }
-  std::string Key() { return Bytes(Int(4)); }
-};
-
-std::string KeyField(const std::string& key) {
-  std::string s;
-  PutU32(&s, static_cast<uint32_t>(key.size()));
-  return s + key;
-}
-
-std::string HelloPayload(const std::string& token, const StoreIdentity& id) {
-  return StrCat(kHello, token, "\n", id.generation, "\n", id.rank, "\n", id.nranks);
-}
-
-// Parses "KEEL-STORE/2\n<token>\n<generation>\n<rank>\n<nranks>"; false when malformed.
-bool ParseHello(const std::string& s, std::string* token, StoreIdentity* id) {
-  const size_t magic = sizeof(kHello) - 1;
-  if (s.compare(0, magic, kHello) != 0) return false;
-  std::vector<std::string> parts;
-  size_t start = magic;
-  while (true) {
-    size_t nl = s.find('\n', start);
-    parts.push_back(s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-    if (nl == std::string::npos) break;
-    start = nl + 1;
-  }
-  if (parts.size() != 4) return false;
-  auto num = [](const std::string& t, int64_t* v) {
-    if (t.empty() || t.size() > 18) return false;
-    char* end = nullptr;
-    *v = std::strtoll(t.c_str(), &end, 10);
-    return end == t.c_str() + t.size();
-  };
-  int64_t gen, rank, nranks;
-  if (!num(parts[1], &gen) || !num(parts[2], &rank) || !num(parts[3], &nranks)) return false;
-  if (rank < -1 || nranks < 0 || nranks > (1 << 24) || rank >= std::max<int64_t>(nranks, 1))
-    return false;
-  *token = parts[0];
-  id->generation = gen;
-  id->rank = static_cast<int>(rank);
-  id->nranks = static_cast<int>(nranks);
-  return true;
 }
 
 // How many unauthenticated connections the server may hold: kMaxPendingConnections, and never
@@ -194,31 +67,7 @@ void SetNonBlocking(int fd, bool on) {
   ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
 }
 
-std::string JoinInts(const std::vector<int>& v) {
-  std::string s;
-  for (int x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
-  return s;
-}
-
 }  // namespace
-
-std::pair<std::string, int> ParseEndpoint(const std::string& ep, const std::string& what) {
-  size_t colon = ep.rfind(':');
-  KEEL_ENFORCE(colon != std::string::npos && colon > 0 && colon + 1 < ep.size(), what, ": '", ep,
-               "' is not host:port");
-  std::string host = ep.substr(0, colon), port_s = ep.substr(colon + 1);
-  int port = 0;
-  for (char c : port_s) {
-    KEEL_ENFORCE(c >= '0' && c <= '9' && port_s.size() <= 5, what, ": port '", port_s, "' of '", ep,
-                 "' is not a number");
-    port = port * 10 + (c - '0');
-  }
-  KEEL_ENFORCE(port > 0 && port < 65536, what, ": port ", port, " of '", ep,
-               "' is outside 1..65535");
-  return {host, port};
-}
-
-// ---------------------------------------------------------------- server
 
 struct StoreServer::Pending {
   int fd;
@@ -478,9 +327,10 @@ std::string StoreServer::RankStatus(int nranks) {
     }
   }
   std::string s;
-  if (!never.empty()) s += StrCat("rank(s) ", JoinInts(never), " never connected to the store");
+  if (!never.empty())
+    s += StrCat("rank(s) ", StrJoin(never, ", "), " never connected to the store");
   if (!closed.empty())
-    s += StrCat(s.empty() ? "" : "; ", "rank(s) ", JoinInts(closed),
+    s += StrCat(s.empty() ? "" : "; ", "rank(s) ", StrJoin(closed, ", "),
                 " closed their store connection", detail);
   return s;
 }
@@ -612,8 +462,8 @@ void StoreServer::Serve(int fd, std::string peer, StoreIdentity who) {
         reply += dead >= 0 ? StrCat("rank ", dead,
                                     " closed its store connection (exited or was killed) before "
                                     "arriving; still missing: rank(s) ",
-                                    JoinInts(missing))
-                           : StrCat("rank(s) ", JoinInts(missing), " never arrived");
+                                    StrJoin(missing, ", "))
+                           : StrCat("rank(s) ", StrJoin(missing, ", "), " never arrived");
         std::string status = RankStatus(nranks);
         if (!status.empty() && dead < 0) reply += " (" + status + ")";
       }
@@ -634,222 +484,12 @@ void StoreServer::Serve(int fd, std::string peer, StoreIdentity who) {
   cv_.notify_all();  // barriers waiting on this rank fail now
 }
 
-// ---------------------------------------------------------------- client
-
-StoreClient::StoreClient(const std::string& host, int port, std::string token,
-                         std::chrono::milliseconds timeout, StoreIdentity identity)
-    : endpoint_(host + ":" + std::to_string(port)), timeout_(timeout) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  KEEL_ENFORCE(gai == 0 && res, "store ", endpoint_, ": cannot resolve host '", host,
-               "': ", ::gai_strerror(gai));
-  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
-  const auto deadline = Clock::now() + timeout;
-  std::string last_error = "no attempt";
-  auto backoff = std::chrono::milliseconds(20);
-  const std::string hello = HelloPayload(token, identity);
-  while (true) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) {  // out of fds or buffers for a moment: retried like a refused connect
-      int err = errno;
-      KEEL_ENFORCE(err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM,
-                   "store: socket(): ", std::strerror(err));
-      last_error = StrCat("socket(): ", std::strerror(err));
-    } else if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      int one = 1;
-      ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::string reply;
-      int64_t left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (WriteFrame(fd_, hello) &&
-          ReadFrame(fd_, &reply, std::max<int64_t>(left, 1000), 64).empty() && !reply.empty()) {
-        if (reply[0] == kOk) {
-          abort_fd_ = fd_;
-          break;
-        }
-        ::close(fd_);
-        fd_ = -1;
-        KEEL_ENFORCE(reply[0] != kBadToken, "store ", endpoint_,
-                     ": the server refused this client's job token (every rank must have the "
-                     "same KEEL_JOB_TOKEN)");
-        if (reply[0] == kBadGeneration && reply.size() == 9) {
-          last_error =
-              StrCat("it serves restart generation ", GetLE(reply.data() + 1, 8),
-                     ", this worker is generation ", identity.generation, " (KEEL_RESTART_COUNT)");
-        } else {
-          last_error = "refused";
-        }
-      } else {
-        last_error = "connection dropped before the hello was answered (server busy?)";
-        ::close(fd_);
-        fd_ = -1;
-      }
-    } else {
-      last_error = std::strerror(errno);
-      ::close(fd_);
-      fd_ = -1;
-    }
-    if (Clock::now() + backoff > deadline)
-      KEEL_THROW("store ", endpoint_, ": could not connect within ", timeout.count() / 1000.0,
-                 " s (", last_error, "); is rank 0 running and is the endpoint right?");
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
-}
-
-StoreClient::~StoreClient() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-void StoreClient::Abort() {
-  int fd = abort_fd_.load();
-  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
-}
-
-std::string StoreClient::Request(const std::string& frame, std::chrono::milliseconds wait,
-                                 const std::string& what) {
-  std::lock_guard<std::mutex> lk(mu_);
-  KEEL_ENFORCE(fd_ >= 0, "store ", endpoint_, ": connection is closed");
-  std::string reply;
-  // The reply may take `wait` (a blocking GET) plus some slack for the network.
-  std::string err;
-  if (!WriteFrame(fd_, frame))
-    err = std::strerror(errno);
-  else
-    err = ReadFrame(fd_, &reply, wait.count() + 10000);
-  if (!err.empty() || reply.empty()) {
-    abort_fd_ = -1;
-    ::close(fd_);
-    fd_ = -1;
-    KEEL_THROW("store ", endpoint_, ": ", what, " failed: ", err.empty() ? "empty reply" : err,
-               " (did rank 0 exit?)");
-  }
-  return reply;
-}
-
-void StoreClient::Set(const std::string& key, const std::string& value) {
-  std::string f(1, static_cast<char>(kSet));
-  f += KeyField(key) + value;
-  Request(f, std::chrono::milliseconds(0), "set '" + key + "'");
-}
-
-std::string StoreClient::Get(const std::string& key) { return Get(key, timeout_); }
-
-std::string StoreClient::Get(const std::string& key, std::chrono::milliseconds timeout) {
-  std::string f(1, static_cast<char>(kGet));
-  f += KeyField(key);
-  PutU64(&f, static_cast<uint64_t>(timeout.count()));
-  std::string r = Request(f, timeout, "get '" + key + "'");
-  KEEL_ENFORCE(
-      r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
-      timeout.count() / 1000.0, " s",
-      r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
-  return r.substr(1);
-}
-
-std::string StoreClient::GetUnlessPeerGone(const std::string& key,
-                                           std::chrono::milliseconds timeout) {
-  std::string f(1, static_cast<char>(kGetAlive));
-  f += KeyField(key);
-  PutU64(&f, static_cast<uint64_t>(timeout.count()));
-  std::string r = Request(f, timeout, "get '" + key + "'");
-  KEEL_ENFORCE(r[0] != kPeerGone, "store ", endpoint_, ": stopped waiting for key '", key,
-               "': ", r.substr(1));
-  KEEL_ENFORCE(
-      r[0] == kOk, "store ", endpoint_, ": key '", key, "' did not appear within ",
-      timeout.count() / 1000.0, " s",
-      r.size() > 1 ? StrCat(" (", r.substr(1), ")") : std::string(" (a rank that never arrived?)"));
-  return r.substr(1);
-}
-
 std::vector<int> StoreServer::gone() const {
   std::lock_guard<std::mutex> lk(mu_);
   std::vector<int> out;
   for (const auto& [rank, rc] : ranks_)
     if (rc.open == 0) out.push_back(rank);
   return out;
-}
-
-int64_t StoreClient::Add(const std::string& key, int64_t delta) {
-  std::string f(1, static_cast<char>(kAdd));
-  f += KeyField(key);
-  PutU64(&f, static_cast<uint64_t>(delta));
-  std::string r = Request(f, std::chrono::milliseconds(0), "add '" + key + "'");
-  KEEL_ENFORCE(r.size() == 9, "store ", endpoint_, ": malformed reply to add");
-  return static_cast<int64_t>(GetLE(r.data() + 1, 8));
-}
-
-bool StoreClient::Check(const std::string& key) {
-  std::string f(1, static_cast<char>(kCheck));
-  f += KeyField(key);
-  std::string r = Request(f, std::chrono::milliseconds(0), "check '" + key + "'");
-  return r.size() == 2 && r[1] == 1;
-}
-
-void StoreClient::Delete(const std::string& key) {
-  std::string f(1, static_cast<char>(kDel));
-  f += KeyField(key);
-  Request(f, std::chrono::milliseconds(0), "delete '" + key + "'");
-}
-
-void StoreClient::Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  for (auto& k : keys) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    Get(k, std::max(left, std::chrono::milliseconds(0)));
-  }
-}
-
-void StoreClient::Barrier(const std::string& key, int nranks, std::chrono::milliseconds timeout) {
-  std::string f(1, static_cast<char>(kBarrier));
-  f += KeyField(key);
-  PutU32(&f, static_cast<uint32_t>(nranks));
-  PutU64(&f, static_cast<uint64_t>(timeout.count()));
-  std::string r = Request(f, timeout, "barrier '" + key + "'");
-  if (r[0] == kOk) return;
-  KEEL_ENFORCE(r[0] != kBad, "store ", endpoint_, ": barrier '", key,
-               "' was refused (this client has no rank)");
-  KEEL_THROW(
-      "store barrier '", key, "': ",
-      r[0] == kPeerGone ? std::string() : StrCat("waited ", timeout.count() / 1000.0, " s; "),
-      r.substr(1));
-}
-
-// ---------------------------------------------------------------- job identity
-
-std::string JobTokenFromEnvironment(int world_size) {
-  const char* token = std::getenv("KEEL_JOB_TOKEN");
-  if (token != nullptr && *token != '\0') {
-    KEEL_ENFORCE(std::strlen(token) < kMaxHelloBytes / 2 && !std::strchr(token, '\n'),
-                 "KEEL_JOB_TOKEN must be one line of fewer than ", kMaxHelloBytes / 2,
-                 " characters");
-    return token;
-  }
-  if (world_size <= 1) return "";
-  const char* ompi = std::getenv("OMPI_MCA_orte_precondition_transports");
-  if (ompi != nullptr && std::strlen(ompi) >= 16) {
-    const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
-    return StrCat("ompi:", ompi, ":", job ? job : "");
-  }
-  KEEL_THROW("a job of ", world_size,
-             " ranks needs a job token that only its ranks know: set KEEL_JOB_TOKEN to the same "
-             "secret on every rank, e.g. export KEEL_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom "
-             "| tr -d ' \\n') (keel launch sets one itself; mpirun jobs derive one from OpenMPI's "
-             "per-job key). Without it anyone who reaches the rendezvous port could read and "
-             "write the job's keys.");
-}
-
-int64_t RestartGenerationFromEnvironment() {
-  const char* v = std::getenv("KEEL_RESTART_COUNT");
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  long long n = std::strtoll(v, &end, 10);
-  KEEL_ENFORCE(end && *end == '\0' && n >= 0, "KEEL_RESTART_COUNT='", v,
-               "' is not a non-negative integer");
-  return n;
 }
 
 }  // namespace keel
