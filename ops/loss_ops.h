@@ -71,38 +71,51 @@ Labels<T> LabelsOf(const Tensor& label, bool soft, int ignore_index) {
 template <typename D, typename T>
 struct LossMath;
 
-// ---------------------------------------------------------------- cross_entropy
-
-template <typename D, typename T>
-class CrossEntropyKernel : public OpKernel {
+// What every loss kernel keeps: the label attrs, and where a device reports bad labels. The
+// class count of a report's message is input `input`'s dim `axis`.
+template <typename D>
+class LossKernelBase : public OpKernel {
  public:
-  explicit CrossEntropyKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const int64_t d = x.dims()[x.dims().size() - 1];
-    const int64_t n = d == 0 ? 0 : x.numel() / d;
-    ThrowIfReported(report_, "cross_entropy", d, ignore_index_);
-    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), soft_, ignore_index_);
-    T* y = ctx.Output("Y")->mutable_data<T>(ctx.place());
-    LossMath<D, T>::CrossEntropy(ctx, x.data<T>(), l, n, d, y, report_.device(ctx));
-  }
+  LossKernelBase(const OpDesc& op, const char* input, int axis)
+      : soft_(op.Attr<bool>("soft_label")),
+        ignore_index_(op.Attr<int>("ignore_index")),
+        input_(input),
+        axis_(axis) {}
+  // Throws a bad label that a device found in an earlier run.
   void Replayed(ExecutionContext& ctx) override {
-    const DDim& xd = ctx.Input("X").dims();
-    ThrowIfReported(report_, "cross_entropy", xd[xd.size() - 1], ignore_index_);
+    ThrowIfReported(report_, ctx.op().type().c_str(), SplitAt(ctx.Input(input_).dims(), axis_).n,
+                    ignore_index_);
   }
 
- private:
+ protected:
   bool soft_;
   int ignore_index_;
+  const char* input_;
+  int axis_;
   typename Device<D>::Reports report_;
 };
 
+// ---------------------------------------------------------------- cross_entropy
+
 template <typename D, typename T>
-class CrossEntropyGradKernel : public OpKernel {
+class CrossEntropyKernel : public LossKernelBase<D> {
  public:
-  explicit CrossEntropyGradKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
+  explicit CrossEntropyKernel(const OpDesc& op) : LossKernelBase<D>(op, "X", -1) {}
+  void Compute(ExecutionContext& ctx) override {
+    this->Replayed(ctx);
+    const Tensor& x = ctx.Input("X");
+    const int64_t d = x.dims()[x.dims().size() - 1];
+    const int64_t n = d == 0 ? 0 : x.numel() / d;
+    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), this->soft_, this->ignore_index_);
+    T* y = ctx.Output("Y")->mutable_data<T>(ctx.place());
+    LossMath<D, T>::CrossEntropy(ctx, x.data<T>(), l, n, d, y, this->report_.device(ctx));
+  }
+};
+
+template <typename D, typename T>
+class CrossEntropyGradKernel : public LossKernelBase<D> {
+ public:
+  explicit CrossEntropyGradKernel(const OpDesc& op) : LossKernelBase<D>(op, "X", -1) {}
   void Compute(ExecutionContext& ctx) override {
     Tensor* dx = GradOutput(ctx, "X");
     if (dx == nullptr) return;
@@ -112,20 +125,11 @@ class CrossEntropyGradKernel : public OpKernel {
     const int64_t n = d == 0 ? 0 : x.numel() / d;
     KEEL_ENFORCE(dout.numel() == n, "Y@GRAD ", dout.dims().str(), " does not match X ",
                  x.dims().str());
-    ThrowIfReported(report_, "cross_entropy_grad", d, ignore_index_);
-    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), soft_, ignore_index_);
+    this->Replayed(ctx);
+    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), this->soft_, this->ignore_index_);
     LossMath<D, T>::CrossEntropyGrad(ctx, x.data<T>(), l, dout.data<T>(), n, d,
-                                     dx->mutable_data<T>(ctx.place()), report_.device(ctx));
+                                     dx->mutable_data<T>(ctx.place()), this->report_.device(ctx));
   }
-  void Replayed(ExecutionContext& ctx) override {
-    const DDim& xd = ctx.Input("X").dims();
-    ThrowIfReported(report_, "cross_entropy_grad", xd[xd.size() - 1], ignore_index_);
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-  typename Device<D>::Reports report_;
 };
 
 // ---------------------------------------------------------------- softmax_with_cross_entropy
@@ -134,65 +138,42 @@ class CrossEntropyGradKernel : public OpKernel {
 // hard: loss = lse - (x[label] - m); soft: loss = sum_j label_j * (lse - (x_j - m)), a label of 0
 // contributing 0 even where x_j is -inf (fn::WeightTimes).
 template <typename D, typename T>
-class SoftmaxWithCrossEntropyKernel : public OpKernel {
+class SoftmaxWithCrossEntropyKernel : public LossKernelBase<D> {
  public:
   explicit SoftmaxWithCrossEntropyKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")),
-        ignore_index_(op.Attr<int>("ignore_index")),
-        axis_(op.Attr<int>("axis")) {}
+      : LossKernelBase<D>(op, "Logits", op.Attr<int>("axis")) {}
   void Compute(ExecutionContext& ctx) override {
+    this->Replayed(ctx);
     const Tensor& logits = ctx.Input("Logits");
-    const AxisSplit s = SplitAt(logits.dims(), axis_);
-    ThrowIfReported(report_, "softmax_with_cross_entropy", s.n, ignore_index_);
-    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), soft_, ignore_index_);
+    const AxisSplit s = SplitAt(logits.dims(), this->axis_);
+    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), this->soft_, this->ignore_index_);
     T* sm = ctx.Output("Softmax")->mutable_data<T>(ctx.place());
     T* loss = ctx.Output("Loss")->mutable_data<T>(ctx.place());
-    LossMath<D, T>::SoftmaxCrossEntropy(ctx, s, logits.data<T>(), l, sm, loss, report_.device(ctx));
+    LossMath<D, T>::SoftmaxCrossEntropy(ctx, s, logits.data<T>(), l, sm, loss,
+                                        this->report_.device(ctx));
   }
-  void Replayed(ExecutionContext& ctx) override {
-    ThrowIfReported(report_, "softmax_with_cross_entropy",
-                    SplitAt(ctx.Input("Logits").dims(), axis_).n, ignore_index_);
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-  int axis_;
-  typename Device<D>::Reports report_;
 };
 
 // dlogits = (softmax - onehot(label)) * dloss per row (soft: softmax - label); 0 for ignored rows.
 template <typename D, typename T>
-class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
+class SoftmaxWithCrossEntropyGradKernel : public LossKernelBase<D> {
  public:
   explicit SoftmaxWithCrossEntropyGradKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")),
-        ignore_index_(op.Attr<int>("ignore_index")),
-        axis_(op.Attr<int>("axis")) {}
+      : LossKernelBase<D>(op, "Softmax", op.Attr<int>("axis")) {}
   void Compute(ExecutionContext& ctx) override {
     Tensor* dx = GradOutput(ctx, "Logits");
     if (dx == nullptr) return;
     const Tensor& softmax = ctx.Input("Softmax");
     const Tensor& dloss = ctx.Input(GradVarName("Loss"));
-    const AxisSplit s = SplitAt(softmax.dims(), axis_);
+    const AxisSplit s = SplitAt(softmax.dims(), this->axis_);
     KEEL_ENFORCE(dloss.numel() == s.pre * s.post, "Loss@GRAD ", dloss.dims().str(),
                  " does not match Softmax ", softmax.dims().str());
-    ThrowIfReported(report_, "softmax_with_cross_entropy_grad", s.n, ignore_index_);
+    this->Replayed(ctx);
     T* dxp = dx->mutable_data<T>(ctx.place());
-    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), soft_, ignore_index_);
+    const Labels<T> l = LabelsOf<T>(ctx.Input("Label"), this->soft_, this->ignore_index_);
     LossMath<D, T>::SoftmaxCrossEntropyGrad(ctx, s, softmax.data<T>(), l, dloss.data<T>(), dxp,
-                                            report_.device(ctx));
+                                            this->report_.device(ctx));
   }
-  void Replayed(ExecutionContext& ctx) override {
-    ThrowIfReported(report_, "softmax_with_cross_entropy_grad",
-                    SplitAt(ctx.Input("Softmax").dims(), axis_).n, ignore_index_);
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-  int axis_;
-  typename Device<D>::Reports report_;
 };
 
 }  // namespace keel

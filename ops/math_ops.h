@@ -88,8 +88,6 @@ class MatMulKernel : public OpKernel {
   T alpha_;
 };
 
-// An operand shared over the batch (stride 0) sums its gradient over the batch: one GEMM per
-// batch entry, accumulating (beta 1 after the first).
 template <typename D, typename T>
 class MatMulGradKernel : public OpKernel {
  public:
@@ -122,12 +120,7 @@ class MatMulGradKernel : public OpKernel {
         else  // dx = y' * dout'. dx: K x M, y: N x K, dout: M x N
           Device<D>::Gemm(ctx, true, true, K, M, N, alpha, yb, sy, gb, MN, beta, dxb, sdx, batch);
       };
-      if (p.x_stride != 0 || p.batch <= 1) {
-        run(yd, p.y_stride, gd, T(0), dxd, p.x_stride, p.batch);
-      } else {
-        for (int64_t b = 0; b < p.batch; ++b)
-          run(yd + b * p.y_stride, 0, gd + b * MN, b > 0 ? T(1) : T(0), dxd, 0, 1);
-      }
+      OverBatch(p.batch, p.x_stride, yd, p.y_stride, gd, MN, dxd, run);
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
       T* dyd = dy->mutable_data<T>(ctx.place());
@@ -143,16 +136,26 @@ class MatMulGradKernel : public OpKernel {
         else  // dy = dout' * x'. dy: N x K, dout: M x N, x: K x M
           Device<D>::Gemm(ctx, true, true, N, K, M, alpha, gb, MN, xb, sx, beta, dyb, sdy, batch);
       };
-      if (p.y_stride != 0 || p.batch <= 1) {
-        run(xd, p.x_stride, gd, T(0), dyd, p.y_stride, p.batch);
-      } else {
-        for (int64_t b = 0; b < p.batch; ++b)
-          run(xd + b * p.x_stride, 0, gd + b * MN, b > 0 ? T(1) : T(0), dyd, 0, 1);
-      }
+      OverBatch(p.batch, p.y_stride, xd, p.x_stride, gd, MN, dyd, run);
     }
   }
 
  private:
+  // One operand's gradient `grad` (batch stride `stride`) from the other operand (`other`, its
+  // stride `other_stride`) and dout (stride MN), by run(other_b, other_stride, dout_b, beta,
+  // grad_b, grad_stride, batch): one strided batch of GEMMs, or, for an operand shared over the
+  // batch (stride 0), one GEMM per batch entry summing its gradient (beta 1 after the first).
+  template <typename Run>
+  static void OverBatch(int64_t batch, int64_t stride, const T* other, int64_t other_stride,
+                        const T* gd, int64_t MN, T* grad, const Run& run) {
+    if (stride != 0 || batch <= 1) {
+      run(other, other_stride, gd, T(0), grad, stride, batch);
+      return;
+    }
+    for (int64_t b = 0; b < batch; ++b)
+      run(other + b * other_stride, 0, gd + b * MN, b > 0 ? T(1) : T(0), grad, 0, 1);
+  }
+
   bool tx_, ty_;
   T alpha_;
 };
