@@ -12,130 +12,51 @@
 //   gelu:        dx = dout * (Phi(x) + x * phi(x))            (erf form; tanh form below)
 //   leaky_relu:  dx = dout * (x > 0 ? 1 : alpha)
 //   clip:        dx = dout * (min < x < max)
+// The kernels are in activation_ops.h; here are the shapes, the CPU math that stays on Eigen and
+// the registrations.
+#include "ops/activation_ops.h"
+
 #include <Eigen/Core>
-#include <unsupported/Eigen/SpecialFunctions>
 #include <algorithm>
 #include <cmath>
+#include <unsupported/Eigen/SpecialFunctions>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cpu_threads.h"
-#include "ops/functors/activation_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
 namespace {
 
-// ---------------------------------------------------------------- elementwise kernels
+// ---------------------------------------------------------------- elementwise
 
-// tanh and sigmoid forward, and gelu (below), stay on Eigen's vectorized exp/tanh/erf on the CPU
-// (several times faster than libm per element, within an ulp or two of it); the CUDA kernels use
-// fn::Tanh/fn::Sigmoid/fn::Gelu. Every other formula is one shared functor
-// (ops/functors/activation_functors.h).
-struct TanhFn {
-  template <typename X, typename O>
-  void operator()(const X& x, O out) const {
-    out = x.tanh();
-  }
-};
-struct SigmoidFn {
-  template <typename X, typename O>
-  void operator()(const X& x, O out) const {
-    using T = typename O::Scalar;
-    out = (T(1) + (-x).exp()).inverse();
-  }
-};
+void ClipShape(InferShapeContext& ctx) {
+  const float lo = ctx.Attr<float>("min"), hi = ctx.Attr<float>("max");
+  KEEL_SHAPE_CHECK(lo <= hi, "min ", lo, " must not exceed max ", hi);
+  ctx.ShareDimAndDType("X", "Out");
+}
 
-// Adapts a scalar functor f(x) to the Eigen-style signature: out[i] = f(x[i]).
-template <typename F>
-struct PerElement {
-  template <typename X, typename O>
-  void operator()(const X& x, O out) const {
-    const F f{};
-    for (Eigen::Index i = 0; i < x.size(); ++i) out[i] = f(x[i]);
-  }
-};
-// dx[i] = f(a[i], dout[i]), a being Out or X.
-template <typename F>
-struct PerElementGrad {
-  template <typename A, typename D, typename G>
-  void operator()(const A& a, const D& dout, G dx) const {
-    const F f{};
-    for (Eigen::Index i = 0; i < a.size(); ++i) dx[i] = f(a[i], dout[i]);
-  }
-};
-using ReluFn = PerElement<fn::Relu>;
-using ReluGradFn = PerElementGrad<fn::ReluGrad>;
-using TanhGradFn = PerElementGrad<fn::TanhGrad>;
-using SigmoidGradFn = PerElementGrad<fn::SigmoidGrad>;
+// ---------------------------------------------------------------- softmax
 
-// Out = F(X), elementwise.
-template <typename T, typename F>
-class UnaryKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const T* xd = x.data<T>();
-    T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    cpu_threads::ParallelForRange(x.numel(), cpu_threads::kElementwiseGrain,
-                                  [&](int64_t b, int64_t e) {
-                                    F()(ConstVec<T>(xd + b, e - b), Vec<T>(od + b, e - b));
-                                  });
-  }
-};
+void SoftmaxShape(InferShapeContext& ctx) {
+  DDim x = ctx.GetInputDim("X");
+  int axis = ctx.Attr<int>("axis");
+  KEEL_SHAPE_CHECK(x.size() >= 1, "needs rank >= 1, got X ", x.str());
+  CheckAxisInRange("axis", axis, "X", x);
+  ctx.ShareDimAndDType("X", "Out");
+}
 
-// X@GRAD = F(Out, Out@GRAD), elementwise.
-template <typename T, typename F>
-class UnaryGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& out = ctx.Input("Out");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(out.numel() == dout.numel(), "Out ", out.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ in size");
-    const T* od = out.data<T>();
-    const T* gd = dout.data<T>();
-    T* dxd = dx->mutable_data<T>(ctx.place());
-    cpu_threads::ParallelForRange(
-        out.numel(), cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
-          F()(ConstVec<T>(od + b, e - b), ConstVec<T>(gd + b, e - b), Vec<T>(dxd + b, e - b));
-        });
-  }
-};
-
-template <typename T>
-using TanhKernel = UnaryKernel<T, TanhFn>;
-template <typename T>
-using TanhGradKernel = UnaryGradKernel<T, TanhGradFn>;
-template <typename T>
-using SigmoidKernel = UnaryKernel<T, SigmoidFn>;
-template <typename T>
-using SigmoidGradKernel = UnaryGradKernel<T, SigmoidGradFn>;
-template <typename T>
-using ReluKernel = UnaryKernel<T, ReluFn>;
-template <typename T>
-using ReluGradKernel = UnaryGradKernel<T, ReluGradFn>;
-
-// ---------------------------------------------------------------- gelu, leaky_relu, clip
+}  // namespace
 
 // gelu evaluates erf or tanh (and exp) per element, several times the work of a relu even
 // vectorized: its pieces are smaller, so a transformer's feed-forward activations (64 K elements
 // in the built-in one) use every thread. The cut depends on the size only (cpu_threads.h).
 constexpr int64_t kGeluGrain = int64_t{1} << 15;
 
-// fn(i) for every element i, in the pieces of the memory-bound element-wise kernels.
-template <typename F>
-void ElementwisePieces(int64_t n, const F& fn) {
-  cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) fn(i);
-  });
-}
-
 // fn::Gelu and fn::GeluGrad over Eigen arrays: Eigen's erf, exp and tanh are vectorized (on this
 // machine's AVX-512, erf over 64 K floats takes 17 µs against 780 with libm's erff, within 3e-7
-// of it), as tanh and sigmoid above; the CUDA kernels use the functors.
+// of it), as tanh and sigmoid (below); the CUDA kernels use the functors.
 struct GeluArrays {
   bool approximate;
   // The tanh form's tanh(sqrt(2 / pi) (x + 0.044715 x^3)).
@@ -165,157 +86,50 @@ struct GeluArrays {
   }
 };
 
-// out = x * Phi(x) (erf form) or its tanh approximation.
+// tanh and sigmoid forward, and gelu, stay on Eigen's vectorized exp/tanh/erf on the CPU (several
+// times faster than libm per element, within an ulp or two of it); CUDA uses the functors. Every
+// other formula is ActivationMath's scalar loop.
 template <typename T>
-class GeluKernel : public OpKernel {
- public:
-  explicit GeluKernel(const OpDesc& op) : f_{op.Attr<bool>("approximate")} {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const T* xp = x.data<T>();
-    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    cpu_threads::ParallelForRange(x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
-      f_.Forward(ConstVec<T>(xp + b, e - b), Vec<T>(op + b, e - b));
+struct ActivationMath<CPUDevice, T, fn::TanhAct> {
+  static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::TanhAct) {
+    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+      Vec<T>(out + b, e - b) = ConstVec<T>(x + b, e - b).tanh();
     });
   }
-
- private:
-  GeluArrays f_;
 };
-
-// dx = dout * d gelu / dx.
 template <typename T>
-class GeluGradKernel : public OpKernel {
- public:
-  explicit GeluGradKernel(const OpDesc& op) : f_{op.Attr<bool>("approximate")} {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& x = ctx.Input("X");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ in size");
-    const T* xp = x.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
-    cpu_threads::ParallelForRange(x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
-      f_.Grad(ConstVec<T>(xp + b, e - b), ConstVec<T>(dyp + b, e - b), Vec<T>(dxp + b, e - b));
+struct ActivationMath<CPUDevice, T, fn::Sigmoid> {
+  static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::Sigmoid) {
+    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+      Vec<T>(out + b, e - b) = (T(1) + (-ConstVec<T>(x + b, e - b)).exp()).inverse();
     });
   }
-
- private:
-  GeluArrays f_;
 };
-
-// out = x > 0 ? x : alpha * x.
 template <typename T>
-class LeakyReluKernel : public OpKernel {
- public:
-  explicit LeakyReluKernel(const OpDesc& op) : alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const T* xp = x.data<T>();
-    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    const fn::LeakyRelu<T> f{alpha_};
-    ElementwisePieces(x.numel(), [&](int64_t i) { op[i] = f(xp[i]); });
+struct ActivationMath<CPUDevice, T, fn::Gelu> {
+  static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::Gelu f) {
+    const GeluArrays g{f.approximate};
+    cpu_threads::ParallelForRange(n, kGeluGrain, [&](int64_t b, int64_t e) {
+      g.Forward(ConstVec<T>(x + b, e - b), Vec<T>(out + b, e - b));
+    });
   }
-
- private:
-  T alpha_;
 };
-
 template <typename T>
-class LeakyReluGradKernel : public OpKernel {
- public:
-  explicit LeakyReluGradKernel(const OpDesc& op)
-      : alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& x = ctx.Input("X");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ in size");
-    const T* xp = x.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
-    const fn::LeakyReluGrad<T> f{alpha_};
-    ElementwisePieces(x.numel(), [&](int64_t i) { dxp[i] = f(xp[i], dyp[i]); });
+struct ActivationMath<CPUDevice, T, fn::GeluGrad> {
+  static void Grad(const ExecutionContext&, int64_t n, const T* x, const T* dout, T* dx,
+                   fn::GeluGrad f) {
+    const GeluArrays g{f.approximate};
+    cpu_threads::ParallelForRange(n, kGeluGrain, [&](int64_t b, int64_t e) {
+      g.Grad(ConstVec<T>(x + b, e - b), ConstVec<T>(dout + b, e - b), Vec<T>(dx + b, e - b));
+    });
   }
-
- private:
-  T alpha_;
 };
 
-void ClipShape(InferShapeContext& ctx) {
-  const float lo = ctx.Attr<float>("min"), hi = ctx.Attr<float>("max");
-  KEEL_SHAPE_CHECK(lo <= hi, "min ", lo, " must not exceed max ", hi);
-  ctx.ShareDimAndDType("X", "Out");
-}
-
-// out = min(max(x, min), max).
+// Rows along the last axis use vector ops per row, short ones (a 2-class head: shorter than a
+// SIMD register) one exp over the whole buffer; rows along another axis are Eigen column blocks.
 template <typename T>
-class ClipKernel : public OpKernel {
- public:
-  explicit ClipKernel(const OpDesc& op)
-      : lo_(static_cast<T>(op.Attr<float>("min"))), hi_(static_cast<T>(op.Attr<float>("max"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const T* xp = x.data<T>();
-    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    const fn::Clip<T> f{lo_, hi_};
-    ElementwisePieces(x.numel(), [&](int64_t i) { op[i] = f(xp[i]); });
-  }
-
- private:
-  T lo_, hi_;
-};
-
-// dx = dout where min < x < max, else 0.
-template <typename T>
-class ClipGradKernel : public OpKernel {
- public:
-  explicit ClipGradKernel(const OpDesc& op)
-      : lo_(static_cast<T>(op.Attr<float>("min"))), hi_(static_cast<T>(op.Attr<float>("max"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& x = ctx.Input("X");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(x.numel() == dout.numel(), "X ", x.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ in size");
-    const T* xp = x.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
-    const fn::ClipGrad<T> f{lo_, hi_};
-    ElementwisePieces(x.numel(), [&](int64_t i) { dxp[i] = f(xp[i], dyp[i]); });
-  }
-
- private:
-  T lo_, hi_;
-};
-
-// ---------------------------------------------------------------- softmax
-
-void SoftmaxShape(InferShapeContext& ctx) {
-  DDim x = ctx.GetInputDim("X");
-  int axis = ctx.Attr<int>("axis");
-  KEEL_SHAPE_CHECK(x.size() >= 1, "needs rank >= 1, got X ", x.str());
-  CheckAxisInRange("axis", axis, "X", x);
-  ctx.ShareDimAndDType("X", "Out");
-}
-
-// Out = exp(X - max) / sum(exp(X - max)) along `axis`.
-template <typename T>
-class SoftmaxKernel : public OpKernel {
- public:
-  explicit SoftmaxKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    Tensor* out = ctx.Output("Out");
-    const AxisSplit s = SplitAt(x.dims(), axis_);
-    const T* xp = x.data<T>();
-    T* op = out->mutable_data<T>(ctx.place());
+struct SoftmaxMath<CPUDevice, T, false> {
+  static void Forward(const ExecutionContext&, const AxisSplit& s, const T* xp, T* op) {
     if (s.post == 1 && s.n <= kShortRow) {
       // Shift each row by its max, exp the whole buffer in one vectorized pass, normalize rows.
       for (int64_t i = 0; i < s.pre; ++i) {
@@ -357,26 +171,7 @@ class SoftmaxKernel : public OpKernel {
     }
   }
 
- private:
-  int axis_;
-};
-
-// dx = out * (dout - sum(dout * out, axis)).
-template <typename T>
-class SoftmaxGradKernel : public OpKernel {
- public:
-  explicit SoftmaxGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& out = ctx.Input("Out");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(out.dims() == dout.dims(), "Out ", out.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ");
-    const AxisSplit s = SplitAt(out.dims(), axis_);
-    const T* yp = out.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
+  static void Grad(const ExecutionContext&, const AxisSplit& s, const T* yp, const T* dyp, T* dxp) {
     if (s.post == 1 && s.n <= kShortRow) {
       for (int64_t i = 0; i < s.pre * s.n; i += s.n) {
         T dot = 0;
@@ -405,24 +200,12 @@ class SoftmaxGradKernel : public OpKernel {
       g = y * (dy.rowwise() - dot);
     }
   }
-
- private:
-  int axis_;
 };
 
-// ---------------------------------------------------------------- log_softmax
-
-// Out = X - max - log(sum(exp(X - max))) along `axis`: never exponentiates a positive number.
+// Never exponentiates a positive number.
 template <typename T>
-class LogSoftmaxKernel : public OpKernel {
- public:
-  explicit LogSoftmaxKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    Tensor* out = ctx.Output("Out");
-    const AxisSplit s = SplitAt(x.dims(), axis_);
-    const T* xp = x.data<T>();
-    T* op = out->mutable_data<T>(ctx.place());
+struct SoftmaxMath<CPUDevice, T, true> {
+  static void Forward(const ExecutionContext&, const AxisSplit& s, const T* xp, T* op) {
     if (s.post == 1) {
       for (int64_t i = 0; i < s.pre; ++i) {
         ConstVec<T> xr(xp + i * s.n, s.n);
@@ -444,26 +227,7 @@ class LogSoftmaxKernel : public OpKernel {
     }
   }
 
- private:
-  int axis_;
-};
-
-// dx = dout - exp(out) * sum(dout, axis).
-template <typename T>
-class LogSoftmaxGradKernel : public OpKernel {
- public:
-  explicit LogSoftmaxGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& out = ctx.Input("Out");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(out.dims() == dout.dims(), "Out ", out.dims().str(), " and Out@GRAD ",
-                 dout.dims().str(), " differ");
-    const AxisSplit s = SplitAt(out.dims(), axis_);
-    const T* yp = out.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
+  static void Grad(const ExecutionContext&, const AxisSplit& s, const T* yp, const T* dyp, T* dxp) {
     if (s.post == 1) {
       for (int64_t i = 0; i < s.pre; ++i) {
         ConstVec<T> y(yp + i * s.n, s.n);
@@ -482,12 +246,7 @@ class LogSoftmaxGradKernel : public OpKernel {
       g = dy - y.exp().rowwise() * sum;
     }
   }
-
- private:
-  int axis_;
 };
-
-}  // namespace
 
 // ---------------------------------------------------------------- registration
 
@@ -498,8 +257,8 @@ KEEL_REGISTER_OP(tanh)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("tanh_grad", {"Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(tanh_grad, tanh).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
-KEEL_REGISTER_CPU_KERNEL(tanh, TanhKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(tanh_grad, TanhGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, tanh, TanhKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, tanh_grad, TanhGradKernel, float, double);
 
 KEEL_REGISTER_OP(sigmoid)
     .Doc("Out = 1 / (1 + exp(-X)), elementwise.")
@@ -510,8 +269,8 @@ KEEL_REGISTER_OP(sigmoid)
 KEEL_REGISTER_GRAD_OP(sigmoid_grad, sigmoid)
     .Shape(GradShapeLike("X", "Out"))
     .KernelDTypeFrom("Out");
-KEEL_REGISTER_CPU_KERNEL(sigmoid, SigmoidKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(sigmoid_grad, SigmoidGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sigmoid, SigmoidKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sigmoid_grad, SigmoidGradKernel, float, double);
 
 KEEL_REGISTER_OP(relu)
     .Doc("Out = max(X, 0), elementwise.")
@@ -520,8 +279,8 @@ KEEL_REGISTER_OP(relu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("relu_grad", {"Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(relu_grad, relu).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
-KEEL_REGISTER_CPU_KERNEL(relu, ReluKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(relu_grad, ReluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, relu, ReluKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, relu_grad, ReluGradKernel, float, double);
 
 KEEL_REGISTER_OP(softmax)
     .Doc(
@@ -535,8 +294,8 @@ KEEL_REGISTER_OP(softmax)
 KEEL_REGISTER_GRAD_OP(softmax_grad, softmax)
     .Shape(GradShapeLike("X", "Out"))
     .KernelDTypeFrom("Out");
-KEEL_REGISTER_CPU_KERNEL(softmax, SoftmaxKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(softmax_grad, SoftmaxGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, softmax, SoftmaxFwdKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, softmax_grad, SoftmaxBwdKernel, float, double);
 
 KEEL_REGISTER_OP(log_softmax)
     .Doc(
@@ -550,8 +309,8 @@ KEEL_REGISTER_OP(log_softmax)
 KEEL_REGISTER_GRAD_OP(log_softmax_grad, log_softmax)
     .Shape(GradShapeLike("X", "Out"))
     .KernelDTypeFrom("Out");
-KEEL_REGISTER_CPU_KERNEL(log_softmax, LogSoftmaxKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(log_softmax_grad, LogSoftmaxGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, log_softmax, LogSoftmaxFwdKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, log_softmax_grad, LogSoftmaxBwdKernel, float, double);
 
 KEEL_REGISTER_OP(gelu)
     .Doc(
@@ -563,8 +322,8 @@ KEEL_REGISTER_OP(gelu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("gelu_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(gelu_grad, gelu);
-KEEL_REGISTER_CPU_KERNEL(gelu, GeluKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(gelu_grad, GeluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, gelu, GeluKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, gelu_grad, GeluGradKernel, float, double);
 
 KEEL_REGISTER_OP(leaky_relu)
     .Doc("Out = X > 0 ? X : alpha * X, elementwise.")
@@ -574,8 +333,8 @@ KEEL_REGISTER_OP(leaky_relu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("leaky_relu_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(leaky_relu_grad, leaky_relu);
-KEEL_REGISTER_CPU_KERNEL(leaky_relu, LeakyReluKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(leaky_relu_grad, LeakyReluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, leaky_relu, LeakyReluKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, leaky_relu_grad, LeakyReluGradKernel, float, double);
 
 KEEL_REGISTER_OP(clip)
     .Doc("Out = min(max(X, min), max), elementwise. The gradient passes where min < X < max.")
@@ -586,7 +345,7 @@ KEEL_REGISTER_OP(clip)
     .Shape(ClipShape)
     .Grad(GradMaker("clip_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(clip_grad, clip);
-KEEL_REGISTER_CPU_KERNEL(clip, ClipKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(clip_grad, ClipGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, clip, ClipKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, clip_grad, ClipGradKernel, float, double);
 
 }  // namespace keel

@@ -4,12 +4,28 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "framework/error.h"
 #include "framework/runtime/ddim.h"
 #include "ops/functors/elementwise_functors.h"
 
 namespace keel {
+
+// "[1, 2]"
+inline std::string IntsStr(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// `axis` (negative counts from the end) must index a dim of input `slot`, of shape d; `what`
+// names the attr ("axis", "dim") in the error.
+inline void CheckAxisInRange(const char* what, int axis, const char* slot, const DDim& d) {
+  KEEL_ENFORCE(axis >= -d.size() && axis < d.size(), what, " ", axis, " is outside [", -d.size(),
+               ", ", d.size(), ") for ", slot, " ", d.str());
+}
 
 // Normalizes a possibly negative axis against `rank`.
 inline int CanonicalAxis(int axis, int rank) { return axis < 0 ? axis + rank : axis; }

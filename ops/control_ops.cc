@@ -1,13 +1,12 @@
 // Control flow and the small ops that compute conditions (PaddlePaddle Fluid 1.x names and slots):
 // conditional_block runs a sub-block when its condition holds; less_than, less_equal,
 // greater_than, greater_equal, equal and not_equal compare elementwise into bool; logical_and and
-// logical_or combine bools; assign copies a tensor.
-#include <algorithm>
-#include <cstring>
+// logical_or combine bools; assign copies a tensor. The kernels are in control_ops.h (assign's in
+// ops/device.h); here are the shapes and the CPU registrations.
+#include "ops/control_ops.h"
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
-#include "ops/functors/compare_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -25,55 +24,18 @@ void ConditionalBlockShape(InferShapeContext& ctx) {
   KEEL_SHAPE_CHECK(!c.known() || c.numel() == 1, "Cond must hold one element, got ", c);
 }
 
-template <typename T>
-class ConditionalBlockKernel : public OpKernel {
- public:
-  explicit ConditionalBlockKernel(const OpDesc& op) : block_(op.Attr<BlockRef>("sub_block").idx) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& cond = ctx.Input("Cond");
-    KEEL_ENFORCE(cond.numel() == 1, "Cond must hold one element, got ", cond.dims());
-    if (*cond.data<bool>()) ctx.RunBlock(block_);
-  }
-
- private:
-  int block_;
-};
-
 // ------------------------------------------------------------------------------------ compare
 
 // X and Y of one shape, or Y of one element; Out: bool, X's shape.
 void CompareShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X"), y = ctx.GetInputDim("Y");
   KEEL_SHAPE_CHECK(ctx.GetInputDType("X") == ctx.GetInputDType("Y"), "X is ",
-                   DTypeName(ctx.GetInputDType("X")), ", Y is ",
-                   DTypeName(ctx.GetInputDType("Y")));
+                   DTypeName(ctx.GetInputDType("X")), ", Y is ", DTypeName(ctx.GetInputDType("Y")));
   KEEL_SHAPE_CHECK(ctx.DimsEq(x, y) || (y.known() && y.numel() == 1), "Y ", y,
                    " must have X's shape ", x, " or hold one element");
   ctx.SetOutputDim("Out", x);
   ctx.SetOutputDType("Out", DType::kBool);
 }
-
-// The comparisons are ops/functors/compare_functors.h (shared with the CUDA kernels).
-template <typename Cmp>
-struct CompareOp {
-  template <typename T>
-  class Kernel : public OpKernel {
-   public:
-    void Compute(ExecutionContext& ctx) override {
-      const Tensor& x = ctx.Input("X");
-      const Tensor& y = ctx.Input("Y");
-      const T* a = x.data<T>();
-      const T* b = y.data<T>();
-      bool* o = ctx.Output("Out")->mutable_data<bool>(ctx.place());
-      const int64_t n = x.numel();
-      if (y.numel() == 1 && n != 1) {
-        for (int64_t i = 0; i < n; ++i) o[i] = Cmp()(a[i], b[0]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) o[i] = Cmp()(a[i], b[i]);
-      }
-    }
-  };
-};
 
 // ------------------------------------------------------------------------------------ logical
 
@@ -86,22 +48,6 @@ void LogicalShape(InferShapeContext& ctx) {
   ctx.ShareDimAndDType("X", "Out");
 }
 
-template <bool kAnd>
-struct LogicalOp {
-  template <typename T>
-  class Kernel : public OpKernel {
-   public:
-    void Compute(ExecutionContext& ctx) override {
-      const bool* a = ctx.Input("X").data<bool>();
-      const bool* b = ctx.Input("Y").data<bool>();
-      Tensor* out = ctx.Output("Out");
-      bool* o = out->mutable_data<bool>(ctx.place());
-      const fn::Logical<kAnd> f;
-      for (int64_t i = 0; i < out->numel(); ++i) o[i] = f(a[i], b[i]);
-    }
-  };
-};
-
 void AssignShape(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
 
 }  // namespace
@@ -113,16 +59,16 @@ KEEL_REGISTER_OP(conditional_block)
     .RequiredAttr<BlockRef>("sub_block", "the block to run")
     .KernelDTypeFrom("Cond")
     .Shape(ConditionalBlockShape);
-KEEL_REGISTER_CPU_KERNEL(conditional_block, ConditionalBlockKernel, bool);
+KEEL_REGISTER_KERNEL(CPU, conditional_block, ConditionalBlockKernel, bool);
 
-#define KEEL_REGISTER_COMPARE_OP(name, Cmp, formula)                                        \
-  KEEL_REGISTER_OP(name)                                                                    \
-      .Doc("Out = " formula ", elementwise, as bool; Y of X's shape or of one element")     \
-      .Input("X", "the left operand")                                                       \
-      .Input("Y", "the right operand")                                                      \
-      .Output("Out", "bool, X's shape")                                                     \
-      .Shape(CompareShape);                                                                 \
-  KEEL_REGISTER_CPU_KERNEL(name, CompareOp<Cmp>::Kernel, float, double, int32_t, int64_t)
+#define KEEL_REGISTER_COMPARE_OP(name, Cmp, formula)                                    \
+  KEEL_REGISTER_OP(name)                                                                \
+      .Doc("Out = " formula ", elementwise, as bool; Y of X's shape or of one element") \
+      .Input("X", "the left operand")                                                   \
+      .Input("Y", "the right operand")                                                  \
+      .Output("Out", "bool, X's shape")                                                 \
+      .Shape(CompareShape);                                                             \
+  KEEL_REGISTER_KERNEL(CPU, name, CompareOp<Cmp>::Kernel, float, double, int32_t, int64_t)
 
 KEEL_REGISTER_COMPARE_OP(less_than, fn::LessThan, "X < Y");
 KEEL_REGISTER_COMPARE_OP(less_equal, fn::LessEqual, "X <= Y");
@@ -138,20 +84,20 @@ KEEL_REGISTER_OP(logical_and)
     .Input("Y", "bool, X's shape")
     .Output("Out", "bool")
     .Shape(LogicalShape);
-KEEL_REGISTER_CPU_KERNEL(logical_and, LogicalOp<true>::Kernel, bool);
+KEEL_REGISTER_KERNEL(CPU, logical_and, LogicalOp<true>::Kernel, bool);
 KEEL_REGISTER_OP(logical_or)
     .Doc("Out = X || Y, elementwise over bools of one shape")
     .Input("X", "bool")
     .Input("Y", "bool, X's shape")
     .Output("Out", "bool")
     .Shape(LogicalShape);
-KEEL_REGISTER_CPU_KERNEL(logical_or, LogicalOp<false>::Kernel, bool);
+KEEL_REGISTER_KERNEL(CPU, logical_or, LogicalOp<false>::Kernel, bool);
 
 KEEL_REGISTER_OP(assign)
     .Doc("Out = a copy of X (same shape and dtype)")
     .Input("X", "the source")
     .Output("Out", "the copy")
     .Shape(AssignShape);
-KEEL_REGISTER_CPU_KERNEL(assign, CopyKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_KERNEL(CPU, assign, CopyKernel, float, double, int32_t, int64_t, bool);
 
 }  // namespace keel

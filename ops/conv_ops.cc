@@ -1,4 +1,5 @@
-// conv2d (PaddlePaddle Fluid 1.x slots and attrs) and its grad, on CPU by im2col + GEMM.
+// conv2d (PaddlePaddle Fluid 1.x slots and attrs) and its grad, on CPU by im2col + GEMM. The
+// kernels are in conv_ops.h; here are the shape, the CPU math and the registrations.
 //
 // Legend: N = batch, C = input channels, M = output channels (filters), g = groups,
 // Cg = C / g, Mg = M / g, H x W = input plane, Ho x Wo = output plane, P = Ho * Wo,
@@ -18,6 +19,8 @@
 // 1.2x (ResNet-20) to 1.4x (LeNet) faster per training step than these kernels. These remain for
 // float64 (gradient checks) and geometries oneDNN refuses. (A Winograd F(2x2, 3x3) path for
 // 32+-channel 3x3 convs was removed with that measurement: it no longer ran by default.)
+#include "ops/conv_ops.h"
+
 #include <gflags/gflags.h>
 
 #include <algorithm>
@@ -344,6 +347,8 @@ int64_t RowsPerChunk(const ConvGeom& g, int64_t b) {
   return std::max<int64_t>(1, kMinGemmCols / std::max<int64_t>(1, g.Wo));
 }
 
+}  // namespace
+
 // Attrs read once, in the constructor.
 struct ConvAttrs {
   explicit ConvAttrs(const OpDesc& op)
@@ -491,206 +496,202 @@ class OneDnnConv {
   ScratchVector<float> dw_;
 };
 
+namespace {
+
+// Output of the images of x (g.N of them) into od.
 template <typename T>
-class Conv2DKernel : public OpKernel {
- public:
-  explicit Conv2DKernel(const OpDesc& op) : attrs_(op) {}
-
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("Input");
-    const Tensor& f = ctx.Input("Filter");
-    Tensor* out = ctx.Output("Output");
-    const ConvGeom g = attrs_.Geom(x, f);
-    const T* xd = x.data<T>();
-    const T* fd = f.data<T>();
-    T* od = out->mutable_data<T>(ctx.place());
-    if constexpr (std::is_same_v<T, float>) {
-      if (OneDnnConv::Applies(g) && onednn_.Forward(g, xd, fd, od)) return;
-    }
-    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
-    GrowScratch(&scratch_, static_cast<size_t>(pieces));
-    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
-      ConvGeom gp = g;
-      gp.N = std::min(per, g.N - p * per);
-      Run(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P, *scratch_[p]);
-    });
+void RunForward(const ConvGeom& g, const T* xd, const T* fd, T* od, ConvScratch<T>& s) {
+  const int64_t B = ImagesPerGemm(g);
+  if (!g.one_by_one) {
+    const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
+    s.col.resize(static_cast<size_t>(g.K * cols));
   }
-
- private:
-  // Output of the images of x (g.N of them) into od.
-  static void Run(const ConvGeom& g, const T* xd, const T* fd, T* od, ConvScratch<T>& s) {
-    const int64_t B = ImagesPerGemm(g);
-    if (!g.one_by_one) {
-      const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
-      s.col.resize(static_cast<size_t>(g.K * cols));
-    }
-    if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
-    for (int64_t n0 = 0; n0 < g.N; n0 += B) {
-      const int64_t b = std::min(B, g.N - n0);
-      const int64_t rows = RowsPerChunk(g, b);
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        const T* w = fd + gi * g.Mg * g.K;
-        T* dst = od + (n0 * g.M + gi * g.Mg) * g.P;
-        if (b == 1) {
-          // One image, in chunks of output rows written straight into NCHW (ldc = P).
-          for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
-            const int64_t oh1 = std::min(g.Ho, oh0 + rows), cols = (oh1 - oh0) * g.Wo;
-            // 1x1: the input plane is the column matrix.
-            const T* col = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W + oh0 * g.Wo;
-            int64_t ldcol = g.P;
-            if (!g.one_by_one) {
-              UnfoldBatch(xd, g, n0, 1, gi, oh0, oh1, s.col.data());
-              col = s.col.data(), ldcol = cols;
-            }
-            // out_g[:, chunk] = w_g * col. w_g: Mg x K, col: K x cols
-            Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0),
-                    dst + oh0 * g.Wo, g.P);
-          }
-          continue;
-        }
-        UnfoldBatch(xd, g, n0, b, gi, 0, g.Ho, s.col.data());
-        // prod = w_g * col. prod: Mg x (b * P), w_g: Mg x K, col: K x (b * P)
-        Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, g.K, s.col.data(), b * g.P, T(0),
-                s.prod.data(), b * g.P);
-        {
-          for (int64_t m = 0; m < g.Mg; ++m)
-            for (int64_t k = 0; k < b; ++k)
-              std::memcpy(dst + (k * g.M + m) * g.P, s.prod.data() + (m * b + k) * g.P,
-                          static_cast<size_t>(g.P) * sizeof(T));
-        }
-      }
-    }
-  }
-
-  ConvAttrs attrs_;
-  std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
-  OneDnnConv onednn_;  // float32 only
-};
-
-template <typename T>
-class Conv2DGradKernel : public OpKernel {
- public:
-  explicit Conv2DGradKernel(const OpDesc& op) : attrs_(op) {}
-
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("Input"));
-    Tensor* df = ctx.OutputOrNull(GradVarName("Filter"));
-    if (dx == nullptr && df == nullptr) return;
-    const Tensor& x = ctx.Input("Input");
-    const Tensor& f = ctx.Input("Filter");
-    const Tensor& dout = ctx.Input(GradVarName("Output"));
-    const ConvGeom g = attrs_.Geom(x, f);
-    KEEL_ENFORCE(dout.dims() == DDim({g.N, g.M, g.Ho, g.Wo}), "Output@GRAD ", dout.dims(),
-                 " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ",
-                 x.dims(), ", Filter ", f.dims(), ")");
-    const T* xd = x.data<T>();
-    const T* fd = f.data<T>();
-    const T* gd = dout.data<T>();
-    T* dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
-    T* dfd = df ? df->mutable_data<T>(ctx.place()) : nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      if (OneDnnConv::Applies(g) && onednn_.Backward(g, xd, fd, gd, dxd, dfd)) return;
-    }
-    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
-    const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
-    GrowScratch(&scratch_, static_cast<size_t>(pieces));
-    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
-      ConvScratch<T>& s = *scratch_[p];
-      ConvGeom gp = g;
-      gp.N = std::min(per, g.N - p * per);
-      // One piece writes the filter gradient in place; several each write their own part.
-      T* dfp = nullptr;
-      if (dfd) {
-        if (pieces > 1) s.dw.resize(static_cast<size_t>(fsize));
-        dfp = pieces > 1 ? s.dw.data() : dfd;
-      }
-      Run(gp, xd + p * per * g.C * g.H * g.W, fd, gd + p * per * g.M * g.P,
-          dxd ? dxd + p * per * g.C * g.H * g.W : nullptr, dfp, s);
-    });
-    if (dfd && pieces > 1) {
-      std::copy(scratch_[0]->dw.begin(), scratch_[0]->dw.begin() + fsize, dfd);
-      for (int64_t p = 1; p < pieces; ++p)
-        for (int64_t i = 0; i < fsize; ++i) dfd[i] += scratch_[p]->dw[i];
-    }
-  }
-
- private:
-  // Input and filter gradients of the images of x (g.N of them); dxd or dfd may be null.
-  static void Run(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dxd, T* dfd,
-                  ConvScratch<T>& s) {
-    // dFilter accumulates transposed, as [groups][K][Mg]: the GEMM runs the tall product col *
-    // dout' about twice as fast as the wide dout * col' for the few filters of small convs.
-    if (dfd) s.dft.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
-    // col2im accumulates into dx; the 1x1 path writes it by GEMM directly.
-    if (dxd && !g.one_by_one) std::fill(dxd, dxd + g.N * g.C * g.H * g.W, T(0));
-    const int64_t B = ImagesPerGemm(g);
-    if (!g.one_by_one) {
-      const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
-      s.col.resize(static_cast<size_t>(g.K * cols));
-    }
-    if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
-    for (int64_t n0 = 0; n0 < g.N; n0 += B) {
-      const int64_t b = std::min(B, g.N - n0);
-      for (int64_t gi = 0; gi < g.groups; ++gi) {
-        // dout_g: [Mg, b * P], gathered from NCHW when b > 1.
-        const T* dg = gd + (n0 * g.M + gi * g.Mg) * g.P;
-        if (b > 1) {
-          for (int64_t m = 0; m < g.Mg; ++m)
-            for (int64_t k = 0; k < b; ++k)
-              std::memcpy(s.prod.data() + (m * b + k) * g.P, dg + (k * g.M + m) * g.P,
-                          static_cast<size_t>(g.P) * sizeof(T));
-          dg = s.prod.data();
-        }
-        const T* w = fd + gi * g.Mg * g.K;
-        const T* xg = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W;
-        T* dxg = dxd ? dxd + (n0 * g.C + gi * g.Cg) * g.H * g.W : nullptr;
-        // Chunks of output rows (whole planes when b > 1 or 1x1); dout's chunk is read in place
-        // (ld P) for one image, from the gathered [Mg, b * P] otherwise.
-        const int64_t rows = RowsPerChunk(g, b), lddg = b > 1 ? b * g.P : g.P;
+  if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
+  for (int64_t n0 = 0; n0 < g.N; n0 += B) {
+    const int64_t b = std::min(B, g.N - n0);
+    const int64_t rows = RowsPerChunk(g, b);
+    for (int64_t gi = 0; gi < g.groups; ++gi) {
+      const T* w = fd + gi * g.Mg * g.K;
+      T* dst = od + (n0 * g.M + gi * g.Mg) * g.P;
+      if (b == 1) {
+        // One image, in chunks of output rows written straight into NCHW (ldc = P).
         for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
           const int64_t oh1 = std::min(g.Ho, oh0 + rows), cols = (oh1 - oh0) * g.Wo;
-          const int64_t width = b * cols;
-          const T* dgc = b > 1 ? dg : dg + oh0 * g.Wo;
-          if (dfd) {
-            const T* col = xg + oh0 * g.Wo;  // 1x1: the input plane, ld P
-            int64_t ldcol = g.P;
-            if (!g.one_by_one) {
-              UnfoldBatch(xd, g, n0, b, gi, oh0, oh1, s.col.data());
-              col = s.col.data(), ldcol = width;
-            }
-            // df_g' += col * dout_g'. df_g': K x Mg, col: K x width, dout_g: Mg x width
-            Gemm<T>(false, true, g.K, g.Mg, width, T(1), col, ldcol, dgc, lddg, T(1),
-                    s.dft.data() + gi * g.K * g.Mg, g.Mg);
+          // 1x1: the input plane is the column matrix.
+          const T* col = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W + oh0 * g.Wo;
+          int64_t ldcol = g.P;
+          if (!g.one_by_one) {
+            UnfoldBatch(xd, g, n0, 1, gi, oh0, oh1, s.col.data());
+            col = s.col.data(), ldcol = cols;
           }
-          if (dxd) {
-            // dcol = w_g' * dout_g. dcol: K x width, w_g: Mg x K, dout_g: Mg x width
-            if (g.one_by_one) {
-              Gemm<T>(true, false, g.K, cols, g.Mg, T(1), w, g.K, dgc, lddg, T(0),
-                      dxg + oh0 * g.Wo, g.P);
-              continue;
-            }
-            Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), s.col.data(),
-                    width);
-            for (int64_t k = 0; k < b; ++k)
-              Col2Im(s.col.data() + k * cols, width, g, oh0, oh1, dxg + k * g.C * g.H * g.W);
+          // out_g[:, chunk] = w_g * col. w_g: Mg x K, col: K x cols
+          Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0),
+                  dst + oh0 * g.Wo, g.P);
+        }
+        continue;
+      }
+      UnfoldBatch(xd, g, n0, b, gi, 0, g.Ho, s.col.data());
+      // prod = w_g * col. prod: Mg x (b * P), w_g: Mg x K, col: K x (b * P)
+      Gemm<T>(false, false, g.Mg, b * g.P, g.K, T(1), w, g.K, s.col.data(), b * g.P, T(0),
+              s.prod.data(), b * g.P);
+      {
+        for (int64_t m = 0; m < g.Mg; ++m)
+          for (int64_t k = 0; k < b; ++k)
+            std::memcpy(dst + (k * g.M + m) * g.P, s.prod.data() + (m * b + k) * g.P,
+                        static_cast<size_t>(g.P) * sizeof(T));
+      }
+    }
+  }
+}
+
+// Input and filter gradients of the images of x (g.N of them); dxd or dfd may be null.
+template <typename T>
+void RunBackward(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dxd, T* dfd,
+                 ConvScratch<T>& s) {
+  // dFilter accumulates transposed, as [groups][K][Mg]: the GEMM runs the tall product col *
+  // dout' about twice as fast as the wide dout * col' for the few filters of small convs.
+  if (dfd) s.dft.assign(static_cast<size_t>(g.groups * g.K * g.Mg), T(0));
+  // col2im accumulates into dx; the 1x1 path writes it by GEMM directly.
+  if (dxd && !g.one_by_one) std::fill(dxd, dxd + g.N * g.C * g.H * g.W, T(0));
+  const int64_t B = ImagesPerGemm(g);
+  if (!g.one_by_one) {
+    const int64_t cols = B > 1 ? B * g.P : std::min(RowsPerChunk(g, 1), g.Ho) * g.Wo;
+    s.col.resize(static_cast<size_t>(g.K * cols));
+  }
+  if (B > 1) s.prod.resize(static_cast<size_t>(g.Mg * B * g.P));
+  for (int64_t n0 = 0; n0 < g.N; n0 += B) {
+    const int64_t b = std::min(B, g.N - n0);
+    for (int64_t gi = 0; gi < g.groups; ++gi) {
+      // dout_g: [Mg, b * P], gathered from NCHW when b > 1.
+      const T* dg = gd + (n0 * g.M + gi * g.Mg) * g.P;
+      if (b > 1) {
+        for (int64_t m = 0; m < g.Mg; ++m)
+          for (int64_t k = 0; k < b; ++k)
+            std::memcpy(s.prod.data() + (m * b + k) * g.P, dg + (k * g.M + m) * g.P,
+                        static_cast<size_t>(g.P) * sizeof(T));
+        dg = s.prod.data();
+      }
+      const T* w = fd + gi * g.Mg * g.K;
+      const T* xg = xd + (n0 * g.C + gi * g.Cg) * g.H * g.W;
+      T* dxg = dxd ? dxd + (n0 * g.C + gi * g.Cg) * g.H * g.W : nullptr;
+      // Chunks of output rows (whole planes when b > 1 or 1x1); dout's chunk is read in place
+      // (ld P) for one image, from the gathered [Mg, b * P] otherwise.
+      const int64_t rows = RowsPerChunk(g, b), lddg = b > 1 ? b * g.P : g.P;
+      for (int64_t oh0 = 0; oh0 < g.Ho; oh0 += rows) {
+        const int64_t oh1 = std::min(g.Ho, oh0 + rows), cols = (oh1 - oh0) * g.Wo;
+        const int64_t width = b * cols;
+        const T* dgc = b > 1 ? dg : dg + oh0 * g.Wo;
+        if (dfd) {
+          const T* col = xg + oh0 * g.Wo;  // 1x1: the input plane, ld P
+          int64_t ldcol = g.P;
+          if (!g.one_by_one) {
+            UnfoldBatch(xd, g, n0, b, gi, oh0, oh1, s.col.data());
+            col = s.col.data(), ldcol = width;
           }
+          // df_g' += col * dout_g'. df_g': K x Mg, col: K x width, dout_g: Mg x width
+          Gemm<T>(false, true, g.K, g.Mg, width, T(1), col, ldcol, dgc, lddg, T(1),
+                  s.dft.data() + gi * g.K * g.Mg, g.Mg);
+        }
+        if (dxd) {
+          // dcol = w_g' * dout_g. dcol: K x width, w_g: Mg x K, dout_g: Mg x width
+          if (g.one_by_one) {
+            Gemm<T>(true, false, g.K, cols, g.Mg, T(1), w, g.K, dgc, lddg, T(0),
+                    dxg + oh0 * g.Wo, g.P);
+            continue;
+          }
+          Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), s.col.data(),
+                  width);
+          for (int64_t k = 0; k < b; ++k)
+            Col2Im(s.col.data() + k * cols, width, g, oh0, oh1, dxg + k * g.C * g.H * g.W);
         }
       }
     }
+  }
+  if (dfd) {
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      for (int64_t m = 0; m < g.Mg; ++m)
+        for (int64_t k = 0; k < g.K; ++k)
+          dfd[(gi * g.Mg + m) * g.K + k] = s.dft[(gi * g.K + k) * g.Mg + m];
+  }
+}
+
+template <typename T>
+void ConvForward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
+                 OneDnnConv& onednn, const Tensor& x, const Tensor& f, T* od) {
+  const ConvGeom g = attrs.Geom(x, f);
+  const T* xd = x.data<T>();
+  const T* fd = f.data<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    if (OneDnnConv::Applies(g) && onednn.Forward(g, xd, fd, od)) return;
+  }
+  const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+  GrowScratch(scratch, static_cast<size_t>(pieces));
+  cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+    ConvGeom gp = g;
+    gp.N = std::min(per, g.N - p * per);
+    RunForward(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P,
+               *(*scratch)[p]);
+  });
+}
+
+template <typename T>
+void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
+                  OneDnnConv& onednn, const Tensor& x, const Tensor& f, const Tensor& dout, T* dxd,
+                  T* dfd) {
+  const ConvGeom g = attrs.Geom(x, f);
+  KEEL_ENFORCE(dout.dims() == DDim({g.N, g.M, g.Ho, g.Wo}), "Output@GRAD ", dout.dims(),
+               " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ",
+               x.dims(), ", Filter ", f.dims(), ")");
+  const T* xd = x.data<T>();
+  const T* fd = f.data<T>();
+  const T* gd = dout.data<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    if (OneDnnConv::Applies(g) && onednn.Backward(g, xd, fd, gd, dxd, dfd)) return;
+  }
+  const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+  const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
+  GrowScratch(scratch, static_cast<size_t>(pieces));
+  cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+    ConvScratch<T>& s = *(*scratch)[p];
+    ConvGeom gp = g;
+    gp.N = std::min(per, g.N - p * per);
+    // One piece writes the filter gradient in place; several each write their own part.
+    T* dfp = nullptr;
     if (dfd) {
-      for (int64_t gi = 0; gi < g.groups; ++gi)
-        for (int64_t m = 0; m < g.Mg; ++m)
-          for (int64_t k = 0; k < g.K; ++k)
-            dfd[(gi * g.Mg + m) * g.K + k] = s.dft[(gi * g.K + k) * g.Mg + m];
+      if (pieces > 1) s.dw.resize(static_cast<size_t>(fsize));
+      dfp = pieces > 1 ? s.dw.data() : dfd;
     }
+    RunBackward(gp, xd + p * per * g.C * g.H * g.W, fd, gd + p * per * g.M * g.P,
+                dxd ? dxd + p * per * g.C * g.H * g.W : nullptr, dfp, s);
+  });
+  if (dfd && pieces > 1) {
+    std::copy((*scratch)[0]->dw.begin(), (*scratch)[0]->dw.begin() + fsize, dfd);
+    for (int64_t p = 1; p < pieces; ++p)
+      for (int64_t i = 0; i < fsize; ++i) dfd[i] += (*scratch)[p]->dw[i];
+  }
+}
+
+}  // namespace
+
+// im2col + GEMM in pieces of whole images on the CPU thread budget; float32 by oneDNN's
+// primitives when they take the geometry.
+template <typename T>
+class ConvMath<CPUDevice, T> {
+ public:
+  explicit ConvMath(const OpDesc& op) : attrs_(op) {}
+  void Forward(const ExecutionContext&, const Tensor& x, const Tensor& f, const Tensor&, T* od) {
+    ConvForward(attrs_, &scratch_, onednn_, x, f, od);
+  }
+  void Backward(const ExecutionContext&, const Tensor& x, const Tensor& f, const Tensor& dout,
+                const Tensor*, const Tensor*, T* dxd, T* dfd) {
+    ConvBackward(attrs_, &scratch_, onednn_, x, f, dout, dxd, dfd);
   }
 
+ private:
   ConvAttrs attrs_;
   std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
   OneDnnConv onednn_;  // float32 only
 };
-
-}  // namespace
 
 // ---------------------------------------------------------------- registration
 
@@ -718,7 +719,7 @@ KEEL_REGISTER_OP(conv2d)
     .Shape(Conv2DShape)
     .Grad(GradMaker("conv2d_grad", {"Input", "Filter"}, {"Output"}, {"Input", "Filter"}));
 KEEL_REGISTER_GRAD_OP(conv2d_grad, conv2d);
-KEEL_REGISTER_CPU_KERNEL(conv2d, Conv2DKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(conv2d_grad, Conv2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, conv2d, Conv2DKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, conv2d_grad, Conv2DGradKernel, float, double);
 
 }  // namespace keel

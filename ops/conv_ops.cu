@@ -1,5 +1,5 @@
-// CUDA twin of conv_ops.cc: conv2d and its grad through cuDNN (cross-correlation, NCHW, groups,
-// strides, paddings, dilations as the CPU op). Each direction's algorithm is chosen once per shape
+// conv2d on CUDA through cuDNN: the kernels are conv_ops.h's; here is the math (cross-correlation,
+// NCHW, groups, strides, paddings, dilations as the CPU op). Each direction's algorithm is chosen once per shape
 // and cached process-wide: cuDNN's heuristic ranking, or with FLAGS_cudnn_exhaustive_search a timed
 // search; the choice skips algorithms that need more workspace than
 // FLAGS_conv_workspace_size_limit, that are not deterministic under FLAGS_cudnn_deterministic, or
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/algo_cache.h"
+#include "ops/conv_ops.h"
 #include "ops/cuda_util.cuh"
 #include "ops/cudnn_plan.h"
 #include "ops/cudnn_util.h"
@@ -214,19 +215,17 @@ class CudnnConv {
   ConvDesc conv_;
 };
 
-// Output = Input (*) Filter. Output: N x M x Ho x Wo, Input: N x C x H x W, Filter: M x C/g x kh x
-// kw
+}  // namespace
+
 template <typename T>
-class Conv2DKernel : public OpKernel {
+class ConvMath<CUDADevice, T> {
  public:
-  explicit Conv2DKernel(const OpDesc &op) : conv_(op) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &x = ctx.Input("Input");
-    const Tensor &w = ctx.Input("Filter");
-    Tensor *y = ctx.Output("Output");
-    T *yd = y->mutable_data<T>(ctx.place());
-    if (!conv_.Prepare(x.dims(), w.dims(), y->dims())) {
-      KEEL_CUDA_CHECK(cudaMemsetAsync(yd, 0, y->nbytes(), Cuda(ctx).stream()));
+  explicit ConvMath(const OpDesc& op) : conv_(op) {}
+
+  void Forward(const ExecutionContext& ctx, const Tensor& x, const Tensor& w, const Tensor& y,
+               T* yd) {
+    if (!conv_.Prepare(x.dims(), w.dims(), y.dims())) {
+      KEEL_CUDA_CHECK(cudaMemsetAsync(yd, 0, y.nbytes(), Cuda(ctx).stream()));
       return;
     }
     const ConvAlgoChoice c =
@@ -238,23 +237,8 @@ class Conv2DKernel : public OpKernel {
         Cuda(ctx).Workspace(c.workspace_bytes), c.workspace_bytes, &s.zero, conv_.yd().get(), yd));
   }
 
- private:
-  CudnnConv<T> conv_;
-};
-
-// dInput = dOutput (*)' Filter (backward data); dFilter = Input (*)' dOutput (backward filter).
-template <typename T>
-class Conv2DGradKernel : public OpKernel {
- public:
-  explicit Conv2DGradKernel(const OpDesc &op) : conv_(op) {}
-  void Compute(ExecutionContext &ctx) override {
-    const Tensor &x = ctx.Input("Input");
-    const Tensor &w = ctx.Input("Filter");
-    const Tensor &dy = ctx.Input(GradVarName("Output"));
-    Tensor *dx = ctx.OutputOrNull(GradVarName("Input"));
-    Tensor *dw = ctx.OutputOrNull(GradVarName("Filter"));
-    T *dxd = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
-    T *dwd = dw ? dw->mutable_data<T>(ctx.place()) : nullptr;
+  void Backward(const ExecutionContext& ctx, const Tensor& x, const Tensor& w, const Tensor& dy,
+                const Tensor* dx, const Tensor* dw, T* dxd, T* dwd) {
     cudaStream_t stream = Cuda(ctx).stream();
     if (!conv_.Prepare(x.dims(), w.dims(), dy.dims())) {  // nothing flows back
       if (dxd) KEEL_CUDA_CHECK(cudaMemsetAsync(dxd, 0, dx->nbytes(), stream));
@@ -287,11 +271,9 @@ class Conv2DGradKernel : public OpKernel {
   CudnnConv<T> conv_;
 };
 
-}  // namespace
-
 int64_t CudnnConvAlgoSearches() { return ConvAlgos().searches(); }
 
-KEEL_REGISTER_CUDA_KERNEL(conv2d, Conv2DKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(conv2d_grad, Conv2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, conv2d, Conv2DKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, conv2d_grad, Conv2DGradKernel, float, double);
 
 }  // namespace keel

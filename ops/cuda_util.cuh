@@ -5,12 +5,18 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cuda_context.h"
+#include "framework/runtime/device.h"
 #include "ops/axis_layout.h"
+#include "ops/device.h"
+#include "ops/functors/elementwise_functors.h"
 
 namespace keel {
 
@@ -61,15 +67,11 @@ __device__ T BlockMax(T v) {
   return v;
 }
 
-
 // Bad input a kernel finds on the device (a label or id out of range): the kernel records the
-// first (value, index) in mapped pinned host memory, and the host reads it back without
-// synchronising. The op's next run throws it as a keel::Error (device errors surface
-// asynchronously, as CUDA's own do); the output of the bad row is NaN (or zeros) meanwhile.
-struct DeviceReport {
-  int state;  // 0: none; 1: being written; 2: written
-  long long value, index;
-};
+// first (value, index) in mapped pinned host memory (a DeviceReport, ops/device.h), and the host
+// reads it back without synchronising. The op's next run throws it as a keel::Error (device errors
+// surface asynchronously, as CUDA's own do); the output of the bad row is NaN (or zeros)
+// meanwhile.
 
 __device__ inline void Report(DeviceReport* r, long long value, long long index) {
   if (atomicCAS(&r->state, 0, 1) != 0) return;  // the first report wins
@@ -123,34 +125,139 @@ void CopyOnStream(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) 
       cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, Cuda(ctx).stream()));
 }
 
-// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): a copy on the
-// stream, none when they share memory. Named apart from op_util.h's CPU CopyKernel: two classes of
-// one name in one library are one class to the linker, which gave the CUDA registrations the CPU's
-// host-side copy of device memory (a SIGSEGV on the first GPU run; tests/cmake/odr_check.sh).
-template <typename T>
-class CudaCopyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    Tensor* out = ctx.Output("Out");
-    KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
-                 out->dims().str());
-    CopyOnStream(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
+// A one-element float32/float64 tensor in device memory, read by device code as double.
+struct DeviceScalar {
+  const void* p;
+  bool is_double;
+  __device__ double Get() const {
+    return is_double ? *static_cast<const double*>(p) : *static_cast<const float*>(p);
   }
 };
 
-// X@GRAD = Out@GRAD's elements in X's shape.
-template <typename T>
-class CudaCopyGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    KEEL_ENFORCE(dout.numel() == dx->numel(), "cannot copy ", dout.dims().str(), " into ",
-                 dx->dims().str());
-    CopyOnStream(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
+// out[j] = sum over t < pre * post of f((i * n + j) * post + k, j), t = (i, k): one block per j.
+template <typename T, typename F>
+__global__ void SumBroadcastKernel(fn::BroadcastMid m, T* out, F f) {
+  const int64_t j = blockIdx.x;
+  T acc = 0;
+  for (int64_t t = threadIdx.x; t < m.pre * m.post; t += blockDim.x) {
+    const int64_t i = t / m.post, k = t % m.post;
+    acc += f((i * m.n + j) * m.post + k, j);
   }
+  acc = BlockSum(acc);
+  if (threadIdx.x == 0) out[j] = acc;
+}
+
+// The device vocabulary on CUDA (ops/device.h lists it): launches on the context's stream, no
+// synchronisation.
+template <>
+struct Device<CUDADevice> {
+  template <typename F>
+  static void ForEach(const ExecutionContext& ctx, int64_t n, F f) {
+    keel::ForEach(ctx, n, f);
+  }
+  template <typename F>
+  static void ForEachInPieces(const ExecutionContext& ctx, int64_t n, int64_t, F f) {
+    keel::ForEach(ctx, n, f);
+  }
+  template <typename F>
+  static void ForEachBroadcast(const ExecutionContext& ctx, const fn::BroadcastMid& m, F f) {
+    keel::ForEach(ctx, m.pre * m.n * m.post, [=] __device__(int64_t i) { f(i, m.YIndex(i)); });
+  }
+  template <typename T, typename F>
+  static void SumBroadcast(const ExecutionContext& ctx, const fn::BroadcastMid& m, T* out, F f) {
+    if (m.n == 0) return;
+    KEEL_ENFORCE(m.n < (int64_t(1) << 31), ctx.op().type(), ": Y of ", m.n,
+                 " elements exceeds one launch (one block per element of Y)");
+    SumBroadcastKernel<T><<<m.n, 256, 0, Cuda(ctx).stream()>>>(m, out, f);
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+
+  template <typename T>
+  static void Fill(const ExecutionContext& ctx, T* p, int64_t n, T v) {
+    keel::ForEach(ctx, n, [=] __device__(int64_t i) { p[i] = v; });
+  }
+  template <typename T>
+  static void Zero(const ExecutionContext& ctx, T* p, int64_t n) {
+    if (n > 0) KEEL_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(T), Cuda(ctx).stream()));
+  }
+  template <typename T>
+  static void Copy(const ExecutionContext& ctx, const T* src, T* dst, int64_t n) {
+    CopyOnStream(ctx, src, dst, n);
+  }
+  template <typename T>
+  static void CopyRows(const ExecutionContext& ctx, const T* src, int64_t src_stride, T* dst,
+                       int64_t dst_stride, int64_t rows, int64_t width) {
+    if (rows <= 0 || width <= 0) return;
+    if (rows == 1) {  // one contiguous run (any size)
+      KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, width * sizeof(T), cudaMemcpyDeviceToDevice,
+                                      Cuda(ctx).stream()));
+      return;
+    }
+    KEEL_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, src_stride * sizeof(T),
+                                      width * sizeof(T), rows, cudaMemcpyDeviceToDevice,
+                                      Cuda(ctx).stream()));
+  }
+
+  // Staged through `host`, copied without waiting.
+  template <typename T, typename F>
+  static void FromHost(const ExecutionContext& ctx, T* dst, int64_t n, std::vector<T>* host,
+                       const F& fill) {
+    host->resize(n);
+    fill(host->data(), n);
+    if (n > 0) CopyHostToDeviceAsync(ctx.place(), dst, host->data(), n * sizeof(T));
+  }
+
+  // Into `keep` (grown as needed), copied without waiting.
+  static const void* Upload(const ExecutionContext& ctx, const void* host, size_t bytes,
+                            Tensor* keep) {
+    const int64_t n = static_cast<int64_t>(bytes);
+    if (!keep->initialized() || keep->numel() < n) keep->Alloc(DType::kUInt8, DDim{n}, ctx.place());
+    if (bytes > 0) CopyHostToDeviceAsync(ctx.place(), keep->raw_data(), host, bytes);
+    return keep->raw_data();
+  }
+
+  // Column-major cuBLAS computes C' = op(B)' op(A)', so the operands swap; TF32 only with
+  // FLAGS_allow_tf32 (the context's cuBLAS handle).
+  template <typename T>
+  static void Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   T alpha, const T* A, int64_t sa, const T* B, int64_t sb, T beta, T* C,
+                   int64_t sc, int64_t batch = 1);
+
+  using Scalar = DeviceScalar;
+  static Scalar ScalarOf(const Tensor& t) {
+    KEEL_ENFORCE(t.numel() == 1, "expected one element, got ", t.dims().str());
+    return DeviceScalar{t.raw_data(), t.dtype() == DType::kFloat64};
+  }
+
+  using Reports = DeviceReportSlot;
 };
+
+template <typename T>
+void Device<CUDADevice>::Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N,
+                              int64_t K, T alpha, const T* A, int64_t sa, const T* B, int64_t sb,
+                              T beta, T* C, int64_t sc, int64_t batch) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  if (K == 0) {  // C = beta * C; cuBLAS would refuse the zero leading dimension of A or B
+    KEEL_ENFORCE(beta == T(0) || beta == T(1), "Gemm with K == 0 and beta ", beta);
+    if (beta == T(0)) {
+      const int64_t blocks = sc == 0 ? 1 : batch;
+      for (int64_t b = 0; b < blocks; ++b) Zero(ctx, C + b * sc, M * N);
+    }
+    return;
+  }
+  KEEL_ENFORCE(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX, "GEMM of ", M,
+               " x ", N, " x ", K, " (batch ", batch, ") exceeds cuBLAS's 32-bit sizes");
+  cublasHandle_t h = Cuda(ctx).cublas();
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N);
+  if constexpr (std::is_same_v<T, float>) {
+    KEEL_CUBLAS_CHECK(cublasSgemmStridedBatched(h, opb, opa, int(N), int(M), int(K), &alpha, B, ldb,
+                                                sb, A, lda, sa, &beta, C, int(N), sc, int(batch)));
+  } else {
+    KEEL_CUBLAS_CHECK(cublasDgemmStridedBatched(h, opb, opa, int(N), int(M), int(K), &alpha, B, ldb,
+                                                sb, A, lda, sa, &beta, C, int(N), sc, int(batch)));
+  }
+}
 
 }  // namespace keel

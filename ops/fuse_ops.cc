@@ -3,32 +3,28 @@
 // start of backward on each group of parameter gradients (Input = Output = the gradients,
 // copy_data false): every gradient becomes a view into FusedOutput, the kernels that write the
 // gradients write into those views (a kernel keeps an output's allocation when it has room), and
-// one c_allreduce_sum of FusedOutput reduces the whole group.
+// one c_allreduce_sum of FusedOutput reduces the whole group. The kernel is in fuse_ops.h; here
+// are the shape, the CPU's placement and copy, and the registration.
+#include "ops/fuse_ops.h"
+
 #include <cstring>
 
 #include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "ops/device_cpu.h"
 
 namespace keel {
 
 namespace {
-
-// The buffer's length: the inputs' elements, rounded up to a multiple of `multiple` (the tail is
-// padding that no input covers, e.g. for a reduce-scatter over that many ranks).
-int64_t Total(const std::vector<int64_t>& numels, int64_t multiple) {
-  int64_t t = 0;
-  for (int64_t n : numels) t += n;
-  return multiple > 1 ? (t + multiple - 1) / multiple * multiple : t;
-}
 
 // Output[i] = Input[i] (the same vars); FusedOutput = [sum of numels], numels[i] being Input[i]'s
 // element count, which must be known at build time.
 void CoalesceShape(InferShapeContext& ctx) {
   const auto& numels = ctx.Attr<std::vector<int64_t>>("numels");
   const int n = ctx.NumInputs("Input");
-  KEEL_SHAPE_CHECK(ctx.NumOutputs("Output") == n, "Output must list the ", n,
-                   " Input vars, got ", ctx.NumOutputs("Output"));
+  KEEL_SHAPE_CHECK(ctx.NumOutputs("Output") == n, "Output must list the ", n, " Input vars, got ",
+                   ctx.NumOutputs("Output"));
   KEEL_SHAPE_CHECK(static_cast<int>(numels.size()) == n, "numels has ", numels.size(),
                    " entries for ", n, " inputs");
   const DType dtype = static_cast<DType>(ctx.Attr<int>("dtype"));
@@ -48,93 +44,37 @@ void CoalesceShape(InferShapeContext& ctx) {
   }
   KEEL_SHAPE_CHECK(ctx.Attr<int>("pad_to_multiple") >= 1, "pad_to_multiple must be >= 1, got ",
                    ctx.Attr<int>("pad_to_multiple"));
-  ctx.SetOutputDim("FusedOutput", DDim{Total(numels, ctx.Attr<int>("pad_to_multiple"))});
+  ctx.SetOutputDim("FusedOutput", DDim{CoalescedLength(numels, ctx.Attr<int>("pad_to_multiple"))});
   ctx.SetOutputDType("FusedOutput", dtype);
 }
 
-class CoalesceKernel : public OpKernel {
- public:
-  explicit CoalesceKernel(const OpDesc& op)
-      : numels_(op.Attr<std::vector<int64_t>>("numels")),
-        dtype_(static_cast<DType>(op.Attr<int>("dtype"))),
-        copy_data_(op.Attr<bool>("copy_data")),
-        set_constant_(op.Attr<bool>("set_constant")),
-        constant_(op.Attr<float>("constant")),
-        multiple_(op.Attr<int>("pad_to_multiple")) {}
+}  // namespace
 
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* fused = ctx.Output("FusedOutput");
-    fused->Resize(DDim{Total(numels_, multiple_)});
-    PlaceWhereTheRingReadsIt(ctx, fused);
-    char* base = static_cast<char*>(fused->mutable_data(dtype_, ctx.place()));
-    const size_t esize = SizeOf(dtype_);
-    if (set_constant_) {
-      VisitDType(dtype_, [&](auto v) {
-        using T = decltype(v);
-        T* p = reinterpret_cast<T*>(base);
-        std::fill(p, p + fused->numel(), static_cast<T>(constant_));
-      });
-    }
-    int64_t covered = 0;
-    for (int64_t n : numels_) covered += n;
-    if (fused->numel() > covered && !set_constant_)  // the padding holds zeros
-      std::memset(base + covered * esize, 0, (fused->numel() - covered) * esize);
-    int64_t offset = 0;
-    for (size_t i = 0; i < numels_.size(); ++i) {
-      Tensor* out = ctx.Output("Output", static_cast<int>(i));
-      char* slot = base + offset * esize;
-      if (copy_data_) {
-        const Tensor& in = ctx.Input("Input", static_cast<int>(i));
-        KEEL_ENFORCE(in.initialized() && in.numel() == numels_[i] && in.dtype() == dtype_,
-                     "copy_data: Input[", i, "] '", ctx.op().Input("Input")[i], "' holds ",
-                     in.initialized() ? in.dims().str() : "nothing", ", expected ", numels_[i],
-                     " elements of ", DTypeName(dtype_));
-        if (in.raw_data() != slot) std::memmove(slot, in.raw_data(), numels_[i] * esize);
-      }
-      // A view of the slice; it keeps the var's own shape once it has one.
-      const DDim dims = out->initialized() && out->dims().known() &&
-                                out->dims().numel() == numels_[i]
-                            ? out->dims()
-                            : DDim{numels_[i]};
-      *out = fused->Slice(offset, offset + numels_[i]);
-      out->Resize(dims);
-      offset += numels_[i];
-    }
-  }
-
- private:
+template <>
+struct CoalesceMath<CPUDevice> {
   // A buffer that a ring all-reduces goes into memory that the ring's peers map, when the ring
   // has some (shm rings), so the all-reduce moves no data through the ring's own buffers. Once
   // placed it stays: the next runs find it large enough.
-  void PlaceWhereTheRingReadsIt(ExecutionContext& ctx, Tensor* fused) {
+  static void Place(ExecutionContext& ctx, Tensor* fused, DType dtype) {
     const int ring = ctx.fused_output_ring();
     if (ring < 0 || !RingRegistry::Get().Has(ring)) return;
     Communicator& comm = RingRegistry::Get().At(ring, "coalesce_tensor");
-    const size_t bytes = static_cast<size_t>(fused->numel()) * SizeOf(dtype_);
+    const size_t bytes = static_cast<size_t>(fused->numel()) * SizeOf(dtype);
     if (fused->initialized() && fused->holder()->size() >= bytes &&
         comm.IsShared(fused->holder()->ptr(), bytes))
       return;
     if (auto shared = comm.AllocateShared(bytes)) fused->ResetHolder(std::move(shared));
   }
 
-  std::vector<int64_t> numels_;
-  DType dtype_;
-  bool copy_data_, set_constant_;
-  float constant_;
-  int multiple_;
+  static void CopyIn(const ExecutionContext&, size_t, const Tensor& in, char* slot, size_t bytes) {
+    if (in.raw_data() != slot) std::memmove(slot, in.raw_data(), bytes);
+  }
 };
-
-template <typename T>
-class CoalesceKernelT : public CoalesceKernel {
- public:
-  using CoalesceKernel::CoalesceKernel;
-};
-
-}  // namespace
 
 KEEL_REGISTER_OP(coalesce_tensor)
-    .Doc("Makes Input[i] (= Output[i]) views into one contiguous FusedOutput, in order; "
-         "copy_data copies their values in first, set_constant fills the buffer")
+    .Doc(
+        "Makes Input[i] (= Output[i]) views into one contiguous FusedOutput, in order; "
+        "copy_data copies their values in first, set_constant fills the buffer")
     .InputList("Input", "the tensors to lay out contiguously")
     .OutputList("Output", "the same vars, now slices of FusedOutput")
     .Output("FusedOutput", "the contiguous buffer, 1-D")
@@ -146,6 +86,6 @@ KEEL_REGISTER_OP(coalesce_tensor)
     .Attr<float>("constant", 0.0f, "the fill value for set_constant")
     .Attr<int>("pad_to_multiple", 1, "FusedOutput's length is rounded up to a multiple of this")
     .Shape(CoalesceShape);
-KEEL_REGISTER_CPU_KERNEL(coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
 
 }  // namespace keel

@@ -2,7 +2,10 @@
 //
 // Hard labels are int64 class indices with a trailing dim of 1; soft labels are distributions of
 // the input's shape and dtype. A hard label equal to ignore_index contributes zero loss and zero
-// gradient; any other label outside [0, D) is a keel::Error naming the value and the row.
+// gradient; any other label outside [0, D) is a keel::Error naming the value and the row. The
+// kernels are in loss_ops.h; here are the shapes, the CPU math and the registrations.
+#include "ops/loss_ops.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -52,17 +55,6 @@ DDim CheckLabel(InferShapeContext& ctx, const std::string& in_slot, int axis) {
   return loss;
 }
 
-void CheckHardLabelTensor(const Tensor& label) {
-  KEEL_ENFORCE(label.dtype() == DType::kInt64, "hard labels must be int64 class indices, got ",
-               DTypeName(label.dtype()));
-}
-
-[[noreturn]] void ThrowBadLabel(const char* op, int64_t label, int64_t row, int64_t classes,
-                                int ignore_index) {
-  KEEL_THROW(op, ": Label value ", label, " at row ", row, " is outside [0, ", classes,
-             ") (ignore_index is ", ignore_index, ")");
-}
-
 // ---------------------------------------------------------------- cross_entropy
 
 void CrossEntropyShape(InferShapeContext& ctx) {
@@ -71,93 +63,6 @@ void CrossEntropyShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Y", out);
   ctx.SetOutputDType("Y", ctx.GetInputDType("X"));
 }
-
-// hard: y[i] = -log(x[i, label[i]]);  soft: y[i] = -sum_j label[i, j] * log(x[i, j]).
-template <typename T>
-class CrossEntropyKernel : public OpKernel {
- public:
-  explicit CrossEntropyKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const Tensor& label = ctx.Input("Label");
-    Tensor* out = ctx.Output("Y");
-    const int64_t d = x.dims()[x.dims().size() - 1];
-    const int64_t n = d == 0 ? 0 : x.numel() / d;
-    const T* xp = x.data<T>();
-    T* op = out->mutable_data<T>(ctx.place());
-    if (soft_) {
-      ConstMat<T> xm(xp, n, d);
-      ConstMat<T> lm(label.data<T>(), n, d);
-      Vec<T>(op, n) = -(lm * xm.log().max(T(-kApproxInf))).rowwise().sum();
-      return;
-    }
-    CheckHardLabelTensor(label);
-    const int64_t* lp = label.data<int64_t>();
-    // Gather x[label] (1 for ignored rows), then one vectorized log over the column.
-    bool any_ignored = false;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t l = lp[i];
-      if (l == ignore_index_) {
-        op[i] = T(1);
-        any_ignored = true;
-        continue;
-      }
-      if (l < 0 || l >= d) ThrowBadLabel("cross_entropy", l, i, d, ignore_index_);
-      op[i] = xp[i * d + l];
-    }
-    Vec<T> o(op, n);
-    o = -(o.log().max(T(-kApproxInf)));
-    if (any_ignored)
-      for (int64_t i = 0; i < n; ++i)
-        if (lp[i] == ignore_index_) op[i] = T(0);
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-};
-
-// hard: dx[i, label[i]] = -dy[i] / x[i, label[i]], 0 elsewhere;  soft: dx = -dy * label / x.
-template <typename T>
-class CrossEntropyGradKernel : public OpKernel {
- public:
-  explicit CrossEntropyGradKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")), ignore_index_(op.Attr<int>("ignore_index")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const Tensor& x = ctx.Input("X");
-    const Tensor& label = ctx.Input("Label");
-    const Tensor& dout = ctx.Input(GradVarName("Y"));
-    const int64_t d = x.dims()[x.dims().size() - 1];
-    const int64_t n = d == 0 ? 0 : x.numel() / d;
-    KEEL_ENFORCE(dout.numel() == n, "Y@GRAD ", dout.dims().str(), " does not match X ",
-                 x.dims().str());
-    const T* xp = x.data<T>();
-    const T* dyp = dout.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
-    if (soft_) {
-      ConstMat<T> xm(xp, n, d);
-      ConstMat<T> lm(label.data<T>(), n, d);
-      Mat<T>(dxp, n, d) = ((-lm) / xm).colwise() * ConstVec<T>(dyp, n);
-      return;
-    }
-    CheckHardLabelTensor(label);
-    const int64_t* lp = label.data<int64_t>();
-    Vec<T>(dxp, n * d).setZero();
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t l = lp[i];
-      if (l == ignore_index_) continue;
-      if (l < 0 || l >= d) ThrowBadLabel("cross_entropy_grad", l, i, d, ignore_index_);
-      dxp[i * d + l] = -dyp[i] / xp[i * d + l];
-    }
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-};
 
 // ---------------------------------------------------------------- softmax_with_cross_entropy
 
@@ -189,34 +94,59 @@ using StridedVec = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, 0, S>;
 template <typename T, typename S>
 using ConstStridedVec = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>, 0, S>;
 
-// Per row, with m = max(x) and lse = log(sum(exp(x - m))):
-//   softmax = exp(x - m - lse);  hard: loss = lse - (x[label] - m);
-//   soft: loss = sum_j label_j * (lse - (x_j - m)), a label of 0 contributing 0 even where x_j is
-//   -inf (fn::WeightTimes).
+}  // namespace
+
 template <typename T>
-class SoftmaxWithCrossEntropyKernel : public OpKernel {
- public:
-  explicit SoftmaxWithCrossEntropyKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")),
-        ignore_index_(op.Attr<int>("ignore_index")),
-        axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& logits = ctx.Input("Logits");
-    const Tensor& label = ctx.Input("Label");
-    const AxisSplit s = SplitAt(logits.dims(), axis_);
-    const T* xp = logits.data<T>();
-    T* smp = ctx.Output("Softmax")->mutable_data<T>(ctx.place());
-    T* lossp = ctx.Output("Loss")->mutable_data<T>(ctx.place());
-    const T* soft_lp = nullptr;
-    const int64_t* hard_lp = nullptr;
-    if (soft_) {
-      soft_lp = label.data<T>();
-    } else {
-      CheckHardLabelTensor(label);
-      hard_lp = label.data<int64_t>();
+struct LossMath<CPUDevice, T> {
+  // Gathers x[label] (1 for ignored rows), then one vectorized log over the column.
+  static void CrossEntropy(const ExecutionContext&, const T* xp, const Labels<T>& l, int64_t n,
+                           int64_t d, T* op, DeviceReport*) {
+    if (l.soft) {
+      ConstMat<T> xm(xp, n, d);
+      ConstMat<T> lm(l.dist, n, d);
+      Vec<T>(op, n) = -(lm * xm.log().max(T(-kApproxInf))).rowwise().sum();
+      return;
     }
+    const int64_t* lp = l.index;
+    bool any_ignored = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t label = lp[i];
+      if (label == l.ignore_index) {
+        op[i] = T(1);
+        any_ignored = true;
+        continue;
+      }
+      if (label < 0 || label >= d) ThrowBadLabel("cross_entropy", label, i, d, l.ignore_index);
+      op[i] = xp[i * d + label];
+    }
+    Vec<T> o(op, n);
+    o = -(o.log().max(T(-kApproxInf)));
+    if (any_ignored)
+      for (int64_t i = 0; i < n; ++i)
+        if (lp[i] == l.ignore_index) op[i] = T(0);
+  }
+
+  static void CrossEntropyGrad(const ExecutionContext&, const T* xp, const Labels<T>& l,
+                               const T* dyp, int64_t n, int64_t d, T* dxp, DeviceReport*) {
+    if (l.soft) {
+      ConstMat<T> xm(xp, n, d);
+      ConstMat<T> lm(l.dist, n, d);
+      Mat<T>(dxp, n, d) = ((-lm) / xm).colwise() * ConstVec<T>(dyp, n);
+      return;
+    }
+    Vec<T>(dxp, n * d).setZero();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t label = l.index[i];
+      if (label == l.ignore_index) continue;
+      if (label < 0 || label >= d) ThrowBadLabel("cross_entropy_grad", label, i, d, l.ignore_index);
+      dxp[i * d + label] = -dyp[i] / xp[i * d + label];
+    }
+  }
+
+  static void SoftmaxCrossEntropy(const ExecutionContext&, const AxisSplit& s, const T* xp,
+                                  const Labels<T>& l, T* smp, T* lossp, DeviceReport*) {
     if (s.post == 1 && s.n <= kShortRow) {
-      ShortRows(s, xp, soft_lp, hard_lp, smp, lossp);
+      ShortRows(s, xp, l, smp, lossp);
       return;
     }
     ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
@@ -228,29 +158,53 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       const T sum = sm.sum();
       const T lse = std::log(sum);
       sm *= T(1) / sum;
-      if (soft_) {
-        ConstStridedVec<T, S> l(soft_lp + off, s.n, stride);
-        lossp[row] = lse * l.sum() -
-                     l.binaryExpr(x - mx, [](T w, T v) { return fn::WeightTimes(w, v); }).sum();
+      if (l.soft) {
+        ConstStridedVec<T, S> w(l.dist + off, s.n, stride);
+        lossp[row] = lse * w.sum() -
+                     w.binaryExpr(x - mx, [](T a, T v) { return fn::WeightTimes(a, v); }).sum();
         return;
       }
-      const int64_t l = hard_lp[row];
-      if (l == ignore_index_) {
+      const int64_t label = l.index[row];
+      if (label == l.ignore_index) {
         lossp[row] = T(0);
         return;
       }
-      if (l < 0 || l >= s.n)
-        ThrowBadLabel("softmax_with_cross_entropy", l, row, s.n, ignore_index_);
-      lossp[row] = lse - (x[l] - mx);
+      if (label < 0 || label >= s.n)
+        ThrowBadLabel("softmax_with_cross_entropy", label, row, s.n, l.ignore_index);
+      lossp[row] = lse - (x[label] - mx);
+    });
+  }
+
+  static void SoftmaxCrossEntropyGrad(const ExecutionContext&, const AxisSplit& s, const T* smp,
+                                      const Labels<T>& l, const T* dlp, T* dxp, DeviceReport*) {
+    ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
+      using S = decltype(stride);
+      ConstStridedVec<T, S> sm(smp + off, s.n, stride);
+      StridedVec<T, S> g(dxp + off, s.n, stride);
+      const T dl = dlp[row];
+      if (l.soft) {
+        g = (sm - ConstStridedVec<T, S>(l.dist + off, s.n, stride)) * dl;
+        return;
+      }
+      const int64_t label = l.index[row];
+      if (label == l.ignore_index) {
+        g.setZero();
+        return;
+      }
+      if (label < 0 || label >= s.n)
+        ThrowBadLabel("softmax_with_cross_entropy_grad", label, row, s.n, l.ignore_index);
+      g = sm * dl;
+      g[label] -= dl;
     });
   }
 
  private:
-  // The same for rows along the last axis shorter than a SIMD register (a 2-class head): the
-  // exp runs once over the whole buffer instead of per row.
-  void ShortRows(const AxisSplit& s, const T* xp, const T* soft_lp, const int64_t* hard_lp, T* smp,
-                 T* lossp) const {
+  // softmax_with_cross_entropy for rows along the last axis shorter than a SIMD register (a
+  // 2-class head): the exp runs once over the whole buffer instead of per row.
+  static void ShortRows(const AxisSplit& s, const T* xp, const Labels<T>& l, T* smp, T* lossp) {
     const int64_t n = s.n;
+    const T* soft_lp = l.dist;
+    const int64_t* hard_lp = l.index;
     // Pass 1: softmax = x - max; loss = -(x[label] - max) (soft: -sum(label * (x - max))).
     for (int64_t i = 0; i < s.pre; ++i) {
       const T* x = xp + i * n;
@@ -258,19 +212,20 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       T mx = x[0];
       for (int64_t k = 1; k < n; ++k) mx = std::max(mx, x[k]);
       for (int64_t k = 0; k < n; ++k) sm[k] = x[k] - mx;
-      if (soft_) {
+      if (l.soft) {
         T dot = 0;
         for (int64_t k = 0; k < n; ++k) dot += fn::WeightTimes(soft_lp[i * n + k], sm[k]);
         lossp[i] = -dot;
         continue;
       }
-      const int64_t l = hard_lp[i];
-      if (l == ignore_index_) {
+      const int64_t label = hard_lp[i];
+      if (label == l.ignore_index) {
         lossp[i] = T(0);
         continue;
       }
-      if (l < 0 || l >= n) ThrowBadLabel("softmax_with_cross_entropy", l, i, n, ignore_index_);
-      lossp[i] = -sm[l];
+      if (label < 0 || label >= n)
+        ThrowBadLabel("softmax_with_cross_entropy", label, i, n, l.ignore_index);
+      lossp[i] = -sm[label];
     }
     Vec<T> all(smp, s.pre * n);
     all = all.exp();
@@ -281,78 +236,16 @@ class SoftmaxWithCrossEntropyKernel : public OpKernel {
       for (int64_t k = 0; k < n; ++k) sum += sm[k];
       const T inv = T(1) / sum;
       for (int64_t k = 0; k < n; ++k) sm[k] *= inv;
-      if (soft_) {
+      if (l.soft) {
         T label_sum = 0;
         for (int64_t k = 0; k < n; ++k) label_sum += soft_lp[i * n + k];
         lossp[i] += std::log(sum) * label_sum;
-      } else if (hard_lp[i] != ignore_index_) {
+      } else if (hard_lp[i] != l.ignore_index) {
         lossp[i] += std::log(sum);
       }
     }
   }
-
-  bool soft_;
-  int ignore_index_;
-  int axis_;
 };
-
-// dlogits = (softmax - onehot(label)) * dloss per row (soft: softmax - label); 0 for ignored rows.
-template <typename T>
-class SoftmaxWithCrossEntropyGradKernel : public OpKernel {
- public:
-  explicit SoftmaxWithCrossEntropyGradKernel(const OpDesc& op)
-      : soft_(op.Attr<bool>("soft_label")),
-        ignore_index_(op.Attr<int>("ignore_index")),
-        axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("Logits"));
-    if (dx == nullptr) return;
-    const Tensor& softmax = ctx.Input("Softmax");
-    const Tensor& label = ctx.Input("Label");
-    const Tensor& dloss = ctx.Input(GradVarName("Loss"));
-    const AxisSplit s = SplitAt(softmax.dims(), axis_);
-    KEEL_ENFORCE(dloss.numel() == s.pre * s.post, "Loss@GRAD ", dloss.dims().str(),
-                 " does not match Softmax ", softmax.dims().str());
-    const T* smp = softmax.data<T>();
-    const T* dlp = dloss.data<T>();
-    T* dxp = dx->mutable_data<T>(ctx.place());
-    const T* soft_lp = nullptr;
-    const int64_t* hard_lp = nullptr;
-    if (soft_) {
-      soft_lp = label.data<T>();
-    } else {
-      CheckHardLabelTensor(label);
-      hard_lp = label.data<int64_t>();
-    }
-    ForEachRow(s, [&](int64_t row, int64_t off, auto stride) {
-      using S = decltype(stride);
-      ConstStridedVec<T, S> sm(smp + off, s.n, stride);
-      StridedVec<T, S> g(dxp + off, s.n, stride);
-      const T dl = dlp[row];
-      if (soft_) {
-        g = (sm - ConstStridedVec<T, S>(soft_lp + off, s.n, stride)) * dl;
-        return;
-      }
-      const int64_t l = hard_lp[row];
-      if (l == ignore_index_) {
-        g.setZero();
-        return;
-      }
-      if (l < 0 || l >= s.n)
-        ThrowBadLabel("softmax_with_cross_entropy_grad", l, row, s.n, ignore_index_);
-      g = sm * dl;
-      g[l] -= dl;
-    });
-  }
-
- private:
-  bool soft_;
-  int ignore_index_;
-  int axis_;
-};
-
-}  // namespace
-
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(cross_entropy)
@@ -368,8 +261,8 @@ KEEL_REGISTER_OP(cross_entropy)
     .Shape(CrossEntropyShape)
     .Grad(GradMaker("cross_entropy_grad", {"X", "Label"}, {"Y"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(cross_entropy_grad, cross_entropy);
-KEEL_REGISTER_CPU_KERNEL(cross_entropy, CrossEntropyKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(cross_entropy_grad, CrossEntropyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, cross_entropy, CrossEntropyKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, cross_entropy_grad, CrossEntropyGradKernel, float, double);
 
 KEEL_REGISTER_OP(softmax_with_cross_entropy)
     .Doc(
@@ -389,8 +282,8 @@ KEEL_REGISTER_OP(softmax_with_cross_entropy)
 KEEL_REGISTER_GRAD_OP(softmax_with_cross_entropy_grad, softmax_with_cross_entropy)
     .Shape(GradShapeLike("Logits", "Softmax"))
     .KernelDTypeFrom("Softmax");
-KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel, float,
-                         double);
+KEEL_REGISTER_KERNEL(CPU, softmax_with_cross_entropy, SoftmaxWithCrossEntropyKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, softmax_with_cross_entropy_grad, SoftmaxWithCrossEntropyGradKernel, float,
+                     double);
 
 }  // namespace keel

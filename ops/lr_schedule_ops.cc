@@ -14,15 +14,15 @@
 //               end = warmup_end_lr, or the schedule's lr(W) when warmup_end_lr < 0
 //   and from s = W on the schedule itself, on the same (unshifted) s.
 //
-// The counter is float32 in the DSL: exact up to 2^24 (16.7M) steps.
-#include <algorithm>
-#include <cmath>
+// The counter is float32 in the DSL: exact up to 2^24 (16.7M) steps. The kernels are in
+// lr_schedule_ops.h; here are the ops, their shapes and the CPU registrations.
+#include "ops/lr_schedule_ops.h"
+
 #include <string>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
-#include "ops/functors/lr_schedule_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -36,20 +36,6 @@ void IncrementShape(InferShapeContext& ctx) {
                    "X must hold one element, got ", d.str());
   ctx.ShareDimAndDType("X", "Out");
 }
-
-// Out = X + step.
-template <typename T>
-class IncrementKernel : public OpKernel {
- public:
-  explicit IncrementKernel(const OpDesc& op) : step_(static_cast<T>(op.Attr<float>("step"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    const T x = ctx.Input("X").data<T>()[0];
-    ctx.Output("Out")->mutable_data<T>(ctx.place())[0] = x + step_;
-  }
-
- private:
-  T step_;
-};
 
 // ---------------------------------------------------------------------------------- lr_schedule
 
@@ -87,29 +73,6 @@ void LrScheduleShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("LearningRate", DType::kFloat32);
 }
 
-// The formulas are in the file comment (fn::LrSchedule, shared with the CUDA kernel); computed
-// in double, written as float32.
-template <typename T>
-class LrScheduleKernel : public OpKernel {
- public:
-  explicit LrScheduleKernel(const OpDesc& op)
-      : boundaries_(op.Attr<std::vector<int>>("boundaries")),
-        values_(op.Attr<std::vector<float>>("values")) {
-    f_ = MakeLrSchedule(op);
-    f_.boundaries = boundaries_.data();
-    f_.values = values_.data();
-  }
-  void Compute(ExecutionContext& ctx) override {
-    const double s = static_cast<double>(ctx.Input("Step").data<T>()[0]);
-    ctx.Output("LearningRate")->mutable_data<float>(ctx.place())[0] = f_(s);
-  }
-
- private:
-  std::vector<int> boundaries_;
-  std::vector<float> values_;
-  fn::LrSchedule f_;
-};
-
 }  // namespace
 
 KEEL_REGISTER_OP(increment)
@@ -118,7 +81,7 @@ KEEL_REGISTER_OP(increment)
     .Output("Out", "[1], usually X itself")
     .Attr<float>("step", 1.0f, "the amount added")
     .Shape(IncrementShape);
-KEEL_REGISTER_CPU_KERNEL(increment, IncrementKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, increment, IncrementKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(lr_schedule)
     .Doc(
@@ -138,6 +101,6 @@ KEEL_REGISTER_OP(lr_schedule)
                  "warm-up: the rate it heads to; < 0: the schedule's rate at warmup_steps")
     .Shape(LrScheduleShape)
     .KernelDTypeFrom("Step");
-KEEL_REGISTER_CPU_KERNEL(lr_schedule, LrScheduleKernel, float, double, int64_t);
+KEEL_REGISTER_KERNEL(CPU, lr_schedule, LrScheduleKernel, float, double, int64_t);
 
 }  // namespace keel

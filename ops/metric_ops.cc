@@ -2,23 +2,21 @@
 // accuracy.
 //
 // Ties go to the lower index (top_k, arg_max); NaN counts as larger than any number, so a NaN
-// logit shows up in the top-k rather than hiding.
+// logit shows up in the top-k rather than hiding. The kernels are in metric_ops.h; here are the
+// shapes, the CPU math and the registrations.
+#include "ops/metric_ops.h"
+
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <numeric>
-#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
-#include "ops/functors/metric_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
 namespace {
-
-using fn::Greater;  // ops/functors/metric_functors.h, shared with the CUDA kernels
 
 // ---------------------------------------------------------------- top_k
 
@@ -36,38 +34,6 @@ void TopKShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Indices", out);
   ctx.SetOutputDType("Indices", DType::kInt64);
 }
-
-// Per row of the last axis: the k largest values, largest first, and their indices.
-template <typename T>
-class TopKKernel : public OpKernel {
- public:
-  explicit TopKKernel(const OpDesc& op) : k_(op.Attr<int>("k")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const int64_t n = x.dims()[x.dims().size() - 1];
-    KEEL_ENFORCE(k_ <= n, "k ", k_, " exceeds the last dim of X ", x.dims().str());
-    const int64_t rows = n == 0 ? 0 : x.numel() / n;
-    const T* xp = x.data<T>();
-    T* vp = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    int64_t* ip = ctx.Output("Indices")->mutable_data<int64_t>(ctx.place());
-    idx_.resize(n);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = xp + r * n;
-      std::iota(idx_.begin(), idx_.end(), int64_t{0});
-      std::partial_sort(idx_.begin(), idx_.begin() + k_, idx_.end(), [row](int64_t a, int64_t b) {
-        return fn::RanksBefore(row[a], a, row[b], b);
-      });
-      for (int j = 0; j < k_; ++j) {
-        vp[r * k_ + j] = row[idx_[j]];
-        ip[r * k_ + j] = idx_[j];
-      }
-    }
-  }
-
- private:
-  int k_;
-  std::vector<int64_t> idx_;  // reused across runs
-};
 
 // ---------------------------------------------------------------- arg_max
 
@@ -90,30 +56,6 @@ void ArgMaxShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Out", out);
   ctx.SetOutputDType("Out", DType::kInt64);
 }
-
-// Out = the index of the largest element along axis (the first of equal ones).
-template <typename T>
-class ArgMaxKernel : public OpKernel {
- public:
-  explicit ArgMaxKernel(const OpDesc& op) : axis_(static_cast<int>(op.Attr<int64_t>("axis"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const AxisSplit s = SplitAt(x.dims(), axis_);
-    const T* xp = x.data<T>();
-    int64_t* op = ctx.Output("Out")->mutable_data<int64_t>(ctx.place());
-    for (int64_t i = 0; i < s.pre; ++i)
-      for (int64_t j = 0; j < s.post; ++j) {
-        const T* base = xp + i * s.n * s.post + j;
-        int64_t best = 0;
-        for (int64_t k = 1; k < s.n; ++k)
-          if (Greater(base[k * s.post], base[best * s.post])) best = k;
-        op[i * s.post + j] = best;
-      }
-  }
-
- private:
-  int axis_;
-};
 
 // ---------------------------------------------------------------- accuracy
 
@@ -139,30 +81,42 @@ void AccuracyShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Total", DType::kInt32);
 }
 
-// Correct = rows whose Label is among that row's Indices; Total = N; Accuracy = Correct / Total
-// (0 for N = 0). T is Out's dtype, which only picks the kernel.
+}  // namespace
+
+// std::partial_sort per row by fn::RanksBefore.
 template <typename T>
-class AccuracyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& idx = ctx.Input("Indices");
-    const Tensor& label = ctx.Input("Label");
-    const int64_t rows = idx.dims()[0], k = idx.dims()[1];
-    const int64_t* ip = idx.data<int64_t>();
-    const int64_t* lp = label.data<int64_t>();
+struct TopKMath<CPUDevice, T> {
+  static void Run(const ExecutionContext&, const T* xp, int64_t rows, int64_t n, int k, T* vp,
+                  int64_t* ip, std::vector<int64_t>* idx) {
+    idx->resize(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = xp + r * n;
+      std::iota(idx->begin(), idx->end(), int64_t{0});
+      std::partial_sort(idx->begin(), idx->begin() + k, idx->end(), [row](int64_t a, int64_t b) {
+        return fn::RanksBefore(row[a], a, row[b], b);
+      });
+      for (int j = 0; j < k; ++j) {
+        vp[r * k + j] = row[(*idx)[j]];
+        ip[r * k + j] = (*idx)[j];
+      }
+    }
+  }
+};
+
+template <>
+struct AccuracyMath<CPUDevice> {
+  static void Run(const ExecutionContext&, const int64_t* ip, const int64_t* lp, int64_t rows,
+                  int64_t k, float* accuracy, int32_t* correct_out, int32_t* total) {
     int64_t correct = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t* row = ip + r * k;
       correct += std::find(row, row + k, lp[r]) != row + k;
     }
-    *ctx.Output("Accuracy")->mutable_data<float>(ctx.place()) =
-        rows == 0 ? 0.0f : static_cast<float>(correct) / static_cast<float>(rows);
-    *ctx.Output("Correct")->mutable_data<int32_t>(ctx.place()) = static_cast<int32_t>(correct);
-    *ctx.Output("Total")->mutable_data<int32_t>(ctx.place()) = static_cast<int32_t>(rows);
+    *accuracy = rows == 0 ? 0.0f : static_cast<float>(correct) / static_cast<float>(rows);
+    *correct_out = static_cast<int32_t>(correct);
+    *total = static_cast<int32_t>(rows);
   }
 };
-
-}  // namespace
 
 // ---------------------------------------------------------------- registration
 
@@ -175,7 +129,7 @@ KEEL_REGISTER_OP(top_k)
     .Output("Indices", "int64, the shape of Out: where each value sits in its row")
     .Attr<int>("k", 1, "how many to keep, in [1, last dim of X]")
     .Shape(TopKShape);
-KEEL_REGISTER_CPU_KERNEL(top_k, TopKKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, top_k, TopKKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(arg_max)
     .Doc(
@@ -186,7 +140,7 @@ KEEL_REGISTER_OP(arg_max)
     .Attr<int64_t>("axis", 0, "the reduced dimension; negative counts from the end")
     .Attr<bool>("keepdims", false, "keep the reduced dimension as size 1")
     .Shape(ArgMaxShape);
-KEEL_REGISTER_CPU_KERNEL(arg_max, ArgMaxKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, arg_max, ArgMaxKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(accuracy)
     .Doc(
@@ -200,6 +154,6 @@ KEEL_REGISTER_OP(accuracy)
     .Output("Correct", "int32 [1]: rows whose label is among the indices")
     .Output("Total", "int32 [1]: N")
     .Shape(AccuracyShape);
-KEEL_REGISTER_CPU_KERNEL(accuracy, AccuracyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, accuracy, AccuracyKernel, float, double, int32_t, int64_t);
 
 }  // namespace keel

@@ -1,8 +1,9 @@
-// CUDA twins of metric_ops.cc: top_k, arg_max and accuracy, with the CPU kernels' ranking rule
-// (fn::RanksBefore: larger first, NaN largest, ties to the lower index), so both places pick the
-// same indices. One thread per row: k and the class count are small next to the batch.
+// The evaluation ops on CUDA: the kernels are metric_ops.h's; here are top_k's and accuracy's
+// launches. One thread per row: k and the class count are small next to the batch.
+#include <vector>
+
 #include "ops/cuda_util.cuh"
-#include "ops/functors/metric_functors.h"
+#include "ops/metric_ops.h"
 
 namespace keel {
 namespace {
@@ -30,51 +31,6 @@ __global__ void TopKRows(const T* x, T* values, int64_t* indices, int64_t rows, 
   }
 }
 
-template <typename T>
-class TopKKernel : public OpKernel {
- public:
-  explicit TopKKernel(const OpDesc& op) : k_(op.Attr<int>("k")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const int64_t n = x.dims()[x.dims().size() - 1];
-    KEEL_ENFORCE(k_ <= n, "k ", k_, " exceeds the last dim of X ", x.dims().str());
-    const int64_t rows = n == 0 ? 0 : x.numel() / n;
-    T* vp = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    int64_t* ip = ctx.Output("Indices")->mutable_data<int64_t>(ctx.place());
-    if (rows == 0 || k_ <= 0) return;
-    TopKRows<T>
-        <<<GridFor(rows, 128), 128, 0, Cuda(ctx).stream()>>>(x.data<T>(), vp, ip, rows, n, k_);
-    KEEL_CUDA_LAUNCH_CHECK();
-  }
-
- private:
-  int k_;
-};
-
-// Out = the index of the largest element along axis (the first of equal ones).
-template <typename T>
-class ArgMaxKernel : public OpKernel {
- public:
-  explicit ArgMaxKernel(const OpDesc& op) : axis_(static_cast<int>(op.Attr<int64_t>("axis"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const AxisSplit s = SplitAt(x.dims(), axis_);
-    const T* xp = x.data<T>();
-    int64_t* op = ctx.Output("Out")->mutable_data<int64_t>(ctx.place());
-    const int64_t n = s.n, post = s.post;
-    ForEach(ctx, s.pre * s.post, [=] __device__(int64_t o) {
-      const T* base = xp + (o / post) * n * post + o % post;
-      int64_t best = 0;
-      for (int64_t k = 1; k < n; ++k)
-        if (fn::Greater(base[k * post], base[best * post])) best = k;
-      op[o] = best;
-    });
-  }
-
- private:
-  int axis_;
-};
-
 // One block: Correct = rows whose Label is among that row's Indices, Total = rows,
 // Accuracy = Correct / Total (0 for no rows).
 __global__ void AccuracyBlock(const int64_t* idx, const int64_t* label, int64_t rows, int64_t k,
@@ -92,29 +48,28 @@ __global__ void AccuracyBlock(const int64_t* idx, const int64_t* label, int64_t 
   *total = static_cast<int32_t>(rows);
 }
 
-// T is Out's dtype, which only picks the kernel.
+}  // namespace
+
 template <typename T>
-class AccuracyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& idx = ctx.Input("Indices");
-    const Tensor& label = ctx.Input("Label");
-    const int64_t rows = idx.dims()[0], k = idx.dims()[1];
-    KEEL_ENFORCE(label.numel() == rows, "Label ", label.dims().str(),
-                 " must have one row per row of Indices ", idx.dims().str());
-    AccuracyBlock<<<1, 256, 0, Cuda(ctx).stream()>>>(
-        idx.data<int64_t>(), label.data<int64_t>(), rows, k,
-        ctx.Output("Accuracy")->mutable_data<float>(ctx.place()),
-        ctx.Output("Correct")->mutable_data<int32_t>(ctx.place()),
-        ctx.Output("Total")->mutable_data<int32_t>(ctx.place()));
+struct TopKMath<CUDADevice, T> {
+  static void Run(const ExecutionContext& ctx, const T* x, int64_t rows, int64_t n, int k, T* vp,
+                  int64_t* ip, std::vector<int64_t>*) {
+    TopKRows<T><<<GridFor(rows, 128), 128, 0, Cuda(ctx).stream()>>>(x, vp, ip, rows, n, k);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 };
 
-}  // namespace
+template <>
+struct AccuracyMath<CUDADevice> {
+  static void Run(const ExecutionContext& ctx, const int64_t* idx, const int64_t* label,
+                  int64_t rows, int64_t k, float* accuracy, int32_t* correct, int32_t* total) {
+    AccuracyBlock<<<1, 256, 0, Cuda(ctx).stream()>>>(idx, label, rows, k, accuracy, correct, total);
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+};
 
-KEEL_REGISTER_CUDA_KERNEL(top_k, TopKKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(arg_max, ArgMaxKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(accuracy, AccuracyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CUDA, top_k, TopKKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CUDA, arg_max, ArgMaxKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CUDA, accuracy, AccuracyKernel, float, double, int32_t, int64_t);
 
 }  // namespace keel

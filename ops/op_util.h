@@ -1,4 +1,5 @@
-// What the CPU op files share: Eigen views of tensor buffers, the (pre, n, post) split of a shape
+// What the CPU op files share: the CPU device vocabulary (ops/device_cpu.h), Eigen views of tensor
+// buffers, the (pre, n, post) split of a shape
 // around an axis, and shape functions more than one op uses.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include "framework/op/shape_inference.h"
 #include "framework/runtime/ddim.h"
 #include "ops/axis_layout.h"
+#include "ops/device_cpu.h"
 
 namespace keel {
 
@@ -39,13 +41,6 @@ constexpr int64_t kShortRow = 16;
 
 // ---------------------------------------------------------------- shape checks and functions
 
-// `axis` (negative counts from the end) must index a dim of input `slot`, of shape d; `what`
-// names the attr ("axis", "dim") in the error.
-inline void CheckAxisInRange(const char* what, int axis, const char* slot, const DDim& d) {
-  KEEL_SHAPE_CHECK(axis >= -d.size() && axis < d.size(), what, " ", axis, " is outside [",
-                   -d.size(), ", ", d.size(), ") for ", slot, " ", d.str());
-}
-
 // Out has the shape and dtype of X.
 inline void SameShapeAsX(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
 
@@ -58,13 +53,6 @@ inline InferShapeFn GradShapeLike(const std::string& x, const std::string& like)
 
 // ---------------------------------------------------------------- attrs and kernels shared by ops
 
-// "[1, 2]"
-inline std::string IntsStr(const std::vector<int>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 // Checks a (height, width) pair attr whose values must be >= lo (strides, paddings, ...).
 inline AttrCheckFn PairAtLeast(int lo) {
   return [lo](const Attribute& a) -> std::string {
@@ -75,35 +63,24 @@ inline AttrCheckFn PairAtLeast(int lo) {
   };
 }
 
-// Copies `from` into `to` (already shaped by the shape function), unless they share memory.
-// Copying, not sharing, keeps `to`'s allocation (maybe a view into a fused buffer) in place.
-template <typename T>
-void CopyElements(const Tensor& from, Tensor* to, const Place& place) {
-  KEEL_ENFORCE(from.numel() == to->numel(), "cannot copy ", from.dims().str(), " into ",
-               to->dims().str());
-  const T* src = from.data<T>();
-  T* dst = to->mutable_data<T>(place);
-  if (dst != src) std::copy_n(src, from.numel(), dst);
+// Checks a string attr against the allowed values.
+inline AttrCheckFn OneOf(std::vector<std::string> allowed) {
+  return [allowed](const Attribute& a) -> std::string {
+    const auto& s = std::get<std::string>(a);
+    std::string list;
+    for (auto& x : allowed) {
+      if (s == x) return "";
+      list += (list.empty() ? "" : ", ") + x;
+    }
+    return "must be one of " + list + ", got '" + s + "'";
+  };
 }
 
-// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze).
-template <typename T>
-class CopyKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    CopyElements<T>(ctx.Input("X"), ctx.Output("Out"), ctx.place());
-  }
-};
-
-// X@GRAD = Out@GRAD's elements in X's shape.
-template <typename T>
-class CopyGradKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    CopyElements<T>(ctx.Input(GradVarName("Out")), dx, ctx.place());
-  }
-};
+// Checks a float attr is > 0.
+inline AttrCheckFn Positive() {
+  return [](const Attribute& a) -> std::string {
+    return std::get<float>(a) > 0.0f ? "" : "must be > 0";
+  };
+}
 
 }  // namespace keel

@@ -12,6 +12,10 @@
 //   squared_l2_norm       Out = sum(X^2), shape [1]
 //   clip_by_global_norm   norm = sqrt(sum_i sum(X_i^2));
 //                         Out_i = X_i * clip_norm / max(norm, clip_norm)
+// The kernels are in optimizer_ops.h; here are the shapes, the CPU math, the CPU's merged ops and
+// the registrations.
+#include "ops/optimizer_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -21,7 +25,6 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
-#include "ops/functors/optimizer_functors.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -74,13 +77,6 @@ void SetScalar(Tensor* out, double v, const Place& place) {
   }
 }
 
-// Runtime guard that an input matches Param's element count (the shape fn checks dims).
-void EnforceNumel(const ExecutionContext& ctx, const Tensor& param, const std::string& slot) {
-  const Tensor& t = ctx.Input(slot);
-  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
-               slot, " ", t.dims().str(), " must have the same shape");
-}
-
 // ------------------------------------------------------------------------------------------ sgd
 
 void SgdShape(InferShapeContext& ctx) {
@@ -88,25 +84,6 @@ void SgdShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
-// param_out = param - lr * grad.
-template <typename T>
-class SgdKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    const Tensor& grad = ctx.Input("Grad");
-    Tensor* param_out = ctx.Output("ParamOut");
-    KEEL_ENFORCE(param.numel() == grad.numel(), "Param ", param.dims().str(), " and Grad ",
-                 grad.dims().str(), " must have the same shape");
-    const T lr = ctx.Input("LearningRate").item<T>();
-    const int64_t n = param.numel();
-    const T* p = param.data<T>();
-    const T* g = grad.data<T>();
-    T* po = param_out->mutable_data<T>(ctx.place());
-    for (int64_t i = 0; i < n; ++i) po[i] = fn::SgdUpdate(p[i], g[i], lr);
-  }
-};
-
 // ------------------------------------------------------------------------------------- momentum
 
 void MomentumShape(InferShapeContext& ctx) {
@@ -115,32 +92,6 @@ void MomentumShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
-
-// v = mu * v + g;  param -= lr * (g + mu * v) with Nesterov, lr * v without.
-template <typename T>
-class MomentumKernel : public OpKernel {
- public:
-  explicit MomentumKernel(const OpDesc& op)
-      : mu_(static_cast<T>(op.Attr<float>("mu"))), nesterov_(op.Attr<bool>("use_nesterov")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceNumel(ctx, param, "Grad");
-    EnforceNumel(ctx, param, "Velocity");
-    const int64_t n = param.numel();
-    const T lr = ctx.Input("LearningRate").item<T>();
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    const T* v = ctx.Input("Velocity").data<T>();
-    T* v_out = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
-    T* p_out = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    const fn::Momentum<T> f{mu_, nesterov_};
-    for (int64_t i = 0; i < n; ++i) f(p[i], g[i], v[i], lr, &p_out[i], &v_out[i]);
-  }
-
- private:
-  T mu_;
-  bool nesterov_;
-};
 
 // ---------------------------------------------------------------------------------- adam, adamw
 
@@ -153,54 +104,6 @@ void AdamShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
-
-// Adam (coeff 0) and AdamW: the math is in the file comment. Scalars are computed in double.
-template <typename T>
-class AdamKernel : public OpKernel {
- public:
-  explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceNumel(ctx, param, "Grad");
-    EnforceNumel(ctx, param, "Moment1");
-    EnforceNumel(ctx, param, "Moment2");
-    const int64_t n = param.numel();
-    const double lr = ctx.Input("LearningRate").item<double>();
-    const double b1_pow = ctx.Input("Beta1Pow").item<double>();
-    const double b2_pow = ctx.Input("Beta2Pow").item<double>();
-    // The math of fn::Adam (the CUDA kernel's), kept as Eigen expressions here: the per-element
-    // functor loop rounds differently on this CPU (measured: parameters after 10 MLP steps
-    // differ in the last bits), and CPU results stay as they were.
-    const fn::Adam<T> a =
-        fn::AdamStep<T>(lr, b1_pow, b2_pow, beta1_, beta2_, epsilon_, coeff_);
-    ConstVec<T> p(param.data<T>(), n), g(ctx.Input("Grad").data<T>(), n),
-        m1(ctx.Input("Moment1").data<T>(), n), m2(ctx.Input("Moment2").data<T>(), n);
-    Vec<T> m1_out(ctx.Output("Moment1Out")->mutable_data<T>(ctx.place()), n);
-    Vec<T> m2_out(ctx.Output("Moment2Out")->mutable_data<T>(ctx.place()), n);
-    Vec<T> p_out(ctx.Output("ParamOut")->mutable_data<T>(ctx.place()), n);
-    m1_out = a.b1 * m1 + (T(1) - a.b1) * g;
-    m2_out = a.b2 * m2 + (T(1) - a.b2) * g.square();
-    p_out = a.decay * p - a.lr_t * (m1_out / (m2_out.sqrt() + a.eps_hat));
-    SetScalar(ctx.Output("Beta1PowOut"), b1_pow * beta1_, ctx.place());
-    SetScalar(ctx.Output("Beta2PowOut"), b2_pow * beta2_, ctx.place());
-  }
-
- protected:
-  AdamKernel(const OpDesc& op, double coeff)
-      : beta1_(op.Attr<float>("beta1")),
-        beta2_(op.Attr<float>("beta2")),
-        epsilon_(op.Attr<float>("epsilon")),
-        coeff_(coeff) {}
-
- private:
-  double beta1_, beta2_, epsilon_, coeff_;
-};
-
-template <typename T>
-class AdamWKernel : public AdamKernel<T> {
- public:
-  explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
-};
 
 // ------------------------------------------------- merged_sgd, merged_momentum, merged_adam(w)
 
@@ -275,12 +178,12 @@ std::unique_ptr<OpKernel> MakeSingle(const OpDesc& desc) {
   }
 }
 
-template <typename T, template <typename> class Single>
+template <typename T, template <typename, typename> class Single>
 class MergedKernel : public OpKernel {
  public:
   explicit MergedKernel(const OpDesc& op) : desc_(op.type().substr(std::string("merged_").size())) {
     for (const auto& [name, value] : op.attrs()) desc_.SetAttr(name, value);
-    single_ = MakeSingle<Single<T>>(desc_);
+    single_ = MakeSingle<Single<CPUDevice, T>>(desc_);
   }
   void Compute(ExecutionContext& ctx) override {
     const int n = ctx.NumInputs("Param");
@@ -318,24 +221,10 @@ using MergedAdamWKernel = MergedKernel<T, AdamWKernel>;
 
 // ---------------------------------------------------------- squared_l2_norm, clip_by_global_norm
 
-template <typename T>
-double SquaredL2(const Tensor& x) {
-  return static_cast<double>(ConstVec<T>(x.data<T>(), x.numel()).square().sum());
-}
-
 void SquaredL2NormShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Out", DDim{1});
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
-
-// Out = sum(X^2).
-template <typename T>
-class SquaredL2NormKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    *ctx.Output("Out")->mutable_data<T>(ctx.place()) = static_cast<T>(SquaredL2<T>(ctx.Input("X")));
-  }
-};
 
 void ClipByGlobalNormShape(InferShapeContext& ctx) {
   const int n = ctx.NumInputs("X");
@@ -354,34 +243,6 @@ void ClipByGlobalNormShape(InferShapeContext& ctx) {
   }
 }
 
-// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm).
-template <typename T>
-class ClipByGlobalNormKernel : public OpKernel {
- public:
-  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
-  void Compute(ExecutionContext& ctx) override {
-    std::vector<const Tensor*> xs = ctx.MultiInput("X");
-    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
-    double sum_sq = 0;
-    for (const Tensor* x : xs) sum_sq += SquaredL2<T>(*x);
-    const double norm = std::sqrt(sum_sq);
-    const T scale = static_cast<T>(fn::GlobalNormScale(norm, clip_norm_));
-    for (size_t i = 0; i < xs.size(); ++i) {
-      const int64_t n = xs[i]->numel();
-      T* out = outs[i]->mutable_data<T>(ctx.place());
-      if (scale != T(1)) {
-        Vec<T>(out, n) = scale * ConstVec<T>(xs[i]->data<T>(), n);
-      } else if (out != xs[i]->data<T>()) {
-        std::copy_n(xs[i]->data<T>(), n, out);
-      }
-    }
-    if (Tensor* g = ctx.OutputOrNull("GlobalNorm")) *g->mutable_data<T>(ctx.place()) = T(norm);
-  }
-
- private:
-  double clip_norm_;
-};
-
 std::string CheckPositive(const Attribute& a) {
   return std::get<float>(a) > 0 ? "" : "must be > 0";
 }
@@ -392,6 +253,58 @@ std::string CheckUnitInterval(const Attribute& a) {
 
 }  // namespace
 
+template <typename T>
+struct AdamMath<CPUDevice, T> {
+  // The math of fn::Adam (the CUDA kernel's), kept as Eigen expressions here: the per-element
+  // functor loop rounds differently on this CPU (measured: parameters after 10 MLP steps differ in
+  // the last bits), and CPU results stay as they were.
+  static void Update(const ExecutionContext& ctx, const AdamIO<CPUDevice, T>& io, double beta1,
+                     double beta2, double epsilon, double coeff) {
+    const double b1_pow = io.b1p.Get(), b2_pow = io.b2p.Get();
+    const fn::Adam<T> a =
+        fn::AdamStep<T>(io.lr.Get(), b1_pow, b2_pow, beta1, beta2, epsilon, coeff);
+    const int64_t n = io.n;
+    ConstVec<T> p(io.p, n), g(io.g, n), m1(io.m1, n), m2(io.m2, n);
+    Vec<T> m1_out(io.m1o, n), m2_out(io.m2o, n), p_out(io.po, n);
+    m1_out = a.b1 * m1 + (T(1) - a.b1) * g;
+    m2_out = a.b2 * m2 + (T(1) - a.b2) * g.square();
+    p_out = a.decay * p - a.lr_t * (m1_out / (m2_out.sqrt() + a.eps_hat));
+    SetScalar(io.b1o, b1_pow * beta1, ctx.place());
+    SetScalar(io.b2o, b2_pow * beta2, ctx.place());
+  }
+};
+
+// Eigen sums of squares in double.
+template <typename T>
+class GlobalNormMath<CPUDevice, T> {
+ public:
+  static double SumOfSquares(const Tensor& x) {
+    return static_cast<double>(ConstVec<T>(x.data<T>(), x.numel()).square().sum());
+  }
+
+  void SquaredL2(const ExecutionContext&, const Tensor& x, T* out) {
+    *out = static_cast<T>(SumOfSquares(x));
+  }
+
+  void ClipByGlobalNorm(const ExecutionContext& ctx, const std::vector<const Tensor*>& xs,
+                        const std::vector<Tensor*>& outs, double clip_norm, T* global_norm) {
+    double sum_sq = 0;
+    for (const Tensor* x : xs) sum_sq += SumOfSquares(*x);
+    const double norm = std::sqrt(sum_sq);
+    const T scale = static_cast<T>(fn::GlobalNormScale(norm, clip_norm));
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const int64_t n = xs[i]->numel();
+      T* out = outs[i]->mutable_data<T>(ctx.place());
+      if (scale != T(1)) {
+        Vec<T>(out, n) = scale * ConstVec<T>(xs[i]->data<T>(), n);
+      } else if (out != xs[i]->data<T>()) {
+        std::copy_n(xs[i]->data<T>(), n, out);
+      }
+    }
+    if (global_norm) *global_norm = T(norm);
+  }
+};
+
 KEEL_REGISTER_OP(sgd)
     .Doc("ParamOut = Param - LearningRate * Grad, in place when ParamOut is Param.")
     .Input("Param", "the parameter")
@@ -400,7 +313,7 @@ KEEL_REGISTER_OP(sgd)
     .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
     .Shape(SgdShape)
     .KernelDTypeFrom("Param");
-KEEL_REGISTER_CPU_KERNEL(sgd, SgdKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sgd, SgdKernel, float, double);
 
 KEEL_REGISTER_OP(momentum)
     .Doc(
@@ -416,7 +329,7 @@ KEEL_REGISTER_OP(momentum)
     .Attr<bool>("use_nesterov", false, "Nesterov's update")
     .Shape(MomentumShape)
     .KernelDTypeFrom("Param");
-KEEL_REGISTER_CPU_KERNEL(momentum, MomentumKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, momentum, MomentumKernel, float, double);
 
 // adam and adamw share every slot and attr but adamw's coeff.
 static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
@@ -445,7 +358,7 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
                "(beta at the first step) and are multiplied by beta. In place.")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
-KEEL_REGISTER_CPU_KERNEL(adam, AdamKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, adam, AdamKernel, float, double);
 
 [[maybe_unused]] static OpSchema& keel_op_schema_adamw =
     AdamSchema("adamw",
@@ -454,7 +367,7 @@ KEEL_REGISTER_CPU_KERNEL(adam, AdamKernel, float, double);
         .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
-KEEL_REGISTER_CPU_KERNEL(adamw, AdamWKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, adamw, AdamWKernel, float, double);
 
 // The merged ops: list versions of the slots above (one var per parameter), the same attrs.
 static OpSchema& MergedSchema(const std::string& type, const std::string& single) {
@@ -497,7 +410,7 @@ KEEL_REGISTER_OP(squared_l2_norm)
     .Input("X", "any shape")
     .Output("Out", "[1], dtype of X")
     .Shape(SquaredL2NormShape);
-KEEL_REGISTER_CPU_KERNEL(squared_l2_norm, SquaredL2NormKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, squared_l2_norm, SquaredL2NormKernel, float, double);
 
 KEEL_REGISTER_OP(clip_by_global_norm)
     .Doc(
@@ -508,6 +421,6 @@ KEEL_REGISTER_OP(clip_by_global_norm)
     .OptionalOutput("GlobalNorm", "[1]: the norm before clipping")
     .RequiredAttr<float>("clip_norm", "the largest global norm let through", CheckPositive)
     .Shape(ClipByGlobalNormShape);
-KEEL_REGISTER_CPU_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, clip_by_global_norm, ClipByGlobalNormKernel, float, double);
 
 }  // namespace keel

@@ -1,8 +1,8 @@
-// CUDA twins of optimizer_ops.cc: sgd, momentum, adam and adamw, one launch per parameter, the
-// per-element math from ops/functors/optimizer_functors.h; squared_l2_norm and
-// clip_by_global_norm, whose sums of squares run in double in a fixed order (per-block partials,
-// then one block adds them), so they repeat bit for bit. LearningRate, the beta powers and the
-// clip factor stay on the device: kernels read them, so an update never waits for the host.
+// The optimizer ops on CUDA: the kernels are optimizer_ops.h's (sgd, momentum, adam and adamw one
+// launch per parameter); here is adam's math and the norms', whose sums of squares run in double
+// in a fixed order (per-block partials, then one block adds them), so they repeat bit for bit.
+// LearningRate, the beta powers and the clip factor stay on the device: kernels read them, so an
+// update never waits for the host.
 //
 // merged_sgd, merged_momentum, merged_adam and merged_adamw (the merge pass forms them from the
 // per-parameter ops of a fused gradient group) update all their parameters in one multi-tensor
@@ -12,73 +12,10 @@
 #include "framework/runtime/device.h"
 #include "ops/cuda_util.cuh"
 #include "ops/functors/optimizer_functors.h"
+#include "ops/optimizer_ops.h"
 
 namespace keel {
 namespace {
-
-template <typename T>
-void EnforceLike(const ExecutionContext& ctx, const Tensor& param, const char* slot) {
-  const Tensor& t = ctx.Input(slot);
-  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
-               slot, " ", t.dims().str(), " must have the same shape");
-}
-
-// Reads a one-element float32/float64 device scalar as double.
-struct DeviceScalar {
-  const void* p;
-  bool is_double;
-  __device__ double Get() const {
-    return is_double ? *static_cast<const double*>(p) : *static_cast<const float*>(p);
-  }
-};
-DeviceScalar ScalarOf(const Tensor& t) {
-  KEEL_ENFORCE(t.numel() == 1, "expected one element, got ", t.dims().str());
-  return DeviceScalar{t.raw_data(), t.dtype() == DType::kFloat64};
-}
-
-template <typename T>
-class SgdKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceLike<T>(ctx, param, "Grad");
-    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get()));
-    });
-  }
-};
-
-template <typename T>
-class MomentumKernel : public OpKernel {
- public:
-  explicit MomentumKernel(const OpDesc& op)
-      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceLike<T>(ctx, param, "Grad");
-    EnforceLike<T>(ctx, param, "Velocity");
-    // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    const T* v = ctx.Input("Velocity").data<T>();
-    T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
-    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    const fn::Momentum<T> f = f_;
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]);
-    });
-  }
-
- private:
-  fn::Momentum<T> f_;
-};
-
 
 template <typename T>
 __global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, void* b2o,
@@ -93,59 +30,6 @@ __global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, voi
   else
     *static_cast<float*>(b2o) = static_cast<float>(v2);
 }
-
-// Adam (coeff 0) and AdamW. Every thread derives the step's scalars in double from the device
-// lr and beta powers (cheap next to the memory traffic), then updates its elements.
-template <typename T>
-class AdamKernel : public OpKernel {
- public:
-  explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& param = ctx.Input("Param");
-    EnforceLike<T>(ctx, param, "Grad");
-    EnforceLike<T>(ctx, param, "Moment1");
-    EnforceLike<T>(ctx, param, "Moment2");
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
-    const DeviceScalar b1p = ScalarOf(ctx.Input("Beta1Pow"));
-    const DeviceScalar b2p = ScalarOf(ctx.Input("Beta2Pow"));
-    const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
-    const T* m1 = ctx.Input("Moment1").data<T>();
-    const T* m2 = ctx.Input("Moment2").data<T>();
-    T* m1o = ctx.Output("Moment1Out")->mutable_data<T>(ctx.place());
-    T* m2o = ctx.Output("Moment2Out")->mutable_data<T>(ctx.place());
-    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
-    const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
-    ForEach(ctx, param.numel(), [=] __device__(int64_t i) {
-      const fn::Adam<T> f =
-          fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, eps, coeff);
-      f(p[i], g[i], m1[i], m2[i], &po[i], &m1o[i], &m2o[i]);
-    });
-    // Beta powers advance after every thread has read them (stream order: the next launch).
-    Tensor* b1o = ctx.Output("Beta1PowOut");
-    Tensor* b2o = ctx.Output("Beta2PowOut");
-    void* b1d = b1o->mutable_data(ctx.Input("Beta1Pow").dtype(), ctx.place());
-    void* b2d = b2o->mutable_data(ctx.Input("Beta2Pow").dtype(), ctx.place());
-    BetaPowUpdate<T><<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1_, beta2_);
-    KEEL_CUDA_LAUNCH_CHECK();
-  }
-
- protected:
-  AdamKernel(const OpDesc& op, double coeff)
-      : beta1_(op.Attr<float>("beta1")),
-        beta2_(op.Attr<float>("beta2")),
-        epsilon_(op.Attr<float>("epsilon")),
-        coeff_(coeff) {}
-
- private:
-  double beta1_, beta2_, epsilon_, coeff_;
-};
-
-template <typename T>
-class AdamWKernel : public AdamKernel<T> {
- public:
-  explicit AdamWKernel(const OpDesc& op) : AdamKernel<T>(op, op.Attr<float>("coeff")) {}
-};
 
 // ------------------------------------------------- merged_sgd, merged_momentum, merged_adam(w)
 
@@ -219,8 +103,8 @@ class MtTable {
         e.bo = ctx.Output(acc_b_out, i)->mutable_data<T>(ctx.place());
       }
       if (beta_pows) {
-        e.b1p = ScalarOf(ctx.Input("Beta1Pow", i));
-        e.b2p = ScalarOf(ctx.Input("Beta2Pow", i));
+        e.b1p = Device<CUDADevice>::ScalarOf(ctx.Input("Beta1Pow", i));
+        e.b2p = Device<CUDADevice>::ScalarOf(ctx.Input("Beta2Pow", i));
         e.b1o = ctx.Output("Beta1PowOut", i)
                     ->mutable_data(ctx.Input("Beta1Pow", i).dtype(), ctx.place());
         e.b2o = ctx.Output("Beta2PowOut", i)
@@ -259,7 +143,7 @@ class MergedSgdKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     table_.Build(ctx, nullptr, nullptr, nullptr, nullptr, false);
     // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
       e.po[i] = fn::SgdUpdate(e.p[i], e.g[i], static_cast<T>(lr.Get()));
     });
@@ -277,7 +161,7 @@ class MergedMomentumKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     table_.Build(ctx, "Velocity", "VelocityOut", nullptr, nullptr, false);
     // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
     const fn::Momentum<T> f = f_;
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
       f(e.p[i], e.g[i], e.a[i], static_cast<T>(lr.Get()), &e.po[i], &e.ao[i]);
@@ -295,7 +179,7 @@ class MergedAdamKernel : public OpKernel {
   explicit MergedAdamKernel(const OpDesc& op) : MergedAdamKernel(op, 0.0) {}
   void Compute(ExecutionContext& ctx) override {
     table_.Build(ctx, "Moment1", "Moment1Out", "Moment2", "Moment2Out", true);
-    const DeviceScalar lr = ScalarOf(ctx.Input("LearningRate"));
+    const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
     const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
       const fn::Adam<T> f =
@@ -387,38 +271,44 @@ void SumOfSquares(const ExecutionContext& ctx, const std::vector<const Tensor*>&
   KEEL_CUDA_LAUNCH_CHECK();
 }
 
-// Out = sum(X^2).
-template <typename T>
-class SquaredL2NormKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    T* out = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    SumOfSquares<T>(ctx, {&ctx.Input("X")}, &scratch_, 1.0, out, nullptr, nullptr);
-  }
+}  // namespace
 
- private:
-  Tensor scratch_;
+// Every thread derives the step's scalars in double from the device lr and beta powers (cheap next
+// to the memory traffic), then updates its elements; the beta powers advance after every thread
+// has read them (stream order: the next launch).
+template <typename T>
+struct AdamMath<CUDADevice, T> {
+  static void Update(const ExecutionContext& ctx, const AdamIO<CUDADevice, T>& io, double beta1,
+                     double beta2, double epsilon, double coeff) {
+    const T *p = io.p, *g = io.g, *m1 = io.m1, *m2 = io.m2;
+    T *po = io.po, *m1o = io.m1o, *m2o = io.m2o;
+    const DeviceScalar lr = io.lr, b1p = io.b1p, b2p = io.b2p;
+    ForEach(ctx, io.n, [=] __device__(int64_t i) {
+      const fn::Adam<T> f =
+          fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, epsilon, coeff);
+      f(p[i], g[i], m1[i], m2[i], &po[i], &m1o[i], &m2o[i]);
+    });
+    void* b1d = io.b1o->mutable_data(io.b1p_in->dtype(), ctx.place());
+    void* b2d = io.b2o->mutable_data(io.b2p_in->dtype(), ctx.place());
+    BetaPowUpdate<T><<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1, beta2);
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
 };
 
-// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm), the factor read
-// from the device.
+// Per-block partial sums, then one block adds them in order; the clip factor stays on the device.
 template <typename T>
-class ClipByGlobalNormKernel : public OpKernel {
+class GlobalNormMath<CUDADevice, T> {
  public:
-  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
-  void Compute(ExecutionContext& ctx) override {
-    std::vector<const Tensor*> xs = ctx.MultiInput("X");
-    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
-    KEEL_ENFORCE(xs.size() == outs.size(), "clip_by_global_norm: ", xs.size(), " X but ",
-                 outs.size(), " Out");
+  void SquaredL2(const ExecutionContext& ctx, const Tensor& x, T* out) {
+    SumOfSquares<T>(ctx, {&x}, &scratch_, 1.0, out, nullptr, nullptr);
+  }
+
+  void ClipByGlobalNorm(const ExecutionContext& ctx, const std::vector<const Tensor*>& xs,
+                        const std::vector<Tensor*>& outs, double clip_norm, T* global_norm) {
     if (!scale_.initialized()) scale_.Alloc(DTypeOf<T>::value, DDim{1}, ctx.place());
     T* scale = scale_.data<T>();
-    Tensor* g = ctx.OutputOrNull("GlobalNorm");
-    SumOfSquares<T>(ctx, xs, &scratch_, clip_norm_, nullptr,
-                    g ? g->mutable_data<T>(ctx.place()) : nullptr, scale);
+    SumOfSquares<T>(ctx, xs, &scratch_, clip_norm, nullptr, global_norm, scale);
     for (size_t i = 0; i < xs.size(); ++i) {
-      KEEL_ENFORCE(outs[i] != nullptr && outs[i]->numel() == xs[i]->numel(), "Out[", i,
-                   "] must have the shape of X[", i, "] ", xs[i]->dims().str());
       const T* x = xs[i]->data<T>();
       T* out = outs[i]->mutable_data<T>(ctx.place());
       ForEach(ctx, xs[i]->numel(), [=] __device__(int64_t k) { out[k] = x[k] * *scale; });
@@ -426,18 +316,15 @@ class ClipByGlobalNormKernel : public OpKernel {
   }
 
  private:
-  double clip_norm_;
   Tensor scratch_, scale_;
 };
 
-}  // namespace
-
-KEEL_REGISTER_CUDA_KERNEL(squared_l2_norm, SquaredL2NormKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(clip_by_global_norm, ClipByGlobalNormKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(sgd, SgdKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(momentum, MomentumKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(adam, AdamKernel, float, double);
-KEEL_REGISTER_CUDA_KERNEL(adamw, AdamWKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, squared_l2_norm, SquaredL2NormKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, clip_by_global_norm, ClipByGlobalNormKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, sgd, SgdKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, momentum, MomentumKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, adam, AdamKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, adamw, AdamWKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(merged_sgd, MergedSgdKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(merged_momentum, MergedMomentumKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(merged_adam, MergedAdamKernel, float, double);

@@ -9,6 +9,10 @@
 //   concat / split: each other's gradient (split's grad op is a concat)
 //   transpose:    dx = transpose(dout, inverse(perm))
 //   flatten, unsqueeze, squeeze: copies in a new shape; dx = dout in X's shape
+// The kernels are in shape_ops.h (flatten's, unsqueeze's and squeeze's in ops/device.h); here are
+// the shapes, the CPU math and the registrations.
+#include "ops/shape_ops.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -60,96 +64,7 @@ void LookupTableShape(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", ctx.GetInputDType("W"));
 }
 
-[[noreturn]] void ThrowBadId(int64_t id, int64_t at, const DDim& ids, const DDim& w) {
-  KEEL_THROW("Ids value ", id, " at flat index ", at, " of Ids ", ids.str(), " is outside [0, ",
-             w[0], ") for W ", w.str());
-}
-
-// Out[r, :] = W[Ids[r], :], zeros where Ids[r] == padding_idx.
-template <typename T>
-class LookupTableKernel : public OpKernel {
- public:
-  explicit LookupTableKernel(const OpDesc& op) : padding_idx_(op.Attr<int64_t>("padding_idx")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& w = ctx.Input("W");
-    const Tensor& ids = ctx.Input("Ids");
-    const int64_t V = w.dims()[0], D = w.dims()[1], rows = ids.numel();
-    const T* wp = w.data<T>();
-    const int64_t* idp = ids.data<int64_t>();
-    T* op = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t id = idp[r];
-      if (id == padding_idx_) {
-        std::fill_n(op + r * D, D, T(0));
-        continue;
-      }
-      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), w.dims());
-      std::copy_n(wp + id * D, D, op + r * D);
-    }
-  }
-
- private:
-  int64_t padding_idx_;
-};
-
-// dW = 0; dW[Ids[r], :] += dOut[r, :] for Ids[r] != padding_idx.
-template <typename T>
-class LookupTableGradKernel : public OpKernel {
- public:
-  explicit LookupTableGradKernel(const OpDesc& op)
-      : padding_idx_(op.Attr<int64_t>("padding_idx")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dw = ctx.OutputOrNull(GradVarName("W"));
-    if (dw == nullptr) return;
-    const Tensor& ids = ctx.Input("Ids");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    const DDim wd = dw->dims();
-    const int64_t V = wd[0], D = wd[1], rows = ids.numel();
-    KEEL_ENFORCE(dout.numel() == rows * D, "Out@GRAD ", dout.dims().str(), " does not match Ids ",
-                 ids.dims().str(), " and W ", wd.str());
-    const int64_t* idp = ids.data<int64_t>();
-    const T* dyp = dout.data<T>();
-    T* dwp = dw->mutable_data<T>(ctx.place());
-    std::fill_n(dwp, V * D, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t id = idp[r];
-      if (id == padding_idx_) continue;
-      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), wd);
-      Vec<T>(dwp + id * D, D) += ConstVec<T>(dyp + r * D, D);
-    }
-  }
-
- private:
-  int64_t padding_idx_;
-};
-
 // ---------------------------------------------------------------- concat, split
-
-// Walks the slabs of a [pre, sum(ns), post] tensor `whole` cut along its middle dim into parts
-// [pre, ns[k], post]: f(part row, whole row, length) for each row i of each part k. A null part
-// (a gradient nobody needs) is skipped.
-template <typename WholePtr, typename PartPtr, typename F>
-void ForEachSlab(int64_t pre, int64_t post, const std::vector<int64_t>& ns, WholePtr whole,
-                 const std::vector<PartPtr>& parts, F f) {
-  int64_t total = 0;
-  for (int64_t n : ns) total += n;
-  int64_t off = 0;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    const int64_t len = ns[k] * post;
-    if (parts[k] != nullptr)
-      for (int64_t i = 0; i < pre; ++i) f(parts[k] + i * len, whole + i * total * post + off, len);
-    off += len;
-  }
-}
-
-template <typename T>
-void CopyPartIntoWhole(const T* part, T* whole, int64_t len) {
-  std::copy_n(part, len, whole);
-}
-template <typename T>
-void CopyWholeIntoPart(T* part, const T* whole, int64_t len) {
-  std::copy_n(whole, len, part);
-}
 
 void ConcatShape(InferShapeContext& ctx) {
   const std::vector<DDim> xs = ctx.GetInputsDim("X");
@@ -178,52 +93,6 @@ void ConcatShape(InferShapeContext& ctx) {
   ctx.SetOutputDim("Out", out);
   ctx.SetOutputDType("Out", dt);
 }
-
-// Out = X[0], X[1], ... back to back along `axis`.
-template <typename T>
-class ConcatKernel : public OpKernel {
- public:
-  explicit ConcatKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    std::vector<const Tensor*> xs = ctx.MultiInput("X");
-    Tensor* out = ctx.Output("Out");
-    const AxisSplit s = SplitAt(out->dims(), axis_);
-    const int a = CanonicalAxis(axis_, out->dims().size());
-    std::vector<int64_t> ns;
-    std::vector<const T*> parts;
-    for (const Tensor* x : xs) {
-      ns.push_back(x->dims()[a]);
-      parts.push_back(x->data<T>());
-    }
-    ForEachSlab(s.pre, s.post, ns, out->mutable_data<T>(ctx.place()), parts, CopyPartIntoWhole<T>);
-  }
-
- private:
-  int axis_;
-};
-
-// X@GRAD[k] = the slab of Out@GRAD that X[k] filled.
-template <typename T>
-class ConcatGradKernel : public OpKernel {
- public:
-  explicit ConcatGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    std::vector<Tensor*> dxs = ctx.MultiOutput(GradVarName("X"));
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    const AxisSplit s = SplitAt(dout.dims(), axis_);
-    const int a = CanonicalAxis(axis_, dout.dims().size());
-    std::vector<int64_t> ns;
-    std::vector<T*> parts;
-    for (size_t k = 0; k < dxs.size(); ++k) {
-      ns.push_back(ctx.Input("X", static_cast<int>(k)).dims()[a]);
-      parts.push_back(dxs[k] ? dxs[k]->mutable_data<T>(ctx.place()) : nullptr);
-    }
-    ForEachSlab(s.pre, s.post, ns, dout.data<T>(), parts, CopyWholeIntoPart<T>);
-  }
-
- private:
-  int axis_;
-};
 
 void SplitShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X");
@@ -278,30 +147,6 @@ void SplitShape(InferShapeContext& ctx) {
   }
 }
 
-// Out[k] = the k-th slab of X along `axis`, of the size the shape function gave it.
-template <typename T>
-class SplitKernel : public OpKernel {
- public:
-  explicit SplitKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
-    const AxisSplit s = SplitAt(x.dims(), axis_);
-    const int a = CanonicalAxis(axis_, x.dims().size());
-    std::vector<int64_t> ns;
-    std::vector<T*> parts;
-    for (Tensor* o : outs) {
-      KEEL_ENFORCE(o != nullptr, "every Out of split must be set");
-      ns.push_back(o->dims()[a]);
-      parts.push_back(o->mutable_data<T>(ctx.place()));
-    }
-    ForEachSlab(s.pre, s.post, ns, x.data<T>(), parts, CopyWholeIntoPart<T>);
-  }
-
- private:
-  int axis_;
-};
-
 // split's gradient: X@GRAD = concat(Out@GRAD, axis). Unused Out@GRADs are zeros (autodiff).
 std::vector<std::unique_ptr<OpDesc>> SplitGradMaker(const OpDesc& fwd) {
   auto g = std::make_unique<OpDesc>("concat");
@@ -329,18 +174,6 @@ void CheckPerm(const std::vector<int>& perm, const char* slot, const DDim& x) {
                    " dims of ", slot, " ", x.str());
 }
 
-// Kernels build it from the attribute before any shape check runs: a non-permutation is refused.
-std::vector<int> InversePerm(const std::vector<int>& perm) {
-  std::vector<int> inv(perm.size(), -1);
-  for (size_t i = 0; i < perm.size(); ++i) {
-    const int p = perm[i];
-    KEEL_ENFORCE(p >= 0 && p < static_cast<int>(perm.size()) && inv[p] < 0, "axis ", ListStr(perm),
-                 " is not a permutation");
-    inv[p] = static_cast<int>(i);
-  }
-  return inv;
-}
-
 DDim Permuted(const DDim& x, const std::vector<int>& perm) {
   DDim out = x;
   for (size_t i = 0; i < perm.size(); ++i) out[i] = x[perm[i]];
@@ -363,66 +196,6 @@ void TransposeGradShape(InferShapeContext& ctx) {
   ctx.SetOutputDim(GradVarName("X"), Permuted(dy, InversePerm(perm)));
   ctx.SetOutputDType(GradVarName("X"), ctx.GetInputDType(dout));
 }
-
-// out[i_0, ..., i_r] = in[j] with j's dim perm[d] equal to i_d: walks out in order, stepping
-// through in with in's stride of dim perm[d].
-template <typename T>
-void TransposeInto(const Tensor& in, const std::vector<int>& perm, Tensor* out,
-                   const Place& place) {
-  const DDim id = in.dims();
-  const int rank = id.size();
-  const T* src = in.data<T>();
-  T* dst = out->mutable_data<T>(place);
-  const int64_t n = in.numel();
-  if (rank == 0 || n == 0) {
-    std::copy_n(src, n, dst);
-    return;
-  }
-  std::vector<int64_t> in_stride(rank, 1), step(rank), size(rank), idx(rank, 0);
-  for (int d = rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * id[d + 1];
-  for (int d = 0; d < rank; ++d) {
-    step[d] = in_stride[perm[d]];
-    size[d] = id[perm[d]];
-  }
-  int64_t off = 0;
-  for (int64_t o = 0; o < n; ++o) {
-    dst[o] = src[off];
-    for (int d = rank - 1; d >= 0; --d) {
-      off += step[d];
-      if (++idx[d] < size[d]) break;
-      off -= step[d] * size[d];
-      idx[d] = 0;
-    }
-  }
-}
-
-template <typename T>
-class TransposeKernel : public OpKernel {
- public:
-  explicit TransposeKernel(const OpDesc& op) : perm_(op.Attr<std::vector<int>>("axis")) {}
-  void Compute(ExecutionContext& ctx) override {
-    TransposeInto<T>(ctx.Input("X"), perm_, ctx.Output("Out"), ctx.place());
-  }
-
- private:
-  std::vector<int> perm_;
-};
-
-// dx = transpose(dout, inverse(perm)).
-template <typename T>
-class TransposeGradKernel : public OpKernel {
- public:
-  explicit TransposeGradKernel(const OpDesc& op)
-      : inv_(InversePerm(op.Attr<std::vector<int>>("axis"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    TransposeInto<T>(ctx.Input(GradVarName("Out")), inv_, dx, ctx.place());
-  }
-
- private:
-  std::vector<int> inv_;
-};
 
 // ---------------------------------------------------------------- flatten, unsqueeze, squeeze
 
@@ -482,6 +255,63 @@ void SqueezeShape(InferShapeContext& ctx) {
 
 }  // namespace
 
+template <typename T>
+struct LookupTableMath<CPUDevice, T> {
+  static void Lookup(const ExecutionContext&, const Tensor& w, const Tensor& ids, int64_t pad,
+                     T* op, DeviceReport*) {
+    const int64_t V = w.dims()[0], D = w.dims()[1], rows = ids.numel();
+    const T* wp = w.data<T>();
+    const int64_t* idp = ids.data<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = idp[r];
+      if (id == pad) {
+        std::fill_n(op + r * D, D, T(0));
+        continue;
+      }
+      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), w.dims());
+      std::copy_n(wp + id * D, D, op + r * D);
+    }
+  }
+
+  static void Grad(const ExecutionContext&, const Tensor& ids, const T* dyp, const DDim& wd,
+                   int64_t pad, T* dwp, DeviceReport*) {
+    const int64_t V = wd[0], D = wd[1], rows = ids.numel();
+    const int64_t* idp = ids.data<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t id = idp[r];
+      if (id == pad) continue;
+      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), wd);
+      Vec<T>(dwp + id * D, D) += ConstVec<T>(dyp + r * D, D);
+    }
+  }
+};
+
+// Walks out in order, stepping through in with in's stride of dim perm[d] (an odometer).
+template <typename T>
+struct TransposeMath<CPUDevice, T> {
+  static void Run(const ExecutionContext&, const DDim& id, const std::vector<int>& perm,
+                  const T* src, T* dst) {
+    const int rank = id.size();
+    const int64_t n = id.numel();
+    std::vector<int64_t> in_stride(rank, 1), step(rank), size(rank), idx(rank, 0);
+    for (int d = rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * id[d + 1];
+    for (int d = 0; d < rank; ++d) {
+      step[d] = in_stride[perm[d]];
+      size[d] = id[perm[d]];
+    }
+    int64_t off = 0;
+    for (int64_t o = 0; o < n; ++o) {
+      dst[o] = src[off];
+      for (int d = rank - 1; d >= 0; --d) {
+        off += step[d];
+        if (++idx[d] < size[d]) break;
+        off -= step[d] * size[d];
+        idx[d] = 0;
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(lookup_table)
@@ -496,8 +326,8 @@ KEEL_REGISTER_OP(lookup_table)
     .Grad(GradMaker("lookup_table_grad", {"W", "Ids"}, {"Out"}, {"W"}));
 // W only for W@GRAD's shape; the gradient is a dense [V, D] tensor.
 KEEL_REGISTER_GRAD_OP(lookup_table_grad, lookup_table);
-KEEL_REGISTER_CPU_KERNEL(lookup_table, LookupTableKernel, float, double);
-KEEL_REGISTER_CPU_KERNEL(lookup_table_grad, LookupTableGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, lookup_table, LookupTableKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, lookup_table_grad, LookupTableGradKernel, float, double);
 
 KEEL_REGISTER_OP(concat)
     .Doc(
@@ -509,8 +339,8 @@ KEEL_REGISTER_OP(concat)
     .Shape(ConcatShape)
     .Grad(GradMaker("concat_grad", {"X"}, {"Out"}, {"X"}));  // X for the slab sizes
 KEEL_REGISTER_GRAD_OP(concat_grad, concat);
-KEEL_REGISTER_CPU_KERNEL(concat, ConcatKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CPU_KERNEL(concat_grad, ConcatGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, concat, ConcatKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, concat_grad, ConcatGradKernel, float, double);
 
 KEEL_REGISTER_OP(split)
     .Doc(
@@ -524,7 +354,7 @@ KEEL_REGISTER_OP(split)
     .Attr<int>("axis", 0, "the split dimension; negative counts from the end")
     .Shape(SplitShape)
     .Grad(SplitGradMaker);
-KEEL_REGISTER_CPU_KERNEL(split, SplitKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, split, SplitKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(transpose)
     .Doc("Out's dim i is X's dim axis[i]. X [2, 3, 4], axis {2, 0, 1} -> Out [4, 2, 3].")
@@ -536,8 +366,8 @@ KEEL_REGISTER_OP(transpose)
 KEEL_REGISTER_GRAD_OP(transpose_grad, transpose)
     .Shape(TransposeGradShape)
     .KernelDTypeFrom(GradVarName("Out"));
-KEEL_REGISTER_CPU_KERNEL(transpose, TransposeKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CPU_KERNEL(transpose_grad, TransposeGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, transpose, TransposeKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, transpose_grad, TransposeGradKernel, float, double);
 
 KEEL_REGISTER_OP(flatten)
     .Doc("Out = X as [prod(dims[:axis]), prod(dims[axis:])]. X [2, 3, 4], axis 1 -> [2, 12].")
@@ -547,8 +377,8 @@ KEEL_REGISTER_OP(flatten)
     .Shape(FlattenShape)
     .Grad(GradMaker("flatten_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(flatten_grad, flatten);
-KEEL_REGISTER_CPU_KERNEL(flatten, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CPU_KERNEL(flatten_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, flatten, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, flatten_grad, CopyGradKernel, float, double);
 
 KEEL_REGISTER_OP(unsqueeze)
     .Doc("Out = X with a size-1 dim inserted at each of axes, in turn. X [3], axes {0} -> [1, 3].")
@@ -558,8 +388,8 @@ KEEL_REGISTER_OP(unsqueeze)
     .Shape(UnsqueezeShape)
     .Grad(GradMaker("unsqueeze_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(unsqueeze_grad, unsqueeze);
-KEEL_REGISTER_CPU_KERNEL(unsqueeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CPU_KERNEL(unsqueeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, unsqueeze, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, unsqueeze_grad, CopyGradKernel, float, double);
 
 KEEL_REGISTER_OP(squeeze)
     .Doc("Out = X without the size-1 dims at axes (all of them if empty). [1, 3, 1] -> [3].")
@@ -569,7 +399,7 @@ KEEL_REGISTER_OP(squeeze)
     .Shape(SqueezeShape)
     .Grad(GradMaker("squeeze_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(squeeze_grad, squeeze);
-KEEL_REGISTER_CPU_KERNEL(squeeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CPU_KERNEL(squeeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, squeeze, CopyKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, squeeze_grad, CopyGradKernel, float, double);
 
 }  // namespace keel

@@ -2,18 +2,16 @@
 // gaussian_random, cast, reshape.
 //
 // dtype attrs are ints holding a keel::DType (0 = float32). Ops without inputs pick their kernel
-// from attr "dtype" (the registry's default).
-#include <algorithm>
-#include <cmath>
-#include <random>
+// from attr "dtype" (the registry's default). The kernels are in tensor_ops.h (reshape's in
+// ops/device.h); here are the shapes, the CPU cast and the registrations.
+#include "ops/tensor_ops.h"
+
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "ops/op_util.h"
-#include "ops/random_fill.h"
 
 namespace keel {
 namespace {
@@ -60,30 +58,6 @@ void ShapeFromAttrs(InferShapeContext& ctx) {
   ctx.SetOutputDType("Out", static_cast<DType>(ctx.Attr<int>("dtype")));
 }
 
-// ---------------------------------------------------------------- fill_constant, fill_zeros_like
-
-template <typename T>
-class FillConstantKernel : public OpKernel {
- public:
-  explicit FillConstantKernel(const OpDesc& op) : value_(static_cast<T>(op.Attr<float>("value"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* out = ctx.Output("Out");
-    std::fill_n(out->mutable_data<T>(ctx.place()), out->numel(), value_);
-  }
-
- private:
-  T value_;
-};
-
-template <typename T>
-class FillZerosLikeKernel : public OpKernel {
- public:
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* out = ctx.Output("Out");
-    std::fill_n(out->mutable_data<T>(ctx.place()), out->numel(), T(0));
-  }
-};
-
 // ---------------------------------------------------------------- uniform_random, gaussian_random
 
 void UniformRandomShape(InferShapeContext& ctx) {
@@ -92,62 +66,12 @@ void UniformRandomShape(InferShapeContext& ctx) {
   ShapeFromAttrs(ctx);
 }
 
-// out ~ U[min, max).
-template <typename T>
-class UniformRandomKernel : public OpKernel {
- public:
-  explicit UniformRandomKernel(const OpDesc& op)
-      : min_(op.Attr<float>("min")), max_(op.Attr<float>("max")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* out = ctx.Output("Out");
-    FillUniform(engine_.Get(ctx.seed()), min_, max_, out->mutable_data<T>(ctx.place()),
-                out->numel());
-  }
-
- private:
-  double min_, max_;
-  SeededEngine engine_;
-};
-
 void GaussianRandomShape(InferShapeContext& ctx) {
   KEEL_SHAPE_CHECK(ctx.Attr<float>("std") >= 0, "std must be >= 0, got ", ctx.Attr<float>("std"));
   ShapeFromAttrs(ctx);
 }
 
-// out ~ N(mean, std^2), by Box-Muller: two normals from two uniforms.
-template <typename T>
-class GaussianRandomKernel : public OpKernel {
- public:
-  explicit GaussianRandomKernel(const OpDesc& op)
-      : mean_(op.Attr<float>("mean")), std_(op.Attr<float>("std")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* out = ctx.Output("Out");
-    FillGaussian(engine_.Get(ctx.seed()), mean_, std_, out->mutable_data<T>(ctx.place()),
-                 out->numel());
-  }
-
- private:
-  double mean_, std_;
-  SeededEngine engine_;
-};
-
 // ---------------------------------------------------------------- cast
-
-// out = static_cast<OutT>(in) elementwise, OutT the C++ type of `out_dtype`.
-template <typename InT>
-void CastTo(const Tensor& in, DType out_dtype, Tensor* out, const Place& place) {
-  const int64_t n = in.numel();
-  const InT* src = in.data<InT>();
-  VisitDType(out_dtype, [&](auto zero) {
-    using OutT = decltype(zero);
-    OutT* dst = out->mutable_data<OutT>(place);
-    if constexpr (std::is_same_v<InT, OutT>) {
-      if (static_cast<const void*>(dst) != static_cast<const void*>(src)) std::copy_n(src, n, dst);
-    } else {
-      Vec<OutT>(dst, n) = ConstVec<InT>(src, n).template cast<OutT>();
-    }
-  });
-}
 
 void CastShape(InferShapeContext& ctx) {
   const int in_dtype = ctx.Attr<int>("in_dtype");
@@ -174,35 +98,6 @@ void CastGradShape(InferShapeContext& ctx) {
   ctx.SetOutputDType(GradVarName("X"),
                      in_dtype == -1 ? ctx.GetInputDType("X") : static_cast<DType>(in_dtype));
 }
-
-template <typename InT>
-class CastKernel : public OpKernel {
- public:
-  explicit CastKernel(const OpDesc& op)
-      : out_dtype_(static_cast<DType>(op.Attr<int>("out_dtype"))) {}
-  void Compute(ExecutionContext& ctx) override {
-    CastTo<InT>(ctx.Input("X"), out_dtype_, ctx.Output("Out"), ctx.place());
-  }
-
- private:
-  DType out_dtype_;
-};
-
-// dx = cast(dout) back to X's dtype; InT is Out's dtype.
-template <typename InT>
-class CastGradKernel : public OpKernel {
- public:
-  explicit CastGradKernel(const OpDesc& op) : in_dtype_(op.Attr<int>("in_dtype")) {}
-  void Compute(ExecutionContext& ctx) override {
-    Tensor* dx = ctx.OutputOrNull(GradVarName("X"));
-    if (dx == nullptr) return;
-    const DType to = in_dtype_ == -1 ? ctx.Input("X").dtype() : static_cast<DType>(in_dtype_);
-    CastTo<InT>(ctx.Input(GradVarName("Out")), to, dx, ctx.place());
-  }
-
- private:
-  int in_dtype_;
-};
 
 // ---------------------------------------------------------------- reshape
 
@@ -257,6 +152,15 @@ void ReshapeShape(InferShapeContext& ctx) {
 
 }  // namespace
 
+// Eigen's element-wise cast.
+template <>
+struct CastMath<CPUDevice> {
+  template <typename In, typename Out>
+  static void Run(const ExecutionContext&, const In* src, Out* dst, int64_t n) {
+    Vec<Out>(dst, n) = ConstVec<In>(src, n).template cast<Out>();
+  }
+};
+
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(fill_constant)
@@ -267,15 +171,15 @@ KEEL_REGISTER_OP(fill_constant)
     .Attr<int>("dtype", static_cast<int>(DType::kFloat32), "Out's keel::DType as int",
                CheckComputeDType)
     .Shape(ShapeFromAttrs);
-KEEL_REGISTER_CPU_KERNEL(fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_KERNEL(CPU, fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool);
 
 KEEL_REGISTER_OP(fill_zeros_like)
     .Doc("Out = zeros of X's shape and dtype.")
     .Input("X", "any shape and dtype")
     .Output("Out", "shape and dtype of X")
     .Shape(SameShapeAsX);
-KEEL_REGISTER_CPU_KERNEL(fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
-                         bool);
+KEEL_REGISTER_KERNEL(CPU, fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
+                     bool);
 
 KEEL_REGISTER_OP(uniform_random)
     .Doc("Out ~ U[min, max). The same seed gives the same values.")
@@ -288,7 +192,7 @@ KEEL_REGISTER_OP(uniform_random)
     .Attr<int>("dtype", static_cast<int>(DType::kFloat32), "Out's keel::DType as int",
                CheckComputeDType)
     .Shape(UniformRandomShape);
-KEEL_REGISTER_CPU_KERNEL(uniform_random, UniformRandomKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, uniform_random, UniformRandomKernel, float, double);
 
 KEEL_REGISTER_OP(gaussian_random)
     .Doc("Out ~ N(mean, std^2). The same seed gives the same values.")
@@ -301,7 +205,7 @@ KEEL_REGISTER_OP(gaussian_random)
     .Attr<int>("dtype", static_cast<int>(DType::kFloat32), "Out's keel::DType as int",
                CheckComputeDType)
     .Shape(GaussianRandomShape);
-KEEL_REGISTER_CPU_KERNEL(gaussian_random, GaussianRandomKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, gaussian_random, GaussianRandomKernel, float, double);
 
 KEEL_REGISTER_OP(cast)
     .Doc("Out = X converted to out_dtype (float -> int truncates; nonzero -> true).")
@@ -312,8 +216,8 @@ KEEL_REGISTER_OP(cast)
     .Shape(CastShape)
     .Grad(CastGradMaker());
 KEEL_REGISTER_GRAD_OP(cast_grad, cast).Shape(CastGradShape).KernelDTypeFrom(GradVarName("Out"));
-KEEL_REGISTER_CPU_KERNEL(cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
-KEEL_REGISTER_CPU_KERNEL(cast_grad, CastGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
+KEEL_REGISTER_KERNEL(CPU, cast_grad, CastGradKernel, float, double);
 
 KEEL_REGISTER_OP(reshape)
     .Doc(
@@ -325,8 +229,8 @@ KEEL_REGISTER_OP(reshape)
     .Shape(ReshapeShape)
     .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(reshape_grad, reshape);
-KEEL_REGISTER_CPU_KERNEL(reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
-                         int8_t);
-KEEL_REGISTER_CPU_KERNEL(reshape_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
+                     int8_t);
+KEEL_REGISTER_KERNEL(CPU, reshape_grad, CopyGradKernel, float, double);
 
 }  // namespace keel

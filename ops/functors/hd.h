@@ -14,6 +14,15 @@
 #define KEEL_HD inline
 #endif
 
+// A lambda a kernel front (ops/device.h) hands to the device vocabulary, run on the host by the
+// CPU and on the device by CUDA: [=] KEEL_HD_LAMBDA(int64_t i) { ... }. It captures by value and
+// must not use `this` (a host pointer on the device): copy members into locals first.
+#ifdef __CUDACC__
+#define KEEL_HD_LAMBDA __host__ __device__
+#else
+#define KEEL_HD_LAMBDA
+#endif
+
 namespace keel {
 namespace fn {
 

@@ -1,5 +1,5 @@
-// Per-channel statistics math that batch_norm's CPU kernel (nn_ops.cc) and its cuDNN twin
-// (nn_cudnn_ops.cu) share, so the CPU tests cover the GPU's moving-stat update.
+// Per-channel statistics math that batch_norm's CPU math (batch_norm_ops.cc) and its cuDNN one
+// (batch_norm_ops.cu) share, so the CPU tests cover the GPU's moving-stat update.
 #pragma once
 
 #include "ops/functors/hd.h"

@@ -1,8 +1,8 @@
-// GPU tests (ctest label `gpu`) of the cuDNN ops (ops/conv_ops.cu, ops/nn_cudnn_ops.cu): conv2d,
-// pool2d and batch_norm against their CPU twins on the same random inputs, every output forward and
-// every input's gradient, with the device cache poisoned with NaN first so an output a kernel
-// leaves unwritten shows; pool2d's refusals; one algorithm search per shape; LeNet and ResNet-20
-// training 30 steps on CUDAPlace(0) like on the CPU, and bit for bit like themselves with
+// GPU tests (ctest label `gpu`) of the cuDNN ops (ops/conv_ops.cu, pool_ops.cu, batch_norm_ops.cu):
+// conv2d, pool2d and batch_norm against their CPU twins on the same random inputs, every output
+// forward and every input's gradient, with the device cache poisoned with NaN first so an output a
+// kernel leaves unwritten shows; pool2d's refusals; one algorithm search per shape; LeNet and
+// ResNet-20 training 30 steps on CUDAPlace(0) like on the CPU, and bit for bit like themselves with
 // FLAGS_cudnn_deterministic. Each test skips with a message when no CUDA device is visible.
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>

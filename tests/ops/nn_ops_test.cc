@@ -1,4 +1,4 @@
-// Tests of ops/nn_ops.cc (pool2d, batch_norm, dropout, layer_norm) and their DSL layers
+// Tests of ops/pool_ops.cc, batch_norm_ops.cc, dropout_ops.cc and layer_norm_ops.cc and their DSL layers
 // (framework/dsl/nn_layers.h): forward values against naive reference loops (float32 and
 // float64), gradients by finite differences (float64), the moving-stat update, the dropout mask's
 // seeding and rate, and bad input reported as keel::Error naming op and shapes.

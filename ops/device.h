@@ -1,0 +1,125 @@
+// Kernels written once for every device. An op's kernel is a class template over a device tag and
+// a dtype, FooKernel<D, T> (Paddle's FooKernel<DeviceContext, T>), in its family's header
+// ops/<family>_ops.h: the front of the kernel (attributes, input and output slots, checks,
+// allocation, what a grad kernel does when its output is not wanted) exists once. What differs
+// per device is the math, reached in one of two ways:
+//   - the device vocabulary Device<D> below: element-wise for-each (with Paddle's broadcasting),
+//     fills and copies, batched GEMM, late reports of bad input; CPU side in ops/device_cpu.h,
+//     CUDA side in ops/cuda_util.cuh;
+//   - a family's math struct (e.g. SoftmaxMath<D, T>), declared in the family header and
+//     specialised in the .cc (Eigen loops, oneDNN: the CPU's bits) and the .cu (CUDA kernels,
+//     cuDNN, cuBLAS).
+// The .cc keeps the schemas, shape functions and CPU registrations, the .cu the CUDA ones.
+//
+// A front instantiated for CUDADevice is compiled by nvcc: family headers include this header,
+// ops/axis_layout.h and ops/functors/, never Eigen or ops/op_util.h, and element-wise lambdas they
+// hand to the vocabulary are KEEL_HD_LAMBDA (host and device). Fronts live in namespace keel, not
+// in an anonymous namespace: the CPU and CUDA objects instantiate them for different tags, so no
+// class is defined in both (tests/cmake/odr_check.sh), and math structs are partial
+// specialisations on the tag.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+#include "framework/runtime/place.h"
+#include "ops/functors/hd.h"
+
+namespace keel {
+
+// The device tags.
+struct CPUDevice {
+  static constexpr Place::Kind kPlace = Place::Kind::kCPU;
+};
+struct CUDADevice {
+  static constexpr Place::Kind kPlace = Place::Kind::kCUDA;
+};
+
+// The vocabulary of device math; every specialisation has these static members (ctx: the op's
+// execution context, whose place picks the CUDA stream):
+//   ForEach(ctx, n, f)              f(i) for i in [0, n); CPU: in order on the calling thread
+//   ForEachInPieces(ctx, n, g, f)   as ForEach; CPU: in pieces of g on the thread budget (work
+//                                   whose elements are independent)
+//   ForEachBroadcast(ctx, m, f)     f(i, j) for every X index i, j = m.YIndex(i)
+//   SumBroadcast(ctx, m, out, f)    out[j] = sum of f(i, j) over the X indices i of Y entry j, in
+//                                   the device's fixed order
+//   Fill(ctx, p, n, v), Zero(ctx, p, n)
+//   Copy(ctx, src, dst, n)          nothing when src == dst
+//   CopyRows(ctx, src, src_stride, dst, dst_stride, rows, width)   a strided slab copy
+//   FromHost(ctx, dst, n, staging, fill)   fill(p, n) writes n values on the host (a random draw
+//                                   with the CPU's generator); CUDA stages them in `staging`
+//   Upload(ctx, host, bytes, keep)  where device code reads `bytes` of host memory (a table of
+//                                   constants): the host memory itself on the CPU, a copy in
+//                                   tensor `keep` on CUDA
+//   Gemm(ctx, ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch)
+//                                   C_b = alpha op(A_b) op(B_b) + beta C_b, row-major, operand b
+//                                   at b * stride (0: shared by the batch); K == 0 is allowed
+//   Scalar, ScalarOf(t)             a one-element float tensor (a learning rate) as device code
+//                                   reads it: Get() gives a double; CPU: read at once
+//   Reports                         where kernels record bad input (an id or label out of range)
+//                                   for the op's next run to throw; CPU math throws at once
+template <typename D>
+struct Device;
+
+// Bad input a kernel finds on the device: the first (value, index), written by the device into
+// host memory it maps (ops/cuda_util.cuh), read by the host without waiting.
+struct DeviceReport {
+  int state;  // 0: none; 1: being written; 2: written
+  long long value, index;
+};
+
+// X@GRAD-style output `slot`@GRAD, or nullptr when nobody wants it (a grad kernel then skips it).
+inline Tensor* GradOutput(const ExecutionContext& ctx, const std::string& slot, int i = 0) {
+  return ctx.OutputOrNull(GradVarName(slot), i);
+}
+
+namespace detail {
+// K<D, T> as a template of T alone, for the registry.
+template <typename D, template <typename, typename> class K>
+struct OnDevice {
+  template <typename T>
+  using Of = K<D, T>;
+};
+}  // namespace detail
+
+// ---------------------------------------------------------------- fronts several families use
+
+// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): a copy, none
+// when they share memory. Copying, not sharing, keeps Out's allocation (maybe a view into a fused
+// buffer) in place.
+template <typename D, typename T>
+class CopyKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    Tensor* out = ctx.Output("Out");
+    KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
+                 out->dims().str());
+    Device<D>::Copy(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
+  }
+};
+
+// X@GRAD = Out@GRAD's elements in X's shape.
+template <typename D, typename T>
+class CopyGradKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = GradOutput(ctx, "X");
+    if (dx == nullptr) return;
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    KEEL_ENFORCE(dout.numel() == dx->numel(), "cannot copy ", dout.dims().str(), " into ",
+                 dx->dims().str());
+    Device<D>::Copy(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
+  }
+};
+
+}  // namespace keel
+
+// KEEL_REGISTER_KERNEL(CPU, mean, MeanKernel, float, double): MeanKernel<CPUDevice, T> for each
+// listed T, for CPU places (CUDA: MeanKernel<CUDADevice, T>, for CUDA places).
+#define KEEL_REGISTER_KERNEL(device, type, kernel, ...)                                           \
+  [[maybe_unused]] static bool KEEL_CONCAT(keel_kernel_, type) = ::keel::detail::RegisterKernels< \
+      ::keel::detail::OnDevice<::keel::device##Device, kernel>::Of, __VA_ARGS__>(                 \
+      #type, ::keel::device##Device::kPlace)

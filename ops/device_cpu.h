@@ -1,0 +1,150 @@
+// The device vocabulary on the CPU (ops/device.h lists it): plain loops, so a front that states
+// its element-wise math once computes on the CPU what the CPU kernels always have, bit for bit.
+// Work is cut into pieces by the shape only (cpu_threads.h), never by the number of threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
+#include "ops/device.h"
+#include "ops/functors/elementwise_functors.h"
+
+namespace keel {
+
+template <>
+struct Device<CPUDevice> {
+  template <typename F>
+  static void ForEach(const ExecutionContext&, int64_t n, const F& f) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+
+  template <typename F>
+  static void ForEachInPieces(const ExecutionContext&, int64_t n, int64_t grain, const F& f) {
+    cpu_threads::ParallelForRange(n, grain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) f(i);
+    });
+  }
+
+  // Runs of X's flat indices that pair with one Y entry (post > 1) or with consecutive ones
+  // (post == 1), so no index is divided per element; in pieces of the flat index.
+  template <typename F>
+  static void ForEachBroadcast(const ExecutionContext&, const fn::BroadcastMid& m, const F& f) {
+    cpu_threads::ParallelForRange(
+        m.pre * m.n * m.post, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+          for (int64_t idx = b; idx < e;) {
+            if (m.post == 1) {
+              const int64_t j = idx % m.n, len = std::min(e - idx, m.n - j);
+              for (int64_t k = 0; k < len; ++k) f(idx + k, j + k);
+              idx += len;
+            } else {
+              const int64_t k0 = idx % m.post, len = std::min(e - idx, m.post - k0);
+              const int64_t j = (idx / m.post) % m.n;
+              for (int64_t k = 0; k < len; ++k) f(idx + k, j);
+              idx += len;
+            }
+          }
+        });
+  }
+
+  // Pieces of Y's entries; each entry adds its terms over i in order, as on one thread: with
+  // post == 1 term by term (the bias-add gradient's column sums), else a sum over each run of
+  // post terms first.
+  template <typename T, typename F>
+  static void SumBroadcast(const ExecutionContext&, const fn::BroadcastMid& m, T* out, const F& f) {
+    const int64_t grain =
+        std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, m.pre * m.post));
+    cpu_threads::ParallelForRange(m.n, grain, [&](int64_t j0, int64_t j1) {
+      std::fill(out + j0, out + j1, T(0));
+      if (m.post == 1) {
+        for (int64_t i = 0; i < m.pre; ++i)
+          for (int64_t j = j0; j < j1; ++j) out[j] += f(i * m.n + j, j);
+      } else {
+        for (int64_t i = 0; i < m.pre; ++i) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const int64_t base = (i * m.n + j) * m.post;
+            T acc = T(0);
+            for (int64_t k = 0; k < m.post; ++k) acc += f(base + k, j);
+            out[j] += acc;
+          }
+        }
+      }
+    });
+  }
+
+  template <typename T>
+  static void Fill(const ExecutionContext&, T* p, int64_t n, T v) {
+    std::fill_n(p, n, v);
+  }
+  template <typename T>
+  static void Zero(const ExecutionContext&, T* p, int64_t n) {
+    std::fill_n(p, n, T(0));
+  }
+
+  template <typename T>
+  static void Copy(const ExecutionContext&, const T* src, T* dst, int64_t n) {
+    if (src != dst && n > 0) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(T));
+  }
+
+  template <typename T>
+  static void CopyRows(const ExecutionContext&, const T* src, int64_t src_stride, T* dst,
+                       int64_t dst_stride, int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
+  }
+
+  template <typename T, typename F>
+  static void FromHost(const ExecutionContext&, T* dst, int64_t n, std::vector<T>*, const F& fill) {
+    fill(dst, n);
+  }
+
+  static const void* Upload(const ExecutionContext&, const void* host, size_t, Tensor*) {
+    return host;
+  }
+
+  // One GEMM per batch entry, in order.
+  template <typename T>
+  static void Gemm(const ExecutionContext&, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   T alpha, const T* A, int64_t sa, const T* B, int64_t sb, T beta, T* C,
+                   int64_t sc, int64_t batch = 1) {
+    for (int64_t b = 0; b < batch; ++b)
+      Gemm1(ta, tb, M, N, K, alpha, A + b * sa, B + b * sb, beta, C + b * sc);
+  }
+
+  // A one-element float tensor's value, read at once.
+  struct Scalar {
+    double v;
+    double Get() const { return v; }
+  };
+  static Scalar ScalarOf(const Tensor& t) { return Scalar{t.item<double>()}; }
+
+  // CPU math throws bad input at once: nothing is reported late.
+  struct Reports {
+    template <typename F>
+    void Check(F&&) {}
+    DeviceReport* device(const ExecutionContext&) { return nullptr; }
+  };
+
+ private:
+  // C = alpha * op(A) * op(B) + beta * C over contiguous row-major matrices; also right when
+  // K == 0 (C = beta * C), which BLAS would reject for its zero leading dimension.
+  template <typename T>
+  static void Gemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                    const T* B, T beta, T* C) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+      if (beta == T(0)) {
+        std::fill(C, C + M * N, T(0));
+      } else {
+        for (int64_t i = 0; i < M * N; ++i) C[i] *= beta;
+      }
+      return;
+    }
+    blas::Gemm<T>(ta, tb, M, N, K, alpha, A, B, beta, C);
+  }
+};
+
+}  // namespace keel

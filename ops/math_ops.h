@@ -1,0 +1,335 @@
+// The kernels of the math ops (math_ops.cc has the ops and their shapes): mul, matmul,
+// elementwise_{add, sub, mul, div}, sum, scale, each with its grad, once for every device
+// (ops/device.h). The GEMMs are Device<D>::Gemm (oneDNN's sgemm on the CPU, cuBLAS on CUDA); the
+// element-wise formulas are ops/functors/.
+//
+// Legend: M, K, N = rows of the left operand, the contracted dim, columns of the right operand.
+// Elementwise broadcast views X as (pre, n, post) and Y as (n): Out[i, j, k] = X[i, j, k] op Y[j].
+#pragma once
+
+#include <cstdint>
+
+#include "framework/runtime/cpu_threads.h"
+#include "ops/axis_layout.h"
+#include "ops/device.h"
+#include "ops/functors/activation_functors.h"
+#include "ops/functors/elementwise_functors.h"
+#include "ops/matmul_plan.h"
+
+namespace keel {
+
+// ---------------------------------------------------------------- mul
+
+template <typename D, typename T>
+class MulKernel : public OpKernel {
+ public:
+  explicit MulKernel(const OpDesc& op)
+      : xk_(op.Attr<int>("x_num_col_dims")), yk_(op.Attr<int>("y_num_col_dims")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
+    const int64_t N = y.dims().prod(yk_, y.dims().size());
+    // out = x * y. out: M x N, x: M x K, y: K x N
+    Device<D>::Gemm(ctx, false, false, M, N, K, T(1), x.data<T>(), 0, y.data<T>(), 0, T(0),
+                    ctx.Output("Out")->mutable_data<T>(ctx.place()), 0);
+  }
+
+ private:
+  int xk_, yk_;
+};
+
+template <typename D, typename T>
+class MulGradKernel : public OpKernel {
+ public:
+  explicit MulGradKernel(const OpDesc& op)
+      : xk_(op.Attr<int>("x_num_col_dims")), yk_(op.Attr<int>("y_num_col_dims")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
+    const int64_t N = y.dims().prod(yk_, y.dims().size());
+    // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
+    if (Tensor* dx = GradOutput(ctx, "X"))
+      Device<D>::Gemm(ctx, false, true, M, K, N, T(1), dout.data<T>(), 0, y.data<T>(), 0, T(0),
+                      dx->mutable_data<T>(ctx.place()), 0);
+    // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
+    if (Tensor* dy = GradOutput(ctx, "Y"))
+      Device<D>::Gemm(ctx, true, false, K, N, M, T(1), x.data<T>(), 0, dout.data<T>(), 0, T(0),
+                      dy->mutable_data<T>(ctx.place()), 0);
+  }
+
+ private:
+  int xk_, yk_;
+};
+
+// ---------------------------------------------------------------- matmul
+
+template <typename D, typename T>
+class MatMulKernel : public OpKernel {
+ public:
+  explicit MatMulKernel(const OpDesc& op)
+      : tx_(op.Attr<bool>("transpose_X")),
+        ty_(op.Attr<bool>("transpose_Y")),
+        alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const MatMulPlan p = PlanMatMul(x.dims(), y.dims(), tx_, ty_);
+    // out_b = alpha * op(x_b) * op(y_b). out_b: M x N, op(x_b): M x K, op(y_b): K x N
+    Device<D>::Gemm(ctx, tx_, ty_, p.M, p.N, p.K, alpha_, x.data<T>(), p.x_stride, y.data<T>(),
+                    p.y_stride, T(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), p.M * p.N,
+                    p.batch);
+  }
+
+ private:
+  bool tx_, ty_;
+  T alpha_;
+};
+
+template <typename D, typename T>
+class MatMulGradKernel : public OpKernel {
+ public:
+  explicit MatMulGradKernel(const OpDesc& op)
+      : tx_(op.Attr<bool>("transpose_X")),
+        ty_(op.Attr<bool>("transpose_Y")),
+        alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const MatMulPlan p = PlanMatMul(x.dims(), y.dims(), tx_, ty_);
+    const int64_t M = p.M, K = p.K, N = p.N, MN = M * N;
+    const T* xd = x.data<T>();
+    const T* yd = y.data<T>();
+    const T* gd = dout.data<T>();
+    const bool tx = tx_, ty = ty_;
+    const T alpha = alpha_;
+    if (Tensor* dx = GradOutput(ctx, "X")) {
+      T* dxd = dx->mutable_data<T>(ctx.place());
+      if (p.batch == 0) Device<D>::Zero(ctx, dxd, dx->numel());  // a broadcast X got no grad
+      auto run = [&](const T* yb, int64_t sy, const T* gb, T beta, T* dxb, int64_t sdx,
+                     int64_t batch) {
+        if (!tx && !ty)  // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
+          Device<D>::Gemm(ctx, false, true, M, K, N, alpha, gb, MN, yb, sy, beta, dxb, sdx, batch);
+        else if (!tx && ty)  // dx = dout * y. dx: M x K, dout: M x N, y: N x K
+          Device<D>::Gemm(ctx, false, false, M, K, N, alpha, gb, MN, yb, sy, beta, dxb, sdx, batch);
+        else if (tx && !ty)  // dx = y * dout'. dx: K x M, y: K x N, dout: M x N
+          Device<D>::Gemm(ctx, false, true, K, M, N, alpha, yb, sy, gb, MN, beta, dxb, sdx, batch);
+        else  // dx = y' * dout'. dx: K x M, y: N x K, dout: M x N
+          Device<D>::Gemm(ctx, true, true, K, M, N, alpha, yb, sy, gb, MN, beta, dxb, sdx, batch);
+      };
+      OverBatch(p.batch, p.x_stride, yd, p.y_stride, gd, MN, dxd, run);
+    }
+    if (Tensor* dy = GradOutput(ctx, "Y")) {
+      T* dyd = dy->mutable_data<T>(ctx.place());
+      if (p.batch == 0) Device<D>::Zero(ctx, dyd, dy->numel());  // a broadcast Y got no grad
+      auto run = [&](const T* xb, int64_t sx, const T* gb, T beta, T* dyb, int64_t sdy,
+                     int64_t batch) {
+        if (!tx && !ty)  // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
+          Device<D>::Gemm(ctx, true, false, K, N, M, alpha, xb, sx, gb, MN, beta, dyb, sdy, batch);
+        else if (tx && !ty)  // dy = x * dout. dy: K x N, x: K x M, dout: M x N
+          Device<D>::Gemm(ctx, false, false, K, N, M, alpha, xb, sx, gb, MN, beta, dyb, sdy, batch);
+        else if (!tx && ty)  // dy = dout' * x. dy: N x K, dout: M x N, x: M x K
+          Device<D>::Gemm(ctx, true, false, N, K, M, alpha, gb, MN, xb, sx, beta, dyb, sdy, batch);
+        else  // dy = dout' * x'. dy: N x K, dout: M x N, x: K x M
+          Device<D>::Gemm(ctx, true, true, N, K, M, alpha, gb, MN, xb, sx, beta, dyb, sdy, batch);
+      };
+      OverBatch(p.batch, p.y_stride, xd, p.x_stride, gd, MN, dyd, run);
+    }
+  }
+
+ private:
+  // One operand's gradient `grad` (batch stride `stride`) from the other operand (`other`, its
+  // stride `other_stride`) and dout (stride MN), by run(other_b, other_stride, dout_b, beta,
+  // grad_b, grad_stride, batch): one strided batch of GEMMs, or, for an operand shared over the
+  // batch (stride 0), one GEMM per batch entry summing its gradient (beta 1 after the first).
+  template <typename Run>
+  static void OverBatch(int64_t batch, int64_t stride, const T* other, int64_t other_stride,
+                        const T* gd, int64_t MN, T* grad, const Run& run) {
+    if (stride != 0 || batch <= 1) {
+      run(other, other_stride, gd, T(0), grad, stride, batch);
+      return;
+    }
+    for (int64_t b = 0; b < batch; ++b)
+      run(other + b * other_stride, 0, gd + b * MN, b > 0 ? T(1) : T(0), grad, 0, 1);
+  }
+
+  bool tx_, ty_;
+  T alpha_;
+};
+
+// ---------------------------------------------------------------- elementwise
+
+// out[i] = F(x[i], y[YIndex(i)]); out may be X itself (in place: same index only). GetMid
+// (ops/axis_layout.h) checks the axis.
+template <typename D, typename T, typename F>
+class ElementwiseKernel : public OpKernel {
+ public:
+  explicit ElementwiseKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const fn::BroadcastMid m = GetMid(x.dims(), y.dims(), axis_);
+    const T* xd = x.data<T>();
+    const T* yd = y.data<T>();
+    T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    const F f;
+    Device<D>::ForEachBroadcast(
+        ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) { od[i] = f(xd[i], yd[j]); });
+  }
+
+ private:
+  int axis_;
+};
+
+// dx[i, j, k] = DX(dout[i, j, k], x[i, j, k], y[j]) (dout itself when G says so);
+// dy[j] = sum_{i, k} DY(dout[i, j, k], x[i, j, k], y[j]).
+template <typename D, typename T, typename G>
+class ElementwiseGradKernel : public OpKernel {
+ public:
+  explicit ElementwiseGradKernel(const OpDesc& op) : axis_(op.Attr<int>("axis")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const Tensor& y = ctx.Input("Y");
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const fn::BroadcastMid m = GetMid(x.dims(), y.dims(), axis_);
+    const T* xd = x.data<T>();
+    const T* yd = y.data<T>();
+    const T* gd = dout.data<T>();
+    if (Tensor* dx = GradOutput(ctx, "X")) {
+      T* dxd = dx->mutable_data<T>(ctx.place());
+      if constexpr (G::kDxIsDout) {
+        Device<D>::Copy(ctx, gd, dxd, dout.numel());
+      } else {
+        Device<D>::ForEachBroadcast(ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) {
+          dxd[i] = G::DX(gd[i], xd[i], yd[j]);
+        });
+      }
+    }
+    if (Tensor* dy = GradOutput(ctx, "Y")) {
+      Device<D>::SumBroadcast(
+          ctx, m, dy->mutable_data<T>(ctx.place()),
+          [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> T { return G::DY(gd[i], xd[i], yd[j]); });
+    }
+  }
+
+ private:
+  int axis_;
+};
+
+template <typename D, typename T>
+using ElementwiseAddKernel = ElementwiseKernel<D, T, fn::Add>;
+template <typename D, typename T>
+using ElementwiseSubKernel = ElementwiseKernel<D, T, fn::Sub>;
+template <typename D, typename T>
+using ElementwiseMulKernel = ElementwiseKernel<D, T, fn::Mul>;
+template <typename D, typename T>
+using ElementwiseDivKernel = ElementwiseKernel<D, T, fn::Div>;
+template <typename D, typename T>
+using ElementwiseAddGradKernel = ElementwiseGradKernel<D, T, fn::AddGrad>;
+template <typename D, typename T>
+using ElementwiseSubGradKernel = ElementwiseGradKernel<D, T, fn::SubGrad>;
+template <typename D, typename T>
+using ElementwiseMulGradKernel = ElementwiseGradKernel<D, T, fn::MulGrad>;
+template <typename D, typename T>
+using ElementwiseDivGradKernel = ElementwiseGradKernel<D, T, fn::DivGrad>;
+
+// ---------------------------------------------------------------- sum
+
+// out = sum_i x_i. Out may be one of the inputs (in-place accumulation, possibly listed more than
+// once): those count as Out's old value, so Out is scaled by their count first and the others
+// are added; no input is read after being written. Without one, out = x0 + x1 in one pass.
+template <typename D, typename T>
+class SumKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const int n = ctx.NumInputs("X");
+    Tensor* out = ctx.Output("Out");
+    const int64_t numel = out->numel();
+    const int64_t grain = cpu_threads::kElementwiseGrain;
+    T* od = out->mutable_data<T>(ctx.place());
+    int aliased = 0;
+    for (int i = 0; i < n; ++i) aliased += ctx.Input("X", i).data<T>() == od;
+    int first = 0;
+    if (aliased == 0) {
+      const T* a = ctx.Input("X", 0).data<T>();
+      if (n >= 2) {
+        const T* b = ctx.Input("X", 1).data<T>();
+        Device<D>::ForEachInPieces(ctx, numel, grain,
+                                   [=] KEEL_HD_LAMBDA(int64_t k) { od[k] = a[k] + b[k]; });
+        first = 2;
+      } else {
+        Device<D>::Copy(ctx, a, od, numel);
+        first = 1;
+      }
+    } else if (aliased > 1) {
+      const T c = static_cast<T>(aliased);
+      Device<D>::ForEach(ctx, numel, [=] KEEL_HD_LAMBDA(int64_t k) { od[k] *= c; });
+    }
+    for (int i = first; i < n; ++i) {
+      const T* xi = ctx.Input("X", i).data<T>();
+      if (xi == od) continue;
+      Device<D>::ForEachInPieces(ctx, numel, grain,
+                                 [=] KEEL_HD_LAMBDA(int64_t k) { od[k] += xi[k]; });
+    }
+  }
+};
+
+// dx_i = dout.
+template <typename D, typename T>
+class SumGradKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const int n = static_cast<int>(ctx.op().Output(GradVarName("X")).size());
+    for (int i = 0; i < n; ++i)
+      if (Tensor* dx = GradOutput(ctx, "X", i))
+        Device<D>::Copy(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
+  }
+};
+
+// ---------------------------------------------------------------- scale
+
+// out = scale * x + bias, or scale * (x + bias) when !bias_after_scale; out may be X itself.
+template <typename D, typename T>
+class ScaleKernel : public OpKernel {
+ public:
+  explicit ScaleKernel(const OpDesc& op) {
+    const T scale = static_cast<T>(op.Attr<float>("scale"));
+    const T bias = static_cast<T>(op.Attr<float>("bias"));
+    f_ = fn::ScaleShift<T>{scale, op.Attr<bool>("bias_after_scale") ? bias : scale * bias};
+  }
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& x = ctx.Input("X");
+    const T* xd = x.data<T>();
+    T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
+    const fn::ScaleShift<T> f = f_;
+    Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = f(xd[i]); });
+  }
+
+ private:
+  fn::ScaleShift<T> f_;
+};
+
+// dx = scale * dout.
+template <typename D, typename T>
+class ScaleGradKernel : public OpKernel {
+ public:
+  explicit ScaleGradKernel(const OpDesc& op) : scale_(static_cast<T>(op.Attr<float>("scale"))) {}
+  void Compute(ExecutionContext& ctx) override {
+    Tensor* dx = GradOutput(ctx, "X");
+    if (dx == nullptr) return;
+    const Tensor& dout = ctx.Input(GradVarName("Out"));
+    const T* gd = dout.data<T>();
+    T* dxd = dx->mutable_data<T>(ctx.place());
+    const T s = scale_;
+    Device<D>::ForEach(ctx, dout.numel(), [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = s * gd[i]; });
+  }
+
+ private:
+  T scale_;
+};
+
+}  // namespace keel

@@ -1,0 +1,175 @@
+// The kernels of the optimizer updates and gradient clipping (optimizer_ops.cc has the ops, their
+// shapes and formulas), once for every device (ops/device.h): sgd and momentum apply their
+// ops/functors/optimizer_functors.h formula element by element; adam and adamw, squared_l2_norm
+// and clip_by_global_norm go through AdamMath and GlobalNormMath (Eigen on the CPU, whose rounding
+// the functor loop would change; CUDA kernels that read the learning rate, the beta powers and the
+// clip factor from device memory, so an update never waits for the host). The merged ops are
+// each device's own (optimizer_ops.cc, optimizer_ops.cu): the CPU runs the per-parameter kernel
+// for each parameter, CUDA updates them all in one multi-tensor launch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/device.h"
+#include "ops/functors/optimizer_functors.h"
+
+namespace keel {
+
+// Runtime guard that input `slot` matches Param's element count (the shape fn checks dims).
+inline void EnforceLikeParam(const ExecutionContext& ctx, const Tensor& param, const char* slot) {
+  const Tensor& t = ctx.Input(slot);
+  KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
+               slot, " ", t.dims().str(), " must have the same shape");
+}
+
+// param_out = param - lr * grad. The rate may be float32 for a float64 parameter.
+template <typename D, typename T>
+class SgdKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get()));
+    });
+  }
+};
+
+// v = mu * v + g;  param -= lr * (g + mu * v) with Nesterov, lr * v without.
+template <typename D, typename T>
+class MomentumKernel : public OpKernel {
+ public:
+  explicit MomentumKernel(const OpDesc& op)
+      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    EnforceLikeParam(ctx, param, "Velocity");
+    const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    const T* v = ctx.Input("Velocity").data<T>();
+    T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const fn::Momentum<T> f = f_;
+    Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]);
+    });
+  }
+
+ private:
+  fn::Momentum<T> f_;
+};
+
+// Adam's tensors, as pointers, and its scalars as the device reads them.
+template <typename D, typename T>
+struct AdamIO {
+  int64_t n;
+  const T *p, *g, *m1, *m2;
+  T *po, *m1o, *m2o;
+  typename Device<D>::Scalar lr, b1p, b2p;
+  const Tensor *b1p_in, *b2p_in;
+  Tensor *b1o, *b2o;  // written in the dtype of b1p_in, b2p_in
+};
+
+// The device math: AdamMath<D, T>::Update(ctx, io, beta1, beta2, epsilon, coeff), the update,
+// then Beta1Pow *= beta1 and Beta2Pow *= beta2 after every element has read them.
+template <typename D, typename T>
+struct AdamMath;
+
+// The device math of the norms, an object a kernel keeps (CUDA's scratch), sums of squares in
+// double in a fixed order:
+//   SquaredL2(ctx, x, out)     out[0] = sum(x^2)
+//   ClipByGlobalNorm(ctx, xs, outs, clip_norm, global_norm)   norm = sqrt(sum_i sum(x_i^2));
+//                              out_i = x_i * clip_norm / max(norm, clip_norm); global_norm (may
+//                              be null) = norm
+template <typename D, typename T>
+class GlobalNormMath;
+
+// Adam (coeff 0) and AdamW (coeff: decoupled weight decay). Scalars are computed in double.
+template <typename D, typename T>
+class AdamKernel : public OpKernel {
+ public:
+  explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
+  void Compute(ExecutionContext& ctx) override {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    EnforceLikeParam(ctx, param, "Moment1");
+    EnforceLikeParam(ctx, param, "Moment2");
+    AdamIO<D, T> io;
+    io.n = param.numel();
+    io.p = param.data<T>();
+    io.g = ctx.Input("Grad").data<T>();
+    io.m1 = ctx.Input("Moment1").data<T>();
+    io.m2 = ctx.Input("Moment2").data<T>();
+    io.lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    io.b1p = Device<D>::ScalarOf(ctx.Input("Beta1Pow"));
+    io.b2p = Device<D>::ScalarOf(ctx.Input("Beta2Pow"));
+    io.b1p_in = &ctx.Input("Beta1Pow");
+    io.b2p_in = &ctx.Input("Beta2Pow");
+    io.m1o = ctx.Output("Moment1Out")->mutable_data<T>(ctx.place());
+    io.m2o = ctx.Output("Moment2Out")->mutable_data<T>(ctx.place());
+    io.po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    io.b1o = ctx.Output("Beta1PowOut");
+    io.b2o = ctx.Output("Beta2PowOut");
+    AdamMath<D, T>::Update(ctx, io, beta1_, beta2_, epsilon_, coeff_);
+  }
+
+ protected:
+  AdamKernel(const OpDesc& op, double coeff)
+      : beta1_(op.Attr<float>("beta1")),
+        beta2_(op.Attr<float>("beta2")),
+        epsilon_(op.Attr<float>("epsilon")),
+        coeff_(coeff) {}
+
+ private:
+  double beta1_, beta2_, epsilon_, coeff_;
+};
+
+template <typename D, typename T>
+class AdamWKernel : public AdamKernel<D, T> {
+ public:
+  explicit AdamWKernel(const OpDesc& op) : AdamKernel<D, T>(op, op.Attr<float>("coeff")) {}
+};
+
+// Out = sum(X^2).
+template <typename D, typename T>
+class SquaredL2NormKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    math_.SquaredL2(ctx, ctx.Input("X"), ctx.Output("Out")->mutable_data<T>(ctx.place()));
+  }
+
+ private:
+  GlobalNormMath<D, T> math_;
+};
+
+// norm = sqrt(sum_i sum(X_i^2)); Out_i = X_i * clip_norm / max(norm, clip_norm).
+template <typename D, typename T>
+class ClipByGlobalNormKernel : public OpKernel {
+ public:
+  explicit ClipByGlobalNormKernel(const OpDesc& op) : clip_norm_(op.Attr<float>("clip_norm")) {}
+  void Compute(ExecutionContext& ctx) override {
+    std::vector<const Tensor*> xs = ctx.MultiInput("X");
+    std::vector<Tensor*> outs = ctx.MultiOutput("Out");
+    KEEL_ENFORCE(xs.size() == outs.size(), "clip_by_global_norm: ", xs.size(), " X but ",
+                 outs.size(), " Out");
+    for (size_t i = 0; i < xs.size(); ++i)
+      KEEL_ENFORCE(outs[i] != nullptr && outs[i]->numel() == xs[i]->numel(), "Out[", i,
+                   "] must have the shape of X[", i, "] ", xs[i]->dims().str());
+    Tensor* g = ctx.OutputOrNull("GlobalNorm");
+    math_.ClipByGlobalNorm(ctx, xs, outs, clip_norm_,
+                           g ? g->mutable_data<T>(ctx.place()) : nullptr);
+  }
+
+ private:
+  double clip_norm_;
+  GlobalNormMath<D, T> math_;
+};
+
+}  // namespace keel
