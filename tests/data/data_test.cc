@@ -20,7 +20,6 @@
 #include "framework/data/data_loader.h"
 #include "framework/data/gzip.h"
 #include "framework/data/mnist_dataset.h"
-#include "framework/data/tensor_dataset.h"
 #include "models/mlp/mlp_model.h"
 #include "tests/util/test_data.h"
 #include "tests/util/op_test_util.h"
@@ -446,30 +445,6 @@ TEST(Csv, MalformedFilesAreErrorsNamingTheLine) {
   options.num_classes = 2;
   const std::string path = tmp.Write("classes.csv", "a,label\n1,0\n2,2\n");
   EXPECT_ERROR_WITH(CsvDataset(path, "label", options), path + ":3: label 2 outside 0..1");
-}
-
-// ---------------------------------------------------------------- tensors in memory
-
-TEST(TensorDataset, ExampleIIsRowIOfEveryColumn) {
-  Tensor x = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
-  Tensor y = Tensor::FromVector<int64_t>({7, 8, 9}, {3});
-  TensorDataset ds({"x", "y"}, {x, y});
-  EXPECT_EQ(ds.size(), 3);
-  EXPECT_EQ(ds.names(), (std::vector<std::string>{"x", "y"}));
-  Example ex = ds.Get(1);
-  EXPECT_EQ(ex[0].dims(), (DDim{2}));
-  EXPECT_EQ(Values<float>(ex[0]), (std::vector<float>{3, 4}));
-  EXPECT_EQ(ex[1].dims(), (DDim{1}));  // a column [n] gives fields [1]
-  EXPECT_EQ(ex[1].data<int64_t>()[0], 8);
-  EXPECT_ERROR_WITH(ds.Get(3), "TensorDataset: index 3 outside [0, 3)");
-}
-
-TEST(TensorDataset, RefusesColumnsThatDisagree) {
-  Tensor a = Tensor::FromVector<float>({1, 2, 3}, {3});
-  Tensor b = Tensor::FromVector<float>({1, 2}, {2});
-  EXPECT_ERROR_WITH(TensorDataset({"a", "b"}, {a, b}), "column 'b' holds 2 examples");
-  EXPECT_ERROR_WITH(TensorDataset({"a"}, {a, b}), "1 names for 2 columns");
-  EXPECT_ERROR_WITH(TensorDataset({"a"}, {Tensor()}), "column 'a' must be a CPU tensor");
 }
 
 // ---------------------------------------------------------------- synthetic
