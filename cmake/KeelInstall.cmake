@@ -12,6 +12,11 @@ install(TARGETS keel EXPORT KeelTargets
 if(TARGET keel_cli)
   install(TARGETS keel_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+# libkeel_cuda beside libkeel, where libkeel looks for it (framework/runtime/cuda_backend.h); not
+# exported: programs link libkeel alone and the CUDA backend is opened at run time.
+if(TARGET keel_cuda)
+  install(TARGETS keel_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 
 # Headers keep their source layout under include/keel, so "framework/ir/program.h" and
 # <keel/keel.h> both resolve (keel::keel adds include/ and include/keel).

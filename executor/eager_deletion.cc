@@ -64,7 +64,9 @@ std::vector<std::string> EagerDeletionPlan::FreedAfter(int op) const {
 
 EagerDeletionRun::EagerDeletionRun(const EagerDeletionPlan& plan,
                                    const std::set<const Variable*>& keep, int64_t threshold_bytes)
-    : plan_(plan), keep_(keep), threshold_(threshold_bytes),
+    : plan_(plan),
+      keep_(keep),
+      threshold_(threshold_bytes),
       left_(new std::atomic<int>[plan.vars_.size()]) {
   for (size_t k = 0; k < plan.vars_.size(); ++k)
     left_[k].store(plan.vars_[k].uses, std::memory_order_relaxed);

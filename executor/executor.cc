@@ -5,15 +5,15 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cmath>
-#include <thread>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "executor/eager_deletion.h"
@@ -132,9 +132,7 @@ struct Executor::Plan {
     void* calc_out = nullptr;
   };
   ~Plan() {
-    cuda_graph.reset();  // waits for its last replay
-    graph_holds.clear();
-    DeviceEventDestroy(place, graph_done);
+    captured.reset();  // waits for its last replay
     for (Op& op : ops)
       for (void* e : {op.event, op.calc_in, op.calc_out}) DeviceEventDestroy(place, e);
     DeviceEventDestroy(place, start_event);
@@ -145,62 +143,28 @@ struct Executor::Plan {
   std::vector<Op> ops;
   std::unordered_map<std::string, std::pair<Variable*, const VarDesc*>> vars;
   std::vector<Variable*> temporaries;
-  EagerDeletionPlan collect;  // CPU places
-  int64_t* runs = nullptr;  // the program's run count (runs_ in the executor)
-  std::unique_ptr<DependencyGraph> graph;
-  Scheduler::StreamOf stream_of;  // empty when no op runs on a stream
-  int width = 1;                  // graph->MaxWidth()
+  EagerDeletionPlan collect;              // CPU places
+  int64_t* runs = nullptr;                // the program's run count (runs_ in the executor)
+  std::unique_ptr<DependencyGraph> deps;  // the ops' dependency graph
+  Scheduler::StreamOf stream_of;          // empty when no op runs on a stream
+  int width = 1;                          // deps->MaxWidth()
   // CUDA place with collectives: the cross-stream events (executor/event_plan.h), and an event
   // recorded on the compute stream when the run starts (after the feeds' copies), which every
   // collective's stream waits for before its op.
   bool device_events = false;
   EventPlan events;
   void* start_event = nullptr;
-  // ExecutionStrategy::use_cuda_graph (block 0 only): the captured step, the feeds its inputs
-  // are copied from (host feeds by name, in the order of its inputs; the run index last), and
-  // the run index on the device, which random kernels read in a replay.
-  GraphCapturePolicy graph_policy;
-  bool graph_checked = false;
-  std::unique_ptr<CudaGraph> cuda_graph;
-  std::vector<std::string> graph_feeds;
-  Tensor device_run_index;
-  int64_t graph_captures = 0;
-  // The buffers of the plan's vars when the graph was captured, kept alive while it lives (a
-  // replay writes them whatever happens to the vars), and checked before each replay: another
-  // program on this executor (a test program sharing the temporaries' names) may have freed or
-  // reallocated a var, which then needs a new capture.
-  struct Hold {
-    const Variable* var;
-    std::shared_ptr<Allocation> holder;
-    const void* data;
-    size_t bytes;
-  };
-  std::vector<Hold> graph_holds;
-  // The rings the graph's collectives use, watched while a replay runs (their timeouts and
-  // failures), and the event recorded after each launch for that.
-  std::vector<Communicator*> graph_rings;
-  bool graph_rings_known = false;
-  void* graph_done = nullptr;
-  Tensor graph_vote;  // one int32 on the place: this rank's action, then the ring's minimum
+  // ExecutionStrategy::use_cuda_graph: the CUDA-graph side of the plan (executor/graph_capture.h),
+  // made at the first graphed run.
+  std::unique_ptr<CapturedStep> captured;
   // "block 1 op #3 mul (X=x, Y=w -> Out=y)": how errors name op i (block 0 is not named).
   std::string OpWhere(int i) const {
     const OpDesc& d = *ops[i].desc;
     return StrCat(block == 0 ? std::string() : StrCat("block ", block, " "), "op #", i, " ",
                   d.type(), " (", SlotsText(d.inputs()), " -> ", SlotsText(d.outputs()), ")");
   }
-  void DropGraph() {
-    cuda_graph.reset();
-    graph_holds.clear();
-    graph_policy.Reset();
-  }
-  bool GraphBuffersIntact() const {
-    for (const Hold& h : graph_holds) {
-      const Tensor& t = h.var->tensor();
-      if (!t.initialized() || t.holder() != h.holder || t.raw_data() != h.data ||
-          t.nbytes() != h.bytes)
-        return false;
-    }
-    return true;
+  void DropCapturedStep() {
+    if (captured) captured->Drop();
   }
 };
 
@@ -253,11 +217,12 @@ int Executor::WorkersFor(const Program& program) {
 }
 
 int64_t Executor::CudaGraphCaptures(const Program& program) {
-  return GetPlan(program).graph_captures;
+  const Plan& plan = GetPlan(program);
+  return plan.captured ? plan.captured->captures() : 0;
 }
 
-DependencyGraph& Executor::GraphForTesting(const Program& program, int block) {
-  return *GetPlan(program, block).graph;
+DependencyGraph& Executor::DependencyGraphForTesting(const Program& program, int block) {
+  return *GetPlan(program, block).deps;
 }
 
 Executor::Plan& Executor::GetPlan(const Program& program, int block) {
@@ -392,15 +357,15 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
     }
   }
-  plan->graph = std::make_unique<DependencyGraph>(access, slice_of);
-  plan->width = plan->graph->MaxWidth();
+  plan->deps = std::make_unique<DependencyGraph>(access, slice_of);
+  plan->width = plan->deps->MaxWidth();
   if (place_.is_cpu()) {
     plan->collect = EagerDeletionPlan(access, owned, slice_of);
   } else {
     KEEL_ENFORCE(gflags::GetCommandLineFlagInfoOrDie("eager_delete_tensor_gb").is_default ||
                      FLAGS_eager_delete_tensor_gb < 0,
-                 "FLAGS_eager_delete_tensor_gb=", FLAGS_eager_delete_tensor_gb, ": ",
-                 place_.str(), " keeps temporaries until the scope drop (eager deletion runs on "
+                 "FLAGS_eager_delete_tensor_gb=", FLAGS_eager_delete_tensor_gb, ": ", place_.str(),
+                 " keeps temporaries until the scope drop (eager deletion runs on "
                  "CPU places); leave the flag unset or set it to -1");
   }
   if (any_stream) {
@@ -413,7 +378,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     std::vector<int> lanes(plan->ops.size(), 0);
     for (size_t i = 0; i < plan->ops.size(); ++i)
       if (plan->ops[i].on_stream) lanes[i] = plan->ops[i].desc->Attr<int>("ring_id") + 1;
-    plan->events = PlanEvents(*plan->graph, lanes);
+    plan->events = PlanEvents(*plan->deps, lanes);
     plan->device_events = true;
     plan->start_event = DeviceEventCreate(place_);
     for (size_t i = 0; i < plan->ops.size(); ++i) {
@@ -433,9 +398,11 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   Plan& plan = GetPlan(program);
   const ExecutionStrategy& strategy = StrategyFor(program);
   const bool graphed = strategy.use_cuda_graph;
-  if (graphed && !plan.graph_checked) CheckGraphable(program);
-  plan.graph_checked = graphed;
-  if (!graphed && plan.cuda_graph) plan.DropGraph();  // plain runs move the feeds' buffers
+  if (graphed && !plan.captured) {
+    CheckGraphable(program);
+    plan.captured = std::make_unique<CapturedStep>(place_);
+  }
+  if (!graphed) plan.DropCapturedStep();  // plain runs move the feeds' buffers
 
   for (auto& kv : feed) {
     auto it = plan.vars.find(kv.first);
@@ -489,7 +456,7 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   if (*plan.runs % drop == 0) {
     // The graph writes the temporaries' buffers on every replay: it goes first, and the steps
     // after the drop warm up and capture again. (Other programs' graphs notice on their own.)
-    plan.DropGraph();
+    plan.DropCapturedStep();
     // This block's temporaries and those of the sub-blocks it ran.
     for (auto it = plans_.lower_bound({program.id(), 0});
          it != plans_.end() && it->first.first == program.id(); ++it)
@@ -505,160 +472,60 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
 }
 
 void Executor::CheckGraphable(const Program& program) {
-  KEEL_ENFORCE(place_.is_cuda(), "ExecutionStrategy::use_cuda_graph (keel train --cuda_graph) "
-               "needs a CUDA place; this executor runs on ", place_.str());
-  KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
+  KEEL_ENFORCE(place_.is_cuda(),
+               "ExecutionStrategy::use_cuda_graph (keel train --cuda_graph) "
+               "needs a CUDA place; this executor runs on ",
+               place_.str());
+  KEEL_ENFORCE(!FLAGS_check_nan_inf,
+               "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
                "reads every output on the host after its op, which a CUDA graph cannot do; turn "
                "one of them off");
 }
 
 void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& feed) {
-  if (plan.cuda_graph && !plan.GraphBuffersIntact()) plan.DropGraph();
-  bool drop = false;
-  GraphCapturePolicy::Action action = plan.graph_policy.Next(FeedSignature(feed), &drop);
-  if (drop) plan.DropGraph();
-  // NCCL requires every rank of a ring to capture the same collectives at the same step and to
-  // replay the graphs of that capture: the ranks take the least advanced of their actions
-  // (plain < capture < replay). A rank whose feeds changed makes all run plain until it has
-  // warmed up; then all capture together.
-  if (!plan.graph_rings_known) {  // the rings exist once the startup program has run
+  CapturedStep& captured = *plan.captured;
+  if (!captured.rings_known()) {  // the rings exist once the startup program has run
+    std::vector<Communicator*> rings;
     for (const Plan::Op& op : plan.ops) {
       if (!op.on_stream && !op.calc_stream) continue;
-      Communicator* ring =
-          &RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
-      if (std::find(plan.graph_rings.begin(), plan.graph_rings.end(), ring) ==
-          plan.graph_rings.end())
-        plan.graph_rings.push_back(ring);
+      Communicator* ring = &RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+      if (std::find(rings.begin(), rings.end(), ring) == rings.end()) rings.push_back(ring);
     }
-    plan.graph_rings_known = true;
+    captured.SetRings(std::move(rings));
   }
-  if (!plan.graph_rings.empty()) {
-    Communicator& ring = *plan.graph_rings.front();
-    if (!plan.graph_vote.initialized()) plan.graph_vote.Alloc(DType::kInt32, DDim{1}, place_);
-    const int32_t mine = static_cast<int32_t>(action);
-    MemCopy(place_, plan.graph_vote.raw_data(), CPUPlace(), &mine, sizeof(mine));
-    DeviceSynchronize(place_);  // the ring's stream reads the vote the compute stream wrote
-    ring.AllReduce(&plan.graph_vote, ReduceOp::kMin);
-    int32_t least = mine;
-    MemCopy(CPUPlace(), &least, place_, plan.graph_vote.raw_data(), sizeof(least));
-    using Action = GraphCapturePolicy::Action;
-    const auto agreed = static_cast<Action>(least);
-    if (agreed == Action::kCapture && action == Action::kReplay) {
-      plan.cuda_graph.reset();  // another rank captures anew: so does this one
-      plan.graph_holds.clear();
-    }
-    action = agreed;
-  }
+  const GraphCapturePolicy::Action action = captured.Decide(feed);
   // Device feeds are copied into the vars' buffers before the step, outside the graph.
   for (auto& kv : feed)
     if (!kv.second.place().is_cpu())
       plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
-  auto host_feeds = [&](CudaGraph& g) {
-    size_t i = 0;
-    for (auto& name : plan.graph_feeds) {
-      const Tensor& t = feed.at(name);
-      std::memcpy(g.Input(i++), t.raw_data(), t.nbytes());
-    }
-    *static_cast<int64_t*>(g.Input(i)) = *plan.runs;
-  };
-  switch (action) {
-    case GraphCapturePolicy::Action::kPlain: {
-      for (auto& kv : feed)
-        if (kv.second.place().is_cpu())
-          plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
-      RunOps(program, plan, WorkersFor(program));
-      return;
-    }
-    case GraphCapturePolicy::Action::kCapture: {
-      // Checked here, not at the first run: a program that never reaches its capture (a startup
-      // program) may hold ops a graph cannot.
-      const std::string blocker = GraphCaptureBlocker(program);
-      KEEL_ENFORCE(blocker.empty(), "ExecutionStrategy::use_cuda_graph: ", blocker,
-                   "; this program cannot be captured into a CUDA graph "
-                   "(set use_cuda_graph=false)");
-      KEEL_ENFORCE(!FLAGS_check_nan_inf, "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
-                   "reads every output on the host after its op, which a CUDA graph cannot do");
-      // Every ring a collective uses must run on a device stream (NCCL) to be captured.
-      for (const Communicator* ring : plan.graph_rings)
-        KEEL_ENFORCE(std::string(ring->backend()) == "nccl", "ExecutionStrategy::use_cuda_graph: "
-                     "ring ", ring->ring_id(), " (", ring->backend(), ") waits on the host; a CUDA "
-                     "graph needs NCCL (--gpu_comm_backend=nccl, one GPU per rank)");
-      if (!plan.device_run_index.initialized())
-        plan.device_run_index.Alloc(DType::kInt64, DDim{1}, place_);
-      std::vector<std::pair<void*, size_t>> inputs;
-      plan.graph_feeds.clear();
-      for (auto& kv : feed) {
-        if (!kv.second.place().is_cpu()) continue;
-        Tensor* dst = plan.vars.at(kv.first).first->mutable_tensor();
-        inputs.emplace_back(dst->raw_data(), dst->nbytes());
-        plan.graph_feeds.push_back(kv.first);
-      }
-      inputs.emplace_back(plan.device_run_index.raw_data(), sizeof(int64_t));
-      std::unique_ptr<CudaGraph> graph = CudaGraph::Create(place_);
-      const int64_t* run_index = plan.device_run_index.data<int64_t>();
-      for (auto& op : plan.ops) op.ctx->set_device_run_index(run_index);
-      try {
-        graph->BeginCapture(inputs);
-        RunOps(program, plan, WorkersFor(program));
-        graph->EndCapture();
-      } catch (const Error& e) {
-        graph->AbortCapture();
-        for (auto& op : plan.ops) op.ctx->set_device_run_index(nullptr);
-        KEEL_THROW("ExecutionStrategy::use_cuda_graph: capturing the step into a CUDA graph "
-                   "failed: ", e.what());
-      }
-      for (auto& op : plan.ops) op.ctx->set_device_run_index(nullptr);
-      plan.cuda_graph = std::move(graph);
-      plan.graph_policy.Captured();
-      ++plan.graph_captures;
-      plan.graph_holds.clear();
-      for (auto& kv : plan.vars) {
-        const Tensor& t = kv.second.first->tensor();
-        if (t.initialized())
-          plan.graph_holds.push_back({kv.second.first, t.holder(), t.raw_data(), t.nbytes()});
-      }
-      host_feeds(*plan.cuda_graph);
-      plan.cuda_graph->Launch();  // the capture recorded the step; this runs it
-      WatchGraph(plan);
-      return;
-    }
-    case GraphCapturePolicy::Action::kReplay: {
-      profiler::RecordEvent span("op", "cuda_graph_launch", "replay of the captured step");
-      // What kernels reported in earlier replays (bad labels, ids), as Compute would check it.
-      for (size_t i = 0; i < plan.ops.size(); ++i) {
-        try {
-          plan.ops[i].kernel->Replayed(*plan.ops[i].ctx);
-        } catch (const Error& e) {
-          KEEL_THROW(plan.OpWhere(static_cast<int>(i)), ": ", e.what());
-        }
-      }
-      plan.cuda_graph->WaitInputs();
-      host_feeds(*plan.cuda_graph);
-      plan.cuda_graph->Launch();
-      WatchGraph(plan);
-      return;
+  if (action == GraphCapturePolicy::Action::kPlain) {
+    for (auto& kv : feed)
+      if (kv.second.place().is_cpu())
+        plan.vars.at(kv.first).first->mutable_tensor()->CopyFrom(kv.second);
+    RunOps(program, plan, WorkersFor(program));
+    return;
+  }
+  CapturedStep::Step step;
+  step.feed = &feed;
+  step.var = [&plan](const std::string& name) { return plan.vars.at(name).first; };
+  for (auto& kv : plan.vars) step.vars.push_back(kv.second.first);
+  for (auto& op : plan.ops) step.contexts.push_back(op.ctx.get());
+  step.run_ops = [&] { RunOps(program, plan, WorkersFor(program)); };
+  step.run_index = *plan.runs;
+  if (action == GraphCapturePolicy::Action::kCapture) {
+    captured.Capture(program, step);
+    return;
+  }
+  profiler::RecordEvent span("op", "cuda_graph_launch", "replay of the captured step");
+  // What kernels reported in earlier replays (bad labels, ids), as Compute would check it.
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    try {
+      plan.ops[i].kernel->Replayed(*plan.ops[i].ctx);
+    } catch (const Error& e) {
+      KEEL_THROW(plan.OpWhere(static_cast<int>(i)), ": ", e.what());
     }
   }
-}
-
-void Executor::WatchGraph(Plan& plan) {
-  // Without collectives nothing can hang: the run returns at once (a fetch waits for the stream).
-  if (plan.graph_rings.empty()) return;
-  // With them, as a plain run waits for its collectives on the rings' threads (with the job's
-  // timeout, aborting a ring whose peer died), this waits for the replay.
-  if (plan.graph_done == nullptr) plan.graph_done = DeviceEventCreate(place_);
-  DeviceEventRecord(place_, plan.graph_done, nullptr);
-  double timeout_s = 0;
-  for (Communicator* r : plan.graph_rings) timeout_s = std::max(timeout_s, r->timeout_s());
-  const auto start = std::chrono::steady_clock::now();
-  while (!DeviceEventDone(place_, plan.graph_done)) {
-    const bool past = timeout_s > 0 && std::chrono::duration<double>(
-                                           std::chrono::steady_clock::now() - start)
-                                               .count() > timeout_s;
-    for (Communicator* r : plan.graph_rings) r->WatchDevice("a CUDA graph replay", past);
-    KEEL_ENFORCE(!past, "a CUDA graph replay did not finish within ", timeout_s, " s");
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  captured.Replay(step);
 }
 
 void Executor::RunOps(const Program& program, Plan& plan, int workers,
@@ -668,7 +535,7 @@ void Executor::RunOps(const Program& program, Plan& plan, int workers,
   if (!plan.collect.empty() && FLAGS_eager_delete_tensor_gb >= 0)
     collect.emplace(plan.collect, keep,
                     static_cast<int64_t>(FLAGS_eager_delete_tensor_gb * (1 << 30)));
-  Scheduler::Run(*plan.graph, plan.stream_of, workers, [this, &plan, &collect](int i) {
+  Scheduler::Run(*plan.deps, plan.stream_of, workers, [this, &plan, &collect](int i) {
     RunOp(plan, i);
     if (collect) collect->OpDone(i);
   });

@@ -58,7 +58,7 @@ class Executor {
   int WorkersFor(const Program& program);
   // The dependency graph of block `block` of `program` (built on first use). Tests only: an edge
   // removed here stays removed until the program changes.
-  DependencyGraph& GraphForTesting(const Program& program, int block = 0);
+  DependencyGraph& DependencyGraphForTesting(const Program& program, int block = 0);
 
  private:
   struct Plan;
@@ -73,8 +73,6 @@ class Executor {
   // op that cannot be captured) or replays the step.
   void CheckGraphable(const Program& program);
   void RunGraphed(const Program& program, Plan& plan, const FeedMap& feed);
-  // After a graph launch of a program with collectives: waits for it, watching the rings.
-  void WatchGraph(Plan& plan);
   void RunOp(Plan& plan, int i);
 
   Place place_;

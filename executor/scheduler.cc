@@ -126,9 +126,9 @@ struct RunState {
   };
   std::unordered_map<Stream*, StreamQueue> streams;
   std::vector<char> stream_op_ready;
-  int running = 0;    // compute ops being run
-  int tasks = 0;      // pool workers started and not yet returned
-  int in_stream = 0;  // ops enqueued on a stream and not yet done
+  int running = 0;      // compute ops being run
+  int tasks = 0;        // pool workers started and not yet returned
+  int in_stream = 0;    // ops enqueued on a stream and not yet done
   uint64_t events = 0;  // bumped (under mu) with every notify: ops done, kernels' pieces posted
   // Called by cpu_threads whenever a ParallelFor starts (never while this thread holds mu).
   std::function<void()> on_job = [this] {

@@ -31,7 +31,7 @@ class DependencyGraph {
  public:
   struct OpAccess {
     std::vector<std::string> reads, writes;
-    bool barrier = false;  // ordered against every other op
+    bool barrier = false;          // ordered against every other op
     bool hidden_accesses = false;  // runs a sub-block: touches variables not listed here
   };
   // `slice_of` maps a variable to the fused buffer it is a slice of.

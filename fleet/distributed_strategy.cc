@@ -175,8 +175,9 @@ void DistributedStrategy::Validate(const Role& role) const {
                  " would be ignored; use one or the other");
   }
   KEEL_ENFORCE(comm_timeout_s > 0, s, "comm_timeout_s=", comm_timeout_s, " must be > 0");
-  KEEL_ENFORCE(exec_strategy.num_threads >= 0, s, "exec_strategy.num_threads=",
-               exec_strategy.num_threads, " must be >= 0 (0: one worker per core of the budget)");
+  KEEL_ENFORCE(exec_strategy.num_threads >= 0, s,
+               "exec_strategy.num_threads=", exec_strategy.num_threads,
+               " must be >= 0 (0: one worker per core of the budget)");
   KEEL_ENFORCE(exec_strategy.num_iteration_per_drop_scope >= 1, s,
                "exec_strategy.num_iteration_per_drop_scope=",
                exec_strategy.num_iteration_per_drop_scope, " must be >= 1");

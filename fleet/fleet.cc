@@ -8,21 +8,21 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <map>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
+#include "executor/executor_io.h"
+#include "fleet/transpile.h"
 #include "framework/base/endpoint.h"
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
-#include "executor/executor_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
 #include "transpiler/local_sgd_pass.h"
-#include "fleet/transpile.h"
 
 DECLARE_string(cpu_comm_backend);
 
@@ -65,8 +65,8 @@ void AlignProfilerClock(StoreClient& store, int rank, int nranks) {
       }
     }
     profiler::SetClockOffsetNs(best_offset);
-    VLOG(1) << "profiler: clock offset to rank 0 " << best_offset << " ns, round trip "
-            << best_rtt << " ns";
+    VLOG(1) << "profiler: clock offset to rank 0 " << best_offset << " ns, round trip " << best_rtt
+            << " ns";
   } catch (const Error& e) {
     KEEL_THROW("profiler: aligning rank ", rank, "'s clock with rank 0's: ", e.what());
   }
@@ -171,8 +171,9 @@ void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout = C
   try {
     s.Barrier(key, r.world_size, timeout);
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " of ", r.world_size, " waited for the other workers (at most ",
-               timeout.count() / 1000.0, " s, FLAGS_comm_timeout_s): ", e.what());
+    KEEL_THROW(name, ": rank ", r.rank, " of ", r.world_size,
+               " waited for the other workers (at most ", timeout.count() / 1000.0,
+               " s, FLAGS_comm_timeout_s): ", e.what());
   }
 }
 
@@ -413,7 +414,8 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
   const Program& p = program ? *program : main_program();
   // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
   // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
-  if (!initialized() || role().rank == 0) keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
+  if (!initialized() || role().rank == 0)
+    keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
 }
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
@@ -435,7 +437,8 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  if (!initialized() || role().rank == 0) keel::save_inference_model(dirname, feeds, targets, exe, p);
+  if (!initialized() || role().rank == 0)
+    keel::save_inference_model(dirname, feeds, targets, exe, p);
 }
 
 void reset() {

@@ -46,10 +46,11 @@ std::string Fmt(double v) {
 
 StragglerMonitor::StragglerMonitor() : last_step_end_(Clock::now()) {
   // NaN would pass "<= 0" and make the monitor's wait spin; infinity would never report.
-  KEEL_ENFORCE(std::isfinite(FLAGS_straggler_report_interval_s) &&
-                   FLAGS_straggler_report_interval_s >= 0,
-               "--straggler_report_interval_s must be a finite number of seconds >= 0 (0: off), "
-               "got ", FLAGS_straggler_report_interval_s);
+  KEEL_ENFORCE(
+      std::isfinite(FLAGS_straggler_report_interval_s) && FLAGS_straggler_report_interval_s >= 0,
+      "--straggler_report_interval_s must be a finite number of seconds >= 0 (0: off), "
+      "got ",
+      FLAGS_straggler_report_interval_s);
   KEEL_ENFORCE(std::isfinite(FLAGS_straggler_factor) && FLAGS_straggler_factor > 1,
                "--straggler_factor must be a finite number > 1, got ", FLAGS_straggler_factor);
   if (!initialized() || worker_num() <= 1 || FLAGS_straggler_report_interval_s <= 0 ||

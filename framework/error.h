@@ -32,9 +32,9 @@ std::string StrCat(Args&&... args) {
 }  // namespace keel
 
 // Throws keel::Error with the streamed pieces when cond is false.
-#define KEEL_ENFORCE(cond, ...)                                              \
-  do {                                                                       \
-    if (!(cond)) throw ::keel::Error(::keel::StrCat(__VA_ARGS__));           \
+#define KEEL_ENFORCE(cond, ...)                                    \
+  do {                                                             \
+    if (!(cond)) throw ::keel::Error(::keel::StrCat(__VA_ARGS__)); \
   } while (0)
 
 #define KEEL_THROW(...) throw ::keel::Error(::keel::StrCat(__VA_ARGS__))

@@ -26,11 +26,13 @@ void Finish(TrainableModel& m, const ModelConfig& cfg, Var loss, const std::stri
             float default_lr) {
   std::string name = cfg.optimizer.empty() ? default_opt : cfg.optimizer;
   float lr = cfg.lr > 0 ? cfg.lr : default_lr;
-  auto opt = cfg.make_optimizer ? cfg.make_optimizer(default_opt, default_lr)
-                                : MakeOptimizer(name, lr);
+  auto opt =
+      cfg.make_optimizer ? cfg.make_optimizer(default_opt, default_lr) : MakeOptimizer(name, lr);
   m.test = m.main->clone_for_test();  // before backward: the forward program
-  if (cfg.minimize) cfg.minimize(loss, m.startup.get(), *opt);
-  else opt->minimize(loss, m.startup.get());
+  if (cfg.minimize)
+    cfg.minimize(loss, m.startup.get(), *opt);
+  else
+    opt->minimize(loss, m.startup.get());
   m.loss = loss.name();
   m.optimizer = cfg.make_optimizer ? opt->type() : name + " lr=" + std::to_string(lr);
   // The rate every update op reads (the optimizer's var; fleet may have used a clone).
@@ -173,8 +175,7 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
   const std::string acc = m.accuracy;
   m.evaluate = [cfg, test_loader, test, acc](Executor& exe) {
     test_loader->StartEpoch(0);
-    return EvaluateBatches(cfg, exe, *test, acc,
-                           [&](FeedMap* f) { return test_loader->Next(f); });
+    return EvaluateBatches(cfg, exe, *test, acc, [&](FeedMap* f) { return test_loader->Next(f); });
   };
   return m;
 }

@@ -33,11 +33,11 @@ struct ModelConfig {
   // the ranks' shards of one permutation are disjoint. 0: seed (0 again: nondeterministic, which
   // only one rank may use).
   uint64_t shuffle_seed = 0;
-  int hidden = 1280;       // mlp: width of the two hidden layers
-  std::string data;        // lenet: "mnist:DIR"
+  int hidden = 1280;  // mlp: width of the two hidden layers
+  std::string data;   // lenet: "mnist:DIR"
   int64_t batch_size = 128;
-  int rank = 0, nranks = 1;  // data sharding for models with a finite training set
-  MinimizeFn minimize;       // empty: plain opt.minimize
+  int rank = 0, nranks = 1;    // data sharding for models with a finite training set
+  MinimizeFn minimize;         // empty: plain opt.minimize
   bool programs_only = false;  // build the programs, load no data (keel inspect)
   // Makes the optimizer from the model's default name and rate (keel train's flags); empty:
   // MakeOptimizer(optimizer or the default, lr or the default).

@@ -19,7 +19,7 @@ class AlgoCache {
  public:
   // The cached choice for `key`, or search() run now (once per key, even under concurrent callers)
   // and remembered. A search that throws caches nothing.
-  Choice GetOrSearch(const AlgoKey &key, const std::function<Choice()> &search) {
+  Choice GetOrSearch(const AlgoKey& key, const std::function<Choice()>& search) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;

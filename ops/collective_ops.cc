@@ -109,9 +109,7 @@ class CommInitKernel : public OpKernel {
   std::string group_;
 };
 
-std::string RankCheck(const Attribute& a) {
-  return std::get<int>(a) >= 0 ? "" : "must be >= 0";
-}
+std::string RankCheck(const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; }
 std::string PositiveCheck(const Attribute& a) {
   return std::get<int>(a) >= 1 ? "" : "must be >= 1";
 }
@@ -137,12 +135,12 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
   KEEL_REGISTER_CPU_KERNEL(name, Kernel, __VA_ARGS__);     \
   KEEL_REGISTER_CUDA_KERNEL(name, Kernel, __VA_ARGS__)
 
-#define KEEL_REGISTER_ALLREDUCE(name, op)                                                \
-  [[maybe_unused]] static OpSchema& keel_schema_##name =                                 \
-      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)")       \
-          .AllReducesInPlace();                                                            \
-  KEEL_REGISTER_COLLECTIVE_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, \
-                                  int32_t, int64_t)
+#define KEEL_REGISTER_ALLREDUCE(name, op)                                                          \
+  [[maybe_unused]] static OpSchema& keel_schema_##name =                                           \
+      Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)")                 \
+          .AllReducesInPlace();                                                                    \
+  KEEL_REGISTER_COLLECTIVE_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, int32_t, \
+                                  int64_t)
 
 KEEL_REGISTER_ALLREDUCE(c_allreduce_sum, kSum);
 KEEL_REGISTER_ALLREDUCE(c_allreduce_max, kMax);
@@ -154,7 +152,7 @@ KEEL_REGISTER_ALLREDUCE(c_allreduce_prod, kProd);
         .RunsOnRing()
         .Attr<int>("root", 0, "the rank whose X everybody gets", RankCheck);
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
-                         uint8_t, int8_t);
+                                uint8_t, int8_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_allgather =
     Collective("c_allgather", "Out = concat over ranks of X along dim 0")
@@ -184,7 +182,8 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int
           ctx.SetOutputDim("Out", d);
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
-KEEL_REGISTER_COLLECTIVE_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t,
+                                int64_t);
 
 KEEL_REGISTER_OP(c_barrier)
     .Doc("Waits until every rank of ring_id arrives")
@@ -199,12 +198,14 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_barrier, BarrierKernel, float);
 // ring waits for compute.
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
     Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
-KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t,
+                                int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
     Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)")
         .RunsOnRing();  // completes when the ring's earlier work has: what later ops wait for
-KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t,
+                                int64_t);
 
 KEEL_REGISTER_OP(c_comm_init)
     .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")

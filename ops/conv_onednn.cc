@@ -109,9 +109,9 @@ struct ConvPrimitives::Impl {
   dnnl::convolution_backward_data bd;
   dnnl::convolution_backward_weights::primitive_desc bw_pd;
   dnnl::convolution_backward_weights bw;
-  Reorder src_fwd, w_fwd, dst_fwd;            // forward: x in, w in, y out
-  Reorder ddst_bd, w_bd, dsrc_bd;             // data gradient: dy in, w in, dx out
-  Reorder src_bw, ddst_bw, dw_bw;             // weights gradient: x in, dy in, dw out
+  Reorder src_fwd, w_fwd, dst_fwd;  // forward: x in, w in, y out
+  Reorder ddst_bd, w_bd, dsrc_bd;   // data gradient: dy in, w in, dx out
+  Reorder src_bw, ddst_bw, dw_bw;   // weights gradient: x in, dy in, dw out
   memory::desc scratch_md;
   bool backward = false;
 };
@@ -124,8 +124,8 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
   p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), DT::f32, Tag::nchw);
   p.w_md = s.groups == 1
                ? memory::desc(Dims({s.M, s.C, s.kh, s.kw}), DT::f32, Tag::oihw)
-               : memory::desc(Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw}),
-                              DT::f32, Tag::goihw);
+               : memory::desc(Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw}), DT::f32,
+                              Tag::goihw);
   const memory::desc src_any(p.src_md.dims(), DT::f32, Tag::any);
   const memory::desc dst_any(p.dst_md.dims(), DT::f32, Tag::any);
   const memory::desc w_any(p.w_md.dims(), DT::f32, Tag::any);
@@ -160,14 +160,14 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
     p.src_bw = Reorder(p.src_md, p.bw_pd.src_desc());
     p.ddst_bw = Reorder(p.dst_md, p.bw_pd.diff_dst_desc());
     p.dw_bw = Reorder(p.bw_pd.diff_weights_desc(), p.w_md);
-    scratch = std::max({scratch, p.bd_pd.scratchpad_desc().get_size(),
-                        p.bw_pd.scratchpad_desc().get_size()});
+    scratch = std::max(
+        {scratch, p.bd_pd.scratchpad_desc().get_size(), p.bw_pd.scratchpad_desc().get_size()});
   }
   for (const Reorder* r : {&p.src_fwd, &p.w_fwd, &p.dst_fwd, &p.ddst_bd, &p.w_bd, &p.dsrc_bd,
                            &p.src_bw, &p.ddst_bw, &p.dw_bw})
     scratch = std::max(scratch, r->scratch_bytes());
-  p.scratch_md = memory::desc(Dims({static_cast<int64_t>(std::max<size_t>(scratch, 1))}), DT::u8,
-                              Tag::x);
+  p.scratch_md =
+      memory::desc(Dims({static_cast<int64_t>(std::max<size_t>(scratch, 1))}), DT::u8, Tag::x);
   impl_ = std::move(impl);
 }
 

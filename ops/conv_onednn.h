@@ -41,8 +41,7 @@ class ConvPrimitives {
   // y = conv(x, w) for this piece. `w` comes from PrepareForwardWeights.
   void Forward(const float* x, const dnnl::memory& w, float* y) const;
   // dx (may be null; `w` from PrepareBackwardWeights) and dw (OIHW, may be null) for this piece.
-  void Backward(const float* x, const dnnl::memory& w, const float* dy, float* dx,
-                float* dw) const;
+  void Backward(const float* x, const dnnl::memory& w, const float* dy, float* dx, float* dw) const;
 
  private:
   struct Impl;

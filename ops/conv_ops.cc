@@ -154,8 +154,7 @@ inline Span ValidSpan(int64_t tap, int64_t dil, int64_t pad, int64_t stride, int
   Span s;
   s.off = tap * dil - pad;
   s.lo = s.off >= 0 ? 0 : std::min(out, (-s.off + stride - 1) / stride);
-  s.hi = in - 1 - s.off < 0 ? s.lo
-                            : std::max(s.lo, std::min(out, (in - 1 - s.off) / stride + 1));
+  s.hi = in - 1 - s.off < 0 ? s.lo : std::max(s.lo, std::min(out, (in - 1 - s.off) / stride + 1));
   return s;
 }
 
@@ -165,9 +164,9 @@ inline Span ValidSpan(int64_t tap, int64_t dil, int64_t pad, int64_t stride, int
 // k = WO - 1 when S == 1 and off > 0. Each output row is then a fixed-size copy (or add) and at
 // most one zero, which the compiler unrolls into a few vector moves.
 template <typename T, int WO, int S>
-KEEL_INLINE_LOOPS void Im2ColRowsFixed(const T* __restrict xc, int64_t W, int64_t sh,
-                                       int64_t roff, int64_t base, int64_t oh0, int64_t oh1,
-                                       int64_t off, T* __restrict row) {
+KEEL_INLINE_LOOPS void Im2ColRowsFixed(const T* __restrict xc, int64_t W, int64_t sh, int64_t roff,
+                                       int64_t base, int64_t oh0, int64_t oh1, int64_t off,
+                                       T* __restrict row) {
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     T* __restrict r = row + (oh - base) * WO;
     const T* __restrict xr = xc + (oh * sh + roff) * W;
@@ -185,9 +184,9 @@ KEEL_INLINE_LOOPS void Im2ColRowsFixed(const T* __restrict xc, int64_t W, int64_
 }
 
 template <typename T, int WO, int S>
-KEEL_INLINE_LOOPS void Col2ImRowsFixed(const T* __restrict row, int64_t W, int64_t sh,
-                                       int64_t roff, int64_t base, int64_t oh0, int64_t oh1,
-                                       int64_t off, T* __restrict dc) {
+KEEL_INLINE_LOOPS void Col2ImRowsFixed(const T* __restrict row, int64_t W, int64_t sh, int64_t roff,
+                                       int64_t base, int64_t oh0, int64_t oh1, int64_t off,
+                                       T* __restrict dc) {
   for (int64_t oh = oh0; oh < oh1; ++oh) {
     const T* __restrict r = row + (oh - base) * WO;
     T* __restrict dr = dc + (oh * sh + roff) * W;
@@ -209,17 +208,23 @@ inline bool FixedRows(const ConvGeom& g, int64_t off) {
 }
 
 // Dispatches F<T, WO, S> over the widths and strides FixedRows accepts.
-#define KEEL_FIXED_ROWS(F, ...)                                       \
-  do {                                                               \
-    if (g.sw == 1) {                                                 \
-      if (Wo == 8) F<T, 8, 1>(__VA_ARGS__);                          \
-      else if (Wo == 16) F<T, 16, 1>(__VA_ARGS__);                   \
-      else F<T, 32, 1>(__VA_ARGS__);                                 \
-    } else {                                                         \
-      if (Wo == 8) F<T, 8, 2>(__VA_ARGS__);                          \
-      else if (Wo == 16) F<T, 16, 2>(__VA_ARGS__);                   \
-      else F<T, 32, 2>(__VA_ARGS__);                                 \
-    }                                                                \
+#define KEEL_FIXED_ROWS(F, ...)   \
+  do {                            \
+    if (g.sw == 1) {              \
+      if (Wo == 8)                \
+        F<T, 8, 1>(__VA_ARGS__);  \
+      else if (Wo == 16)          \
+        F<T, 16, 1>(__VA_ARGS__); \
+      else                        \
+        F<T, 32, 1>(__VA_ARGS__); \
+    } else {                      \
+      if (Wo == 8)                \
+        F<T, 8, 2>(__VA_ARGS__);  \
+      else if (Wo == 16)          \
+        F<T, 16, 2>(__VA_ARGS__); \
+      else                        \
+        F<T, 32, 2>(__VA_ARGS__); \
+    }                             \
   } while (0)
 
 // Unfolds output rows [oh0, oh1) of one image's group of channels x [Cg, H, W] into col rows of
@@ -281,8 +286,8 @@ KEEL_INLINE_LOOPS void Im2Col(const T* __restrict x, const ConvGeom& g, T* __res
 // every (row, p) that Im2Col read from (c, ih, iw). dx must be zeroed (or hold a sum to add to)
 // beforehand.
 template <typename T>
-KEEL_INLINE_LOOPS void Col2Im(const T* __restrict col, int64_t ld, const ConvGeom& g,
-                              int64_t oh0, int64_t oh1, T* __restrict dx) {
+KEEL_INLINE_LOOPS void Col2Im(const T* __restrict col, int64_t ld, const ConvGeom& g, int64_t oh0,
+                              int64_t oh1, T* __restrict dx) {
   const int64_t Wo = g.Wo;
   for (int64_t i = 0; i < g.kh; ++i) {
     const Span rs = ValidSpan(i, g.dh, g.ph, g.sh, g.H, g.Ho);
@@ -332,8 +337,7 @@ void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
   if (M == 0 || N == 0) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j)
-        C[i * ldc + j] = beta == T(0) ? T(0) : C[i * ldc + j] * beta;
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : C[i * ldc + j] * beta;
     return;
   }
   blas::Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -525,8 +529,8 @@ void RunForward(const ConvGeom& g, const T* xd, const T* fd, T* od, ConvScratch<
             col = s.col.data(), ldcol = cols;
           }
           // out_g[:, chunk] = w_g * col. w_g: Mg x K, col: K x cols
-          Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0),
-                  dst + oh0 * g.Wo, g.P);
+          Gemm<T>(false, false, g.Mg, cols, g.K, T(1), w, g.K, col, ldcol, T(0), dst + oh0 * g.Wo,
+                  g.P);
         }
         continue;
       }
@@ -595,8 +599,8 @@ void RunBackward(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dx
         if (dxd) {
           // dcol = w_g' * dout_g. dcol: K x width, w_g: Mg x K, dout_g: Mg x width
           if (g.one_by_one) {
-            Gemm<T>(true, false, g.K, cols, g.Mg, T(1), w, g.K, dgc, lddg, T(0),
-                    dxg + oh0 * g.Wo, g.P);
+            Gemm<T>(true, false, g.K, cols, g.Mg, T(1), w, g.K, dgc, lddg, T(0), dxg + oh0 * g.Wo,
+                    g.P);
             continue;
           }
           Gemm<T>(true, false, g.K, width, g.Mg, T(1), w, g.K, dgc, lddg, T(0), s.col.data(),
@@ -629,8 +633,7 @@ void ConvForward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch
   cpu_threads::ParallelFor(pieces, [&](int64_t p) {
     ConvGeom gp = g;
     gp.N = std::min(per, g.N - p * per);
-    RunForward(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P,
-               *(*scratch)[p]);
+    RunForward(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P, *(*scratch)[p]);
   });
 }
 
@@ -640,8 +643,8 @@ void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratc
                   T* dfd) {
   const ConvGeom g = attrs.Geom(x, f);
   KEEL_ENFORCE(dout.dims() == DDim({g.N, g.M, g.Ho, g.Wo}), "Output@GRAD ", dout.dims(),
-               " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ",
-               x.dims(), ", Filter ", f.dims(), ")");
+               " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ", x.dims(),
+               ", Filter ", f.dims(), ")");
   const T* xd = x.data<T>();
   const T* fd = f.data<T>();
   const T* gd = dout.data<T>();

@@ -1,10 +1,11 @@
 // conv2d on CUDA through cuDNN: the kernels are conv_ops.h's; here is the math (cross-correlation,
-// NCHW, groups, strides, paddings, dilations as the CPU op). Each direction's algorithm is chosen once per shape
-// and cached process-wide: cuDNN's heuristic ranking, or with FLAGS_cudnn_exhaustive_search a timed
-// search; the choice skips algorithms that need more workspace than
-// FLAGS_conv_workspace_size_limit, that are not deterministic under FLAGS_cudnn_deterministic, or
-// that use TF32 unless FLAGS_allow_tf32 (cuDNN's default math allows TF32 on Ampere and later, so
-// keel asks for FMA math). Workspace comes from the device's caching allocator.
+// NCHW, groups, strides, paddings, dilations as the CPU op). Each direction's algorithm is chosen
+// once per shape and cached process-wide: cuDNN's heuristic ranking, or with
+// FLAGS_cudnn_exhaustive_search a timed search; the choice skips algorithms that need more
+// workspace than FLAGS_conv_workspace_size_limit, that are not deterministic under
+// FLAGS_cudnn_deterministic, or that use TF32 unless FLAGS_allow_tf32 (cuDNN's default math allows
+// TF32 on Ampere and later, so keel asks for FMA math). Workspace comes from the device's caching
+// allocator.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -26,20 +27,20 @@ namespace keel {
 namespace {
 
 enum class ConvDir { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
-const char *DirName(ConvDir d) {
+const char* DirName(ConvDir d) {
   return d == ConvDir::kForward        ? "conv2d forward"
          : d == ConvDir::kBackwardData ? "conv2d_grad (Input@GRAD)"
                                        : "conv2d_grad (Filter@GRAD)";
 }
 
-AlgoCache<ConvAlgoChoice> &ConvAlgos() {
-  static auto *cache = new AlgoCache<ConvAlgoChoice>;
+AlgoCache<ConvAlgoChoice>& ConvAlgos() {
+  static auto* cache = new AlgoCache<ConvAlgoChoice>;
   return *cache;
 }
 
 // cuDNN's perf structs of the three directions share these fields.
 template <typename Perf, typename T>
-std::vector<ConvAlgoPerf> ToPerfs(const Perf *p, int n) {
+std::vector<ConvAlgoPerf> ToPerfs(const Perf* p, int n) {
   std::vector<ConvAlgoPerf> v;
   for (int i = 0; i < n; ++i) {
     ConvAlgoPerf a;
@@ -58,7 +59,7 @@ std::vector<ConvAlgoPerf> ToPerfs(const Perf *p, int n) {
 template <typename T>
 class CudnnConv {
  public:
-  explicit CudnnConv(const OpDesc &op)
+  explicit CudnnConv(const OpDesc& op)
       : strides_(op.Attr<std::vector<int>>("strides")),
         paddings_(op.Attr<std::vector<int>>("paddings")),
         dilations_(op.Attr<std::vector<int>>("dilations")),
@@ -66,10 +67,10 @@ class CudnnConv {
 
   // Describes Input x, Filter w and Output y; false when there is nothing to compute (an empty
   // batch or plane).
-  bool Prepare(const DDim &x, const DDim &w, const DDim &y) {
+  bool Prepare(const DDim& x, const DDim& w, const DDim& y) {
     if (x.numel() == 0 || y.numel() == 0) return false;
     if (x == x_ && w == w_) return true;
-    for (const DDim *d : {&x, &w, &y})
+    for (const DDim* d : {&x, &w, &y})
       KEEL_ENFORCE(d->numel() < INT_MAX, "conv2d on CUDA: a tensor of ", d->numel(),
                    " elements is more than cuDNN's int32 indexing allows (Input ", x, ", Filter ",
                    w, ", Output ", y, ")");
@@ -88,15 +89,15 @@ class CudnnConv {
         << "cuDNN's conv output " << n << "x" << c << "x" << h << "x" << wo << " vs " << y.str();
     x_ = x;
     w_ = w;
-    for (bool &h : have_) h = false;
+    for (bool& h : have_) h = false;
     return true;
   }
 
   // The algorithm for `dir` (searched once per shape and flags, process-wide; remembered here while
   // the shape stays), with its math type set on the descriptor. The pointers are the operands a
   // timed search runs on (their contents are overwritten only where the op overwrites them anyway).
-  ConvAlgoChoice Algo(const ExecutionContext &ctx, ConvDir dir, const T *x, const T *w, const T *y,
-                      T *out) {
+  ConvAlgoChoice Algo(const ExecutionContext& ctx, ConvDir dir, const T* x, const T* w, const T* y,
+                      T* out) {
     const int i = static_cast<int>(dir);
     if (!have_[i]) {  // first run at this shape: the process-wide cache, else a
                       // search
@@ -108,15 +109,15 @@ class CudnnConv {
     return chosen_[i];
   }
 
-  const TensorDesc &xd() const { return xd_; }
-  const TensorDesc &yd() const { return yd_; }
-  const FilterDesc &wd() const { return wd_; }
-  const ConvDesc &conv() const { return conv_; }
+  const TensorDesc& xd() const { return xd_; }
+  const TensorDesc& yd() const { return yd_; }
+  const FilterDesc& wd() const { return wd_; }
+  const ConvDesc& conv() const { return conv_; }
 
  private:
-  ConvAlgoChoice Lookup(const ExecutionContext &ctx, ConvDir dir, const T *x, const T *w,
-                        const T *y, T *out) {
-    CudaContext &cu = Cuda(ctx);
+  ConvAlgoChoice Lookup(const ExecutionContext& ctx, ConvDir dir, const T* x, const T* w,
+                        const T* y, T* out) {
+    CudaContext& cu = Cuda(ctx);
     KEEL_ENFORCE(FLAGS_conv_workspace_size_limit >= 0,
                  "FLAGS_conv_workspace_size_limit=", FLAGS_conv_workspace_size_limit,
                  " must be >= 0 (MB)");
@@ -129,21 +130,21 @@ class CudnnConv {
                    FLAGS_cudnn_exhaustive_search,
                    static_cast<int64_t>(limit),
                    groups_};
-    for (const DDim *d : {&x_, &w_})
+    for (const DDim* d : {&x_, &w_})
       for (int i = 0; i < 4; ++i) key.push_back((*d)[i]);
-    for (const auto *v : {&strides_, &paddings_, &dilations_})
+    for (const auto* v : {&strides_, &paddings_, &dilations_})
       key.insert(key.end(), v->begin(), v->end());
     return ConvAlgos().GetOrSearch(key, [&] { return Search(cu, dir, limit, x, w, y, out); });
   }
 
-  ConvAlgoChoice Search(CudaContext &cu, ConvDir dir, size_t limit, const T *x, const T *w,
-                        const T *y, T *out) {
+  ConvAlgoChoice Search(CudaContext& cu, ConvDir dir, size_t limit, const T* x, const T* w,
+                        const T* y, T* out) {
     cudnnHandle_t h = cu.cudnn();
     // FMA math keeps float32 off TF32 tensor cores; the default lets cuDNN pick either.
     KEEL_CUDNN_CHECK(cudnnSetConvolutionMathType(
         conv_.get(), cu.allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     const bool timed = FLAGS_cudnn_exhaustive_search;
-    void *ws = timed ? cu.Workspace(limit) : nullptr;
+    void* ws = timed ? cu.Workspace(limit) : nullptr;
     std::vector<ConvAlgoPerf> perfs;
     int n = 0;
     if (dir == ConvDir::kForward) {

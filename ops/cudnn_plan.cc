@@ -4,11 +4,11 @@
 
 namespace keel {
 
-ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf> &perfs, size_t workspace_limit,
-                            bool deterministic, bool allow_tf32, const std::string &what,
-                            const std::string &problem) {
+ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf>& perfs, size_t workspace_limit,
+                            bool deterministic, bool allow_tf32, const std::string& what,
+                            const std::string& problem) {
   int too_big = 0, nondeterministic = 0, tf32 = 0;
-  for (const ConvAlgoPerf &p : perfs) {
+  for (const ConvAlgoPerf& p : perfs) {
     if (!p.ok) continue;
     if (p.workspace_bytes > workspace_limit) {
       ++too_big;
@@ -36,13 +36,13 @@ int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, bool ceil_mode) {
   if (in + 2 * p < k) return 0;
   return (in - k + 2 * p + (ceil_mode ? s - 1 : 0)) / s + 1;
 }
-std::string Pair(const std::vector<int> &v) {
+std::string Pair(const std::vector<int>& v) {
   return "{" + std::to_string(v[0]) + ", " + std::to_string(v[1]) + "}";
 }
 }  // namespace
 
-std::string CudnnPoolUnsupported(const DDim &x, const std::vector<int> &ksize,
-                                 const std::vector<int> &strides, const std::vector<int> &paddings,
+std::string CudnnPoolUnsupported(const DDim& x, const std::vector<int>& ksize,
+                                 const std::vector<int>& strides, const std::vector<int>& paddings,
                                  bool global, bool ceil_mode) {
   if (global) return "";
   for (int d = 0; d < 2; ++d) {

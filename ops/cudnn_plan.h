@@ -32,9 +32,9 @@ struct ConvAlgoChoice {
 // deterministic when `deterministic` (FLAGS_cudnn_deterministic), and not TF32 unless `allow_tf32`
 // (FLAGS_allow_tf32). None: a keel::Error naming `what` (e.g. "conv2d forward"), the shapes in
 // `problem`, and the flags that narrowed the choice.
-ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf> &perfs, size_t workspace_limit,
-                            bool deterministic, bool allow_tf32, const std::string &what,
-                            const std::string &problem);
+ConvAlgoChoice PickConvAlgo(const std::vector<ConvAlgoPerf>& perfs, size_t workspace_limit,
+                            bool deterministic, bool allow_tf32, const std::string& what,
+                            const std::string& problem);
 
 // Algorithm searches the conv2d CUDA kernels ran in this process (one per shape, direction and
 // flags). Defined in libkeel_cuda (ops/conv_ops.cu), which the GPU tests link; they check that
@@ -45,8 +45,8 @@ int64_t CudnnConvAlgoSearches();
 // cuDNN pools whole windows inside the symmetrically padded input; the CPU kernel's ceil_mode adds
 // a last, partial window past the padding, and a padding as large as the window gives windows with
 // no input at all. `global` pools the whole plane (ksize, paddings ignored).
-std::string CudnnPoolUnsupported(const DDim &x, const std::vector<int> &ksize,
-                                 const std::vector<int> &strides, const std::vector<int> &paddings,
+std::string CudnnPoolUnsupported(const DDim& x, const std::vector<int>& ksize,
+                                 const std::vector<int>& strides, const std::vector<int>& paddings,
                                  bool global, bool ceil_mode);
 
 }  // namespace keel

@@ -29,18 +29,18 @@ class TensorDesc {
  public:
   TensorDesc() { KEEL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
-  TensorDesc(const TensorDesc &) = delete;
-  TensorDesc &operator=(const TensorDesc &) = delete;
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
   // [n, c, h, w], packed NCHW.
   void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w) {
     KEEL_CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, t, int(n), int(c), int(h), int(w)));
   }
   // A 4-D [N, C, H, W] tensor.
-  void Set4d(cudnnDataType_t t, const DDim &d) { Set(t, d[0], d[1], d[2], d[3]); }
+  void Set4d(cudnnDataType_t t, const DDim& d) { Set(t, d[0], d[1], d[2], d[3]); }
   // [N, C, ...] as [N, C, S, 1] with S the product of the trailing dims (1 for [N, C]): what a
   // per-channel op such as batch_norm sees is the same.
-  void SetPerChannel(cudnnDataType_t t, const DDim &d) {
+  void SetPerChannel(cudnnDataType_t t, const DDim& d) {
     Set(t, d[0], d[1], d.prod(2, d.size()), 1);
   }
   cudnnTensorDescriptor_t get() const { return d_; }
@@ -53,9 +53,9 @@ class FilterDesc {
  public:
   FilterDesc() { KEEL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d_)); }
   ~FilterDesc() { cudnnDestroyFilterDescriptor(d_); }
-  FilterDesc(const FilterDesc &) = delete;
-  FilterDesc &operator=(const FilterDesc &) = delete;
-  void Set(cudnnDataType_t t, const DDim &f) {  // [M, C / groups, kh, kw]
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+  void Set(cudnnDataType_t t, const DDim& f) {  // [M, C / groups, kh, kw]
     KEEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d_, t, CUDNN_TENSOR_NCHW, int(f[0]), int(f[1]),
                                                 int(f[2]), int(f[3])));
   }
@@ -69,8 +69,8 @@ class ConvDesc {
  public:
   ConvDesc() { KEEL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d_)); }
   ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d_); }
-  ConvDesc(const ConvDesc &) = delete;
-  ConvDesc &operator=(const ConvDesc &) = delete;
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
   cudnnConvolutionDescriptor_t get() const { return d_; }
 
  private:
@@ -81,8 +81,8 @@ class PoolDesc {
  public:
   PoolDesc() { KEEL_CUDNN_CHECK(cudnnCreatePoolingDescriptor(&d_)); }
   ~PoolDesc() { cudnnDestroyPoolingDescriptor(d_); }
-  PoolDesc(const PoolDesc &) = delete;
-  PoolDesc &operator=(const PoolDesc &) = delete;
+  PoolDesc(const PoolDesc&) = delete;
+  PoolDesc& operator=(const PoolDesc&) = delete;
   cudnnPoolingDescriptor_t get() const { return d_; }
 
  private:

@@ -13,8 +13,8 @@
 #include "fleet/fleet.h"
 #include "framework/base/strings.h"
 #include "framework/comm/communicator.h"
-#include "framework/profiler/profiler.h"
 #include "framework/dsl/program_guard.h"
+#include "framework/profiler/profiler.h"
 #include "framework/runtime/blas.h"
 #include "framework/runtime/cpu_threads.h"
 #include "framework/runtime/device.h"
@@ -63,7 +63,8 @@ int BenchAllReduce() {
   AppendOp(layout.global_block(), "coalesce_tensor", {{"Input", {"grad"}}},
            {{"Output", {"grad"}}, {"FusedOutput", {"fused"}}},
            {{"numels", std::vector<int64_t>{FLAGS_bench_numel}},
-            {"dtype", static_cast<int>(DType::kFloat32)}, {"set_constant", true}});
+            {"dtype", static_cast<int>(DType::kFloat32)},
+            {"set_constant", true}});
   for (Program* p : {&layout, &main})
     AppendOp(p->global_block(), "c_allreduce_sum", {{"X", {"fused"}}}, {{"Out", {"fused"}}});
   Executor exe(fleet::worker_place());
@@ -75,16 +76,18 @@ int BenchAllReduce() {
   for (int i = 0; i < FLAGS_bench_steps; ++i) {
     auto a = std::chrono::steady_clock::now();
     exe.Run(main);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   FinishProfile();
   fleet::barrier_worker();
   if (fleet::worker_index() != 0) return 0;
   double med = Median(ms), bytes = 4.0 * FLAGS_bench_numel;
-  std::printf("{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"bytes\": %.0f, "
-              "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f, \"zero_copy\": %s}\n",
-              world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9,
-              RingRegistry::Get().At(0, "bench").zero_copy_collectives() > 0 ? "true" : "false");
+  std::printf(
+      "{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"bytes\": %.0f, "
+      "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f, \"zero_copy\": %s}\n",
+      world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9,
+      RingRegistry::Get().At(0, "bench").zero_copy_collectives() > 0 ? "true" : "false");
   return 0;
 }
 
@@ -143,8 +146,8 @@ int BenchGemm() {
                           {"dX = dY*W^T", false, true, 128, 1280, 1280},
                           {"dW = X^T*dY", true, false, 1280, 1280, 128}};
   for (const Shape& s : shapes) {
-    std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f), b(static_cast<size_t>(s.K * s.N), 0.25f),
-        c(static_cast<size_t>(s.M * s.N));
+    std::vector<float> a(static_cast<size_t>(s.M * s.K), 0.5f),
+        b(static_cast<size_t>(s.K * s.N), 0.25f), c(static_cast<size_t>(s.M * s.N));
     for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 13) * 0.01f;
     std::vector<double> gflops;
     for (int i = 0; i < FLAGS_bench_warmup + FLAGS_bench_steps; ++i) {
@@ -155,12 +158,13 @@ int BenchGemm() {
     }
     std::sort(gflops.begin(), gflops.end());
     peak = std::max(peak, CoreFmaPeakGflops());
-    std::printf("{\"system\": \"keel\", \"bench\": \"gemm\", \"blas\": \"%s\", \"threads\": %d, "
-                "\"shape\": \"%s %lldx%lldx%lld\", \"gflops_median\": %.1f, \"gflops_best\": %.1f, "
-                "\"core_fma_peak_gflops\": %.1f}\n",
-                blas::Backend(), cpu_threads::Budget(), s.what, static_cast<long long>(s.M),
-                static_cast<long long>(s.N), static_cast<long long>(s.K),
-                gflops[gflops.size() / 2], gflops.back(), peak);
+    std::printf(
+        "{\"system\": \"keel\", \"bench\": \"gemm\", \"blas\": \"%s\", \"threads\": %d, "
+        "\"shape\": \"%s %lldx%lldx%lld\", \"gflops_median\": %.1f, \"gflops_best\": %.1f, "
+        "\"core_fma_peak_gflops\": %.1f}\n",
+        blas::Backend(), cpu_threads::Budget(), s.what, static_cast<long long>(s.M),
+        static_cast<long long>(s.N), static_cast<long long>(s.K), gflops[gflops.size() / 2],
+        gflops.back(), peak);
   }
   return 0;
 }
@@ -173,8 +177,8 @@ int Bench(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.size() == 1, "bench takes one model name (",
                StrJoin(models::ModelNames(), ", "), "), got ", args.size(), " arguments");
   KEEL_ENFORCE(FLAGS_bench_steps > 0, "--bench_steps must be positive");
-  models::TrainableModel m = BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr),
-                                                   FLAGS_seed ? FLAGS_seed : 1);
+  models::TrainableModel m =
+      BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr), FLAGS_seed ? FLAGS_seed : 1);
   const int world = fleet::worker_num();
   Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
@@ -195,7 +199,8 @@ int Bench(const std::vector<std::string>& args) {
     auto a = std::chrono::steady_clock::now();
     exe.Run(*m.main, feed);
     DeviceSynchronize(place);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   FinishProfile();
@@ -208,8 +213,9 @@ int Bench(const std::vector<std::string>& args) {
   // counterpart) and whether the steps replayed a CUDA graph.
   const std::string gpu =
       place.is_cuda()
-          ? StrCat(", \"place\": \"", place.str(), "\", \"cuda_graph\": ",
-                   exe.CudaGraphCaptures(*m.main) > 0 ? "true" : "false", ", \"peak_mem_mb\": ",
+          ? StrCat(", \"place\": \"", place.str(),
+                   "\", \"cuda_graph\": ", exe.CudaGraphCaptures(*m.main) > 0 ? "true" : "false",
+                   ", \"peak_mem_mb\": ",
                    static_cast<double>(DeviceAllocatorStats(place).peak_in_use_bytes) / (1 << 20))
           : std::string();
   std::printf(
@@ -217,9 +223,9 @@ int Bench(const std::vector<std::string>& args) {
       "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"loss\": %.5f%s}\n",
-      args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(), FLAGS_batch_size,
-      FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3), loss,
-      gpu.c_str());
+      args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(),
+      FLAGS_batch_size, FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3),
+      loss, gpu.c_str());
   return 0;
 }
 

@@ -161,8 +161,8 @@ std::string CommandHelp(const std::string& command) {
           own = own || (at != std::string::npos && (at == 0 || file[at - 1] == '/') &&
                         file.find('/', at + f.size()) == std::string::npos);
         } else {
-          own = own || (file.size() >= f.size() &&
-                        file.compare(file.size() - f.size(), f.size(), f) == 0);
+          own = own ||
+                (file.size() >= f.size() && file.compare(file.size() - f.size(), f.size(), f) == 0);
         }
       }
       if (!own || listed.count(info.name)) continue;

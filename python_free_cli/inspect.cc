@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "fleet/fleet.h"
+#include "fleet/transpile.h"
 #include "framework/error.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
@@ -21,7 +22,6 @@
 #include "python_free_cli/model_summary.h"
 #include "python_free_cli/text_diff.h"
 #include "python_free_cli/train_flags.h"
-#include "fleet/transpile.h"
 
 DEFINE_bool(dot, false, "keel inspect: print programs as Graphviz digraphs instead of text.");
 DEFINE_bool(strategy, false,
@@ -220,8 +220,7 @@ int Inspect(const std::vector<std::string>& args) {
                  kPersistablesFile);
     struct stat model;
     KEEL_ENFORCE(!FLAGS_dot || ::stat((path + "/" + kModelFile).c_str(), &model) == 0,
-                 "--dot draws a program, and ", path, " holds no ", kModelFile,
-                 " (only tensors)");
+                 "--dot draws a program, and ", path, " holds no ", kModelFile, " (only tensors)");
     return 0;
   }
   if (EndsWith(path, ".safetensors")) {

@@ -109,8 +109,8 @@ LaunchInput InputFromFlags(const std::vector<std::string>& command,
   in.max_restarts = FLAGS_max_restarts;
   in.stopped_timeout_s = FLAGS_stopped_timeout_s;
   in.comm_timeout_s = FLAGS_comm_timeout_s;
-  for (const char* name : {"nproc_per_node", "nnodes", "node_rank", "started_port", "master_port",
-                           "log_dir"}) {
+  for (const char* name :
+       {"nproc_per_node", "nnodes", "node_rank", "started_port", "master_port", "log_dir"}) {
     gflags::CommandLineFlagInfo info;
     CHECK(gflags::GetCommandLineFlagInfo(name, &info)) << name;
     if (!info.is_default) in.set_flags.insert(name);

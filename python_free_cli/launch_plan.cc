@@ -14,10 +14,9 @@ namespace cli {
 
 bool IsLaunchFlag(const std::string& name) {
   static const std::set<std::string> own = {
-      "cluster_node_ips", "node_ip",   "started_port",  "nproc_per_node",
-      "nnodes",           "node_rank", "master_addr",   "master_port",
-      "grace_period_s",   "log_dir",   "selected_gpus", "cpu_math_threads",
-      "max_restarts",     "stopped_timeout_s"};
+      "cluster_node_ips", "node_ip",          "started_port", "nproc_per_node",   "nnodes",
+      "node_rank",        "master_addr",      "master_port",  "grace_period_s",   "log_dir",
+      "selected_gpus",    "cpu_math_threads", "max_restarts", "stopped_timeout_s"};
   return own.count(name) > 0;
 }
 
@@ -231,8 +230,8 @@ LaunchPlan MakeLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
                    ") needs --node_rank or --node_ip to say which node this is");
     }
     KEEL_ENFORCE(in.master_addr.empty() || in.master_addr == ips[0],
-                 "--master_addr=", in.master_addr, " but --cluster_node_ips='",
-                 in.cluster_node_ips, "' puts rank 0 on ", ips[0]);
+                 "--master_addr=", in.master_addr, " but --cluster_node_ips='", in.cluster_node_ips,
+                 "' puts rank 0 on ", ips[0]);
   } else if (!by_master) {
     KEEL_ENFORCE(in.master_addr.empty() || in.node_ip.empty() || in.master_addr == in.node_ip,
                  "--master_addr=", in.master_addr,

@@ -76,7 +76,7 @@ struct LaunchPlan {
   std::string executable;  // command[0] resolved against PATH
   int grace_period_s = 5;  // from SIGTERM to SIGKILL when stopping workers
   int max_restarts = 0;
-  double stopped_limit_s = 300;  // a worker stopped (state T) this long fails the job
+  double stopped_limit_s = 300;       // a worker stopped (state T) this long fails the job
   std::vector<LaunchWorker> workers;  // local rank order
   int world() const { return nnodes * nproc_per_node; }
   int rank(int local) const { return node_rank * nproc_per_node + local; }

@@ -8,16 +8,16 @@
 #include <random>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "fleet/fleet.h"
 #include "fleet/straggler_monitor.h"
-#include "executor/executor_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/train_checkpoint.h"
 #include "python_free_cli/train_flags.h"
 #include "python_free_cli/train_monitor.h"
-#include "python_free_cli/train_checkpoint.h"
 
 DECLARE_int32(save_every);  // train_checkpoint.cc
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
@@ -31,8 +31,9 @@ DEFINE_uint64(seed, 0, "Seed of initialization and synthetic data; 0 means nonde
 DEFINE_string(save_dir, "",
               "Save a checkpoint here after training (and every --save_every steps): the "
               "persistables with the training state; checked for writability before step 0.");
-DEFINE_string(save_inference_dir, "",
-              "Save the inference model (pruned __model__ + params.safetensors) here after training.");
+DEFINE_string(
+    save_inference_dir, "",
+    "Save the inference model (pruned __model__ + params.safetensors) here after training.");
 DEFINE_string(load_dir, "",
               "Resume from the checkpoint saved here: parameters, optimizer state, step, data "
               "position and random draws continue where it was saved.");
@@ -113,8 +114,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   fleet::DistributedStrategy strategy = StrategyFromFlags();
   const int64_t total_steps = FLAGS_epochs > 0 ? 0 : FLAGS_steps;  // unknown with --epochs
   auto described = std::make_shared<std::string>();
-  cfg.make_optimizer = [total_steps, described](const std::string& default_name,
-                                                float default_lr) {
+  cfg.make_optimizer = [total_steps, described](const std::string& default_name, float default_lr) {
     auto opt = OptimizerFromFlags(default_name, default_lr, total_steps);
     *described = DescribeOptimizer(*opt);
     return opt;
@@ -143,11 +143,15 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   // 0's checkpoint holds its own parameters, from which a resume is refused.
   if (strategy.use_local_sgd && fleet::worker_num() > 1 && FLAGS_save_every > 0) {
     const int64_t k = strategy.local_sgd_steps, w = strategy.LocalSgdWarmupSteps();
-    KEEL_ENFORCE(k <= 1 || (FLAGS_save_every % k == 0 && w % k == 0), "--save_every=",
-                 FLAGS_save_every, " with --local_sgd_steps=", k, " and a warm-up of ", w,
+    KEEL_ENFORCE(k <= 1 || (FLAGS_save_every % k == 0 && w % k == 0),
+                 "--save_every=", FLAGS_save_every, " with --local_sgd_steps=", k,
+                 " and a warm-up of ", w,
                  " steps: a checkpoint resumes exactly only where the ranks have just averaged "
-                 "(during the warm-up, then every ", k, " steps); make --save_every and "
-                 "--local_sgd_warmup_steps multiples of ", k);
+                 "(during the warm-up, then every ",
+                 k,
+                 " steps); make --save_every and "
+                 "--local_sgd_warmup_steps multiples of ",
+                 k);
   }
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
@@ -190,9 +194,8 @@ int Train(const std::vector<std::string>& args) {
                                       ? m.batches_per_epoch
                                       : static_cast<int64_t>(FLAGS_steps);
   if (!quiet)
-    std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n",
-                FLAGS_model.c_str(), m.optimizer.c_str(), fleet::worker_num(),
-                static_cast<long long>(steps_per_epoch));
+    std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n", FLAGS_model.c_str(),
+                m.optimizer.c_str(), fleet::worker_num(), static_cast<long long>(steps_per_epoch));
   KEEL_ENFORCE(FLAGS_eval_every >= 0, "--eval_every must be >= 0, got ", FLAGS_eval_every);
   KEEL_ENFORCE(FLAGS_eval_every == 0 || m.evaluate, "--eval_every: model ", FLAGS_model,
                " has no test data to evaluate on");
@@ -221,11 +224,10 @@ int Train(const std::vector<std::string>& args) {
       if (out.size() > 1) lr = out[1].item<float>();
       monitor.OnStep(step, loss, lr);
       checkpoints.AfterStep(exe, m, step + 1, rank0, quiet);
-      if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last))
-        {
-          models::Evaluation e = m.evaluate(exe);
-          monitor.OnEval(step, -1, e.accuracy, e.samples);
-        }
+      if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last)) {
+        models::Evaluation e = m.evaluate(exe);
+        monitor.OnEval(step, -1, e.accuracy, e.samples);
+      }
     }
     if (FLAGS_epochs > 0 && evaluates) {
       models::Evaluation e = m.evaluate(exe);  // on every rank: a collective

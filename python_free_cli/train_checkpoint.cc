@@ -126,7 +126,8 @@ void TrainCheckpoints::AfterStep(Executor& exe, const models::TrainableModel& m,
   // Rank 0 alone writes, without a barrier: its scope is its own, and in synchronous training
   // every rank holds the same values after the step. A rank killed mid-save leaves the previous
   // checkpoint in place (the file is replaced atomically).
-  if (rank0) save_checkpoint(exe.scope(), FLAGS_save_dir, *m.main, State(steps_done),
+  if (rank0)
+    save_checkpoint(exe.scope(), FLAGS_save_dir, *m.main, State(steps_done),
                     fleet::pass_made_vars(*m.main));
   last_saved_step_ = steps_done;
   if (!quiet) {

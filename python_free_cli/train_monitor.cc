@@ -68,8 +68,10 @@ TrainMonitor::~TrainMonitor() { EndBarLine(); }
 // writable elsewhere; under --max_restarts an error here would fail every restart alike).
 void TrainMonitor::LoggingFailed(const Error& e) {
   tb_.reset();
-  std::fprintf(stderr, "keel train: warning: --logdir=%s: %s; TensorBoard logging stops here, "
-               "training goes on\n", FLAGS_logdir.c_str(), e.what());
+  std::fprintf(stderr,
+               "keel train: warning: --logdir=%s: %s; TensorBoard logging stops here, "
+               "training goes on\n",
+               FLAGS_logdir.c_str(), e.what());
 }
 
 void TrainMonitor::Scalar(const std::string& tag, double value, int64_t step) {

@@ -45,6 +45,25 @@ cmake -S examples -B "$work/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build "$work/examples"
 
 "$work/examples/fit_mlp" --steps=40
+# The installed keel and a user program on a machine without CUDA: every CUDA library hidden.
+if [ -e "$build/libkeel_cuda.so" ]; then
+  [ -e "$prefix/lib/libkeel_cuda.so.0.2" ] ||
+    { echo "check_install: libkeel_cuda was not installed beside libkeel" >&2; exit 1; }
+fi
+set +e
+tools/run_without_cuda.sh "$work/examples/fit_mlp" --steps=5 > "$work/nocuda.log" 2>&1
+rc=$?
+set -e
+if [ $rc -eq 77 ]; then
+  echo "check_install: no mount namespace here; the run without CUDA is skipped"
+elif [ $rc -ne 0 ]; then
+  echo "check_install: the installed keel fails with the CUDA libraries hidden:" >&2
+  cat "$work/nocuda.log" >&2; exit 1
+else
+  tools/run_without_cuda.sh "$prefix/bin/keel" train --model=mlp --steps=3 > "$work/nocuda.log" 2>&1 ||
+    { echo "check_install: installed keel train fails with CUDA hidden:" >&2; cat "$work/nocuda.log" >&2; exit 1; }
+  echo "check_install: the installed keel trains with every CUDA library hidden"
+fi
 "$prefix/bin/keel" launch --nproc_per_node=2 --log_dir="$work/log" \
   "$work/examples/fit_mlp" --steps=40 --logdir="$work/tb"
 ls "$work"/tb/events.out.tfevents.* >/dev/null

@@ -10,6 +10,9 @@ packages=(cmake ninja-build g++ ccache pkg-config libeigen3-dev libprotobuf-dev 
           libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libgloo-dev libdnnl-dev
           zlib1g-dev python3 python3-pip
           openmpi-bin iproute2)  # mpirun tests; two-host tests in network namespaces
+# CI's formatter and sanitizer jobs also want clang and clang-format: KEEL_SETUP_EXTRA="clang ...".
+read -r -a extra <<<"${KEEL_SETUP_EXTRA:-}"
+packages+=("${extra[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,8 +23,8 @@ constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
 constexpr int kLoss = static_cast<int>(OpRole::kLoss);
 
 // Inserts a collective op X -> Out at `index` and runs its shape inference.
-OpDesc* InsertCollective(Block& block, size_t index, const std::string& type,
-                         const std::string& x, const std::string& out, int ring, int role,
+OpDesc* InsertCollective(Block& block, size_t index, const std::string& type, const std::string& x,
+                         const std::string& out, int ring, int role,
                          std::map<std::string, Attribute> attrs = {}) {
   OpDesc* op = block.InsertOp(index, type);
   op->SetInput("X", {x});
@@ -168,8 +168,10 @@ void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>
   std::vector<std::string> fused(groups.size());
   for (size_t k = 0; k < groups.size(); ++k) {
     fused[k] = "@FUSED_GRAD@" + std::to_string(k);
-    KEEL_ENFORCE(mb.FindVar(fused[k]) == nullptr, "fuse_all_reduce_ops: the program already has a "
-                 "var named '", fused[k], "' (transpiled twice?)");
+    KEEL_ENFORCE(mb.FindVar(fused[k]) == nullptr,
+                 "fuse_all_reduce_ops: the program already has a "
+                 "var named '",
+                 fused[k], "' (transpiled twice?)");
     VarDesc* v = mb.Var(fused[k]);
     v->set_dtype(groups[k].dtype);
     int64_t total = 0;
@@ -230,8 +232,7 @@ void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>
 
 }  // namespace
 
-void AppendRingsAndParamBroadcast(const Program& main, Program& startup,
-                                  const RingOptions& rings) {
+void AppendRingsAndParamBroadcast(const Program& main, Program& startup, const RingOptions& rings) {
   // ---- startup: rings, then every parameter from rank 0.
   Block& sb = startup.global_block();
   for (int r = 0; r < rings.nrings; ++r) {
@@ -248,8 +249,8 @@ void AppendRingsAndParamBroadcast(const Program& main, Program& startup,
     if (!v->is_parameter()) continue;
     KEEL_ENFORCE(sb.FindVar(v->name()) != nullptr, "grad_allreduce: parameter '", v->name(),
                  "' is not initialized by the startup program");
-    InsertInPlace(sb, sb.num_ops(), "c_broadcast", v->name(), 0,
-                  static_cast<int>(OpRole::kForward), {{"root", 0}});
+    InsertInPlace(sb, sb.num_ops(), "c_broadcast", v->name(), 0, static_cast<int>(OpRole::kForward),
+                  {{"root", 0}});
     last_param = v->name();
   }
   if (!last_param.empty())
@@ -287,8 +288,8 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
         init->SetAttr("nranks", inter ? nranks / k : k);
         init->SetAttr("rank", inter ? node : local);
         init->SetAttr("device_id", device);
-        init->SetAttr("group", inter ? "local" + std::to_string(local)
-                                     : "node" + std::to_string(node));
+        init->SetAttr("group",
+                      inter ? "local" + std::to_string(local) : "node" + std::to_string(node));
         init->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
         InferShapeAtBuild(init, &sb);
       }
@@ -311,8 +312,9 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     InferShapeAtBuild(s, &mb);
     scaled = true;
   }
-  KEEL_ENFORCE(scaled, "grad_allreduce: the main program has no loss-gradient op; call "
-                       "minimize (append_backward) before transpiling");
+  KEEL_ENFORCE(scaled,
+               "grad_allreduce: the main program has no loss-gradient op; call "
+               "minimize (append_backward) before transpiling");
 
   // Parameter gradients in the order backward produces them, with the op that last writes each.
   std::vector<Grad> grads;

@@ -64,8 +64,9 @@ void LocalSGDPass::Apply(Program& main, Program& startup) const {
   Block& mb = main.global_block();
   bool has_optimizer = false;
   for (size_t i = 0; i < mb.num_ops(); ++i) has_optimizer |= Role(*mb.op(i)) == kOptimize;
-  KEEL_ENFORCE(has_optimizer, "local_sgd: the main program has no optimizer ops; call minimize "
-                              "before transpiling");
+  KEEL_ENFORCE(has_optimizer,
+               "local_sgd: the main program has no optimizer ops; call minimize "
+               "before transpiling");
 
   AppendRingsAndParamBroadcast(main, startup, options_.rings);
 
@@ -83,14 +84,12 @@ void LocalSGDPass::Apply(Program& main, Program& startup) const {
   }
   const std::string step = kStepVar, since = kSinceVar, warmup = kWarmupVar, k = kKVar;
   const std::vector<std::pair<std::string, int64_t>> counters = {
-      {step, 0},
-      {since, 0},
-      {warmup, options_.warmup_steps},
-      {k, options_.steps}};
+      {step, 0}, {since, 0}, {warmup, options_.warmup_steps}, {k, options_.steps}};
   for (const auto& [name, value] : counters) {
     for (Block* b : {&mb, &sb}) Declare(*b, name, DType::kInt64, {1}, true);
     Add(sb, "fill_constant", {}, {{"Out", {name}}},
-        {{"shape", std::vector<int64_t>{1}}, {"value", static_cast<float>(value)},
+        {{"shape", std::vector<int64_t>{1}},
+         {"value", static_cast<float>(value)},
          {"dtype", static_cast<int>(DType::kInt64)}},
         kForward);
   }
@@ -111,8 +110,7 @@ void LocalSGDPass::Apply(Program& main, Program& startup) const {
     const std::string& p = params[i];
     const int ring = static_cast<int>(i) % nrings;
     rings.insert(ring);
-    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {},
-        kOptimize);
+    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {}, kOptimize);
     Add(avg, "c_sync_calc_stream", {{"X", {p}}}, {{"Out", {p}}}, {{"ring_id", ring}}, kOptimize);
     Add(avg, "c_allreduce_sum", {{"X", {p}}}, {{"Out", {p}}}, {{"ring_id", ring}}, kOptimize);
   }
@@ -122,16 +120,16 @@ void LocalSGDPass::Apply(Program& main, Program& startup) const {
   for (const std::string& p : params) {
     Add(avg, "scale", {{"X", {p}}}, {{"Out", {p}}},
         {{"scale", 1.0f / static_cast<float>(options_.rings.nranks)}}, kOptimize);
-    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {},
-        kOptimize);
+    Add(avg, "elementwise_sub", {{"X", {snapshot(p)}}, {"Y", {p}}}, {{"Out", {p}}}, {}, kOptimize);
     Add(avg, "assign", {{"X", {p}}}, {{"Out", {snapshot(p)}}}, {}, kOptimize);
   }
   Add(avg, "fill_constant", {}, {{"Out", {since}}},
-      {{"shape", std::vector<int64_t>{1}}, {"value", 0.0f},
+      {{"shape", std::vector<int64_t>{1}},
+       {"value", 0.0f},
        {"dtype", static_cast<int>(DType::kInt64)}},
       kOptimize);
-  Add(mb, "conditional_block", {{"Cond", {sync}}}, {},
-      {{"sub_block", BlockRef{avg.idx()}}}, kOptimize);
+  Add(mb, "conditional_block", {{"Cond", {sync}}}, {}, {{"sub_block", BlockRef{avg.idx()}}},
+      kOptimize);
 }
 
 bool LocalSGDAveragedAfter(int64_t steps_done, int64_t warmup, int64_t k) {
@@ -181,7 +179,8 @@ void ResumeLocalSGDCounters(const Program& main, Scope& scope, int64_t steps_don
                ", warm-up ", warmup, " steps): the checkpoint was taken after step ", steps_done,
                ", between two averages, so it holds rank 0's own parameters and no rank could "
                "resume as it was; resume from a checkpoint taken after the warm-up or after a "
-               "multiple of ", k, " steps beyond it");
+               "multiple of ",
+               k, " steps beyond it");
   // After the warm-up's last step SINCE is 0; it counts up to k and is reset by each average.
   const int64_t since_value = steps_done <= warmup ? 0 : (steps_done - warmup) % k;
   step->mutable_tensor()->CopyFrom(Tensor::FromVector<int64_t>({steps_done}, {1}));

@@ -101,8 +101,7 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
   fill->SetAttr("shape", loss_dims.vec());
   fill->SetAttr("value", 1.0f);
   fill->SetAttr("dtype", static_cast<int>(loss_var->dtype()));
-  fill->SetAttr(kOpRoleAttr,
-                static_cast<int>(OpRole::kBackward) | static_cast<int>(OpRole::kLoss));
+  fill->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward) | static_cast<int>(OpRole::kLoss));
   declare_grad(loss_grad, loss);
   InferShapeAtBuild(fill, &block);
 
@@ -204,7 +203,8 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
       auto outs = op->OutputArgumentNames();
       if (std::find(outs.begin(), outs.end(), grad) == outs.end()) continue;
       std::vector<std::string> role_var;
-      if (op->HasAttr(kOpRoleVarAttr)) role_var = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
+      if (op->HasAttr(kOpRoleVarAttr))
+        role_var = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
       role_var.push_back(v->name());
       role_var.push_back(grad);
       op->SetAttr(kOpRoleVarAttr, role_var);

@@ -49,9 +49,9 @@ bool ReadAll(int fd, void* buf, size_t n, int64_t timeout_ms) {
   size_t got = 0;
   while (got < n) {
     if (timeout_ms >= 0) {
-      int64_t left = timeout_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      Clock::now() - start)
-                                      .count();
+      int64_t left =
+          timeout_ms -
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
       if (left <= 0) return false;
       pollfd p{fd, POLLIN, 0};
       int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));

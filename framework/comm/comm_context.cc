@@ -33,9 +33,7 @@ HostStagedRingFactory g_host_staged_rings = nullptr;
 }  // namespace
 
 void RegisterNcclRingFactory(NcclRingFactory factory) { g_nccl_rings = factory; }
-void RegisterHostStagedRingFactory(HostStagedRingFactory factory) {
-  g_host_staged_rings = factory;
-}
+void RegisterHostStagedRingFactory(HostStagedRingFactory factory) { g_host_staged_rings = factory; }
 
 std::string ChooseGpuCommBackend(const std::string& flag, bool have_nccl,
                                  const std::vector<std::string>& gpus, int ring_id) {
@@ -51,10 +49,12 @@ std::string ChooseGpuCommBackend(const std::string& flag, bool have_nccl,
         break;
       }
   if (flag == "auto") return have_nccl && shared_a < 0 ? "nccl" : "host";
-  KEEL_ENFORCE(have_nccl, "--gpu_comm_backend=nccl, but this keel was built without NCCL (use "
+  KEEL_ENFORCE(have_nccl,
+               "--gpu_comm_backend=nccl, but this keel was built without NCCL (use "
                "--gpu_comm_backend=host)");
   KEEL_ENFORCE(shared_a < 0, "ring ", ring_id, ": ranks ", shared_a, " and ", shared_b,
-               " share one GPU (", gpus[shared_a], "), which NCCL refuses (\"Duplicate GPU\"): "
+               " share one GPU (", gpus[shared_a],
+               "), which NCCL refuses (\"Duplicate GPU\"): "
                "with --selected_gpus listing a GPU twice use --gpu_comm_backend=host (or auto), "
                "not --gpu_comm_backend=nccl");
   return "nccl";
@@ -93,8 +93,8 @@ void CommContext::Init(const CommConfig& cfg) {
                                     StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   // Each rank joins once. A second process with this rank (a RANK left in the environment, two
   // launchers given one node rank) is named at once instead of hanging or mixing up the rings.
-  const std::string key = "keel/join/g" + std::to_string(cfg.generation) + "/rank" +
-                          std::to_string(cfg.rank);
+  const std::string key =
+      "keel/join/g" + std::to_string(cfg.generation) + "/rank" + std::to_string(cfg.rank);
   const std::string me = cfg.my_host + " pid " + std::to_string(::getpid());
   if (client_->Add(key, 1) > 1) {
     std::string first = client_->Get(key + "/who", std::chrono::milliseconds(5000));
@@ -108,8 +108,7 @@ void CommContext::Init(const CommConfig& cfg) {
   client_->Set(key + "/who", me);
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
-            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
-            << " s";
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
 }
 
 void CommContext::SetTimeout(std::chrono::milliseconds timeout) {
@@ -133,13 +132,15 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
   // Unique per job (token), group and initialization round, so a re-created ring never reads the
   // addresses of an earlier one and sub-group rings never mix.
   const std::string tag = group.empty() ? std::string() : "/g" + group;
-  int64_t round = s.Add("keel/ring" + std::to_string(ring_id) + tag + "/round/rank" +
-                            std::to_string(rank), 1);
+  int64_t round =
+      s.Add("keel/ring" + std::to_string(ring_id) + tag + "/round/rank" + std::to_string(rank), 1);
   opts.prefix = config_.token + tag + "/r" + std::to_string(round) + "/";
   auto t0 = std::chrono::steady_clock::now();
   const std::string& want = FLAGS_cpu_comm_backend;
-  KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo", "--cpu_comm_backend must be "
-               "auto, shm or gloo, got '", want, "'");
+  KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo",
+               "--cpu_comm_backend must be "
+               "auto, shm or gloo, got '",
+               want, "'");
   KEEL_ENFORCE(FLAGS_shm_zero_copy_mb >= 0, "--shm_zero_copy_mb must be >= 0, got ",
                FLAGS_shm_zero_copy_mb);
   KEEL_ENFORCE(want != "gloo" || gflags::GetCommandLineFlagInfoOrDie("shm_zero_copy_mb").is_default,
@@ -165,8 +166,8 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
       std::string why_not;
       host = CreateShmCommunicator(ring_id, rank, nranks, s, opts, &why_not);
       KEEL_ENFORCE(host || want != "shm", "c_comm_init ring ", ring_id, " (rank ", rank, " of ",
-                   nranks, "): --cpu_comm_backend=shm, but shared memory cannot be used: ",
-                   why_not);
+                   nranks,
+                   "): --cpu_comm_backend=shm, but shared memory cannot be used: ", why_not);
       if (!host)
         LOG(INFO) << "ring " << ring_id << ": shared memory not usable (" << why_not
                   << "); using gloo";
@@ -181,8 +182,7 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
   }
   LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "
             << nranks << ") connected in "
-            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
-            << " s";
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   RingRegistry::Get().Put(ring_id, std::move(comm));
 }
 

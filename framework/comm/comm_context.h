@@ -16,9 +16,9 @@ struct CommConfig {
   int nranks = 1;
   std::string store_host = "127.0.0.1";  // rank 0's address: it serves the store there
   int store_port = 0;
-  std::string my_host = "127.0.0.1";     // the address peers reach this rank at
-  std::string token = "keel";             // the job token every rank must present
-  int64_t generation = 0;                 // restart round (KEEL_RESTART_COUNT), see store.h
+  std::string my_host = "127.0.0.1";  // the address peers reach this rank at
+  std::string token = "keel";         // the job token every rank must present
+  int64_t generation = 0;             // restart round (KEEL_RESTART_COUNT), see store.h
   // Rank 0 serves the store on every interface even when store_host is a loopback name: ranks
   // on other nodes reach it by another address (a Kubernetes master pod sees itself as localhost).
   bool store_listen_all = false;

@@ -24,7 +24,8 @@ const char* ReduceOpName(ReduceOp op);
 
 class Communicator {
  public:
-  Communicator(int ring_id, int rank, int nranks) : ring_id_(ring_id), rank_(rank), nranks_(nranks) {}
+  Communicator(int ring_id, int rank, int nranks)
+      : ring_id_(ring_id), rank_(rank), nranks_(nranks) {}
   virtual ~Communicator() = default;
 
   int ring_id() const { return ring_id_; }
@@ -122,8 +123,8 @@ std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int n
 using NcclRingFactory = std::unique_ptr<Communicator> (*)(int ring_id, int rank, int nranks,
                                                           int device, StoreClient& store,
                                                           const CommOptions& opts);
-using HostStagedRingFactory = std::unique_ptr<Communicator> (*)(
-    std::unique_ptr<Communicator> host_ring, int device);
+using HostStagedRingFactory =
+    std::unique_ptr<Communicator> (*)(std::unique_ptr<Communicator> host_ring, int device);
 void RegisterNcclRingFactory(NcclRingFactory factory);
 void RegisterHostStagedRingFactory(HostStagedRingFactory factory);
 

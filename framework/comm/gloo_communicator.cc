@@ -1,5 +1,6 @@
 // Gloo backend: CPU tensors over TCP. Our store is adapted to gloo::rendezvous::Store so that
 // connectFullMesh's waits honour our timeout (Debian's Gloo snapshot otherwise waits a fixed 30 s).
+#include <glog/logging.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -9,7 +10,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-#include <glog/logging.h>
 
 #include <cstring>
 
@@ -52,10 +52,14 @@ template <typename T>
 ReduceFn<T> PickReduce(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return &gloo::sum<T>;
-    case ReduceOp::kProd: return &gloo::product<T>;
-    case ReduceOp::kMax: return &gloo::max<T>;
-    case ReduceOp::kMin: return &gloo::min<T>;
+    case ReduceOp::kAvg:
+      return &gloo::sum<T>;
+    case ReduceOp::kProd:
+      return &gloo::product<T>;
+    case ReduceOp::kMax:
+      return &gloo::max<T>;
+    case ReduceOp::kMin:
+      return &gloo::min<T>;
   }
   return &gloo::sum<T>;
 }
@@ -73,8 +77,8 @@ class GlooCommunicator : public Communicator {
       GlooStoreAdapter adapter(store, o.prefix + "ring" + std::to_string(ring_id) + "/", o.timeout);
       context_->connectFullMesh(adapter, device_);
     } catch (const Error& e) {
-      KEEL_THROW("gloo ring ", ring_id, " (rank ", rank, " of ", nranks, "): setup failed: ",
-                 e.what());
+      KEEL_THROW("gloo ring ", ring_id, " (rank ", rank, " of ", nranks,
+                 "): setup failed: ", e.what());
     } catch (const std::exception& e) {
       KEEL_THROW("gloo ring ", ring_id, " (rank ", rank, " of ", nranks, ") on ", o.my_host,
                  ": setup failed: ", e.what());
@@ -156,16 +160,16 @@ class GlooCommunicator : public Communicator {
   void Run(const std::string& what, F&& f) {
     CommTimer timer(&comm_ns_);
     ++seq_;
-    KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (",
-                 dead_, ")");
+    KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (", dead_,
+                 ")");
     try {
       f();
     } catch (const Error& e) {
       KEEL_THROW(Where(what), ": ", e.what());
     } catch (const std::exception& e) {
       std::string msg = e.what();
-      bool timeout = msg.find("imed out") != std::string::npos ||
-                     msg.find("imeout") != std::string::npos;
+      bool timeout =
+          msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
       dead_ = msg;
       if (timeout)
         KEEL_THROW(Where(what), ": timed out after ", timeout_.count() / 1000.0,
@@ -184,11 +188,16 @@ class GlooCommunicator : public Communicator {
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }

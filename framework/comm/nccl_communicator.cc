@@ -20,26 +20,40 @@ namespace {
 
 ncclDataType_t NcclType(DType t) {
   switch (t) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kUInt8: return ncclUint8;
-    case DType::kInt8: return ncclInt8;
-    case DType::kBool: return ncclUint8;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kUInt8:
+      return ncclUint8;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kBool:
+      return ncclUint8;
   }
   KEEL_THROW("no NCCL type for ", DTypeName(t));
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kProd: return ncclProd;
-    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kAvg:
+      return ncclAvg;
   }
   return ncclSum;
 }
@@ -146,8 +160,7 @@ class NcclCommunicator : public Communicator {
     Cuda(cudaStreamWaitEvent(stream_, computed_, 0), "cudaStreamWaitEvent");
   }
   void Cuda(cudaError_t e, const char* what) {
-    KEEL_ENFORCE(e == cudaSuccess, "NCCL ring ", ring_id_, ": ", what, ": ",
-                 cudaGetErrorString(e));
+    KEEL_ENFORCE(e == cudaSuccess, "NCCL ring ", ring_id_, ": ", what, ": ", cudaGetErrorString(e));
   }
   void Nccl(ncclResult_t r, const char* what) {
     KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, "NCCL ring ", ring_id_, ": ", what, ": ",
@@ -178,8 +191,7 @@ class NcclCommunicator : public Communicator {
     KEEL_ENFORCE(comm_ != nullptr, Where(what), ": the ring is dead after an earlier failure");
     CudaContext::Get(device_);
     ncclResult_t r = enqueue();
-    KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, Where(what), ": ",
-                 ncclGetErrorString(r));
+    KEEL_ENFORCE(r == ncclSuccess || r == ncclInProgress, Where(what), ": ", ncclGetErrorString(r));
     // A non-blocking communicator may still be enqueuing the call: until it has, neither the
     // stream nor an event recorded after it covers the collective.
     if (r == ncclInProgress) WaitComm(what);

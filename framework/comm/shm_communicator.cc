@@ -82,11 +82,16 @@ enum Kind : uint32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, k
 
 const char* KindName(uint32_t k) {
   switch (k) {
-    case kAllReduce: return "allreduce";
-    case kBroadcast: return "broadcast";
-    case kAllGather: return "allgather";
-    case kReduceScatter: return "reduce_scatter";
-    case kBarrier: return "barrier";
+    case kAllReduce:
+      return "allreduce";
+    case kBroadcast:
+      return "broadcast";
+    case kAllGather:
+      return "allgather";
+    case kReduceScatter:
+      return "reduce_scatter";
+    case kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -333,8 +338,8 @@ class ShmCommunicator : public Communicator {
         base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pfd, 0);
       if (pfd >= 0) close(pfd);
       if (base == MAP_FAILED) {
-        LOG(WARNING) << "shm ring " << ring_id_ << ": cannot map rank " << j
-                     << "'s shared memory (" << path << "); all-reduces copy through the ring";
+        LOG(WARNING) << "shm ring " << ring_id_ << ": cannot map rank " << j << "'s shared memory ("
+                     << path << "); all-reduces copy through the ring";
         ok = false;
         continue;
       }
@@ -344,8 +349,8 @@ class ShmCommunicator : public Communicator {
     try {
       Arrive("every rank to map the others' shared memory");
     } catch (const Error& e) {
-      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_, "): setup failed: ",
-                 e.what());
+      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_,
+                 "): setup failed: ", e.what());
     }
     shared_ready_ = ok;
   }
@@ -429,8 +434,8 @@ class ShmCommunicator : public Communicator {
     try {
       Arrive("every rank to map the segment");
     } catch (const Error& e) {
-      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_, "): setup failed: ",
-                 e.what());
+      KEEL_THROW("shm ring ", ring_id_, " (rank ", rank_, " of ", nranks_,
+                 "): setup failed: ", e.what());
     }
   }
 
@@ -539,8 +544,8 @@ class ShmCommunicator : public Communicator {
   void Run(const std::string& what, uint32_t kind, const Tensor& t, int root, F&& f) {
     CommTimer timer(&comm_ns_);
     ++seq_;
-    KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (",
-                 dead_, ")");
+    KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (", dead_,
+                 ")");
     try {
       const int parity = static_cast<int>(seq_ & 1);
       Intent& m = header_->ranks[rank_].intent[parity];
@@ -548,8 +553,12 @@ class ShmCommunicator : public Communicator {
       if (kind == kAllReduce && nranks_ > 1 && t.initialized() && t.nbytes() > 0 &&
           IsShared(t.raw_data(), t.nbytes()))
         shared_off = static_cast<const char*>(t.raw_data()) - arena_->base();
-      m = Intent{seq_, kind, static_cast<uint32_t>(t.initialized() ? t.dtype() : DType{}),
-                 t.initialized() ? t.nbytes() : 0, root, shared_off};
+      m = Intent{seq_,
+                 kind,
+                 static_cast<uint32_t>(t.initialized() ? t.dtype() : DType{}),
+                 t.initialized() ? t.nbytes() : 0,
+                 root,
+                 shared_off};
       Arrive("every rank to start it");
       all_shared_ = shared_off >= 0;
       for (int j = 0; j < nranks_; ++j) {
@@ -755,8 +764,8 @@ std::unique_ptr<Communicator> CreateShmCommunicator(int ring_id, int rank, int n
   }
   auto* h = static_cast<Header*>(m.base);
   h->ranks[rank].pid.store(static_cast<int32_t>(getpid()));
-  auto comm = std::make_unique<ShmCommunicator>(ring_id, rank, nranks, m.base, m.bytes,
-                                                opts.timeout);
+  auto comm =
+      std::make_unique<ShmCommunicator>(ring_id, rank, nranks, m.base, m.bytes, opts.timeout);
   comm->Join();  // every pid is posted before anyone relies on them
   // Also with no bytes of its own (zero-copy off here): the peers wait for every rank's answer.
   if (nranks > 1) comm->SetUpSharedMemory(store, key, opts.shm_shared_bytes, opts.timeout);

@@ -38,8 +38,8 @@ using store_wire::kSet;
 using store_wire::kTimeout;
 using store_wire::ParseHello;
 using store_wire::PutU64;
-using store_wire::ReadFrame;
 using store_wire::Reader;
+using store_wire::ReadFrame;
 using store_wire::Status;
 using store_wire::WriteFrame;
 

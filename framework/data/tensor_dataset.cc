@@ -9,15 +9,16 @@ namespace keel {
 
 TensorDataset::TensorDataset(std::vector<std::string> names, std::vector<Tensor> columns)
     : names_(std::move(names)), columns_(std::move(columns)) {
-  KEEL_ENFORCE(!columns_.empty() && names_.size() == columns_.size(), "TensorDataset: ",
-               names_.size(), " names for ", columns_.size(), " columns (want one per column)");
+  KEEL_ENFORCE(!columns_.empty() && names_.size() == columns_.size(),
+               "TensorDataset: ", names_.size(), " names for ", columns_.size(),
+               " columns (want one per column)");
   for (size_t c = 0; c < columns_.size(); ++c) {
     const Tensor& t = columns_[c];
     KEEL_ENFORCE(t.initialized() && t.place().is_cpu() && t.dims().size() >= 1,
                  "TensorDataset: column '", names_[c], "' must be a CPU tensor of rank >= 1");
     if (c == 0) n_ = t.dims()[0];
-    KEEL_ENFORCE(t.dims()[0] == n_, "TensorDataset: column '", names_[c], "' holds ",
-                 t.dims()[0], " examples, column '", names_[0], "' ", n_);
+    KEEL_ENFORCE(t.dims()[0] == n_, "TensorDataset: column '", names_[c], "' holds ", t.dims()[0],
+                 " examples, column '", names_[0], "' ", n_);
   }
 }
 

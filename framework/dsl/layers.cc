@@ -71,12 +71,13 @@ Var fc(Var x, int size, const std::string& act, int num_flatten_dims, const Para
   KEEL_ENFORCE(size > 0, "layers::fc(", x.name(), "): size must be positive, got ", size);
   DDim in = x.shape();
   KEEL_ENFORCE(num_flatten_dims >= 1 && in.size() > num_flatten_dims, "layers::fc(", x.name(),
-               "): input has shape ", in.str(), " (rank ", in.size(), "), but num_flatten_dims=",
-               num_flatten_dims, " needs rank >= ", num_flatten_dims + 1);
+               "): input has shape ", in.str(), " (rank ", in.size(),
+               "), but num_flatten_dims=", num_flatten_dims,
+               " needs rank >= ", num_flatten_dims + 1);
   int64_t width = 1;
   for (int i = num_flatten_dims; i < in.size(); ++i) {
-    KEEL_ENFORCE(in[i] > 0, "layers::fc(", x.name(), "): input shape ", in.str(), " has unknown dim ",
-                 i, " among the flattened ones");
+    KEEL_ENFORCE(in[i] > 0, "layers::fc(", x.name(), "): input shape ", in.str(),
+                 " has unknown dim ", i, " among the flattened ones");
     width *= in[i];
   }
   std::string layer = Main().UniqueName("fc");
@@ -129,14 +130,16 @@ Var mean(Var x) { return Unary("mean", {{"X", {x.name()}}}); }
 
 Var reduce_sum(Var x, std::vector<int> dim, bool keep_dim) {
   bool all = dim.empty();
-  return Unary("reduce_sum", {{"X", {x.name()}}},
-               {{"dim", all ? std::vector<int>{0} : dim}, {"keep_dim", keep_dim}, {"reduce_all", all}});
+  return Unary(
+      "reduce_sum", {{"X", {x.name()}}},
+      {{"dim", all ? std::vector<int>{0} : dim}, {"keep_dim", keep_dim}, {"reduce_all", all}});
 }
 
 Var reduce_mean(Var x, std::vector<int> dim, bool keep_dim) {
   bool all = dim.empty();
-  return Unary("reduce_mean", {{"X", {x.name()}}},
-               {{"dim", all ? std::vector<int>{0} : dim}, {"keep_dim", keep_dim}, {"reduce_all", all}});
+  return Unary(
+      "reduce_mean", {{"X", {x.name()}}},
+      {{"dim", all ? std::vector<int>{0} : dim}, {"keep_dim", keep_dim}, {"reduce_all", all}});
 }
 
 Var scale(Var x, float s, float bias, bool bias_after_scale) {

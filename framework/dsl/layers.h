@@ -12,7 +12,7 @@
 namespace keel {
 
 struct ParamAttr {
-  std::string name;                    // empty: "<layer>_N.w_0" / ".b_0"
+  std::string name;                      // empty: "<layer>_N.w_0" / ".b_0"
   initializer::Initializer initializer;  // empty: the layer's default
   bool trainable = true;
   ParamAttr() = default;
@@ -24,8 +24,8 @@ struct ParamAttr {
 namespace layers {
 
 // A user-fed input. Dims of -1 match any size at feed time (the batch).
-Var data(const std::string& name, const std::vector<int64_t>& shape,
-         DType dtype = DType::kFloat32, bool stop_gradient = true);
+Var data(const std::string& name, const std::vector<int64_t>& shape, DType dtype = DType::kFloat32,
+         bool stop_gradient = true);
 
 // A persistable parameter in main and startup, initialized by `attr.initializer` or `default_init`.
 Var create_parameter(const std::vector<int64_t>& shape, DType dtype, const std::string& layer,

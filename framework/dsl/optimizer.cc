@@ -71,7 +71,8 @@ void Optimizer::apply_gradients(const std::vector<ParamGrad>& params_grads, Prog
         v->set_stop_gradient(true);
       }
       std::map<std::string, Attribute> role = {
-          {kOpRoleAttr, kOptimize}, {kOpRoleVarAttr, std::vector<std::string>{pg.first, pg.second}}};
+          {kOpRoleAttr, kOptimize},
+          {kOpRoleVarAttr, std::vector<std::string>{pg.first, pg.second}}};
       auto scale_attrs = role;
       scale_attrs["scale"] = weight_decay_;
       scale_attrs["bias"] = 0.0f;

@@ -4,7 +4,8 @@
 //
 // apply_gradients appends, in order: the learning rate (a constant filled by startup, or a
 // schedule's increment + lr_schedule ops, see lr_schedule.h), the gradient clip when set, the L2
-// weight decay when set, then one update op per (param, grad). Accumulators are persistable vars of main and startup named
+// weight decay when set, then one update op per (param, grad). Accumulators are persistable vars of
+// main and startup named
 // "<param>_<what>_0" (velocity, moment1, moment2, beta1_pow_acc, beta2_pow_acc), so
 // save_persistables checkpoints the optimizer's state with the parameters.
 #pragma once

@@ -23,11 +23,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -86,7 +86,6 @@ std::string FileSizeLimitText() {
   return StrCat(" (the file size limit, ulimit -f, is ", static_cast<uint64_t>(rl.rlim_cur),
                 " bytes)");
 }
-
 
 std::string TempNameFor(const std::string& base) {
   return StrCat(".", base, ".tmp.", RandomHex(), ".", ::getpid(), "@", HostName());
@@ -251,14 +250,14 @@ std::string ReadFile(const std::string& path, size_t max_bytes) {
   if (!regular) max_bytes = std::min(max_bytes, size_t{64} << 20);
   std::string out;
   size_t len = 0;
-  out.resize(regular && st.st_size > 0
-                 ? std::min(static_cast<size_t>(st.st_size), max_bytes) + 1
-                 : std::min<size_t>(4096, max_bytes + 1));
+  out.resize(regular && st.st_size > 0 ? std::min(static_cast<size_t>(st.st_size), max_bytes) + 1
+                                       : std::min<size_t>(4096, max_bytes + 1));
   for (;;) {
     if (len > max_bytes) {
       ::close(fd);
       KEEL_THROW(path, ": holds more than ", max_bytes, " bytes, the most read from ",
-                 regular ? "such a file" : "a file that is not a regular file", "; not read further");
+                 regular ? "such a file" : "a file that is not a regular file",
+                 "; not read further");
     }
     if (len == out.size()) out.resize(std::min(out.size() * 2, max_bytes + 1));
     ssize_t n = ::read(fd, &out[len], out.size() - len);

@@ -308,8 +308,7 @@ void load_persistables(Scope& scope, const std::string& dirname, const Program& 
 void load_persistables(Scope& scope, const Place& place, const std::string& dirname,
                        const Program& program, const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
-  ValidateAndAssign(scope, &place, LoadSafetensors(path), path, program, "load_persistables",
-                    skip);
+  ValidateAndAssign(scope, &place, LoadSafetensors(path), path, program, "load_persistables", skip);
 }
 
 // ---------------------------------------------------------------- inference models
@@ -413,8 +412,7 @@ void save_inference_model(const std::string& dirname, const std::vector<std::str
   SyncDirectory(dirname, JoinPath(dirname, kPublishMarker));
 }
 
-InferenceModel load_inference_model(const std::string& dirname, Scope& scope,
-                                    const Place& place) {
+InferenceModel load_inference_model(const std::string& dirname, Scope& scope, const Place& place) {
   const std::string model_path = JoinPath(dirname, kModelFile);
   const std::string params_path = JoinPath(dirname, kParamsFile);
   std::string model_bytes, checksum;

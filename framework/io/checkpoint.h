@@ -61,8 +61,8 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
 // load_checkpoint loads the persistables (as load_persistables) and returns the state (the
 // executor's overload, executor/executor_io.h, also sets the run count of `program` to
 // state.step, so random ops continue with the draws of that step); nullopt when the file has no
-// training state. When the latest file is damaged (truncated, checksum mismatch) and the previous one is
-// sound, it loads the previous one, saying so on stderr, and renames the damaged one
+// training state. When the latest file is damaged (truncated, checksum mismatch) and the previous
+// one is sound, it loads the previous one, saying so on stderr, and renames the damaged one
 // "persistables.safetensors.damaged" (so the next save keeps the sound one as previous); when
 // both are damaged, the error names the latest.
 std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,

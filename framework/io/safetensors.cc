@@ -568,8 +568,7 @@ std::string EncodeSafetensors(const NamedTensors& tensors,
       if (d) header += ",";
       header += std::to_string(r.shape[d]);
     }
-    header += "],\"data_offsets\":[" + std::to_string(r.begin) + "," + std::to_string(r.end) +
-              "]}";
+    header += "],\"data_offsets\":[" + std::to_string(r.begin) + "," + std::to_string(r.end) + "]}";
   }
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');  // data buffer starts 8-aligned
@@ -658,8 +657,10 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
     if (!keel_file || meta.count(key) || (key == kHeaderChecksumKey && !header_required)) continue;
     KEEL_ENFORCE(FLAGS_safetensors_allow_unverified, what, ": a keel file without its \"", key,
                  "\" checksum (damaged or edited); --safetensors_allow_unverified loads it anyway");
-    std::fprintf(stderr, "warning: %s: no \"%s\" checksum; loaded unverified "
-                 "(--safetensors_allow_unverified)\n", what.c_str(), key);
+    std::fprintf(stderr,
+                 "warning: %s: no \"%s\" checksum; loaded unverified "
+                 "(--safetensors_allow_unverified)\n",
+                 what.c_str(), key);
   }
   if (meta.count(kHeaderChecksumKey)) {
     const std::string& want = meta[kHeaderChecksumKey];
@@ -669,8 +670,7 @@ NamedTensors DecodeSafetensors(const std::string& bytes, const std::string& what
     const std::string digest = HeaderDigestText(meta, records);
     KEEL_ENFORCE(want == Hex32(Crc32(digest.data(), digest.size())), what,
                  ": the header (metadata and tensor table) does not match its checksum (",
-                 kHeaderChecksumKey, " ", want,
-                 "): the file was edited or is corrupt");
+                 kHeaderChecksumKey, " ", want, "): the file was edited or is corrupt");
     meta.erase(kHeaderChecksumKey);
   }
   if (meta.count(kChecksumKey)) {

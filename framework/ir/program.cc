@@ -63,8 +63,8 @@ std::atomic<uint64_t> g_next_program_id{1};
 }  // namespace
 
 const char* AttrTypeName(const Attribute& a) {
-  static const char* kNames[] = {"int",     "float",  "string", "bool",  "ints",  "floats",
-                                 "strings", "bools",  "int64",  "int64s", "block", "double"};
+  static const char* kNames[] = {"int",     "float", "string", "bool",   "ints",  "floats",
+                                 "strings", "bools", "int64",  "int64s", "block", "double"};
   return kNames[a.index()];
 }
 
@@ -275,18 +275,30 @@ void AttrToProto(const std::string& name, const Attribute& a, proto::OpDesc::Att
 
 Attribute AttrFromProto(const proto::OpDesc::Attr& p) {
   switch (p.type()) {
-    case proto::INT: return p.i();
-    case proto::FLOAT: return p.f();
-    case proto::STRING: return p.s();
-    case proto::BOOLEAN: return p.b();
-    case proto::INTS: return std::vector<int>(p.ints().begin(), p.ints().end());
-    case proto::FLOATS: return std::vector<float>(p.floats().begin(), p.floats().end());
-    case proto::STRINGS: return std::vector<std::string>(p.strings().begin(), p.strings().end());
-    case proto::BOOLEANS: return std::vector<bool>(p.bools().begin(), p.bools().end());
-    case proto::LONG: return static_cast<int64_t>(p.l());
-    case proto::LONGS: return std::vector<int64_t>(p.longs().begin(), p.longs().end());
-    case proto::BLOCK: return BlockRef{p.block_idx()};
-    case proto::DOUBLE: return p.d();
+    case proto::INT:
+      return p.i();
+    case proto::FLOAT:
+      return p.f();
+    case proto::STRING:
+      return p.s();
+    case proto::BOOLEAN:
+      return p.b();
+    case proto::INTS:
+      return std::vector<int>(p.ints().begin(), p.ints().end());
+    case proto::FLOATS:
+      return std::vector<float>(p.floats().begin(), p.floats().end());
+    case proto::STRINGS:
+      return std::vector<std::string>(p.strings().begin(), p.strings().end());
+    case proto::BOOLEANS:
+      return std::vector<bool>(p.bools().begin(), p.bools().end());
+    case proto::LONG:
+      return static_cast<int64_t>(p.l());
+    case proto::LONGS:
+      return std::vector<int64_t>(p.longs().begin(), p.longs().end());
+    case proto::BLOCK:
+      return BlockRef{p.block_idx()};
+    case proto::DOUBLE:
+      return p.d();
   }
   KEEL_THROW("attribute '", p.name(), "' has unknown type code ", static_cast<int>(p.type()));
 }
@@ -371,7 +383,8 @@ std::string Program::SerializeToString() const {
   return s;
 }
 
-std::unique_ptr<Program> Program::ParseFromString(const std::string& bytes, const std::string& what) {
+std::unique_ptr<Program> Program::ParseFromString(const std::string& bytes,
+                                                  const std::string& what) {
   proto::ProgramDesc desc;
   KEEL_ENFORCE(desc.ParseFromString(bytes), what, ": not a valid keel program (", bytes.size(),
                " bytes failed to parse as ProgramDesc)");

@@ -39,7 +39,13 @@ inline std::string GradVarName(const std::string& var) { return var + "@GRAD"; }
 inline const std::string kEmptyVarName = "@EMPTY@";
 
 // Paddle's op roles; the transpiler keys on them.
-enum class OpRole : int { kForward = 0, kBackward = 1, kOptimize = 2, kLoss = 256, kCollective = 4 };
+enum class OpRole : int {
+  kForward = 0,
+  kBackward = 1,
+  kOptimize = 2,
+  kLoss = 256,
+  kCollective = 4
+};
 inline const std::string kOpRoleAttr = "op_role";
 inline const std::string kOpRoleVarAttr = "op_role_var";
 

@@ -54,9 +54,7 @@ class CompileTimeInferShapeContext : public InferShapeContext {
   CompileTimeInferShapeContext(const OpDesc& op, Block* block) : op_(op), block_(block) {}
   const OpDesc& op() const override { return op_; }
   bool IsRuntime() const override { return false; }
-  DDim GetInputDim(const std::string& slot, int i) const override {
-    return In(slot, i)->dims();
-  }
+  DDim GetInputDim(const std::string& slot, int i) const override { return In(slot, i)->dims(); }
   DType GetInputDType(const std::string& slot, int i) const override {
     return In(slot, i)->dtype();
   }
@@ -119,8 +117,8 @@ void GradShapeFromInputs(InferShapeContext& ctx) {
   for (auto& kv : ctx.op().outputs()) {
     const std::string& slot = kv.first;
     const std::string suffix = "@GRAD";
-    if (slot.size() <= suffix.size() || slot.compare(slot.size() - suffix.size(), suffix.size(),
-                                                     suffix) != 0)
+    if (slot.size() <= suffix.size() ||
+        slot.compare(slot.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     std::string fwd = slot.substr(0, slot.size() - suffix.size());
     for (int i = 0; i < static_cast<int>(kv.second.size()); ++i) {
@@ -185,8 +183,8 @@ void OpSchema::Complete(OpDesc* op) const {
                    "' must be ", AttrTypeName(a.default_value), ", got ", AttrTypeName(v));
       if (a.check) {
         std::string err = a.check(v);
-        KEEL_ENFORCE(err.empty(), "op ", type_, ": attribute ", a.name, "=", AttrToString(v),
-                     ": ", err);
+        KEEL_ENFORCE(err.empty(), "op ", type_, ": attribute ", a.name, "=", AttrToString(v), ": ",
+                     err);
       }
     } else {
       KEEL_ENFORCE(!a.required, "op ", type_, ": required attribute '", a.name, "' is not set");
@@ -195,8 +193,7 @@ void OpSchema::Complete(OpDesc* op) const {
   }
   for (auto& in : inputs_) {
     const auto& args = op->Input(in.name);
-    KEEL_ENFORCE(in.dispensable || !args.empty(), "op ", type_, ": input ", in.name,
-                 " is not set");
+    KEEL_ENFORCE(in.dispensable || !args.empty(), "op ", type_, ": input ", in.name, " is not set");
     KEEL_ENFORCE(in.duplicable || args.size() <= 1, "op ", type_, ": input ", in.name,
                  " takes one variable, got ", args.size());
   }
@@ -209,8 +206,8 @@ void OpSchema::Complete(OpDesc* op) const {
                  " is not set");
   }
   for (auto& kv : op->outputs())
-    KEEL_ENFORCE(FindOutput(kv.first) != nullptr, "op ", type_, " has no output slot '",
-                 kv.first, "'");
+    KEEL_ENFORCE(FindOutput(kv.first) != nullptr, "op ", type_, " has no output slot '", kv.first,
+                 "'");
 }
 
 bool IsFrameworkAttr(const std::string& name) {
@@ -351,8 +348,8 @@ void InferShapeAtBuild(OpDesc* op, Block* block) {
   try {
     s.infer_shape()(ctx);
   } catch (const Error& e) {
-    KEEL_THROW("op ", op->type(), " (", SlotsDebug(op->inputs()), " -> ",
-               SlotsDebug(op->outputs()), "): ", e.what());
+    KEEL_THROW("op ", op->type(), " (", SlotsDebug(op->inputs()), " -> ", SlotsDebug(op->outputs()),
+               "): ", e.what());
   }
 }
 

@@ -287,10 +287,10 @@ bool RegisterKernels(const char* type, Place::Kind place) {
       ::keel::OpRegistry::RegisterGrad(#grad_type, #fwd_type)
 
 // KEEL_REGISTER_CPU_KERNEL(mul, MulKernel, float, double): MulKernel<T> for each listed T.
-#define KEEL_REGISTER_CPU_KERNEL(type, Kernel, ...)                                         \
-  [[maybe_unused]] static bool KEEL_CONCAT(keel_cpu_kernel_, type) =                        \
+#define KEEL_REGISTER_CPU_KERNEL(type, Kernel, ...)                  \
+  [[maybe_unused]] static bool KEEL_CONCAT(keel_cpu_kernel_, type) = \
       ::keel::detail::RegisterKernels<Kernel, __VA_ARGS__>(#type, ::keel::Place::Kind::kCPU)
 
-#define KEEL_REGISTER_CUDA_KERNEL(type, Kernel, ...)                                        \
-  [[maybe_unused]] static bool KEEL_CONCAT(keel_cuda_kernel_, type) =                       \
+#define KEEL_REGISTER_CUDA_KERNEL(type, Kernel, ...)                  \
+  [[maybe_unused]] static bool KEEL_CONCAT(keel_cuda_kernel_, type) = \
       ::keel::detail::RegisterKernels<Kernel, __VA_ARGS__>(#type, ::keel::Place::Kind::kCUDA)

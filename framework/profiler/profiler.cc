@@ -230,16 +230,17 @@ namespace {
 void CheckProfilePath() {
   const std::string& path = FLAGS_profile;
   const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   struct stat st;
-  KEEL_ENFORCE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--profile=", path, ": ",
-               dir, " is not a directory, so the trace could not be written at the end");
+  KEEL_ENFORCE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "--profile=", path, ": ", dir,
+               " is not a directory, so the trace could not be written at the end");
   KEEL_ENFORCE(::access(dir.c_str(), W_OK | X_OK) == 0, "--profile=", path,
                ": cannot create files in ", dir);
   const bool absent = ::stat(path.c_str(), &st) != 0;
-  KEEL_ENFORCE(absent || (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) == 0), "--profile=",
-               path, ": exists and is not a writable file");
+  KEEL_ENFORCE(absent || (S_ISREG(st.st_mode) && ::access(path.c_str(), W_OK) == 0),
+               "--profile=", path, ": exists and is not a writable file");
 }
 }  // namespace
 

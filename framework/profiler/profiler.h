@@ -47,7 +47,8 @@ int64_t Dropped();
 
 // Writes the events as Chrome trace JSON to `path` atomically; `pid` labels the process (its
 // rank), each thread is named ("main", "keel-ring0", ...), and timestamps are on rank 0's clock
-// once fleet has aligned the clocks (SetClockOffsetNs). Throws keel::Error naming the path when it cannot be written.
+// once fleet has aligned the clocks (SetClockOffsetNs). Throws keel::Error naming the path when it
+// cannot be written.
 void WriteChromeTrace(const std::string& path, int pid = 0);
 // Per (category, name): calls, total, mean and share of the total, largest total first, as a
 // fixed-width table.

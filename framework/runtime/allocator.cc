@@ -111,8 +111,8 @@ std::shared_ptr<Allocation> Allocate(const Place& place, size_t size) {
     if (rounded == 0) rounded = kCpuAlignment;
     const bool cached = UseCachingCpuAllocator();
     // The cache's blocks are multiples of 512 bytes inside 2 MiB-aligned segments.
-    void* p = cached ? CpuCache().Allocate(rounded, nullptr)
-                     : std::aligned_alloc(kCpuAlignment, rounded);
+    void* p =
+        cached ? CpuCache().Allocate(rounded, nullptr) : std::aligned_alloc(kCpuAlignment, rounded);
     KEEL_ENFORCE(p != nullptr, "out of CPU memory allocating ", size, " bytes");
     if (FLAGS_init_allocated_mem) std::memset(p, 0xFF, rounded);
     auto a = std::make_shared<Allocation>(p, size, place);

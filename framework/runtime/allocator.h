@@ -33,7 +33,7 @@ class Allocation {
   void* ptr_;
   size_t size_;
   Place place_;
-  bool cached_ = false;  // CPU: a block of the caching allocator (else aligned_alloc's)
+  bool cached_ = false;            // CPU: a block of the caching allocator (else aligned_alloc's)
   std::function<void()> release_;  // set for External memory
 };
 
@@ -52,6 +52,7 @@ void CpuAllocatorEmptyCache();
 void CpuAllocatorResetPeak();
 
 // Copies `size` bytes between places (CPU<->CUDA when built with CUDA).
-void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src, size_t size);
+void MemCopy(const Place& dst_place, void* dst, const Place& src_place, const void* src,
+             size_t size);
 
 }  // namespace keel

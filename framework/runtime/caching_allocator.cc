@@ -301,19 +301,19 @@ void CachingAllocator::ReleaseCapture(int64_t id, DeviceMemory::Stream stream) {
 
 void CachingAllocator::ThrowOutOfMemory(size_t asked) {
   const std::string* op = AllocationOpScope::Current();
-  KEEL_THROW("out of memory on ", device_->Name(), op ? " in op '" + *op + "'" : std::string(),
-             ": asked for ", Bytes(asked), "; in use ", Bytes(stats_.in_use_bytes), ", cached ",
-             Bytes(stats_.cached_bytes()),
-             stats_.graph_held_bytes ? ", held for CUDA graphs " + Bytes(stats_.graph_held_bytes)
-                                     : std::string(),
-             capture_ ? " (during a CUDA graph capture, which cannot free cached memory)"
-                      : std::string(),
-             ", device total ", Bytes(device_->TotalBytes()), "; ",
-             device_->OutOfMemoryAdvice().empty()
-                 ? StrCat(kFractionFlag, " reserved ", Bytes(reserve_bytes_),
-                          " up front (0 allocates on demand; lower it if other processes share "
-                          "the device), or use a smaller batch")
-                 : device_->OutOfMemoryAdvice());
+  KEEL_THROW(
+      "out of memory on ", device_->Name(), op ? " in op '" + *op + "'" : std::string(),
+      ": asked for ", Bytes(asked), "; in use ", Bytes(stats_.in_use_bytes), ", cached ",
+      Bytes(stats_.cached_bytes()),
+      stats_.graph_held_bytes ? ", held for CUDA graphs " + Bytes(stats_.graph_held_bytes)
+                              : std::string(),
+      capture_ ? " (during a CUDA graph capture, which cannot free cached memory)" : std::string(),
+      ", device total ", Bytes(device_->TotalBytes()), "; ",
+      device_->OutOfMemoryAdvice().empty()
+          ? StrCat(kFractionFlag, " reserved ", Bytes(reserve_bytes_),
+                   " up front (0 allocates on demand; lower it if other processes share "
+                   "the device), or use a smaller batch")
+          : device_->OutOfMemoryAdvice());
 }
 
 void CachingAllocator::UpdatePeaks() {

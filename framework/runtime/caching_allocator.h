@@ -50,7 +50,8 @@ class DeviceMemory {
   virtual void DestroyEvent(Event event) = 0;
   // A name for errors ("CUDAPlace(0)").
   virtual std::string Name() const = 0;
-  // What the out-of-memory error advises; empty: the GPU advice (FLAGS_fraction_of_gpu_memory_to_use).
+  // What the out-of-memory error advises; empty: the GPU advice
+  // (FLAGS_fraction_of_gpu_memory_to_use).
   virtual std::string OutOfMemoryAdvice() const { return std::string(); }
 };
 
@@ -59,11 +60,11 @@ struct AllocatorStats {
   size_t reserved_bytes = 0;     // bytes in segments taken from the device (in use + cached)
   size_t peak_in_use_bytes = 0;  // maximum of in_use_bytes since the last ResetPeak
   size_t peak_reserved_bytes = 0;
-  int64_t device_mallocs = 0;  // segments taken from the device (cudaMalloc calls that succeeded)
-  int64_t device_frees = 0;    // segments given back
-  int64_t allocs = 0;          // blocks handed out
-  int64_t frees = 0;           // blocks returned
-  int64_t oom_retries = 0;     // times the cache was emptied to satisfy a request
+  int64_t device_mallocs = 0;   // segments taken from the device (cudaMalloc calls that succeeded)
+  int64_t device_frees = 0;     // segments given back
+  int64_t allocs = 0;           // blocks handed out
+  int64_t frees = 0;            // blocks returned
+  int64_t oom_retries = 0;      // times the cache was emptied to satisfy a request
   size_t graph_held_bytes = 0;  // freed during a graph capture, held until the graph is gone
   size_t cached_bytes() const { return reserved_bytes - in_use_bytes - graph_held_bytes; }
 };

@@ -183,8 +183,7 @@ void AddHelpListener(const std::function<void()>* on_job) {
 
 void RemoveHelpListener(const std::function<void()>* on_job) {
   std::lock_guard<std::mutex> lock(g_jobs_mu);
-  g_listeners.erase(std::remove(g_listeners.begin(), g_listeners.end(), on_job),
-                    g_listeners.end());
+  g_listeners.erase(std::remove(g_listeners.begin(), g_listeners.end(), on_job), g_listeners.end());
 }
 
 void ParallelForRange(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {

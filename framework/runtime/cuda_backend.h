@@ -46,8 +46,8 @@ class CudaBackend {
   virtual void EventRecord(const Place& place, void* event, void* stream) = 0;
   virtual void StreamWaitEvent(const Place& place, void* stream, void* event) = 0;
   virtual bool EventDone(const Place& place, void* event) = 0;
-  virtual void CopyOnStreamAfterCompute(const Place& place, void* dst, const void* src,
-                                        size_t size, void* stream) = 0;
+  virtual void CopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
+                                        void* stream) = 0;
   virtual std::unique_ptr<CudaGraph> NewGraph(const Place& place) = 0;
 };
 

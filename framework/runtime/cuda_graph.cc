@@ -43,7 +43,8 @@ struct DeviceCudaGraph::Impl {
   bool capturing = false;
 };
 
-DeviceCudaGraph::DeviceCudaGraph(const Place& place) : place_(place), impl_(std::make_unique<Impl>()) {
+DeviceCudaGraph::DeviceCudaGraph(const Place& place)
+    : place_(place), impl_(std::make_unique<Impl>()) {
   KEEL_ENFORCE(place.is_cuda(), "a CUDA graph needs a CUDA place, not ", place.str());
   impl_->ctx = &CudaContext::Get(place.device);
   KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->inputs_copied, cudaEventDisableTiming));
@@ -117,8 +118,8 @@ void DeviceCudaGraph::EndCapture() {
   if (e != cudaSuccess || g == nullptr) {
     cudaGetLastError();
     if (g) cudaGraphDestroy(g);
-    KEEL_THROW("CUDA graph capture on ", place_.str(), " failed: ",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no graph",
+    KEEL_THROW("CUDA graph capture on ", place_.str(),
+               " failed: ", e != cudaSuccess ? cudaGetErrorString(e) : "no graph",
                " (an op waited for the device or used a stream outside the capture)");
   }
   m.graph = g;
@@ -126,8 +127,8 @@ void DeviceCudaGraph::EndCapture() {
   if (e != cudaSuccess) {
     cudaGetLastError();
     m.exec = nullptr;
-    KEEL_THROW("CUDA graph on ", place_.str(), ": cudaGraphInstantiate failed: ",
-               cudaGetErrorString(e));
+    KEEL_THROW("CUDA graph on ", place_.str(),
+               ": cudaGraphInstantiate failed: ", cudaGetErrorString(e));
   }
   KEEL_CUDA_CHECK(cudaGraphUpload(m.exec, m.ctx->stream()));
 }

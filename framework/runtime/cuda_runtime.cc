@@ -108,19 +108,25 @@ class Backend final : public CudaBackend {
   }
   std::string Uuid(const Place& place) override { return cuda::DeviceUuid(place); }
   void* EventCreate(const Place& place) override { return cuda::DeviceEventCreate(place); }
-  void EventDestroy(const Place& place, void* event) override { cuda::DeviceEventDestroy(place, event); }
+  void EventDestroy(const Place& place, void* event) override {
+    cuda::DeviceEventDestroy(place, event);
+  }
   void EventRecord(const Place& place, void* event, void* stream) override {
     cuda::DeviceEventRecord(place, event, stream);
   }
   void StreamWaitEvent(const Place& place, void* stream, void* event) override {
     cuda::DeviceStreamWaitEvent(place, stream, event);
   }
-  bool EventDone(const Place& place, void* event) override { return cuda::DeviceEventDone(place, event); }
+  bool EventDone(const Place& place, void* event) override {
+    return cuda::DeviceEventDone(place, event);
+  }
   void CopyOnStreamAfterCompute(const Place& place, void* dst, const void* src, size_t size,
                                 void* stream) override {
     cuda::DeviceCopyOnStreamAfterCompute(place, dst, src, size, stream);
   }
-  std::unique_ptr<CudaGraph> NewGraph(const Place& place) override { return cuda::NewCudaGraph(place); }
+  std::unique_ptr<CudaGraph> NewGraph(const Place& place) override {
+    return cuda::NewCudaGraph(place);
+  }
 };
 
 // Registered as libkeel_cuda is opened (or, in a program linked with it, at start).

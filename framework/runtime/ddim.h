@@ -1,5 +1,5 @@
-// DDim: a tensor shape held inline (no heap), so shape arithmetic in the hot path allocates nothing.
-// -1 marks an unknown (batch) dimension in compile-time shapes.
+// DDim: a tensor shape held inline (no heap), so shape arithmetic in the hot path allocates
+// nothing. -1 marks an unknown (batch) dimension in compile-time shapes.
 #pragma once
 
 #include <cstdint>

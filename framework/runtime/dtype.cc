@@ -6,30 +6,48 @@ namespace keel {
 
 size_t SizeOf(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kBool: return 1;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kUInt8: return 1;
-    case DType::kInt8: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt8:
+      return 1;
   }
   KEEL_THROW("unknown dtype code ", static_cast<int>(t));
 }
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kBool: return "bool";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kUInt8: return "uint8";
-    case DType::kInt8: return "int8";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kBool:
+      return "bool";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt8:
+      return "int8";
   }
   return "unknown";
 }

@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "framework/error.h"
 

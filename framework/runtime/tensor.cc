@@ -50,8 +50,9 @@ Tensor Tensor::Clone(const Place& place) const {
 }
 
 void Tensor::CopyFrom(const Tensor& src) {
-  KEEL_ENFORCE(src.dims_.numel() == dims_.numel() && src.dtype_ == dtype_, "CopyFrom: ",
-               DTypeName(src.dtype_), src.dims_.str(), " into ", DTypeName(dtype_), dims_.str());
+  KEEL_ENFORCE(src.dims_.numel() == dims_.numel() && src.dtype_ == dtype_,
+               "CopyFrom: ", DTypeName(src.dtype_), src.dims_.str(), " into ", DTypeName(dtype_),
+               dims_.str());
   MemCopy(place_, raw_data(), src.place_, src.raw_data(), nbytes());
 }
 

@@ -21,13 +21,15 @@ namespace keel {
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(DType dtype, const DDim& dims, const Place& place = CPUPlace()) { Alloc(dtype, dims, place); }
+  Tensor(DType dtype, const DDim& dims, const Place& place = CPUPlace()) {
+    Alloc(dtype, dims, place);
+  }
 
   // A fresh CPU tensor holding `values` in `dims`.
   template <typename T>
   static Tensor FromVector(const std::vector<T>& values, const DDim& dims) {
-    KEEL_ENFORCE(dims.numel() == static_cast<int64_t>(values.size()), "FromVector: ",
-                 values.size(), " values do not fill shape ", dims.str());
+    KEEL_ENFORCE(dims.numel() == static_cast<int64_t>(values.size()), "FromVector: ", values.size(),
+                 " values do not fill shape ", dims.str());
     Tensor t(DTypeOf<T>::value, dims);
     if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
     return t;
@@ -129,14 +131,22 @@ class Tensor {
 template <typename F>
 decltype(auto) VisitDType(DType t, F&& f) {
   switch (t) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat64: return f(double{});
-    case DType::kInt32: return f(int32_t{});
-    case DType::kInt64: return f(int64_t{});
-    case DType::kBool: return f(bool{});
-    case DType::kUInt8: return f(uint8_t{});
-    case DType::kInt8: return f(int8_t{});
-    default: KEEL_THROW("no compute type for dtype ", DTypeName(t));
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat64:
+      return f(double{});
+    case DType::kInt32:
+      return f(int32_t{});
+    case DType::kInt64:
+      return f(int64_t{});
+    case DType::kBool:
+      return f(bool{});
+    case DType::kUInt8:
+      return f(uint8_t{});
+    case DType::kInt8:
+      return f(int8_t{});
+    default:
+      KEEL_THROW("no compute type for dtype ", DTypeName(t));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <glog/logging.h>  // LOG(INFO) in user programs
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "fleet/fleet.h"
 #include "framework/autodiff/backward.h"
 #include "framework/data/csv_dataset.h"
@@ -18,12 +19,11 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"
 #include "framework/dsl/nn_layers.h"
-#include "framework/dsl/tensor_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
+#include "framework/dsl/tensor_layers.h"
 #include "framework/error.h"
 #include "framework/init.h"
-#include "executor/executor_io.h"
 #include "framework/io/io.h"
 #include "framework/ir/program.h"
 #include "framework/runtime/tensor.h"

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <random>
 
-#include "models/lenet/lenet_model.h"
 #include "framework/runtime/tensor.h"
+#include "models/lenet/lenet_model.h"
 
 namespace keel {
 namespace models {

@@ -40,7 +40,8 @@ double MedianUs(const std::function<void()>& fn) {
   for (int i = 0; i < 200; ++i) {
     auto t = std::chrono::steady_clock::now();
     fn();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count());
   }
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
@@ -94,15 +95,25 @@ void BatchNorm(const DDim& x) {
   const DDim c{x[1]};
   OneOp fwd("batch_norm", {{"x", x}, {"s", c}, {"b", c}, {"m", c}, {"v", c}},
             {{"X", {"x"}}, {"Scale", {"s"}}, {"Bias", {"b"}}, {"Mean", {"m"}}, {"Variance", {"v"}}},
-            {{"Y", {"y"}}, {"MeanOut", {"m"}}, {"VarianceOut", {"v"}}, {"SavedMean", {"sm"}},
+            {{"Y", {"y"}},
+             {"MeanOut", {"m"}},
+             {"VarianceOut", {"v"}},
+             {"SavedMean", {"sm"}},
              {"SavedVariance", {"sv"}}},
             {});
-  OneOp bwd("batch_norm_grad",
-            {{"x", x}, {"s", c}, {"b", c}, {"m", c}, {"v", c}, {"sm", c}, {"sv", c}, {"y", x},
-             {"dy", x}},
-            {{"X", {"x"}}, {"Scale", {"s"}}, {"Bias", {"b"}}, {"Mean", {"m"}}, {"Variance", {"v"}},
-             {"SavedMean", {"sm"}}, {"SavedVariance", {"sv"}}, {"Y", {"y"}}, {"Y@GRAD", {"dy"}}},
-            {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"ds"}}, {"Bias@GRAD", {"db"}}}, {});
+  OneOp bwd(
+      "batch_norm_grad",
+      {{"x", x}, {"s", c}, {"b", c}, {"m", c}, {"v", c}, {"sm", c}, {"sv", c}, {"y", x}, {"dy", x}},
+      {{"X", {"x"}},
+       {"Scale", {"s"}},
+       {"Bias", {"b"}},
+       {"Mean", {"m"}},
+       {"Variance", {"v"}},
+       {"SavedMean", {"sm"}},
+       {"SavedVariance", {"sv"}},
+       {"Y", {"y"}},
+       {"Y@GRAD", {"dy"}}},
+      {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"ds"}}, {"Bias@GRAD", {"db"}}}, {});
   const memory::desc md(Dims(x), DT::f32, Tag::nchw);
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
   dnnl::batch_normalization_forward::primitive_desc fpd(
@@ -120,14 +131,23 @@ void BatchNorm(const DDim& x) {
   dnnl::batch_normalization_forward f(fpd);
   dnnl::batch_normalization_backward b(bpd);
   Row("batch_norm", x, MedianUs([&] { fwd.Run(); }), MedianUs([&] {
-        f.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_MEAN, mean},
-                       {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}});
+        f.execute(st, {{DNNL_ARG_SRC, src},
+                       {DNNL_ARG_DST, dst},
+                       {DNNL_ARG_MEAN, mean},
+                       {DNNL_ARG_VARIANCE, var},
+                       {DNNL_ARG_SCALE, scale},
+                       {DNNL_ARG_SHIFT, shift}});
       }));
   Row("batch_norm_grad", x, MedianUs([&] { bwd.Run(); }), MedianUs([&] {
-        b.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_MEAN, mean},
-                       {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, scale},
-                       {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DIFF_SRC, dsrc},
-                       {DNNL_ARG_DIFF_SCALE, dscale}, {DNNL_ARG_DIFF_SHIFT, dshift}});
+        b.execute(st, {{DNNL_ARG_SRC, src},
+                       {DNNL_ARG_DIFF_DST, ddst},
+                       {DNNL_ARG_MEAN, mean},
+                       {DNNL_ARG_VARIANCE, var},
+                       {DNNL_ARG_SCALE, scale},
+                       {DNNL_ARG_SHIFT, shift},
+                       {DNNL_ARG_DIFF_SRC, dsrc},
+                       {DNNL_ARG_DIFF_SCALE, dscale},
+                       {DNNL_ARG_DIFF_SHIFT, dshift}});
       }));
 }
 
@@ -147,16 +167,17 @@ void Relu(const DDim& x) {
   dnnl::stream st(Eng());
   dnnl::eltwise_forward f(fpd);
   dnnl::eltwise_backward b(bpd);
-  Row("relu", x, MedianUs([&] { fwd.Run(); }),
-      MedianUs([&] { f.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}); }));
+  Row("relu", x, MedianUs([&] { fwd.Run(); }), MedianUs([&] {
+        f.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+      }));
   Row("relu_grad", x, MedianUs([&] { bwd.Run(); }), MedianUs([&] {
         b.execute(st, {{DNNL_ARG_DST, dst}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}});
       }));
 }
 
 void Add(const DDim& x) {
-  OneOp fwd("elementwise_add", {{"x", x}, {"y", x}}, {{"X", {"x"}}, {"Y", {"y"}}},
-            {{"Out", {"z"}}}, {});
+  OneOp fwd("elementwise_add", {{"x", x}, {"y", x}}, {{"X", {"x"}}, {"Y", {"y"}}}, {{"Out", {"z"}}},
+            {});
   const memory::desc md(Dims(x), DT::f32, Tag::nchw);
   dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_add, md, md, md),
                                   Eng());
@@ -194,8 +215,8 @@ void MaxPool(const DDim& x) {
         f.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_WORKSPACE, ws}});
       }));
   Row("pool2d_grad max 2x2", x, MedianUs([&] { bwd.Run(); }), MedianUs([&] {
-        b.execute(st, {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc},
-                       {DNNL_ARG_WORKSPACE, ws}});
+        b.execute(st,
+                  {{DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}, {DNNL_ARG_WORKSPACE, ws}});
       }));
 }
 
@@ -207,8 +228,9 @@ void Softmax(const DDim& x) {
   memory src = Mem(md), dst = Mem(md);
   dnnl::stream st(Eng());
   dnnl::softmax_forward p(pd);
-  Row("softmax", x, MedianUs([&] { fwd.Run(); }),
-      MedianUs([&] { p.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}}); }));
+  Row("softmax", x, MedianUs([&] { fwd.Run(); }), MedianUs([&] {
+        p.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
+      }));
 }
 
 }  // namespace

@@ -182,8 +182,8 @@ TEST(KeelInspect, PrintsTheInferenceProgramAsTextAndDot) {
 TEST(KeelErrors, ANonFiniteStragglerIntervalIsRefused) {
   for (const char* bad : {"nan", "inf", "-1"}) {
     SCOPED_TRACE(bad);
-    auto r = RunCommand(Keel() + " train --steps=2 --fetch_frequency=1 --straggler_report_interval_s=" +
-                        bad);
+    auto r = RunCommand(
+        Keel() + " train --steps=2 --fetch_frequency=1 --straggler_report_interval_s=" + bad);
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("--straggler_report_interval_s must be a finite number"),
               std::string::npos)
@@ -210,8 +210,8 @@ TEST(KeelErrors, TruncatedCheckpointIsExitOneNamingTheFile) {
   ASSERT_EQ(RunCommand(Keel() + " train --steps=1 --seed=2 --save_dir=" + dir).exit_code, 0);
   std::string f = dir + "/persistables.safetensors";
   ASSERT_EQ(RunCommand("truncate -s 5000 " + f).exit_code, 0);
-  for (const std::string& cmd : {Keel() + " inspect " + f,
-                                 Keel() + " train --steps=1 --load_dir=" + dir}) {
+  for (const std::string& cmd :
+       {Keel() + " inspect " + f, Keel() + " train --steps=1 --load_dir=" + dir}) {
     auto r = RunCommand(cmd);
     EXPECT_EQ(r.exit_code, 1) << cmd << "\n" << r.output;
     EXPECT_FALSE(r.signaled);
@@ -230,8 +230,9 @@ TEST(KeelErrors, BadFlagsAndEnvAreExitOneWithAMessage) {
       {Keel() + " inspect /nonexistent/file", "/nonexistent/file"},
       {Keel() + " bench nope", "nope"},
       // No GPU selected: a CUDA graph has nothing to capture, which the first step says.
-      {Keel() + " train --steps=1 --cuda_graph", "use_cuda_graph (keel train --cuda_graph) needs "
-                                                  "a CUDA place; this executor runs on CPUPlace"},
+      {Keel() + " train --steps=1 --cuda_graph",
+       "use_cuda_graph (keel train --cuda_graph) needs "
+       "a CUDA place; this executor runs on CPUPlace"},
   };
   for (auto& c : cases) {
     auto r = RunCommand(c.cmd);
@@ -303,7 +304,8 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"seed", "KeelTrain.SameSeedPrintsIdenticalLosses"},
       {"steps", "KeelFlags.EnvironmentSetsFlagsAndUnknownNamesOnlyWarn"},
       {"check_nan_inf", "CheckNanInf.StopsAtTheFirstOpProducingInfAndNamesIt"},
-      {"comm_overlap", "ProfilerCli.TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
+      {"comm_overlap",
+       "ProfilerCli.TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
       {"straggler_factor", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
       {"straggler_report_interval_s", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},
       {"cuda_host_fallback", "HostFallback.* (CUDA places)"},
@@ -328,9 +330,11 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"summary", "InspectSummary.ParameterCountEqualsTheSavedCheckpoint"},
       {"max_restarts", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"stopped_timeout_s", "FaultTest.ANodeWhoseOnlyWorkerIsStoppedEnds"},
-      {"num_threads", "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
-      {"cuda_graph", "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage (CPU: refused), "
-                     "CudaGraph.* (GPU)"},
+      {"num_threads",
+       "Executor.ExecStrategyOfTheDistributedStrategyReachesTheExecutorOfMainProgram"},
+      {"cuda_graph",
+       "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage (CPU: refused), "
+       "CudaGraph.* (GPU)"},
       {"auto_resume", "docs/fault-tolerance.md (Kubernetes/Slurm restarts)"},
       {"save_every", "FaultTest.RestartedJobEndsWithTheUninterruptedRunsParameters"},
       {"beta1", "TrainOptimizerFlags.*, TrainScheduleFlags.*"},

@@ -281,7 +281,8 @@ TEST_F(FaultTest, LoadDirResumesTheStraightRunBitForBit) {
     std::map<int, std::string> a = LossLines(straight.output), b = LossLines(resumed.output);
     EXPECT_EQ(b.count(11), 0u) << "the resumed run repeated step 11";
     for (int s = 12; s < 30; ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
-    EXPECT_EQ(CheckpointTensorBytes(dir_ + "/" + c.name + "_c"), CheckpointTensorBytes(dir_ + "/" + c.name + "_a"));
+    EXPECT_EQ(CheckpointTensorBytes(dir_ + "/" + c.name + "_c"),
+              CheckpointTensorBytes(dir_ + "/" + c.name + "_a"));
   }
 }
 
@@ -296,7 +297,8 @@ TEST_F(FaultTest, LocalSgdResumesExactlyInTheWarmupAndAfterIt) {
                             "/log " + Keel() +
                             " train --model=mlp --mlp_hidden=32 --optimizer=sgd --seed=4 "
                             "--local_sgd_steps=3 --local_sgd_warmup_steps=6 --progress=lines "
-                            "--fetch_frequency=1 --save_dir=" + dir_;
+                            "--fetch_frequency=1 --save_dir=" +
+                            dir_;
   auto straight = RunCommand(train + "/a --steps=18");
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   for (const char* at : {"3", "9"}) {
@@ -327,9 +329,8 @@ TEST_F(FaultTest, LocalSgdResumesExactlyInTheWarmupAndAfterIt) {
   // Momentum's velocity is each rank's own under LocalSGD: a resume is refused, naming it.
   auto momentum = RunCommand(train + "/momentum --steps=9 --optimizer=momentum");
   ASSERT_EQ(momentum.exit_code, 0) << momentum.output;
-  auto from_momentum =
-      with_log(train + "/from_momentum --steps=18 --optimizer=momentum --load_dir=" + dir_ +
-               "/momentum");
+  auto from_momentum = with_log(
+      train + "/from_momentum --steps=18 --optimizer=momentum --load_dir=" + dir_ + "/momentum");
   EXPECT_NE(from_momentum.exit_code, 0);
   EXPECT_TRUE(Contains(from_momentum.output, "LocalSGD with momentum: its VelocityOut"))
       << from_momentum.output;

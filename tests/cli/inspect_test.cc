@@ -34,9 +34,10 @@ TEST(InspectStrategy, FlatAllReduceGolden) {
 }
 
 TEST(InspectStrategy, FusedAllReduceGolden) {
-  auto r = Inspect("--strategy --nranks=2 --nccl_comm_num=2 --fuse_parameter_memory_size=1 "
-                   "--fuse_parameter_groups_size=2" +
-                   std::string(kSmallMlp));
+  auto r = Inspect(
+      "--strategy --nranks=2 --nccl_comm_num=2 --fuse_parameter_memory_size=1 "
+      "--fuse_parameter_groups_size=2" +
+      std::string(kSmallMlp));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ExpectGolden(r.output, "inspect_strategy_fused.txt");
 }

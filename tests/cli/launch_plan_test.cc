@@ -107,7 +107,7 @@ TEST(LaunchPlan, OneNodeGetsFreePortsAndEveryWorkerItsRank) {
     EXPECT_EQ(env["PADDLE_CURRENT_ENDPOINT"], plan.endpoints[local]);
     EXPECT_EQ(env["KEEL_JOB_TOKEN"], "feedc0de");
     EXPECT_EQ(env["FLAGS_cpu_math_threads"], "4");  // 8 cores shared by 2 workers
-    EXPECT_EQ(env["HOME"], "/home/u");               // the launcher's environment passes on
+    EXPECT_EQ(env["HOME"], "/home/u");              // the launcher's environment passes on
     EXPECT_EQ(env.count("FLAGS_selected_gpus"), 0u);
     EXPECT_EQ(env.count("KEEL_LAUNCH_FLAGS"), 0u);
   }
@@ -170,8 +170,8 @@ TEST(LaunchPlan, MasterPortOnOneNodeIsRankZerosAndTheRestAreFree) {
   in.set_flags.insert("master_port");
   LaunchPlan plan = MakeLaunchPlan(in, fake.Host());
   EXPECT_EQ(fake.free_port_calls, (std::vector<std::pair<int, int>>{{2, 41001}}));
-  EXPECT_EQ(plan.endpoints, (std::vector<std::string>{"127.0.0.1:41001", "127.0.0.1:41000",
-                                                      "127.0.0.1:41002"}));
+  EXPECT_EQ(plan.endpoints,
+            (std::vector<std::string>{"127.0.0.1:41001", "127.0.0.1:41000", "127.0.0.1:41002"}));
   EXPECT_EQ(plan.master, "127.0.0.1:41001");
 }
 
@@ -200,7 +200,7 @@ TEST(LaunchPlan, SelectedGpusSetTheWorkersAndAreRenumberedByCudaVisibleDevices) 
 TEST(LaunchPlan, FlagsForTheWorkersBecomeFlagsVariablesNamedInKeelLaunchFlags) {
   FakeHost fake;
   LaunchInput in = Input(2);
-  in.given = {{"lr", "0.5"},           // the worker's flag
+  in.given = {{"lr", "0.5"},            // the worker's flag
               {"nproc_per_node", "2"},  // the launcher's own
               {"helpfull", "true"},     // not a flag the workers know (gflags' own)
               {"comm_timeout_s", "9"}};
@@ -227,8 +227,8 @@ TEST(LaunchPlan, FlagsForTheWorkersBecomeFlagsVariablesNamedInKeelLaunchFlags) {
 TEST(LaunchPlan, TheLaunchersOwnRankVariablesAreDroppedAndTheWorkersSetOnce) {
   FakeHost fake;
   LaunchInput in = Input();
-  in.env = {"OMPI_COMM_WORLD_RANK=3", "SLURM_PROCID=3",      "PADDLE_TRAINER_ID=7",
-            "RANK=9",                 "KEEL_LAUNCH_FLAGS=x", "KEEP=me"};
+  in.env = {"OMPI_COMM_WORLD_RANK=3", "SLURM_PROCID=3", "PADDLE_TRAINER_ID=7", "RANK=9",
+            "KEEL_LAUNCH_FLAGS=x",    "KEEP=me"};
   auto env = EnvOf(MakeLaunchPlan(in, fake.Host()).workers[0]);
   EXPECT_EQ(env.count("OMPI_COMM_WORLD_RANK"), 0u);
   EXPECT_EQ(env.count("SLURM_PROCID"), 0u);
@@ -280,8 +280,7 @@ TEST(LaunchPlan, ContradictionsAreErrorsNamingTheFlags) {
     void (*edit)(LaunchInput*);
   };
   const std::vector<Case> cases = {
-      {"no command", "no command to launch",
-       [](LaunchInput* in) { in->command.clear(); }},
+      {"no command", "no command to launch", [](LaunchInput* in) { in->command.clear(); }},
       {"negative grace", "--grace_period_s must be >= 0, got -1",
        [](LaunchInput* in) { in->grace_period_s = -1; }},
       {"negative restarts", "--max_restarts must be >= 0",
@@ -358,8 +357,9 @@ TEST(LaunchPlan, ContradictionsAreErrorsNamingTheFlags) {
        }},
       {"which node", "needs --node_rank or --node_ip to say which node this is",
        [](LaunchInput* in) { in->cluster_node_ips = "10.0.0.1,10.0.0.2"; }},
-      {"master not first", "--master_addr=10.0.0.2 but --cluster_node_ips='10.0.0.1,10.0.0.2' "
-                           "puts rank 0 on 10.0.0.1",
+      {"master not first",
+       "--master_addr=10.0.0.2 but --cluster_node_ips='10.0.0.1,10.0.0.2' "
+       "puts rank 0 on 10.0.0.1",
        [](LaunchInput* in) {
          in->cluster_node_ips = "10.0.0.1,10.0.0.2";
          in->master_addr = "10.0.0.2";

@@ -157,10 +157,10 @@ TEST(KeelLaunch, GpuModeGivesEachWorkerOneGpu) {
   EXPECT_EQ(EnvLine(ReadText(dir + "/workerlog.0"))["gpu"], "2");
   EXPECT_EQ(EnvLine(ReadText(dir + "/workerlog.1"))["gpu"], "0");
   // Host-staged collectives let two ranks share a GPU; the backend reaches the workers.
-  auto h = RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
-                      " launch --selected_gpus=3,3 --gpu_comm_backend=host --log_dir=" + dir +
-                      " sh -c 'echo backend=$FLAGS_gpu_comm_backend; " +
-                      std::string(kEnvScript + 1));
+  auto h =
+      RunCommand("env -u CUDA_VISIBLE_DEVICES " + Keel() +
+                 " launch --selected_gpus=3,3 --gpu_comm_backend=host --log_dir=" + dir +
+                 " sh -c 'echo backend=$FLAGS_gpu_comm_backend; " + std::string(kEnvScript + 1));
   ASSERT_EQ(h.exit_code, 0) << h.output;
   for (const char* log : {"/workerlog.0", "/workerlog.1"}) {
     const std::string text = ReadText(dir + log);

@@ -143,7 +143,8 @@ TEST(TrainTensorboard, ALogDiskThatFailsStopsTheLoggingNotTheTraining) {
   const std::string dir = MakeTempDir();
   auto r = RunCommand("ulimit -f 4; " + Keel() +
                       " train --model=mlp --mlp_hidden=16 --steps=300 --fetch_frequency=1 "
-                      "--progress=lines --logdir=" + dir + "/tb");
+                      "--progress=lines --logdir=" +
+                      dir + "/tb");
   EXPECT_EQ(r.exit_code, 0) << r.output.substr(0, 2000);
   EXPECT_FALSE(r.signaled);
   EXPECT_NE(r.output.find("warning: --logdir=" + dir + "/tb"), std::string::npos)
@@ -215,7 +216,9 @@ TEST(TrainTensorboard, EveryRankWritesItsOwnFolderWhenAsked) {
     auto files = RunCommand("ls " + dir + "/tb/rank_" + std::to_string(rank));
     EXPECT_NE(files.output.find("events.out.tfevents."), std::string::npos) << files.output;
     if (HaveTensorboard()) {
-      EXPECT_EQ(ReadTensorboardScalars(dir + "/tb/rank_" + std::to_string(rank))["train/loss"].size(), 4u);
+      EXPECT_EQ(
+          ReadTensorboardScalars(dir + "/tb/rank_" + std::to_string(rank))["train/loss"].size(),
+          4u);
     }
   }
   // Without the flag only rank 0 writes, straight into DIR.
@@ -246,8 +249,10 @@ TEST(CommandHelp, GroupedShortAndListsEveryTrainFlag) {
     EXPECT_NE(train.output.find(group), std::string::npos) << group;
   // Every flag defined in keel train's sources (every python_free_cli/train*.cc, so that a new
   // file cannot hide its flags) is listed: grep their DEFINE_ lines.
-  auto defs = RunCommand("grep -ho 'DEFINE_[a-z0-9]*([a-z_0-9]*' " +
-                         SourcePath("python_free_cli") + "/train*.cc");
+  // (Joined into one line first: the formatter may break a DEFINE_ after its parenthesis.)
+  auto defs = RunCommand("cat " + SourcePath("python_free_cli") +
+                         "/train*.cc | tr '\\n' ' ' | grep -o 'DEFINE_[a-z0-9]*( *[a-z_0-9]*' | "
+                         "tr -d ' '");
   std::istringstream in(defs.output);
   std::string def;
   int n = 0;

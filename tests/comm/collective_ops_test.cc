@@ -62,7 +62,8 @@ TEST(ShmRing, FusedAllReducesRunWithoutCopiesUnlessARankTurnsItOff) {
       for (int k = 0; k < n; ++k) {
         const std::string rank = "rank " + std::to_string(k) + ": ";
         EXPECT_NE(r.output.find(rank + "all collectives match"), std::string::npos) << r.output;
-        EXPECT_NE(r.output.find(rank + (env.empty() ? "48" : "0") + " of 48 fused all-reduces "
+        EXPECT_NE(r.output.find(rank + (env.empty() ? "48" : "0") +
+                                " of 48 fused all-reduces "
                                 "without copies"),
                   std::string::npos)
             << r.output;

@@ -79,8 +79,7 @@ TEST(Store, AWaitEndsAtOnceWhenARanksConnectionCloses) {
     waiter.GetUnlessPeerGone("never", milliseconds(30000));
     FAIL() << "the wait outlived the peer";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 2 closed its store connection"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("rank 2 closed its store connection"), std::string::npos)
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
@@ -137,7 +136,8 @@ TEST(Store, OversizedAndGarbageFramesAreRefusedNotTrusted) {
     EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);
     ::close(fd);
   }
-  for (int i = 0; i < 50 && server.refused() < 2; ++i) std::this_thread::sleep_for(milliseconds(20));
+  for (int i = 0; i < 50 && server.refused() < 2; ++i)
+    std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(server.refused(), 2);
   StoreClient ok("127.0.0.1", server.port(), "tok", milliseconds(2000));
   ok.Set("still", "works");

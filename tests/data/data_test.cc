@@ -21,8 +21,8 @@
 #include "framework/data/gzip.h"
 #include "framework/data/mnist_dataset.h"
 #include "models/mlp/mlp_model.h"
-#include "tests/util/test_data.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/test_data.h"
 
 namespace keel {
 namespace {
@@ -38,8 +38,8 @@ using testing::ErrorOf;
 #define EXPECT_ERROR_WITH(stmt, ...)                                                        \
   do {                                                                                      \
     const std::string msg_ = ErrorOf([&] { stmt; });                                        \
-    EXPECT_EQ(msg_.find(testing::kNotAKeelError), std::string::npos) << msg_;                 \
-    EXPECT_FALSE(msg_.empty()) << "no error from " << #stmt;                                                 \
+    EXPECT_EQ(msg_.find(testing::kNotAKeelError), std::string::npos) << msg_;               \
+    EXPECT_FALSE(msg_.empty()) << "no error from " << #stmt;                                \
     for (const std::string& sub_ : std::vector<std::string>{__VA_ARGS__})                   \
       EXPECT_NE(msg_.find(sub_), std::string::npos) << "'" << sub_ << "' not in: " << msg_; \
   } while (0)

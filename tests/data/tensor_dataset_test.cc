@@ -33,10 +33,11 @@ TEST(TensorDataset, ExampleIIsRowIOfEveryColumn) {
 TEST(TensorDataset, RefusesColumnsThatDisagree) {
   Tensor a = Tensor::FromVector<float>({1, 2, 3}, {3});
   Tensor b = Tensor::FromVector<float>({1, 2}, {2});
-  ExpectErrorContainsAll(ErrorOf([&] { TensorDataset({"a", "b"}, {a, b}); }),
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           TensorDataset({"a", "b"}, {a, b});
+                         }),
                          {"column 'b' holds 2 examples"});
-  ExpectErrorContainsAll(ErrorOf([&] { TensorDataset({"a"}, {a, b}); }),
-                         {"1 names for 2 columns"});
+  ExpectErrorContainsAll(ErrorOf([&] { TensorDataset({"a"}, {a, b}); }), {"1 names for 2 columns"});
   ExpectErrorContainsAll(ErrorOf([&] { TensorDataset({"a"}, {Tensor()}); }),
                          {"column 'a' must be a CPU tensor"});
 }

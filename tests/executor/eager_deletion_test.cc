@@ -7,7 +7,6 @@
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
-
 #include "executor/executor.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
@@ -30,15 +29,15 @@ using testing::SameBits;
 
 TEST(EagerDeletionPlan, CollectsOnlyTemporariesEveryRunWritesBeforeReading) {
   Variable a, b, c, d, e, buf, g0, out;
-  const std::map<std::string, Variable*> owned = {{"a", &a},     {"b", &b},   {"c", &c},
-                                                  {"d", &d},     {"e", &e},   {"buf", &buf},
-                                                  {"g0", &g0},   {"out", &out}};
+  const std::map<std::string, Variable*> owned = {{"a", &a},   {"b", &b},    {"c", &c},
+                                                  {"d", &d},   {"e", &e},    {"buf", &buf},
+                                                  {"g0", &g0}, {"out", &out}};
   std::vector<Access> ops(6);
-  ops[0].writes = {"a"};                      // a: written first
-  ops[1].reads = {"a", "c"}, ops[1].writes = {"b"};  // c: read before any write (a feed)
-  ops[2].reads = {"d"}, ops[2].writes = {"d"};  // d: updated in place, read first
+  ops[0].writes = {"a"};                                   // a: written first
+  ops[1].reads = {"a", "c"}, ops[1].writes = {"b"};        // c: read before any write (a feed)
+  ops[2].reads = {"d"}, ops[2].writes = {"d"};             // d: updated in place, read first
   ops[3].reads = {"b", "a", "p"}, ops[3].writes = {"g0"};  // p: not the plan's (a parameter)
-  ops[4].reads = {"g0"}, ops[4].writes = {"buf", "e"};  // buf: a fused buffer, g0 its slice
+  ops[4].reads = {"g0"}, ops[4].writes = {"buf", "e"};     // buf: a fused buffer, g0 its slice
   ops[5].reads = {"buf", "e"}, ops[5].writes = {"out"};
   const std::map<std::string, std::string> slices = {{"g0", "buf"}};
   EagerDeletionPlan plan(ops, owned, slices);
@@ -132,14 +131,13 @@ struct Trained {
 };
 Trained Train(const std::string& name, int64_t batch, int threads) {
   Trained t;
-  t.params = testing::TrainBuiltInModel(name, batch, threads, /*steps=*/3, /*seed=*/5,
-                                        [&](const std::function<void()>& run) {
-                                          const size_t before = CpuAllocatorStats().in_use_bytes;
-                                          CpuAllocatorResetPeak();
-                                          run();
-                                          t.last_step_peak =
-                                              CpuAllocatorStats().peak_in_use_bytes - before;
-                                        });
+  t.params = testing::TrainBuiltInModel(
+      name, batch, threads, /*steps=*/3, /*seed=*/5, [&](const std::function<void()>& run) {
+        const size_t before = CpuAllocatorStats().in_use_bytes;
+        CpuAllocatorResetPeak();
+        run();
+        t.last_step_peak = CpuAllocatorStats().peak_in_use_bytes - before;
+      });
   return t;
 }
 

@@ -7,11 +7,11 @@
 #include <gtest/gtest.h>
 
 #include "executor/executor.h"
-#include "framework/op/op_registry.h"
 #include "fleet/distributed_strategy.h"
-#include "framework/dsl/program_guard.h"
-#include "tests/util/transpiler_fixtures.h"
 #include "fleet/transpile.h"
+#include "framework/dsl/program_guard.h"
+#include "framework/op/op_registry.h"
+#include "tests/util/transpiler_fixtures.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -64,9 +64,10 @@ TEST(EventPlan, TwoRingMlpWaitsOnlyAtTheSyncOpsAndTheOptimizer) {
   testing::BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.nccl_comm_num = 2;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour()))
+      .Apply(main, startup);
   Executor exe;
-  DependencyGraph& g = exe.GraphForTesting(main);
+  DependencyGraph& g = exe.DependencyGraphForTesting(main);
   const auto& ops = main.global_block().ops();
   std::vector<int> lanes;
   for (auto& op : ops)
@@ -116,7 +117,7 @@ TEST(EventPlan, UseCalcStreamMakesACollectiveOrderedWithCompute) {
              {{"ring_id", 0}, {"use_calc_stream", calc}});
     AppendOp(block, "scale", {{"X", {"b"}}}, {{"Out", {"c"}}}, {{"scale", 2.0f}});
     Executor exe;
-    DependencyGraph& g = exe.GraphForTesting(prog);
+    DependencyGraph& g = exe.DependencyGraphForTesting(prog);
     EXPECT_TRUE(g.HasEdge(0, 2));
     EXPECT_EQ(g.HasEdge(1, 2), calc) << "an unrelated earlier op";
     EXPECT_EQ(g.HasEdge(2, 3), calc) << "an unrelated later op";

@@ -34,8 +34,8 @@ std::vector<Action> Steps(GraphCapturePolicy& p, const std::vector<std::string>&
 TEST(GraphCapturePolicy, WarmsUpTwiceThenCapturesOnceAndReplays) {
   GraphCapturePolicy p;
   EXPECT_EQ(Steps(p, {"a", "a", "a", "a", "a"}),
-            (std::vector<Action>{Action::kPlain, Action::kPlain, Action::kCapture,
-                                 Action::kReplay, Action::kReplay}));
+            (std::vector<Action>{Action::kPlain, Action::kPlain, Action::kCapture, Action::kReplay,
+                                 Action::kReplay}));
 }
 
 TEST(GraphCapturePolicy, ANewFeedSignatureDropsTheGraphAndWarmsUpAgain) {
@@ -66,7 +66,9 @@ TEST(GraphCapturePolicy, ResetAfterAScopeDropCapturesAgain) {
 }
 
 TEST(FeedSignature, TellsShapesDtypesAndPlacesApart) {
-  auto sig = [](const Tensor& x) { return FeedSignature({{"x", x}, {"y", Tensor(DType::kInt64, {4, 1})}}); };
+  auto sig = [](const Tensor& x) {
+    return FeedSignature({{"x", x}, {"y", Tensor(DType::kInt64, {4, 1})}});
+  };
   const std::string base = sig(Tensor(DType::kFloat32, {4, 8}));
   EXPECT_EQ(sig(Tensor(DType::kFloat32, {4, 8})), base);
   EXPECT_NE(sig(Tensor(DType::kFloat32, {2, 8})), base);
@@ -106,7 +108,8 @@ TEST(GraphCaptureBlocker, NamesTheOpThatCannotBeCaptured) {
   m.main.AppendBlock(0);
   AppendOp(b, "conditional_block", {{"Cond", {"flag"}}}, {}, {{"sub_block", BlockRef{1}}});
   const std::string why = GraphCaptureBlocker(m.main);
-  EXPECT_NE(why.find("op #" + std::to_string(b.num_ops() - 1) + " conditional_block runs a "
+  EXPECT_NE(why.find("op #" + std::to_string(b.num_ops() - 1) +
+                     " conditional_block runs a "
                      "sub-block"),
             std::string::npos)
       << why;
@@ -134,8 +137,9 @@ TEST(ExecutorCudaGraph, IsRefusedOnACpuPlaceBeforeAnyOpRuns) {
   AttachExecutionStrategy(m.main, s);
   Executor plain;
   plain.Run(m.startup);
-  EXPECT_NE(ErrorOf([&] { plain.Run(m.main, {{"x", Tensor(DType::kFloat32, {2, 8})}}); })
-                .find("needs a CUDA place"),
+  EXPECT_NE(ErrorOf([&] {
+              plain.Run(m.main, {{"x", Tensor(DType::kFloat32, {2, 8})}});
+            }).find("needs a CUDA place"),
             std::string::npos);
 }
 

@@ -17,13 +17,13 @@ namespace keel::testing {
 namespace {
 
 TEST(OpTraits, CollectivesFusedBuffersAndHostDrawsDeclareThemselves) {
-  for (const char* t : {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_min",
-                        "c_allreduce_prod"}) {
+  for (const char* t :
+       {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod"}) {
     EXPECT_TRUE(OpRegistry::Traits(t).on_ring) << t;
     EXPECT_TRUE(OpRegistry::Traits(t).all_reduces_in_place) << t;
   }
-  for (const char* t : {"c_broadcast", "c_allgather", "c_reducescatter", "c_barrier",
-                        "c_sync_comm_stream"}) {
+  for (const char* t :
+       {"c_broadcast", "c_allgather", "c_reducescatter", "c_barrier", "c_sync_comm_stream"}) {
     EXPECT_TRUE(OpRegistry::Traits(t).on_ring) << t;
     EXPECT_FALSE(OpRegistry::Traits(t).all_reduces_in_place) << t;
   }
@@ -47,8 +47,8 @@ TEST(OpTraits, CollectivesFusedBuffersAndHostDrawsDeclareThemselves) {
 TEST(OpTraits, TheExecutorNamesNoOpType) {
   const std::vector<std::string> types = OpRegistry::OpTypes();
   ASSERT_GT(types.size(), 50u);
-  auto files = RunCommand("ls " + SourcePath("executor") + "/*.cc " + SourcePath("executor") +
-                          "/*.h");
+  auto files =
+      RunCommand("ls " + SourcePath("executor") + "/*.cc " + SourcePath("executor") + "/*.h");
   std::istringstream list(files.output);
   std::string file;
   int read = 0;

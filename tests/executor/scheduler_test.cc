@@ -177,7 +177,7 @@ TEST_F(SchedulerTest, HazardEdgeKeepsTheAnswerAndRemovingItBreaksIt) {
     Executor exe(CPUPlace(), s);
     const Block& b = net.main.global_block();
     EXPECT_EQ(b.num_ops(), 3u);
-    DependencyGraph& g = exe.GraphForTesting(net.main);
+    DependencyGraph& g = exe.DependencyGraphForTesting(net.main);
     EXPECT_TRUE(g.HasEdge(1, 2));  // the add reads v before the scale writes it
     if (remove_edge) g.RemoveEdge(1, 2);
     // A fresh copy of v each run: the program scales it in place.

@@ -20,10 +20,10 @@ namespace {
 NamedTensors Train(int nranks, int rings, const std::string& dir,
                    const std::string& backend = "auto", int fuse_num = 0,
                    const std::string& extra = "", std::string* output = nullptr) {
-  std::string worker = BinPath("mlp_dp_worker") + " --global_batch=24 --steps=20 --rings=" +
-                       std::to_string(rings) + " --out=" + dir + "/rank${RANK:-0}" +
-                       (fuse_num > 0 ? " --fuse --fuse_num=" + std::to_string(fuse_num) : "") +
-                       extra;
+  std::string worker =
+      BinPath("mlp_dp_worker") + " --global_batch=24 --steps=20 --rings=" + std::to_string(rings) +
+      " --out=" + dir + "/rank${RANK:-0}" +
+      (fuse_num > 0 ? " --fuse --fuse_num=" + std::to_string(fuse_num) : "") + extra;
   std::string cmd = nranks == 1 ? worker
                                 : "FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=" + backend +
                                       " " + BinPath("keel") +
@@ -48,8 +48,8 @@ TEST(DataParallel, NRanksOnBOverNRowsMatchOneRankOnB) {
                    Config{"shm", 1, 8}, Config{"shm", 2, 2}, Config{"gloo", 2, 4}}) {
     const int rings = c.rings;
     for (int n : {2, 3, 4}) {
-      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(rings) + " rings, " +
-                   c.backend + ", fuse_num " + std::to_string(c.fuse_num));
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(rings) + " rings, " + c.backend +
+                   ", fuse_num " + std::to_string(c.fuse_num));
       std::string d = dir + "/n" + std::to_string(n) + "r" + std::to_string(rings) + c.backend +
                       "f" + std::to_string(c.fuse_num);
       NamedTensors got = Train(n, rings, d, c.backend, c.fuse_num);
@@ -173,13 +173,12 @@ TEST(DataParallel, HierarchicalAllReduceMatchesOneRank) {
   for (Config c : {Config{4, 2, 2, 8, "auto"}, Config{4, 2, 1, 0, "auto"},
                    Config{2, 1, 1, 8, "auto"}, Config{3, 3, 1, 2, "gloo"}}) {
     SCOPED_TRACE(std::to_string(c.n) + " ranks, " + std::to_string(c.k) + " per node, " +
-                 std::to_string(c.rings) + " rings, fuse_num " + std::to_string(c.fuse_num) +
-                 ", " + c.backend);
-    NamedTensors got =
-        Train(c.n, c.rings,
-              dir + "/h" + std::to_string(c.n) + std::to_string(c.k) + std::to_string(c.rings) +
-                  std::to_string(c.fuse_num),
-              c.backend, c.fuse_num, " --hier=" + std::to_string(c.k));
+                 std::to_string(c.rings) + " rings, fuse_num " + std::to_string(c.fuse_num) + ", " +
+                 c.backend);
+    NamedTensors got = Train(c.n, c.rings,
+                             dir + "/h" + std::to_string(c.n) + std::to_string(c.k) +
+                                 std::to_string(c.rings) + std::to_string(c.fuse_num),
+                             c.backend, c.fuse_num, " --hier=" + std::to_string(c.k));
     ExpectNear(got, ref);
   }
   RunCommand("rm -rf " + dir);
@@ -195,8 +194,8 @@ TEST(DataParallel, LocalSgdWithKOneIsSynchronousAndRanksAgreeAfterEachAverage) {
   for (int n : {2, 3}) {
     SCOPED_TRACE(std::to_string(n) + " ranks");
     std::string out;
-    NamedTensors k1 = Train(n, 2, dir + "/k1n" + std::to_string(n), "auto", 0,
-                            " --local_sgd_steps=1", &out);
+    NamedTensors k1 =
+        Train(n, 2, dir + "/k1n" + std::to_string(n), "auto", 0, " --local_sgd_steps=1", &out);
     ExpectNear(k1, ref);
     EXPECT_EQ(ParamLines(out).size(), 1u) << out;
 

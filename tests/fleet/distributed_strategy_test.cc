@@ -7,14 +7,14 @@
 
 #include <functional>
 
+#include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
-#include "fleet/transpile.h"
+#include "tests/util/op_test_util.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
-#include "tests/util/op_test_util.h"
 
 DECLARE_bool(sync_nccl_allreduce);
 DECLARE_int32(comm_timeout_s);
@@ -51,14 +51,15 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
   EXPECT_FALSE(s.exec_strategy.use_cuda_graph);
   EXPECT_NO_THROW(s.Validate(Role()));
   EXPECT_NO_THROW(DistributedStrategy::RequireImplemented(s));
-  EXPECT_EQ(s.ToString(),
-            "DistributedStrategy{nccl_comm_num=1, fuse_all_reduce_ops=false, "
-            "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, paddle_fuse={given=false, "
-            "memory_size_mb=-1, groups_size=1}, use_hierarchical_allreduce=false, "
-            "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
-            "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
-            "comm_timeout_s=300, "
-            "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100, use_cuda_graph=false}}");
+  EXPECT_EQ(
+      s.ToString(),
+      "DistributedStrategy{nccl_comm_num=1, fuse_all_reduce_ops=false, "
+      "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, paddle_fuse={given=false, "
+      "memory_size_mb=-1, groups_size=1}, use_hierarchical_allreduce=false, "
+      "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
+      "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
+      "comm_timeout_s=300, "
+      "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100, use_cuda_graph=false}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -194,8 +195,8 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        "comm_timeout_s=0 must be > 0"},
       {"exec threads negative", [](DistributedStrategy* s) { s->exec_strategy.num_threads = -1; },
        Role(), "exec_strategy.num_threads=-1"},
-      {"exec threads 0 is the default", [](DistributedStrategy* s) { s->exec_strategy.num_threads = 0; },
-       Role(), ""},
+      {"exec threads 0 is the default",
+       [](DistributedStrategy* s) { s->exec_strategy.num_threads = 0; }, Role(), ""},
       {"drop scope 0",
        [](DistributedStrategy* s) { s->exec_strategy.num_iteration_per_drop_scope = 0; }, Role(),
        "exec_strategy.num_iteration_per_drop_scope=0"},

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>

@@ -16,8 +16,8 @@ namespace keel::testing {
 namespace {
 
 std::string Launch(int n, const std::string& dir) {
-  return "FLAGS_cpu_math_threads=1 " + BinPath("keel") + " launch --nproc_per_node=" +
-         std::to_string(n) + " --log_dir=" + dir + "/log ";
+  return "FLAGS_cpu_math_threads=1 " + BinPath("keel") +
+         " launch --nproc_per_node=" + std::to_string(n) + " --log_dir=" + dir + "/log ";
 }
 
 TEST(FleetTraining, TwoWorkersTrainTheSeedProgramAndOnlyRankZeroSaves) {
@@ -33,7 +33,8 @@ TEST(FleetTraining, KeelTrainUnderLaunchMatchesItsCheckpointFormat) {
   std::string dir = MakeTempDir();
   auto r = RunCommand(Launch(2, dir) + BinPath("keel") +
                       " train --steps=20 --seed=3 --mlp_hidden=64 --fetch_frequency=10 "
-                      "--save_dir=" + dir + "/ckpt");
+                      "--save_dir=" +
+                      dir + "/ckpt");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 10 loss"), std::string::npos) << r.output;
   auto i = RunCommand(BinPath("keel") + " inspect " + dir + "/ckpt");

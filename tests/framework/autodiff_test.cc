@@ -67,8 +67,8 @@ TEST(AppendBackward, StopGradientAndNoGradSetBlockGradients) {
   std::set<std::string> params;
   for (auto& p : pg) params.insert(p.first);
   EXPECT_TRUE(params.count("fc_0.w_0"));
-  EXPECT_FALSE(params.count("frozen.w"));   // not trainable
-  EXPECT_FALSE(params.count("fc_0.b_0"));   // in no_grad_set
+  EXPECT_FALSE(params.count("frozen.w"));  // not trainable
+  EXPECT_FALSE(params.count("fc_0.b_0"));  // in no_grad_set
   EXPECT_TRUE(params.count("fc_1.b_0"));
   EXPECT_EQ(main.global_block().FindVar("x@GRAD"), nullptr);  // data is stop_gradient
 }

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"
-#include "executor/executor_io.h"
 #include "framework/io/checkpoint.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
@@ -394,8 +394,8 @@ TEST(WeightDecay, AppendedAfterTheClipAndKeepsTheRawGradient) {
   for (size_t i = 0; i < b.num_ops(); ++i) {
     const std::string& t = b.op(i)->type();
     if (t == "clip_by_global_norm") clip_at = static_cast<int>(i);
-    if (t == "sum" && first_sum < 0 && b.op(i)->Output("Out")[0].find("@L2DECAY") !=
-                                           std::string::npos)
+    if (t == "sum" && first_sum < 0 &&
+        b.op(i)->Output("Out")[0].find("@L2DECAY") != std::string::npos)
       first_sum = static_cast<int>(i);
     if (t == "momentum" && first_update < 0) first_update = static_cast<int>(i);
   }

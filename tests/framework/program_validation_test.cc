@@ -9,15 +9,15 @@
 
 #include <climits>
 #include <cstdio>
-#include <map>
 #include <functional>
+#include <map>
 #include <variant>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/program_guard.h"
-#include "executor/executor_io.h"
 #include "framework/io/atomic_file.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"

@@ -8,11 +8,11 @@
 #include <cstring>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
-#include "executor/executor_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
 #include "framework/runtime/device.h"
@@ -185,8 +185,10 @@ TEST(CudaGraph, OneNcclRankReplaysTheTranspiledProgramExactly) {
   auto train = [&](bool graph) {
     const std::string out = dir + (graph ? "/graph" : "/plain");
     const std::string cmd = "FLAGS_selected_gpus=0 FLAGS_gpu_comm_backend=nccl " +
-                            BinPath("mlp_dp_worker") + " --steps=12 --rings=2 --fuse --fuse_num=2 "
-                            "--opt=adam --out=" + out + (graph ? " --cuda_graph" : "");
+                            BinPath("mlp_dp_worker") +
+                            " --steps=12 --rings=2 --fuse --fuse_num=2 "
+                            "--opt=adam --out=" +
+                            out + (graph ? " --cuda_graph" : "");
     auto r = RunCommand(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     return LoadSafetensors(out + "/" + kPersistablesFile);
@@ -255,7 +257,9 @@ TEST(CudaGraph, ProgramsThatCannotBeCapturedAreRefusedNamingTheOpOrFlag) {
     const Tensor x = R({2, 4});
     exe.Run(main, {{"x", x}});
     exe.Run(main, {{"x", x}});  // warm-up runs are plain
-    ExpectContainsAll(ErrorOf([&] { exe.Run(main, {{"x", x}}); }),
+    ExpectContainsAll(ErrorOf([&] {
+                        exe.Run(main, {{"x", x}});
+                      }),
                       {"use_cuda_graph", "uniform_random draws its random numbers on the host"});
   }
 }

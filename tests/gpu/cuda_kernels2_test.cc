@@ -461,10 +461,9 @@ TEST_F(CudaKernels2, BadLabelsAndIdsAreReportedByTheNextRun) {
     // The gradient reports a bad id too (the CPU twin throws at once).
     Program prog;
     Block& b = prog.global_block();
-    for (auto [n, dt, dims] :
-         {std::tuple<const char*, DType, DDim>{"w", DType::kFloat32, {5, 2}},
-          {"ids", DType::kInt64, {3, 1}},
-          {"dout", DType::kFloat32, {3, 2}}}) {
+    for (auto [n, dt, dims] : {std::tuple<const char*, DType, DDim>{"w", DType::kFloat32, {5, 2}},
+                               {"ids", DType::kInt64, {3, 1}},
+                               {"dout", DType::kFloat32, {3, 2}}}) {
       VarDesc* v = b.Var(n);
       v->set_dtype(dt);
       v->set_dims(dims);

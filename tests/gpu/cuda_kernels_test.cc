@@ -195,12 +195,15 @@ TEST(CudaKernels, Float64OptimizersTakeAFloat32LearningRate) {
   const Tensor lr = Tensor::FromVector<float>({0.1f}, {1});
   std::vector<OpCase> cases = {
       Op("sgd", "sgd",
-         {{"Param", {R({5, 3}, -1, 1, 1, f64)}}, {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
+         {{"Param", {R({5, 3}, -1, 1, 1, f64)}},
+          {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
           {"LearningRate", {lr}}},
          {{"ParamOut", 1}}),
       Op("momentum", "momentum",
-         {{"Param", {R({5, 3}, -1, 1, 1, f64)}}, {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
-          {"Velocity", {R({5, 3}, -1, 1, 3, f64)}}, {"LearningRate", {lr}}},
+         {{"Param", {R({5, 3}, -1, 1, 1, f64)}},
+          {"Grad", {R({5, 3}, -1, 1, 2, f64)}},
+          {"Velocity", {R({5, 3}, -1, 1, 3, f64)}},
+          {"LearningRate", {lr}}},
          {{"ParamOut", 1}, {"VelocityOut", 1}}, {{"mu", 0.9f}, {"use_nesterov", true}})};
   for (const OpCase& c : cases) {
     SCOPED_TRACE(c.name);

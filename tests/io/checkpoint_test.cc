@@ -3,8 +3,8 @@
 // and writes or changes nothing; pruning keeps the forward slice of the targets, an export
 // refuses targets that need more than the feeds, and an exported inference model round-trips and
 // predicts in test mode (batch norm, dropout).
-#include "executor/executor_io.h"
 #include "framework/io/checkpoint.h"
+#include "executor/executor_io.h"
 
 #include <gtest/gtest.h>
 

@@ -15,13 +15,13 @@
 #include <functional>
 
 #include "executor/executor.h"
+#include "executor/executor_io.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
-#include "executor/executor_io.h"
 #include "framework/io/atomic_file.h"
 #include "framework/io/checkpoint.h"
 #include "tests/util/files.h"
@@ -215,8 +215,8 @@ TEST_F(CrashTest, ADamagedLatestCheckpointFallsBackToThePreviousSayingSo) {
   EXPECT_NE(said.find("loading the previous one"), std::string::npos) << said;
   EXPECT_NE(said.find(latest), std::string::npos) << said;
   // The damaged file is set aside: the next save keeps the sound one as its previous.
-  EXPECT_EQ(DirEntries(dir), (std::vector<std::string>{kPreviousPersistablesFile,
-                                                    kPersistablesFile + ".damaged"}));
+  EXPECT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile + ".damaged"}));
   save_checkpoint(fresh.scope(), dir, *m.main, TrainingState{6, 7, 1, {}});
   EXPECT_EQ(ReadTrainingState(dir)->step, 6);
   ASSERT_EQ(std::rename((latest + ".damaged").c_str(), latest.c_str()), 0);  // damaged again

@@ -64,11 +64,11 @@ NamedTensors InteropTensors(bool with_bf16) {
   ts.emplace_back("f64", MakeTensor(DType::kFloat64, {5}, f64));
   ts.emplace_back("i32", MakeTensor<int32_t>(DType::kInt32, {2, 3}, {-3, -2, -1, 0, 1, 2}));
   ts.emplace_back("i64", MakeTensor<int64_t>(DType::kInt64, {4},
-                                       {std::numeric_limits<int64_t>::min(), -1, 0,
-                                        std::numeric_limits<int64_t>::max()}));
+                                             {std::numeric_limits<int64_t>::min(), -1, 0,
+                                              std::numeric_limits<int64_t>::max()}));
   ts.emplace_back("bool", MakeTensor<uint8_t>(DType::kBool, {3}, {1, 0, 1}));
   ts.emplace_back("f16", MakeTensor<uint16_t>(DType::kFloat16, {2, 3},
-                                        {0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000, 0x3555}));
+                                              {0x3C00, 0xC000, 0x7C00, 0x0001, 0x8000, 0x3555}));
   ts.emplace_back("u8", MakeTensor<uint8_t>(DType::kUInt8, {4}, {0, 255, 128, 7}));
   ts.emplace_back("i8", MakeTensor<int8_t>(DType::kInt8, {4}, {-128, 127, -1, 0}));
   ts.emplace_back("scalar", MakeTensor<float>(DType::kFloat32, DDim{}, {3.5f}));

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "framework/dsl/layers.h"
 #include "executor/executor_io.h"
+#include "framework/dsl/layers.h"
 #include "framework/io/checkpoint.h"
 #include "models/model_zoo.h"
 #include "tests/util/subprocess.h"

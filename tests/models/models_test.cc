@@ -71,8 +71,9 @@ TEST(Transformer, SolvesTheReversalTask) {
 }
 
 TEST(Resnet20, LossFalls) {
-  auto r = RunCommand(BinPath("keel") +
-                      " train --model=resnet --steps=40 --batch_size=32 --seed=1 --fetch_frequency=1");
+  auto r =
+      RunCommand(BinPath("keel") +
+                 " train --model=resnet --steps=40 --batch_size=32 --seed=1 --fetch_frequency=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto loss = Column(r.output, "step %lld loss %lf");
   ASSERT_EQ(loss.size(), 40u) << r.output;

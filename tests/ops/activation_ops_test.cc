@@ -188,8 +188,8 @@ TEST(ElementwiseActivations, BigInputsRunInPiecesOnThePoolAndMatchTheReference) 
     ExpectForward(c, "Out", dims, want);
     EXPECT_GT(cpu_threads::SplitCalls(), before) << p.name << " ran in one piece";
     // The gradient kernels share the cut: 4 threads give one thread's bits.
-    OpCase g = UnaryCase(p.name + "_grad", p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 8),
-                         p.attrs);
+    OpCase g =
+        UnaryCase(p.name + "_grad", p.type, RandomTensor(dims, DType::kFloat32, -4, 4, 8), p.attrs);
     auto grads = [&] {
       std::vector<Tensor> v;
       for (auto& kv : RunGrads(g, CPUPlace())) v.push_back(kv.second);

@@ -34,13 +34,16 @@ struct CountingProgram {
       Declare(*b, "acc", DType::kFloat32, {1}, true);
     }
     AppendOp(s, "fill_constant", {}, {{"Out", {"counter"}}},
-             {{"shape", std::vector<int64_t>{1}}, {"value", 0.0f},
+             {{"shape", std::vector<int64_t>{1}},
+              {"value", 0.0f},
               {"dtype", static_cast<int>(DType::kInt64)}});
     AppendOp(s, "fill_constant", {}, {{"Out", {"three"}}},
-             {{"shape", std::vector<int64_t>{1}}, {"value", 3.0f},
+             {{"shape", std::vector<int64_t>{1}},
+              {"value", 3.0f},
               {"dtype", static_cast<int>(DType::kInt64)}});
     AppendOp(s, "fill_constant", {}, {{"Out", {"acc"}}},
-             {{"shape", std::vector<int64_t>{1}}, {"value", 0.0f},
+             {{"shape", std::vector<int64_t>{1}},
+              {"value", 0.0f},
               {"dtype", static_cast<int>(DType::kFloat32)}});
     Declare(m, "due", DType::kBool, {1});
     AppendOp(m, "increment", {{"X", {"counter"}}}, {{"Out", {"counter"}}}, {{"step", 1.0f}});
@@ -48,7 +51,8 @@ struct CountingProgram {
     Block& sub = main.AppendBlock(0);
     Declare(sub, "ten", DType::kFloat32, {1});
     AppendOp(sub, "fill_constant", {}, {{"Out", {"ten"}}},
-             {{"shape", std::vector<int64_t>{1}}, {"value", 10.0f},
+             {{"shape", std::vector<int64_t>{1}},
+              {"value", 10.0f},
               {"dtype", static_cast<int>(DType::kFloat32)}});
     AppendOp(sub, "sum", {{"X", {"acc", "ten"}}}, {{"Out", {"acc"}}});
     AppendOp(m, "conditional_block", {{"Cond", {"due"}}}, {}, {{"sub_block", BlockRef{1}}});
@@ -83,20 +87,20 @@ TEST(ConditionalBlock, CondMustBeOneBool) {
   Block& b = m.global_block();
   Declare(b, "c", DType::kFloat32, {1});
   m.AppendBlock(0);
-  ExpectErrorContainsAll(ErrorOf([&] {
-                           AppendOp(b, "conditional_block", {{"Cond", {"c"}}}, {},
-                                    {{"sub_block", BlockRef{1}}});
-                         }),
-                         {"conditional_block", "Cond must be bool", "float32"});
+  ExpectErrorContainsAll(
+      ErrorOf([&] {
+        AppendOp(b, "conditional_block", {{"Cond", {"c"}}}, {}, {{"sub_block", BlockRef{1}}});
+      }),
+      {"conditional_block", "Cond must be bool", "float32"});
 }
 
 TEST(CompareOps, ElementwiseAndAgainstOneElement) {
   Program m;
   Block& b = m.global_block();
-  for (const char* n : {"x", "y", "k"}) Declare(b, n, DType::kInt64, {n[0] == 'k' ? 1 : 4})
-                                             ->set_is_data(true);
-  const char* ops[] = {"less_than", "less_equal", "greater_than", "greater_equal", "equal",
-                       "not_equal"};
+  for (const char* n : {"x", "y", "k"})
+    Declare(b, n, DType::kInt64, {n[0] == 'k' ? 1 : 4})->set_is_data(true);
+  const char* ops[] = {"less_than",     "less_equal", "greater_than",
+                       "greater_equal", "equal",      "not_equal"};
   for (const char* op : ops) {
     Declare(b, std::string(op) + "_xy", DType::kBool, {4});
     Declare(b, std::string(op) + "_xk", DType::kBool, {4});
@@ -141,14 +145,19 @@ TEST(CompareOps, MismatchedInputsAreBuildErrors) {
   Declare(b, "f", DType::kFloat32, {4});
   Declare(b, "y3", DType::kInt64, {3});
   Declare(b, "o", DType::kBool, {4});
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(b, "equal", {{"X", {"x"}}, {"Y", {"f"}}}, {{"Out", {"o"}}});
+                         }),
+                         {"equal", "int64", "float32"});
   ExpectErrorContainsAll(
-      ErrorOf([&] { AppendOp(b, "equal", {{"X", {"x"}}, {"Y", {"f"}}}, {{"Out", {"o"}}}); }),
-      {"equal", "int64", "float32"});
-  ExpectErrorContainsAll(
-      ErrorOf([&] { AppendOp(b, "less_than", {{"X", {"x"}}, {"Y", {"y3"}}}, {{"Out", {"o"}}}); }),
+      ErrorOf([&] {
+        AppendOp(b, "less_than", {{"X", {"x"}}, {"Y", {"y3"}}}, {{"Out", {"o"}}});
+      }),
       {"less_than", "[3]", "[4]"});
   ExpectErrorContainsAll(
-      ErrorOf([&] { AppendOp(b, "logical_or", {{"X", {"x"}}, {"Y", {"x"}}}, {{"Out", {"o"}}}); }),
+      ErrorOf([&] {
+        AppendOp(b, "logical_or", {{"X", {"x"}}, {"Y", {"x"}}}, {{"Out", {"o"}}});
+      }),
       {"logical_or", "must be bool"});
 }
 

@@ -214,8 +214,8 @@ TEST(Conv2DOp, OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount) {
     std::vector<Tensor> out = {RunForward(fwd)["Output"][0]};
     OpCase c = fwd;
     c.type = "conv2d_grad";
-    c.inputs.push_back({GradVarName("Output"), {RandomTensor(ConvOutDims(p), DType::kFloat32,
-                                                             -1, 1, 104)}});
+    c.inputs.push_back(
+        {GradVarName("Output"), {RandomTensor(ConvOutDims(p), DType::kFloat32, -1, 1, 104)}});
     c.outputs = {{GradVarName("Input"), 1}, {GradVarName("Filter"), 1}};
     auto grads = RunForward(c);
     out.push_back(grads[GradVarName("Input")][0]);

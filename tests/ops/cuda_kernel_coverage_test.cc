@@ -7,11 +7,11 @@
 #include <set>
 
 #include "fleet/distributed_strategy.h"
+#include "fleet/transpile.h"
 #include "framework/dsl/lr_schedule.h"
 #include "framework/op/op_registry.h"
 #include "models/model_zoo.h"
 #include "tests/util/transpiler_fixtures.h"
-#include "fleet/transpile.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -64,7 +64,8 @@ TEST(CudaKernelCoverage, EveryOpOfTheBuiltInModelsHasACudaKernel) {
       models::TrainableModel m = models::BuildModel(cfg);
       fleet::DistributedStrategy s;
       s.fuse_all_reduce_ops = true;
-      transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour())).Apply(*m.main, *m.startup);
+      transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour()))
+          .Apply(*m.main, *m.startup);
       CollectMissing(*m.main, model + " main", &missing);
       CollectMissing(*m.startup, model + " startup", &missing);
       if (m.test) CollectMissing(*m.test, model + " test", &missing);

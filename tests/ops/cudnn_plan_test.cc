@@ -95,7 +95,7 @@ TEST(AlgoCache, SearchesOncePerShapeEvenUnderConcurrentCallers) {
                   10 + shape);
       }
     });
-  for (auto &t : threads) t.join();
+  for (auto& t : threads) t.join();
   EXPECT_EQ(calls.load(), 3);
   EXPECT_EQ(cache.searches(), 3);
   EXPECT_EQ(cache.size(), 3u);

@@ -17,8 +17,8 @@ struct Fixture {
   Program prog;
   Block& b = prog.global_block();
   Fixture() {
-    for (auto [name, shape] : {std::pair<const char*, std::vector<int64_t>>{"a", {2, 3}},
-                               {"b", {4}}}) {
+    for (auto [name, shape] :
+         {std::pair<const char*, std::vector<int64_t>>{"a", {2, 3}}, {"b", {4}}}) {
       VarDesc* v = b.Var(name);
       v->set_shape(shape);
     }
@@ -38,7 +38,8 @@ TEST(CoalesceTensor, VarsBecomeViewsOfTheFusedBuffer) {
   f.Coalesce();
   // A kernel writing `b` afterwards (scale of a constant) writes into the buffer.
   AppendOp(f.b, "fill_constant", {}, {{"Out", {"b"}}},
-           {{"shape", std::vector<int64_t>{4}}, {"value", 7.0f},
+           {{"shape", std::vector<int64_t>{4}},
+            {"value", 7.0f},
             {"dtype", static_cast<int>(DType::kFloat32)}});
   AppendOp(f.b, "scale", {{"X", {"fused"}}}, {{"Out", {"fused"}}}, {{"scale", 2.0f}});
   Executor exe;
@@ -80,7 +81,9 @@ TEST(CoalesceTensor, CopyDataAndSetConstant) {
 TEST(CoalesceTensor, BadProgramsAreBuildErrorsNamingTheVar) {
   {
     Fixture f;
-    ExpectErrorContainsAll(ErrorOf([&] { f.Coalesce({{"numels", std::vector<int64_t>{6, 5}}}); }),
+    ExpectErrorContainsAll(ErrorOf([&] {
+                             f.Coalesce({{"numels", std::vector<int64_t>{6, 5}}});
+                           }),
                            {"coalesce_tensor", "'b'", "[4]", "5 elements"});
   }
   {
@@ -91,14 +94,13 @@ TEST(CoalesceTensor, BadProgramsAreBuildErrorsNamingTheVar) {
   }
   {
     Fixture f;
-    ExpectErrorContainsAll(
-        ErrorOf([&] {
-          AppendOp(f.b, "coalesce_tensor", {{"Input", {"a", "b"}}},
-                   {{"Output", {"b", "a"}}, {"FusedOutput", {"fused"}}},
-                   {{"numels", std::vector<int64_t>{6, 4}},
-                    {"dtype", static_cast<int>(DType::kFloat32)}});
-        }),
-        {"coalesce_tensor", "Output[0] 'b' must be Input[0] 'a'"});
+    ExpectErrorContainsAll(ErrorOf([&] {
+                             AppendOp(f.b, "coalesce_tensor", {{"Input", {"a", "b"}}},
+                                      {{"Output", {"b", "a"}}, {"FusedOutput", {"fused"}}},
+                                      {{"numels", std::vector<int64_t>{6, 4}},
+                                       {"dtype", static_cast<int>(DType::kFloat32)}});
+                           }),
+                           {"coalesce_tensor", "Output[0] 'b' must be Input[0] 'a'"});
   }
 }
 

@@ -21,8 +21,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 Tensor F(std::vector<float> v, const DDim& d) { return Tensor::FromVector<float>(v, d); }
 
 TEST(NanSemantics, ReluPassesNanForwardAndItsGradientBackward) {
-  OpCase c{"relu_nan", "relu", {{"X", {F({1.5f, -1.f, kNan, 0.f, -kInf, kInf}, {2, 3})}}},
-           {{"Out", 1}}, {}, {}};
+  OpCase c{"relu_nan",   "relu", {{"X", {F({1.5f, -1.f, kNan, 0.f, -kInf, kInf}, {2, 3})}}},
+           {{"Out", 1}}, {},     {}};
   const std::vector<double> out = ToDouble(RunForward(c)["Out"][0]);
   EXPECT_EQ(out[0], 1.5);
   EXPECT_EQ(out[1], 0.0);
@@ -42,15 +42,17 @@ TEST(NanSemantics, ReluPassesNanForwardAndItsGradientBackward) {
 
 OpCase MaxPool(const std::string& name, Tensor x, std::vector<int> k, std::vector<int> s) {
   OpCase c{name, "pool2d", {{"X", {std::move(x)}}}, {{"Out", 1}}, {}, {}};
-  c.attrs = {{"pooling_type", std::string("max")}, {"ksize", k}, {"strides", s},
+  c.attrs = {{"pooling_type", std::string("max")},
+             {"ksize", k},
+             {"strides", s},
              {"paddings", std::vector<int>{0, 0}}};
   return c;
 }
 
 // A 4x4 plane: window (0, 0) of the 2x2 tiling holds one NaN, window (1, 1) only NaNs.
 Tensor PlaneWithNans() {
-  return F({1, 2, 3, 4,  //
-            5, kNan, 7, 8,  //
+  return F({1, 2, 3, 4,         //
+            5, kNan, 7, 8,      //
             9, 10, kNan, kNan,  //
             11, 12, kNan, kNan},
            {1, 1, 4, 4});
@@ -59,7 +61,7 @@ Tensor PlaneWithNans() {
 TEST(NanSemantics, MaxPoolPropagatesNanAndSendsItsGradientToTheNan) {
   struct Want {
     OpCase c;
-    std::vector<double> out;        // NaN: a NaN expected
+    std::vector<double> out;         // NaN: a NaN expected
     std::vector<int> gets_gradient;  // the elements of X that take a window's gradient
   };
   const double nan = std::nan("");
@@ -81,8 +83,8 @@ TEST(NanSemantics, MaxPoolPropagatesNanAndSendsItsGradientToTheNan) {
     }
     const std::vector<double> dx = ToDouble(RunGrads(w.c, CPUPlace()).at("X_0"));
     for (int i = 0; i < 16; ++i) {
-      const bool takes = std::find(w.gets_gradient.begin(), w.gets_gradient.end(), i) !=
-                         w.gets_gradient.end();
+      const bool takes =
+          std::find(w.gets_gradient.begin(), w.gets_gradient.end(), i) != w.gets_gradient.end();
       EXPECT_EQ(dx[i] != 0.0, takes) << i << ": " << dx[i];
       EXPECT_FALSE(std::isnan(dx[i])) << i;
     }
@@ -102,7 +104,8 @@ TEST(NanSemantics, SoftLabelZeroOnAMinusInfinityLogitContributesNothing) {
     label[0] = 0.3f;
     label[2] = 0.7f;
     for (int64_t j = 0; j < n; ++j) logits[n + j] = 0.1f * j, label[n + j] = 1.f / n;
-    OpCase c{"swce_soft_inf", "softmax_with_cross_entropy",
+    OpCase c{"swce_soft_inf",
+             "softmax_with_cross_entropy",
              {{"Logits", {F(logits, {2, n})}}, {"Label", {F(label, {2, n})}}},
              {{"Softmax", 1}, {"Loss", 1}},
              {{"soft_label", true}},

@@ -1,5 +1,5 @@
-// Tests of ops/pool_ops.cc, batch_norm_ops.cc, dropout_ops.cc and layer_norm_ops.cc and their DSL layers
-// (framework/dsl/nn_layers.h): forward values against naive reference loops (float32 and
+// Tests of ops/pool_ops.cc, batch_norm_ops.cc, dropout_ops.cc and layer_norm_ops.cc and their DSL
+// layers (framework/dsl/nn_layers.h): forward values against naive reference loops (float32 and
 // float64), gradients by finite differences (float64), the moving-stat update, the dropout mask's
 // seeding and rate, and bad input reported as keel::Error naming op and shapes.
 #include <gtest/gtest.h>

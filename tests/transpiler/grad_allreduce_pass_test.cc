@@ -3,12 +3,12 @@
 
 #include "fleet/distributed_strategy.h"
 #include "fleet/role_maker.h"
+#include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "tests/util/golden.h"
 #include "tests/util/transpiler_fixtures.h"
-#include "fleet/transpile.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -22,7 +22,8 @@ TEST(GradAllReducePass, OneRingMatchesGolden) {
   BuildTrainedMlp(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_before_main.txt");
   fleet::DistributedStrategy s;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_1ring_main.txt");
   testing::ExpectGolden(startup.ToText(), "grad_allreduce_1ring_startup.txt");
 }
@@ -32,7 +33,8 @@ TEST(GradAllReducePass, TwoRingsAlternateGradients) {
   BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.nccl_comm_num = 2;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_2ring_main.txt");
   testing::ExpectGolden(startup.ToText(), "grad_allreduce_2ring_startup.txt");
   int rings[2] = {0, 0};
@@ -49,7 +51,8 @@ TEST(GradAllReducePass, FusionMakesOneGroupWithinTheLimits) {
   BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_fused_main.txt");
   testing::ExpectGolden(startup.ToText(), "grad_allreduce_1ring_startup.txt");  // unchanged
 }
@@ -63,7 +66,8 @@ TEST(GradAllReducePass, FusionSplitsGroupsByCountAndSize) {
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;
   s.nccl_comm_num = 2;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_fused_2groups_main.txt");
 
   // A size limit below every gradient: each is a group of its own.
@@ -72,7 +76,8 @@ TEST(GradAllReducePass, FusionSplitsGroupsByCountAndSize) {
   s = fleet::DistributedStrategy();
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_MB = 1e-6;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main2, startup2);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main2, startup2);
   int coalesce = 0, allreduce = 0;
   for (auto& op : main2.global_block().ops()) {
     coalesce += op->type() == "coalesce_tensor";
@@ -98,7 +103,8 @@ TEST(GradAllReducePass, HierarchicalMatchesGolden) {
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;
   s.nccl_comm_num = 2;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_hierarchical_main.txt");
   testing::ExpectGolden(startup.ToText(), "grad_allreduce_hierarchical_startup.txt");
 }
@@ -111,7 +117,8 @@ TEST(GradAllReducePass, HierarchicalOnOneNodeWarnsAndUsesTheFlatRing) {
   fleet::DistributedStrategy s;
   s.use_hierarchical_allreduce = true;  // inter_nranks 0: the role's local world, 4 of 4
   ::testing::internal::CaptureStderr();
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("use_hierarchical_allreduce: all 4 ranks are on one node"), std::string::npos)
       << log;
@@ -145,7 +152,8 @@ std::vector<std::string> PaddleGroups(double memory_mb, int groups_size, int lay
   s.fuse_all_reduce_ops = true;
   s.paddle_fuse = {true, memory_mb, groups_size};
   s.Validate(TwoOfFour());
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   return FusedGroups(main);
 }
 
@@ -175,7 +183,8 @@ TEST(GradAllReducePass, PaddleFusionFlagsGroupAsPaddleDoes) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_MB = 1e-6;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   EXPECT_EQ(FusedGroups(main).size(), 4u);
 }
 
@@ -186,7 +195,8 @@ TEST(GradAllReducePass, PaddleFusionPerLayerMatchesGolden) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.paddle_fuse = {true, -1, 1};
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   testing::ExpectGolden(main.ToText(), "grad_allreduce_paddle_per_layer_main.txt");
 }
 
@@ -206,7 +216,9 @@ TEST(GradAllReducePass, AnOpWritingTwoGradientsGetsBothRightAfterIt) {
   const std::string next = b.op(ln + 1)->type();
   const auto vars = b.op(ln)->Attr<std::vector<std::string>>(kOpRoleVarAttr);
   ASSERT_EQ(vars.size(), 4u);
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(fleet::DistributedStrategy(), TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(
+      fleet::GradAllReduceOptionsFor(fleet::DistributedStrategy(), TwoOfFour()))
+      .Apply(main, startup);
   ln = 0;
   while (b.op(ln)->type() != "layer_norm_grad") ++ln;
   const char* want[] = {"c_sync_calc_stream", "c_allreduce_sum", "c_sync_calc_stream",
@@ -225,7 +237,9 @@ TEST(GradAllReducePass, NeedsBackward) {
     layers::mean(layers::fc(layers::data("x", {-1, 4}), 2));
   }
   fleet::DistributedStrategy s;
-  EXPECT_THROW(transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup), Error);
+  EXPECT_THROW(transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+                   .Apply(main, startup),
+               Error);
 }
 
 }  // namespace

@@ -3,12 +3,12 @@
 
 #include "fleet/distributed_strategy.h"
 #include "fleet/role_maker.h"
+#include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
-#include "fleet/transpile.h"
 #include "tests/util/golden.h"
-#include "tests/util/transpiler_fixtures.h"
 #include "tests/util/op_test_util.h"
+#include "tests/util/transpiler_fixtures.h"
 #include "transpiler/local_sgd_pass.h"
 
 namespace keel {
@@ -45,13 +45,17 @@ TEST(LocalSGDPass, NeedsAnOptimizerAndSaneSteps) {
   fleet::DistributedStrategy s;
   s.use_local_sgd = true;
   testing::ExpectErrorContainsAll(
-      testing::ErrorOf([&] { transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(main, startup); }),
+      testing::ErrorOf([&] {
+        transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(main, startup);
+      }),
       {"local_sgd", "no optimizer ops"});
   Program m2, s2;
   BuildTrainedMlp(m2, s2);
   s.local_sgd_steps = 0;
   testing::ExpectErrorContainsAll(
-      testing::ErrorOf([&] { transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(m2, s2); }),
+      testing::ErrorOf([&] {
+        transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, TwoOfFour())).Apply(m2, s2);
+      }),
       {"local_sgd_steps must be >= 1, got 0"});
 }
 

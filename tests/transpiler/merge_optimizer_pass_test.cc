@@ -1,8 +1,8 @@
 // MergeOptimizerOpsPass: the optimizer ops of a fused gradient group become one merged op (one
 // CUDA launch); the program text before and after (golden), the same parameters bit for bit after
 // training with and without the merge, groups that must not merge, and the merged ops' checks.
-#include "fleet/transpile.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "fleet/transpile.h"
 
 #include <gtest/gtest.h>
 
@@ -40,7 +40,8 @@ TEST(MergeOptimizerOpsPass, OneMergedOpPerFusedGroupMatchesGolden) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;  // two groups of two gradients
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   Merge(main, startup);
   testing::ExpectGolden(main.ToText(), "merge_optimizer_2groups_main.txt");
   EXPECT_EQ(Count(main, "sgd"), 0);
@@ -64,7 +65,8 @@ TEST(MergeOptimizerOpsPass, WeightDecayedGroupsMergeMatchesGolden) {
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
   s.fuse_grad_size_in_num = 2;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   Merge(main, startup);
   testing::ExpectGolden(main.ToText(), "merge_optimizer_weight_decay_main.txt");
   EXPECT_EQ(Count(main, "momentum"), 0);
@@ -74,7 +76,9 @@ TEST(MergeOptimizerOpsPass, WeightDecayedGroupsMergeMatchesGolden) {
 TEST(MergeOptimizerOpsPass, WithoutFusedGroupsNothingChanges) {
   Program main, startup;
   BuildTrainedMlp(main, startup);
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(fleet::DistributedStrategy(), TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(
+      fleet::GradAllReduceOptionsFor(fleet::DistributedStrategy(), TwoOfFour()))
+      .Apply(main, startup);
   const std::string before = main.ToText();
   Merge(main, startup);
   EXPECT_EQ(main.ToText(), before);
@@ -154,7 +158,8 @@ TEST(MergeOptimizerOpsPass, AnOpReadingAnEarlierUpdateKeepsTheGroupApart) {
   BuildTrainedMlp(main, startup);
   fleet::DistributedStrategy s;
   s.fuse_all_reduce_ops = true;
-  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour())).Apply(main, startup);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main, startup);
   Block& b = main.global_block();
   size_t first_sgd = 0;
   while (b.op(first_sgd)->type() != "sgd") ++first_sgd;

@@ -41,8 +41,8 @@ void ExpectGolden(const std::string& actual, const std::string& name) {
     if (!ga && !ge) break;
     if (la != le || ga != ge) {
       ADD_FAILURE() << "program differs from " << path << " at line " << line
-                    << "\n  expected: " << (ge ? le : "<end>") << "\n  actual:   "
-                    << (ga ? la : "<end>") << "\nfull actual text:\n"
+                    << "\n  expected: " << (ge ? le : "<end>")
+                    << "\n  actual:   " << (ga ? la : "<end>") << "\nfull actual text:\n"
                     << actual;
       return;
     }

@@ -33,7 +33,8 @@ Tensor R(const DDim& d, double lo, double hi, uint64_t seed, DType dt) {
 
 OpCase Op(std::string name, std::string type,
           std::vector<std::pair<std::string, std::vector<Tensor>>> inputs,
-          std::vector<std::pair<std::string, int>> outputs, std::map<std::string, Attribute> attrs) {
+          std::vector<std::pair<std::string, int>> outputs,
+          std::map<std::string, Attribute> attrs) {
   OpCase c;
   c.name = std::move(name);
   c.type = std::move(type);

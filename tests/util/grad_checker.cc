@@ -24,8 +24,10 @@ double GetAsDouble(const Tensor& t, int64_t i) {
 }
 
 void SetFromDouble(Tensor* t, int64_t i, double x) {
-  if (t->dtype() == DType::kFloat64) t->data<double>()[i] = x;
-  else t->data<float>()[i] = static_cast<float>(x);
+  if (t->dtype() == DType::kFloat64)
+    t->data<double>()[i] = x;
+  else
+    t->data<float>()[i] = static_cast<float>(x);
 }
 
 // The built program: one op whose inputs are data vars "<slot>_<i>" and outputs "<slot>_out_<i>".
@@ -106,7 +108,7 @@ std::map<std::string, std::vector<Tensor>> RunForward(const OpCase& c, const Pla
 namespace {
 // What AppendLossAndBackward built.
 struct LossAndGrads {
-  bool has_loss = false;                                      // some float output to sum
+  bool has_loss = false;                                     // some float output to sum
   std::vector<std::pair<std::string, std::string>> checked;  // (input var, grad var)
   std::vector<std::string> missing;  // slots of float inputs that got no gradient
 };
@@ -145,8 +147,7 @@ LossAndGrads AppendLossAndBackward(const OpCase& c, const std::vector<std::strin
   AppendOp(block, "sum", {{"X", terms}}, {{"Out", {"loss"}}});
   append_backward(b.prog, "loss");
   for (auto& [slot, names] : b.in_names) {
-    if (std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), slot) !=
-        c.no_grad_inputs.end())
+    if (std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), slot) != c.no_grad_inputs.end())
       continue;
     for (auto& n : names) {
       if (!IsFloat(block.FindVar(n)->dtype())) continue;
@@ -199,8 +200,7 @@ void CheckGrad(const OpCase& c, double eps, double rtol, double atol,
     Tensor x = b.feed[in].Clone();
     FeedMap feed = b.feed;
     ASSERT_EQ(grads[k].numel(), x.numel()) << "gradient of " << in << " has shape "
-                                           << grads[k].dims().str() << ", input "
-                                           << x.dims().str();
+                                           << grads[k].dims().str() << ", input " << x.dims().str();
     for (int64_t i = 0; i < x.numel(); ++i) {
       double orig = GetAsDouble(x, i);
       SetFromDouble(&x, i, orig + eps);

@@ -51,11 +51,12 @@ void RunAll(DType dtype, int ring, int64_t len) {
   };
   var("x", {len});
   b.FindVar("x")->set_is_data(true);
-  for (std::string op : {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_min",
-                         "c_allreduce_prod", "c_broadcast"})
+  for (std::string op :
+       {"c_allreduce_sum", "c_allreduce_max", "c_allreduce_min", "c_allreduce_prod", "c_broadcast"})
     AppendOp(b, op, {{"X", {"x"}}}, {{"Out", {var(op + "_out", {len})}}},
-             op == "c_broadcast" ? std::map<std::string, Attribute>{{"ring_id", ring}, {"root", n - 1}}
-                                 : std::map<std::string, Attribute>{{"ring_id", ring}});
+             op == "c_broadcast"
+                 ? std::map<std::string, Attribute>{{"ring_id", ring}, {"root", n - 1}}
+                 : std::map<std::string, Attribute>{{"ring_id", ring}});
   AppendOp(b, "c_allgather", {{"X", {"x"}}}, {{"Out", {var("gathered", {len * n})}}},
            {{"ring_id", ring}, {"nranks", n}});
   AppendOp(b, "c_reducescatter", {{"X", {"x"}}}, {{"Out", {var("scattered", {len / n})}}},
@@ -110,7 +111,8 @@ int g_fused_runs = 0;
 template <typename T>
 void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b) {
   // Gloo reduces floats in an order of its own: near, not the same bits.
-  const bool exact = std::string(RingRegistry::Get().At(ring, "collective_worker").backend()) == "shm";
+  const bool exact =
+      std::string(RingRegistry::Get().At(ring, "collective_worker").backend()) == "shm";
   const int rank = fleet::worker_index(), n = fleet::worker_num();
   Program main;
   Block& blk = main.global_block();
@@ -123,7 +125,8 @@ void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b
   blk.Var("fused")->set_dtype(dtype);
   AppendOp(blk, "coalesce_tensor", {{"Input", {"g0", "g1"}}},
            {{"Output", {"g0", "g1"}}, {"FusedOutput", {"fused"}}},
-           {{"numels", std::vector<int64_t>{a, b}}, {"dtype", static_cast<int>(dtype)},
+           {{"numels", std::vector<int64_t>{a, b}},
+            {"dtype", static_cast<int>(dtype)},
             {"copy_data", true}});
   AppendOp(blk, op, {{"X", {"fused"}}}, {{"Out", {"fused"}}}, {{"ring_id", ring}});
   auto value = [](int r, int64_t i) {
@@ -134,8 +137,9 @@ void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b
   for (int64_t i = 0; i < a + b; ++i) x[i] = value(rank, i);
   std::vector<T> x0(x.begin(), x.begin() + a), x1(x.begin() + a, x.end());
   Executor exe;
-  auto out = exe.Run(main, {{"g0", Tensor::FromVector<T>(x0, {a})}, {"g1", Tensor::FromVector<T>(x1, {b})}},
-                     {"g0", "g1"});
+  auto out = exe.Run(
+      main, {{"g0", Tensor::FromVector<T>(x0, {a})}, {"g1", Tensor::FromVector<T>(x1, {b})}},
+      {"g0", "g1"});
   ++g_fused_runs;
   const std::string tag = "fused " + op + " " + DTypeName(dtype) + " ring " + std::to_string(ring) +
                           " len " + std::to_string(a + b);
@@ -143,7 +147,7 @@ void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b
     T want = value(0, i);
     for (int r = 1; r < n; ++r) {
       const T v = value(r, i);
-      want = op == "c_allreduce_sum" ? static_cast<T>(want + v)
+      want = op == "c_allreduce_sum"   ? static_cast<T>(want + v)
              : op == "c_allreduce_max" ? std::max(want, v)
                                        : static_cast<T>(want * v);
     }
@@ -185,7 +189,8 @@ int main(int argc, char** argv) {
       int left = 0;
       if (DIR* d = opendir("/dev/shm")) {
         std::string prefix = "keel-" + std::to_string(getpid()) + "-";
-        while (dirent* e = readdir(d)) left += std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+        while (dirent* e = readdir(d))
+          left += std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
         closedir(d);
       }
       std::printf("rank %d: %s rings, %d shm names left\n", rank, backend, left);

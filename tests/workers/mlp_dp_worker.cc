@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
       for (auto& v : gy) v = static_cast<int64_t>(rng() % 3);
       std::vector<float> lx(gx.begin() + rank * local * 8, gx.begin() + (rank + 1) * local * 8);
       std::vector<int64_t> ly(gy.begin() + rank * local, gy.begin() + (rank + 1) * local);
-      exe.Run(fleet::main_program(),
-              {{"x", Tensor::FromVector(lx, {local, 8})}, {"y", Tensor::FromVector(ly, {local, 1})}});
+      exe.Run(fleet::main_program(), {{"x", Tensor::FromVector(lx, {local, 8})},
+                                      {"y", Tensor::FromVector(ly, {local, 1})}});
     }
     // A fingerprint of this rank's parameters, to compare ranks by.
     double sum = 0, weighted = 0;
