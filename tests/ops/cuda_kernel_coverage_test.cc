@@ -27,7 +27,8 @@ bool ElsewhereInIssue7(const std::string& type) {
   return ops.count(type) > 0;
 }
 
-void CollectMissing(const Program& p, const std::string& what, std::set<std::string>* missing) {
+[[maybe_unused]] void CollectMissing(const Program& p, const std::string& what,
+                                     std::set<std::string>* missing) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (auto& op : p.block(b).ops()) {
       if (IsCollective(op->type()) || ElsewhereInIssue7(op->type())) continue;
