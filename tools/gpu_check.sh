@@ -42,21 +42,23 @@ fi
 if [ "$mode" = bundle ]; then
   B=$(cd "${2:-build}" && pwd) || exit 1
   LIBKEEL=$(ls "$B"/libkeel.so "$B"/lib/libkeel.so 2>/dev/null | head -1)
-  ldd "$LIBKEEL" 2>/dev/null | grep -q libcudart || { echo "gpu_check: $B is not a CUDA build (its libkeel.so does not load cudart)"; exit 1; }
+  # The CUDA half is libkeel_cuda, beside libkeel (libkeel itself links no CUDA library).
+  ls "$(dirname "$LIBKEEL")"/libkeel_cuda.so >/dev/null 2>&1 ||
+    { echo "gpu_check: $B is not a CUDA build (no libkeel_cuda.so beside its libkeel.so)"; exit 1; }
   grep -q '^KEEL_NATIVE:BOOL=ON' "$B/CMakeCache.txt" &&
     echo "gpu_check: warning: $B was built with -march=native; the GPU machine's CPU may lack its instructions"
   S=$(mktemp -d)
   mkdir -p "$S/build/bin" "$S/build/tests" "$S/syslib"
   cp -a "$B"/bin/* "$S/build/bin/"
   LIBREL=$(dirname "${LIBKEEL#$B/}")     # where libkeel sits in the build folder: . or lib
-  mkdir -p "$S/build/$LIBREL" && cp -a "$(dirname "$LIBKEEL")"/libkeel.so* "$S/build/$LIBREL/"
+  mkdir -p "$S/build/$LIBREL" && cp -a "$(dirname "$LIBKEEL")"/libkeel.so* "$(dirname "$LIBKEEL")"/libkeel_cuda.so* "$S/build/$LIBREL/"
   for t in "${GPU_TESTS[@]}"; do cp -a "$B/tests/$t" "$S/build/tests/" || exit 1; done
   # Every shared library they load, except CUDA's (the GPU machine's own) and the C runtime.
-  for f in "$S"/build/bin/* "$S"/build/tests/* "$S"/build/lib/libkeel.so; do ldd "$f"; done 2>/dev/null |
+  for f in "$S"/build/bin/* "$S"/build/tests/* "$S"/build/$LIBREL/libkeel.so "$S"/build/$LIBREL/libkeel_cuda.so; do ldd "$f"; done 2>/dev/null |
     awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -vE '/libkeel\.|/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so|/libcu|/libnccl|/libnvidia|/libnvrtc' |
     while read -r l; do cp -L "$l" "$S/syslib/"; done
-  strip --strip-unneeded "$S"/build/bin/* "$S"/build/tests/* "$S"/build/$LIBREL/libkeel.so.* 2>/dev/null
+  strip --strip-unneeded "$S"/build/bin/* "$S"/build/tests/* "$S"/build/$LIBREL/libkeel.so.* "$S"/build/$LIBREL/libkeel_cuda.so.* 2>/dev/null
   # The real MNIST test set, for the LeNet test (KEEL_MNIST_DIR there).
   MNIST=${KEEL_MNIST_DIR:-$ROOT/../shared/data/mnist}
   [ -f "$MNIST/t10k-images-idx3-ubyte.gz" ] && mkdir -p "$S/mnist" && cp "$MNIST"/t10k-*.gz "$S/mnist/"

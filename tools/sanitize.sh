@@ -30,12 +30,14 @@ case $job in
 esac
 # What each job runs. ASan+UBSan: every test but the GPU ones (no CUDA here) and those bound by
 # wall-clock time (fault injection with timeouts, two-host namespaces, mpirun, benchmarks).
-# TSan (10-20x slower): the unit tests of the threaded parts (scheduler and executor, rings and
-# the store, the data loader, allocators, thread pool, profiler) and the multi-process
-# data-parallel tests.
+# TSan (10-20x slower, and a TSan process takes 1.4 GB): the unit tests of the threaded parts
+# (scheduler and executor, the store, the data loader, allocators, thread pool, profiler) and the
+# two-rank data-parallel tests; the collective and fleet multi-process suites (dozens of TSan
+# processes each) are left to the ASan job and the plain build.
 case $job in
   asan) select=(-E '^(Docs/DocCommands.RunAsWritten/docs_install|FaultTest|MultiHostTest|MpirunTest|KeelBench|CrashTest|FleetFaults|Cuda|Cudnn|Gpu|GraphCapture|ExecutorCudaGraph)') ;;
-  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor\.|EagerDeletion|OpTraits|Store|CollectiveOps|ShmRing|DataParallel|FleetMultiProcess|FleetAllReduce|FleetBarrier|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor\.|Scope|FdIo|MlpTraining)') ;;
+  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB)'
+                -E 'HazardEdgeKeepsTheAnswerAndRemovingItBreaksIt') ;;  # races on purpose
 esac
 if [ -n "${KEEL_SANITIZE_TESTS:-}" ]; then select=(-R "$KEEL_SANITIZE_TESTS"); fi
 cmake -S . -B "$dir" -G Ninja -DKEEL_WITH_CUDA=OFF -DKEEL_NATIVE=OFF -DKEEL_WERROR=ON \
@@ -44,10 +46,10 @@ if [ "$job" = tsan ] && [ -z "${KEEL_SANITIZE_TESTS:-}" ]; then
   # Only what the selection runs: its test programs, the keel binary and the worker programs.
   workers=$(cd tests/workers && ls *_worker.cc | sed 's/\.cc$//')
   cmake --build "$dir" -j "$(nproc)" --target keel_cli train_mlp train_mlp_fleet $workers scheduler_test event_plan_test \
-    executor_test eager_deletion_test op_traits_test store_test collective_ops_test \
-    data_parallel_test fleet_api_test data_test caching_allocator_test profiler_test runtime_test \
-    base_test mlp_test
+    executor_test eager_deletion_test op_traits_test store_test data_parallel_test data_test \
+    caching_allocator_test profiler_test runtime_test base_test
 else
   cmake --build "$dir" -j "$(nproc)"
 fi
 ctest --test-dir "$dir" --output-on-failure -j 2 --timeout 900 "${select[@]}" "$@"
+
