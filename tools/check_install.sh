@@ -51,7 +51,7 @@ if [ -e "$build/libkeel_cuda.so" ]; then
     { echo "check_install: libkeel_cuda was not installed beside libkeel" >&2; exit 1; }
 fi
 set +e
-tools/run_without_cuda.sh "$work/examples/fit_mlp" --steps=5 > "$work/nocuda.log" 2>&1
+tools/run_without_cuda.sh "$work/examples/fit_mlp" --steps=40 > "$work/nocuda.log" 2>&1
 rc=$?
 set -e
 if [ $rc -eq 77 ]; then

@@ -23,6 +23,7 @@ for d in /usr/local/cuda /usr/local/cuda-* /usr/local/lib64 /usr/local/targets \
   [ -e "$d" ] || continue
   real=$(realpath "$d")
   [ -d "$real" ] || continue
+  case " ${hidden[*]} " in *" $real "*) continue ;; esac  # two names of one folder
   mount --bind "$empty" "$real"
   hidden+=("$real")
 done
