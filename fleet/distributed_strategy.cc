@@ -100,6 +100,14 @@ std::string AmpString(const DistributedStrategy& st) {
       ", custom_black_list=", ListString(c.custom_black_list),
       ", check_kernels=", c.check_kernels ? "true" : "false", "}");
 }
+// ", recompute=..., recompute_configs={checkpoints=[...]}".
+std::string RecomputeString(const DistributedStrategy& st) {
+  std::string list = "[";
+  for (const std::string& c : st.recompute_configs.checkpoints)
+    list += StrCat(list.size() > 1 ? " " : "", c);
+  return StrCat(", recompute=", st.recompute ? "true" : "false",
+                ", recompute_configs={checkpoints=", list, "]}");
+}
 }  // namespace
 
 std::string DistributedStrategy::ToString() const {
@@ -118,7 +126,8 @@ std::string DistributedStrategy::ToString() const {
       ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce), ", comm_timeout_s=", comm_timeout_s,
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
-      ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this), "}");
+      ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
+      RecomputeString(*this), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -240,6 +249,8 @@ void DistributedStrategy::Validate(const Role& role) const {
         StrCat("amp_configs.custom_black_list=", ListString(c.custom_black_list)), "amp");
     off(c.check_kernels != a.check_kernels, "amp_configs.check_kernels=false", "amp");
   }
+  if (!recompute)
+    off(!recompute_configs.checkpoints.empty(), "recompute_configs.checkpoints", "recompute");
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "
                "AMP may use; leave it at its default");

@@ -84,6 +84,14 @@ struct DistributedStrategy {
   bool amp = false;
   amp::AmpConfig amp_configs;
 
+  // Recompute (framework/autodiff/backward.h): backward keeps only the checkpoints from forward
+  // and runs the forward segments between them again. Empty checkpoints: the vars the model
+  // marked with recompute_checkpoint().
+  bool recompute = false;
+  struct RecomputeConfigs {
+    std::vector<std::string> checkpoints;
+  } recompute_configs;
+
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
   // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.

@@ -368,6 +368,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
                "'): a program is minimized once; build another program for another "
                "optimizer");
   std::vector<ParamGrad> pg;
+  if (strategy_.recompute) opt_->set_recompute(strategy_.recompute_configs.checkpoints);
   if (strategy_.amp) {
     amp::AmpConfig config = strategy_.amp_configs;
     config.place = worker_place().kind;

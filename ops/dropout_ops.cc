@@ -36,6 +36,9 @@ KEEL_REGISTER_OP(dropout)
         "downgrade_in_infer: training "
         "keeps values as they are and is_test scales by 1 - p.")
     .Input("X", "any shape")
+    .OptionalInput("ReplayMask",
+                   "uint8, shape of X: a mask an earlier run of this dropout drew, applied "
+                   "instead of drawing (recompute replays the forward this way)")
     .Output("Out", "shape of X")
     .OptionalOutput("Mask", "uint8, shape of X: 1 where kept (written in training only)")
     .Attr<float>("dropout_prob", 0.5f, "the probability of zeroing", InUnitInterval())

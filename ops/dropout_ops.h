@@ -32,7 +32,8 @@ struct DropoutAttrs {
 // executor's run index as counter (restored on resume, so a resumed run draws the masks of the
 // uninterrupted run); with fix_seed every run uses counter 0, the same mask each run (Paddle
 // 1.x's fix_seed). A CUDA graph replays a launch's arguments, so a captured step reads the run
-// index from device memory (ctx.device_run_index()).
+// index from device memory (ctx.device_run_index()). With ReplayMask (recompute's replay of a
+// forward dropout) Out = X * ReplayMask * TrainScale and nothing is drawn.
 template <typename D, typename T>
 class DropoutKernel : public OpKernel {
  public:
@@ -45,6 +46,17 @@ class DropoutKernel : public OpKernel {
     if (a_.is_test) {
       const T s = static_cast<T>(a_.TestScale());
       Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = xd[i] * s; });
+      return;
+    }
+    if (const Tensor* replay = ctx.InputOrNull("ReplayMask")) {
+      // Recompute: Out from the mask the forward drew, nothing drawn.
+      KEEL_ENFORCE(replay->numel() == n, "ReplayMask ", replay->dims(), " and X ", x.dims(),
+                   " differ in size");
+      const uint8_t* md = replay->data<uint8_t>();
+      const T s = static_cast<T>(a_.TrainScale());
+      Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) {
+        od[i] = fn::DropoutApply(md[i] != 0, xd[i], s);
+      });
       return;
     }
     const uint64_t seed = ctx.seed();

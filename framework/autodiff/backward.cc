@@ -1,7 +1,11 @@
 #include "framework/autodiff/backward.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <set>
 
 #include "framework/op/op_registry.h"
 
@@ -26,10 +30,73 @@ std::string ForwardName(const std::string& grad) {
 
 void SetRole(OpDesc* op, OpRole role) { op->SetAttr(kOpRoleAttr, static_cast<int>(role)); }
 
+// Recompute's plan: the segment of each forward op and, per recomputed segment, the ops to run
+// again (in forward order).
+struct RecomputePlan {
+  std::vector<int> segment_of;             // per forward op index <= loss_op
+  int last_segment = 0;                    // not recomputed
+  std::map<int, std::vector<int>> replay;  // segment -> forward ops to run again
+  std::set<std::string> kept;              // checkpoints: never renamed
+};
+
+RecomputePlan PlanRecompute(const Block& block, int loss_op, const std::vector<int>& relevant,
+                            const std::vector<std::string>& checkpoints) {
+  RecomputePlan plan;
+  std::set<int> ends;  // ops that write a checkpoint (their last writer before the loss)
+  for (const std::string& c : checkpoints) {
+    int writer = -1;
+    for (int i = 0; i <= loss_op; ++i)
+      for (const std::string& out : block.op(i)->OutputArgumentNames())
+        if (out == c) writer = i;
+    KEEL_ENFORCE(writer >= 0, "recompute: checkpoint '", c,
+                 "' is not written by a forward op before the loss");
+    ends.insert(writer);
+    plan.kept.insert(c);
+  }
+  plan.segment_of.assign(loss_op + 1, 0);
+  int seg = 0;
+  for (int i = 0; i <= loss_op; ++i) {
+    plan.segment_of[i] = seg;
+    if (ends.count(i)) ++seg;
+  }
+  plan.last_segment = seg;
+  // Per segment: the relevant ops and, within the segment, the producers of what they read.
+  std::map<int, std::set<int>> wanted;
+  for (int i : relevant)
+    if (plan.segment_of[i] != plan.last_segment) wanted[plan.segment_of[i]].insert(i);
+  for (auto& [s, ops] : wanted) {
+    for (int i = loss_op; i >= 0; --i) {
+      if (plan.segment_of[i] != s || !ops.count(i)) continue;
+      for (const std::string& in : block.op(i)->InputArgumentNames())
+        for (int j = i - 1; j >= 0 && plan.segment_of[j] == s; --j) {
+          const auto outs = block.op(j)->OutputArgumentNames();
+          if (std::find(outs.begin(), outs.end(), in) != outs.end()) {
+            ops.insert(j);
+            break;
+          }
+        }
+    }
+    for (int i : ops) {
+      const OpDesc& op = *block.op(i);
+      bool all_kept = true;
+      for (const std::string& out : op.OutputArgumentNames())
+        all_kept = all_kept && (plan.kept.count(out) || out == kEmptyVarName);
+      if (all_kept) continue;
+      KEEL_ENFORCE(op.type() == "dropout" || !OpRegistry::Get(op.type()).FindAttr("seed"),
+                   "recompute: op ", i, " (", op.type(),
+                   ") draws random numbers and lies in a recomputed segment; its replay would "
+                   "draw others. Make one of its outputs a checkpoint");
+      plan.replay[s].push_back(i);
+    }
+  }
+  return plan;
+}
+
 }  // namespace
 
 std::vector<ParamGrad> append_backward(Program& program, const std::string& loss,
-                                       const std::set<std::string>& no_grad_set) {
+                                       const std::set<std::string>& no_grad_set,
+                                       const std::vector<std::string>& checkpoints) {
   Block& block = program.global_block();
   VarDesc* loss_var = block.FindVar(loss);
   KEEL_ENFORCE(loss_var != nullptr, "append_backward: loss '", loss,
@@ -106,7 +173,71 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
   InferShapeAtBuild(fill, &block);
 
   std::set<std::string> produced{loss_grad};
+  const bool recompute = !checkpoints.empty();
+  RecomputePlan plan;
+  if (recompute) plan = PlanRecompute(block, loss_op, relevant, checkpoints);
+  std::map<std::string, std::string> renamed;  // forward var -> its recomputed copy
+  int replayed_segment = plan.last_segment;
+  auto rename = [&](const std::string& v) {
+    auto it = renamed.find(v);
+    return it == renamed.end() ? v : it->second;
+  };
+  // Runs segment `s`'s ops again, writing "<var>@RECOMPUTE".
+  auto replay = [&](int s) {
+    std::set<std::string> crossing;
+    for (int i : plan.replay[s]) {
+      auto copy = std::make_unique<OpDesc>(*block.op(i));
+      for (const auto& [slot, args] : block.op(i)->inputs()) {
+        std::vector<std::string> a = args;
+        for (std::string& v : a) v = rename(v);
+        copy->SetInput(slot, a);
+      }
+      if (copy->type() == "dropout") {
+        // The forward's mask, not a new draw (dropout_grad reads that mask too).
+        copy->SetInput("ReplayMask", block.op(i)->Output("Mask"));
+        copy->SetOutput("Mask", {kEmptyVarName});
+      }
+      for (const auto& [slot, args] : copy->outputs()) {
+        std::vector<std::string> a = args;
+        for (std::string& v : a) {
+          if (v == kEmptyVarName || plan.kept.count(v)) continue;
+          const std::string r = v + "@RECOMPUTE";
+          const VarDesc* f = block.MustFindVar(v);
+          VarDesc* c = block.Var(r);
+          c->set_dtype(f->dtype());
+          c->set_shape(f->shape());
+          c->set_stop_gradient(true);
+          renamed[v] = r;
+          v = r;
+        }
+        copy->SetOutput(slot, a);
+      }
+      copy->RemoveAttr(kOpRoleVarAttr);
+      SetRole(copy.get(), OpRole::kBackward);
+      OpDesc* added = block.InsertOp(block.num_ops(), std::move(copy));
+      InferShapeAtBuild(added, &block);
+    }
+    // Activations of this segment that a later segment reads stay alive from forward on.
+    for (int j = 0; j <= loss_op; ++j) {
+      if (plan.segment_of[j] <= s) continue;
+      for (const std::string& in : block.op(j)->InputArgumentNames()) {
+        const VarDesc* v = block.FindVarRecursive(in);
+        if (renamed.count(in) && !plan.kept.count(in) && v && !v->persistable())
+          crossing.insert(in);
+      }
+    }
+    for (const std::string& v : crossing)
+      LOG(INFO) << "recompute: '" << v << "' of segment " << s
+                << " is read by a later segment, so it stays alive until backward (make it a "
+                   "checkpoint to say so)";
+  };
   for (int i : relevant) {
+    if (recompute && plan.segment_of[i] != plan.last_segment) {
+      while (replayed_segment > plan.segment_of[i]) {
+        --replayed_segment;
+        if (plan.replay.count(replayed_segment)) replay(replayed_segment);
+      }
+    }
     const OpDesc& fwd = *block.op(i);
     const OpSchema& schema = OpRegistry::Get(fwd.type());
     KEEL_ENFORCE(schema.has_grad(), "append_backward: op ", fwd.type(),
@@ -123,13 +254,22 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
         g->SetOutput(kv.first, args);
       }
       if (!any_out) continue;
+      if (recompute && plan.segment_of[i] != plan.last_segment) {
+        // Forward vars the grad op reads: their recomputed copies.
+        for (const auto& [slot, args] : g->inputs()) {
+          std::vector<std::string> a = args;
+          for (std::string& v : a)
+            if (ForwardName(v).empty()) v = rename(v);
+          g->SetInput(slot, a);
+        }
+      }
       // A grad input nobody produced (an output whose gradient never flows): zeros.
       for (auto& kv : g->inputs())
         for (auto& a : kv.second) {
           std::string f = ForwardName(a);
           if (f.empty() || produced.count(a)) continue;
           OpDesc* z = block.AppendOp("fill_zeros_like");
-          z->SetInput("X", {f});
+          z->SetInput("X", {rename(f)});
           z->SetOutput("Out", {a});
           SetRole(z, OpRole::kBackward);
           declare_grad(a, f);

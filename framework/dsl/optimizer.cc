@@ -17,7 +17,14 @@ std::map<std::string, Attribute> UpdateRole(const ParamGrad& pg) {
 
 std::vector<ParamGrad> Optimizer::backward(Var loss, const std::set<std::string>& no_grad_set) {
   KEEL_ENFORCE(loss.valid(), type(), ": minimize needs a loss variable");
-  return append_backward(*loss.block()->program(), loss.name(), no_grad_set);
+  Program& program = *loss.block()->program();
+  if (!recompute_) return append_backward(program, loss.name(), no_grad_set);
+  std::vector<std::string> checkpoints = recompute_checkpoints_;
+  if (checkpoints.empty()) checkpoints = RecomputeCheckpoints(program);
+  KEEL_ENFORCE(!checkpoints.empty(), type(),
+               ": recompute is on but no checkpoint is named (set_recompute({...}), "
+               "recompute_configs.checkpoints, or recompute_checkpoint(var) in the model)");
+  return append_backward(program, loss.name(), no_grad_set, checkpoints);
 }
 
 const std::string& Optimizer::learning_rate_var() const {

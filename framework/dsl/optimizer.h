@@ -54,6 +54,15 @@ class Optimizer {
   // parameters and their accumulators as they are on a step where it holds true (mixed
   // precision's overflow skip, see amp.h). "" (the default): every step updates.
   void set_skip_update(const std::string& var) { skip_update_ = var; }
+  // Recompute (Paddle's RecomputeOptimizer): backward keeps only `checkpoints` from forward and
+  // runs the forward segments between them again (framework/autodiff/backward.h). An empty list
+  // takes the vars the model marked with recompute_checkpoint(); none at all is a keel::Error at
+  // backward().
+  void set_recompute(std::vector<std::string> checkpoints = {}) {
+    recompute_ = true;
+    recompute_checkpoints_ = std::move(checkpoints);
+  }
+  bool recompute() const { return recompute_; }
   float weight_decay() const { return weight_decay_; }
   // The constant learning rate; a keel::Error when it is a schedule (see lr()).
   float learning_rate() const { return learning_rate_.value(); }
@@ -79,6 +88,8 @@ class Optimizer {
   float weight_decay_ = 0;
   std::string lr_var_;
   std::string skip_update_;
+  bool recompute_ = false;
+  std::vector<std::string> recompute_checkpoints_;
 };
 
 // param -= learning_rate * grad

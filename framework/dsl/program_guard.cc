@@ -2,6 +2,10 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+
 #include "framework/op/op_registry.h"
 
 namespace keel {
@@ -73,6 +77,30 @@ Var CreateTmpVar(const std::string& prefix, DType dtype) {
   std::string name = prog.UniqueName(prefix + ".tmp");
   block.Var(name)->set_dtype(dtype);
   return Var(&block, name);
+}
+
+namespace {
+std::mutex& CheckpointMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uint64_t, std::vector<std::string>>& CheckpointMarks() {
+  static auto* marks = new std::map<uint64_t, std::vector<std::string>>;
+  return *marks;
+}
+}  // namespace
+
+void recompute_checkpoint(Var v) {
+  KEEL_ENFORCE(v.valid(), "recompute_checkpoint: not a variable");
+  std::lock_guard<std::mutex> lock(CheckpointMutex());
+  std::vector<std::string>& marks = CheckpointMarks()[v.block()->program()->id()];
+  if (std::find(marks.begin(), marks.end(), v.name()) == marks.end()) marks.push_back(v.name());
+}
+
+std::vector<std::string> RecomputeCheckpoints(const Program& program) {
+  std::lock_guard<std::mutex> lock(CheckpointMutex());
+  auto it = CheckpointMarks().find(program.id());
+  return it == CheckpointMarks().end() ? std::vector<std::string>{} : it->second;
 }
 
 }  // namespace keel

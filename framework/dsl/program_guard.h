@@ -46,6 +46,13 @@ class ProgramGuard {
 Program& default_main_program();
 Program& default_startup_program();
 
+// Marks `v` a recompute checkpoint of its program (Paddle's recompute_configs.checkpoints, set
+// where the model is written): an optimizer with recompute on keeps it from forward to backward
+// and recomputes what lies between checkpoints (framework/autodiff/backward.h).
+void recompute_checkpoint(Var v);
+// The vars marked in `program`, in marking order.
+std::vector<std::string> RecomputeCheckpoints(const Program& program);
+
 // Appends an op of `type` to `block`, fills default attrs, checks it against the schema and runs
 // build-time shape inference, which sets the output vars' shapes and dtypes. Output vars that do
 // not exist yet are created (non-persistable).

@@ -29,7 +29,10 @@ ClassifierOutputs resnet_cifar(Var image, Var label, int depth, int classes) {
   const int n = (depth - 2) / 6;
   Var h = ConvBn(image, 16, 3, 1, "relu");
   for (int stage = 0; stage < 3; ++stage)
-    for (int b = 0; b < n; ++b) h = BasicBlock(h, 16 << stage, stage > 0 && b == 0 ? 2 : 1);
+    for (int b = 0; b < n; ++b) {
+      h = BasicBlock(h, 16 << stage, stage > 0 && b == 0 ? 2 : 1);
+      recompute_checkpoint(h);  // each block's output: recompute keeps these alone
+    }
   h = layers::pool2d(h, 8, "avg", 1, 0, /*global_pooling=*/true);
   Var logits = layers::fc(h, classes);
   Var loss = layers::mean(layers::softmax_with_cross_entropy(logits, label));

@@ -37,8 +37,10 @@ ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConf
   x = layers::elementwise_add(x, pos, 1);
   for (int i = 0; i < c.layers; ++i) {
     x = layers::layer_norm(layers::elementwise_add(x, SelfAttention(x, c)), 2);
+    recompute_checkpoint(x);  // the attention sublayer's output
     Var ff = layers::fc(layers::gelu(layers::fc(x, c.d_ff, "", 2)), c.d_model, "", 2);
     x = layers::layer_norm(layers::elementwise_add(x, ff), 2);
+    recompute_checkpoint(x);  // the layer's output: recompute keeps these sublayer outputs alone
   }
   Var logits = layers::reshape(layers::fc(x, c.vocab, "", 2), {-1, c.vocab});  // [N*L, V]
   Var flat_labels = layers::reshape(labels, {-1, 1});

@@ -63,7 +63,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "amp=false, amp_configs={dtype=bfloat16, level=O1, use_dynamic_loss_scaling=unset, "
       "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
-      "check_kernels=true}}");
+      "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -393,6 +393,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->amp_configs.custom_black_list = {"relu"}; }},
       {"amp_configs.check_kernels", kRefused, none,
        [](auto* s) { s->amp_configs.check_kernels = false; }},
+      // recompute acts in backward (before the passes): pinned by the fleet test.
+      {"recompute", kPinnedBy, none, none, "FleetRecompute.MinimizeReplaysTheMarkedSegments"},
+      {"recompute_configs.checkpoints", kRefused, none,
+       [](auto* s) { s->recompute_configs.checkpoints = {"h"}; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -400,7 +404,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 272u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 304u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

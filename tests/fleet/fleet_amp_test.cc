@@ -1,6 +1,6 @@
-// DistributedStrategy::amp through fleet's minimize: the forward rewrite and loss scaling reach
-// the program fleet returns (one worker; the transpiled all-reduce sits before the overflow
-// check, tested in the pass goldens), and amp_configs is refused while amp is off.
+// DistributedStrategy::amp and ::recompute through fleet's minimize: the forward rewrite and loss
+// scaling reach the program fleet returns (one worker; the transpiled all-reduce sits before the
+// overflow check, tested in the pass goldens), and amp_configs is refused while amp is off.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -28,8 +28,7 @@ TEST(FleetAmp, MinimizeRewritesTheForwardAndScalesTheLoss) {
   fleet::init(fleet::UserDefinedRoleMaker(0, 1));
   Program main, startup;
   ProgramGuard g(main, startup);
-  Var loss =
-      models::mlp(layers::data("x", {-1, 32}), layers::data("y", {-1, 1}, DType::kInt64), 4);
+  Var loss = models::mlp(layers::data("x", {-1, 32}), layers::data("y", {-1, 1}, DType::kInt64), 4);
   fleet::DistributedStrategy s;
   s.amp = true;
   s.amp_configs.dtype = DType::kFloat16;
@@ -81,6 +80,22 @@ TEST(FleetAmp, TheOverflowCheckReadsAllReducedGradients) {
   ASSERT_GE(sync, 0) << main.ToText();
   EXPECT_LT(last_allreduce, sync);
   EXPECT_LT(sync, check) << main.ToText();
+}
+
+TEST(FleetRecompute, MinimizeReplaysTheMarkedSegments) {
+  fleet::reset();
+  fleet::init(fleet::UserDefinedRoleMaker(0, 1));
+  Program main, startup;
+  ProgramGuard g(main, startup);
+  Var x = layers::data("x", {-1, 8});
+  Var h = layers::fc(layers::fc(x, 16, "relu"), 16, "tanh");
+  recompute_checkpoint(h);
+  Var loss = layers::mean(layers::fc(h, 2));
+  fleet::DistributedStrategy s;
+  s.recompute = true;
+  fleet::distributed_optimizer(optimizer::SGD(0.1f), s).minimize(loss, &startup);
+  EXPECT_NE(main.ToText().find("@RECOMPUTE"), std::string::npos) << main.ToText();
+  fleet::reset();
 }
 
 TEST(FleetAmp, ConfigsWhileAmpIsOffAreRefusedNamingTheField) {
