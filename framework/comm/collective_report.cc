@@ -27,8 +27,24 @@ const PostedWait* FleetCallOf(const RankPost& p) {
   return nullptr;
 }
 
+constexpr char kExited[] = "exited";
+
+// Whether `left` (exited) made call `w` before it exited: then `w` completes (its post is about
+// to go).
+bool Joined(const RankPost& left, const PostedWait& w) {
+  auto it = left.last_seq.find(w.channel);
+  return it != left.last_seq.end() && w.seq <= it->second;
+}
+
 // Whether ranks a and b wait in collectives that cannot complete together.
 bool CannotMeet(const RankPost& a, const RankPost& b) {
+  if (a.exited || b.exited) {
+    if (a.exited && b.exited) return false;
+    const RankPost& left = a.exited ? a : b;
+    for (const PostedWait& w : (a.exited ? b : a).waits)
+      if (!Joined(left, w)) return true;
+    return false;
+  }
   if (a.waits.empty() || b.waits.empty()) return false;  // a rank busy elsewhere may yet come
   const PostedWait* fa = FleetCallOf(a);
   const PostedWait* fb = FleetCallOf(b);
@@ -55,6 +71,14 @@ std::string OnChannel(const PostedWait& w) {
 // "fleet::metrics::sum (fleet call #4; on fleet's eager ring, collective #2)" or
 // "op c_allreduce_sum of x@GRAD in run 6 of its program (ring 0, collective #14)".
 std::string Describe(const RankPost& p) {
+  if (p.exited) {
+    auto fleet = p.last_seq.find("fleet");
+    return StrCat("exited",
+                  fleet != p.last_seq.end() && fleet->second > 0
+                      ? StrCat(" after fleet call #", fleet->second)
+                      : std::string(),
+                  " (its program returned or called exit)");
+  }
   if (p.waits.empty()) return "in no collective for as long (busy elsewhere, or stopped)";
   std::vector<std::string> parts;
   const PostedWait* fleet = FleetCallOf(p);
@@ -87,18 +111,35 @@ CollectiveCall::Scope::Scope(const CollectiveCall* call) : prev_(g_current_call)
 
 CollectiveCall::Scope::~Scope() { g_current_call = prev_; }
 
-std::string EncodePost(const std::vector<PostedWait>& waits) {
+std::string EncodePost(const RankPost& post) {
+  if (post.exited) {
+    std::string out = std::string(kExited) + "\n";
+    for (const auto& [channel, seq] : post.last_seq) out += StrCat(Field(channel), '\t', seq, '\n');
+    return out;
+  }
   std::string out;
-  for (const PostedWait& w : waits)
+  for (const PostedWait& w : post.waits)
     out += StrCat(Field(w.channel), '\t', Field(w.where), '\t', w.seq, '\t', w.exclusive ? 1 : 0,
                   '\t', Field(w.name), '\t', Field(w.detail), '\n');
   return out;
 }
 
-std::vector<PostedWait> DecodePost(const std::string& text) {
-  std::vector<PostedWait> waits;
+RankPost DecodePost(int rank, const std::string& text) {
+  RankPost post;
+  post.rank = rank;
   std::istringstream lines(text);
   std::string line;
+  const std::string exited = std::string(kExited) + "\n";
+  if (text.compare(0, exited.size(), exited) == 0) {
+    post.exited = true;
+    std::getline(lines, line);
+    while (std::getline(lines, line)) {
+      std::vector<std::string> f = StrSplit(line, '\t');
+      if (f.size() == 2) post.last_seq[f[0]] = std::strtoull(f[1].c_str(), nullptr, 10);
+    }
+    return post;
+  }
+  std::vector<PostedWait>& waits = post.waits;
   while (std::getline(lines, line)) {
     std::vector<std::string> f = StrSplit(line, '\t');
     if (f.size() != 6) continue;  // not a post this version wrote
@@ -111,22 +152,27 @@ std::vector<PostedWait> DecodePost(const std::string& text) {
     w.detail = f[5];
     waits.push_back(std::move(w));
   }
-  return waits;
+  return post;
 }
 
 std::string CollectiveMismatchReport(const std::vector<RankPost>& posts) {
-  int a = -1, b = -1;
-  for (size_t i = 0; i < posts.size() && a < 0; ++i)
+  const RankPost* a = nullptr;
+  const RankPost* b = nullptr;
+  for (size_t i = 0; i < posts.size() && a == nullptr; ++i)
     for (size_t j = i + 1; j < posts.size(); ++j)
       if (CannotMeet(posts[i], posts[j])) {
-        a = posts[i].rank;
-        b = posts[j].rank;
+        a = &posts[i];
+        b = &posts[j];
         break;
       }
-  if (a < 0) return "";
+  if (a == nullptr) return "";
+  if (b->exited) std::swap(a, b);
   constexpr size_t kShown = 16;
-  std::string report = StrCat("collective mismatch: ranks ", a, " and ", b,
-                              " wait in collective calls that cannot complete together:");
+  std::string report = a->exited
+                           ? StrCat("collective mismatch: rank ", a->rank, " exited while rank ",
+                                    b->rank, " waits in a collective call it would have to join:")
+                           : StrCat("collective mismatch: ranks ", a->rank, " and ", b->rank,
+                                    " wait in collective calls that cannot complete together:");
   for (size_t i = 0; i < posts.size() && i < kShown; ++i)
     report += StrCat("\n  rank ", posts[i].rank, ": ", Describe(posts[i]));
   if (posts.size() > kShown) report += StrCat("\n  (", posts.size() - kShown, " more ranks)");

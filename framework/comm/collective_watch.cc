@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "framework/comm/store.h"
 #include "framework/error.h"
@@ -60,6 +61,12 @@ void WatchedWait::Begin(uint64_t seq, Clock::time_point since) {
   seq_ = seq;
   since_ = since;
   call_ = CollectiveCall::Current();
+  last_seq_.store(seq, std::memory_order_relaxed);
+  if (exclusive_) {
+    std::atomic<uint64_t>& calls = CollectiveWatch::Get().fleet_calls_;
+    for (uint64_t c = calls.load(); c < seq && !calls.compare_exchange_weak(c, seq);) {
+    }
+  }
   // After a mismatch was found nothing is waited for any more.
   if (CollectiveWatch::Get().decided_.load(std::memory_order_acquire) && !interrupted_) {
     interrupted_.store(true, std::memory_order_release);
@@ -110,14 +117,49 @@ void CollectiveWatch::Start(int rank, int nranks,
   Stop();
   if (nranks <= 1 || FLAGS_collective_check_s <= 0) return;
   {
+    std::lock_guard<std::mutex> lk(mu_);
+    rank_ = rank;
+    nranks_ = nranks;
+    stop_ = false;
+  }
+  {
+    // Connected now, so that a rank that exits can say so on its way out.
     std::lock_guard<std::mutex> io(io_mu_);
     connect_ = std::move(connect);
+    Client();
   }
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] { std::atexit([] { CollectiveWatch::Get().PostExit(); }); });
   std::lock_guard<std::mutex> lk(mu_);
-  rank_ = rank;
-  nranks_ = nranks;
-  stop_ = false;
   thread_ = std::thread([this] { Loop(); });
+}
+
+void CollectiveWatch::PostExit() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return;
+  }
+  std::lock_guard<std::mutex> io(io_mu_);
+  StoreClient* c = broken_ ? nullptr : client_.get();
+  if (c == nullptr) return;
+  try {
+    RankPost post;
+    post.exited = true;
+    post.last_seq["fleet"] = fleet_calls_.load();
+    {
+      std::lock_guard<std::mutex> lk(list_mu_);
+      for (WatchedWait* w : waits_) {
+        std::lock_guard<std::mutex> wl(w->mu_);
+        if (w->exclusive_) continue;
+        uint64_t& last = post.last_seq[w->channel_];
+        last = std::max(last, w->last_seq_.load(std::memory_order_relaxed));
+      }
+    }
+    c->Set(PostKey(rank_), EncodePost(post));
+    c->Add(kChangesKey, 1);
+  } catch (const Error&) {
+    // The store's server (rank 0) may have exited first: nobody is left to tell.
+  }
 }
 
 void CollectiveWatch::Stop() {
@@ -216,7 +258,9 @@ std::vector<PostedWait> CollectiveWatch::SlowWaits(Clock::time_point now) {
 }
 
 void CollectiveWatch::Publish(const std::vector<PostedWait>& mine) {
-  const std::string text = EncodePost(mine);
+  RankPost post;
+  post.waits = mine;
+  const std::string text = EncodePost(post);
   if (text == posted_) return;
   StoreClient* c = Client();
   if (c == nullptr) return;
@@ -271,7 +315,7 @@ void CollectiveWatch::Tick() {
         if (r == rank_)
           posts[r].waits = mine;
         else if (c->Check(PostKey(r)))
-          posts[r].waits = DecodePost(c->Get(PostKey(r), kConnectTimeout));
+          posts[r] = DecodePost(r, c->Get(PostKey(r), kConnectTimeout));
       }
       candidate_ = CollectiveMismatchReport(posts);
       read_at_ = changes;

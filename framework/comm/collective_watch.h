@@ -12,7 +12,10 @@
 // looks (a post that a finished wait has yet to clear never decides). A wait that ends after it
 // was posted clears its post before the caller goes on.
 //
-// The ranks cannot all finish (CollectiveMismatchReport) when two of them post
+// The ranks cannot all finish (CollectiveMismatchReport) when one rank waits in a call that
+// another rank, which has exited, never made (a process that exits normally posts, on its way
+// out, the number of the last call it made on each ring and of its last fleet call), or when two
+// post
 // - fleet calls (fleet::barrier_worker, fleet::all_reduce, fleet::metrics::*, the program checks)
 //   that differ in name or number: each rank makes them from its own thread, in order;
 // - a fleet call on one rank and, on the other, only collectives of a program being run: the first
@@ -32,6 +35,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,11 +92,14 @@ struct PostedWait {
 struct RankPost {
   int rank = 0;
   std::vector<PostedWait> waits;  // empty: not waiting long in any collective
+  bool exited = false;            // the rank's process exited (posted as it exits)
+  // Exited: the number of the last call it made on each channel it had ("fleet", its rings).
+  std::map<std::string, uint64_t> last_seq;
 };
 
-// A post as stored (one line per wait) and back; fields lose tabs and newlines.
-std::string EncodePost(const std::vector<PostedWait>& waits);
-std::vector<PostedWait> DecodePost(const std::string& text);
+// A post as stored (one line per wait, or "exited") and back; fields lose tabs and newlines.
+std::string EncodePost(const RankPost& post);
+RankPost DecodePost(int rank, const std::string& text);
 
 // The report naming every rank's call when `posts` (one per rank, in rank order) show two ranks in
 // collectives that cannot complete together; "" when they may all still finish.
@@ -118,6 +125,8 @@ class WatchedWait {
              std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now());
   // It ended; when it had been posted, the post is cleared before this returns.
   void End();
+  // Call number `seq` ran here without a Begin (it did not wait long): only counted.
+  void Note(uint64_t seq) { last_seq_.store(seq, std::memory_order_relaxed); }
   bool active() const;
   // Whether the watch ended this wait (the report: CollectiveWatch::Get().Verdict()).
   bool interrupted() const { return interrupted_.load(std::memory_order_acquire); }
@@ -133,6 +142,7 @@ class WatchedWait {
   std::chrono::steady_clock::time_point since_;
   const CollectiveCall* call_ = nullptr;
   std::atomic<bool> interrupted_{false};
+  std::atomic<uint64_t> last_seq_{0};  // the last call number begun or noted
 };
 
 // Begin on construction (when `wait` is set), End on destruction.
@@ -156,7 +166,7 @@ class CollectiveWatch {
   static CollectiveWatch& Get();
 
   // Starts watching for rank `rank` of `nranks` (nothing for one rank): `connect` opens the
-  // watch's own store connection when it first needs one. --collective_check_s=0: off.
+  // watch's own store connection, now. --collective_check_s=0: off.
   void Start(int rank, int nranks, std::function<std::unique_ptr<StoreClient>()> connect);
   // Stops the thread and forgets the connection and any report (CommContext::Reset).
   void Stop();
@@ -183,6 +193,8 @@ class CollectiveWatch {
   std::vector<PostedWait> SlowWaits(std::chrono::steady_clock::time_point now);
   // Posts `mine` when it changed. Under io_mu_.
   void Publish(const std::vector<PostedWait>& mine);
+  // At exit (std::atexit): posts that this rank has left.
+  void PostExit();
   // Records `report` and ends every active wait with it.
   void Decide(const std::string& report);
   void InterruptActive();
@@ -197,6 +209,7 @@ class CollectiveWatch {
   std::thread thread_;
   std::string verdict_;
   std::atomic<bool> decided_{false};
+  std::atomic<uint64_t> fleet_calls_{0};  // the highest number of a fleet call begun
   int rank_ = 0, nranks_ = 1;
 
   std::mutex io_mu_;  // the store connection and what was posted

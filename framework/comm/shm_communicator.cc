@@ -549,6 +549,7 @@ class ShmCommunicator : public Communicator {
     ++seq_;
     KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
+    watch_.Note(seq_);
     // Arrive marks the collective active for the watch once it has to wait; it ends here.
     struct Watched {
       explicit Watched(ShmCommunicator* c) : c(c) { c->in_collective_ = true; }

@@ -34,7 +34,12 @@ PostedWait RingWait(const std::string& name, const std::string& where, uint64_t 
 
 std::vector<RankPost> Posts(std::vector<std::vector<PostedWait>> waits) {
   std::vector<RankPost> posts;
-  for (size_t r = 0; r < waits.size(); ++r) posts.push_back({static_cast<int>(r), waits[r]});
+  for (size_t r = 0; r < waits.size(); ++r) {
+    RankPost p;
+    p.rank = static_cast<int>(r);
+    p.waits = waits[r];
+    posts.push_back(p);
+  }
   return posts;
 }
 
@@ -129,21 +134,65 @@ TEST(CollectiveWatchReport, ARankNotInAnyCollectiveIsSaidToBeBusyAndManyRanksAre
 }
 
 TEST(CollectiveWatchReport, PostsSurviveTheStoreAndLoseTabsAndNewlines) {
-  std::vector<PostedWait> waits = {
+  RankPost post;
+  post.waits = {
       FleetWait("fleet::metrics::acc", 9),
       RingWait("op c_allreduce_sum of x\ty", "ring 0", 12, "ring 0", "in run 3\nof its program")};
-  const std::vector<PostedWait> back = DecodePost(EncodePost(waits));
-  ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(back[0].channel, "fleet");
-  EXPECT_TRUE(back[0].exclusive);
-  EXPECT_EQ(back[0].seq, 9u);
-  EXPECT_EQ(back[0].name, "fleet::metrics::acc");
-  EXPECT_FALSE(back[1].exclusive);
-  EXPECT_EQ(back[1].seq, 12u);
-  EXPECT_EQ(back[1].name, "op c_allreduce_sum of x y");
-  EXPECT_EQ(back[1].detail, "in run 3 of its program");
-  EXPECT_TRUE(DecodePost("").empty());
-  EXPECT_TRUE(DecodePost("garbage without fields\n").empty());
+  const RankPost back = DecodePost(3, EncodePost(post));
+  EXPECT_EQ(back.rank, 3);
+  EXPECT_FALSE(back.exited);
+  ASSERT_EQ(back.waits.size(), 2u);
+  EXPECT_EQ(back.waits[0].channel, "fleet");
+  EXPECT_TRUE(back.waits[0].exclusive);
+  EXPECT_EQ(back.waits[0].seq, 9u);
+  EXPECT_EQ(back.waits[0].name, "fleet::metrics::acc");
+  EXPECT_FALSE(back.waits[1].exclusive);
+  EXPECT_EQ(back.waits[1].seq, 12u);
+  EXPECT_EQ(back.waits[1].name, "op c_allreduce_sum of x y");
+  EXPECT_EQ(back.waits[1].detail, "in run 3 of its program");
+  EXPECT_TRUE(DecodePost(0, "").waits.empty());
+  EXPECT_TRUE(DecodePost(0, "garbage without fields\n").waits.empty());
+
+  RankPost left;
+  left.exited = true;
+  left.last_seq = {{"fleet", 4}, {"ring 0", 31}, {"ring 2147483647", 2}};
+  const RankPost left_back = DecodePost(1, EncodePost(left));
+  EXPECT_TRUE(left_back.exited);
+  EXPECT_TRUE(left_back.waits.empty());
+  EXPECT_EQ(left_back.last_seq, left.last_seq);
+}
+
+// A rank that exited posts the last call it made on each channel: a wait for a call it never made
+// cannot complete; a wait for one it made is about to.
+TEST(CollectiveWatchReport, ARankThatExitedBeforeACallIsNamedAsGone) {
+  RankPost left;
+  left.rank = 1;
+  left.exited = true;
+  left.last_seq = {{"fleet", 1}, {"ring 0", 30}};
+  RankPost waiting;
+  waiting.rank = 0;
+  waiting.waits = {FleetWait("fleet::metrics::sum", 2),
+                   RingWait("fleet::metrics::sum", "fleet's eager ring", 0, "ring 2147483647")};
+  const std::string report = CollectiveMismatchReport({waiting, left});
+  EXPECT_NE(report.find("collective mismatch: rank 1 exited while rank 0 waits in a collective "
+                        "call it would have to join:\n"
+                        "  rank 0: fleet::metrics::sum (fleet call #2; setting up fleet's eager "
+                        "ring)\n"
+                        "  rank 1: exited after fleet call #1 (its program returned or called "
+                        "exit)\n"),
+            std::string::npos)
+      << report;
+  // A step's all-reduce the exited rank made (its last, #30) completes; #31 never does.
+  waiting.waits = {RingWait("op c_allreduce_sum of w@GRAD", "ring 0", 30)};
+  EXPECT_EQ(CollectiveMismatchReport({waiting, left}), "");
+  waiting.waits = {RingWait("op c_allreduce_sum of w@GRAD", "ring 0", 31)};
+  EXPECT_NE(CollectiveMismatchReport({waiting, left}), "");
+  // Its last fleet call is one the waiting rank may be finishing.
+  waiting.waits = {FleetWait("fleet::barrier_worker", 1)};
+  EXPECT_EQ(CollectiveMismatchReport({waiting, left}), "");
+  // Nobody waits: nothing to report.
+  waiting.waits.clear();
+  EXPECT_EQ(CollectiveMismatchReport({waiting, left}), "");
 }
 
 }  // namespace

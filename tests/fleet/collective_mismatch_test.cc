@@ -93,6 +93,28 @@ TEST(CollectiveMismatch, AMetricOnRankZeroAgainstATrainingStepOnRankOneFailsAtOn
   }
 }
 
+// Rank 1's program returns while rank 0 sets up fleet's eager ring, a wait on the store that a
+// rank which exited cannot otherwise end before the comm timeout.
+TEST(CollectiveMismatch, AMetricThatARankWhichExitedNeverMadeFailsAtOnce) {
+  for (const char* backend : {"shm", "gloo"}) {
+    SCOPED_TRACE(backend);
+    const Outcome o = RunCase("sum_after_peer_exit", backend);
+    const std::string all =
+        o.result.output + "\n--- rank 0\n" + o.log[0] + "\n--- rank 1\n" + o.log[1];
+    EXPECT_NE(o.result.exit_code, 0) << all;
+    EXPECT_LT(o.seconds, 30) << all;
+    EXPECT_TRUE(Contains(o.log[1], "sum_after_peer_exit ok")) << all;
+    EXPECT_TRUE(Contains(o.log[0],
+                         "collective mismatch: rank 1 exited while rank 0 waits in a collective "
+                         "call it would have to join:\n"
+                         "  rank 0: fleet::metrics::sum (fleet call #2; setting up fleet's eager "
+                         "ring)\n"
+                         "  rank 1: exited after fleet call #1 (its program returned or called "
+                         "exit)"))
+        << all;
+  }
+}
+
 TEST(CollectiveMismatch, RanksThatAreOnlyLateAreLeftToMeet) {
   for (const char* backend : {"shm", "gloo"}) {
     SCOPED_TRACE(backend);

@@ -5,6 +5,7 @@
 //   warm_sum_vs_barrier  the same after one metric on every rank (the eager ring exists)
 //   sum_vs_step          after two training steps and a metric on every rank, rank 0 calls
 //                        fleet::metrics::sum while rank 1 runs a training step
+//   sum_after_peer_exit  rank 0 calls fleet::metrics::sum, rank 1 returns from main instead
 //   slow_peer            no mismatch: rank 1 is seconds late to a barrier, a metric and a step
 // Prints "<case> ok" and exits 0 when its calls complete; a keel::Error is printed as
 // "rank R: <message>", and the worker waits a few seconds before it exits 1 so that the other
@@ -75,6 +76,10 @@ void SumVsStep() {
     Step(*m);
 }
 
+void SumAfterPeerExit() {
+  if (First()) fleet::metrics::sum(1.0);
+}
+
 void SlowPeer() {
   auto late = [] {
     if (!First()) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
@@ -98,6 +103,7 @@ int main(int argc, char** argv) {
     const std::map<std::string, void (*)()> cases = {{"sum_vs_barrier", SumVsBarrier},
                                                      {"warm_sum_vs_barrier", WarmSumVsBarrier},
                                                      {"sum_vs_step", SumVsStep},
+                                                     {"sum_after_peer_exit", SumAfterPeerExit},
                                                      {"slow_peer", SlowPeer}};
     auto it = cases.find(FLAGS_case);
     KEEL_ENFORCE(it != cases.end(), "unknown --case '", FLAGS_case, "'");
