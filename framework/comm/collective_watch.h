@@ -12,16 +12,16 @@
 // looks (a post that a finished wait has yet to clear never decides). A wait that ends after it
 // was posted clears its post before the caller goes on.
 //
-// The ranks cannot all finish (CollectiveMismatchReport) when one rank waits in a call that
-// another rank, which has exited, never made (a process that exits normally posts, on its way
-// out, the number of the last call it made on each ring and of its last fleet call), or when two
-// post
+// The ranks cannot all finish (CollectiveMismatchReport) when two of them post
 // - fleet calls (fleet::barrier_worker, fleet::all_reduce, fleet::metrics::*, the program checks)
 //   that differ in name or number: each rank makes them from its own thread, in order;
 // - a fleet call on one rank and, on the other, only collectives of a program being run: the first
 //   rank runs no program until its fleet call returns, the second returns from its run only after
 //   its collectives complete;
-// - collectives on the same ring with different sequence numbers or calls.
+// - collectives on the same ring with different sequence numbers or calls;
+// or when one rank waits in a call that a rank which has exited never made (a process that exits
+// normally posts, on its way out, the number of its last fleet call and of its last collective on
+// each ring).
 // Then the first rank to see it publishes the report and every rank ends its waits with it: a
 // shared-memory ring's wait loop sees a flag, a Gloo ring's pending operations are failed, a wait
 // on the store has its connection shut. A wait that failed otherwise (a peer that left because of
