@@ -17,6 +17,7 @@
 #include "executor/executor_io.h"
 #include "fleet/transpile.h"
 #include "framework/base/endpoint.h"
+#include "framework/comm/collective_watch.h"
 #include "framework/comm/comm_context.h"
 #include "framework/comm/store.h"
 #include "framework/io/checkpoint.h"
@@ -84,6 +85,7 @@ struct FleetState {
   std::set<std::string> pass_made;
   std::map<uint64_t, std::unique_ptr<Program>> rebuild;
   int check_round = 0;           // CheckSameOnEveryRank calls so far: each has its own keys
+  uint64_t calls = 0;            // FleetCalls so far: their numbers for the collective watch
   std::set<uint64_t> minimized;  // Program::id() of every program minimize() rewrote
   bool eager_ring = false;       // the ring of fleet::all_reduce exists
 };
@@ -95,6 +97,39 @@ FleetState& State() {
   static FleetState* s = new FleetState;
   return *s;
 }
+
+// One of fleet's collective calls (barrier_worker, all_reduce and the metrics, the program and
+// ring configuration checks), which every rank makes in the same order from the thread that runs
+// its programs. While it waits, the collective watch knows it by `api` and its number; collectives
+// made inside it are posted under its name. A failure the watch explains (the ranks are in calls
+// that cannot complete together) is rethrown as the watch's report (Rethrow).
+class FleetCall {
+ public:
+  explicit FleetCall(std::string api)
+      : call_(std::move(api)), scope_(&call_), wait_("fleet", "fleet's calls", /*exclusive=*/true) {
+    // Its own waits are on the store (barriers, checks, the eager ring's setup).
+    wait_.SetInterrupt([] {
+      if (CommContext::Get().initialized()) CommContext::Get().store("fleet").Abort();
+    });
+    wait_.Begin(++State().calls);
+  }
+  ~FleetCall() { wait_.End(); }
+  FleetCall(const FleetCall&) = delete;
+  FleetCall& operator=(const FleetCall&) = delete;
+
+  // Throws the watch's report when it explains `e`, else `e` with `context` before it.
+  [[noreturn]] void Rethrow(const Error& e, const std::string& context = "") const {
+    const std::string why = CollectiveWatch::Get().Explain(e.what());
+    if (why != e.what()) throw Error(call_.Name() + ": " + why);
+    if (context.empty()) throw e;
+    throw Error(context + e.what());
+  }
+
+ private:
+  NamedCall call_;
+  CollectiveCall::Scope scope_;
+  WatchedWait wait_;
+};
 
 std::set<std::string> PersistableNames(const Program& p) {
   std::set<std::string> names;
@@ -166,25 +201,27 @@ std::chrono::milliseconds CommTimeout() {
 void StoreBarrier(const std::string& name, std::chrono::milliseconds timeout = CommTimeout()) {
   const Role& r = State().role;
   if (r.world_size <= 1) return;
+  FleetCall call("fleet::" + name);
   StoreClient& s = CommContext::Get().store(name);
   std::string key = "keel/barrier/" + name + "/" + std::to_string(State().barrier_round++);
   try {
     s.Barrier(key, r.world_size, timeout);
   } catch (const Error& e) {
-    KEEL_THROW(name, ": rank ", r.rank, " of ", r.world_size,
-               " waited for the other workers (at most ", timeout.count() / 1000.0,
-               " s, FLAGS_comm_timeout_s): ", e.what());
+    call.Rethrow(e, StrCat(name, ": rank ", r.rank, " of ", r.world_size,
+                           " waited for the other workers (at most ", timeout.count() / 1000.0,
+                           " s, FLAGS_comm_timeout_s): "));
   }
 }
 
 // Every rank publishes `text` (its fingerprint first) under keys of this check; rank 0 compares
 // everyone's with its own, the others compare with rank 0's. `describe` words a mismatch.
 void CheckSameOnEveryRank(
-    const std::string& what, const std::string& fp, const std::string& text,
+    const std::string& api, const std::string& what, const std::string& fp, const std::string& text,
     const std::function<std::string(int other, const std::string& their_fp,
                                     const std::string& their_text)>& describe) {
   const Role& r = role();
   if (r.world_size <= 1) return;
+  FleetCall call(api);
   StoreClient& s = CommContext::Get().store("fleet: " + what + " check");
   const std::string prefix =
       "keel/check/" + std::to_string(State().check_round++) + "/" + what + "/";
@@ -194,8 +231,8 @@ void CheckSameOnEveryRank(
     try {
       theirs = s.GetUnlessPeerGone(prefix + std::to_string(other), CommTimeout());
     } catch (const Error& e) {
-      KEEL_THROW("fleet: rank ", r.rank, " waited for rank ", other, " to compare the ", what, ": ",
-                 e.what());
+      call.Rethrow(e, StrCat("fleet: rank ", r.rank, " waited for rank ", other, " to compare the ",
+                             what, ": "));
     }
     size_t nl = theirs.find('\n');
     std::string their_fp = theirs.substr(0, nl);
@@ -276,7 +313,8 @@ void init(const RoleMaker& role_maker) {
   // Before any ring exists (a program's or fleet::all_reduce's): ranks that disagree on how rings
   // are made would wait for each other in ring setup until the comm timeout.
   const std::string config = RingConfiguration();
-  CheckSameOnEveryRank("ring configuration", config, config,
+  CheckSameOnEveryRank("fleet::init (comparing the ring configuration)", "ring configuration",
+                       config, config,
                        [&](int other, const std::string& theirs, const std::string&) {
                          return StrCat("the ring configuration differs between ranks: rank ",
                                        r.rank, " has ", config, ", rank ", other, " has ", theirs,
@@ -305,45 +343,57 @@ void barrier_worker() {
   StoreBarrier("barrier_worker");
 }
 
-void all_reduce(Tensor* tensor, ReduceOp op) {
-  KEEL_ENFORCE(tensor != nullptr && tensor->initialized(),
-               "fleet::all_reduce: the tensor holds no data");
+namespace {
+
+// fleet::all_reduce as the user called it (`api`: fleet::all_reduce or one of the metrics).
+void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
+  KEEL_ENFORCE(tensor != nullptr && tensor->initialized(), api, ": the tensor holds no data");
   const Role& r = role();
   if (r.world_size <= 1) return;
   FleetState& st = State();
-  if (!st.eager_ring) {
-    CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0);
-    st.eager_ring = true;
-  }
-  Communicator& comm = RingRegistry::Get().At(kEagerRingId, "fleet::all_reduce");
-  if (tensor->place().is_cpu()) {
-    comm.AllReduce(tensor, op);
-  } else {
-    Tensor host = tensor->Clone(CPUPlace());
-    comm.AllReduce(&host, op);
-    tensor->CopyFrom(host);
+  FleetCall call(api);
+  try {
+    if (!st.eager_ring) {
+      CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0, "",
+                                    "fleet's eager ring");
+      st.eager_ring = true;
+    }
+    Communicator& comm = RingRegistry::Get().At(kEagerRingId, api);
+    if (tensor->place().is_cpu()) {
+      comm.AllReduce(tensor, op);
+    } else {
+      Tensor host = tensor->Clone(CPUPlace());
+      comm.AllReduce(&host, op);
+      tensor->CopyFrom(host);
+    }
+  } catch (const Error& e) {
+    call.Rethrow(e, api + ": ");
   }
 }
 
+}  // namespace
+
+void all_reduce(Tensor* tensor, ReduceOp op) { AllReduceAs(tensor, op, "fleet::all_reduce"); }
+
 namespace metrics {
 namespace {
-double Reduce(double local, ReduceOp op) {
+double Reduce(double local, ReduceOp op, const char* api) {
   Tensor t(DType::kFloat64, DDim({1}));
   *t.data<double>() = local;
-  all_reduce(&t, op);
+  AllReduceAs(&t, op, api);
   return *t.data<double>();
 }
 }  // namespace
 
-double sum(double local) { return Reduce(local, ReduceOp::kSum); }
-double max(double local) { return Reduce(local, ReduceOp::kMax); }
-double min(double local) { return Reduce(local, ReduceOp::kMin); }
+double sum(double local) { return Reduce(local, ReduceOp::kSum, "fleet::metrics::sum"); }
+double max(double local) { return Reduce(local, ReduceOp::kMax, "fleet::metrics::max"); }
+double min(double local) { return Reduce(local, ReduceOp::kMin, "fleet::metrics::min"); }
 
 double acc(double correct, double total) {
   Tensor t(DType::kFloat64, DDim({2}));
   t.data<double>()[0] = correct;
   t.data<double>()[1] = total;
-  all_reduce(&t, ReduceOp::kSum);
+  AllReduceAs(&t, ReduceOp::kSum, "fleet::metrics::acc");
   return t.data<double>()[1] > 0 ? t.data<double>()[0] / t.data<double>()[1] : 0.0;
 }
 }  // namespace metrics
@@ -410,7 +460,7 @@ void CheckProgramsMatch(const Program& program, const std::string& what) {
   if (r.world_size <= 1) return;
   const std::string text = program.ToText();
   const std::string fp = FingerprintHex(program.Fingerprint());
-  CheckSameOnEveryRank(what, fp, text,
+  CheckSameOnEveryRank("fleet::CheckProgramsMatch (" + what + ")", what, fp, text,
                        [&](int other, const std::string& their_fp, const std::string& theirs) {
                          return StrCat("the ", what, " differs between ranks: rank ", r.rank,
                                        " has fingerprint ", fp, ", rank ", other, " has ", their_fp,

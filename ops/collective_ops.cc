@@ -3,6 +3,7 @@
 // host staging for CUDA ones). The stream-sync ops read the collectives' outputs, so the
 // dependency graph already starts them after those collectives finish; on CPU their kernels have
 // nothing left to wait for, and they keep Paddle's program shape.
+#include "framework/comm/collective_watch.h"
 #include "framework/comm/comm_context.h"
 #include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
@@ -19,6 +20,30 @@ void SameAsX(InferShapeContext& ctx) {
 
 Communicator& Ring(const ExecutionContext& ctx) {
   return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
+}
+
+// The op as the collective watch names it to the user while the op's collective waits:
+// "op c_allreduce_sum of @FUSED_GRAD@0 in run 12 of its program".
+class OpCall : public CollectiveCall {
+ public:
+  explicit OpCall(const ExecutionContext& ctx) : op_(ctx.op()), run_(ctx.run_index()) {}
+  std::string Name() const override {
+    const std::vector<std::string> args = op_.InputArgumentNames();
+    return "op " + op_.type() + (args.empty() ? "" : " of " + args[0]);
+  }
+  std::string Detail() const override { return StrCat("in run ", run_ + 1, " of its program"); }
+
+ private:
+  const OpDesc& op_;
+  int64_t run_;
+};
+
+// Runs `f` (the op's collective) as the op's call.
+template <typename F>
+void AsOp(const ExecutionContext& ctx, F&& f) {
+  OpCall call(ctx);
+  CollectiveCall::Scope scope(&call);
+  f();
 }
 
 // Out aliases X in programs the transpiler writes; otherwise copy X into Out first. On a CUDA
@@ -46,7 +71,9 @@ struct AllReduceOp {
   template <typename T>
   class Kernel : public OpKernel {
    public:
-    void Compute(ExecutionContext& ctx) override { Ring(ctx).AllReduce(InPlaceOut(ctx), kOp); }
+    void Compute(ExecutionContext& ctx) override {
+      AsOp(ctx, [&] { Ring(ctx).AllReduce(InPlaceOut(ctx), kOp); });
+    }
   };
 };
 
@@ -54,7 +81,9 @@ template <typename T>
 class BroadcastKernel : public OpKernel {
  public:
   explicit BroadcastKernel(const OpDesc& op) : root_(op.Attr<int>("root")) {}
-  void Compute(ExecutionContext& ctx) override { Ring(ctx).Broadcast(InPlaceOut(ctx), root_); }
+  void Compute(ExecutionContext& ctx) override {
+    AsOp(ctx, [&] { Ring(ctx).Broadcast(InPlaceOut(ctx), root_); });
+  }
 
  private:
   int root_;
@@ -64,7 +93,7 @@ template <typename T>
 class AllGatherKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
-    Ring(ctx).AllGather(ctx.Input("X"), ctx.Output("Out"));
+    AsOp(ctx, [&] { Ring(ctx).AllGather(ctx.Input("X"), ctx.Output("Out")); });
   }
 };
 
@@ -72,14 +101,16 @@ template <typename T>
 class ReduceScatterKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
-    Ring(ctx).ReduceScatter(ctx.Input("X"), ctx.Output("Out"), ReduceOp::kSum);
+    AsOp(ctx, [&] { Ring(ctx).ReduceScatter(ctx.Input("X"), ctx.Output("Out"), ReduceOp::kSum); });
   }
 };
 
 template <typename T>
 class BarrierKernel : public OpKernel {
  public:
-  void Compute(ExecutionContext& ctx) override { Ring(ctx).Barrier(); }
+  void Compute(ExecutionContext& ctx) override {
+    AsOp(ctx, [&] { Ring(ctx).Barrier(); });
+  }
 };
 
 // CPU collectives are finished when the graph starts this op: nothing to order.
@@ -101,7 +132,9 @@ class CommInitKernel : public OpKernel {
         device_(op.Attr<int>("device_id")),
         group_(op.Attr<std::string>("group")) {}
   void Compute(ExecutionContext& ctx) override {
-    CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_);
+    AsOp(ctx, [&] {
+      CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_);
+    });
   }
 
  private:

@@ -4,9 +4,11 @@
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 
+#include "framework/comm/collective_watch.h"
 #include "framework/error.h"
 #include "framework/runtime/device.h"
 #include "framework/runtime/place.h"
@@ -106,6 +108,13 @@ void CommContext::Init(const CommConfig& cfg) {
                "launchers' --node_rank)");
   }
   client_->Set(key + "/who", me);
+  // The collective watch posts through a connection of its own: the main one may be blocked in a
+  // long wait (a store barrier, a ring's setup) that the watch has to end.
+  CollectiveWatch::Get().Start(cfg.rank, cfg.nranks, [cfg, port = config_.store_port] {
+    return std::make_unique<StoreClient>(cfg.store_host, port, cfg.token,
+                                         std::min(cfg.timeout, std::chrono::milliseconds(10000)),
+                                         StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
+  });
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
@@ -124,7 +133,31 @@ StoreClient& CommContext::store(const std::string& user) {
 }
 
 void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
-                             const std::string& group) {
+                             const std::string& group, const std::string& name) {
+  StoreClient& s = store("c_comm_init");
+  const std::string shown = name.empty() ? "ring " + std::to_string(ring_id) : name;
+  const std::string channel =
+      "ring " + std::to_string(ring_id) + (group.empty() ? "" : " " + group);
+  // Its waits are on the store: when the watch finds the ranks elsewhere, it shuts the connection.
+  WatchedWait setup(channel, shown, /*exclusive=*/false);
+  setup.SetInterrupt([&s] { s.Abort(); });
+  std::shared_ptr<Communicator> comm;
+  {
+    WaitScope watched(&setup, 0);
+    try {
+      comm = Connect(ring_id, nranks, rank, cuda, device, group, shown, channel);
+    } catch (const Error& e) {
+      throw Error(CollectiveWatch::Get().Explain(e.what()));
+    }
+  }
+  comm->SetName(shown, channel);
+  RingRegistry::Get().Put(ring_id, std::move(comm));
+}
+
+std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int rank, bool cuda,
+                                                   int device, const std::string& group,
+                                                   const std::string& name,
+                                                   const std::string& channel) {
   StoreClient& s = store("c_comm_init");
   CommOptions opts;
   opts.my_host = config_.my_host;
@@ -168,11 +201,10 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
       KEEL_ENFORCE(host || want != "shm", "c_comm_init ring ", ring_id, " (rank ", rank, " of ",
                    nranks,
                    "): --cpu_comm_backend=shm, but shared memory cannot be used: ", why_not);
-      if (!host)
-        LOG(INFO) << "ring " << ring_id << ": shared memory not usable (" << why_not
-                  << "); using gloo";
+      if (!host) LOG(INFO) << name << ": shared memory not usable (" << why_not << "); using gloo";
     }
     if (!host) host = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
+    host->SetName(name, channel);
     if (cuda) {
       KEEL_ENFORCE(g_host_staged_rings != nullptr, "ring ", ring_id,
                    ": the CUDA backend registered no host-staged rings");
@@ -180,13 +212,14 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
     }
     comm = std::move(host);
   }
-  LOG(INFO) << "ring " << ring_id << " (" << comm->backend() << ", rank " << rank << " of "
-            << nranks << ") connected in "
+  LOG(INFO) << name << " (" << comm->backend() << ", rank " << rank << " of " << nranks
+            << ") connected in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
-  RingRegistry::Get().Put(ring_id, std::move(comm));
+  return comm;
 }
 
 void CommContext::Reset() {
+  CollectiveWatch::Get().Stop();
   RingRegistry::Get().Clear();
   client_.reset();
   server_.reset();

@@ -42,14 +42,21 @@ class CommContext {
 
   // Creates ring `ring_id` of `nranks` ranks, this process being `rank` in it, and registers it.
   // `group` names which ranks meet (e.g. "node1" for an intra-node ring): rings with one id but
-  // different groups rendezvous apart. Empty: the ring spans the job.
+  // different groups rendezvous apart. Empty: the ring spans the job. `name` is how errors and
+  // the collective watch call the ring (empty: "ring <id>"). The setup's waits are watched
+  // (collective_watch.h) as the ring's collective #0.
   void CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
-                  const std::string& group = "");
+                  const std::string& group = "", const std::string& name = "");
 
   // Drops rings, the client and the server (tests).
   void Reset();
 
  private:
+  // CreateRing's work: the ring, named `name` on the watch's `channel`.
+  std::shared_ptr<Communicator> Connect(int ring_id, int nranks, int rank, bool cuda, int device,
+                                        const std::string& group, const std::string& name,
+                                        const std::string& channel);
+
   CommConfig config_;
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<StoreClient> client_;

@@ -3,7 +3,9 @@
 //
 // Every collective carries a sequence number; a failure or timeout is a keel::Error naming the
 // collective, ring, rank and sequence number. After a transport error the ring is dead: later
-// calls fail at once instead of hanging.
+// calls fail at once instead of hanging. The CPU backends (shared memory, Gloo) tell the collective
+// watch (collective_watch.h) what they wait in, so that ranks in collectives that cannot complete
+// together fail within seconds naming each rank's call.
 #pragma once
 
 #include <atomic>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "framework/comm/collective_watch.h"
 #include "framework/runtime/tensor.h"
 
 namespace keel {
@@ -25,10 +28,21 @@ const char* ReduceOpName(ReduceOp op);
 class Communicator {
  public:
   Communicator(int ring_id, int rank, int nranks)
-      : ring_id_(ring_id), rank_(rank), nranks_(nranks) {}
+      : ring_id_(ring_id),
+        rank_(rank),
+        nranks_(nranks),
+        name_("ring " + std::to_string(ring_id)),
+        watch_(name_, name_, /*exclusive=*/false) {}
   virtual ~Communicator() = default;
 
   int ring_id() const { return ring_id_; }
+  // How errors and the collective watch name this ring ("ring 0", "fleet's eager ring"), and the
+  // channel the watch numbers its collectives on (one per ring id and group). Set before use.
+  void SetName(const std::string& name, const std::string& channel) {
+    name_ = name;
+    watch_.SetNames(channel, name);
+  }
+  const std::string& name() const { return name_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   uint64_t seq() const { return seq_; }
@@ -69,12 +83,16 @@ class Communicator {
   virtual void Barrier() = 0;
 
  protected:
-  // "c_allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
+  // "allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
   std::string Where(const std::string& what) const;
   // Sizes `out` for AllGather of `in`: [nranks * in.dims[0], ...] (a scalar counts as [1]), in's
   // dtype and place.
   void AllocateGathered(const Tensor& in, Tensor* out) const;
   int ring_id_, rank_, nranks_;
+  std::string name_;
+  // This ring's collectives as the collective watch sees them: the backends mark them active while
+  // they run (Gloo) or once they wait (shared memory).
+  WatchedWait watch_;
   uint64_t seq_ = 0;
   std::atomic<int64_t> comm_ns_{0};
   std::atomic<int64_t> zero_copy_collectives_{0};

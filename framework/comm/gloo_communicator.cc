@@ -1,5 +1,7 @@
 // Gloo backend: CPU tensors over TCP. Our store is adapted to gloo::rendezvous::Store so that
 // connectFullMesh's waits honour our timeout (Debian's Gloo snapshot otherwise waits a fixed 30 s).
+// Every collective is marked active for the collective watch while it runs; when the watch finds
+// a mismatch it fails the ring's pending operations (AbortContext).
 #include <glog/logging.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -10,6 +12,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <cstring>
 
@@ -76,6 +79,7 @@ class GlooCommunicator : public Communicator {
       context_->setTimeout(o.timeout);
       GlooStoreAdapter adapter(store, o.prefix + "ring" + std::to_string(ring_id) + "/", o.timeout);
       context_->connectFullMesh(adapter, device_);
+      watch_.SetInterrupt([this] { AbortContext(); });
     } catch (const Error& e) {
       KEEL_THROW("gloo ring ", ring_id, " (rank ", rank, " of ", nranks,
                  "): setup failed: ", e.what());
@@ -162,12 +166,19 @@ class GlooCommunicator : public Communicator {
     ++seq_;
     KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
+    WaitScope watched(&watch_, seq_);
     try {
       f();
     } catch (const Error& e) {
-      KEEL_THROW(Where(what), ": ", e.what());
+      KEEL_THROW(Where(what), ": ", CollectiveWatch::Get().Explain(e.what()));
     } catch (const std::exception& e) {
       std::string msg = e.what();
+      // Ended by the collective watch here, or by a peer that found the mismatch and left.
+      const std::string explained = CollectiveWatch::Get().Explain(msg);
+      if (explained != msg) {
+        dead_ = explained;
+        KEEL_THROW(Where(what), ": ", explained);
+      }
       bool timeout =
           msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
       dead_ = msg;
@@ -175,6 +186,22 @@ class GlooCommunicator : public Communicator {
         KEEL_THROW(Where(what), ": timed out after ", timeout_.count() / 1000.0,
                    " s (a peer crashed, stopped or runs another program?): ", msg);
       KEEL_THROW(Where(what), ": failed (a peer crashed or stopped?): ", msg);
+    }
+  }
+
+  // Gloo has no call that wakes a thread blocked in a collective, but a receive that times out
+  // fails every pending operation of its context and closes its connections (so the peers' waits
+  // on this ring end too): post one that nobody answers and let it time out. Called by the
+  // collective watch's thread while a collective of this ring runs; the ring is dead after it.
+  void AbortContext() {
+    constexpr uint64_t kAbortSlot = uint64_t{0xfe} << 56;  // no collective uses this prefix
+    char byte = 0;
+    try {
+      auto buf = context_->createUnboundBuffer(&byte, 1);
+      buf->recv(nranks_ > 1 ? (rank_ + 1) % nranks_ : 0, kAbortSlot);
+      buf->waitRecv(std::chrono::milliseconds(1));
+    } catch (const std::exception& e) {
+      VLOG(1) << "gloo ring " << ring_id_ << " aborted: " << e.what();
     }
   }
 
@@ -203,8 +230,8 @@ const char* ReduceOpName(ReduceOp op) {
 }
 
 std::string Communicator::Where(const std::string& what) const {
-  return StrCat(what, " on ring ", ring_id_, " (rank ", rank_, " of ", nranks_, ", collective #",
-                seq_, ")");
+  return StrCat(what, " on ", name_, " (rank ", rank_, " of ", nranks_, ", collective #", seq_,
+                ")");
 }
 
 void Communicator::AllocateGathered(const Tensor& in, Tensor* out) const {

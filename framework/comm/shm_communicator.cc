@@ -28,6 +28,9 @@
 // naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks.
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
 // bytes): ranks running different programs fail naming both collectives instead of mixing data.
+// A collective whose wait outlasts the spin tells the collective watch (collective_watch.h) what
+// it waits in; the wait loop then also stops when the watch finds that the ranks are in
+// collectives that cannot complete together.
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <linux/futex.h>
@@ -546,6 +549,17 @@ class ShmCommunicator : public Communicator {
     ++seq_;
     KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
+    watch_.Note(seq_);
+    // Arrive marks the collective active for the watch once it has to wait; it ends here.
+    struct Watched {
+      explicit Watched(ShmCommunicator* c) : c(c) { c->in_collective_ = true; }
+      ~Watched() {
+        c->in_collective_ = false;
+        if (c->watched_) c->watch_.End();
+        c->watched_ = false;
+      }
+      ShmCommunicator* c;
+    } watched(this);
     try {
       const int parity = static_cast<int>(seq_ & 1);
       Intent& m = header_->ranks[rank_].intent[parity];
@@ -571,8 +585,9 @@ class ShmCommunicator : public Communicator {
       }
       f();
     } catch (const Error& e) {
-      dead_ = e.what();
-      KEEL_THROW(Where(what), ": ", e.what());
+      // Ended by the collective watch, or by a peer that found a mismatch and left.
+      dead_ = watch_.interrupted() ? e.what() : CollectiveWatch::Get().Explain(e.what());
+      KEEL_THROW(Where(what), ": ", dead_);
     }
   }
 
@@ -596,9 +611,14 @@ class ShmCommunicator : public Communicator {
     }
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout_;
+    if (in_collective_ && !watched_) {
+      watch_.Begin(seq_, start);
+      watched_ = true;
+    }
     while (true) {
       uint32_t w = header_->wake.load(std::memory_order_acquire);
       if (all_here()) return;
+      if (watched_ && watch_.interrupted()) KEEL_THROW(CollectiveWatch::Get().Verdict());
       header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
       timespec ts{0, 50 * 1000 * 1000};
       if (!all_here()) Futex(&header_->wake, FUTEX_WAIT, w, &ts);
@@ -638,6 +658,8 @@ class ShmCommunicator : public Communicator {
   int buffer_ = 0;
   uint64_t arrived_ = 0;
   std::string dead_;
+  // A collective runs (Run), and it is marked active for the collective watch (Arrive).
+  bool in_collective_ = false, watched_ = false;
   // Zero-copy: this rank's shared memory, every rank's mapped here (index = rank), whether all
   // of them are, and whether the collective in flight uses them.
   std::shared_ptr<SharedArena> arena_;

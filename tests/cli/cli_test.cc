@@ -259,6 +259,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
   // flag -> the test that shows its effect (or, for refusals, the check below).
   const std::map<std::string, std::string> rows = {
       {"comm_timeout_s", "FleetFaults.StrategyCommTimeoutBoundsEveryCollective"},
+      {"collective_check_s", "CollectiveMismatch.*"},
       {"fuse_parameter_groups_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
       {"fuse_parameter_memory_size", "GradAllReducePass.PaddleFusionFlagsGroupAsPaddleDoes"},
       {"sync_nccl_allreduce", "KeelTrain.SettingsThatWouldBeIgnoredAreRefused (false: refused)"},
