@@ -51,10 +51,10 @@ TEST(Float16, KnownValuesTiesOverflowAndSubnormals) {
   EXPECT_EQ(float16(65520.0f).bits, 0x7c00);  // the midpoint ties to even: infinity
   EXPECT_EQ(float16(1e30f).bits, 0x7c00);
   EXPECT_EQ(float16(-std::numeric_limits<float>::infinity()).bits, 0xfc00);
-  EXPECT_EQ(float16(5.9604644775390625e-8f).bits, 0x0001);  // 2^-24, the smallest subnormal
+  EXPECT_EQ(float16(5.9604644775390625e-8f).bits, 0x0001);   // 2^-24, the smallest subnormal
   EXPECT_EQ(float16(2.98023223876953125e-8f).bits, 0x0000);  // 2^-25 ties to even (0)
   EXPECT_EQ(float16(8.94069671630859375e-8f).bits, 0x0002);  // 1.5 * 2^-24 ties to even (2)
-  EXPECT_EQ(float16(6.103515625e-5f).bits, 0x0400);           // 2^-14, the smallest normal
+  EXPECT_EQ(float16(6.103515625e-5f).bits, 0x0400);          // 2^-14, the smallest normal
   // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1); 1 + 3 * 2^-11 rounds up.
   EXPECT_EQ(float16(1.0f + 0.00048828125f).bits, 0x3c00);
   EXPECT_EQ(float16(1.0f + 3 * 0.00048828125f).bits, 0x3c02);
