@@ -145,7 +145,13 @@ class MatMulGradKernel : public OpKernel {
     }
   }
 
-  // (Public: nvcc's device lambdas may not be defined in a private member function.)
+  // grad = sum rounded to T. (Public and not a template of OverBatch's lambda: where nvcc allows
+  // a device lambda.)
+  void NarrowSum(const ExecutionContext& ctx, const Acc<T>* sum, T* grad, int64_t numel) {
+    Device<D>::ForEach(ctx, numel, [=] KEEL_HD_LAMBDA(int64_t i) { grad[i] = Narrow<T>(sum[i]); });
+  }
+
+ private:
   // One operand's gradient `grad` (batch stride `stride`, `numel` elements) from the other operand
   // (`other`, its stride `other_stride`) and dout (stride MN), by run(other_b, other_stride,
   // dout_b, beta, grad_b, grad_stride, batch): one strided batch of GEMMs, or, for an operand
@@ -165,15 +171,13 @@ class MatMulGradKernel : public OpKernel {
       A* sum = sum_.mutable_data<A>(ctx.place());
       for (int64_t b = 0; b < batch; ++b)
         run(other + b * other_stride, 0, gd + b * MN, b > 0 ? A(1) : A(0), sum, 0, 1);
-      Device<D>::ForEach(ctx, numel,
-                         [=] KEEL_HD_LAMBDA(int64_t i) { grad[i] = Narrow<T>(sum[i]); });
+      NarrowSum(ctx, sum, grad, numel);
     } else {
       for (int64_t b = 0; b < batch; ++b)
         run(other + b * other_stride, 0, gd + b * MN, b > 0 ? A(1) : A(0), grad, 0, 1);
     }
   }
 
- private:
   bool tx_, ty_;
   Acc<T> alpha_;
   Tensor sum_;  // the 16-bit types' float32 sum over the batch
