@@ -114,10 +114,18 @@ void* Scratch(size_t bytes) {
 template <typename T, typename TC>
 Key MakeKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
             int64_t ldc, float alpha, float beta) {
-  return Key{ta,  tb,  M,
-             N,   K,   lda,
-             ldb, ldc, static_cast<int>(DataType<T>()),
-             static_cast<int>(DataType<TC>()), alpha, beta};
+  return Key{ta,
+             tb,
+             M,
+             N,
+             K,
+             lda,
+             ldb,
+             ldc,
+             static_cast<int>(DataType<T>()),
+             static_cast<int>(DataType<TC>()),
+             alpha,
+             beta};
 }
 
 // One primitive call on the calling thread (one OpenMP thread).
@@ -167,8 +175,8 @@ void RunWidened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
     } else {
       t.c.resize(static_cast<size_t>(M * N));
     }
-    Gemm(ta, tb, M, N, K, alpha, t.a.data(), ta ? M : K, t.b.data(), tb ? K : N, beta,
-         t.c.data(), N);
+    Gemm(ta, tb, M, N, K, alpha, t.a.data(), ta ? M : K, t.b.data(), tb ? K : N, beta, t.c.data(),
+         N);
     for (int64_t r = 0; r < M; ++r) NarrowN(t.c.data() + r * N, C + r * ldc, N);
   }
 }

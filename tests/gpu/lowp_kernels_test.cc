@@ -51,13 +51,15 @@ TEST_F(LowpKernels, LargerGemmsAndConvolutions) {
   };
   std::vector<LowpCase> cases;
   LowpCase mm;
-  mm.op = Op("matmul_256", "matmul", {{"X", {rnd({4, 128, 256}, 1)}}, {"Y", {rnd({4, 256, 96}, 2)}}});
+  mm.op =
+      Op("matmul_256", "matmul", {{"X", {rnd({4, 128, 256}, 1)}}, {"Y", {rnd({4, 256, 96}, 2)}}});
   cases.push_back(mm);
   LowpCase mul;
   mul.op = Op("mul_512", "mul", {{"X", {rnd({512, 384}, 3)}}, {"Y", {rnd({384, 200}, 4)}}});
   cases.push_back(mul);
   LowpCase conv;
-  conv.op = Op("conv_64", "conv2d", {{"Input", {rnd({8, 64, 16, 16}, 5)}}, {"Filter", {rnd({64, 64, 3, 3}, 6)}}},
+  conv.op = Op("conv_64", "conv2d",
+               {{"Input", {rnd({8, 64, 16, 16}, 5)}}, {"Filter", {rnd({64, 64, 3, 3}, 6)}}},
                {{"Output", 1}}, {{"paddings", std::vector<int>{1, 1}}});
   cases.push_back(conv);
   for (const LowpCase& c : cases)

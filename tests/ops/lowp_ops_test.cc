@@ -72,7 +72,9 @@ float Widened(DType dt, uint16_t bits) {
   return dt == DType::kFloat16 ? static_cast<float>(float16::FromBits(bits))
                                : static_cast<float>(bfloat16::FromBits(bits));
 }
-uint16_t Rounded(DType dt, float f) { return dt == DType::kFloat16 ? float16(f).bits : bfloat16(f).bits; }
+uint16_t Rounded(DType dt, float f) {
+  return dt == DType::kFloat16 ? float16(f).bits : bfloat16(f).bits;
+}
 uint16_t BitsAt(const Tensor& t, int64_t i) {
   uint16_t v;
   std::memcpy(&v, static_cast<const char*>(t.raw_data()) + 2 * i, 2);
@@ -95,7 +97,8 @@ TEST(LowpCast, EveryPatternWidensAsFloat16HAndRoundTrips) {
       if (std::isnan(want)) {
         ASSERT_TRUE(std::isnan(got)) << b;
       } else {
-        ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "pattern " << b << ": " << got << " vs " << want;
+        ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
+            << "pattern " << b << ": " << got << " vs " << want;
       }
     }
     const Tensor back = RunForward(CastCase(wide, dt))["Out"][0];
@@ -118,7 +121,7 @@ TEST(LowpCast, NarrowingRoundsExactlyAsFloat16H) {
   for (int i = 0; i < 300001; ++i) {
     uint32_t u = static_cast<uint32_t>(rng());
     if (i % 2 == 1) u = (u & 0x807fffffu) | ((100u + u % 60u) << 23);  // exponents -27 .. 32
-    if (i % 7 == 3) u &= 0xffffe000u | (1u << 12);                    // float16 ties
+    if (i % 7 == 3) u &= 0xffffe000u | (1u << 12);                     // float16 ties
     if (i % 11 == 5) u = (u & 0xffff0000u) | 0x8000u;                  // bfloat16 ties
     float f;
     std::memcpy(&f, &u, 4);
@@ -146,7 +149,9 @@ TEST(LowpCast, BulkConversionsMatchFloat16HAtEveryTail) {
   std::mt19937 rng(3);
   for (int64_t n = 0; n <= 40; ++n) {
     std::vector<float> x(n), back(n);
-    for (float& f : x) f = std::ldexp(static_cast<float>(rng()) / 4294967296.0f - 0.5f, static_cast<int>(rng() % 40) - 20);
+    for (float& f : x)
+      f = std::ldexp(static_cast<float>(rng()) / 4294967296.0f - 0.5f,
+                     static_cast<int>(rng() % 40) - 20);
     std::vector<float16> h(n);
     std::vector<bfloat16> b(n);
     NarrowN(x.data(), h.data(), n);
@@ -164,23 +169,22 @@ TEST(LowpCast, BulkConversionsMatchFloat16HAtEveryTail) {
 }
 
 TEST(LowpCast, BetweenTheHalfTypesIntegersAndFloat64) {
-  const Tensor x = Tensor::FromVector<float>({1.0f, -2.5f, 1000.7f, 65504.0f, 70000.0f, 3.0e-6f,
-                                              -0.0f, 0.0f},
-                                             {8});
+  const Tensor x = Tensor::FromVector<float>(
+      {1.0f, -2.5f, 1000.7f, 65504.0f, 70000.0f, 3.0e-6f, -0.0f, 0.0f}, {8});
   // bfloat16 -> float16 goes through float32 (one rounding: bfloat16 values are float32's).
   const Tensor b = RunForward(CastCase(x, DType::kBFloat16))["Out"][0];
   const Tensor h = RunForward(CastCase(b, DType::kFloat16))["Out"][0];
   for (int64_t i = 0; i < 8; ++i)
-    EXPECT_EQ(h.data<float16>()[i].bits,
-              float16(static_cast<float>(b.data<bfloat16>()[i])).bits) << i;
+    EXPECT_EQ(h.data<float16>()[i].bits, float16(static_cast<float>(b.data<bfloat16>()[i])).bits)
+        << i;
   EXPECT_EQ(static_cast<float>(h.data<float16>()[4]), kInf);  // 70016 overflows float16
   // float64 and integers.
   const Tensor d = Tensor::FromVector<double>({1.0 / 3, -7.25, 1e10}, {3});
   const Tensor dh = RunForward(CastCase(d, DType::kBFloat16))["Out"][0];
   EXPECT_EQ(dh.data<bfloat16>()[0].bits, bfloat16(1.0f / 3).bits);
   EXPECT_EQ(static_cast<float>(dh.data<bfloat16>()[1]), -7.25f);
-  const Tensor hi = RunForward(CastCase(RunForward(CastCase(d, DType::kFloat16))["Out"][0],
-                                        DType::kInt32))["Out"][0];
+  const Tensor hi = RunForward(
+      CastCase(RunForward(CastCase(d, DType::kFloat16))["Out"][0], DType::kInt32))["Out"][0];
   EXPECT_EQ(hi.data<int32_t>()[0], 0);
   EXPECT_EQ(hi.data<int32_t>()[1], -7);
   const Tensor i64 = Tensor::FromVector<int64_t>({0, 3, -1000}, {3});
@@ -192,12 +196,17 @@ TEST(LowpCast, BetweenTheHalfTypesIntegersAndFloat64) {
 
 TEST(LowpFill, FillConstantAndZerosInBothTypes) {
   for (DType dt : kHalfTypes) {
-    OpCase c{"fill", "fill_constant", {}, {{"Out", 1}},
-             {{"shape", std::vector<int64_t>{3, 5}}, {"value", 0.1f}, {"dtype", static_cast<int>(dt)}},
-             {}};
+    OpCase c{
+        "fill",
+        "fill_constant",
+        {},
+        {{"Out", 1}},
+        {{"shape", std::vector<int64_t>{3, 5}}, {"value", 0.1f}, {"dtype", static_cast<int>(dt)}},
+        {}};
     const Tensor out = RunForward(c)["Out"][0];
     ASSERT_EQ(out.dtype(), dt);
-    for (double v : ValuesOf(out)) EXPECT_EQ(v, static_cast<double>(Widened(dt, Rounded(dt, 0.1f))));
+    for (double v : ValuesOf(out))
+      EXPECT_EQ(v, static_cast<double>(Widened(dt, Rounded(dt, 0.1f))));
   }
 }
 
@@ -208,7 +217,7 @@ TEST(LowpFill, FillConstantAndZerosInBothTypes) {
 template <typename H, typename TC>
 void CheckGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
   SCOPED_TRACE(::testing::Message() << (ta ? "T" : "N") << (tb ? "T" : "N") << " " << M << "x" << N
-                                  << "x" << K << " alpha " << alpha << " beta " << beta);
+                                    << "x" << K << " alpha " << alpha << " beta " << beta);
   std::mt19937 rng(static_cast<uint32_t>(M * 131 + N * 7 + K));
   std::uniform_real_distribution<float> u(-1, 1);
   const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
@@ -257,7 +266,8 @@ void CheckGemms() {
 }
 
 TEST(LowpGemm, BFloat16MatchesAFloat64Reference) {
-  std::printf("bfloat16 GEMM: %s\n", blas::HalfGemmIsNative(DType::kBFloat16) ? "oneDNN" : "widened");
+  std::printf("bfloat16 GEMM: %s\n",
+              blas::HalfGemmIsNative(DType::kBFloat16) ? "oneDNN" : "widened");
   CheckGemms<bfloat16>();
 }
 TEST(LowpGemm, Float16MatchesAFloat64Reference) {
@@ -271,9 +281,9 @@ TEST(LowpGemm, Float16MatchesAFloat64Reference) {
 // NaN, the same infinite, in every op's forward output and in its input gradients.
 TEST(LowpNan, NanAndInfinityPropagateAsInFloat32) {
   const std::vector<LowpCase> all = LowpCases();
-  for (const char* name : {"elementwise_add_bias", "relu", "tanh", "gelu", "scale", "sum3",
-                           "max_pool_3x3_s2", "avg_pool_3x3", "batch_norm", "layer_norm", "mul",
-                           "matmul_batched", "conv2d_3x3"})
+  for (const char* name :
+       {"elementwise_add_bias", "relu", "tanh", "gelu", "scale", "sum3", "max_pool_3x3_s2",
+        "avg_pool_3x3", "batch_norm", "layer_norm", "mul", "matmul_batched", "conv2d_3x3"})
     for (DType dt : kHalfTypes) {
       const LowpCase* found = nullptr;
       for (const LowpCase& c : all)
@@ -305,7 +315,8 @@ TEST(LowpNan, NanAndInfinityPropagateAsInFloat32) {
       for (auto& [var, w] : gw) {
         const std::vector<double> wv = ValuesOf(w), gv = ValuesOf(gg.at(var));
         for (size_t k = 0; k < wv.size(); ++k)
-          ASSERT_EQ(std::isnan(gv[k]), std::isnan(wv[k])) << "gradient of " << var << "[" << k << "]";
+          ASSERT_EQ(std::isnan(gv[k]), std::isnan(wv[k]))
+              << "gradient of " << var << "[" << k << "]";
       }
     }
 }
@@ -327,33 +338,48 @@ TEST(LowpDTypes, NormalizationsTakeFloat32ParametersBesideHalfX) {
   for (DType dt : kHalfTypes) {
     const Tensor x = ConvertTensor(RandomTensor({4, 3}, DType::kFloat32, -1, 1, 1), dt);
     const Tensor p = RandomTensor({3}, DType::kFloat32, 0.5, 1.5, 2);
-    OpCase bn{"bn", "batch_norm",
-              {{"X", {x}}, {"Scale", {ConvertTensor(p, dt)}}, {"Bias", {p}}, {"Mean", {p}},
-               {"Variance", {p}}},
-              {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}},
-              {},
-              {}};
+    OpCase bn{
+        "bn",
+        "batch_norm",
+        {{"X", {x}},
+         {"Scale", {ConvertTensor(p, dt)}},
+         {"Bias", {p}},
+         {"Mean", {p}},
+         {"Variance", {p}}},
+        {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}},
+        {},
+        {}};
     ExpectErrorContainsAll(ForwardError(bn), {"batch_norm", "Scale", DTypeName(dt), "float32"});
     bn.inputs[1].second[0] = p;
     auto out = RunForward(bn);
     EXPECT_EQ(out["Y"][0].dtype(), dt);
     EXPECT_EQ(out["SavedMean"][0].dtype(), DType::kFloat32);
-    OpCase ln{"ln", "layer_norm", {{"X", {x}}, {"Scale", {ConvertTensor(p, dt)}}},
-              {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {}, {}};
+    OpCase ln{"ln",
+              "layer_norm",
+              {{"X", {x}}, {"Scale", {ConvertTensor(p, dt)}}},
+              {{"Y", 1}, {"Mean", 1}, {"Variance", 1}},
+              {},
+              {}};
     ExpectErrorContainsAll(ForwardError(ln), {"layer_norm", "Scale", "float32"});
     // float32 X still wants float32 parameters.
-    OpCase ln32{"ln32", "layer_norm",
+    OpCase ln32{"ln32",
+                "layer_norm",
                 {{"X", {ConvertTensor(x, DType::kFloat32)}}, {"Scale", {ConvertTensor(p, dt)}}},
-                {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {}, {}};
+                {{"Y", 1}, {"Mean", 1}, {"Variance", 1}},
+                {},
+                {}};
     ExpectErrorContainsAll(ForwardError(ln32), {"layer_norm", "Scale"});
   }
 }
 
 TEST(LowpDTypes, MixedOperandsOfAGemmAreABuildError) {
-  OpCase c{"mixed", "mul",
+  OpCase c{"mixed",
+           "mul",
            {{"X", {ConvertTensor(RandomTensor({2, 3}, DType::kFloat32), DType::kBFloat16)}},
             {"Y", {RandomTensor({3, 4}, DType::kFloat32)}}},
-           {{"Out", 1}}, {}, {}};
+           {{"Out", 1}},
+           {},
+           {}};
   ExpectErrorContainsAll(ForwardError(c), {"mul", "bfloat16", "float32"});
 }
 

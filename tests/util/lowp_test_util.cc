@@ -208,7 +208,8 @@ void ExpectMatchesFloat32(const LowpCase& c, DType dt, const Place& place) {
   ASSERT_FALSE(gw.empty()) << "no gradient to compare";
   std::map<std::string, DType> input_dtype;  // each input var's, in the 16-bit run
   for (auto& [slot, ts] : low.inputs)
-    for (size_t i = 0; i < ts.size(); ++i) input_dtype[slot + "_" + std::to_string(i)] = ts[i].dtype();
+    for (size_t i = 0; i < ts.size(); ++i)
+      input_dtype[slot + "_" + std::to_string(i)] = ts[i].dtype();
   for (auto& [name, w] : gw) {
     ASSERT_TRUE(gg.count(name)) << "no gradient of " << name;
     EXPECT_EQ(gg[name].dtype(), input_dtype[name]) << "gradient of " << name;
@@ -243,13 +244,17 @@ std::vector<LowpCase> LowpCases() {
   std::vector<LowpCase> v;
   auto add = [&](LowpCase c) { v.push_back(std::move(c)); };
   // Element-wise binaries: same shape, a bias row, Y in the middle of X (axis 1), odd sizes.
-  for (const char* op : {"elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div"}) {
+  for (const char* op :
+       {"elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div"}) {
     const bool div = std::string(op) == "elementwise_div";
     const double ylo = div ? 0.5 : -1, yhi = div ? 2 : 1;
-    add(Case(std::string(op) + "_same", op, {{"X", {Rnd({7, 13})}}, {"Y", {Rnd({7, 13}, ylo, yhi, 2)}}}));
-    add(Case(std::string(op) + "_bias", op, {{"X", {Rnd({9, 33})}}, {"Y", {Rnd({33}, ylo, yhi, 3)}}}));
+    add(Case(std::string(op) + "_same", op,
+             {{"X", {Rnd({7, 13})}}, {"Y", {Rnd({7, 13}, ylo, yhi, 2)}}}));
+    add(Case(std::string(op) + "_bias", op,
+             {{"X", {Rnd({9, 33})}}, {"Y", {Rnd({33}, ylo, yhi, 3)}}}));
     add(Case(std::string(op) + "_axis1", op,
-             {{"X", {Rnd({3, 5, 7})}}, {"Y", {Rnd({5}, ylo, yhi, 4)}}}, {{"Out", 1}}, {{"axis", 1}}));
+             {{"X", {Rnd({3, 5, 7})}}, {"Y", {Rnd({5}, ylo, yhi, 4)}}}, {{"Out", 1}},
+             {{"axis", 1}}));
   }
   // A bias gradient summed over many rows: float32 sums.
   add(Case("elementwise_add_long_bias", "elementwise_add",
@@ -259,10 +264,12 @@ std::vector<LowpCase> LowpCases() {
   add(Case("tanh", "tanh", {{"X", {Rnd({9, 33}, -3, 3)}}}));
   add(Case("sigmoid", "sigmoid", {{"X", {Rnd({9, 33}, -4, 4)}}}));
   add(Case("gelu", "gelu", {{"X", {Rnd({5, 1031}, -3, 3)}}}));
-  add(Case("gelu_tanh", "gelu", {{"X", {Rnd({3, 77}, -3, 3)}}}, {{"Out", 1}}, {{"approximate", true}}));
+  add(Case("gelu_tanh", "gelu", {{"X", {Rnd({3, 77}, -3, 3)}}}, {{"Out", 1}},
+           {{"approximate", true}}));
   add(Case("leaky_relu", "leaky_relu", {{"X", {Rnd({7, 11})}}}, {{"Out", 1}}, {{"alpha", 0.1f}}));
   add(Case("clip", "clip", {{"X", {Rnd({7, 11})}}}, {{"Out", 1}}, {{"min", -0.5f}, {"max", 0.5f}}));
-  add(Case("scale", "scale", {{"X", {Rnd({7, 11})}}}, {{"Out", 1}}, {{"scale", 0.75f}, {"bias", 0.25f}}));
+  add(Case("scale", "scale", {{"X", {Rnd({7, 11})}}}, {{"Out", 1}},
+           {{"scale", 0.75f}, {"bias", 0.25f}}));
   add(Case("scale_bias_first", "scale", {{"X", {Rnd({5, 3})}}}, {{"Out", 1}},
            {{"scale", 2.0f}, {"bias", -0.5f}, {"bias_after_scale", false}}));
   add(Case("sum3", "sum", {{"X", {Rnd({5, 7}), Rnd({5, 7}, -1, 1, 2), Rnd({5, 7}, -1, 1, 3)}}}));
@@ -278,39 +285,43 @@ std::vector<LowpCase> LowpCases() {
   }
   // Pooling: overlapping max windows with padding, the 2x2 tiling, average windows.
   add(Case("max_pool_3x3_s2", "pool2d", {{"X", {Rnd({2, 3, 9, 9})}}}, {{"Out", 1}},
-           {{"pooling_type", std::string("max")}, {"ksize", V({3, 3})}, {"strides", V({2, 2})},
+           {{"pooling_type", std::string("max")},
+            {"ksize", V({3, 3})},
+            {"strides", V({2, 2})},
             {"paddings", V({1, 1})}}));
   add(Case("max_pool_2x2", "pool2d", {{"X", {Rnd({2, 3, 8, 7})}}}, {{"Out", 1}},
            {{"pooling_type", std::string("max")}, {"ksize", V({2, 2})}, {"strides", V({2, 2})}}));
   add(Case("avg_pool_3x3", "pool2d", {{"X", {Rnd({2, 3, 7, 9})}}}, {{"Out", 1}},
-           {{"pooling_type", std::string("avg")}, {"ksize", V({3, 3})}, {"strides", V({2, 2})},
+           {{"pooling_type", std::string("avg")},
+            {"ksize", V({3, 3})},
+            {"strides", V({2, 2})},
             {"paddings", V({1, 1})}}));
   add(Case("avg_pool_global", "pool2d", {{"X", {Rnd({2, 5, 6, 6})}}}, {{"Out", 1}},
            {{"pooling_type", std::string("avg")}, {"global_pooling", true}}));
   // Normalizations: 16-bit X and Y, float32 parameters and statistics.
   for (bool is_test : {false, true}) {
-    LowpCase c = Case(is_test ? "batch_norm_is_test" : "batch_norm", "batch_norm",
-                      {{"X", {Rnd({4, 3, 5, 5}, -2, 3)}},
-                       {"Scale", {Rnd({3}, 0.5, 1.5, 2)}},
-                       {"Bias", {Rnd({3}, -1, 1, 3)}},
-                       {"Mean", {Rnd({3}, -0.5, 0.5, 4)}},
-                       {"Variance", {Rnd({3}, 0.5, 1.5, 5)}}},
-                      {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1},
-                       {"SavedVariance", 1}},
-                      {{"is_test", is_test}});
+    LowpCase c =
+        Case(is_test ? "batch_norm_is_test" : "batch_norm", "batch_norm",
+             {{"X", {Rnd({4, 3, 5, 5}, -2, 3)}},
+              {"Scale", {Rnd({3}, 0.5, 1.5, 2)}},
+              {"Bias", {Rnd({3}, -1, 1, 3)}},
+              {"Mean", {Rnd({3}, -0.5, 0.5, 4)}},
+              {"Variance", {Rnd({3}, 0.5, 1.5, 5)}}},
+             {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}},
+             {{"is_test", is_test}});
     c.keep_f32 = {"Scale", "Bias", "Mean", "Variance"};
     c.op.no_grad_inputs = {"Mean", "Variance"};
     add(c);
   }
   {
-    LowpCase c = Case("batch_norm_2d", "batch_norm",
-                      {{"X", {Rnd({33, 6})}},
-                       {"Scale", {Rnd({6}, 0.5, 1.5, 2)}},
-                       {"Bias", {Rnd({6}, -1, 1, 3)}},
-                       {"Mean", {Rnd({6}, -0.5, 0.5, 4)}},
-                       {"Variance", {Rnd({6}, 0.5, 1.5, 5)}}},
-                      {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1},
-                       {"SavedVariance", 1}});
+    LowpCase c = Case(
+        "batch_norm_2d", "batch_norm",
+        {{"X", {Rnd({33, 6})}},
+         {"Scale", {Rnd({6}, 0.5, 1.5, 2)}},
+         {"Bias", {Rnd({6}, -1, 1, 3)}},
+         {"Mean", {Rnd({6}, -0.5, 0.5, 4)}},
+         {"Variance", {Rnd({6}, 0.5, 1.5, 5)}}},
+        {{"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}});
     c.keep_f32 = {"Scale", "Bias", "Mean", "Variance"};
     c.op.no_grad_inputs = {"Mean", "Variance"};
     add(c);
@@ -337,17 +348,21 @@ std::vector<LowpCase> LowpCases() {
   add(Case("matmul_tx_ty_alpha", "matmul",
            {{"X", {Rnd({2, 17, 5})}}, {"Y", {Rnd({2, 6, 17}, -1, 1, 2)}}}, {{"Out", 1}},
            {{"transpose_X", true}, {"transpose_Y", true}, {"alpha", 0.5f}}));
-  add(Case("matmul_shared_y", "matmul", {{"X", {Rnd({2, 3, 5, 7})}}, {"Y", {Rnd({7, 4}, -1, 1, 2)}}}));
-  add(Case("matmul_tx_shared_y", "matmul", {{"X", {Rnd({4, 7, 5})}}, {"Y", {Rnd({7, 3}, -1, 1, 2)}}},
-           {{"Out", 1}}, {{"transpose_X", true}}));
+  add(Case("matmul_shared_y", "matmul",
+           {{"X", {Rnd({2, 3, 5, 7})}}, {"Y", {Rnd({7, 4}, -1, 1, 2)}}}));
+  add(Case("matmul_tx_shared_y", "matmul",
+           {{"X", {Rnd({4, 7, 5})}}, {"Y", {Rnd({7, 3}, -1, 1, 2)}}}, {{"Out", 1}},
+           {{"transpose_X", true}}));
   add(Case("matmul_shared_x", "matmul", {{"X", {Rnd({5, 7})}}, {"Y", {Rnd({6, 7, 3}, -1, 1, 2)}}}));
   // Convolutions: padding, stride, groups, a 1x1.
-  add(Case("conv2d_3x3", "conv2d", {{"Input", {Rnd({2, 3, 9, 9})}}, {"Filter", {Rnd({4, 3, 3, 3}, -1, 1, 2)}}},
+  add(Case("conv2d_3x3", "conv2d",
+           {{"Input", {Rnd({2, 3, 9, 9})}}, {"Filter", {Rnd({4, 3, 3, 3}, -1, 1, 2)}}},
            {{"Output", 1}}, {{"paddings", V({1, 1})}}));
   add(Case("conv2d_s2_groups", "conv2d",
-           {{"Input", {Rnd({3, 4, 8, 7})}}, {"Filter", {Rnd({6, 2, 3, 3}, -1, 1, 2)}}}, {{"Output", 1}},
-           {{"strides", V({2, 2})}, {"paddings", V({1, 1})}, {"groups", 2}}));
-  add(Case("conv2d_1x1", "conv2d", {{"Input", {Rnd({2, 16, 5, 5})}}, {"Filter", {Rnd({8, 16, 1, 1}, -1, 1, 2)}}},
+           {{"Input", {Rnd({3, 4, 8, 7})}}, {"Filter", {Rnd({6, 2, 3, 3}, -1, 1, 2)}}},
+           {{"Output", 1}}, {{"strides", V({2, 2})}, {"paddings", V({1, 1})}, {"groups", 2}}));
+  add(Case("conv2d_1x1", "conv2d",
+           {{"Input", {Rnd({2, 16, 5, 5})}}, {"Filter", {Rnd({8, 16, 1, 1}, -1, 1, 2)}}},
            {{"Output", 1}}));
   // Casts back to float32 (the pass's cast of the loss); its gradient is the 16-bit cast.
   add(Case("cast_to_f32", "cast", {{"X", {Rnd({7, 5})}}}, {{"Out", 1}},
@@ -362,10 +377,12 @@ std::vector<LowpCase> LowpCases() {
   exact(Case("concat", "concat", {{"X", {Rnd({2, 3, 2}), Rnd({2, 1, 2}, -1, 1, 2)}}}, {{"Out", 1}},
              {{"axis", 1}}));
   exact(Case("split", "split", {{"X", {Rnd({4, 6})}}}, {{"Out", 3}}, {{"num", 3}, {"axis", 1}}));
-  exact(Case("reshape", "reshape", {{"X", {Rnd({4, 6})}}}, {{"Out", 1}}, {{"shape", V({0, -1, 2})}}));
+  exact(
+      Case("reshape", "reshape", {{"X", {Rnd({4, 6})}}}, {{"Out", 1}}, {{"shape", V({0, -1, 2})}}));
   exact(Case("flatten", "flatten", {{"X", {Rnd({2, 3, 4})}}}, {{"Out", 1}}, {{"axis", 2}}));
   exact(Case("squeeze", "squeeze", {{"X", {Rnd({3, 1, 2})}}}, {{"Out", 1}}, {{"axes", V({1})}}));
-  exact(Case("unsqueeze", "unsqueeze", {{"X", {Rnd({3, 2})}}}, {{"Out", 1}}, {{"axes", V({0, -1})}}));
+  exact(
+      Case("unsqueeze", "unsqueeze", {{"X", {Rnd({3, 2})}}}, {{"Out", 1}}, {{"axes", V({0, -1})}}));
   {
     LowpCase c = Case("assign", "assign", {{"X", {Rnd({4, 6})}}});
     c.tol_scale = 0;
