@@ -153,6 +153,8 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward, DT dt) : shape
                                       dnnl::algorithm::convolution_direct, src_any, w_any, dst_any,
                                       strides, dilates, pads, pads),
       attr, Engine());
+  VLOG(1) << "conv2d " << (dt == DT::f32 ? "float32" : "bfloat16") << " N " << s.N << " C " << s.C
+          << " M " << s.M << ": oneDNN " << p.fwd_pd.impl_info_str();
   RefuseReference(dt, p.fwd_pd.impl_info_str());
   p.fwd = dnnl::convolution_forward(p.fwd_pd);
   p.src_fwd = Reorder(p.src_md, p.fwd_pd.src_desc());

@@ -2,6 +2,7 @@
 // float32 accumulation, one primitive per (shape, strides, types, alpha, beta), created on first
 // use and kept for the process; or, where oneDNN has only its reference loops for the types on
 // this CPU, the float32 GEMM over widened operands.
+#include <glog/logging.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -74,6 +75,8 @@ std::unique_ptr<Plan> MakePlan(const Key& k) {
   }
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan->a, plan->b, plan->c), attr, Engine());
+    VLOG(1) << "16-bit GEMM " << M << "x" << N << "x" << K << (ta ? " A'" : "") << (tb ? " B'" : "")
+            << ": oneDNN " << pd.impl_info_str();
     if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return plan;  // reference loops
     plan->prim = dnnl::matmul(pd);
     plan->scratch_bytes = pd.scratchpad_desc().get_size();
