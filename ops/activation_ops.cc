@@ -88,20 +88,42 @@ struct GeluArrays {
 
 // tanh and sigmoid forward, and gelu, stay on Eigen's vectorized exp/tanh/erf on the CPU (several
 // times faster than libm per element, within an ulp or two of it); CUDA uses the functors. Every
-// other formula is ActivationMath's scalar loop.
+// other formula is ActivationMath's scalar loop. The 16-bit types run the float32 code on widened
+// chunks (InFloatChunks).
+template <typename T, typename Fn>
+void EigenPieces(int64_t n, int64_t grain, const T* x, T* out, const Fn& fn) {
+  cpu_threads::ParallelForRange(n, grain, [&](int64_t b, int64_t e) {
+    if constexpr (kIsHalf<T>) {
+      InFloatChunks(b, e, x, out, fn);
+    } else {
+      fn(ConstVec<T>(x + b, e - b), Vec<T>(out + b, e - b));
+    }
+  });
+}
+template <typename T, typename Fn>
+void EigenPieces(int64_t n, int64_t grain, const T* x, const T* y, T* out, const Fn& fn) {
+  cpu_threads::ParallelForRange(n, grain, [&](int64_t b, int64_t e) {
+    if constexpr (kIsHalf<T>) {
+      InFloatChunks(b, e, x, y, out, fn);
+    } else {
+      fn(ConstVec<T>(x + b, e - b), ConstVec<T>(y + b, e - b), Vec<T>(out + b, e - b));
+    }
+  });
+}
+
 template <typename T>
 struct ActivationMath<CPUDevice, T, fn::TanhAct> {
   static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::TanhAct) {
-    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
-      Vec<T>(out + b, e - b) = ConstVec<T>(x + b, e - b).tanh();
-    });
+    EigenPieces(n, cpu_threads::kElementwiseGrain, x, out,
+                [](auto xv, auto ov) { ov = xv.tanh(); });
   }
 };
 template <typename T>
 struct ActivationMath<CPUDevice, T, fn::Sigmoid> {
   static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::Sigmoid) {
-    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
-      Vec<T>(out + b, e - b) = (T(1) + (-ConstVec<T>(x + b, e - b)).exp()).inverse();
+    EigenPieces(n, cpu_threads::kElementwiseGrain, x, out, [](auto xv, auto ov) {
+      using A = typename decltype(ov)::Scalar;
+      ov = (A(1) + (-xv).exp()).inverse();
     });
   }
 };
@@ -109,9 +131,7 @@ template <typename T>
 struct ActivationMath<CPUDevice, T, fn::Gelu> {
   static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::Gelu f) {
     const GeluArrays g{f.approximate};
-    cpu_threads::ParallelForRange(n, kGeluGrain, [&](int64_t b, int64_t e) {
-      g.Forward(ConstVec<T>(x + b, e - b), Vec<T>(out + b, e - b));
-    });
+    EigenPieces(n, kGeluGrain, x, out, [&](auto xv, auto ov) { g.Forward(xv, ov); });
   }
 };
 template <typename T>
@@ -119,9 +139,7 @@ struct ActivationMath<CPUDevice, T, fn::GeluGrad> {
   static void Grad(const ExecutionContext&, int64_t n, const T* x, const T* dout, T* dx,
                    fn::GeluGrad f) {
     const GeluArrays g{f.approximate};
-    cpu_threads::ParallelForRange(n, kGeluGrain, [&](int64_t b, int64_t e) {
-      g.Grad(ConstVec<T>(x + b, e - b), ConstVec<T>(dout + b, e - b), Vec<T>(dx + b, e - b));
-    });
+    EigenPieces(n, kGeluGrain, x, dout, dx, [&](auto xv, auto gv, auto dv) { g.Grad(xv, gv, dv); });
   }
 };
 
@@ -257,8 +275,8 @@ KEEL_REGISTER_OP(tanh)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("tanh_grad", {"Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(tanh_grad, tanh).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
-KEEL_REGISTER_KERNEL(CPU, tanh, TanhKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, tanh_grad, TanhGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, tanh, TanhKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, tanh_grad, TanhGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(sigmoid)
     .Doc("Out = 1 / (1 + exp(-X)), elementwise.")
@@ -269,8 +287,8 @@ KEEL_REGISTER_OP(sigmoid)
 KEEL_REGISTER_GRAD_OP(sigmoid_grad, sigmoid)
     .Shape(GradShapeLike("X", "Out"))
     .KernelDTypeFrom("Out");
-KEEL_REGISTER_KERNEL(CPU, sigmoid, SigmoidKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, sigmoid_grad, SigmoidGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sigmoid, SigmoidKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, sigmoid_grad, SigmoidGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(relu)
     .Doc("Out = max(X, 0), elementwise.")
@@ -279,8 +297,8 @@ KEEL_REGISTER_OP(relu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("relu_grad", {"Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(relu_grad, relu).Shape(GradShapeLike("X", "Out")).KernelDTypeFrom("Out");
-KEEL_REGISTER_KERNEL(CPU, relu, ReluKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, relu_grad, ReluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, relu, ReluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, relu_grad, ReluGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(softmax)
     .Doc(
@@ -322,8 +340,8 @@ KEEL_REGISTER_OP(gelu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("gelu_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(gelu_grad, gelu);
-KEEL_REGISTER_KERNEL(CPU, gelu, GeluKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, gelu_grad, GeluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, gelu, GeluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, gelu_grad, GeluGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(leaky_relu)
     .Doc("Out = X > 0 ? X : alpha * X, elementwise.")
@@ -333,8 +351,8 @@ KEEL_REGISTER_OP(leaky_relu)
     .Shape(SameShapeAsX)
     .Grad(GradMaker("leaky_relu_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(leaky_relu_grad, leaky_relu);
-KEEL_REGISTER_KERNEL(CPU, leaky_relu, LeakyReluKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, leaky_relu_grad, LeakyReluGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, leaky_relu, LeakyReluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, leaky_relu_grad, LeakyReluGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(clip)
     .Doc("Out = min(max(X, min), max), elementwise. The gradient passes where min < X < max.")
@@ -345,7 +363,7 @@ KEEL_REGISTER_OP(clip)
     .Shape(ClipShape)
     .Grad(GradMaker("clip_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(clip_grad, clip);
-KEEL_REGISTER_KERNEL(CPU, clip, ClipKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, clip_grad, ClipGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, clip, ClipKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, clip_grad, ClipGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

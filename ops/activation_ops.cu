@@ -74,18 +74,18 @@ struct SoftmaxMath<CUDADevice, T, kLog> {
   }
 };
 
-KEEL_REGISTER_KERNEL(CUDA, relu, ReluKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, relu_grad, ReluGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, tanh, TanhKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, tanh_grad, TanhGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, sigmoid, SigmoidKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, sigmoid_grad, SigmoidGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, gelu, GeluKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, gelu_grad, GeluGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, leaky_relu, LeakyReluKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, leaky_relu_grad, LeakyReluGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, clip, ClipKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, clip_grad, ClipGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, relu, ReluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, relu_grad, ReluGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, tanh, TanhKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, tanh_grad, TanhGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, sigmoid, SigmoidKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, sigmoid_grad, SigmoidGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, gelu, GeluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, gelu_grad, GeluGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, leaky_relu, LeakyReluKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, leaky_relu_grad, LeakyReluGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, clip, ClipKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, clip_grad, ClipGradKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CUDA, softmax, SoftmaxFwdKernel, float, double);
 KEEL_REGISTER_KERNEL(CUDA, softmax_grad, SoftmaxBwdKernel, float, double);
 KEEL_REGISTER_KERNEL(CUDA, log_softmax, LogSoftmaxFwdKernel, float, double);

@@ -60,17 +60,19 @@ struct ActivationAttrs<fn::ClipGrad<T>> {
   }
 };
 
-// out[i] = f(x[i]); dx[i] = f(a[i], dout[i]). Memory-bound work, so the CPU's pieces are
-// kElementwiseGrain long.
+// out[i] = f(x[i]); dx[i] = f(a[i], dout[i]), f over Acc<T> (the 16-bit types widened to float32,
+// the result rounded once). Memory-bound work, so the CPU's pieces are kElementwiseGrain long.
 template <typename D, typename T, typename F>
 struct ActivationMath {
   static void Forward(const ExecutionContext& ctx, int64_t n, const T* x, T* out, F f) {
-    Device<D>::ForEachInPieces(ctx, n, cpu_threads::kElementwiseGrain,
-                               [=] KEEL_HD_LAMBDA(int64_t i) { out[i] = f(x[i]); });
+    Device<D>::ForEachInPieces(
+        ctx, n, cpu_threads::kElementwiseGrain,
+        [=] KEEL_HD_LAMBDA(int64_t i) { out[i] = Narrow<T>(f(Widen(x[i]))); });
   }
   static void Grad(const ExecutionContext& ctx, int64_t n, const T* a, const T* dout, T* dx, F f) {
-    Device<D>::ForEachInPieces(ctx, n, cpu_threads::kElementwiseGrain,
-                               [=] KEEL_HD_LAMBDA(int64_t i) { dx[i] = f(a[i], dout[i]); });
+    Device<D>::ForEachInPieces(
+        ctx, n, cpu_threads::kElementwiseGrain,
+        [=] KEEL_HD_LAMBDA(int64_t i) { dx[i] = Narrow<T>(f(Widen(a[i]), Widen(dout[i]))); });
   }
 };
 
@@ -128,13 +130,13 @@ using GeluKernel = ActivationKernel<D, T, fn::Gelu>;
 template <typename D, typename T>
 using GeluGradKernel = ActivationGradKernel<D, T, fn::GeluGrad, false>;
 template <typename D, typename T>
-using LeakyReluKernel = ActivationKernel<D, T, fn::LeakyRelu<T>>;
+using LeakyReluKernel = ActivationKernel<D, T, fn::LeakyRelu<Acc<T>>>;
 template <typename D, typename T>
-using LeakyReluGradKernel = ActivationGradKernel<D, T, fn::LeakyReluGrad<T>, false>;
+using LeakyReluGradKernel = ActivationGradKernel<D, T, fn::LeakyReluGrad<Acc<T>>, false>;
 template <typename D, typename T>
-using ClipKernel = ActivationKernel<D, T, fn::Clip<T>>;
+using ClipKernel = ActivationKernel<D, T, fn::Clip<Acc<T>>>;
 template <typename D, typename T>
-using ClipGradKernel = ActivationGradKernel<D, T, fn::ClipGrad<T>, false>;
+using ClipGradKernel = ActivationGradKernel<D, T, fn::ClipGrad<Acc<T>>, false>;
 
 // ---------------------------------------------------------------- softmax, log_softmax
 

@@ -20,24 +20,31 @@
 namespace keel {
 namespace {
 
+// The dtype of the parameters and statistics beside X of `x`: float32 for the 16-bit types.
+DType ParamDType(DType x) {
+  return x == DType::kFloat16 || x == DType::kBFloat16 ? DType::kFloat32 : x;
+}
+
 // X [N, C, ...] with Scale, Bias, Mean, Variance of [C]; Y like X; the stats outputs [C].
 void BatchNormShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X");
   KEEL_SHAPE_CHECK(x.size() >= 2 && x.size() <= 5,
                    "X must be [N, C] or [N, C, H, W] (rank 2 to 5), got X ", x);
   const int64_t C = x[1];
+  const DType xt = ctx.GetInputDType("X"), pt = ParamDType(xt);
   for (const char* slot : {"Scale", "Bias", "Mean", "Variance"}) {
     const DDim d = ctx.GetInputDim(slot);
     KEEL_SHAPE_CHECK(d.size() == 1 && ctx.DimEq(d[0], C), slot, " ", d,
                      " must be [C] with C = X's dim 1 (X ", x, ")");
-    KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == ctx.GetInputDType("X"), slot, " is ",
-                     DTypeName(ctx.GetInputDType(slot)), " but X is ",
-                     DTypeName(ctx.GetInputDType("X")));
+    KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == pt, slot, " is ",
+                     DTypeName(ctx.GetInputDType(slot)), " but must be ", DTypeName(pt),
+                     " for X of ", DTypeName(xt),
+                     " (float16 and bfloat16 X take float32 parameters and statistics)");
   }
   ctx.ShareDimAndDType("X", "Y");
   for (const char* slot : {"MeanOut", "VarianceOut", "SavedMean", "SavedVariance"}) {
     ctx.SetOutputDim(slot, DDim{C});
-    ctx.SetOutputDType(slot, ctx.GetInputDType("X"));
+    ctx.SetOutputDType(slot, pt);
   }
 }
 
@@ -68,6 +75,7 @@ inline void SumPieces(const ScratchVector<double>& partial, int64_t pieces, int6
   }
 }
 
+// The 16-bit types widen X (and dY) to float32, run the float32 math and round Y (dX) once.
 // Training: Y = Scale * (X - mean) / sqrt(var + epsilon) + Bias with the batch's per-channel mean
 // and biased variance (divided by m, as Paddle does), and the moving stats become momentum * moving
 // + (1 - momentum) * batch, using the same biased batch variance (Paddle's convention; PyTorch
@@ -85,17 +93,50 @@ class BatchNormMath<CPUDevice, T> {
       : momentum_(momentum), epsilon_(epsilon), is_test_(fixed_stats) {}
 
   void Forward(const ExecutionContext&, const DDim& x, const BatchNormIO<T>& io) {
+    if constexpr (kIsHalf<T>) {  // float32 over widened X, Y rounded once
+      const int64_t n = x.numel();
+      xw_.resize(static_cast<size_t>(n));
+      yw_.resize(static_cast<size_t>(n));
+      WidenInPieces(io.x, xw_.data(), n);
+      ForwardP(x, {xw_.data(), io.scale, io.bias, io.mean_in, io.var_in, yw_.data(), io.mean_out,
+                   io.var_out, io.saved_mean, io.saved_inv_std});
+      NarrowInPieces(yw_.data(), io.y, n);
+    } else {
+      ForwardP(x, io);
+    }
+  }
+
+  void Backward(const ExecutionContext&, const DDim& x, const BatchNormGradIO<T>& io) {
+    if constexpr (kIsHalf<T>) {  // float32 over widened X and dY, dX rounded once
+      const int64_t n = x.numel();
+      xw_.resize(static_cast<size_t>(n));
+      yw_.resize(static_cast<size_t>(n));
+      WidenInPieces(io.x, xw_.data(), n);
+      WidenInPieces(io.dy, yw_.data(), n);
+      if (io.dx) dxw_.resize(static_cast<size_t>(n));
+      BackwardP(x, {xw_.data(), yw_.data(), io.scale, io.saved_mean, io.saved_inv_std,
+                    io.dx ? dxw_.data() : nullptr, io.dscale, io.dbias});
+      if (io.dx) NarrowInPieces(dxw_.data(), io.dx, n);
+    } else {
+      BackwardP(x, io);
+    }
+  }
+
+ private:
+  using P = Acc<T>;
+
+  void ForwardP(const DDim& x, const BatchNormIO<P>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
-    const T* xd = io.x;
-    const T* scale = io.scale;
-    const T* bias = io.bias;
-    const T* mean_in = io.mean_in;
-    const T* var_in = io.var_in;
-    T* mean_out = io.mean_out;
-    T* var_out = io.var_out;
-    T* saved_mean = io.saved_mean;
-    T* saved_inv_std = io.saved_inv_std;
-    T* yd = io.y;
+    const P* xd = io.x;
+    const P* scale = io.scale;
+    const P* bias = io.bias;
+    const P* mean_in = io.mean_in;
+    const P* var_in = io.var_in;
+    P* mean_out = io.mean_out;
+    P* var_out = io.var_out;
+    P* saved_mean = io.saved_mean;
+    P* saved_inv_std = io.saved_inv_std;
+    P* yd = io.y;
     mean_.assign(C, 0.0);
     var_.assign(C, 0.0);
     if (is_test_) {
@@ -114,7 +155,7 @@ class BatchNormMath<CPUDevice, T> {
       pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
         double* acc = partial_.data() + p * C;
         for (int64_t n = n0; n < n1; ++n)
-          for (int64_t c = 0; c < C; ++c) acc[c] += ConstVec<T>(xd + (n * C + c) * S, S).sum();
+          for (int64_t c = 0; c < C; ++c) acc[c] += ConstVec<P>(xd + (n * C + c) * S, S).sum();
       });
       SumPieces(partial_, pieces.count, C, mean_.data());
       for (int64_t c = 0; c < C; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
@@ -124,7 +165,7 @@ class BatchNormMath<CPUDevice, T> {
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t c = 0; c < C; ++c)
             acc[c] +=
-                (ConstVec<T>(xd + (n * C + c) * S, S) - static_cast<T>(mean_[c])).square().sum();
+                (ConstVec<P>(xd + (n * C + c) * S, S) - static_cast<P>(mean_[c])).square().sum();
       });
       SumPieces(partial_, pieces.count, C, var_.data());
       const double mom = momentum_;
@@ -136,8 +177,8 @@ class BatchNormMath<CPUDevice, T> {
     }
     for (int64_t c = 0; c < C; ++c) {
       const double inv_std = fn::InvStd(var_[c], epsilon_);
-      saved_mean[c] = static_cast<T>(mean_[c]);
-      saved_inv_std[c] = static_cast<T>(inv_std);
+      saved_mean[c] = static_cast<P>(mean_[c]);
+      saved_inv_std[c] = static_cast<P>(inv_std);
       // y = x * a + b with a = scale * inv_std, b = bias - mean * a.
       mean_[c] = scale[c] * inv_std;
       var_[c] = bias[c] - saved_mean[c] * mean_[c];
@@ -146,19 +187,19 @@ class BatchNormMath<CPUDevice, T> {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Vec<T>(yd + off, S) =
-              ConstVec<T>(xd + off, S) * static_cast<T>(mean_[c]) + static_cast<T>(var_[c]);
+          Vec<P>(yd + off, S) =
+              ConstVec<P>(xd + off, S) * static_cast<P>(mean_[c]) + static_cast<P>(var_[c]);
         }
     });
   }
 
-  void Backward(const ExecutionContext&, const DDim& x, const BatchNormGradIO<T>& io) {
+  void BackwardP(const DDim& x, const BatchNormGradIO<P>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
-    const T* xd = io.x;
-    const T* gd = io.dy;
-    const T* scale = io.scale;
-    const T* mean = io.saved_mean;
-    const T* inv_std = io.saved_inv_std;
+    const P* xd = io.x;
+    const P* gd = io.dy;
+    const P* scale = io.scale;
+    const P* mean = io.saved_mean;
+    const P* inv_std = io.saved_inv_std;
     sum_dy_.assign(C, 0.0);
     sum_dy_xc_.assign(C, 0.0);  // sum(dy * (x - mean))
     const SamplePieces pieces(N, C, S);
@@ -169,9 +210,9 @@ class BatchNormMath<CPUDevice, T> {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          ConstVec<T> g(gd + off, S);
+          ConstVec<P> g(gd + off, S);
           dy_acc[c] += g.sum();
-          dyxc_acc[c] += (g * (ConstVec<T>(xd + off, S) - mean[c])).sum();
+          dyxc_acc[c] += (g * (ConstVec<P>(xd + off, S) - mean[c])).sum();
         }
     });
     for (int64_t c = 0; c < C; ++c) {
@@ -180,11 +221,11 @@ class BatchNormMath<CPUDevice, T> {
         sum_dy_xc_[c] += partial_[(pieces.count + p) * C + c];
       }
     }
-    if (T* p = io.dbias)
-      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<T>(sum_dy_[c]);
-    if (T* p = io.dscale)
-      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<T>(sum_dy_xc_[c] * inv_std[c]);
-    T* dxd = io.dx;
+    if (P* p = io.dbias)
+      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_[c]);
+    if (P* p = io.dscale)
+      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_xc_[c] * inv_std[c]);
+    P* dxd = io.dx;
     if (dxd == nullptr) return;
     // dx = A * dy + B * x + D per channel: the training formula expanded in x.
     const double m = static_cast<double>(N * S);
@@ -192,21 +233,20 @@ class BatchNormMath<CPUDevice, T> {
     for (int64_t c = 0; c < C; ++c) {
       const double is = inv_std[c], A = scale[c] * is;
       const double B = is_test_ ? 0.0 : -A * is * is * sum_dy_xc_[c] / m;
-      coef_a_[c] = static_cast<T>(A);
-      coef_b_[c] = static_cast<T>(B);
-      coef_d_[c] = static_cast<T>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
+      coef_a_[c] = static_cast<P>(A);
+      coef_b_[c] = static_cast<P>(B);
+      coef_d_[c] = static_cast<P>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
     }
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t) {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Vec<T>(dxd + off, S) = ConstVec<T>(gd + off, S) * coef_a_[c] +
-                                 ConstVec<T>(xd + off, S) * coef_b_[c] + coef_d_[c];
+          Vec<P>(dxd + off, S) = ConstVec<P>(gd + off, S) * coef_a_[c] +
+                                 ConstVec<P>(xd + off, S) * coef_b_[c] + coef_d_[c];
         }
     });
   }
 
- private:
   float momentum_, epsilon_;
   bool is_test_;
   // Forward, per channel: the mean and variance, then the affine coefficients a and b.
@@ -214,7 +254,8 @@ class BatchNormMath<CPUDevice, T> {
   ScratchVector<double> partial_;  // per piece of samples, per channel
   // Backward.
   ScratchVector<double> sum_dy_, sum_dy_xc_;   // per channel
-  ScratchVector<T> coef_a_, coef_b_, coef_d_;  // per channel
+  ScratchVector<P> coef_a_, coef_b_, coef_d_;  // per channel
+  ScratchVector<float> xw_, yw_, dxw_;         // the 16-bit types' float32 X, Y (or dY), dX
 };
 
 // ---------------------------------------------------------------- registration
@@ -248,7 +289,7 @@ KEEL_REGISTER_OP(batch_norm)
     .Grad(GradMaker("batch_norm_grad", {"X", "Scale", "Bias", "SavedMean", "SavedVariance"}, {"Y"},
                     {"X", "Scale", "Bias"}));
 KEEL_REGISTER_GRAD_OP(batch_norm_grad, batch_norm);
-KEEL_REGISTER_KERNEL(CPU, batch_norm, BatchNormKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, batch_norm_grad, BatchNormGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, batch_norm, BatchNormKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, batch_norm_grad, BatchNormGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -64,24 +64,25 @@ __global__ void FixedStats(int64_t C, double epsilon, const T* mean_in, const T*
 }
 
 // Fixed stats: sum_dy[c] = sum(dy), sum_dy_xc[c] = sum(dy * (x - mean)) over the channel's m
-// values; one block per channel.
-template <typename T>
+// values; one block per channel. x and dy of T, the per-channel values of P.
+template <typename T, typename P>
 __global__ void ChannelGradSums(int64_t N, int64_t C, int64_t S, const T* x, const T* dy,
-                                const T* mean, const T* scale, const T* inv_std, T* dscale,
-                                T* dbias) {
+                                const P* mean, const P* scale, const P* inv_std, P* dscale,
+                                P* dbias) {
   const int64_t c = blockIdx.x;
   const double mc = mean[c];
   double sum_dy = 0, sum_dy_xc = 0;
   for (int64_t t = threadIdx.x; t < N * S; t += blockDim.x) {
     const int64_t i = ((t / S) * C + c) * S + t % S;
-    sum_dy += dy[i];
-    sum_dy_xc += dy[i] * (x[i] - mc);
+    const double g = Widen(dy[i]);
+    sum_dy += g;
+    sum_dy_xc += g * (Widen(x[i]) - mc);
   }
   sum_dy = BlockSum(sum_dy);
   sum_dy_xc = BlockSum(sum_dy_xc);
   if (threadIdx.x == 0) {
-    if (dbias) dbias[c] = static_cast<T>(sum_dy);
-    if (dscale) dscale[c] = static_cast<T>(sum_dy_xc * inv_std[c]);
+    if (dbias) dbias[c] = static_cast<P>(sum_dy);
+    if (dscale) dscale[c] = static_cast<P>(sum_dy_xc * inv_std[c]);
   }
 }
 
@@ -91,7 +92,8 @@ __global__ void ChannelGradSums(int64_t N, int64_t C, int64_t S, const T* x, con
 // saved as mean and inverse std) or inference forward (the moving stats). The grad, with
 // xhat = (x - mean) * inv_std: dBias = sum(dy), dScale = sum(dy * xhat); training: dx = scale *
 // inv_std * (dy - dBias / m - xhat * dScale / m) (cuDNN, from the saved batch stats); fixed stats:
-// dx = scale * inv_std * dy.
+// dx = scale * inv_std * dy. X, Y of T (float16 and bfloat16 too), the parameters and statistics of
+// P = Acc<T> (cuDNN's float32 parameters for 16-bit data).
 template <typename T>
 class BatchNormMath<CUDADevice, T> {
  public:
@@ -109,7 +111,7 @@ class BatchNormMath<CUDADevice, T> {
         KEEL_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
             Cuda(ctx).cudnn(), CUDNN_BATCHNORM_SPATIAL, &s.one, &s.zero, d_.xd.get(), io.x,
             d_.xd.get(), io.y, d_.bn.get(), io.scale, io.bias, io.mean_in, io.var_in, epsilon_));
-      FixedStats<T><<<GridFor(C), 256, 0, stream>>>(C, epsilon_, io.mean_in, io.var_in, io.mean_out,
+      FixedStats<P><<<GridFor(C), 256, 0, stream>>>(C, epsilon_, io.mean_in, io.var_in, io.mean_out,
                                                     io.var_out, io.saved_mean, io.saved_inv_std);
       KEEL_CUDA_LAUNCH_CHECK();
       return;
@@ -119,7 +121,7 @@ class BatchNormMath<CUDADevice, T> {
           Cuda(ctx).cudnn(), CUDNN_BATCHNORM_SPATIAL, &s.one, &s.zero, d_.xd.get(), io.x,
           d_.xd.get(), io.y, d_.bn.get(), io.scale, io.bias, 0.0, nullptr, nullptr, epsilon_,
           io.saved_mean, io.saved_inv_std));
-    UpdateMovingStats<T><<<GridFor(C), 256, 0, stream>>>(C, empty, momentum_, epsilon_, io.mean_in,
+    UpdateMovingStats<P><<<GridFor(C), 256, 0, stream>>>(C, empty, momentum_, epsilon_, io.mean_in,
                                                          io.var_in, io.mean_out, io.var_out,
                                                          io.saved_mean, io.saved_inv_std);
     KEEL_CUDA_LAUNCH_CHECK();
@@ -128,30 +130,30 @@ class BatchNormMath<CUDADevice, T> {
   void Backward(const ExecutionContext& ctx, const DDim& x, const BatchNormGradIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     T* dxd = io.dx;
-    T* dsd = io.dscale;
-    T* dbd = io.dbias;
+    P* dsd = io.dscale;
+    P* dbd = io.dbias;
     const T* xd = io.x;
     const T* gd = io.dy;
-    const T* scale = io.scale;
-    const T* inv_std = io.saved_inv_std;
+    const P* scale = io.scale;
+    const P* inv_std = io.saved_inv_std;
     cudaStream_t stream = Cuda(ctx).stream();
     if (fixed_stats_ || x.numel() == 0) {
       if ((dsd || dbd) && C > 0) {
-        ChannelGradSums<T><<<unsigned(C), 256, 0, stream>>>(N, C, S, xd, gd, io.saved_mean, scale,
-                                                            inv_std, dsd, dbd);
+        ChannelGradSums<T, P><<<unsigned(C), 256, 0, stream>>>(N, C, S, xd, gd, io.saved_mean,
+                                                               scale, inv_std, dsd, dbd);
         KEEL_CUDA_LAUNCH_CHECK();
       }
       if (dxd)  // dx = scale * inv_std * dy (the training formula's extra terms vanish at m = 0)
         ForEach(ctx, x.numel(), [=] __device__(int64_t i) {
           const int64_t c = (i / S) % C;
-          dxd[i] = static_cast<T>(static_cast<double>(scale[c]) * inv_std[c] * gd[i]);
+          dxd[i] = ConvertTo<T>(static_cast<double>(scale[c]) * inv_std[c] * Widen(gd[i]));
         });
       return;
     }
     // cuDNN writes all three: outputs the program does not want go to scratch.
-    if (!dxd) dxd = Scratch(ctx, &scratch_dx_, x);
-    if (!dsd) dsd = Scratch(ctx, &scratch_dscale_, DDim{C});
-    if (!dbd) dbd = Scratch(ctx, &scratch_dbias_, DDim{C});
+    if (!dxd) dxd = Scratch<T>(ctx, &scratch_dx_, x);
+    if (!dsd) dsd = Scratch<P>(ctx, &scratch_dscale_, DDim{C});
+    if (!dbd) dbd = Scratch<P>(ctx, &scratch_dbias_, DDim{C});
     d_.Set(x);
     const CudnnScalars<T> s;
     KEEL_CUDNN_CHECK(cudnnBatchNormalizationBackward(
@@ -161,9 +163,11 @@ class BatchNormMath<CUDADevice, T> {
   }
 
  private:
-  T* Scratch(const ExecutionContext& ctx, Tensor* t, const DDim& d) {
+  using P = Acc<T>;
+  template <typename V>
+  V* Scratch(const ExecutionContext& ctx, Tensor* t, const DDim& d) {
     t->Resize(d);
-    return t->mutable_data<T>(ctx.place());
+    return t->mutable_data<V>(ctx.place());
   }
   double momentum_, epsilon_;
   bool fixed_stats_;
@@ -171,7 +175,7 @@ class BatchNormMath<CUDADevice, T> {
   Tensor scratch_dx_, scratch_dscale_, scratch_dbias_;
 };
 
-KEEL_REGISTER_KERNEL(CUDA, batch_norm, BatchNormKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, batch_norm_grad, BatchNormGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, batch_norm, BatchNormKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, batch_norm_grad, BatchNormGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -5,23 +5,31 @@
 //
 // Legend: N = batch, C = channels, S = the spatial size per channel (H * W, 1 for [N, C]),
 // m = N * S (the values one channel sees).
+//
+// Mixed precision: X and Y (and their gradients) may be float16 or bfloat16 while Scale, Bias, the
+// moving and saved statistics and the parameter gradients stay float32 (P = Acc<T>), as Paddle
+// allows; the math is float32.
 #pragma once
 
 #include "ops/device.h"
 
 namespace keel {
 
-// The forward's tensors, as pointers (all of [C] but x and y).
-template <typename T>
+// The forward's tensors, as pointers: x and y of T, the [C] parameters and statistics of P.
+template <typename T, typename P = Acc<T>>
 struct BatchNormIO {
-  const T *x, *scale, *bias, *mean_in, *var_in;
-  T *y, *mean_out, *var_out, *saved_mean, *saved_inv_std;
+  const T* x;
+  const P *scale, *bias, *mean_in, *var_in;
+  T* y;
+  P *mean_out, *var_out, *saved_mean, *saved_inv_std;
 };
 // The grad's; a gradient nobody wants is null.
-template <typename T>
+template <typename T, typename P = Acc<T>>
 struct BatchNormGradIO {
-  const T *x, *dy, *scale, *saved_mean, *saved_inv_std;
-  T *dx, *dscale, *dbias;
+  const T *x, *dy;
+  const P *scale, *saved_mean, *saved_inv_std;
+  T* dx;
+  P *dscale, *dbias;
 };
 
 // The device math, constructed from the attrs (momentum, epsilon, fixed stats: is_test or
@@ -39,17 +47,18 @@ class BatchNormKernel : public OpKernel {
       : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"),
               op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
   void Compute(ExecutionContext& ctx) override {
+    using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
     BatchNormIO<T> io;
     io.x = x.data<T>();
-    io.scale = ctx.Input("Scale").data<T>();
-    io.bias = ctx.Input("Bias").data<T>();
-    io.mean_in = ctx.Input("Mean").data<T>();
-    io.var_in = ctx.Input("Variance").data<T>();
-    io.mean_out = ctx.Output("MeanOut")->mutable_data<T>(ctx.place());
-    io.var_out = ctx.Output("VarianceOut")->mutable_data<T>(ctx.place());
-    io.saved_mean = ctx.Output("SavedMean")->mutable_data<T>(ctx.place());
-    io.saved_inv_std = ctx.Output("SavedVariance")->mutable_data<T>(ctx.place());
+    io.scale = ctx.Input("Scale").data<P>();
+    io.bias = ctx.Input("Bias").data<P>();
+    io.mean_in = ctx.Input("Mean").data<P>();
+    io.var_in = ctx.Input("Variance").data<P>();
+    io.mean_out = ctx.Output("MeanOut")->mutable_data<P>(ctx.place());
+    io.var_out = ctx.Output("VarianceOut")->mutable_data<P>(ctx.place());
+    io.saved_mean = ctx.Output("SavedMean")->mutable_data<P>(ctx.place());
+    io.saved_inv_std = ctx.Output("SavedVariance")->mutable_data<P>(ctx.place());
     io.y = ctx.Output("Y")->mutable_data<T>(ctx.place());
     math_.Forward(ctx, x.dims(), io);
   }
@@ -65,6 +74,7 @@ class BatchNormGradKernel : public OpKernel {
       : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"),
               op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
   void Compute(ExecutionContext& ctx) override {
+    using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
     const Tensor& dy = ctx.Input(GradVarName("Y"));
     KEEL_ENFORCE(dy.dims() == x.dims(), "Y@GRAD ", dy.dims(), " must have X's shape ", x.dims());
@@ -74,12 +84,12 @@ class BatchNormGradKernel : public OpKernel {
     BatchNormGradIO<T> io;
     io.x = x.data<T>();
     io.dy = dy.data<T>();
-    io.scale = ctx.Input("Scale").data<T>();
-    io.saved_mean = ctx.Input("SavedMean").data<T>();
-    io.saved_inv_std = ctx.Input("SavedVariance").data<T>();
+    io.scale = ctx.Input("Scale").data<P>();
+    io.saved_mean = ctx.Input("SavedMean").data<P>();
+    io.saved_inv_std = ctx.Input("SavedVariance").data<P>();
     io.dx = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
-    io.dscale = dscale ? dscale->mutable_data<T>(ctx.place()) : nullptr;
-    io.dbias = dbias ? dbias->mutable_data<T>(ctx.place()) : nullptr;
+    io.dscale = dscale ? dscale->mutable_data<P>(ctx.place()) : nullptr;
+    io.dbias = dbias ? dbias->mutable_data<P>(ctx.place()) : nullptr;
     math_.Backward(ctx, x.dims(), io);
   }
 

@@ -98,6 +98,7 @@ KEEL_REGISTER_OP(assign)
     .Input("X", "the source")
     .Output("Out", "the copy")
     .Shape(AssignShape);
-KEEL_REGISTER_KERNEL(CPU, assign, CopyKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_KERNEL(CPU, assign, CopyKernel, float, double, int32_t, int64_t, bool, bfloat16,
+                     float16);
 
 }  // namespace keel

@@ -20,6 +20,7 @@ KEEL_REGISTER_KERNEL(CUDA, not_equal, CompareOp<fn::NotEqual>::Kernel, float, do
                      int64_t);
 KEEL_REGISTER_KERNEL(CUDA, logical_and, LogicalOp<true>::Kernel, bool);
 KEEL_REGISTER_KERNEL(CUDA, logical_or, LogicalOp<false>::Kernel, bool);
-KEEL_REGISTER_KERNEL(CUDA, assign, CopyKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_KERNEL(CUDA, assign, CopyKernel, float, double, int32_t, int64_t, bool, bfloat16,
+                     float16);
 
 }  // namespace keel

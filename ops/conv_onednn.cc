@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "framework/error.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/half_convert.h"
 
 namespace keel {
 namespace onednn {
@@ -89,8 +91,17 @@ memory ThreadMem(Slot slot, const memory::desc& md) {
   return memory(md, Engine(), b.data.get());
 }
 
-memory Wrap(const memory::desc& md, const float* p) {
-  return memory(md, Engine(), const_cast<float*>(p));
+memory Wrap(const memory::desc& md, const void* p) {
+  return memory(md, Engine(), const_cast<void*>(p));
+}
+
+size_t ElemSize(DT dt) { return dt == DT::f32 ? 4 : 2; }
+
+// A 16-bit convolution oneDNN would run by its reference loops is refused: the caller's float32
+// path is far faster.
+void RefuseReference(DT dt, const char* impl) {
+  if (dt != DT::f32 && std::string(impl).rfind("ref", 0) == 0)
+    throw dnnl::error(dnnl_unimplemented, "only oneDNN's reference convolution for 16-bit data");
 }
 
 }  // namespace
@@ -103,6 +114,7 @@ bool ConvShape::operator==(const ConvShape& o) const {
 
 struct ConvPrimitives::Impl {
   memory::desc src_md, w_md, dst_md;  // NCHW, OIHW (GOIHW with groups), NCHW
+  memory::desc dw_md;                 // the filter gradient's: float32 OIHW (GOIHW)
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   dnnl::convolution_backward_data::primitive_desc bd_pd;
@@ -116,19 +128,22 @@ struct ConvPrimitives::Impl {
   bool backward = false;
 };
 
-ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
+ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward, DT dt) : shape_(s) {
   auto impl = std::make_shared<Impl>();
   Impl& p = *impl;
   p.backward = backward;
-  p.src_md = memory::desc(Dims({s.N, s.C, s.H, s.W}), DT::f32, Tag::nchw);
-  p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), DT::f32, Tag::nchw);
-  p.w_md = s.groups == 1
-               ? memory::desc(Dims({s.M, s.C, s.kh, s.kw}), DT::f32, Tag::oihw)
-               : memory::desc(Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw}), DT::f32,
-                              Tag::goihw);
-  const memory::desc src_any(p.src_md.dims(), DT::f32, Tag::any);
-  const memory::desc dst_any(p.dst_md.dims(), DT::f32, Tag::any);
-  const memory::desc w_any(p.w_md.dims(), DT::f32, Tag::any);
+  p.src_md = memory::desc(Dims({s.N, s.C, s.H, s.W}), dt, Tag::nchw);
+  p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), dt, Tag::nchw);
+  const memory::dims w_dims = s.groups == 1
+                                  ? Dims({s.M, s.C, s.kh, s.kw})
+                                  : Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw});
+  const Tag w_tag = s.groups == 1 ? Tag::oihw : Tag::goihw;
+  p.w_md = memory::desc(w_dims, dt, w_tag);
+  p.dw_md = memory::desc(w_dims, DT::f32, w_tag);
+  const memory::desc src_any(p.src_md.dims(), dt, Tag::any);
+  const memory::desc dst_any(p.dst_md.dims(), dt, Tag::any);
+  const memory::desc w_any(w_dims, dt, Tag::any);
+  const memory::desc dw_any(w_dims, DT::f32, Tag::any);
   const memory::dims strides = Dims({s.sh, s.sw}), dilates = Dims({s.dh - 1, s.dw - 1});
   const memory::dims pads = Dims({s.ph, s.pw});
   const dnnl::primitive_attr attr = UserScratchpad();
@@ -138,6 +153,9 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
                                       dnnl::algorithm::convolution_direct, src_any, w_any, dst_any,
                                       strides, dilates, pads, pads),
       attr, Engine());
+  VLOG(1) << "conv2d " << (dt == DT::f32 ? "float32" : "bfloat16") << " N " << s.N << " C " << s.C
+          << " M " << s.M << ": oneDNN " << p.fwd_pd.impl_info_str();
+  RefuseReference(dt, p.fwd_pd.impl_info_str());
   p.fwd = dnnl::convolution_forward(p.fwd_pd);
   p.src_fwd = Reorder(p.src_md, p.fwd_pd.src_desc());
   p.w_fwd = Reorder(p.w_md, p.fwd_pd.weights_desc());
@@ -148,18 +166,20 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
         dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_any, w_any,
                                               dst_any, strides, dilates, pads, pads),
         attr, Engine(), p.fwd_pd);
+    RefuseReference(dt, p.bd_pd.impl_info_str());
     p.bd = dnnl::convolution_backward_data(p.bd_pd);
     p.bw_pd = dnnl::convolution_backward_weights::primitive_desc(
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any,
-                                                 w_any, dst_any, strides, dilates, pads, pads),
+                                                 dw_any, dst_any, strides, dilates, pads, pads),
         attr, Engine(), p.fwd_pd);
+    RefuseReference(dt, p.bw_pd.impl_info_str());
     p.bw = dnnl::convolution_backward_weights(p.bw_pd);
     p.ddst_bd = Reorder(p.dst_md, p.bd_pd.diff_dst_desc());
     p.w_bd = Reorder(p.w_md, p.bd_pd.weights_desc());
     p.dsrc_bd = Reorder(p.bd_pd.diff_src_desc(), p.src_md);
     p.src_bw = Reorder(p.src_md, p.bw_pd.src_desc());
     p.ddst_bw = Reorder(p.dst_md, p.bw_pd.diff_dst_desc());
-    p.dw_bw = Reorder(p.bw_pd.diff_weights_desc(), p.w_md);
+    p.dw_bw = Reorder(p.bw_pd.diff_weights_desc(), p.dw_md);
     scratch = std::max(
         {scratch, p.bd_pd.scratchpad_desc().get_size(), p.bw_pd.scratchpad_desc().get_size()});
   }
@@ -173,7 +193,7 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward) : shape_(s) {
 
 bool ConvPrimitives::has_backward() const { return impl_->backward; }
 
-void ConvPrimitives::PrepareForwardWeights(const float* w, memory* out) const {
+void ConvPrimitives::PrepareForwardWeights(const void* w, memory* out) const {
   const Impl& p = *impl_;
   if (!p.w_fwd.needed) {
     *out = Wrap(p.w_md, w);
@@ -186,7 +206,7 @@ void ConvPrimitives::PrepareForwardWeights(const float* w, memory* out) const {
   ThreadStream().wait();
 }
 
-void ConvPrimitives::PrepareBackwardWeights(const float* w, memory* out) const {
+void ConvPrimitives::PrepareBackwardWeights(const void* w, memory* out) const {
   const Impl& p = *impl_;
   CHECK(p.backward) << "conv primitives built without the backward pass";
   if (!p.w_bd.needed) {
@@ -200,7 +220,7 @@ void ConvPrimitives::PrepareBackwardWeights(const float* w, memory* out) const {
   ThreadStream().wait();
 }
 
-void ConvPrimitives::Forward(const float* x, const memory& w, float* y) const {
+void ConvPrimitives::Forward(const void* x, const memory& w, void* y) const {
   const Impl& p = *impl_;
   cpu_threads::UseOneOpenMPThread();
   const memory scratch = ThreadMem(kScratch, p.scratch_md);
@@ -222,7 +242,7 @@ void ConvPrimitives::Forward(const float* x, const memory& w, float* y) const {
   ThreadStream().wait();
 }
 
-void ConvPrimitives::Backward(const float* x, const memory& w, const float* dy, float* dx,
+void ConvPrimitives::Backward(const void* x, const memory& w, const void* dy, void* dx,
                               float* dw) const {
   const Impl& p = *impl_;
   CHECK(p.backward) << "conv primitives built without the backward pass";
@@ -265,7 +285,7 @@ void ConvPrimitives::Backward(const float* x, const memory& w, const float* dy, 
         p.ddst_bw.Run(dy_plain, ddst, scratch);
       }
     }
-    const memory dw_plain = Wrap(p.w_md, dw);
+    const memory dw_plain = Wrap(p.dw_md, dw);
     memory dweights = dw_plain;
     if (p.dw_bw.needed) {
       dweights = ThreadMem(kDiffWeights, p.bw_pd.diff_weights_desc());
@@ -282,6 +302,92 @@ void ConvPrimitives::Backward(const float* x, const memory& w, const float* dy, 
 bool Supports(const ConvShape& s) {
   return s.N > 0 && s.C > 0 && s.M > 0 && s.Ho > 0 && s.Wo > 0 && s.groups >= 1 &&
          s.C % s.groups == 0 && s.M % s.groups == 0;
+}
+
+bool PiecedConv::Forward(const ConvShape& s, int64_t per, const void* x, const void* f, void* y) {
+  const int64_t pieces = (s.N + per - 1) / per;
+  if (!Supports(s) || !Prepare(s, per, pieces, /*backward=*/false, f)) return false;
+  const size_t e = ElemSize(dt_);
+  cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+    const Entry& en = *piece_entry_[static_cast<size_t>(p)];
+    en.prims->Forward(static_cast<const char*>(x) + p * per * s.C * s.H * s.W * e, en.w,
+                      static_cast<char*>(y) + p * per * s.M * s.Ho * s.Wo * e);
+  });
+  return true;
+}
+
+bool PiecedConv::Backward(const ConvShape& s, int64_t per, const void* x, const void* f,
+                          const void* dy, void* dx, void* df) {
+  const int64_t pieces = (s.N + per - 1) / per;
+  const int64_t fsize = s.M * (s.C / s.groups) * s.kh * s.kw;
+  if (!Supports(s) || !Prepare(s, per, pieces, /*backward=*/true, dx != nullptr ? f : nullptr))
+    return false;
+  const size_t e = ElemSize(dt_);
+  // One float32 piece writes the filter gradient in place; otherwise each piece its own part.
+  const bool direct = dt_ == DT::f32 && pieces == 1;
+  if (df != nullptr && !direct) dw_.resize(static_cast<size_t>(pieces * fsize));
+  cpu_threads::ParallelFor(pieces, [&](int64_t p) {
+    const Entry& en = *piece_entry_[static_cast<size_t>(p)];
+    const int64_t xoff = p * per * s.C * s.H * s.W, yoff = p * per * s.M * s.Ho * s.Wo;
+    float* dwp = df == nullptr ? nullptr
+                 : direct      ? static_cast<float*>(df)
+                               : dw_.data() + p * fsize;
+    en.prims->Backward(static_cast<const char*>(x) + xoff * e, en.w,
+                       static_cast<const char*>(dy) + yoff * e,
+                       dx != nullptr ? static_cast<char*>(dx) + xoff * e : nullptr, dwp);
+  });
+  if (df != nullptr && !direct) {
+    for (int64_t p = 1; p < pieces; ++p)
+      for (int64_t i = 0; i < fsize; ++i) dw_[i] += dw_[p * fsize + i];
+    if (dt_ == DT::f32) {
+      std::copy(dw_.begin(), dw_.begin() + fsize, static_cast<float*>(df));
+    } else {
+      NarrowN(dw_.data(), static_cast<bfloat16*>(df), fsize);
+    }
+  }
+  return true;
+}
+
+bool PiecedConv::Prepare(const ConvShape& s, int64_t per, int64_t pieces, bool backward,
+                         const void* f) {
+  for (const ConvShape& r : refused_)
+    if (r == s) return false;
+  if (entries_.size() > 8) entries_.clear();  // batch sizes keep changing
+  piece_entry_.assign(static_cast<size_t>(pieces), nullptr);
+  std::vector<Entry*> used;
+  for (int64_t p = 0; p < pieces; ++p) {
+    ConvShape ps = s;
+    ps.N = std::min(per, s.N - p * per);
+    Entry* e = nullptr;
+    for (auto& c : entries_)
+      if (c->prims->shape() == ps) e = c.get();
+    if (e == nullptr || (backward && !e->prims->has_backward())) {
+      std::unique_ptr<ConvPrimitives> prims;
+      try {
+        prims = std::make_unique<ConvPrimitives>(ps, backward, dt_);
+      } catch (const dnnl::error&) {
+        // No implementation for this geometry (extreme strides or dilations), or for 16-bit data
+        // only the reference one.
+        refused_.push_back(s);
+        return false;
+      }
+      if (e == nullptr) {
+        entries_.push_back(std::make_unique<Entry>());
+        e = entries_.back().get();
+      }
+      e->prims = std::move(prims);
+    }
+    piece_entry_[static_cast<size_t>(p)] = e;
+    if (std::find(used.begin(), used.end(), e) == used.end()) used.push_back(e);
+  }
+  if (f == nullptr) return true;
+  for (Entry* e : used) {
+    if (backward)
+      e->prims->PrepareBackwardWeights(f, &e->w);
+    else
+      e->prims->PrepareForwardWeights(f, &e->w);
+  }
+  return true;
 }
 
 }  // namespace onednn

@@ -1,4 +1,5 @@
-// float32 conv2d and its gradients by oneDNN's convolution primitives.
+// conv2d and its gradients by oneDNN's convolution primitives: float32, and bfloat16 (mixed
+// precision: bfloat16 data, float32 accumulation, the filter gradient in float32).
 //
 // oneDNN's direct convolutions (jit:avx512_core and its 1x1 variant) want channel-blocked layouts
 // (nChw16c), so each call reorders NCHW input and output into the layouts the primitive chose
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace keel {
 namespace onednn {
@@ -26,22 +28,26 @@ struct ConvShape {
   bool operator==(const ConvShape& o) const;
 };
 
+// Data of type `dt` (f32 or bf16): input, filter, output and their gradients but the filter's,
+// which is always float32 (OIHW). Throws dnnl::error where oneDNN has no implementation, or for
+// 16-bit data only its reference loops (the caller then runs the conv another way).
 class ConvPrimitives {
  public:
   // Creates the forward primitive (and, with `backward`, the data and weights gradients').
-  ConvPrimitives(const ConvShape& s, bool backward);
+  ConvPrimitives(const ConvShape& s, bool backward, dnnl::memory::data_type dt);
   const ConvShape& shape() const { return shape_; }
   bool has_backward() const;
 
   // Reorders an OIHW filter into the layout the forward (or data-gradient) primitive wants.
   // `out` is allocated on first use and reused.
-  void PrepareForwardWeights(const float* w, dnnl::memory* out) const;
-  void PrepareBackwardWeights(const float* w, dnnl::memory* out) const;
+  void PrepareForwardWeights(const void* w, dnnl::memory* out) const;
+  void PrepareBackwardWeights(const void* w, dnnl::memory* out) const;
 
   // y = conv(x, w) for this piece. `w` comes from PrepareForwardWeights.
-  void Forward(const float* x, const dnnl::memory& w, float* y) const;
-  // dx (may be null; `w` from PrepareBackwardWeights) and dw (OIHW, may be null) for this piece.
-  void Backward(const float* x, const dnnl::memory& w, const float* dy, float* dx, float* dw) const;
+  void Forward(const void* x, const dnnl::memory& w, void* y) const;
+  // dx (may be null; `w` from PrepareBackwardWeights) and dw (float32 OIHW, may be null) for this
+  // piece.
+  void Backward(const void* x, const dnnl::memory& w, const void* dy, void* dx, float* dw) const;
 
  private:
   struct Impl;
@@ -52,6 +58,35 @@ class ConvPrimitives {
 // Whether oneDNN's primitives take this geometry (they take every conv2d keel accepts with a
 // non-empty output; the check is here so that the caller falls back rather than fails).
 bool Supports(const ConvShape& s);
+
+// One conv2d op's convolutions of data type `dt`, in pieces of `per` whole images (the last piece
+// may be smaller) that run on the CPU thread budget: each piece runs its primitive on one thread,
+// the filter gradient is summed over the pieces in piece order (in float32), so results are the
+// same bits on any number of threads. The primitives of every piece size are created once and
+// kept (a few batch sizes).
+class PiecedConv {
+ public:
+  explicit PiecedConv(dnnl::memory::data_type dt) : dt_(dt) {}
+
+  // False (nothing written) when oneDNN refuses the geometry: the caller runs it another way.
+  bool Forward(const ConvShape& s, int64_t per, const void* x, const void* f, void* y);
+  // dx and df (of the data type; either may be null).
+  bool Backward(const ConvShape& s, int64_t per, const void* x, const void* f, const void* dy,
+                void* dx, void* df);
+
+ private:
+  struct Entry {
+    std::unique_ptr<ConvPrimitives> prims;
+    dnnl::memory w;  // the filter in the primitive's layout, this call's
+  };
+  bool Prepare(const ConvShape& s, int64_t per, int64_t pieces, bool backward, const void* f);
+
+  dnnl::memory::data_type dt_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<ConvShape> refused_;
+  std::vector<Entry*> piece_entry_;
+  std::vector<float> dw_;  // the filter gradient of each piece, float32
+};
 
 }  // namespace onednn
 }  // namespace keel

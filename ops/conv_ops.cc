@@ -17,7 +17,8 @@
 //
 // float32 convs run by oneDNN's primitives instead (ops/conv_onednn.h, --conv_onednn): measured
 // 1.2x (ResNet-20) to 1.4x (LeNet) faster per training step than these kernels. These remain for
-// float64 (gradient checks) and geometries oneDNN refuses. (A Winograd F(2x2, 3x3) path for
+// float64 (gradient checks) and geometries oneDNN refuses. bfloat16 convs run by oneDNN's bfloat16
+// primitives, or widened to float32. (A Winograd F(2x2, 3x3) path for
 // 32+-channel 3x3 convs was removed with that measurement: it no longer ran by default.)
 #include "ops/conv_ops.h"
 
@@ -402,103 +403,11 @@ void GrowScratch(std::vector<std::unique_ptr<ConvScratch<T>>>* scratch, size_t n
   while (scratch->size() < n) scratch->push_back(std::make_unique<ConvScratch<T>>());
 }
 
-// float32 convolutions by oneDNN (ops/conv_onednn.h), in the same pieces of whole images as keel's
-// own kernels: each piece runs its primitive on one thread, the filter gradient is summed over the
-// pieces in piece order, so results are the same bits on any number of threads.
-class OneDnnConv {
- public:
-  static bool Applies(const ConvGeom& g) {
-    return FLAGS_conv_onednn && onednn::Supports(Shape(g, g.N));
-  }
-
-  // False (nothing written) when oneDNN refuses the geometry: keel's own kernels run it.
-  bool Forward(const ConvGeom& g, const float* x, const float* f, float* y) {
-    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
-    if (!Prepare(g, per, pieces, /*backward=*/false, f)) return false;
-    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
-      Entry& e = *piece_entry_[static_cast<size_t>(p)];
-      e.prims->Forward(x + p * per * g.C * g.H * g.W, e.w, y + p * per * g.M * g.P);
-    });
-    return true;
-  }
-
-  bool Backward(const ConvGeom& g, const float* x, const float* f, const float* dy, float* dx,
-                float* df) {
-    const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
-    const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
-    if (!Prepare(g, per, pieces, /*backward=*/true, dx != nullptr ? f : nullptr)) return false;
-    if (df != nullptr && pieces > 1) dw_.resize(static_cast<size_t>(pieces * fsize));
-    cpu_threads::ParallelFor(pieces, [&](int64_t p) {
-      Entry& e = *piece_entry_[static_cast<size_t>(p)];
-      float* dfp = df == nullptr ? nullptr : pieces > 1 ? dw_.data() + p * fsize : df;
-      e.prims->Backward(x + p * per * g.C * g.H * g.W, e.w, dy + p * per * g.M * g.P,
-                        dx != nullptr ? dx + p * per * g.C * g.H * g.W : nullptr, dfp);
-    });
-    if (df != nullptr && pieces > 1) {
-      std::copy(dw_.begin(), dw_.begin() + fsize, df);
-      for (int64_t p = 1; p < pieces; ++p)
-        for (int64_t i = 0; i < fsize; ++i) df[i] += dw_[p * fsize + i];
-    }
-    return true;
-  }
-
- private:
-  struct Entry {
-    std::unique_ptr<onednn::ConvPrimitives> prims;
-    dnnl::memory w;  // the filter in the primitive's layout, this call's
-  };
-
-  static onednn::ConvShape Shape(const ConvGeom& g, int64_t n) {
-    return {n,    g.C,  g.H,  g.W,  g.M,  g.kh,     g.kw, g.sh,
-            g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.Ho, g.Wo};
-  }
-
-  // Finds or creates the primitives of every piece size, and reorders the filter once per size
-  // for this call (`f` null: no filter needed).
-  bool Prepare(const ConvGeom& g, int64_t per, int64_t pieces, bool backward, const float* f) {
-    for (const onednn::ConvShape& r : refused_)
-      if (r == Shape(g, g.N)) return false;
-    if (entries_.size() > 8) entries_.clear();  // batch sizes keep changing
-    piece_entry_.assign(static_cast<size_t>(pieces), nullptr);
-    std::vector<Entry*> used;
-    for (int64_t p = 0; p < pieces; ++p) {
-      const onednn::ConvShape s = Shape(g, std::min(per, g.N - p * per));
-      Entry* e = nullptr;
-      for (auto& c : entries_)
-        if (c->prims->shape() == s) e = c.get();
-      if (e == nullptr || (backward && !e->prims->has_backward())) {
-        std::unique_ptr<onednn::ConvPrimitives> prims;
-        try {
-          prims = std::make_unique<onednn::ConvPrimitives>(s, backward);
-        } catch (const dnnl::error&) {
-          // oneDNN has no implementation for this geometry (extreme strides or dilations).
-          refused_.push_back(Shape(g, g.N));
-          return false;
-        }
-        if (e == nullptr) {
-          entries_.push_back(std::make_unique<Entry>());
-          e = entries_.back().get();
-        }
-        e->prims = std::move(prims);
-      }
-      piece_entry_[static_cast<size_t>(p)] = e;
-      if (std::find(used.begin(), used.end(), e) == used.end()) used.push_back(e);
-    }
-    if (f == nullptr) return true;
-    for (Entry* e : used) {
-      if (backward)
-        e->prims->PrepareBackwardWeights(f, &e->w);
-      else
-        e->prims->PrepareForwardWeights(f, &e->w);
-    }
-    return true;
-  }
-
-  std::vector<std::unique_ptr<Entry>> entries_;
-  std::vector<onednn::ConvShape> refused_;
-  std::vector<Entry*> piece_entry_;
-  ScratchVector<float> dw_;
-};
+// The geometry as oneDNN's primitives take it (ops/conv_onednn.h), for n images.
+onednn::ConvShape OneDnnShape(const ConvGeom& g) {
+  return {g.N,  g.C,  g.H,  g.W,  g.M,  g.kh,     g.kw, g.sh,
+          g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.Ho, g.Wo};
+}
 
 namespace {
 
@@ -619,14 +528,16 @@ void RunBackward(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dx
   }
 }
 
+// float32 by oneDNN's primitives (in the same pieces of whole images) when they take the
+// geometry, else and for float64 im2col + GEMM.
 template <typename T>
 void ConvForward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
-                 OneDnnConv& onednn, const Tensor& x, const Tensor& f, T* od) {
+                 onednn::PiecedConv& onednn, const Tensor& x, const Tensor& f, T* od) {
   const ConvGeom g = attrs.Geom(x, f);
   const T* xd = x.data<T>();
   const T* fd = f.data<T>();
   if constexpr (std::is_same_v<T, float>) {
-    if (OneDnnConv::Applies(g) && onednn.Forward(g, xd, fd, od)) return;
+    if (FLAGS_conv_onednn && onednn.Forward(OneDnnShape(g), ImagesPerPiece(g), xd, fd, od)) return;
   }
   const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
   GrowScratch(scratch, static_cast<size_t>(pieces));
@@ -639,8 +550,8 @@ void ConvForward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch
 
 template <typename T>
 void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
-                  OneDnnConv& onednn, const Tensor& x, const Tensor& f, const Tensor& dout, T* dxd,
-                  T* dfd) {
+                  onednn::PiecedConv& onednn, const Tensor& x, const Tensor& f, const Tensor& dout,
+                  T* dxd, T* dfd) {
   const ConvGeom g = attrs.Geom(x, f);
   KEEL_ENFORCE(dout.dims() == DDim({g.N, g.M, g.Ho, g.Wo}), "Output@GRAD ", dout.dims(),
                " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ", x.dims(),
@@ -649,7 +560,9 @@ void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratc
   const T* fd = f.data<T>();
   const T* gd = dout.data<T>();
   if constexpr (std::is_same_v<T, float>) {
-    if (OneDnnConv::Applies(g) && onednn.Backward(g, xd, fd, gd, dxd, dfd)) return;
+    if (FLAGS_conv_onednn &&
+        onednn.Backward(OneDnnShape(g), ImagesPerPiece(g), xd, fd, gd, dxd, dfd))
+      return;
   }
   const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
   const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
@@ -677,23 +590,64 @@ void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratc
 }  // namespace
 
 // im2col + GEMM in pieces of whole images on the CPU thread budget; float32 by oneDNN's
-// primitives when they take the geometry.
+// primitives when they take the geometry. bfloat16 (mixed precision) by oneDNN's bfloat16
+// primitives (float32 accumulation) where this CPU has them; otherwise, as float16 would be,
+// widened to float32 for the float32 conv, the results rounded once (float16 conv2d has no CPU
+// kernel registered: oneDNN has no float16 convolutions before AVX512-FP16).
 template <typename T>
 class ConvMath<CPUDevice, T> {
+  using A = Acc<T>;
+
  public:
   explicit ConvMath(const OpDesc& op) : attrs_(op) {}
-  void Forward(const ExecutionContext&, const Tensor& x, const Tensor& f, const Tensor&, T* od) {
-    ConvForward(attrs_, &scratch_, onednn_, x, f, od);
+  void Forward(const ExecutionContext&, const Tensor& x, const Tensor& f,
+               [[maybe_unused]] const Tensor& out, T* od) {
+    if constexpr (kIsHalf<T>) {
+      const ConvGeom g = attrs_.Geom(x, f);
+      if (FLAGS_conv_onednn &&
+          half_.Forward(OneDnnShape(g), ImagesPerPiece(g), x.data<T>(), f.data<T>(), od))
+        return;
+      ConvForward(attrs_, &scratch_, onednn_, Widened(x, &x_), Widened(f, &f_),
+                  Sized(out.dims(), &out_));
+      NarrowInPieces(out_.data<float>(), od, out.numel());
+    } else {
+      ConvForward(attrs_, &scratch_, onednn_, x, f, od);
+    }
   }
   void Backward(const ExecutionContext&, const Tensor& x, const Tensor& f, const Tensor& dout,
-                const Tensor*, const Tensor*, T* dxd, T* dfd) {
-    ConvBackward(attrs_, &scratch_, onednn_, x, f, dout, dxd, dfd);
+                [[maybe_unused]] const Tensor* dx, [[maybe_unused]] const Tensor* df, T* dxd,
+                T* dfd) {
+    if constexpr (kIsHalf<T>) {
+      const ConvGeom g = attrs_.Geom(x, f);
+      if (FLAGS_conv_onednn && half_.Backward(OneDnnShape(g), ImagesPerPiece(g), x.data<T>(),
+                                              f.data<T>(), dout.data<T>(), dxd, dfd))
+        return;
+      ConvBackward(attrs_, &scratch_, onednn_, Widened(x, &x_), Widened(f, &f_),
+                   Widened(dout, &out_), dxd ? Sized(dx->dims(), &dx_) : nullptr,
+                   dfd ? Sized(df->dims(), &df_) : nullptr);
+      if (dxd) NarrowInPieces(dx_.data<float>(), dxd, dx->numel());
+      if (dfd) NarrowInPieces(df_.data<float>(), dfd, df->numel());
+    } else {
+      ConvBackward(attrs_, &scratch_, onednn_, x, f, dout, dxd, dfd);
+    }
   }
 
  private:
+  // `t` widened to float32 into `keep`.
+  static const Tensor& Widened(const Tensor& t, Tensor* keep) {
+    WidenInPieces(t.data<T>(), Sized(t.dims(), keep), t.numel());
+    return *keep;
+  }
+  static float* Sized(const DDim& d, Tensor* keep) {
+    keep->Resize(d);
+    return keep->mutable_data<float>();
+  }
+
   ConvAttrs attrs_;
-  std::vector<std::unique_ptr<ConvScratch<T>>> scratch_;
-  OneDnnConv onednn_;  // float32 only
+  std::vector<std::unique_ptr<ConvScratch<A>>> scratch_;
+  onednn::PiecedConv onednn_{dnnl::memory::data_type::f32};  // float32's primitives
+  onednn::PiecedConv half_{dnnl::memory::data_type::bf16};   // bfloat16's
+  Tensor x_, f_, out_, dx_, df_;  // the 16-bit types' float32 copies (widened path)
 };
 
 // ---------------------------------------------------------------- registration
@@ -722,7 +676,7 @@ KEEL_REGISTER_OP(conv2d)
     .Shape(Conv2DShape)
     .Grad(GradMaker("conv2d_grad", {"Input", "Filter"}, {"Output"}, {"Input", "Filter"}));
 KEEL_REGISTER_GRAD_OP(conv2d_grad, conv2d);
-KEEL_REGISTER_KERNEL(CPU, conv2d, Conv2DKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, conv2d_grad, Conv2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, conv2d, Conv2DKernel, float, double, bfloat16);
+KEEL_REGISTER_KERNEL(CPU, conv2d_grad, Conv2DGradKernel, float, double, bfloat16);
 
 }  // namespace keel

@@ -78,9 +78,11 @@ class CudnnConv {
     xd_.Set4d(t, x);
     yd_.Set4d(t, y);
     wd_.Set(t, w);
-    KEEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_.get(), paddings_[0], paddings_[1],
-                                                     strides_[0], strides_[1], dilations_[0],
-                                                     dilations_[1], CUDNN_CROSS_CORRELATION, t));
+    // The 16-bit types accumulate in float32.
+    constexpr cudnnDataType_t compute = kIsHalf<T> ? CUDNN_DATA_FLOAT : t;
+    KEEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv_.get(), paddings_[0], paddings_[1], strides_[0], strides_[1], dilations_[0],
+        dilations_[1], CUDNN_CROSS_CORRELATION, compute));
     KEEL_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_.get(), groups_));
     int n, c, h, wo;  // cuDNN's idea of the output must be the shape inference's
     KEEL_CUDNN_CHECK(
@@ -140,9 +142,11 @@ class CudnnConv {
   ConvAlgoChoice Search(CudaContext& cu, ConvDir dir, size_t limit, const T* x, const T* w,
                         const T* y, T* out) {
     cudnnHandle_t h = cu.cudnn();
-    // FMA math keeps float32 off TF32 tensor cores; the default lets cuDNN pick either.
-    KEEL_CUDNN_CHECK(cudnnSetConvolutionMathType(
-        conv_.get(), cu.allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    // FMA math keeps float32 off TF32 tensor cores; the default lets cuDNN pick either. The
+    // 16-bit types ask for Tensor Cores.
+    KEEL_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_.get(), kIsHalf<T> ? CUDNN_TENSOR_OP_MATH
+                                                              : cu.allow_tf32() ? CUDNN_DEFAULT_MATH
+                                                                                : CUDNN_FMA_MATH));
     const bool timed = FLAGS_cudnn_exhaustive_search;
     void* ws = timed ? cu.Workspace(limit) : nullptr;
     std::vector<ConvAlgoPerf> perfs;
@@ -274,7 +278,7 @@ class ConvMath<CUDADevice, T> {
 
 int64_t CudnnConvAlgoSearches() { return ConvAlgos().searches(); }
 
-KEEL_REGISTER_KERNEL(CUDA, conv2d, Conv2DKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, conv2d_grad, Conv2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, conv2d, Conv2DKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, conv2d_grad, Conv2DGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

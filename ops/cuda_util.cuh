@@ -135,16 +135,17 @@ struct DeviceScalar {
 };
 
 // out[j] = sum over t < pre * post of f((i * n + j) * post + k, j), t = (i, k): one block per j.
+// The sum is Acc<T> (float32 for the 16-bit types), rounded to T once.
 template <typename T, typename F>
 __global__ void SumBroadcastKernel(fn::BroadcastMid m, T* out, F f) {
   const int64_t j = blockIdx.x;
-  T acc = 0;
+  Acc<T> acc = 0;
   for (int64_t t = threadIdx.x; t < m.pre * m.post; t += blockDim.x) {
     const int64_t i = t / m.post, k = t % m.post;
     acc += f((i * m.n + j) * m.post + k, j);
   }
   acc = BlockSum(acc);
-  if (threadIdx.x == 0) out[j] = acc;
+  if (threadIdx.x == 0) out[j] = Narrow<T>(acc);
 }
 
 // The device vocabulary on CUDA (ops/device.h lists it): launches on the context's stream, no
@@ -217,10 +218,11 @@ struct Device<CUDADevice> {
   }
 
   // Column-major cuBLAS computes C' = op(B)' op(A)', so the operands swap; TF32 only with
-  // FLAGS_allow_tf32 (the context's cuBLAS handle).
-  template <typename T>
+  // FLAGS_allow_tf32 (the context's cuBLAS handle). 16-bit A and B: cublasGemmStridedBatchedEx
+  // with float32 compute (Tensor Cores), C of A's type or float32.
+  template <typename T, typename TC>
   static void Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                   T alpha, const T* A, int64_t sa, const T* B, int64_t sb, T beta, T* C,
+                   Acc<T> alpha, const T* A, int64_t sa, const T* B, int64_t sb, Acc<T> beta, TC* C,
                    int64_t sc, int64_t batch = 1);
 
   using Scalar = DeviceScalar;
@@ -232,14 +234,25 @@ struct Device<CUDADevice> {
   using Reports = DeviceReportSlot;
 };
 
+// The cuBLAS data type of a 16-bit element type.
 template <typename T>
+constexpr cudaDataType_t CublasType() {
+  static_assert(kIsHalf<T> || std::is_same_v<T, float>, "a 16-bit type or float");
+  return std::is_same_v<T, bfloat16>  ? CUDA_R_16BF
+         : std::is_same_v<T, float16> ? CUDA_R_16F
+                                      : CUDA_R_32F;
+}
+
+template <typename T, typename TC>
 void Device<CUDADevice>::Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N,
-                              int64_t K, T alpha, const T* A, int64_t sa, const T* B, int64_t sb,
-                              T beta, T* C, int64_t sc, int64_t batch) {
+                              int64_t K, Acc<T> alpha, const T* A, int64_t sa, const T* B,
+                              int64_t sb, Acc<T> beta, TC* C, int64_t sc, int64_t batch) {
+  static_assert(std::is_same_v<TC, T> || (kIsHalf<T> && std::is_same_v<TC, float>),
+                "C is of A's type, or float32 for 16-bit A and B");
   if (M == 0 || N == 0 || batch == 0) return;
   if (K == 0) {  // C = beta * C; cuBLAS would refuse the zero leading dimension of A or B
-    KEEL_ENFORCE(beta == T(0) || beta == T(1), "Gemm with K == 0 and beta ", beta);
-    if (beta == T(0)) {
+    KEEL_ENFORCE(beta == Acc<T>(0) || beta == Acc<T>(1), "Gemm with K == 0 and beta ", beta);
+    if (beta == Acc<T>(0)) {
       const int64_t blocks = sc == 0 ? 1 : batch;
       for (int64_t b = 0; b < blocks; ++b) Zero(ctx, C + b * sc, M * N);
     }
@@ -251,7 +264,12 @@ void Device<CUDADevice>::Gemm(const ExecutionContext& ctx, bool ta, bool tb, int
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N);
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (kIsHalf<T>) {
+    KEEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, opb, opa, int(N), int(M), int(K), &alpha, B, CublasType<T>(), ldb, sb, A,
+        CublasType<T>(), lda, sa, &beta, C, CublasType<TC>(), int(N), sc, int(batch),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else if constexpr (std::is_same_v<T, float>) {
     KEEL_CUBLAS_CHECK(cublasSgemmStridedBatched(h, opb, opa, int(N), int(M), int(K), &alpha, B, ldb,
                                                 sb, A, lda, sa, &beta, C, int(N), sc, int(batch)));
   } else {

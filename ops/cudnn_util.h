@@ -10,19 +10,25 @@
 
 #include "framework/runtime/cuda_context.h"
 #include "framework/runtime/ddim.h"
+#include "framework/runtime/float16.h"
 
 namespace keel {
 
 template <typename T>
 constexpr cudnnDataType_t CudnnType() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "float or double");
-  return std::is_same_v<T, float> ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || kIsHalf<T>,
+                "float, double or a 16-bit float");
+  return std::is_same_v<T, double>     ? CUDNN_DATA_DOUBLE
+         : std::is_same_v<T, float16>  ? CUDNN_DATA_HALF
+         : std::is_same_v<T, bfloat16> ? CUDNN_DATA_BFLOAT16
+                                       : CUDNN_DATA_FLOAT;
 }
 
-// alpha/beta scalars: cuDNN reads float for float data and double for double data.
+// alpha/beta scalars: cuDNN reads double for double data and float for the others (the 16-bit
+// types included).
 template <typename T>
 struct CudnnScalars {
-  T one = 1, zero = 0;
+  Acc<T> one = 1, zero = 0;
 };
 
 class TensorDesc {

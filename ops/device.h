@@ -24,10 +24,15 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/float16.h"
 #include "framework/runtime/place.h"
 #include "ops/functors/hd.h"
 
 namespace keel {
+
+// Mixed precision: a kernel registered for the 16-bit types (float16, bfloat16; see
+// framework/runtime/float16.h) loads them, computes in Acc<T> (float32) and rounds the result
+// once: Widen(x), Narrow<T>(acc). For float and double both are the identity.
 
 // The device tags.
 struct CPUDevice {
@@ -44,7 +49,8 @@ struct CUDADevice {
 //                                   whose elements are independent)
 //   ForEachBroadcast(ctx, m, f)     f(i, j) for every X index i, j = m.YIndex(i)
 //   SumBroadcast(ctx, m, out, f)    out[j] = sum of f(i, j) over the X indices i of Y entry j, in
-//                                   the device's fixed order
+//                                   the device's fixed order; the sum and f's values are Acc<T>
+//                                   (float32 for the 16-bit types), rounded to T at the end
 //   Fill(ctx, p, n, v), Zero(ctx, p, n)
 //   Copy(ctx, src, dst, n)          nothing when src == dst
 //   CopyRows(ctx, src, src_stride, dst, dst_stride, rows, width)   a strided slab copy
@@ -55,7 +61,9 @@ struct CUDADevice {
 //                                   tensor `keep` on CUDA
 //   Gemm(ctx, ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch)
 //                                   C_b = alpha op(A_b) op(B_b) + beta C_b, row-major, operand b
-//                                   at b * stride (0: shared by the batch); K == 0 is allowed
+//                                   at b * stride (0: shared by the batch); K == 0 is allowed.
+//                                   alpha, beta: Acc<T>; C: T, or float32 for 16-bit A and B
+//                                   (float32 accumulation on every device)
 //   Scalar, ScalarOf(t)             a one-element float tensor (a learning rate) as device code
 //                                   reads it: Get() gives a double; CPU: read at once
 //   Reports                         where kernels record bad input (an id or label out of range)

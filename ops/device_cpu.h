@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "framework/runtime/blas.h"
@@ -52,26 +53,38 @@ struct Device<CPUDevice> {
 
   // Pieces of Y's entries; each entry adds its terms over i in order, as on one thread: with
   // post == 1 term by term (the bias-add gradient's column sums), else a sum over each run of
-  // post terms first.
+  // post terms first. The sums are Acc<T> (float32 for the 16-bit types, f returning Acc<T>),
+  // rounded to T once at the end.
   template <typename T, typename F>
   static void SumBroadcast(const ExecutionContext&, const fn::BroadcastMid& m, T* out, const F& f) {
+    using A = Acc<T>;
     const int64_t grain =
         std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, m.pre * m.post));
     cpu_threads::ParallelForRange(m.n, grain, [&](int64_t j0, int64_t j1) {
-      std::fill(out + j0, out + j1, T(0));
+      std::vector<A> local;  // the 16-bit types' float32 sums
+      A* sums = nullptr;     // sums[j - j0]: Y entry j's
+      if constexpr (std::is_same_v<A, T>) {
+        sums = out + j0;
+      } else {
+        local.resize(static_cast<size_t>(j1 - j0));
+        sums = local.data();
+      }
+      std::fill(sums, sums + (j1 - j0), A(0));
       if (m.post == 1) {
         for (int64_t i = 0; i < m.pre; ++i)
-          for (int64_t j = j0; j < j1; ++j) out[j] += f(i * m.n + j, j);
+          for (int64_t j = j0; j < j1; ++j) sums[j - j0] += f(i * m.n + j, j);
       } else {
         for (int64_t i = 0; i < m.pre; ++i) {
           for (int64_t j = j0; j < j1; ++j) {
             const int64_t base = (i * m.n + j) * m.post;
-            T acc = T(0);
+            A acc = A(0);
             for (int64_t k = 0; k < m.post; ++k) acc += f(base + k, j);
-            out[j] += acc;
+            sums[j - j0] += acc;
           }
         }
       }
+      if constexpr (!std::is_same_v<A, T>)
+        for (int64_t j = j0; j < j1; ++j) out[j] = Narrow<T>(sums[j - j0]);
     });
   }
 
@@ -106,9 +119,9 @@ struct Device<CPUDevice> {
   }
 
   // One GEMM per batch entry, in order.
-  template <typename T>
+  template <typename T, typename TC>
   static void Gemm(const ExecutionContext&, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                   T alpha, const T* A, int64_t sa, const T* B, int64_t sb, T beta, T* C,
+                   Acc<T> alpha, const T* A, int64_t sa, const T* B, int64_t sb, Acc<T> beta, TC* C,
                    int64_t sc, int64_t batch = 1) {
     for (int64_t b = 0; b < batch; ++b)
       Gemm1(ta, tb, M, N, K, alpha, A + b * sa, B + b * sb, beta, C + b * sc);
@@ -131,15 +144,15 @@ struct Device<CPUDevice> {
  private:
   // C = alpha * op(A) * op(B) + beta * C over contiguous row-major matrices; also right when
   // K == 0 (C = beta * C), which BLAS would reject for its zero leading dimension.
-  template <typename T>
-  static void Gemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-                    const T* B, T beta, T* C) {
+  template <typename T, typename TC>
+  static void Gemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A,
+                    const T* B, Acc<T> beta, TC* C) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
-      if (beta == T(0)) {
-        std::fill(C, C + M * N, T(0));
+      if (beta == Acc<T>(0)) {
+        std::fill(C, C + M * N, TC(0));
       } else {
-        for (int64_t i = 0; i < M * N; ++i) C[i] *= beta;
+        for (int64_t i = 0; i < M * N; ++i) C[i] = TC(beta * static_cast<Acc<T>>(C[i]));
       }
       return;
     }

@@ -53,7 +53,7 @@ KEEL_REGISTER_OP(dropout)
 KEEL_REGISTER_GRAD_OP(dropout_grad, dropout)
     .Shape(GradShapeLike("X", GradVarName("Out")))
     .KernelDTypeFrom(GradVarName("Out"));
-KEEL_REGISTER_KERNEL(CPU, dropout, DropoutKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, dropout_grad, DropoutGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, dropout, DropoutKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, dropout_grad, DropoutGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

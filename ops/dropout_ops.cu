@@ -4,7 +4,7 @@
 
 namespace keel {
 
-KEEL_REGISTER_KERNEL(CUDA, dropout, DropoutKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, dropout_grad, DropoutGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, dropout, DropoutKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, dropout_grad, DropoutGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

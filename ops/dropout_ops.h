@@ -44,8 +44,9 @@ class DropoutKernel : public OpKernel {
     const T* xd = x.data<T>();
     T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
     if (a_.is_test) {
-      const T s = static_cast<T>(a_.TestScale());
-      Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = xd[i] * s; });
+      const Acc<T> s = static_cast<Acc<T>>(a_.TestScale());
+      Device<D>::ForEach(ctx, n,
+                         [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = Narrow<T>(Widen(xd[i]) * s); });
       return;
     }
     if (const Tensor* replay = ctx.InputOrNull("ReplayMask")) {
@@ -65,7 +66,7 @@ class DropoutKernel : public OpKernel {
         a_.fix_seed || D::kPlace != Place::Kind::kCUDA ? nullptr : ctx.device_run_index();
     uint8_t* mask = ctx.Output("Mask")->mutable_data<uint8_t>(ctx.place());
     const uint64_t threshold = fn::DropoutThreshold(a_.p);
-    const T s = static_cast<T>(a_.TrainScale());
+    const Acc<T> s = static_cast<Acc<T>>(a_.TrainScale());
     // One Philox block serves four elements.
     Device<D>::ForEach(ctx, (n + 3) / 4, [=] KEEL_HD_LAMBDA(int64_t b) {
       const uint64_t offset = device_offset ? static_cast<uint64_t>(*device_offset) : host_offset;
@@ -74,7 +75,7 @@ class DropoutKernel : public OpKernel {
         const int64_t i = 4 * b + k;
         const bool keep = r.v[k] >= threshold;
         mask[i] = keep;
-        od[i] = fn::DropoutApply(keep, xd[i], s);
+        od[i] = Narrow<T>(fn::DropoutApply(keep, Widen(xd[i]), s));
       }
     });
   }
@@ -96,17 +97,19 @@ class DropoutGradKernel : public OpKernel {
     const T* gd = dout.data<T>();
     T* dxd = dx->mutable_data<T>(ctx.place());
     if (a_.is_test) {
-      const T s = static_cast<T>(a_.TestScale());
-      Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = gd[i] * s; });
+      const Acc<T> s = static_cast<Acc<T>>(a_.TestScale());
+      Device<D>::ForEach(ctx, n,
+                         [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = Narrow<T>(Widen(gd[i]) * s); });
       return;
     }
     const Tensor& mask = ctx.Input("Mask");
     KEEL_ENFORCE(mask.numel() == n, "Mask ", mask.dims(), " and Out@GRAD ", dout.dims(),
                  " differ in size");
     const uint8_t* md = mask.data<uint8_t>();
-    const T s = static_cast<T>(a_.TrainScale());
-    Device<D>::ForEach(
-        ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = fn::DropoutApply(md[i] != 0, gd[i], s); });
+    const Acc<T> s = static_cast<Acc<T>>(a_.TrainScale());
+    Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) {
+      dxd[i] = Narrow<T>(fn::DropoutApply(md[i] != 0, Widen(gd[i]), s));
+    });
   }
 
  private:

@@ -20,6 +20,8 @@ void LayerNormShape(InferShapeContext& ctx) {
   const int axis = ctx.Attr<int>("begin_norm_axis");
   KEEL_SHAPE_CHECK(axis >= 1 && axis < x.size(), "begin_norm_axis ", axis,
                    " must lie in [1, rank) for X ", x);
+  const DType xt = ctx.GetInputDType("X");
+  const DType pt = xt == DType::kFloat16 || xt == DType::kBFloat16 ? DType::kFloat32 : xt;
   int64_t rows = 1, R = 1;
   for (int i = 0; i < x.size(); ++i) {
     int64_t& p = i < axis ? rows : R;
@@ -30,62 +32,93 @@ void LayerNormShape(InferShapeContext& ctx) {
     const DDim d = ctx.GetInputDim(slot);
     KEEL_SHAPE_CHECK(d.size() == 1 && ctx.DimEq(d[0], R), slot, " ", d, " must be [", R,
                      "], the size of X ", x, " from begin_norm_axis ", axis);
-    KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == ctx.GetInputDType("X"), slot, " is ",
-                     DTypeName(ctx.GetInputDType(slot)), " but X is ",
-                     DTypeName(ctx.GetInputDType("X")));
+    KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == pt, slot, " is ",
+                     DTypeName(ctx.GetInputDType(slot)), " but must be ", DTypeName(pt),
+                     " for X of ", DTypeName(xt),
+                     " (float16 and bfloat16 X take float32 Scale and Bias)");
   }
   ctx.ShareDimAndDType("X", "Y");
   for (const char* slot : {"Mean", "Variance"}) {
     ctx.SetOutputDim(slot, DDim{rows});
-    ctx.SetOutputDType(slot, ctx.GetInputDType("X"));
+    ctx.SetOutputDType(slot, pt);
   }
 }
 
 }  // namespace
 
-// Eigen over each row.
+// Eigen over each row; the 16-bit types widen each row of X (and dY) into float32 scratch, compute
+// in float32 and round the row of Y (dX) once.
 template <typename T>
 class LayerNormMath<CPUDevice, T> {
+  using P = Acc<T>;
+
  public:
   void Forward(const ExecutionContext&, const LayerNormIO<T>& io) {
     const int64_t R = io.R;
     for (int64_t i = 0; i < io.rows; ++i) {
-      ConstVec<T> xr(io.x + i * R, R);
-      Vec<T> y(io.y + i * R, R);
-      const T mu = xr.sum() / static_cast<T>(R);
-      const T v = (xr - mu).square().sum() / static_cast<T>(R);
+      ConstVec<P> xr = In(io.x + i * R, R, &xrow_);
+      Vec<P> y = Out(io.y + i * R, R, &yrow_);
+      const P mu = xr.sum() / static_cast<P>(R);
+      const P v = (xr - mu).square().sum() / static_cast<P>(R);
       io.mean[i] = mu;
       io.var[i] = v;
-      y = (xr - mu) * (T(1) / std::sqrt(v + io.epsilon));
-      if (io.scale) y *= ConstVec<T>(io.scale, R);
-      if (io.bias) y += ConstVec<T>(io.bias, R);
+      y = (xr - mu) * (P(1) / std::sqrt(v + io.epsilon));
+      if (io.scale) y *= ConstVec<P>(io.scale, R);
+      if (io.bias) y += ConstVec<P>(io.bias, R);
+      Flush(yrow_, io.y + i * R, R);
     }
   }
 
   void Backward(const ExecutionContext&, const LayerNormGradIO<T>& io) {
     const int64_t R = io.R;
-    if (io.dscale) std::fill(io.dscale, io.dscale + R, T(0));
-    if (io.dbias) std::fill(io.dbias, io.dbias + R, T(0));
+    if (io.dscale) std::fill(io.dscale, io.dscale + R, P(0));
+    if (io.dbias) std::fill(io.dbias, io.dbias + R, P(0));
     xhat_.resize(R);
     g_.resize(R);
-    Vec<T> xhat(xhat_.data(), R), g(g_.data(), R);
+    Vec<P> xhat(xhat_.data(), R), g(g_.data(), R);
     for (int64_t i = 0; i < io.rows; ++i) {
-      ConstVec<T> dyr(io.dy + i * R, R);
-      const T inv_std = T(1) / std::sqrt(io.var[i] + io.epsilon);
-      xhat = (ConstVec<T>(io.x + i * R, R) - io.mean[i]) * inv_std;
-      if (io.dscale) Vec<T>(io.dscale, R) += dyr * xhat;
-      if (io.dbias) Vec<T>(io.dbias, R) += dyr;
+      ConstVec<P> dyr = In(io.dy + i * R, R, &yrow_);
+      const P inv_std = P(1) / std::sqrt(io.var[i] + io.epsilon);
+      xhat = (In(io.x + i * R, R, &xrow_) - io.mean[i]) * inv_std;
+      if (io.dscale) Vec<P>(io.dscale, R) += dyr * xhat;
+      if (io.dbias) Vec<P>(io.dbias, R) += dyr;
       if (!io.dx) continue;
       g = dyr;
-      if (io.scale) g *= ConstVec<T>(io.scale, R);
-      const T mean_g = g.sum() / static_cast<T>(R);
-      const T mean_gx = (g * xhat).sum() / static_cast<T>(R);
-      Vec<T>(io.dx + i * R, R) = inv_std * (g - mean_g - xhat * mean_gx);
+      if (io.scale) g *= ConstVec<P>(io.scale, R);
+      const P mean_g = g.sum() / static_cast<P>(R);
+      const P mean_gx = (g * xhat).sum() / static_cast<P>(R);
+      Vec<P> dx = Out(io.dx + i * R, R, &xrow_);  // the row of X is read
+      dx = inv_std * (g - mean_g - xhat * mean_gx);
+      Flush(xrow_, io.dx + i * R, R);
     }
   }
 
  private:
-  ScratchVector<T> xhat_, g_;  // one row each, kept across runs
+  // A row as P: itself, or widened into `buf`.
+  static ConstVec<P> In(const T* row, int64_t R, ScratchVector<P>* buf) {
+    if constexpr (kIsHalf<T>) {
+      buf->resize(R);
+      WidenN(row, buf->data(), R);
+      return ConstVec<P>(buf->data(), R);
+    } else {
+      return ConstVec<P>(row, R);
+    }
+  }
+  // Where a row of P is written: the row itself, or `buf`, narrowed into the row by Flush.
+  static Vec<P> Out(T* row, int64_t R, ScratchVector<P>* buf) {
+    if constexpr (kIsHalf<T>) {
+      buf->resize(R);
+      return Vec<P>(buf->data(), R);
+    } else {
+      return Vec<P>(row, R);
+    }
+  }
+  static void Flush(const ScratchVector<P>& buf, T* row, int64_t R) {
+    if constexpr (kIsHalf<T>) NarrowN(buf.data(), row, R);
+  }
+
+  ScratchVector<P> xhat_, g_;     // one row each, kept across runs
+  ScratchVector<P> xrow_, yrow_;  // the 16-bit types' rows in float32
 };
 
 // ---------------------------------------------------------------- registration
@@ -107,7 +140,7 @@ KEEL_REGISTER_OP(layer_norm)
     .Grad(GradMaker("layer_norm_grad", {"X", "Scale", "Bias", "Mean", "Variance"}, {"Y"},
                     {"X", "Scale", "Bias"}));
 KEEL_REGISTER_GRAD_OP(layer_norm_grad, layer_norm);
-KEEL_REGISTER_KERNEL(CPU, layer_norm, LayerNormKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, layer_norm_grad, LayerNormGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, layer_norm, LayerNormKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, layer_norm_grad, LayerNormGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -157,8 +157,8 @@ KEEL_REGISTER_OP(mul)
     .Shape(MulShape)
     .DefaultGrad();
 KEEL_REGISTER_GRAD_OP(mul_grad, mul);
-KEEL_REGISTER_KERNEL(CPU, mul, MulKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, mul_grad, MulGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, mul, MulKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, mul_grad, MulGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(matmul)
     .Doc(
@@ -173,8 +173,8 @@ KEEL_REGISTER_OP(matmul)
     .Shape(MatMulShape)
     .DefaultGrad();
 KEEL_REGISTER_GRAD_OP(matmul_grad, matmul);
-KEEL_REGISTER_KERNEL(CPU, matmul, MatMulKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, matmul, MatMulKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double, bfloat16, float16);
 
 #define KEEL_REGISTER_ELEMENTWISE_OP(name, Kernel, GradKernel, formula)                       \
   KEEL_REGISTER_OP(name)                                                                      \
@@ -188,8 +188,8 @@ KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double);
       .Shape(ElementwiseShape)                                                                \
       .DefaultGrad();                                                                         \
   KEEL_REGISTER_GRAD_OP(name##_grad, name);                                                   \
-  KEEL_REGISTER_KERNEL(CPU, name, Kernel, float, double);                                     \
-  KEEL_REGISTER_KERNEL(CPU, name##_grad, GradKernel, float, double)
+  KEEL_REGISTER_KERNEL(CPU, name, Kernel, float, double, bfloat16, float16);                  \
+  KEEL_REGISTER_KERNEL(CPU, name##_grad, GradKernel, float, double, bfloat16, float16)
 
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_add, ElementwiseAddKernel, ElementwiseAddGradKernel,
                              "X + Y");
@@ -210,8 +210,8 @@ KEEL_REGISTER_OP(sum)
     .Shape(SumShape)
     .DefaultGrad();
 KEEL_REGISTER_GRAD_OP(sum_grad, sum);
-KEEL_REGISTER_KERNEL(CPU, sum, SumKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, sum_grad, SumGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sum, SumKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, sum_grad, SumGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(scale)
     .Doc(
@@ -225,7 +225,7 @@ KEEL_REGISTER_OP(scale)
     .Shape(SameShapeAsX)
     .DefaultGrad();
 KEEL_REGISTER_GRAD_OP(scale_grad, scale);
-KEEL_REGISTER_KERNEL(CPU, scale, ScaleKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, scale_grad, ScaleGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, scale, ScaleKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, scale_grad, ScaleGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

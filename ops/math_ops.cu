@@ -6,21 +6,25 @@
 
 namespace keel {
 
-KEEL_REGISTER_KERNEL(CUDA, mul, MulKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, mul_grad, MulGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, matmul, MatMulKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, matmul_grad, MatMulGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_add, ElementwiseAddKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_sub, ElementwiseSubKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_mul, ElementwiseMulKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_div, ElementwiseDivKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_add_grad, ElementwiseAddGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_sub_grad, ElementwiseSubGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_mul_grad, ElementwiseMulGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, elementwise_div_grad, ElementwiseDivGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, sum, SumKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, sum_grad, SumGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, scale, ScaleKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, scale_grad, ScaleGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, mul, MulKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, mul_grad, MulGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, matmul, MatMulKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, matmul_grad, MatMulGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_add, ElementwiseAddKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_sub, ElementwiseSubKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_mul, ElementwiseMulKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_div, ElementwiseDivKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_add_grad, ElementwiseAddGradKernel, float, double, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_sub_grad, ElementwiseSubGradKernel, float, double, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_mul_grad, ElementwiseMulGradKernel, float, double, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, elementwise_div_grad, ElementwiseDivGradKernel, float, double, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, sum, SumKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, sum_grad, SumGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, scale, ScaleKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, scale_grad, ScaleGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -1,13 +1,15 @@
 // The kernels of the math ops (math_ops.cc has the ops and their shapes): mul, matmul,
 // elementwise_{add, sub, mul, div}, sum, scale, each with its grad, once for every device
 // (ops/device.h). The GEMMs are Device<D>::Gemm (oneDNN's sgemm on the CPU, cuBLAS on CUDA); the
-// element-wise formulas are ops/functors/.
+// element-wise formulas are ops/functors/. The 16-bit types (mixed precision) compute in Acc<T>:
+// float32 GEMM accumulation, element-wise math on widened values, float32 sums.
 //
 // Legend: M, K, N = rows of the left operand, the contracted dim, columns of the right operand.
 // Elementwise broadcast views X as (pre, n, post) and Y as (n): Out[i, j, k] = X[i, j, k] op Y[j].
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "framework/runtime/cpu_threads.h"
 #include "ops/axis_layout.h"
@@ -31,8 +33,8 @@ class MulKernel : public OpKernel {
     const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
     const int64_t N = y.dims().prod(yk_, y.dims().size());
     // out = x * y. out: M x N, x: M x K, y: K x N
-    Device<D>::Gemm(ctx, false, false, M, N, K, T(1), x.data<T>(), 0, y.data<T>(), 0, T(0),
-                    ctx.Output("Out")->mutable_data<T>(ctx.place()), 0);
+    Device<D>::Gemm(ctx, false, false, M, N, K, Acc<T>(1), x.data<T>(), 0, y.data<T>(), 0,
+                    Acc<T>(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), 0);
   }
 
  private:
@@ -50,13 +52,14 @@ class MulGradKernel : public OpKernel {
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
     const int64_t N = y.dims().prod(yk_, y.dims().size());
+    const Acc<T> one(1), zero(0);
     // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
     if (Tensor* dx = GradOutput(ctx, "X"))
-      Device<D>::Gemm(ctx, false, true, M, K, N, T(1), dout.data<T>(), 0, y.data<T>(), 0, T(0),
+      Device<D>::Gemm(ctx, false, true, M, K, N, one, dout.data<T>(), 0, y.data<T>(), 0, zero,
                       dx->mutable_data<T>(ctx.place()), 0);
     // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
     if (Tensor* dy = GradOutput(ctx, "Y"))
-      Device<D>::Gemm(ctx, true, false, K, N, M, T(1), x.data<T>(), 0, dout.data<T>(), 0, T(0),
+      Device<D>::Gemm(ctx, true, false, K, N, M, one, x.data<T>(), 0, dout.data<T>(), 0, zero,
                       dy->mutable_data<T>(ctx.place()), 0);
   }
 
@@ -72,20 +75,20 @@ class MatMulKernel : public OpKernel {
   explicit MatMulKernel(const OpDesc& op)
       : tx_(op.Attr<bool>("transpose_X")),
         ty_(op.Attr<bool>("transpose_Y")),
-        alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+        alpha_(static_cast<Acc<T>>(op.Attr<float>("alpha"))) {}
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
     const Tensor& y = ctx.Input("Y");
     const MatMulPlan p = PlanMatMul(x.dims(), y.dims(), tx_, ty_);
     // out_b = alpha * op(x_b) * op(y_b). out_b: M x N, op(x_b): M x K, op(y_b): K x N
     Device<D>::Gemm(ctx, tx_, ty_, p.M, p.N, p.K, alpha_, x.data<T>(), p.x_stride, y.data<T>(),
-                    p.y_stride, T(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), p.M * p.N,
-                    p.batch);
+                    p.y_stride, Acc<T>(0), ctx.Output("Out")->mutable_data<T>(ctx.place()),
+                    p.M * p.N, p.batch);
   }
 
  private:
   bool tx_, ty_;
-  T alpha_;
+  Acc<T> alpha_;
 };
 
 template <typename D, typename T>
@@ -94,8 +97,9 @@ class MatMulGradKernel : public OpKernel {
   explicit MatMulGradKernel(const OpDesc& op)
       : tx_(op.Attr<bool>("transpose_X")),
         ty_(op.Attr<bool>("transpose_Y")),
-        alpha_(static_cast<T>(op.Attr<float>("alpha"))) {}
+        alpha_(static_cast<Acc<T>>(op.Attr<float>("alpha"))) {}
   void Compute(ExecutionContext& ctx) override {
+    using A = Acc<T>;
     const Tensor& x = ctx.Input("X");
     const Tensor& y = ctx.Input("Y");
     const Tensor& dout = ctx.Input(GradVarName("Out"));
@@ -105,11 +109,12 @@ class MatMulGradKernel : public OpKernel {
     const T* yd = y.data<T>();
     const T* gd = dout.data<T>();
     const bool tx = tx_, ty = ty_;
-    const T alpha = alpha_;
+    const A alpha = alpha_;
+    // dxb / dyb: T*, or float* where a 16-bit gradient sums over the batch (OverBatch).
     if (Tensor* dx = GradOutput(ctx, "X")) {
       T* dxd = dx->mutable_data<T>(ctx.place());
       if (p.batch == 0) Device<D>::Zero(ctx, dxd, dx->numel());  // a broadcast X got no grad
-      auto run = [&](const T* yb, int64_t sy, const T* gb, T beta, T* dxb, int64_t sdx,
+      auto run = [&](const T* yb, int64_t sy, const T* gb, A beta, auto* dxb, int64_t sdx,
                      int64_t batch) {
         if (!tx && !ty)  // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
           Device<D>::Gemm(ctx, false, true, M, K, N, alpha, gb, MN, yb, sy, beta, dxb, sdx, batch);
@@ -120,12 +125,12 @@ class MatMulGradKernel : public OpKernel {
         else  // dx = y' * dout'. dx: K x M, y: N x K, dout: M x N
           Device<D>::Gemm(ctx, true, true, K, M, N, alpha, yb, sy, gb, MN, beta, dxb, sdx, batch);
       };
-      OverBatch(p.batch, p.x_stride, yd, p.y_stride, gd, MN, dxd, run);
+      OverBatch(ctx, p.batch, p.x_stride, yd, p.y_stride, gd, MN, dxd, dx->numel(), run);
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
       T* dyd = dy->mutable_data<T>(ctx.place());
       if (p.batch == 0) Device<D>::Zero(ctx, dyd, dy->numel());  // a broadcast Y got no grad
-      auto run = [&](const T* xb, int64_t sx, const T* gb, T beta, T* dyb, int64_t sdy,
+      auto run = [&](const T* xb, int64_t sx, const T* gb, A beta, auto* dyb, int64_t sdy,
                      int64_t batch) {
         if (!tx && !ty)  // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
           Device<D>::Gemm(ctx, true, false, K, N, M, alpha, xb, sx, gb, MN, beta, dyb, sdy, batch);
@@ -136,28 +141,46 @@ class MatMulGradKernel : public OpKernel {
         else  // dy = dout' * x'. dy: N x K, dout: M x N, x: K x M
           Device<D>::Gemm(ctx, true, true, N, K, M, alpha, gb, MN, xb, sx, beta, dyb, sdy, batch);
       };
-      OverBatch(p.batch, p.y_stride, xd, p.x_stride, gd, MN, dyd, run);
+      OverBatch(ctx, p.batch, p.y_stride, xd, p.x_stride, gd, MN, dyd, dy->numel(), run);
     }
+  }
+
+  // grad = sum rounded to T. (Public and not a template of OverBatch's lambda: where nvcc allows
+  // a device lambda.)
+  void NarrowSum(const ExecutionContext& ctx, const Acc<T>* sum, T* grad, int64_t numel) {
+    Device<D>::ForEach(ctx, numel, [=] KEEL_HD_LAMBDA(int64_t i) { grad[i] = Narrow<T>(sum[i]); });
   }
 
  private:
-  // One operand's gradient `grad` (batch stride `stride`) from the other operand (`other`, its
-  // stride `other_stride`) and dout (stride MN), by run(other_b, other_stride, dout_b, beta,
-  // grad_b, grad_stride, batch): one strided batch of GEMMs, or, for an operand shared over the
-  // batch (stride 0), one GEMM per batch entry summing its gradient (beta 1 after the first).
+  // One operand's gradient `grad` (batch stride `stride`, `numel` elements) from the other operand
+  // (`other`, its stride `other_stride`) and dout (stride MN), by run(other_b, other_stride,
+  // dout_b, beta, grad_b, grad_stride, batch): one strided batch of GEMMs, or, for an operand
+  // shared over the batch (stride 0), one GEMM per batch entry summing its gradient (beta 1 after
+  // the first); the 16-bit types sum in float32 (sum_) and round once.
   template <typename Run>
-  static void OverBatch(int64_t batch, int64_t stride, const T* other, int64_t other_stride,
-                        const T* gd, int64_t MN, T* grad, const Run& run) {
+  void OverBatch(const ExecutionContext& ctx, int64_t batch, int64_t stride, const T* other,
+                 int64_t other_stride, const T* gd, int64_t MN, T* grad, int64_t numel,
+                 const Run& run) {
+    using A = Acc<T>;
     if (stride != 0 || batch <= 1) {
-      run(other, other_stride, gd, T(0), grad, stride, batch);
+      run(other, other_stride, gd, A(0), grad, stride, batch);
       return;
     }
-    for (int64_t b = 0; b < batch; ++b)
-      run(other + b * other_stride, 0, gd + b * MN, b > 0 ? T(1) : T(0), grad, 0, 1);
+    if constexpr (kIsHalf<T>) {
+      sum_.Resize(DDim{numel});
+      A* sum = sum_.mutable_data<A>(ctx.place());
+      for (int64_t b = 0; b < batch; ++b)
+        run(other + b * other_stride, 0, gd + b * MN, b > 0 ? A(1) : A(0), sum, 0, 1);
+      NarrowSum(ctx, sum, grad, numel);
+    } else {
+      for (int64_t b = 0; b < batch; ++b)
+        run(other + b * other_stride, 0, gd + b * MN, b > 0 ? A(1) : A(0), grad, 0, 1);
+    }
   }
 
   bool tx_, ty_;
-  T alpha_;
+  Acc<T> alpha_;
+  Tensor sum_;  // the 16-bit types' float32 sum over the batch
 };
 
 // ---------------------------------------------------------------- elementwise
@@ -176,8 +199,9 @@ class ElementwiseKernel : public OpKernel {
     const T* yd = y.data<T>();
     T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
     const F f;
-    Device<D>::ForEachBroadcast(
-        ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) { od[i] = f(xd[i], yd[j]); });
+    Device<D>::ForEachBroadcast(ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) {
+      od[i] = Narrow<T>(f(Widen(xd[i]), Widen(yd[j])));
+    });
   }
 
  private:
@@ -185,7 +209,7 @@ class ElementwiseKernel : public OpKernel {
 };
 
 // dx[i, j, k] = DX(dout[i, j, k], x[i, j, k], y[j]) (dout itself when G says so);
-// dy[j] = sum_{i, k} DY(dout[i, j, k], x[i, j, k], y[j]).
+// dy[j] = sum_{i, k} DY(dout[i, j, k], x[i, j, k], y[j]), summed in Acc<T>.
 template <typename D, typename T, typename G>
 class ElementwiseGradKernel : public OpKernel {
  public:
@@ -204,14 +228,15 @@ class ElementwiseGradKernel : public OpKernel {
         Device<D>::Copy(ctx, gd, dxd, dout.numel());
       } else {
         Device<D>::ForEachBroadcast(ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) {
-          dxd[i] = G::DX(gd[i], xd[i], yd[j]);
+          dxd[i] = Narrow<T>(G::DX(Widen(gd[i]), Widen(xd[i]), Widen(yd[j])));
         });
       }
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
-      Device<D>::SumBroadcast(
-          ctx, m, dy->mutable_data<T>(ctx.place()),
-          [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> T { return G::DY(gd[i], xd[i], yd[j]); });
+      Device<D>::SumBroadcast(ctx, m, dy->mutable_data<T>(ctx.place()),
+                              [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> Acc<T> {
+                                return G::DY(Widen(gd[i]), Widen(xd[i]), Widen(yd[j]));
+                              });
     }
   }
 
@@ -241,6 +266,7 @@ using ElementwiseDivGradKernel = ElementwiseGradKernel<D, T, fn::DivGrad>;
 // out = sum_i x_i. Out may be one of the inputs (in-place accumulation, possibly listed more than
 // once): those count as Out's old value, so Out is scaled by their count first and the others
 // are added; no input is read after being written. Without one, out = x0 + x1 in one pass.
+// The 16-bit types sum every input in float32 in one pass and round once (SumHalf).
 template <typename D, typename T>
 class SumKernel : public OpKernel {
  public:
@@ -248,10 +274,19 @@ class SumKernel : public OpKernel {
     const int n = ctx.NumInputs("X");
     Tensor* out = ctx.Output("Out");
     const int64_t numel = out->numel();
-    const int64_t grain = cpu_threads::kElementwiseGrain;
     T* od = out->mutable_data<T>(ctx.place());
     int aliased = 0;
     for (int i = 0; i < n; ++i) aliased += ctx.Input("X", i).data<T>() == od;
+    if constexpr (kIsHalf<T>) {
+      SumHalf(ctx, n, aliased, numel, od);
+    } else {
+      Sum(ctx, n, aliased, numel, od);
+    }
+  }
+
+  // (Public, as SumHalf: nvcc refuses device lambdas in private member functions.)
+  void Sum(const ExecutionContext& ctx, int n, int aliased, int64_t numel, T* od) {
+    const int64_t grain = cpu_threads::kElementwiseGrain;
     int first = 0;
     if (aliased == 0) {
       const T* a = ctx.Input("X", 0).data<T>();
@@ -275,6 +310,30 @@ class SumKernel : public OpKernel {
                                  [=] KEEL_HD_LAMBDA(int64_t k) { od[k] += xi[k]; });
     }
   }
+
+  // out[k] = aliased * out[k] + the sum of the other inputs' x[k], in float32 in input order,
+  // rounded once. The inputs' addresses are a table device code reads (Device<D>::Upload).
+  void SumHalf(const ExecutionContext& ctx, int n, int aliased, int64_t numel, T* od) {
+    ptrs_.clear();
+    for (int i = 0; i < n; ++i) {
+      const T* xi = ctx.Input("X", i).data<T>();
+      if (xi != od) ptrs_.push_back(xi);
+    }
+    const int m = static_cast<int>(ptrs_.size());
+    const T* const* table = static_cast<const T* const*>(
+        Device<D>::Upload(ctx, ptrs_.data(), ptrs_.size() * sizeof(const T*), &table_));
+    const float self = static_cast<float>(aliased);
+    Device<D>::ForEachInPieces(ctx, numel, cpu_threads::kElementwiseGrain,
+                               [=] KEEL_HD_LAMBDA(int64_t k) {
+                                 float acc = self != 0.0f ? self * Widen(od[k]) : 0.0f;
+                                 for (int t = 0; t < m; ++t) acc += Widen(table[t][k]);
+                                 od[k] = Narrow<T>(acc);
+                               });
+  }
+
+ private:
+  std::vector<const T*> ptrs_;  // SumHalf's inputs
+  Tensor table_;                // their device copy (CUDA)
 };
 
 // dx_i = dout.
@@ -297,39 +356,42 @@ template <typename D, typename T>
 class ScaleKernel : public OpKernel {
  public:
   explicit ScaleKernel(const OpDesc& op) {
-    const T scale = static_cast<T>(op.Attr<float>("scale"));
-    const T bias = static_cast<T>(op.Attr<float>("bias"));
-    f_ = fn::ScaleShift<T>{scale, op.Attr<bool>("bias_after_scale") ? bias : scale * bias};
+    const Acc<T> scale = static_cast<Acc<T>>(op.Attr<float>("scale"));
+    const Acc<T> bias = static_cast<Acc<T>>(op.Attr<float>("bias"));
+    f_ = fn::ScaleShift<Acc<T>>{scale, op.Attr<bool>("bias_after_scale") ? bias : scale * bias};
   }
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
     const T* xd = x.data<T>();
     T* od = ctx.Output("Out")->mutable_data<T>(ctx.place());
-    const fn::ScaleShift<T> f = f_;
-    Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = f(xd[i]); });
+    const fn::ScaleShift<Acc<T>> f = f_;
+    Device<D>::ForEach(ctx, x.numel(),
+                       [=] KEEL_HD_LAMBDA(int64_t i) { od[i] = Narrow<T>(f(Widen(xd[i]))); });
   }
 
  private:
-  fn::ScaleShift<T> f_;
+  fn::ScaleShift<Acc<T>> f_;
 };
 
 // dx = scale * dout.
 template <typename D, typename T>
 class ScaleGradKernel : public OpKernel {
  public:
-  explicit ScaleGradKernel(const OpDesc& op) : scale_(static_cast<T>(op.Attr<float>("scale"))) {}
+  explicit ScaleGradKernel(const OpDesc& op)
+      : scale_(static_cast<Acc<T>>(op.Attr<float>("scale"))) {}
   void Compute(ExecutionContext& ctx) override {
     Tensor* dx = GradOutput(ctx, "X");
     if (dx == nullptr) return;
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     const T* gd = dout.data<T>();
     T* dxd = dx->mutable_data<T>(ctx.place());
-    const T s = scale_;
-    Device<D>::ForEach(ctx, dout.numel(), [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = s * gd[i]; });
+    const Acc<T> s = scale_;
+    Device<D>::ForEach(ctx, dout.numel(),
+                       [=] KEEL_HD_LAMBDA(int64_t i) { dxd[i] = Narrow<T>(s * Widen(gd[i])); });
   }
 
  private:
-  T scale_;
+  Acc<T> scale_;
 };
 
 }  // namespace keel

@@ -13,7 +13,9 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
+#include "framework/runtime/cpu_threads.h"
 #include "framework/runtime/ddim.h"
+#include "framework/runtime/half_convert.h"
 #include "ops/axis_layout.h"
 #include "ops/device_cpu.h"
 
@@ -38,6 +40,46 @@ using ScratchVector = std::vector<T, Eigen::aligned_allocator<T>>;
 
 // Rows up to this long (e.g. a 2-class head) are too short for per-row vector ops to pay off.
 constexpr int64_t kShortRow = 16;
+
+// ---------------------------------------------------------------- the 16-bit types on the CPU
+
+// Whole tensors widened or narrowed, in pieces on the thread budget.
+template <typename T>
+void WidenInPieces(const T* src, float* dst, int64_t n) {
+  cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain,
+                                [&](int64_t b, int64_t e) { WidenN(src + b, dst + b, e - b); });
+}
+template <typename T>
+void NarrowInPieces(const float* src, T* dst, int64_t n) {
+  cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain,
+                                [&](int64_t b, int64_t e) { NarrowN(src + b, dst + b, e - b); });
+}
+
+// CPU math of the 16-bit types that runs Eigen's float32 code: elements [b, e) widened to float32
+// in chunks of kHalfChunk (on the stack), fn(ConstVec<float> x..., Vec<float> out) per chunk, the
+// result narrowed into out (half_convert.h's vectorized conversions).
+constexpr int64_t kHalfChunk = 1024;
+template <typename T, typename Fn>
+void InFloatChunks(int64_t b, int64_t e, const T* x, T* out, const Fn& fn) {
+  alignas(64) float xb[kHalfChunk], ob[kHalfChunk];
+  for (int64_t i = b; i < e; i += kHalfChunk) {
+    const int64_t len = std::min(kHalfChunk, e - i);
+    WidenN(x + i, xb, len);
+    fn(ConstVec<float>(xb, len), Vec<float>(ob, len));
+    NarrowN(ob, out + i, len);
+  }
+}
+template <typename T, typename Fn>
+void InFloatChunks(int64_t b, int64_t e, const T* x, const T* y, T* out, const Fn& fn) {
+  alignas(64) float xb[kHalfChunk], yb[kHalfChunk], ob[kHalfChunk];
+  for (int64_t i = b; i < e; i += kHalfChunk) {
+    const int64_t len = std::min(kHalfChunk, e - i);
+    WidenN(x + i, xb, len);
+    WidenN(y + i, yb, len);
+    fn(ConstVec<float>(xb, len), ConstVec<float>(yb, len), Vec<float>(ob, len));
+    NarrowN(ob, out + i, len);
+  }
+}
 
 // ---------------------------------------------------------------- shape checks and functions
 

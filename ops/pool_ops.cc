@@ -59,23 +59,51 @@ inline bool Is2x2Tiling(const PoolGeom& g) {
 
 }  // namespace
 
-// Direct loops over the windows, in the order of comparison and summation the grad relies on.
+// Direct loops over the windows, in the order of comparison and summation the grad relies on; the
+// 16-bit types run them in float32 over widened copies.
 template <typename T>
 class PoolMath<CPUDevice, T> {
  public:
   explicit PoolMath(const PoolAttrs& a) : a_(a) {}
 
-  void Forward(const ExecutionContext&, const Tensor& x, const Tensor&, T* od) const {
+  void Forward(const ExecutionContext&, const Tensor& x, const Tensor& out, T* od) {
     const PoolGeom g = a_.Geom(x.dims());
-    const T* xd = x.data<T>();
+    if constexpr (kIsHalf<T>) {  // float32 loops over widened values, rounded once
+      Widened(x, &x_);
+      out_.resize(static_cast<size_t>(out.numel()));
+      Loops(g, x_.data(), out_.data());
+      NarrowInPieces(out_.data(), od, out.numel());
+    } else {
+      Loops(g, x.data<T>(), od);
+    }
+  }
+
+  void Backward(const ExecutionContext&, const Tensor& x, const Tensor& out, const Tensor& dout,
+                const Tensor& dx, T* dxd) {
+    const PoolGeom g = a_.Geom(x.dims());
+    if constexpr (kIsHalf<T>) {  // float32 sums of the overlapping windows' shares, rounded once
+      Widened(x, &x_);
+      Widened(out, &out_);
+      Widened(dout, &dout_);
+      dx_.resize(static_cast<size_t>(dx.numel()));
+      GradLoops(g, x_.data(), out_.data(), dout_.data(), dx_.data(), dx.numel());
+      NarrowInPieces(dx_.data(), dxd, dx.numel());
+    } else {
+      GradLoops(g, x.data<T>(), out.data<T>(), dout.data<T>(), dxd, dx.numel());
+    }
+  }
+
+ private:
+  template <typename V>
+  void Loops(const PoolGeom& g, const V* xd, V* od) const {
     if (Is2x2Tiling(g)) {
       // Same values, in the same order of comparison, as the general loop below.
-      const T lowest = -std::numeric_limits<T>::infinity();
+      const V lowest = -std::numeric_limits<V>::infinity();
       for (int64_t c = 0; c < g.planes; ++c)
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          const T* r0 = xd + (c * g.H + 2 * oh) * g.W;
-          const T* r1 = r0 + g.W;
-          T* o = od + (c * g.Ho + oh) * g.Wo;
+          const V* r0 = xd + (c * g.H + 2 * oh) * g.W;
+          const V* r1 = r0 + g.W;
+          V* o = od + (c * g.Ho + oh) * g.Wo;
           if (a_.max) {
             for (int64_t ow = 0; ow < g.Wo; ++ow)
               o[ow] = fn::MaxOrNan(
@@ -84,81 +112,78 @@ class PoolMath<CPUDevice, T> {
                   r1[2 * ow + 1]);
           } else {
             for (int64_t ow = 0; ow < g.Wo; ++ow)
-              o[ow] = (((T(0) + r0[2 * ow]) + r0[2 * ow + 1]) + r1[2 * ow] + r1[2 * ow + 1]) / T(4);
+              o[ow] = (((V(0) + r0[2 * ow]) + r0[2 * ow + 1]) + r1[2 * ow] + r1[2 * ow + 1]) / V(4);
           }
         }
       return;
     }
     for (int64_t c = 0; c < g.planes; ++c) {
-      const T* xp = xd + c * g.H * g.W;
-      T* op = od + c * g.Ho * g.Wo;
+      const V* xp = xd + c * g.H * g.W;
+      V* op = od + c * g.Ho * g.Wo;
       for (int64_t oh = 0; oh < g.Ho; ++oh) {
         const Span h = Clip(oh, g.sh, g.ph, g.kh, g.H);
         for (int64_t ow = 0; ow < g.Wo; ++ow) {
           const Span w = Clip(ow, g.sw, g.pw, g.kw, g.W);
           const int64_t n = std::max<int64_t>(0, h.hi - h.lo) * std::max<int64_t>(0, w.hi - w.lo);
           if (n == 0) {
-            op[oh * g.Wo + ow] = T(0);
+            op[oh * g.Wo + ow] = V(0);
             continue;
           }
-          T acc = a_.max ? -std::numeric_limits<T>::infinity() : T(0);
+          V acc = a_.max ? -std::numeric_limits<V>::infinity() : V(0);
           for (int64_t ih = h.lo; ih < h.hi; ++ih) {
-            const T* xr = xp + ih * g.W;
+            const V* xr = xp + ih * g.W;
             if (a_.max) {
               for (int64_t iw = w.lo; iw < w.hi; ++iw) acc = fn::MaxOrNan(acc, xr[iw]);
             } else {
               for (int64_t iw = w.lo; iw < w.hi; ++iw) acc += xr[iw];
             }
           }
-          if (!a_.max) acc /= static_cast<T>(a_.exclusive ? n : g.kh * g.kw);
+          if (!a_.max) acc /= static_cast<V>(a_.exclusive ? n : g.kh * g.kw);
           op[oh * g.Wo + ow] = acc;
         }
       }
     }
   }
 
-  void Backward(const ExecutionContext&, const Tensor& x, const Tensor& out, const Tensor& dout,
-                const Tensor& dx, T* dxd) const {
-    const PoolGeom g = a_.Geom(x.dims());
-    const T* xd = x.data<T>();
-    const T* od = out.data<T>();
-    const T* gd = dout.data<T>();
+  template <typename V>
+  void GradLoops(const PoolGeom& g, const V* xd, const V* od, const V* gd, V* dxd,
+                 int64_t dx_numel) const {
     if (Is2x2Tiling(g)) {
       // Every covered element is written once; only a leftover odd row or column needs zeros.
-      if (2 * g.Ho != g.H || 2 * g.Wo != g.W) std::fill(dxd, dxd + dx.numel(), T(0));
+      if (2 * g.Ho != g.H || 2 * g.Wo != g.W) std::fill(dxd, dxd + dx_numel, V(0));
       for (int64_t c = 0; c < g.planes; ++c)
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           const int64_t r = (c * g.H + 2 * oh) * g.W;
-          const T* x0 = xd + r;
-          const T* x1 = x0 + g.W;
-          T* d0 = dxd + r;
-          T* d1 = d0 + g.W;
+          const V* x0 = xd + r;
+          const V* x1 = x0 + g.W;
+          V* d0 = dxd + r;
+          V* d1 = d0 + g.W;
           const int64_t o = (c * g.Ho + oh) * g.Wo;
           for (int64_t ow = 0; ow < g.Wo; ++ow) {
-            const T go = gd[o + ow];
+            const V go = gd[o + ow];
             const int64_t i = 2 * ow;
             if (a_.max) {
               // The first of the window, in row-major order, equal to the max takes it all.
-              const T y = od[o + ow];
+              const V y = od[o + ow];
               const bool a = fn::SameOrBothNan(x0[i], y), b = !a && fn::SameOrBothNan(x0[i + 1], y),
                          c2 = !a && !b && fn::SameOrBothNan(x1[i], y),
                          d = !a && !b && !c2 && fn::SameOrBothNan(x1[i + 1], y);
-              d0[i] = a ? go : T(0);
-              d0[i + 1] = b ? go : T(0);
-              d1[i] = c2 ? go : T(0);
-              d1[i + 1] = d ? go : T(0);
+              d0[i] = a ? go : V(0);
+              d0[i + 1] = b ? go : V(0);
+              d1[i] = c2 ? go : V(0);
+              d1[i + 1] = d ? go : V(0);
             } else {
-              const T share = go / T(4);
+              const V share = go / V(4);
               d0[i] = d0[i + 1] = d1[i] = d1[i + 1] = share;
             }
           }
         }
       return;
     }
-    std::fill(dxd, dxd + dx.numel(), T(0));
+    std::fill(dxd, dxd + dx_numel, V(0));
     for (int64_t c = 0; c < g.planes; ++c) {
-      const T* xp = xd + c * g.H * g.W;
-      T* dp = dxd + c * g.H * g.W;
+      const V* xp = xd + c * g.H * g.W;
+      V* dp = dxd + c * g.H * g.W;
       const int64_t o0 = c * g.Ho * g.Wo;
       for (int64_t oh = 0; oh < g.Ho; ++oh) {
         const Span h = Clip(oh, g.sh, g.ph, g.kh, g.H);
@@ -166,9 +191,9 @@ class PoolMath<CPUDevice, T> {
           const Span w = Clip(ow, g.sw, g.pw, g.kw, g.W);
           const int64_t n = std::max<int64_t>(0, h.hi - h.lo) * std::max<int64_t>(0, w.hi - w.lo);
           if (n == 0) continue;
-          const T go = gd[o0 + oh * g.Wo + ow];
+          const V go = gd[o0 + oh * g.Wo + ow];
           if (a_.max) {
-            const T y = od[o0 + oh * g.Wo + ow];
+            const V y = od[o0 + oh * g.Wo + ow];
             bool done = false;
             for (int64_t ih = h.lo; ih < h.hi && !done; ++ih)
               for (int64_t iw = w.lo; iw < w.hi; ++iw)
@@ -178,7 +203,7 @@ class PoolMath<CPUDevice, T> {
                   break;
                 }
           } else {
-            const T share = go / static_cast<T>(a_.exclusive ? n : g.kh * g.kw);
+            const V share = go / static_cast<V>(a_.exclusive ? n : g.kh * g.kw);
             for (int64_t ih = h.lo; ih < h.hi; ++ih)
               for (int64_t iw = w.lo; iw < w.hi; ++iw) dp[ih * g.W + iw] += share;
           }
@@ -187,8 +212,13 @@ class PoolMath<CPUDevice, T> {
     }
   }
 
- private:
+  static void Widened(const Tensor& t, ScratchVector<float>* v) {
+    v->resize(static_cast<size_t>(t.numel()));
+    WidenInPieces(t.data<T>(), v->data(), t.numel());
+  }
+
   PoolAttrs a_;
+  ScratchVector<float> x_, out_, dout_, dx_;  // the 16-bit types' float32 copies
 };
 
 // ---------------------------------------------------------------- registration
@@ -215,7 +245,7 @@ KEEL_REGISTER_OP(pool2d)
     .Shape(Pool2DShape)
     .Grad(GradMaker("pool2d_grad", {"X", "Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(pool2d_grad, pool2d);
-KEEL_REGISTER_KERNEL(CPU, pool2d, Pool2DKernel, float, double);
-KEEL_REGISTER_KERNEL(CPU, pool2d_grad, Pool2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, pool2d, Pool2DKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, pool2d_grad, Pool2DGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -74,7 +74,7 @@ class PoolMath<CUDADevice, T> {
   PoolDesc pool_;
 };
 
-KEEL_REGISTER_KERNEL(CUDA, pool2d, Pool2DKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, pool2d_grad, Pool2DGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, pool2d, Pool2DKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, pool2d_grad, Pool2DGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

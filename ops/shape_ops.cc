@@ -339,8 +339,8 @@ KEEL_REGISTER_OP(concat)
     .Shape(ConcatShape)
     .Grad(GradMaker("concat_grad", {"X"}, {"Out"}, {"X"}));  // X for the slab sizes
 KEEL_REGISTER_GRAD_OP(concat_grad, concat);
-KEEL_REGISTER_KERNEL(CPU, concat, ConcatKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CPU, concat_grad, ConcatGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, concat, ConcatKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, concat_grad, ConcatGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(split)
     .Doc(
@@ -354,7 +354,7 @@ KEEL_REGISTER_OP(split)
     .Attr<int>("axis", 0, "the split dimension; negative counts from the end")
     .Shape(SplitShape)
     .Grad(SplitGradMaker);
-KEEL_REGISTER_KERNEL(CPU, split, SplitKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, split, SplitKernel, float, double, int32_t, int64_t, bfloat16, float16);
 
 KEEL_REGISTER_OP(transpose)
     .Doc("Out's dim i is X's dim axis[i]. X [2, 3, 4], axis {2, 0, 1} -> Out [4, 2, 3].")
@@ -366,8 +366,9 @@ KEEL_REGISTER_OP(transpose)
 KEEL_REGISTER_GRAD_OP(transpose_grad, transpose)
     .Shape(TransposeGradShape)
     .KernelDTypeFrom(GradVarName("Out"));
-KEEL_REGISTER_KERNEL(CPU, transpose, TransposeKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CPU, transpose_grad, TransposeGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, transpose, TransposeKernel, float, double, int32_t, int64_t, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CPU, transpose_grad, TransposeGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(flatten)
     .Doc("Out = X as [prod(dims[:axis]), prod(dims[axis:])]. X [2, 3, 4], axis 1 -> [2, 12].")
@@ -377,8 +378,8 @@ KEEL_REGISTER_OP(flatten)
     .Shape(FlattenShape)
     .Grad(GradMaker("flatten_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(flatten_grad, flatten);
-KEEL_REGISTER_KERNEL(CPU, flatten, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CPU, flatten_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, flatten, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, flatten_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(unsqueeze)
     .Doc("Out = X with a size-1 dim inserted at each of axes, in turn. X [3], axes {0} -> [1, 3].")
@@ -388,8 +389,9 @@ KEEL_REGISTER_OP(unsqueeze)
     .Shape(UnsqueezeShape)
     .Grad(GradMaker("unsqueeze_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(unsqueeze_grad, unsqueeze);
-KEEL_REGISTER_KERNEL(CPU, unsqueeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CPU, unsqueeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, unsqueeze, CopyKernel, float, double, int32_t, int64_t, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CPU, unsqueeze_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(squeeze)
     .Doc("Out = X without the size-1 dims at axes (all of them if empty). [1, 3, 1] -> [3].")
@@ -399,7 +401,7 @@ KEEL_REGISTER_OP(squeeze)
     .Shape(SqueezeShape)
     .Grad(GradMaker("squeeze_grad", {"X"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(squeeze_grad, squeeze);
-KEEL_REGISTER_KERNEL(CPU, squeeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CPU, squeeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, squeeze, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, squeeze_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

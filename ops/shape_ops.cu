@@ -76,16 +76,19 @@ struct TransposeMath<CUDADevice, T> {
 
 KEEL_REGISTER_KERNEL(CUDA, lookup_table, LookupTableKernel, float, double);
 KEEL_REGISTER_KERNEL(CUDA, lookup_table_grad, LookupTableGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, concat, ConcatKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, concat_grad, ConcatGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, split, SplitKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, transpose, TransposeKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, transpose_grad, TransposeGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, flatten, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, flatten_grad, CopyGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, unsqueeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, unsqueeze_grad, CopyGradKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, squeeze, CopyKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_KERNEL(CUDA, squeeze_grad, CopyGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, concat, ConcatKernel, float, double, int32_t, int64_t, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, concat_grad, ConcatGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, split, SplitKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, transpose, TransposeKernel, float, double, int32_t, int64_t, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, transpose_grad, TransposeGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, flatten, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, flatten_grad, CopyGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, unsqueeze, CopyKernel, float, double, int32_t, int64_t, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CUDA, unsqueeze_grad, CopyGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, squeeze, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, squeeze_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -7,10 +7,13 @@
 #include "ops/tensor_ops.h"
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/half_convert.h"
 #include "ops/op_util.h"
 
 namespace keel {
@@ -45,9 +48,17 @@ std::string CheckComputeDType(const Attribute& a) {
           v);
   }
 }
-// As CheckComputeDType, also allowing -1 ("unset").
+// As CheckComputeDType, also allowing the 16-bit floats (float16=5, bfloat16=6), which cast
+// converts to and from and fill_constant fills.
+std::string CheckStorageDType(const Attribute& a) {
+  const DType t = static_cast<DType>(std::get<int>(a));
+  if (t == DType::kFloat16 || t == DType::kBFloat16) return "";
+  const std::string e = CheckComputeDType(a);
+  return e.empty() ? "" : e + " (or float16=5, bfloat16=6)";
+}
+// As CheckStorageDType, also allowing -1 ("unset").
 std::string CheckOptionalDType(const Attribute& a) {
-  return std::get<int>(a) == -1 ? "" : CheckComputeDType(a);
+  return std::get<int>(a) == -1 ? "" : CheckStorageDType(a);
 }
 std::string CheckShapeAttr(const Attribute& a) {
   for (int64_t d : std::get<std::vector<int64_t>>(a))
@@ -155,12 +166,25 @@ void ReshapeShape(InferShapeContext& ctx) {
 
 }  // namespace
 
-// Eigen's element-wise cast.
+// Eigen's element-wise cast; float32 to and from the 16-bit types by the vectorized conversions
+// (half_convert.h), others through ConvertTo; in pieces on the thread budget.
 template <>
 struct CastMath<CPUDevice> {
   template <typename In, typename Out>
   static void Run(const ExecutionContext&, const In* src, Out* dst, int64_t n) {
-    Vec<Out>(dst, n) = ConstVec<In>(src, n).template cast<Out>();
+    if constexpr (!kIsHalf<In> && !kIsHalf<Out>) {
+      Vec<Out>(dst, n) = ConstVec<In>(src, n).template cast<Out>();
+    } else {
+      cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+        if constexpr (kIsHalf<In> && std::is_same_v<Out, float>) {
+          WidenN(src + b, dst + b, e - b);
+        } else if constexpr (std::is_same_v<In, float> && kIsHalf<Out>) {
+          NarrowN(src + b, dst + b, e - b);
+        } else {
+          for (int64_t i = b; i < e; ++i) dst[i] = ConvertTo<Out>(src[i]);
+        }
+      });
+    }
   }
 };
 
@@ -172,9 +196,10 @@ KEEL_REGISTER_OP(fill_constant)
     .Attr<std::vector<int64_t>>("shape", {}, "Out's shape", CheckShapeAttr)
     .Attr<float>("value", 0.0f, "the fill value, converted to dtype")
     .Attr<int>("dtype", static_cast<int>(DType::kFloat32), "Out's keel::DType as int",
-               CheckComputeDType)
+               CheckStorageDType)
     .Shape(ShapeFromAttrs);
-KEEL_REGISTER_KERNEL(CPU, fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool);
+KEEL_REGISTER_KERNEL(CPU, fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool,
+                     bfloat16, float16);
 
 KEEL_REGISTER_OP(fill_zeros_like)
     .Doc("Out = zeros of X's shape and dtype.")
@@ -182,7 +207,7 @@ KEEL_REGISTER_OP(fill_zeros_like)
     .Output("Out", "shape and dtype of X")
     .Shape(SameShapeAsX);
 KEEL_REGISTER_KERNEL(CPU, fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
-                     bool);
+                     bool, bfloat16, float16);
 
 KEEL_REGISTER_OP(uniform_random)
     .Doc("Out ~ U[min, max). The same seed gives the same values.")
@@ -211,16 +236,19 @@ KEEL_REGISTER_OP(gaussian_random)
 KEEL_REGISTER_KERNEL(CPU, gaussian_random, GaussianRandomKernel, float, double);
 
 KEEL_REGISTER_OP(cast)
-    .Doc("Out = X converted to out_dtype (float -> int truncates; nonzero -> true).")
+    .Doc(
+        "Out = X converted to out_dtype (float -> int truncates; nonzero -> true; to and from "
+        "float16 and bfloat16 through float32, rounding to nearest even).")
     .Input("X", "any shape")
     .Output("Out", "shape of X, dtype out_dtype")
-    .RequiredAttr<int>("out_dtype", "Out's keel::DType as int", CheckComputeDType)
+    .RequiredAttr<int>("out_dtype", "Out's keel::DType as int", CheckStorageDType)
     .Attr<int>("in_dtype", -1, "X's keel::DType as int; -1: X's declared dtype", CheckOptionalDType)
     .Shape(CastShape)
     .Grad(CastGradMaker());
 KEEL_REGISTER_GRAD_OP(cast_grad, cast).Shape(CastGradShape).KernelDTypeFrom(GradVarName("Out"));
-KEEL_REGISTER_KERNEL(CPU, cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t);
-KEEL_REGISTER_KERNEL(CPU, cast_grad, CastGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t,
+                     bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, cast_grad, CastGradKernel, float, double, bfloat16, float16);
 
 KEEL_REGISTER_OP(reshape)
     .Doc(
@@ -233,7 +261,7 @@ KEEL_REGISTER_OP(reshape)
     .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
 KEEL_REGISTER_GRAD_OP(reshape_grad, reshape);
 KEEL_REGISTER_KERNEL(CPU, reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
-                     int8_t);
-KEEL_REGISTER_KERNEL(CPU, reshape_grad, CopyGradKernel, float, double);
+                     int8_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, reshape_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

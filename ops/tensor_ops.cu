@@ -7,12 +7,13 @@
 namespace keel {
 namespace {
 
-// out[i] = static_cast<Out>(in[i]) (float -> int truncates; nonzero -> true), as the CPU kernel.
+// out[i] = ConvertTo<Out>(in[i]) (float -> int truncates; nonzero -> true; the 16-bit types
+// through float32), as the CPU kernel.
 template <typename In, typename Out>
 __global__ void CastElements(const In* in, Out* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(blockDim.x) * gridDim.x)
-    out[i] = static_cast<Out>(in[i]);
+    out[i] = ConvertTo<Out>(in[i]);
 }
 
 }  // namespace
@@ -27,17 +28,17 @@ struct CastMath<CUDADevice> {
   }
 };
 
-KEEL_REGISTER_KERNEL(CUDA, fill_constant, FillConstantKernel, float, double, int32_t, int64_t,
-                     bool);
+KEEL_REGISTER_KERNEL(CUDA, fill_constant, FillConstantKernel, float, double, int32_t, int64_t, bool,
+                     bfloat16, float16);
 KEEL_REGISTER_KERNEL(CUDA, fill_zeros_like, FillZerosLikeKernel, float, double, int32_t, int64_t,
-                     bool);
+                     bool, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CUDA, uniform_random, UniformRandomKernel, float, double);
 KEEL_REGISTER_KERNEL(CUDA, gaussian_random, GaussianRandomKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t,
-                     int8_t);
-KEEL_REGISTER_KERNEL(CUDA, cast_grad, CastGradKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, cast, CastKernel, float, double, int32_t, int64_t, bool, uint8_t, int8_t,
+                     bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, cast_grad, CastGradKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CUDA, reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
-                     int8_t);
-KEEL_REGISTER_KERNEL(CUDA, reshape_grad, CopyGradKernel, float, double);
+                     int8_t, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, reshape_grad, CopyGradKernel, float, double, bfloat16, float16);
 
 }  // namespace keel

@@ -77,15 +77,29 @@ class GaussianRandomKernel : public OpKernel {
   std::vector<T> host_;  // CUDA's staging
 };
 
-// The device math: CastMath<D>::Run<In, Out>(ctx, src, dst, n), dst[i] = static_cast<Out>(src[i])
-// (float -> int truncates; nonzero -> true), In and Out different types.
+// The device math: CastMath<D>::Run<In, Out>(ctx, src, dst, n), dst[i] = ConvertTo<Out>(src[i])
+// (framework/runtime/float16.h: static_cast, through float32 for the 16-bit types; float -> int
+// truncates; nonzero -> true), In and Out different types.
 template <typename D>
 struct CastMath;
+
+// f(T{}) for the C++ type of `t`: VisitDType's compute types and the 16-bit floats.
+template <typename F>
+void VisitCastType(DType t, F&& f) {
+  switch (t) {
+    case DType::kFloat16:
+      return f(float16{});
+    case DType::kBFloat16:
+      return f(bfloat16{});
+    default:
+      VisitDType(t, f);
+  }
+}
 
 // out = in converted to `to`, In being in's C++ type; a copy when the types agree.
 template <typename D, typename In>
 void CastInto(const ExecutionContext& ctx, const Tensor& in, DType to, Tensor* out) {
-  VisitDType(to, [&](auto zero) {
+  VisitCastType(to, [&](auto zero) {
     using Out = decltype(zero);
     const In* src = in.data<In>();
     Out* dst = out->mutable_data<Out>(ctx.place());

@@ -2,10 +2,13 @@
 // A is M x K after op, B is K x N after op, C is M x N; lda/ldb/ldc are row strides.
 // float goes to oneDNN's sgemm (one OpenMP thread per call), split into pieces that depend on the
 // shape only and run on the CPU thread budget (cpu_threads.h): the same bits on any number of
-// threads. double goes to Eigen (tests and checks, not the hot path).
+// threads. double goes to Eigen (tests and checks, not the hot path). bfloat16 and float16 go to
+// oneDNN's matmul primitive (blas_half.cc).
 #pragma once
 
 #include <cstdint>
+
+#include "framework/runtime/float16.h"
 
 namespace keel {
 namespace blas {
@@ -16,12 +19,36 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
           const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
           int64_t ldc);
 
-// Contiguous convenience form: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N.
-template <typename T>
-void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-          const T* B, T beta, T* C) {
+// 16-bit GEMMs (mixed precision): bfloat16 or float16 A and B, float32 accumulation, C of A's
+// type or float32 (a sum of several products kept in float32 until the end), alpha and beta in
+// float32. oneDNN's matmul primitive (created once per shape and kept) where oneDNN has an
+// implementation of its own for this CPU's instructions; where it would fall back to its
+// reference loops (float16 before AVX512-FP16), A and B are widened to float32 for the float32
+// GEMM instead, and the result narrowed. Same pieces on the thread budget as the float32 GEMM.
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float beta, bfloat16* C,
+          int64_t ldc);
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float16* A, int64_t lda, const float16* B, int64_t ldb, float beta, float16* C,
+          int64_t ldc);
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float16* A, int64_t lda, const float16* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+
+// Contiguous convenience form: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N. C is of A's
+// type, or float32 for 16-bit A and B.
+template <typename T, typename TC>
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A,
+          const T* B, Acc<T> beta, TC* C) {
   Gemm(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
+
+// Whether the 16-bit GEMM of type `dtype` (kBFloat16 or kFloat16) runs natively in oneDNN on this
+// CPU (false: widened to float32), for logs and tests.
+bool HalfGemmIsNative(DType dtype);
 
 // How many pieces a float GEMM of this shape is split into (1: one call).
 int64_t GemmPieces(int64_t M, int64_t N, int64_t K);

@@ -5,6 +5,9 @@
 // even, keep NaN a NaN (quiet) and infinities infinite, overflow to infinity (float16 above
 // 65504) and go through float16's subnormals. Same layout as CUDA's `__half` and
 // `__nv_bfloat16` and oneDNN's f16/bf16 data types, so a tensor of them is handed over as is.
+//
+// Compiled by nvcc, every function is also a device function; device code converts with the
+// GPU's own instructions (cvt.rn, round to nearest even: the same values, a NaN's payload aside).
 #pragma once
 
 #include <cstdint>
@@ -12,18 +15,34 @@
 
 #include "framework/runtime/dtype.h"
 
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define KEEL_HALF_HD __host__ __device__ __forceinline__
+#else
+#define KEEL_HALF_HD inline
+#endif
+
 namespace keel {
 
 namespace fp16_detail {
-inline uint32_t FloatBits(float f) {
+KEEL_HALF_HD uint32_t FloatBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
-inline float BitsFloat(uint32_t u) {
+KEEL_HALF_HD float BitsFloat(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 }  // namespace fp16_detail
 
@@ -31,19 +50,25 @@ struct bfloat16 {
   uint16_t bits = 0;
 
   bfloat16() = default;
-  explicit bfloat16(float f) : bits(Round(f)) {}
-  explicit operator float() const { return fp16_detail::BitsFloat(uint32_t{bits} << 16); }
+  KEEL_HALF_HD explicit bfloat16(float f) : bits(Round(f)) {}
+  KEEL_HALF_HD explicit operator float() const {
+    return fp16_detail::BitsFloat(uint32_t{bits} << 16);
+  }
 
-  static bfloat16 FromBits(uint16_t b) {
+  KEEL_HALF_HD static bfloat16 FromBits(uint16_t b) {
     bfloat16 h;
     h.bits = b;
     return h;
   }
   // float32 -> bfloat16 bits: round to nearest even on the dropped 16 bits; NaN stays a quiet NaN.
-  static uint16_t Round(float f) {
+  KEEL_HALF_HD static uint16_t Round(float f) {
+#ifdef __CUDA_ARCH__
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
     const uint32_t u = fp16_detail::FloatBits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
     return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
   }
 };
 
@@ -51,17 +76,33 @@ struct float16 {
   uint16_t bits = 0;
 
   float16() = default;
-  explicit float16(float f) : bits(Round(f)) {}
-  explicit operator float() const { return Widen(bits); }
+  KEEL_HALF_HD explicit float16(float f) : bits(Round(f)) {}
+  KEEL_HALF_HD explicit operator float() const { return Widen(bits); }
 
-  static float16 FromBits(uint16_t b) {
+  KEEL_HALF_HD static float16 FromBits(uint16_t b) {
     float16 h;
     h.bits = b;
     return h;
   }
 
   // float32 -> binary16 bits, round to nearest even (also into subnormals).
-  static uint16_t Round(float f) {
+  KEEL_HALF_HD static uint16_t Round(float f) {
+#ifdef __CUDA_ARCH__
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return RoundBits(f);
+#endif
+  }
+  KEEL_HALF_HD static float Widen(uint16_t h) {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(h));
+#else
+    return WidenBits(h);
+#endif
+  }
+
+  // The host's conversions, in integer and float32 arithmetic.
+  static uint16_t RoundBits(float f) {
     const uint32_t u = fp16_detail::FloatBits(f);
     const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
     const uint32_t a = u & 0x7fffffffu;
@@ -81,7 +122,7 @@ struct float16 {
     return static_cast<uint16_t>(sign | (rounded >> 13));
   }
 
-  static float Widen(uint16_t h) {
+  static float WidenBits(uint16_t h) {
     const uint32_t sign = uint32_t{h & 0x8000u} << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;
     const uint32_t man = h & 0x3ffu;
@@ -122,11 +163,11 @@ template <typename T>
 using Acc = typename AccOf<T>::type;
 
 template <typename T>
-inline Acc<T> Widen(T x) {
+KEEL_HALF_HD Acc<T> Widen(T x) {
   return static_cast<Acc<T>>(x);
 }
 template <typename T>
-inline T Narrow(Acc<T> x) {
+KEEL_HALF_HD T Narrow(Acc<T> x) {
   return static_cast<T>(x);
 }
 
@@ -136,5 +177,21 @@ template <>
 inline constexpr bool kIsHalf<float16> = true;
 template <>
 inline constexpr bool kIsHalf<bfloat16> = true;
+
+// x as a To, as static_cast does (float -> integer truncates, nonzero -> true), through float32
+// where either side is a 16-bit type: a double or a 64-bit integer is rounded to float32 first,
+// then to the 16-bit type (two roundings, as PyTorch's conversions of double to half).
+template <typename To, typename From>
+KEEL_HALF_HD To ConvertTo(From x) {
+  if constexpr (kIsHalf<From> && kIsHalf<To>) {
+    return To(static_cast<float>(x));
+  } else if constexpr (kIsHalf<From>) {
+    return static_cast<To>(static_cast<float>(x));
+  } else if constexpr (kIsHalf<To>) {
+    return To(static_cast<float>(x));
+  } else {
+    return static_cast<To>(x);
+  }
+}
 
 }  // namespace keel

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "framework/runtime/float16.h"
+
 namespace keel {
 
 void* Tensor::mutable_data(DType dtype, const Place& place) {
@@ -62,11 +64,18 @@ std::string Tensor::DebugString(int max_elems) const {
   if (!initialized() || !place_.is_cpu()) return os.str();
   os << " {";
   int64_t n = std::min<int64_t>(numel(), max_elems);
-  VisitDType(dtype_, [&](auto v) {
+  auto print = [&](auto v) {
     using V = decltype(v);
     const V* p = static_cast<const V*>(raw_data());
-    for (int64_t i = 0; i < n; ++i) os << (i ? ", " : "") << +p[i];
-  });
+    for (int64_t i = 0; i < n; ++i) os << (i ? ", " : "") << +Widen(p[i]);
+  };
+  if (dtype_ == DType::kFloat16) {
+    print(float16{});
+  } else if (dtype_ == DType::kBFloat16) {
+    print(bfloat16{});
+  } else {
+    VisitDType(dtype_, print);
+  }
   if (numel() > n) os << ", ...";
   os << "}";
   return os.str();

@@ -86,7 +86,7 @@ TEST(CudaKernelCoverage, EveryOpTypeWithACpuKernelHasACudaKernelExceptListedOnes
   for (const std::string& type : OpRegistry::OpTypes()) {
     if (IsCollective(type) || ElsewhereInIssue7(type)) continue;
     for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kBool,
-                     DType::kUInt8, DType::kInt8})
+                     DType::kUInt8, DType::kInt8, DType::kFloat16, DType::kBFloat16})
       if (OpRegistry::HasKernel(type, Place::Kind::kCPU, dt) &&
           !OpRegistry::HasKernel(type, Place::Kind::kCUDA, dt))
         list += "\n  " + type + "/" + DTypeName(dt);
