@@ -36,7 +36,8 @@ void UpdateLossScalingShape(InferShapeContext& ctx) {
     KEEL_SHAPE_CHECK(d.numel() == 1 || (!ctx.IsRuntime() && d.numel() < 0), slot,
                      " must hold one element, got ", d.str());
   }
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("FoundInfinite") == DType::kBool, "FoundInfinite must be bool");
+  KEEL_SHAPE_CHECK(ctx.GetInputDType("FoundInfinite") == DType::kBool,
+                   "FoundInfinite must be bool");
   KEEL_SHAPE_CHECK(ctx.GetInputDType("InGoodSteps") == DType::kInt32 &&
                        ctx.GetInputDType("InBadSteps") == DType::kInt32,
                    "InGoodSteps and InBadSteps must be int32");

@@ -18,24 +18,55 @@ const std::set<std::string>& AmpWhiteList() {
 }
 
 const std::set<std::string>& AmpBlackList() {
-  static const std::set<std::string> s = {
-      "exp",          "log",        "square",      "mean",
-      "reduce_mean",  "reduce_sum", "sum",         "softmax",
-      "log_softmax",  "cross_entropy",             "softmax_with_cross_entropy",
-      "lookup_table", "squared_l2_norm"};
+  static const std::set<std::string> s = {"exp",
+                                          "log",
+                                          "square",
+                                          "mean",
+                                          "reduce_mean",
+                                          "reduce_sum",
+                                          "sum",
+                                          "softmax",
+                                          "log_softmax",
+                                          "cross_entropy",
+                                          "softmax_with_cross_entropy",
+                                          "lookup_table",
+                                          "squared_l2_norm"};
   return s;
 }
 
 const std::set<std::string>& AmpGrayList() {
-  static const std::set<std::string> s = {
-      "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
-      "elementwise_max", "elementwise_min", "elementwise_pow", "batch_norm",
-      "layer_norm",      "tanh",            "sigmoid",         "gelu",
-      "relu",            "leaky_relu",      "pool2d",          "dropout",
-      "top_k",           "scale",           "reshape",         "transpose",
-      "flatten",         "squeeze",         "unsqueeze",       "concat",
-      "split",           "slice",           "clip",            "assign",
-      "cast",            "fill_constant",   "uniform_random",  "gaussian_random"};
+  static const std::set<std::string> s = {"elementwise_add",
+                                          "elementwise_sub",
+                                          "elementwise_mul",
+                                          "elementwise_div",
+                                          "elementwise_max",
+                                          "elementwise_min",
+                                          "elementwise_pow",
+                                          "batch_norm",
+                                          "layer_norm",
+                                          "tanh",
+                                          "sigmoid",
+                                          "gelu",
+                                          "relu",
+                                          "leaky_relu",
+                                          "pool2d",
+                                          "dropout",
+                                          "top_k",
+                                          "scale",
+                                          "reshape",
+                                          "transpose",
+                                          "flatten",
+                                          "squeeze",
+                                          "unsqueeze",
+                                          "concat",
+                                          "split",
+                                          "slice",
+                                          "clip",
+                                          "assign",
+                                          "cast",
+                                          "fill_constant",
+                                          "uniform_random",
+                                          "gaussian_random"};
   return s;
 }
 
@@ -84,8 +115,8 @@ bool CanRunLow(const std::string& type, Place::Kind place, DType dtype) {
 void LogFallback(const std::string& type, DType dtype, Place::Kind place) {
   static std::mutex mu;
   static std::set<std::string> told;
-  const std::string key = type + "/" + DTypeName(dtype) + "/" +
-                          (place == Place::Kind::kCUDA ? "CUDA" : "CPU");
+  const std::string key =
+      type + "/" + DTypeName(dtype) + "/" + (place == Place::Kind::kCUDA ? "CUDA" : "CPU");
   std::lock_guard<std::mutex> lock(mu);
   if (!told.insert(key).second) return;
   LOG(INFO) << "amp: op " << type << " has no " << DTypeName(dtype) << " kernel on "
@@ -106,10 +137,10 @@ void AmpPass::Apply(Program& main, Program& /*startup*/) const {
     const OpDesc& op = *block.op(i);
     if (op.HasAttr(kOpRoleAttr)) {
       const int role = op.Attr<int>(kOpRoleAttr);
-      KEEL_ENFORCE((role & (static_cast<int>(OpRole::kBackward) |
-                            static_cast<int>(OpRole::kOptimize))) == 0,
-                   "amp: the program already has backward or optimizer ops (op ", i, ", ",
-                   op.type(), "); AMP rewrites the forward program before backward");
+      KEEL_ENFORCE(
+          (role & (static_cast<int>(OpRole::kBackward) | static_cast<int>(OpRole::kOptimize))) == 0,
+          "amp: the program already has backward or optimizer ops (op ", i, ", ", op.type(),
+          "); AMP rewrites the forward program before backward");
     }
   }
 

@@ -13,9 +13,9 @@
 //     any other op: black (float32 where nothing says otherwise, as Paddle does).
 //   An op classified white whose (place, dtype) kernel, or its `<type>_grad` kernel, is not
 //   registered stays float32 (black), and the pass logs that once per op type.
-//   Before a white op, each float32 input becomes `<var>.cast_bf16` / `.cast_fp16` (cast op); before
-//   a black op each low-precision input becomes `<var>.cast_fp32`. A cast var is made once and
-//   reused by every later reader until its source is written again, so a weight read by several
+//   Before a white op, each float32 input becomes `<var>.cast_bf16` / `.cast_fp16` (cast op);
+//   before a black op each low-precision input becomes `<var>.cast_fp32`. A cast var is made once
+//   and reused by every later reader until its source is written again, so a weight read by several
 //   ops is cast once per step. batch_norm and layer_norm cast X only: Scale, Bias and the running
 //   statistics stay float32, and so do their outputs other than Y. Output dtypes follow from
 //   compile-time shape inference of the rewritten op.
@@ -35,9 +35,9 @@ namespace keel {
 namespace transpiler {
 
 struct AmpOptions {
-  DType dtype = DType::kBFloat16;                   // kBFloat16 or kFloat16
-  Place::Kind place = Place::Kind::kCPU;            // whose kernels decide what runs low
-  std::set<std::string> white_list, black_list;     // custom_white_list / custom_black_list
+  DType dtype = DType::kBFloat16;                // kBFloat16 or kFloat16
+  Place::Kind place = Place::Kind::kCPU;         // whose kernels decide what runs low
+  std::set<std::string> white_list, black_list;  // custom_white_list / custom_black_list
   // false: classify by the lists alone, whatever kernels `place` has (`keel inspect` of a program
   // for another machine; goldens). An op without its kernel then fails when it runs.
   bool check_kernels = true;

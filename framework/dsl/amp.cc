@@ -24,9 +24,9 @@ std::string AddState(Program& main, Program& startup, const std::string& prefix,
     v->set_persistable(true);
     v->set_stop_gradient(true);
   }
-  AppendOp(startup.global_block(), "fill_constant", {}, {{"Out", {name}}},
-           {{"shape", std::vector<int64_t>{1}}, {"dtype", static_cast<int>(dtype)},
-            {"value", value}});
+  AppendOp(
+      startup.global_block(), "fill_constant", {}, {{"Out", {name}}},
+      {{"shape", std::vector<int64_t>{1}}, {"dtype", static_cast<int>(dtype)}, {"value", value}});
   return name;
 }
 }  // namespace
@@ -46,8 +46,8 @@ void ValidateAmpConfig(const AmpConfig& c, const std::string& where) {
     KEEL_ENFORCE(std::isfinite(*c.init_loss_scaling) && *c.init_loss_scaling >= 1.0f, where,
                  "amp_configs.init_loss_scaling must be finite and >= 1, got ",
                  *c.init_loss_scaling);
-  KEEL_ENFORCE(c.incr_every_n_steps >= 1, where, "amp_configs.incr_every_n_steps must be >= 1, got ",
-               c.incr_every_n_steps);
+  KEEL_ENFORCE(c.incr_every_n_steps >= 1, where,
+               "amp_configs.incr_every_n_steps must be >= 1, got ", c.incr_every_n_steps);
   KEEL_ENFORCE(c.decr_every_n_nan_or_inf >= 1, where,
                "amp_configs.decr_every_n_nan_or_inf must be >= 1, got ", c.decr_every_n_nan_or_inf);
   KEEL_ENFORCE(c.incr_ratio > 1.0f && std::isfinite(c.incr_ratio), where,
@@ -57,16 +57,15 @@ void ValidateAmpConfig(const AmpConfig& c, const std::string& where) {
   for (const std::string& t : c.custom_white_list) {
     KEEL_ENFORCE(!c.custom_black_list.count(t), where, "op type '", t,
                  "' is in both amp_configs.custom_white_list and custom_black_list");
-    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_white_list names '",
-                 t, "', which is not an op type keel has");
+    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_white_list names '", t,
+                 "', which is not an op type keel has");
   }
   for (const std::string& t : c.custom_black_list)
-    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_black_list names '",
-                 t, "', which is not an op type keel has");
+    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_black_list names '", t,
+                 "', which is not an op type keel has");
 }
 
-MixedPrecisionOptimizer::MixedPrecisionOptimizer(const optimizer::Optimizer& opt,
-                                                 AmpConfig config)
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(const optimizer::Optimizer& opt, AmpConfig config)
     : opt_(opt.Clone()), config_(std::move(config)) {
   ValidateAmpConfig(config_, "amp::decorate: ");
 }

@@ -28,8 +28,7 @@ TEST(FleetAmp, MinimizeRewritesTheForwardAndScalesTheLoss) {
   fleet::init(fleet::UserDefinedRoleMaker(0, 1));
   Program main, startup;
   ProgramGuard g(main, startup);
-  Var loss =
-      models::mlp(layers::data("x", {-1, 32}), layers::data("y", {-1, 1}, DType::kInt64), 4);
+  Var loss = models::mlp(layers::data("x", {-1, 32}), layers::data("y", {-1, 1}, DType::kInt64), 4);
   fleet::DistributedStrategy s;
   s.amp = true;
   s.amp_configs.dtype = DType::kFloat16;

@@ -75,18 +75,18 @@ TEST(UpdateLossScalingOp, FollowsPaddlesRuleRowByRow) {
   };
   for (const ScaleCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "found_inf=" << c.found_inf << " prev=" << c.prev
-                                    << " good=" << c.good << " bad=" << c.bad);
-    auto out = RunOp("update_loss_scaling",
-                     {{"f", Of<bool>(DType::kBool, {c.found_inf})},
-                      {"s", Of<float>(DType::kFloat32, {c.prev})},
-                      {"g", Of<int32_t>(DType::kInt32, {c.good})},
-                      {"b", Of<int32_t>(DType::kInt32, {c.bad})}},
-                     {{"FoundInfinite", {"f"}},
-                      {"PrevLossScaling", {"s"}},
-                      {"InGoodSteps", {"g"}},
-                      {"InBadSteps", {"b"}}},
-                     {{"LossScaling", {"s2"}}, {"OutGoodSteps", {"g2"}}, {"OutBadSteps", {"b2"}}},
-                     attrs);
+                                      << " good=" << c.good << " bad=" << c.bad);
+    auto out =
+        RunOp("update_loss_scaling",
+              {{"f", Of<bool>(DType::kBool, {c.found_inf})},
+               {"s", Of<float>(DType::kFloat32, {c.prev})},
+               {"g", Of<int32_t>(DType::kInt32, {c.good})},
+               {"b", Of<int32_t>(DType::kInt32, {c.bad})}},
+              {{"FoundInfinite", {"f"}},
+               {"PrevLossScaling", {"s"}},
+               {"InGoodSteps", {"g"}},
+               {"InBadSteps", {"b"}}},
+              {{"LossScaling", {"s2"}}, {"OutGoodSteps", {"g2"}}, {"OutBadSteps", {"b2"}}}, attrs);
     EXPECT_EQ(out["s2"].data<float>()[0], c.want_scale);
     EXPECT_EQ(out["g2"].data<int32_t>()[0], c.want_good);
     EXPECT_EQ(out["b2"].data<int32_t>()[0], c.want_bad);
@@ -173,8 +173,8 @@ void CheckSkip(const std::string& type, const std::vector<std::string>& accs,
   FeedMap feed = {{"p", Of<float>(DType::kFloat32, param)},
                   {"g", Of<float>(DType::kFloat32, grad)},
                   {"lr", Of<float>(DType::kFloat32, {0.1f})}};
-  OpDesc::VarMap in = {{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}},
-                       {"SkipUpdate", {"skip"}}};
+  OpDesc::VarMap in = {
+      {"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}, {"SkipUpdate", {"skip"}}};
   OpDesc::VarMap out = {{"ParamOut", {"p_out"}}};
   for (const std::string& a : accs) {
     feed[a] = Of<float>(DType::kFloat32, {0.3f, 0.2f, 0.1f});
@@ -189,14 +189,13 @@ void CheckSkip(const std::string& type, const std::vector<std::string>& accs,
   for (bool skip : {true, false}) {
     feed["skip"] = Of<bool>(DType::kBool, {skip});
     auto got = RunOp(type, feed, in, out, attrs);
-    const bool same = std::memcmp(got["p_out"].data<float>(), feed["p"].data<float>(),
-                                  3 * sizeof(float)) == 0;
+    const bool same =
+        std::memcmp(got["p_out"].data<float>(), feed["p"].data<float>(), 3 * sizeof(float)) == 0;
     EXPECT_EQ(same, skip) << "skip=" << skip;
     if (!skip) continue;
     for (const std::string& a : accs)
-      EXPECT_EQ(std::memcmp(got[a + "_out"].data<float>(), feed[a].data<float>(),
-                            3 * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(got[a + "_out"].data<float>(), feed[a].data<float>(), 3 * sizeof(float)), 0)
           << a;
     for (const std::string& s : scalars)
       EXPECT_EQ(got[s + "_out"].data<float>()[0], feed[s].data<float>()[0]) << s;

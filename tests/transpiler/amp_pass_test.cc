@@ -120,8 +120,8 @@ TEST(AmpPass, GrayOpsFollowTheirProducers) {
     Var s = layers::scale(x, 2.0f);  // gray, from data: untouched
     Var w = layers::create_parameter({4, 4}, DType::kFloat32, "l", "w_0", ParamAttr("w"),
                                      initializer::Constant(0.5f));
-    Var m = layers::matmul(s, w);             // white
-    Var sm = layers::softmax(x);              // black
+    Var m = layers::matmul(s, w);              // white
+    Var sm = layers::softmax(x);               // black
     Var add = layers::elementwise_add(m, sm);  // gray: white and black inputs -> black
     loss = layers::mean(add);
   }
