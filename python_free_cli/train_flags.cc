@@ -27,9 +27,10 @@ DEFINE_bool(fuse_all_reduce_ops, true,
             "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
             "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
 DEFINE_int32(gradient_merge_k, 1,
-             "Gradient merge (DistributedStrategy.gradient_merge): > 1 accumulates the gradients "
-             "of this many steps and runs the all-reduce and the optimizer on every k-th, as one "
-             "step on k times the batch (the schedule counts those steps); 1: off.");
+             "Gradient merge: steps per optimizer step and all-reduce; 1: off. The gradients of "
+             "K steps accumulate and the optimizer steps on their mean every K-th, as one step on "
+             "K times the batch (DistributedStrategy.gradient_merge); schedules count optimizer "
+             "steps.");
 
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");

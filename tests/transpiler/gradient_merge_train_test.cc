@@ -35,6 +35,7 @@ struct Recipe {
   const char* opt = "sgd";  // sgd | momentum | adam
   bool clip = false;        // global-norm clipping (tight enough to act)
   bool schedule = false;    // piecewise: the rate / 5 from optimizer step 2 on
+  bool decay = false;       // L2 weight decay
 };
 
 std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const Recipe& s) {
@@ -50,6 +51,7 @@ std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const Recipe& s) {
     opt = std::make_unique<optimizer::SGD>(lr);
   }
   if (s.clip) opt->set_grad_clip({0.05f});
+  if (s.decay) opt->set_weight_decay(0.01f);
   return opt;
 }
 
@@ -137,9 +139,10 @@ Diff TrainBoth(Mlp& gm, Mlp& plain, Executor& a, Executor& b) {
 
 TEST(GradientMergeTraining, KRunsOfBatchBEqualOneStepOfBatchKB) {
   for (Recipe s : {Recipe{"sgd"}, Recipe{"momentum"}, Recipe{"adam"}, Recipe{"sgd", true, true},
-                   Recipe{"momentum", false, true}, Recipe{"adam", true, true}}) {
-    const std::string what =
-        std::string(s.opt) + (s.clip ? " +clip" : "") + (s.schedule ? " +schedule" : "");
+                   Recipe{"momentum", false, true}, Recipe{"adam", true, true},
+                   Recipe{"momentum", false, false, true}}) {
+    const std::string what = std::string(s.opt) + (s.clip ? " +clip" : "") +
+                             (s.schedule ? " +schedule" : "") + (s.decay ? " +weight decay" : "");
     SCOPED_TRACE(what);
     Mlp gm, plain;
     Build(gm, s, kK);
@@ -151,7 +154,7 @@ TEST(GradientMergeTraining, KRunsOfBatchBEqualOneStepOfBatchKB) {
         "difference %.3g, max abs difference %.3g\n",
         kK, kB, kK * kB, kBigSteps, what.c_str(), d.rel, d.abs);
     RecordProperty("max_rel_diff_" + std::string(s.opt) + (s.clip ? "_clip" : "") +
-                       (s.schedule ? "_schedule" : ""),
+                       (s.schedule ? "_schedule" : "") + (s.decay ? "_decay" : ""),
                    std::to_string(d.rel));
     // Float rounding: the sums run in another order (about 1e-5 on the smallest elements).
     EXPECT_LT(d.rel, 1e-4);
