@@ -50,6 +50,8 @@ const std::vector<DistributedStrategy::Setting>& DistributedStrategy::Settings()
        [](S* s) { s->use_local_sgd = true; }, true, ""},
       {"nccl_comm_num>1", [](const S& s) { return s.nccl_comm_num > 1; },
        [](S* s) { s->nccl_comm_num = 2; }, true, ""},
+      {"gradient_merge=true", [](const S& s) { return s.gradient_merge; },
+       [](S* s) { s->gradient_merge = true; }, true, ""},
       {"sync_nccl_allreduce=false", [](const S& s) { return !s.sync_nccl_allreduce; },
        [](S* s) { s->sync_nccl_allreduce = false; }, false,
        "keel's rings complete each collective before their next one (compute goes on beside "
@@ -108,6 +110,13 @@ std::string RecomputeString(const DistributedStrategy& st) {
   return StrCat(", recompute=", st.recompute ? "true" : "false",
                 ", recompute_configs={checkpoints=", list, "]}");
 }
+// ", gradient_merge=..., gradient_merge_configs={...}".
+std::string GradientMergeString(const DistributedStrategy& st) {
+  const gradient_merge::GradientMergeConfig& c = st.gradient_merge_configs;
+  return StrCat(", gradient_merge=", st.gradient_merge ? "true" : "false",
+                ", gradient_merge_configs={k_steps=", c.k_steps, ", avg=", c.avg ? "true" : "false",
+                "}");
+}
 }  // namespace
 
 std::string DistributedStrategy::ToString() const {
@@ -127,7 +136,7 @@ std::string DistributedStrategy::ToString() const {
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
       ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
-      RecomputeString(*this), "}");
+      RecomputeString(*this), GradientMergeString(*this), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -251,6 +260,31 @@ void DistributedStrategy::Validate(const Role& role) const {
   }
   if (!recompute)
     off(!recompute_configs.checkpoints.empty(), "recompute_configs.checkpoints", "recompute");
+  if (gradient_merge) {
+    gradient_merge::ValidateGradientMergeConfig(gradient_merge_configs, s);
+    // Settings that cannot act on a program whose optimizer runs in a merge step.
+    auto both = [&](bool conflict, const char* other, const char* why) {
+      KEEL_ENFORCE(!conflict, s, "gradient_merge=true does not combine with ", s, other, ": ", why);
+    };
+    both(use_local_sgd, "use_local_sgd=true",
+         "LocalSGD steps each rank on its own gradients every run and averages parameters, "
+         "gradient merge steps every k_steps runs on the all-reduced merged gradients; use one");
+    both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",
+         "the merged gradients are all-reduced one by one, once per merge step (fusing the "
+         "merge buffers is not built); set fuse_all_reduce_ops=false");
+    both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
+         "the merged gradients are all-reduced on flat rings (a hierarchical all-reduce of "
+         "the merge buffers is not built)");
+    both(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true",
+         "the merge step is a conditional_block whose condition comes to the host every run, "
+         "which a CUDA graph cannot replay");
+  } else {
+    const gradient_merge::GradientMergeConfig g;
+    off(gradient_merge_configs.k_steps != g.k_steps,
+        StrCat("gradient_merge_configs.k_steps=", gradient_merge_configs.k_steps),
+        "gradient_merge");
+    off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
+  }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "
                "AMP may use; leave it at its default");

@@ -20,6 +20,7 @@
 #include "executor/execution_strategy.h"
 #include "fleet/role.h"
 #include "framework/dsl/amp.h"
+#include "framework/dsl/gradient_merge.h"
 
 namespace keel {
 namespace fleet {
@@ -91,6 +92,12 @@ struct DistributedStrategy {
   struct RecomputeConfigs {
     std::vector<std::string> checkpoints;
   } recompute_configs;
+  // Gradient merge (transpiler/gradient_merge_pass.h): gradients accumulate over
+  // gradient_merge_configs.k_steps runs in persistable buffers; the all-reduce of the buffers, the
+  // loss-scale decision, the clip, the learning-rate schedule and the updates run on every k-th
+  // run only, so all-reduces drop k-fold. On any number of workers.
+  bool gradient_merge = false;
+  gradient_merge::GradientMergeConfig gradient_merge_configs;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
@@ -106,7 +113,9 @@ struct DistributedStrategy {
   // exec_strategy.num_iteration_per_drop_scope < 1; for a field set
   // while the switch it belongs to is off (fuse_grad_size_*, paddle_fuse, inter_nranks,
   // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
-  // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*.
+  // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*; for
+  // gradient_merge beside use_local_sgd, fuse_all_reduce_ops, use_hierarchical_allreduce or
+  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1.
   void Validate(const Role& role) const;
 
   // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when

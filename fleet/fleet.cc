@@ -23,6 +23,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
 
 DECLARE_string(cpu_comm_backend);
@@ -429,6 +430,9 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     opt_->apply_gradients(pg, startup);
   }
   State().minimized.insert(main.id());
+  // Gradient merge on any number of workers, before the data-parallel passes (fleet/transpile.h).
+  // Its buffers and counter are not pass-made: checkpoints hold them.
+  fleet::TranspileGradientMerge(main, *startup, strategy_);
   if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
@@ -486,6 +490,17 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
 std::set<std::string> pass_made_vars(const Program& program) { return PassMadeVarsOf(program); }
 
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done) {
+  // Between two merge steps each rank's merge buffers hold its own gradients, and a checkpoint
+  // rank 0's: no rank of a multi-worker job could continue from it.
+  if (initialized() && role().world_size > 1 && transpiler::FindGradientMerge(program)) {
+    const int64_t runs = transpiler::GradientMergeRunsAccumulated(exe.scope());
+    KEEL_ENFORCE(runs == 0, "gradient merge: the checkpoint was taken ", runs,
+                 " run(s) into an accumulation, when the merged gradients are each worker's own "
+                 "and it holds one worker's; with ",
+                 role().world_size,
+                 " workers resume from a checkpoint taken on a merge step (after a multiple of "
+                 "gradient_merge_configs.k_steps runs)");
+  }
   auto it = State().rebuild.find(program.id());
   if (PassMadeVarsOf(program).empty() || it == State().rebuild.end()) return;
   exe.Run(*it->second);

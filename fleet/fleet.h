@@ -95,6 +95,8 @@ Program& startup_program();
 // the files back must first meet rank 0, e.g. at barrier_worker().
 // A checkpoint holds the user's variables, those of the program before transpiling: variables a
 // pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
+// Gradient merge's buffers and counter belong to the user's program (it runs on one worker too):
+// a checkpoint holds them, and a resume continues an accumulation where it stopped.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
 // Loads a checkpoint into `program` (default: main_program()): the user's variables from the
 // file, then the pass-made ones rebuilt by the startup ops that made them (a LocalSGD snapshot
@@ -105,7 +107,9 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
 std::set<std::string> pass_made_vars(const Program& program);
 // With `steps_done` >= 0 (a checkpoint's training step): also sets the state that counts steps
 // (LocalSGD's step and since-average counters) to where the interrupted run was, and refuses a
-// LocalSGD checkpoint taken between two averages (keel::Error).
+// LocalSGD checkpoint taken between two averages (keel::Error). With several workers it also
+// refuses a gradient-merge checkpoint taken between two merge steps (each worker's merge buffers
+// are its own; the checkpoint holds rank 0's).
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done = -1);
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,

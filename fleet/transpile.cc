@@ -1,5 +1,6 @@
 #include "fleet/transpile.h"
 
+#include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 
 namespace keel {
@@ -36,6 +37,18 @@ transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strate
   o.steps = strategy.local_sgd_steps;
   o.warmup_steps = strategy.LocalSgdWarmupSteps();
   return o;
+}
+
+void TranspileGradientMerge(Program& main, Program& startup, const DistributedStrategy& strategy) {
+  if (!strategy.gradient_merge) return;
+  transpiler::GradientMergePass(gradient_merge::PassOptions(strategy.gradient_merge_configs))
+      .Apply(main, startup);
+}
+
+void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
+               const Role& role) {
+  TranspileGradientMerge(main, startup, strategy);
+  TranspileCollective(main, startup, strategy, role);
 }
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,

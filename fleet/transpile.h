@@ -3,9 +3,17 @@
 //
 // Requires: main holds forward, backward and optimizer ops (Optimizer::minimize); startup
 //   initializes every parameter; the strategy is validated for the role.
-// Guarantees: with role.world_size > 1, LocalSGDPass when strategy.use_local_sgd, else
-//   GradAllReducePass (fusion and hierarchy are its options) then MergeOptimizerOpsPass; nothing
-//   with one worker.
+// Guarantees, in this order:
+//   1. GradientMergePass when strategy.gradient_merge, with any number of workers: it moves the
+//      optimizer section into its merge sub-block, so it must see the section as minimize left
+//      it, before any collective;
+//   2. with role.world_size > 1, LocalSGDPass when strategy.use_local_sgd, else GradAllReducePass
+//      (fusion and hierarchy are its options; after gradient merge it all-reduces the merged
+//      buffers inside the merge sub-block, once per merge step, instead of every run's gradients)
+//      then MergeOptimizerOpsPass (nothing to merge without fused groups); nothing with one
+//      worker.
+//   minimize runs 1 before it records which persistables the passes made (gradient merge's
+//   buffers and counter are checkpointed, so that a resume mid-accumulation is exact) and 2 after.
 // Leaves alone: everything the chosen passes leave alone; starts no communication, so `keel
 //   inspect --strategy` prints a job's programs without any worker.
 #pragma once
@@ -26,8 +34,14 @@ transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrate
 transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strategy,
                                                const Role& role);
 
+// Step 1: GradientMergePass when strategy.gradient_merge; nothing otherwise.
+void TranspileGradientMerge(Program& main, Program& startup, const DistributedStrategy& strategy);
+// Step 2: the data-parallel passes (nothing with one worker).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role);
+// Both, in order (what minimize does after backward and the updates; keel inspect --strategy).
+void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
+               const Role& role);
 
 }  // namespace fleet
 }  // namespace keel

@@ -35,12 +35,14 @@ void Finish(TrainableModel& m, const ModelConfig& cfg, Var loss, const std::stri
     opt->minimize(loss, m.startup.get());
   m.loss = loss.name();
   m.optimizer = cfg.make_optimizer ? opt->type() : name + " lr=" + std::to_string(lr);
-  // The rate every update op reads (the optimizer's var; fleet may have used a clone).
-  for (auto& op : m.main->global_block().ops())
-    if (op->HasInput("LearningRate") && !op->Input("LearningRate").empty()) {
-      m.learning_rate = op->Input("LearningRate")[0];
-      break;
-    }
+  // The rate every update op reads (the optimizer's var; fleet may have used a clone), in a
+  // sub-block under gradient merge.
+  for (int b = 0; b < m.main->num_blocks() && m.learning_rate.empty(); ++b)
+    for (auto& op : m.main->block(b).ops())
+      if (op->HasInput("LearningRate") && !op->Input("LearningRate").empty()) {
+        m.learning_rate = op->Input("LearningRate")[0];
+        break;
+      }
 }
 
 TrainableModel NewModel(const ModelConfig& cfg) {

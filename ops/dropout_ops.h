@@ -54,9 +54,9 @@ class DropoutKernel : public OpKernel {
       KEEL_ENFORCE(replay->numel() == n, "ReplayMask ", replay->dims(), " and X ", x.dims(),
                    " differ in size");
       const uint8_t* md = replay->data<uint8_t>();
-      const T s = static_cast<T>(a_.TrainScale());
+      const Acc<T> s = static_cast<Acc<T>>(a_.TrainScale());
       Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) {
-        od[i] = fn::DropoutApply(md[i] != 0, xd[i], s);
+        od[i] = Narrow<T>(fn::DropoutApply(md[i] != 0, Widen(xd[i]), s));
       });
       return;
     }

@@ -136,7 +136,7 @@ int Strategy(const std::vector<std::string>& args) {
       o->apply_gradients(o->backward(loss), st);
       main_before = loss.block()->program()->ToText();
       startup_before = st->ToText();
-      fleet::TranspileCollective(*loss.block()->program(), *st, strategy, role);
+      fleet::Transpile(*loss.block()->program(), *st, strategy, role);
     });
   } else {
     what = ModelPath(args[0]);
@@ -150,7 +150,7 @@ int Strategy(const std::vector<std::string>& args) {
     }
     main_before = main->ToText();
     startup_before = startup->ToText();
-    fleet::TranspileCollective(*main, *startup, strategy, role);
+    fleet::Transpile(*main, *startup, strategy, role);
   }
   const Program& main_after = main ? *main : *m.main;
   const Program& startup_after = startup ? *startup : *m.startup;

@@ -4,6 +4,7 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -25,6 +26,11 @@ DEFINE_bool(fuse_all_reduce_ops, true,
             "Multi-worker: all-reduce gradients in fused groups (DistributedStrategy."
             "fuse_all_reduce_ops; group limits from --fuse_parameter_memory_size and "
             "--fuse_parameter_groups_size, else 32 MB and 8 tensors); false: one by one.");
+DEFINE_int32(gradient_merge_k, 1,
+             "Gradient merge: steps per optimizer step and all-reduce; 1: off. The gradients of "
+             "K steps accumulate and the optimizer steps on their mean every K-th, as one step on "
+             "K times the batch (DistributedStrategy.gradient_merge); schedules count optimizer "
+             "steps.");
 
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
@@ -103,6 +109,15 @@ fleet::DistributedStrategy StrategyFromFlags() {
   if (strategy.use_local_sgd) strategy.fuse_all_reduce_ops = false;
   if (strategy.use_local_sgd) strategy.local_sgd_steps = FLAGS_local_sgd_steps;
   strategy.local_sgd_warmup_steps = FLAGS_local_sgd_warmup_steps;
+  KEEL_ENFORCE(FLAGS_gradient_merge_k >= 1, "--gradient_merge_k must be >= 1, got ",
+               FLAGS_gradient_merge_k);
+  strategy.gradient_merge = FLAGS_gradient_merge_k > 1;
+  if (strategy.gradient_merge) {
+    strategy.gradient_merge_configs.k_steps = FLAGS_gradient_merge_k;
+    // The merged gradients are all-reduced one by one: fusion (on by default here) steps aside,
+    // and asking for it is refused by the strategy, naming both.
+    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
+  }
   return strategy;
 }
 
@@ -128,7 +143,9 @@ std::unique_ptr<optimizer::Optimizer> OptimizerFromFlags(const std::string& defa
     lr = lr_schedule::Piecewise(ParseList<int>("lr_boundaries", FLAGS_lr_boundaries),
                                 ParseList<float>("lr_values", FLAGS_lr_values));
   } else if (sched == "cosine") {
-    int64_t steps = FLAGS_lr_decay_steps > 0 ? FLAGS_lr_decay_steps : total_steps;
+    // The schedule counts optimizer steps: with gradient merge, one per --gradient_merge_k.
+    int64_t steps = FLAGS_lr_decay_steps > 0 ? FLAGS_lr_decay_steps
+                                             : total_steps / std::max(1, FLAGS_gradient_merge_k);
     KEEL_ENFORCE(steps > 0,
                  "--lr_schedule=cosine needs --lr_decay_steps (the run's length is "
                  "not known before training with --epochs)");

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/gradient_merge_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -315,6 +317,29 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
   KEEL_ENFORCE(scaled,
                "grad_allreduce: the main program has no loss-gradient op; call "
                "minimize (append_backward) before transpiling");
+
+  // After GradientMergePass: the merged buffers, all-reduced once per merge step, first thing in
+  // its sub-block (before the avg scale, the overflow check and the updates). Nothing per run.
+  if (std::optional<GradientMergeInfo> gm = FindGradientMerge(main)) {
+    KEEL_ENFORCE(!options_.fuse && !hierarchical,
+                 "grad_allreduce: the program merges gradients (gradient merge) and ",
+                 options_.fuse ? "fuse_all_reduce_ops" : "use_hierarchical_allreduce",
+                 " is set: the merged buffers are all-reduced one by one (fused or hierarchical "
+                 "all-reduce of merged gradients is not built)");
+    Block& sub = main.block(gm->block);
+    std::set<int> used;
+    size_t at = 0;
+    for (size_t i = 0; i < gm->merged.size(); ++i) {
+      const int ring = static_cast<int>(i) % nrings;
+      used.insert(ring);
+      const std::string& buf = gm->merged[i].second;
+      InsertInPlace(sub, at++, "c_sync_calc_stream", buf, ring, kOptimize);
+      InsertInPlace(sub, at++, "c_allreduce_sum", buf, ring, kOptimize);
+    }
+    for (int ring : used)
+      InsertInPlace(sub, at++, "c_sync_comm_stream", gm->merged.back().second, ring, kOptimize);
+    return;
+  }
 
   // Parameter gradients in the order backward produces them, with the op that last writes each.
   std::vector<Grad> grads;

@@ -21,6 +21,11 @@
 //   with options.hierarchical and two nodes or more: intra- and inter-node rings
 //     per flat ring in startup; per group a reduce-scatter inside the node, an all-reduce across
 //     nodes and an all-gather inside the node. On one node it warns and uses the flat ring.
+//   after GradientMergePass (FindGradientMerge finds its conditional_block): nothing per run in
+//     block 0 but the loss-gradient scale; first in the merge sub-block, c_sync_calc_stream then
+//     c_allreduce_sum of each merged buffer on ring (i % nrings), then one c_sync_comm_stream per
+//     ring, so the all-reduces run once per merge step, before the avg scale, the overflow check
+//     and the updates. Fusion or hierarchy there is a keel::Error (not built).
 // Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
 //   buffers.
 #pragma once

@@ -8,6 +8,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/runtime/tensor.h"
 #include "transpiler/grad_allreduce_pass.h"
+#include "transpiler/gradient_merge_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -61,6 +62,10 @@ void LocalSGDPass::Apply(Program& main, Program& startup) const {
                options_.steps);
   KEEL_ENFORCE(options_.warmup_steps >= 0, "local_sgd: local_sgd_warmup_steps must be >= 0, got ",
                options_.warmup_steps);
+  KEEL_ENFORCE(!FindGradientMerge(main),
+               "local_sgd: the program merges gradients (gradient merge): LocalSGD steps each "
+               "rank alone and averages parameters, which does not combine with a merge step's "
+               "all-reduce of the merged gradients");
   Block& mb = main.global_block();
   bool has_optimizer = false;
   for (size_t i = 0; i < mb.num_ops(); ++i) has_optimizer |= Role(*mb.op(i)) == kOptimize;

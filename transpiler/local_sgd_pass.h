@@ -1,7 +1,7 @@
 // LocalSGDPass: Paddle's LocalSGD for data parallelism (DistributedStrategy.use_local_sgd).
 //
-// Requires: main holds forward, backward and optimizer ops (minimize ran); startup initializes
-//   every parameter.
+// Requires: main holds forward, backward and optimizer ops (minimize ran), without gradient
+//   merge (refused: a keel::Error); startup initializes every parameter.
 // Guarantees:
 //   startup: what GradAllReducePass puts there (rings, parameters broadcast from rank 0), then a
 //     snapshot "P@LOCAL_SGD_SNAPSHOT" = P of every parameter P, and the int64 counters and

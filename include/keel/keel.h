@@ -1,7 +1,8 @@
 // keel: the one header a user includes.
-//   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init,
-//   fleet:: (data-parallel training), SummaryWriter (TensorBoard), the data API (Dataset,
-//   DataLoader, MNIST, CSV) and Trainer (the training loop with checkpoints and evaluation).
+//   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, gradient_merge::, Executor,
+//   save/load, keel::Init, fleet:: (data-parallel training), SummaryWriter (TensorBoard), the
+//   data API (Dataset, DataLoader, MNIST, CSV) and Trainer (the training loop with checkpoints
+//   and evaluation).
 #pragma once
 
 #include <glog/logging.h>  // LOG(INFO) in user programs
@@ -15,6 +16,7 @@
 #include "framework/data/dataset.h"
 #include "framework/data/mnist_dataset.h"
 #include "framework/data/tensor_dataset.h"
+#include "framework/dsl/gradient_merge.h"
 #include "framework/dsl/initializer.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"

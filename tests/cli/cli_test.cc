@@ -292,6 +292,9 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
        "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"load_dir", "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
       {"local_sgd_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"gradient_merge_k",
+       "InspectStrategy.GradientMergeGolden, "
+       "GradientMergeDataParallel.KeelTrainResumesOnMergeStepsAndRefusesBetweenThem"},
       {"local_sgd_warmup_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"log_all_ranks", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"lr", "models and optimizer tests"},

@@ -60,6 +60,25 @@ TEST(InspectStrategy, LocalSgdGolden) {
   ExpectGolden(r.output, "inspect_strategy_local_sgd.txt");
 }
 
+// --gradient_merge_k: the merge buffers, the counter and the merge step, whose sub-block holds the
+// all-reduces (one per gradient) and the updates; fusion, on by default, steps aside.
+TEST(InspectStrategy, GradientMergeGolden) {
+  auto r = Inspect("--strategy --nranks=2 --gradient_merge_k=4" + std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("gradient_merge=true, gradient_merge_configs={k_steps=4, avg=true}"),
+            std::string::npos)
+      << r.output;
+  ExpectGolden(r.output, "inspect_strategy_gradient_merge.txt");
+  // Asked for, fusion is refused naming both settings.
+  auto both = InspectAll("--strategy --nranks=2 --gradient_merge_k=4 --fuse_all_reduce_ops" +
+                         std::string(kSmallMlp));
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("gradient_merge=true does not combine with "
+                             "DistributedStrategy.fuse_all_reduce_ops=true"),
+            std::string::npos)
+      << both.output;
+}
+
 // Every "+" line of --diff is a line of the full transpiled text, every "-" line one of the
 // untranspiled (one-rank) text, and a one-rank job changes nothing.
 TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {

@@ -14,6 +14,7 @@
 #include "framework/error.h"
 #include "tests/util/op_test_util.h"
 #include "transpiler/grad_allreduce_pass.h"
+#include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
 
 DECLARE_bool(sync_nccl_allreduce);
@@ -63,7 +64,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "amp=false, amp_configs={dtype=bfloat16, level=O1, use_dynamic_loss_scaling=unset, "
       "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
-      "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}}");
+      "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
+      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -204,6 +206,63 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
       {"drop scope 0",
        [](DistributedStrategy* s) { s->exec_strategy.num_iteration_per_drop_scope = 0; }, Role(),
        "exec_strategy.num_iteration_per_drop_scope=0"},
+      {"gradient merge k 4",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->gradient_merge_configs.k_steps = 4;
+       },
+       Role(), ""},
+      {"gradient merge k 0",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->gradient_merge_configs.k_steps = 0;
+       },
+       Role(), "gradient_merge_configs.k_steps must be >= 1, got 0"},
+      {"gradient merge k without gradient merge",
+       [](DistributedStrategy* s) { s->gradient_merge_configs.k_steps = 4; }, Role(),
+       "gradient_merge_configs.k_steps=4 is set but DistributedStrategy.gradient_merge=false"},
+      {"gradient merge avg without gradient merge",
+       [](DistributedStrategy* s) { s->gradient_merge_configs.avg = false; }, Role(),
+       "gradient_merge_configs.avg=false is set but DistributedStrategy.gradient_merge=false"},
+      {"gradient merge with LocalSGD",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->use_local_sgd = true;
+       },
+       Role(),
+       "DistributedStrategy.gradient_merge=true does not combine with "
+       "DistributedStrategy.use_local_sgd=true"},
+      {"gradient merge with fusion",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->fuse_all_reduce_ops = true;
+       },
+       Role(),
+       "DistributedStrategy.gradient_merge=true does not combine with "
+       "DistributedStrategy.fuse_all_reduce_ops=true"},
+      {"gradient merge with hierarchy",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->use_hierarchical_allreduce = true;
+       },
+       World(4, 2),
+       "DistributedStrategy.gradient_merge=true does not combine with "
+       "DistributedStrategy.use_hierarchical_allreduce=true"},
+      {"gradient merge with CUDA graphs",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->exec_strategy.use_cuda_graph = true;
+       },
+       Role(),
+       "DistributedStrategy.gradient_merge=true does not combine with "
+       "DistributedStrategy.exec_strategy.use_cuda_graph=true"},
+      {"gradient merge with amp",
+       [](DistributedStrategy* s) {
+         s->gradient_merge = true;
+         s->amp = true;
+         s->amp_configs.dtype = DType::kFloat16;
+       },
+       Role(), ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.intent);
@@ -254,6 +313,9 @@ std::string Transpiled(const DistributedStrategy& s, const Role& role = TwoNodes
   BuildThreeLayers(main, startup);
   s.Validate(role);
   DistributedStrategy::RequireImplemented(s);
+  if (s.gradient_merge)
+    transpiler::GradientMergePass(gradient_merge::PassOptions(s.gradient_merge_configs))
+        .Apply(main, startup);
   if (s.use_local_sgd)
     transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, role)).Apply(main, startup);
   else
@@ -329,6 +391,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   auto none = [](DistributedStrategy*) {};
   auto fuse = [](DistributedStrategy* s) { s->fuse_all_reduce_ops = true; };
   auto local = [](DistributedStrategy* s) { s->use_local_sgd = true; };
+  auto merge = [](DistributedStrategy* s) { s->gradient_merge = true; };
   const std::vector<Row> rows = {
       {"nccl_comm_num", kChangesProgram, none, [](auto* s) { s->nccl_comm_num = 2; }},
       {"fuse_all_reduce_ops", kChangesProgram, none, fuse},
@@ -397,6 +460,11 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"recompute", kPinnedBy, none, none, "FleetRecompute.MinimizeReplaysTheMarkedSegments"},
       {"recompute_configs.checkpoints", kRefused, none,
        [](auto* s) { s->recompute_configs.checkpoints = {"h"}; }},
+      {"gradient_merge", kChangesProgram, none, merge},
+      {"gradient_merge_configs.k_steps", kChangesProgram, merge,
+       [](auto* s) { s->gradient_merge_configs.k_steps = 3; }},
+      {"gradient_merge_configs.avg", kChangesProgram, merge,
+       [](auto* s) { s->gradient_merge_configs.avg = false; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -404,7 +472,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 304u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 320u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -158,8 +158,7 @@ TEST(Recompute, ErrorsNameTheCheckpointOrTheRandomOp) {
     Var loss = layers::mean(layers::fc(x, 2));
     optimizer::SGD opt(0.1f);
     opt.set_recompute();
-    ExpectErrorContainsAll(ErrorOf([&] { opt.minimize(loss); }),
-                           {"recompute", "no checkpoint"});
+    ExpectErrorContainsAll(ErrorOf([&] { opt.minimize(loss); }), {"recompute", "no checkpoint"});
   }
 }
 
