@@ -174,10 +174,8 @@ TEST_F(LaunchSecurityTest, ATakenPortFailsAtOnceNamingItWithoutSpendingRestarts)
   squatter.Stop();
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(seconds, 10) << r.output;
-  EXPECT_TRUE(Contains(r.output, "cannot listen on 127.0.0.1:" + std::to_string(port)))
-      << r.output;
-  EXPECT_TRUE(Contains(r.output, "another process holds port " + std::to_string(port)))
-      << r.output;
+  EXPECT_TRUE(Contains(r.output, "cannot listen on 127.0.0.1:" + std::to_string(port))) << r.output;
+  EXPECT_TRUE(Contains(r.output, "another process holds port " + std::to_string(port))) << r.output;
   EXPECT_FALSE(Contains(r.output, "restart")) << r.output;
   EXPECT_TRUE(squatter.recorded().empty()) << "a worker reached the squatter";
 }

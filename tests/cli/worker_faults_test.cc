@@ -40,10 +40,10 @@ TEST_F(WorkerFaultTest, AWorkerThatExitsZeroBeforeTheRendezvousIsBlamedAtOnce) {
   for (int leaver : {1, 0}) {
     SCOPED_TRACE("rank " + std::to_string(leaver) + " leaves");
     const auto t0 = Clock::now();
-    auto r = RunCommand(Env() + "FLAGS_comm_timeout_s=60 " + Keel() +
-                        " launch --nproc_per_node=2 --log_dir=" + dir_ + " " +
-                        BinPath("fault_worker") +
-                        " --steps=3 --exit0_before_init_rank=" + std::to_string(leaver));
+    auto r =
+        RunCommand(Env() + "FLAGS_comm_timeout_s=60 " + Keel() +
+                   " launch --nproc_per_node=2 --log_dir=" + dir_ + " " + BinPath("fault_worker") +
+                   " --steps=3 --exit0_before_init_rank=" + std::to_string(leaver));
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const int waiter = 1 - leaver;
     EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -51,9 +51,10 @@ TEST_F(WorkerFaultTest, AWorkerThatExitsZeroBeforeTheRendezvousIsBlamedAtOnce) {
     EXPECT_TRUE(Contains(r.output, "keel launch: worker rank " + std::to_string(leaver) +
                                        " (local " + std::to_string(leaver) + ", pid "))
         << r.output;
-    EXPECT_TRUE(Contains(r.output, "exited with code 0 before joining the job's rendezvous, "
-                                   "while rank(s) " +
-                                       std::to_string(waiter) + " waited for it there"))
+    EXPECT_TRUE(Contains(r.output,
+                         "exited with code 0 before joining the job's rendezvous, "
+                         "while rank(s) " +
+                             std::to_string(waiter) + " waited for it there"))
         << r.output;
     EXPECT_FALSE(Contains(r.output, "keel launch: worker rank " + std::to_string(waiter) +
                                         " (local " + std::to_string(waiter) + ", pid "))
@@ -91,8 +92,9 @@ TEST_F(WorkerFaultTest, AHungTrainingThreadIsNamedByTheStragglerMonitor) {
   const std::string out = ReadText(job.output_path);
   ASSERT_TRUE(named) << out;
   EXPECT_LT(seconds, 10) << out;
-  EXPECT_TRUE(Contains(out, "(hung?), after 5 step(s): it is in no collective, while rank(s) 0 "
-                            "wait for it in theirs"))
+  EXPECT_TRUE(Contains(out,
+                       "(hung?), after 5 step(s): it is in no collective, while rank(s) 0 "
+                       "wait for it in theirs"))
       << out;
   EXPECT_FALSE(Contains(out, "straggler: rank 0 has finished no step")) << out;
 }

@@ -70,7 +70,8 @@ std::string ReadFrameOf(int fd, std::string* recorded) {
   std::string len = read_n(4);
   if (len.size() != 4) return "";
   uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<unsigned char>(len[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    n |= static_cast<uint32_t>(static_cast<unsigned char>(len[i])) << (8 * i);
   if (n > 4096) return "";
   std::string body = read_n(n);
   *recorded += len + body;
@@ -103,9 +104,9 @@ class RecordingProxy {
  private:
   void Run() {
     struct Pair {
-      int fd[2];         // the client's connection, the server's
-      bool open[2];      // whether each still sends
-      size_t index;      // into client_bytes_
+      int fd[2];     // the client's connection, the server's
+      bool open[2];  // whether each still sends
+      size_t index;  // into client_bytes_
     };
     std::vector<Pair> pairs;
     while (!stop_) {
@@ -287,7 +288,8 @@ TEST(StoreHandshake, ATwoRankJobSendsNoTokenToTheStore) {
           BinPath("mlp_dp_worker") + " --steps=3 --global_batch=8",
       dir + "/rank1.txt");
   const int s0 = testing::WaitFor(rank0.pid, 120), s1 = testing::WaitFor(rank1.pid, 120);
-  const std::string logs = testing::ReadText(dir + "/rank0.txt") + testing::ReadText(dir + "/rank1.txt");
+  const std::string logs =
+      testing::ReadText(dir + "/rank0.txt") + testing::ReadText(dir + "/rank1.txt");
   EXPECT_EQ(s0, 0) << logs;
   EXPECT_EQ(s1, 0) << logs;
   EXPECT_TRUE(Contains(logs, "rank 1 params")) << logs;

@@ -21,8 +21,9 @@ DEFINE_int32(exit0_before_init_rank, -1, "This rank returns 0 from main before f
 DEFINE_int32(hang_rank, -1, "This rank's training thread sleeps --hang_s after --hang_after.");
 DEFINE_int32(hang_after, 5, "Steps --hang_rank finishes before it sleeps.");
 DEFINE_int32(hang_s, 120, "How long --hang_rank sleeps.");
-DEFINE_int32(fail_rank, -1, "On the first attempt (KEEL_RESTART_COUNT 0) this rank exits 3 after "
-                            "its first step.");
+DEFINE_int32(fail_rank, -1,
+             "On the first attempt (KEEL_RESTART_COUNT 0) this rank exits 3 after "
+             "its first step.");
 DEFINE_double(rank0_late_on_restart_s, 0,
               "On a restart rank 0 sleeps this long before fleet::init (its port stays unserved "
               "meanwhile).");
