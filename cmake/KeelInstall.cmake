@@ -21,7 +21,7 @@ endif()
 # Headers keep their source layout under include/keel, so "framework/ir/program.h" and
 # <keel/keel.h> both resolve (keel::keel adds include/ and include/keel).
 install(FILES include/keel/keel.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/keel)
-install(DIRECTORY framework executor fleet transpiler ops models
+install(DIRECTORY framework executor fleet transpiler ops models trainer
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/keel
         FILES_MATCHING PATTERN "*.h")
 install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

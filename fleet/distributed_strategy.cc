@@ -2,6 +2,11 @@
 
 #include <gflags/gflags.h>
 
+#include <optional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/error.h"
@@ -67,6 +72,36 @@ int DistributedStrategy::HierarchicalInterNranks(const Role& role) const {
                                                   : hierarchical_allreduce_inter_nranks;
 }
 
+namespace {
+std::string ListString(const std::set<std::string>& list) {
+  std::string out = "[";
+  for (const std::string& t : list) out += StrCat(out.size() > 1 ? " " : "", t);
+  return out + "]";
+}
+template <typename T>
+std::string OptString(const std::optional<T>& v) {
+  if (!v) return "unset";
+  if constexpr (std::is_same_v<T, bool>) {
+    return *v ? "true" : "false";
+  } else {
+    return StrCat(*v);
+  }
+}
+// ", amp=..., amp_configs={...}" (every field but place, which fleet sets).
+std::string AmpString(const DistributedStrategy& st) {
+  const amp::AmpConfig& c = st.amp_configs;
+  return StrCat(
+      ", amp=", st.amp ? "true" : "false", ", amp_configs={dtype=", DTypeName(c.dtype),
+      ", level=", c.level, ", use_dynamic_loss_scaling=", OptString(c.use_dynamic_loss_scaling),
+      ", init_loss_scaling=", OptString(c.init_loss_scaling),
+      ", incr_every_n_steps=", c.incr_every_n_steps,
+      ", decr_every_n_nan_or_inf=", c.decr_every_n_nan_or_inf, ", incr_ratio=", c.incr_ratio,
+      ", decr_ratio=", c.decr_ratio, ", custom_white_list=", ListString(c.custom_white_list),
+      ", custom_black_list=", ListString(c.custom_black_list),
+      ", check_kernels=", c.check_kernels ? "true" : "false", "}");
+}
+}  // namespace
+
 std::string DistributedStrategy::ToString() const {
   return StrCat(
       "DistributedStrategy{nccl_comm_num=", nccl_comm_num,
@@ -83,7 +118,7 @@ std::string DistributedStrategy::ToString() const {
       ", sync_nccl_allreduce=", Bool(sync_nccl_allreduce), ", comm_timeout_s=", comm_timeout_s,
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
-      ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}}");
+      ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -174,6 +209,40 @@ void DistributedStrategy::Validate(const Role& role) const {
                  " / fuse_grad_size_in_num=", fuse_grad_size_in_num,
                  " would be ignored; use one or the other");
   }
+  if (amp) {
+    amp::ValidateAmpConfig(amp_configs, s);
+    // LocalSGD ranks step on their own gradients, so their overflow flags (and loss scales)
+    // would differ: keel all-reduces no flag there.
+    KEEL_ENFORCE(!use_local_sgd || !amp::ScalesLoss(amp_configs), s,
+                 "amp=true with loss scaling (amp_configs.dtype=", DTypeName(amp_configs.dtype),
+                 ") does not combine with ", s,
+                 "use_local_sgd=true: each rank would skip steps on its own overflow flag; use "
+                 "bfloat16 without loss scaling, or plain data parallelism");
+  } else {
+    const amp::AmpConfig a;
+    const amp::AmpConfig& c = amp_configs;
+    off(c.dtype != a.dtype, StrCat("amp_configs.dtype=", DTypeName(c.dtype)), "amp");
+    off(c.level != a.level, StrCat("amp_configs.level=", c.level), "amp");
+    off(c.use_dynamic_loss_scaling != a.use_dynamic_loss_scaling,
+        StrCat("amp_configs.use_dynamic_loss_scaling=", OptString(c.use_dynamic_loss_scaling)),
+        "amp");
+    off(c.init_loss_scaling != a.init_loss_scaling,
+        StrCat("amp_configs.init_loss_scaling=", OptString(c.init_loss_scaling)), "amp");
+    off(c.incr_every_n_steps != a.incr_every_n_steps,
+        StrCat("amp_configs.incr_every_n_steps=", c.incr_every_n_steps), "amp");
+    off(c.decr_every_n_nan_or_inf != a.decr_every_n_nan_or_inf,
+        StrCat("amp_configs.decr_every_n_nan_or_inf=", c.decr_every_n_nan_or_inf), "amp");
+    off(c.incr_ratio != a.incr_ratio, StrCat("amp_configs.incr_ratio=", c.incr_ratio), "amp");
+    off(c.decr_ratio != a.decr_ratio, StrCat("amp_configs.decr_ratio=", c.decr_ratio), "amp");
+    off(c.custom_white_list != a.custom_white_list,
+        StrCat("amp_configs.custom_white_list=", ListString(c.custom_white_list)), "amp");
+    off(c.custom_black_list != a.custom_black_list,
+        StrCat("amp_configs.custom_black_list=", ListString(c.custom_black_list)), "amp");
+    off(c.check_kernels != a.check_kernels, "amp_configs.check_kernels=false", "amp");
+  }
+  KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
+               "amp_configs.place is set: under fleet the worker's place decides which kernels "
+               "AMP may use; leave it at its default");
   KEEL_ENFORCE(comm_timeout_s > 0, s, "comm_timeout_s=", comm_timeout_s, " must be > 0");
   KEEL_ENFORCE(exec_strategy.num_threads >= 0, s,
                "exec_strategy.num_threads=", exec_strategy.num_threads,

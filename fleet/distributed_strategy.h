@@ -19,6 +19,7 @@
 
 #include "executor/execution_strategy.h"
 #include "fleet/role.h"
+#include "framework/dsl/amp.h"
 
 namespace keel {
 namespace fleet {
@@ -76,6 +77,12 @@ struct DistributedStrategy {
   int comm_timeout_s = 300;
 
   ExecutionStrategy exec_strategy;
+
+  // Mixed precision (framework/dsl/amp.h): the forward program rewritten to run mul/matmul/conv2d
+  // and what follows them in amp_configs.dtype, with loss scaling for float16. amp_configs.place
+  // is set from the worker's place.
+  bool amp = false;
+  amp::AmpConfig amp_configs;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;

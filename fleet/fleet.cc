@@ -367,8 +367,16 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
                loss.name(),
                "'): a program is minimized once; build another program for another "
                "optimizer");
-  auto pg = opt_->backward(loss, no_grad_set);
-  opt_->apply_gradients(pg, startup);
+  std::vector<ParamGrad> pg;
+  if (strategy_.amp) {
+    amp::AmpConfig config = strategy_.amp_configs;
+    config.place = worker_place().kind;
+    amp_ = std::make_shared<amp::MixedPrecisionOptimizer>(*opt_, std::move(config));
+    pg = amp_->minimize(loss, startup, no_grad_set);
+  } else {
+    pg = opt_->backward(loss, no_grad_set);
+    opt_->apply_gradients(pg, startup);
+  }
   State().minimized.insert(main.id());
   if (r.world_size > 1) {
     CommContext::Get().SetTimeout(

@@ -68,10 +68,15 @@ class DistributedOptimizer {
   const DistributedStrategy& strategy() const { return strategy_; }
   // The learning-rate var its minimize created (fetch it to log the rate; the optimizer passed to
   // distributed_optimizer was copied and knows none).
-  const std::string& learning_rate_var() const { return opt_->learning_rate_var(); }
+  const std::string& learning_rate_var() const {
+    return amp_ ? amp_->inner().learning_rate_var() : opt_->learning_rate_var();
+  }
+  // With strategy().amp: the mixed-precision optimizer minimize() used (its loss-scaling vars).
+  const amp::MixedPrecisionOptimizer* amp_optimizer() const { return amp_.get(); }
 
  private:
   std::shared_ptr<optimizer::Optimizer> opt_;
+  std::shared_ptr<amp::MixedPrecisionOptimizer> amp_;
   DistributedStrategy strategy_;
 };
 

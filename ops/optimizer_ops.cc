@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/op/execution_context.h"
@@ -261,6 +262,13 @@ struct AdamMath<CPUDevice, T> {
   static void Update(const ExecutionContext& ctx, const AdamIO<CPUDevice, T>& io, double beta1,
                      double beta2, double epsilon, double coeff) {
     const double b1_pow = io.b1p.Get(), b2_pow = io.b2p.Get();
+    if (io.skip != nullptr && *io.skip) {
+      for (auto [src, dst] : {std::pair{io.p, io.po}, {io.m1, io.m1o}, {io.m2, io.m2o}})
+        if (src != dst) std::copy_n(src, io.n, dst);
+      SetScalar(io.b1o, b1_pow, ctx.place());
+      SetScalar(io.b2o, b2_pow, ctx.place());
+      return;
+    }
     const fn::Adam<T> a =
         fn::AdamStep<T>(io.lr.Get(), b1_pow, b2_pow, beta1, beta2, epsilon, coeff);
     const int64_t n = io.n;
@@ -310,6 +318,9 @@ KEEL_REGISTER_OP(sgd)
     .Input("Param", "the parameter")
     .Input("Grad", "its gradient, shape of Param")
     .Input("LearningRate", "[1] float tensor")
+    .OptionalInput("SkipUpdate",
+                   "[1] bool, optional: when true, nothing changes (mixed precision skips a step "
+                   "whose gradients overflowed)")
     .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
     .Shape(SgdShape)
     .KernelDTypeFrom("Param");
@@ -323,6 +334,9 @@ KEEL_REGISTER_OP(momentum)
     .Input("Grad", "its gradient, shape of Param")
     .Input("Velocity", "the velocity accumulator, shape of Param")
     .Input("LearningRate", "[1] float tensor")
+    .OptionalInput("SkipUpdate",
+                   "[1] bool, optional: when true, nothing changes (mixed precision skips a step "
+                   "whose gradients overflowed)")
     .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
     .Output("VelocityOut", "the updated velocity (usually the Velocity variable itself)")
     .Attr<float>("mu", 0.9f, "the momentum factor")
@@ -342,6 +356,9 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
       .Input("Moment2", "second-moment accumulator, shape of Param")
       .Input("Beta1Pow", "[1] float: beta1^t")
       .Input("Beta2Pow", "[1] float: beta2^t")
+      .OptionalInput("SkipUpdate",
+                     "[1] bool, optional: when true, nothing changes (mixed precision skips a step "
+                     "whose gradients overflowed)")
       .Output("ParamOut", "the updated parameter (usually Param itself)")
       .Output("Moment1Out", "usually Moment1 itself")
       .Output("Moment2Out", "usually Moment2 itself")
@@ -376,7 +393,8 @@ static OpSchema& MergedSchema(const std::string& type, const std::string& single
                          " does, in one op (one CUDA launch); formed by the merge pass from the "
                          "per-parameter ops of a fused gradient group")
                     .InputList("Param", "the parameters")
-                    .Input("LearningRate", "[1] float tensor, shared");
+                    .Input("LearningRate", "[1] float tensor, shared")
+                    .OptionalInput("SkipUpdate", "[1] bool, optional, shared: as in " + single);
   for (const std::string& in : SlotsOf(single).inputs)
     s.InputList(in, "one per Param, as in " + single);
   for (const auto& [out, in] : SlotsOf(single).outputs)

@@ -19,7 +19,8 @@ namespace {
 
 template <typename T>
 __global__ void BetaPowUpdate(DeviceScalar b1p, DeviceScalar b2p, void* b1o, void* b2o,
-                              double beta1, double beta2) {
+                              double beta1, double beta2, const bool* skip) {
+  if (skip != nullptr && *skip) beta1 = beta2 = 1.0;  // a skipped step leaves the powers
   const double v1 = b1p.Get() * beta1, v2 = b2p.Get() * beta2;
   if (b1p.is_double)
     *static_cast<double*>(b1o) = v1;
@@ -54,9 +55,11 @@ __global__ void MultiTensorKernel(const MtEntry<T>* table, F f) {
 
 // Beta powers advance after every thread has read them: one thread per parameter.
 template <typename T>
-__global__ void MultiBetaPowUpdate(const MtEntry<T>* table, int count, double beta1, double beta2) {
+__global__ void MultiBetaPowUpdate(const MtEntry<T>* table, int count, double beta1, double beta2,
+                                   const bool* skip) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= count) return;
+  if (skip != nullptr && *skip) beta1 = beta2 = 1.0;
   const MtEntry<T>& e = table[t];
   const double v1 = e.b1p.Get() * beta1, v2 = e.b2p.Get() * beta2;
   if (e.b1p.is_double)
@@ -144,7 +147,12 @@ class MergedSgdKernel : public OpKernel {
     table_.Build(ctx, nullptr, nullptr, nullptr, nullptr, false);
     // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
     const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
+    const bool* skip = SkipFlag(ctx);
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      if (skip != nullptr && *skip) {
+        e.po[i] = e.p[i];
+        return;
+      }
       e.po[i] = fn::SgdUpdate(e.p[i], e.g[i], static_cast<T>(lr.Get()));
     });
   }
@@ -163,7 +171,13 @@ class MergedMomentumKernel : public OpKernel {
     // The rate may be float32 for a float64 parameter, as item<T>() allows on the CPU.
     const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
     const fn::Momentum<T> f = f_;
+    const bool* skip = SkipFlag(ctx);
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      if (skip != nullptr && *skip) {
+        e.po[i] = e.p[i];
+        e.ao[i] = e.a[i];
+        return;
+      }
       f(e.p[i], e.g[i], e.a[i], static_cast<T>(lr.Get()), &e.po[i], &e.ao[i]);
     });
   }
@@ -181,7 +195,14 @@ class MergedAdamKernel : public OpKernel {
     table_.Build(ctx, "Moment1", "Moment1Out", "Moment2", "Moment2Out", true);
     const DeviceScalar lr = Device<CUDADevice>::ScalarOf(ctx.Input("LearningRate"));
     const double beta1 = beta1_, beta2 = beta2_, eps = epsilon_, coeff = coeff_;
+    const bool* skip = SkipFlag(ctx);
     LaunchMultiTensor(ctx, table_, [=] __device__(const MtEntry<T>& e, int64_t i) {
+      if (skip != nullptr && *skip) {
+        e.po[i] = e.p[i];
+        e.ao[i] = e.a[i];
+        e.bo[i] = e.b[i];
+        return;
+      }
       const fn::Adam<T> f =
           fn::AdamStep<T>(lr.Get(), e.b1p.Get(), e.b2p.Get(), beta1, beta2, eps, coeff);
       f(e.p[i], e.g[i], e.a[i], e.b[i], &e.po[i], &e.ao[i], &e.bo[i]);
@@ -189,7 +210,7 @@ class MergedAdamKernel : public OpKernel {
     const int count = table_.count();
     if (count == 0) return;
     MultiBetaPowUpdate<T><<<(count + 127) / 128, 128, 0, Cuda(ctx).stream()>>>(
-        table_.device(), count, beta1_, beta2_);
+        table_.device(), count, beta1_, beta2_, skip);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
@@ -283,14 +304,21 @@ struct AdamMath<CUDADevice, T> {
     const T *p = io.p, *g = io.g, *m1 = io.m1, *m2 = io.m2;
     T *po = io.po, *m1o = io.m1o, *m2o = io.m2o;
     const DeviceScalar lr = io.lr, b1p = io.b1p, b2p = io.b2p;
+    const bool* skip = io.skip;
     ForEach(ctx, io.n, [=] __device__(int64_t i) {
+      if (skip != nullptr && *skip) {
+        po[i] = p[i];
+        m1o[i] = m1[i];
+        m2o[i] = m2[i];
+        return;
+      }
       const fn::Adam<T> f =
           fn::AdamStep<T>(lr.Get(), b1p.Get(), b2p.Get(), beta1, beta2, epsilon, coeff);
       f(p[i], g[i], m1[i], m2[i], &po[i], &m1o[i], &m2o[i]);
     });
     void* b1d = io.b1o->mutable_data(io.b1p_in->dtype(), ctx.place());
     void* b2d = io.b2o->mutable_data(io.b2p_in->dtype(), ctx.place());
-    BetaPowUpdate<T><<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1, beta2);
+    BetaPowUpdate<T><<<1, 1, 0, Cuda(ctx).stream()>>>(b1p, b2p, b1d, b2d, beta1, beta2, skip);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 };

@@ -23,6 +23,17 @@ inline void EnforceLikeParam(const ExecutionContext& ctx, const Tensor& param, c
                slot, " ", t.dims().str(), " must have the same shape");
 }
 
+// The optional SkipUpdate input of an update op ([1] bool, mixed precision's overflow flag), as
+// device code reads it: when it holds true, the op leaves the parameter and its accumulators as
+// they are. nullptr when the op has none.
+inline const bool* SkipFlag(const ExecutionContext& ctx) {
+  const Tensor* t = ctx.InputOrNull("SkipUpdate");
+  if (t == nullptr) return nullptr;
+  KEEL_ENFORCE(t->numel() == 1, ctx.op().type(), ": SkipUpdate must hold one element, got ",
+               t->dims().str());
+  return t->data<bool>();
+}
+
 // param_out = param - lr * grad. The rate may be float32 for a float64 parameter.
 template <typename D, typename T>
 class SgdKernel : public OpKernel {
@@ -34,7 +45,12 @@ class SgdKernel : public OpKernel {
     const T* p = param.data<T>();
     const T* g = ctx.Input("Grad").data<T>();
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const bool* skip = SkipFlag(ctx);
     Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      if (skip != nullptr && *skip) {
+        po[i] = p[i];
+        return;
+      }
       po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get()));
     });
   }
@@ -57,7 +73,13 @@ class MomentumKernel : public OpKernel {
     T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const fn::Momentum<T> f = f_;
+    const bool* skip = SkipFlag(ctx);
     Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      if (skip != nullptr && *skip) {
+        po[i] = p[i];
+        vo[i] = v[i];
+        return;
+      }
       f(p[i], g[i], v[i], static_cast<T>(lr.Get()), &po[i], &vo[i]);
     });
   }
@@ -75,10 +97,12 @@ struct AdamIO {
   typename Device<D>::Scalar lr, b1p, b2p;
   const Tensor *b1p_in, *b2p_in;
   Tensor *b1o, *b2o;  // written in the dtype of b1p_in, b2p_in
+  const bool* skip;   // SkipFlag: when *skip, nothing changes
 };
 
 // The device math: AdamMath<D, T>::Update(ctx, io, beta1, beta2, epsilon, coeff), the update,
-// then Beta1Pow *= beta1 and Beta2Pow *= beta2 after every element has read them.
+// then Beta1Pow *= beta1 and Beta2Pow *= beta2 after every element has read them; when io.skip
+// points to true, outputs keep their inputs' values.
 template <typename D, typename T>
 struct AdamMath;
 
@@ -117,6 +141,7 @@ class AdamKernel : public OpKernel {
     io.po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     io.b1o = ctx.Output("Beta1PowOut");
     io.b2o = ctx.Output("Beta2PowOut");
+    io.skip = SkipFlag(ctx);
     AdamMath<D, T>::Update(ctx, io, beta1_, beta2_, epsilon_, coeff_);
   }
 

@@ -23,12 +23,15 @@ std::string ListStr(const std::vector<V>& v) {
   return s + "]";
 }
 
-// Attr check: the int names a dtype kernels compute in (float32/64, int32/64, bool, uint8, int8).
+// Attr check: the int names a dtype kernels compute in (float32/64, float16, bfloat16, int32/64,
+// bool, uint8, int8). Whether an op has a kernel for it is the kernel lookup's to say.
 std::string CheckComputeDType(const Attribute& a) {
   int v = std::get<int>(a);
   switch (static_cast<DType>(v)) {
     case DType::kFloat32:
     case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16:
     case DType::kInt32:
     case DType::kInt64:
     case DType::kBool:
@@ -38,7 +41,7 @@ std::string CheckComputeDType(const Attribute& a) {
     default:
       return StrCat(
           "not a dtype kernels compute in (float32=0, float64=1, int32=2, int64=3, "
-          "bool=4, uint8=7, int8=8), got ",
+          "bool=4, float16=5, bfloat16=6, uint8=7, int8=8), got ",
           v);
   }
 }

@@ -8,18 +8,13 @@
 #include <random>
 
 #include "executor/executor.h"
-#include "executor/executor_io.h"
 #include "fleet/fleet.h"
-#include "fleet/straggler_monitor.h"
-#include "framework/io/checkpoint.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
-#include "python_free_cli/train_checkpoint.h"
 #include "python_free_cli/train_flags.h"
-#include "python_free_cli/train_monitor.h"
+#include "trainer/trainer.h"
 
-DECLARE_int32(save_every);  // train_checkpoint.cc
 DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
@@ -37,7 +32,25 @@ DEFINE_string(
 DEFINE_string(load_dir, "",
               "Resume from the checkpoint saved here: parameters, optimizer state, step, data "
               "position and random draws continue where it was saved.");
+DEFINE_int32(save_every, 0,
+             "Also save a checkpoint to --save_dir every this many steps (parameters, optimizer "
+             "state, step, data position, RNG); with keel launch --max_restarts a restarted job "
+             "resumes from the last one. 0: only after training.");
+DEFINE_bool(auto_resume, false,
+            "Resume from --save_dir's checkpoint when it holds one: for schedulers that restart or "
+            "requeue a job (Kubernetes, Slurm). Restarts by keel launch --max_restarts always do.");
 DEFINE_int32(fetch_frequency, 1, "Fetch and print the loss every this many steps.");
+DEFINE_string(progress, "auto",
+              "bar (redrawn in place) | lines (one per fetched step) | none | auto: a bar on a "
+              "terminal, else lines.");
+DEFINE_string(logdir, "",
+              "Write TensorBoard event files here: loss, learning rate, samples/s, step time, "
+              "eval accuracy.");
+DEFINE_bool(logdir_all_ranks, false,
+            "With --logdir: every worker writes its own DIR/rank_N (default: rank 0 writes DIR).");
+DEFINE_int32(eval_every, 0,
+             "Evaluate on the test data every this many steps (and at the end); 0: only after "
+             "each epoch with --epochs.");
 DEFINE_int32(num_iteration_per_drop_scope, 100,
              "ExecutionStrategy.num_iteration_per_drop_scope: release temporaries every this many "
              "steps.");
@@ -163,6 +176,36 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
 
 void FinishProfile() { profiler::FinishFromFlags(); }
 
+namespace {
+
+// The Trainer's options from keel train's flags; its messages then name the flags ("--" and the
+// field's name is the flag's).
+TrainerOptions OptionsFromFlags() {
+  TrainerOptions o;
+  o.steps = FLAGS_epochs > 0 ? 0 : FLAGS_steps;  // with --epochs, the model's epochs
+  o.epochs = FLAGS_epochs;
+  o.fetch_frequency = FLAGS_fetch_frequency;
+  o.progress = FLAGS_progress;
+  o.log_all_ranks = FLAGS_log_all_ranks;
+  o.logdir = FLAGS_logdir;
+  o.logdir_all_ranks = FLAGS_logdir_all_ranks;
+  o.eval_every = FLAGS_eval_every;
+  o.save_dir = FLAGS_save_dir;
+  o.save_every = FLAGS_save_every;
+  o.auto_resume = FLAGS_auto_resume;
+  o.load_dir = FLAGS_load_dir;
+  o.save_inference_dir = FLAGS_save_inference_dir;
+  o.seed = FLAGS_seed;
+  o.exec_strategy = CliExecutionStrategy();
+  // The built-in models stop only at their end: no collective per step to agree on a stop.
+  o.stop_check_every = 0;
+  o.option_prefix = "--";
+  o.name = "keel train";
+  return o;
+}
+
+}  // namespace
+
 int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.empty(), "train takes no positional arguments, got '", args[0], "'");
   KEEL_ENFORCE(FLAGS_steps >= 0, "--steps must be >= 0, got ", FLAGS_steps);
@@ -171,17 +214,11 @@ int Train(const std::vector<std::string>& args) {
                FLAGS_fetch_frequency);
 
   KEEL_ENFORCE(FLAGS_epochs >= 0, "--epochs must be >= 0, got ", FLAGS_epochs);
-  TrainCheckpoints checkpoints;
-  models::TrainableModel m = BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr),
-                                                   checkpoints.Seed(FLAGS_seed));
+  Trainer trainer(OptionsFromFlags());
+  // A run without --seed resuming a checkpoint builds its model with the checkpoint's seed.
+  models::TrainableModel m =
+      BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr), trainer.seed());
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
-  const bool rank0 = fleet::worker_index() == 0;
-
-  // fleet::main_program() carries the same strategy; the executor's serves startup and evaluation.
-  Executor exe(fleet::worker_place(), CliExecutionStrategy());
-  exe.Run(*m.startup);
-  checkpoints.CheckBeforeTraining(exe, m, rank0);
-  const int64_t resumed = checkpoints.Resume(exe, m, FLAGS_batch_size, quiet);
 
   KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"),
                "--steps=", FLAGS_steps, " with --epochs=", FLAGS_epochs, ": model ", FLAGS_model,
@@ -189,59 +226,41 @@ int Train(const std::vector<std::string>& args) {
                " steps of --batch_size=", FLAGS_batch_size,
                " and --steps would be ignored; give "
                "one of them");
-  const int epochs = std::max(1, FLAGS_epochs);
-  const int64_t steps_per_epoch = FLAGS_epochs > 0 && m.batches_per_epoch > 0
-                                      ? m.batches_per_epoch
-                                      : static_cast<int64_t>(FLAGS_steps);
-  if (!quiet)
-    std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n", FLAGS_model.c_str(),
-                m.optimizer.c_str(), fleet::worker_num(), static_cast<long long>(steps_per_epoch));
   KEEL_ENFORCE(FLAGS_eval_every >= 0, "--eval_every must be >= 0, got ", FLAGS_eval_every);
   KEEL_ENFORCE(FLAGS_eval_every == 0 || m.evaluate, "--eval_every: model ", FLAGS_model,
                " has no test data to evaluate on");
-  const int64_t total_steps = steps_per_epoch * epochs;
-  TrainMonitor monitor(total_steps, static_cast<int64_t>(FLAGS_batch_size) * fleet::worker_num(),
-                       fleet::worker_index(), quiet);
-  // Every rank evaluates its shard (the counts are all-reduced); rank 0 prints.
-  const bool evaluates = static_cast<bool>(m.evaluate);
-  std::vector<std::string> fetch = {m.loss};
-  if (!m.learning_rate.empty()) fetch.push_back(m.learning_rate);
-  FeedMap feed;
-  fleet::StragglerMonitor straggler;
-  profiler::StartFromFlags();
-  int64_t step = resumed;
-  for (int epoch = static_cast<int>(resumed / std::max<int64_t>(1, steps_per_epoch));
-       epoch < epochs; ++epoch) {
-    for (int64_t i = step - epoch * steps_per_epoch; i < steps_per_epoch; ++i, ++step) {
-      m.next_batch(FLAGS_batch_size, &feed);
-      // The loss is fetched (copied out) only on the steps that print it.
-      const bool last = step + 1 == total_steps;
-      const bool print = step % FLAGS_fetch_frequency == 0;
-      auto out = exe.Run(*m.main, feed, print ? fetch : std::vector<std::string>{});
-      straggler.StepDone();
-      std::optional<float> loss, lr;
-      if (!out.empty()) loss = out[0].item<float>();
-      if (out.size() > 1) lr = out[1].item<float>();
-      monitor.OnStep(step, loss, lr);
-      checkpoints.AfterStep(exe, m, step + 1, rank0, quiet);
-      if (FLAGS_eval_every > 0 && evaluates && ((step + 1) % FLAGS_eval_every == 0 || last)) {
-        models::Evaluation e = m.evaluate(exe);
-        monitor.OnEval(step, -1, e.accuracy, e.samples);
-      }
-    }
-    if (FLAGS_epochs > 0 && evaluates) {
-      models::Evaluation e = m.evaluate(exe);  // on every rank: a collective
-      monitor.OnEval(step - 1, epoch, e.accuracy, e.samples);
-    }
-  }
-  monitor.Finish();
-  FinishProfile();
-  checkpoints.SaveFinal(exe, m, step, rank0, quiet);
-  if (!FLAGS_save_inference_dir.empty()) {
-    fleet::save_inference_model(exe, FLAGS_save_inference_dir, m.inputs, {m.prediction},
-                                m.main.get());
-    if (!quiet) std::printf("saved inference model to %s\n", FLAGS_save_inference_dir.c_str());
-  }
+  TrainerModel model;
+  model.main = m.main.get();
+  model.startup = m.startup.get();
+  model.test = m.test.get();
+  model.loss = m.loss;
+  model.learning_rate = m.learning_rate;
+  const int64_t batch = FLAGS_batch_size;
+  model.next_batch = [&m, batch](FeedMap* feed) { m.next_batch(batch, feed); };
+  // With --epochs, a synthetic model's epoch is --steps steps.
+  model.batches_per_epoch =
+      m.batches_per_epoch > 0 ? m.batches_per_epoch : (FLAGS_epochs > 0 ? FLAGS_steps : 0);
+  model.batch_size = batch;
+  // Every rank evaluates its shard (the model sums the counts over the ranks).
+  if (m.evaluate)
+    model.evaluate = [&m](Executor& exe) {
+      models::Evaluation e = m.evaluate(exe);
+      EvalResult r;
+      r.metrics = {{"accuracy", e.accuracy}};
+      r.samples = e.samples;
+      return r;
+    };
+  model.inference_feeds = m.inputs;
+  model.inference_targets = {m.prediction};
+  auto header = std::make_shared<LambdaCallback>();
+  header->train_begin = [&m, quiet](Trainer&, const FitInfo& info) {
+    if (!quiet)
+      std::printf("model %s, optimizer %s, %d worker(s), %lld steps per epoch\n",
+                  FLAGS_model.c_str(), m.optimizer.c_str(), info.world_size,
+                  static_cast<long long>(info.steps_per_epoch));
+  };
+  trainer.add_callback(header);
+  trainer.fit(model);
   return 0;
 }
 

@@ -3,8 +3,8 @@
 #   1. cmake --install into a fresh prefix, where find_package(Keel) points KEEL_INCLUDE_DIR and
 #      KEEL_EXECUTABLE;
 #   2. configure and build examples/ against it with find_package(Keel 0.2);
-#   3. run the example alone and under the installed `keel launch` with two workers, writing
-#      TensorBoard files;
+#   3. run the examples alone and under the installed `keel launch` with two workers, writing
+#      TensorBoard files, and the keel::Trainer example stopped and resumed;
 #   4. cpack a .deb and check what it holds;
 #   5. configure a parent project that adds keel with add_subdirectory: only the library is a
 #      target, nothing gets -march=native, and the parent's program compiles as C++17.
@@ -67,6 +67,13 @@ fi
 "$prefix/bin/keel" launch --nproc_per_node=2 --log_dir="$work/log" \
   "$work/examples/fit_mlp" --steps=40 --logdir="$work/tb"
 ls "$work"/tb/events.out.tfevents.* >/dev/null
+# The user model trained with keel::Trainer on two workers, stopped after step 24 and resumed.
+"$prefix/bin/keel" launch --nproc_per_node=2 --log_dir="$work/log_cnn" "$work/examples/train_cnn" \
+  --save_dir="$work/cnn" --save_every=10 --stop_at_step=24
+"$prefix/bin/keel" launch --nproc_per_node=2 --log_dir="$work/log_cnn" "$work/examples/train_cnn" \
+  --save_dir="$work/cnn" --save_every=10 --auto_resume > "$work/cnn.log"
+grep -q "resumed from $work/cnn at step 25" "$work/cnn.log" ||
+  { echo "check_install: train_cnn did not resume at step 25:" >&2; cat "$work/cnn.log" >&2; exit 1; }
 
 (cd "$build" && cpack -G DEB -B "$work/deb" >/dev/null)
 deb=$(ls "$work"/deb/keel_*.deb)

@@ -19,6 +19,8 @@ bool IsMergeable(const std::string& type) {
 std::string MergeKey(const OpDesc& op, const Block& block) {
   std::string key = op.type() + "|" + op.Input("LearningRate")[0] + "|" +
                     DTypeName(block.MustFindVar(op.Input("Param")[0])->dtype());
+  if (op.HasInput("SkipUpdate") && !op.Input("SkipUpdate").empty())
+    key += "|skip=" + op.Input("SkipUpdate")[0];
   for (const auto& [name, value] : op.attrs())
     if (name != kOpRoleVarAttr) key += "|" + name + "=" + AttrToString(value);
   return key;
@@ -60,7 +62,7 @@ std::unique_ptr<OpDesc> Merged(const Block& block, const std::vector<size_t>& po
   const OpDesc& first = *block.op(pos.front());
   auto m = std::make_unique<OpDesc>("merged_" + first.type());
   for (const auto& [slot, args] : first.inputs()) {
-    if (slot == "LearningRate") {
+    if (slot == "LearningRate" || slot == "SkipUpdate") {  // shared by the group
       m->SetInput(slot, args);
       continue;
     }

@@ -6,7 +6,7 @@
 // Guarantees: the sgd / momentum / adam / adamw ops whose gradient lies in one fused group
 //   (directly, or derived from one by ops whose op_role_var names it, as weight decay's
 //   grad + coeff * param is) and
-//   that agree in type, attrs, LearningRate and dtype (two or more of them) become one
+//   that agree in type, attrs, LearningRate, SkipUpdate and dtype (two or more of them) become one
 //   merged_<type> op with list slots in their order, at the position of the last of them, with
 //   op_role_var listing every (param, grad) pair. A group whose ops are interleaved with an op
 //   that reads or writes what an earlier one of them wrote, or writes what it read, is left as

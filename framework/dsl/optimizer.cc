@@ -1,5 +1,7 @@
 #include "framework/dsl/optimizer.h"
 
+#include "framework/op/op_registry.h"
+
 namespace keel {
 namespace optimizer {
 
@@ -80,7 +82,12 @@ void Optimizer::apply_gradients(const std::vector<ParamGrad>& params_grads, Prog
       AppendOp(block, "scale", {{"X", {pg.first}}}, {{"Out", {decay}}}, scale_attrs);
       AppendOp(block, "sum", {{"X", {pg.second, decay}}}, {{"Out", {update.second}}}, role);
     }
+    const size_t before = block.num_ops();
     AppendUpdateOp(block, startup->global_block(), update, lr_var_);
+    if (!skip_update_.empty())
+      for (size_t i = before; i < block.num_ops(); ++i)
+        if (OpRegistry::Get(block.op(i)->type()).FindInput("SkipUpdate"))
+          block.op(i)->SetInput("SkipUpdate", {skip_update_});
   }
 }
 

@@ -50,6 +50,10 @@ class Optimizer {
   // grad + coeff * param, computed after the clip into "<grad>@L2DECAY". AdamW's decoupled decay
   // is its constructor's weight_decay instead.
   void set_weight_decay(float coeff);
+  // A [1] bool var: the update ops apply_gradients appends read it as SkipUpdate and leave the
+  // parameters and their accumulators as they are on a step where it holds true (mixed
+  // precision's overflow skip, see amp.h). "" (the default): every step updates.
+  void set_skip_update(const std::string& var) { skip_update_ = var; }
   float weight_decay() const { return weight_decay_; }
   // The constant learning rate; a keel::Error when it is a schedule (see lr()).
   float learning_rate() const { return learning_rate_.value(); }
@@ -74,6 +78,7 @@ class Optimizer {
   std::optional<GradientClipByGlobalNorm> grad_clip_;
   float weight_decay_ = 0;
   std::string lr_var_;
+  std::string skip_update_;
 };
 
 // param -= learning_rate * grad

@@ -1,7 +1,7 @@
 // keel: the one header a user includes.
 //   Program, ProgramGuard, layers::, optimizer::, lr_schedule::, Executor, save/load, keel::Init,
-//   fleet:: (data-parallel training), SummaryWriter (TensorBoard), and the data API (Dataset,
-//   DataLoader, MNIST, CSV).
+//   fleet:: (data-parallel training), SummaryWriter (TensorBoard), the data API (Dataset,
+//   DataLoader, MNIST, CSV) and Trainer (the training loop with checkpoints and evaluation).
 #pragma once
 
 #include <glog/logging.h>  // LOG(INFO) in user programs
@@ -28,3 +28,4 @@
 #include "framework/ir/program.h"
 #include "framework/runtime/tensor.h"
 #include "framework/summary/summary_writer.h"
+#include "trainer/trainer.h"

@@ -59,7 +59,11 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
       "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
       "comm_timeout_s=300, "
-      "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100, use_cuda_graph=false}}");
+      "exec_strategy={num_threads=0, num_iteration_per_drop_scope=100, use_cuda_graph=false}, "
+      "amp=false, amp_configs={dtype=bfloat16, level=O1, use_dynamic_loss_scaling=unset, "
+      "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
+      "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
+      "check_kernels=true}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -367,6 +371,28 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"exec_strategy.use_cuda_graph", kPinnedBy, none, none,
        "ExecutorCudaGraph.IsRefusedOnACpuPlaceBeforeAnyOpRuns (attached), "
        "CudaGraph.OneNcclRankReplaysTheTranspiledProgramExactly (GPU)"},
+      // amp acts at minimize (before the passes): its rewrite is pinned by the fleet test.
+      {"amp", kPinnedBy, none, none, "FleetAmp.MinimizeRewritesTheForwardAndScalesTheLoss"},
+      {"amp_configs.dtype", kRefused, none,
+       [](auto* s) { s->amp_configs.dtype = DType::kFloat16; }},
+      {"amp_configs.level", kRefused, none, [](auto* s) { s->amp_configs.level = "O2"; }},
+      {"amp_configs.use_dynamic_loss_scaling", kRefused, none,
+       [](auto* s) { s->amp_configs.use_dynamic_loss_scaling = true; }},
+      {"amp_configs.init_loss_scaling", kRefused, none,
+       [](auto* s) { s->amp_configs.init_loss_scaling = 8.0f; }},
+      {"amp_configs.incr_every_n_steps", kRefused, none,
+       [](auto* s) { s->amp_configs.incr_every_n_steps = 10; }},
+      {"amp_configs.decr_every_n_nan_or_inf", kRefused, none,
+       [](auto* s) { s->amp_configs.decr_every_n_nan_or_inf = 2; }},
+      {"amp_configs.incr_ratio", kRefused, none, [](auto* s) { s->amp_configs.incr_ratio = 3; }},
+      {"amp_configs.decr_ratio", kRefused, none,
+       [](auto* s) { s->amp_configs.decr_ratio = 0.25f; }},
+      {"amp_configs.custom_white_list", kRefused, none,
+       [](auto* s) { s->amp_configs.custom_white_list = {"relu"}; }},
+      {"amp_configs.custom_black_list", kRefused, none,
+       [](auto* s) { s->amp_configs.custom_black_list = {"relu"}; }},
+      {"amp_configs.check_kernels", kRefused, none,
+       [](auto* s) { s->amp_configs.check_kernels = false; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -374,7 +400,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 96u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 272u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

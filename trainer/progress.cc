@@ -1,26 +1,11 @@
-#include "python_free_cli/train_monitor.h"
+#include "trainer/progress.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 
-#include "framework/error.h"
-
-DEFINE_string(progress, "auto",
-              "bar (redrawn in place) | lines (one per fetched step) | auto: a bar on a "
-              "terminal, else lines.");
-DEFINE_string(logdir, "",
-              "Write TensorBoard event files here: loss, learning rate, samples/s, step time, "
-              "eval accuracy.");
-DEFINE_bool(logdir_all_ranks, false,
-            "With --logdir: every worker writes its own DIR/rank_N (default: rank 0 writes DIR).");
-DEFINE_int32(eval_every, 0,
-             "Evaluate on the test data every this many steps (and at the end); 0: only after "
-             "each epoch with --epochs.");
-
 namespace keel {
-namespace cli {
 
 namespace {
 
@@ -33,27 +18,38 @@ std::string Clock(double seconds) {
 
 }  // namespace
 
-TrainMonitor::TrainMonitor(int64_t total_steps, int64_t samples_per_step, int rank, bool quiet)
-    : total_steps_(total_steps), samples_per_step_(samples_per_step), quiet_(quiet) {
-  const std::string& mode = FLAGS_progress;
-  KEEL_ENFORCE(mode == "auto" || mode == "bar" || mode == "lines", "--progress='", mode,
-               "' is not one of auto, bar, lines");
+TrainProgress::TrainProgress(const TrainerOptions& options) : options_(options) {
+  const std::string& mode = options.progress;
+  const std::string& p = options.option_prefix;
+  KEEL_ENFORCE(mode == "auto" || mode == "bar" || mode == "lines" || mode == "none", p,
+               "progress='", mode, "' is not one of auto, bar, lines, none");
   bar_ = mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO));
-  KEEL_ENFORCE(!FLAGS_logdir_all_ranks || !FLAGS_logdir.empty(),
-               "--logdir_all_ranks needs --logdir");
-  if (!FLAGS_logdir.empty()) {
+  lines_ = mode != "none";
+  KEEL_ENFORCE(!options.logdir_all_ranks || !options.logdir.empty(), p, "logdir_all_ranks needs ",
+               p, "logdir");
+  if (!options.logdir.empty()) {
     // A folder that cannot be made (a mistyped path) is an error now; writing into it later is
     // a convenience that warns and stops when it fails (LoggingFailed).
     std::error_code ec;
-    std::filesystem::create_directories(FLAGS_logdir, ec);
-    KEEL_ENFORCE(std::filesystem::is_directory(FLAGS_logdir), "--logdir=", FLAGS_logdir,
+    std::filesystem::create_directories(options.logdir, ec);
+    KEEL_ENFORCE(std::filesystem::is_directory(options.logdir), p, "logdir=", options.logdir,
                  ": not a directory and cannot be made one",
                  ec ? ": " + ec.message() : std::string());
+  }
+}
+
+TrainProgress::~TrainProgress() { EndBarLine(); }
+
+void TrainProgress::Begin(int64_t total_steps, int64_t samples_per_step, int rank, bool quiet) {
+  total_steps_ = total_steps;
+  samples_per_step_ = samples_per_step;
+  quiet_ = quiet;
+  if (!options_.logdir.empty()) {
     try {
-      if (FLAGS_logdir_all_ranks)
-        tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir + "/rank_" + std::to_string(rank));
+      if (options_.logdir_all_ranks)
+        tb_ = std::make_unique<SummaryWriter>(options_.logdir + "/rank_" + std::to_string(rank));
       else if (rank == 0)
-        tb_ = std::make_unique<SummaryWriter>(FLAGS_logdir);
+        tb_ = std::make_unique<SummaryWriter>(options_.logdir);
     } catch (const Error& e) {
       LoggingFailed(e);
     }
@@ -61,20 +57,17 @@ TrainMonitor::TrainMonitor(int64_t total_steps, int64_t samples_per_step, int ra
   start_ = last_ = std::chrono::steady_clock::now();
 }
 
-TrainMonitor::~TrainMonitor() { EndBarLine(); }
-
 // TensorBoard is a convenience: a log disk that is full, read-only or over the file size limit
 // stops the logging, with one warning, and training goes on (its checkpoints may still be
 // writable elsewhere; under --max_restarts an error here would fail every restart alike).
-void TrainMonitor::LoggingFailed(const Error& e) {
+void TrainProgress::LoggingFailed(const Error& e) {
   tb_.reset();
-  std::fprintf(stderr,
-               "keel train: warning: --logdir=%s: %s; TensorBoard logging stops here, "
-               "training goes on\n",
-               FLAGS_logdir.c_str(), e.what());
+  std::fprintf(
+      stderr, "%s: warning: %slogdir=%s: %s; TensorBoard logging stops here, training goes on\n",
+      options_.name.c_str(), options_.option_prefix.c_str(), options_.logdir.c_str(), e.what());
 }
 
-void TrainMonitor::Scalar(const std::string& tag, double value, int64_t step) {
+void TrainProgress::Scalar(const std::string& tag, double value, int64_t step) {
   if (!tb_) return;
   try {
     tb_->AddScalar(tag, value, step);
@@ -83,13 +76,13 @@ void TrainMonitor::Scalar(const std::string& tag, double value, int64_t step) {
   }
 }
 
-std::string TrainMonitor::Eta(int64_t steps_done) const {
+std::string TrainProgress::Eta(int64_t steps_done) const {
   if (total_steps_ <= 0 || steps_done <= 0) return "";
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   return Clock(elapsed / steps_done * static_cast<double>(total_steps_ - steps_done));
 }
 
-void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional<float> lr) {
+void TrainProgress::OnStep(int64_t step, std::optional<float> loss, std::optional<float> lr) {
   if (!loss) return;
   auto now = std::chrono::steady_clock::now();
   const int64_t steps = step - last_step_;
@@ -102,7 +95,7 @@ void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional
   if (lr) Scalar("train/learning_rate", *lr, step);
   Scalar("train/samples_per_sec", samples_per_s, step);
   Scalar("train/step_time_ms", step_ms, step);
-  if (quiet_) return;
+  if (quiet_ || !lines_) return;
   const std::string eta = Eta(step + 1);
   if (bar_) {
     std::string line;
@@ -132,28 +125,32 @@ void TrainMonitor::OnStep(int64_t step, std::optional<float> loss, std::optional
   std::fflush(stdout);
 }
 
-void TrainMonitor::OnEval(int64_t step, int epoch, double accuracy, int64_t samples) {
-  Scalar("eval/accuracy", accuracy, step);
+void TrainProgress::OnEval(int64_t step, int epoch,
+                           const std::vector<std::pair<std::string, double>>& metrics,
+                           int64_t samples) {
+  for (const auto& [name, value] : metrics) Scalar("eval/" + name, value, step);
   if (quiet_) return;
   EndBarLine();
-  const std::string count =
-      samples >= 0 ? " (" + std::to_string(samples) + " test samples)" : std::string();
-  if (epoch >= 0)
-    std::printf("epoch %d test_accuracy %.4f%s\n", epoch, accuracy, count.c_str());
-  else
-    std::printf("step %lld test_accuracy %.4f%s\n", static_cast<long long>(step), accuracy,
-                count.c_str());
+  std::string line = epoch >= 0 ? "epoch " + std::to_string(epoch)
+                                : "step " + std::to_string(static_cast<long long>(step));
+  for (const auto& [name, value] : metrics) {
+    char v[64];
+    std::snprintf(v, sizeof(v), "%.4f", value);
+    line += " test_" + name + " " + v;
+  }
+  if (samples >= 0) line += " (" + std::to_string(samples) + " test samples)";
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
 
-void TrainMonitor::EndBarLine() {
+void TrainProgress::EndBarLine() {
   if (!bar_open_) return;
   std::printf("\n");
   std::fflush(stdout);
   bar_open_ = false;
 }
 
-void TrainMonitor::Finish() {
+void TrainProgress::Finish() {
   EndBarLine();
   if (!tb_) return;
   try {
@@ -163,5 +160,4 @@ void TrainMonitor::Finish() {
   }
 }
 
-}  // namespace cli
 }  // namespace keel

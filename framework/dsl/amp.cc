@@ -1,0 +1,158 @@
+#include "framework/dsl/amp.h"
+
+#include <cmath>
+#include <utility>
+
+#include "framework/error.h"
+#include "framework/op/op_registry.h"
+#include "transpiler/amp_pass.h"
+
+namespace keel {
+namespace amp {
+
+namespace {
+constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
+
+// A persistable [1] var in main and startup, filled with `value` by startup.
+std::string AddState(Program& main, Program& startup, const std::string& prefix, DType dtype,
+                     float value) {
+  const std::string name = main.UniqueName(prefix);
+  for (Program* p : {&main, &startup}) {
+    VarDesc* v = p->global_block().Var(name);
+    v->set_shape({1});
+    v->set_dtype(dtype);
+    v->set_persistable(true);
+    v->set_stop_gradient(true);
+  }
+  AppendOp(startup.global_block(), "fill_constant", {}, {{"Out", {name}}},
+           {{"shape", std::vector<int64_t>{1}}, {"dtype", static_cast<int>(dtype)},
+            {"value", value}});
+  return name;
+}
+}  // namespace
+
+bool ScalesLoss(const AmpConfig& c) {
+  if (c.use_dynamic_loss_scaling) return *c.use_dynamic_loss_scaling || c.init_loss_scaling;
+  return c.dtype == DType::kFloat16 || c.init_loss_scaling.has_value();
+}
+
+void ValidateAmpConfig(const AmpConfig& c, const std::string& where) {
+  KEEL_ENFORCE(c.dtype == DType::kBFloat16 || c.dtype == DType::kFloat16, where,
+               "amp_configs.dtype must be float16 or bfloat16, got ", DTypeName(c.dtype));
+  KEEL_ENFORCE(c.level == "O1", where, "amp_configs.level=", c.level,
+               ": keel has O1 (casts around the white-list ops; parameters stay float32); O2 "
+               "(low-precision parameters with float32 master weights) is not built yet");
+  if (c.init_loss_scaling)
+    KEEL_ENFORCE(std::isfinite(*c.init_loss_scaling) && *c.init_loss_scaling >= 1.0f, where,
+                 "amp_configs.init_loss_scaling must be finite and >= 1, got ",
+                 *c.init_loss_scaling);
+  KEEL_ENFORCE(c.incr_every_n_steps >= 1, where, "amp_configs.incr_every_n_steps must be >= 1, got ",
+               c.incr_every_n_steps);
+  KEEL_ENFORCE(c.decr_every_n_nan_or_inf >= 1, where,
+               "amp_configs.decr_every_n_nan_or_inf must be >= 1, got ", c.decr_every_n_nan_or_inf);
+  KEEL_ENFORCE(c.incr_ratio > 1.0f && std::isfinite(c.incr_ratio), where,
+               "amp_configs.incr_ratio must be > 1, got ", c.incr_ratio);
+  KEEL_ENFORCE(c.decr_ratio > 0.0f && c.decr_ratio < 1.0f, where,
+               "amp_configs.decr_ratio must be in (0, 1), got ", c.decr_ratio);
+  for (const std::string& t : c.custom_white_list) {
+    KEEL_ENFORCE(!c.custom_black_list.count(t), where, "op type '", t,
+                 "' is in both amp_configs.custom_white_list and custom_black_list");
+    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_white_list names '",
+                 t, "', which is not an op type keel has");
+  }
+  for (const std::string& t : c.custom_black_list)
+    KEEL_ENFORCE(OpRegistry::Find(t) != nullptr, where, "amp_configs.custom_black_list names '",
+                 t, "', which is not an op type keel has");
+}
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(const optimizer::Optimizer& opt,
+                                                 AmpConfig config)
+    : opt_(opt.Clone()), config_(std::move(config)) {
+  ValidateAmpConfig(config_, "amp::decorate: ");
+}
+
+std::vector<ParamGrad> MixedPrecisionOptimizer::backward(Var loss, Program* startup,
+                                                         const std::set<std::string>& no_grad_set) {
+  KEEL_ENFORCE(loss.valid(), "amp::decorate(", opt_->type(), "): minimize needs a loss variable");
+  KEEL_ENFORCE(loss_scaling_.empty() && found_inf_.empty(),
+               "amp::decorate: backward was already called on this optimizer");
+  if (!startup) startup = &default_startup_program();
+  Program& main = *loss.block()->program();
+  Block& block = main.global_block();
+
+  transpiler::AmpOptions options;
+  options.dtype = config_.dtype;
+  options.place = config_.place;
+  options.check_kernels = config_.check_kernels;
+  options.white_list = config_.custom_white_list;
+  options.black_list = config_.custom_black_list;
+  transpiler::AmpPass(options).Apply(main, *startup);
+
+  Var target = loss;
+  if (loss.dtype() != DType::kFloat32) {
+    // A loss computed in low precision (a white op at the end): backward starts in float32.
+    const std::string f32 = main.UniqueName(loss.name() + ".cast_fp32");
+    AppendOp(block, "cast", {{"X", {loss.name()}}}, {{"Out", {f32}}},
+             {{"in_dtype", static_cast<int>(loss.dtype())},
+              {"out_dtype", static_cast<int>(DType::kFloat32)}});
+    target = Var(&block, f32);
+  }
+  const bool scaled = ScalesLoss(config_);
+  if (scaled) {
+    const float init = config_.init_loss_scaling.value_or(65536.0f);
+    loss_scaling_ = AddState(main, *startup, "loss_scaling", DType::kFloat32, init);
+    const std::string s = main.UniqueName(target.name() + "@SCALED");
+    AppendOp(block, "elementwise_mul", {{"X", {target.name()}}, {"Y", {loss_scaling_}}},
+             {{"Out", {s}}}, {});
+    target = Var(&block, s);
+  }
+
+  std::vector<ParamGrad> pg = opt_->backward(target, no_grad_set);
+  if (!scaled) return pg;
+
+  std::vector<std::string> grads;
+  for (const ParamGrad& p : pg) grads.push_back(p.second);
+  found_inf_ = main.UniqueName("find_infinite");
+  VarDesc* flag = block.Var(found_inf_);
+  flag->set_stop_gradient(true);
+  AppendOp(block, "check_finite_and_unscale", {{"X", grads}, {"Scale", {loss_scaling_}}},
+           {{"Out", grads}, {"FoundInfinite", {found_inf_}}}, {{kOpRoleAttr, kOptimize}});
+  if (config_.use_dynamic_loss_scaling.value_or(true)) {
+    good_steps_ = AddState(main, *startup, "num_good_steps", DType::kInt32, 0);
+    bad_steps_ = AddState(main, *startup, "num_bad_steps", DType::kInt32, 0);
+    AppendOp(block, "update_loss_scaling",
+             {{"FoundInfinite", {found_inf_}},
+              {"PrevLossScaling", {loss_scaling_}},
+              {"InGoodSteps", {good_steps_}},
+              {"InBadSteps", {bad_steps_}}},
+             {{"LossScaling", {loss_scaling_}},
+              {"OutGoodSteps", {good_steps_}},
+              {"OutBadSteps", {bad_steps_}}},
+             {{"incr_every_n_steps", config_.incr_every_n_steps},
+              {"decr_every_n_nan_or_inf", config_.decr_every_n_nan_or_inf},
+              {"incr_ratio", config_.incr_ratio},
+              {"decr_ratio", config_.decr_ratio},
+              {kOpRoleAttr, kOptimize}});
+  }
+  return pg;
+}
+
+void MixedPrecisionOptimizer::apply_gradients(const std::vector<ParamGrad>& params_grads,
+                                              Program* startup) {
+  if (!found_inf_.empty()) opt_->set_skip_update(found_inf_);
+  opt_->apply_gradients(params_grads, startup);
+}
+
+std::vector<ParamGrad> MixedPrecisionOptimizer::minimize(Var loss, Program* startup,
+                                                         const std::set<std::string>& no_grad_set) {
+  auto pg = backward(loss, startup, no_grad_set);
+  apply_gradients(pg, startup);
+  return pg;
+}
+
+MixedPrecisionOptimizer decorate(const optimizer::Optimizer& opt, AmpConfig config) {
+  return MixedPrecisionOptimizer(opt, std::move(config));
+}
+
+}  // namespace amp
+}  // namespace keel

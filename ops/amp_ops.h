@@ -1,0 +1,114 @@
+// The kernels of mixed precision's loss scaling (amp_ops.cc has the ops, their shapes and Paddle's
+// rule), once for every device (ops/device.h): check_finite_and_unscale divides the gradients by
+// the loss scale and raises FoundInfinite when one of them holds an inf or a NaN;
+// update_loss_scaling moves the scale and its good/bad step counters. Both read the scale and the
+// flag in device code, so a step never waits for the host.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/device.h"
+
+namespace keel {
+
+namespace fn {
+// Paddle's update_loss_scaling rule, one step. On overflow: good = 0, bad + 1, and every
+// decr_every-th bad step the scale shrinks by decr_ratio (never below 1) and bad restarts at 0.
+// Else: bad = 0, good + 1, and every incr_every-th good step the scale grows by incr_ratio (when
+// the result is finite) and good restarts at 0.
+struct LossScaleRule {
+  int incr_every, decr_every;
+  float incr_ratio, decr_ratio;
+  KEEL_HD void operator()(bool found_inf, float prev, int good, int bad, float* scale,
+                          int* good_out, int* bad_out) const {
+    float s = prev;
+    if (found_inf) {
+      good = 0;
+      bad += 1;
+      if (bad >= decr_every) {
+        s = prev * decr_ratio;
+        if (s < 1.0f) s = 1.0f;
+        bad = 0;
+      }
+    } else {
+      bad = 0;
+      good += 1;
+      if (good >= incr_every) {
+        const float grown = prev * incr_ratio;
+        if (isfinite(grown)) s = grown;
+        good = 0;
+      }
+    }
+    *scale = s;
+    *good_out = good;
+    *bad_out = bad;
+  }
+};
+}  // namespace fn
+
+// Out_k = X_k / Scale for every X_k; FoundInfinite = whether any X_k holds an inf or NaN.
+template <typename D, typename T>
+class CheckFiniteAndUnscaleKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const typename Device<D>::Scalar scale = Device<D>::ScalarOf(ctx.Input("Scale"));
+    bool* found = ctx.Output("FoundInfinite")->mutable_data<bool>(ctx.place());
+    Device<D>::Zero(ctx, found, 1);
+    const int n = ctx.NumInputs("X");
+    KEEL_ENFORCE(static_cast<int>(ctx.op().Output("Out").size()) == n, ctx.op().type(), ": ", n,
+                 " X but ", ctx.op().Output("Out").size(), " Out");
+    for (int k = 0; k < n; ++k) {
+      const Tensor& x = ctx.Input("X", k);
+      Tensor* out = ctx.Output("Out", k);
+      const T* xp = x.data<T>();
+      T* op = out->mutable_data<T>(ctx.place());
+      Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+        const T v = xp[i];
+        if (!isfinite(v)) *found = true;
+        op[i] = static_cast<T>(v * static_cast<T>(1.0 / scale.Get()));
+      });
+    }
+  }
+};
+
+// LossScaling, OutGoodSteps, OutBadSteps from PrevLossScaling, InGoodSteps, InBadSteps and
+// FoundInfinite by fn::LossScaleRule; with stop_update they are copied unchanged.
+template <typename D, typename T>
+class UpdateLossScalingKernel : public OpKernel {
+ public:
+  explicit UpdateLossScalingKernel(const OpDesc& op)
+      : rule_{op.Attr<int>("incr_every_n_steps"), op.Attr<int>("decr_every_n_nan_or_inf"),
+              op.Attr<float>("incr_ratio"), op.Attr<float>("decr_ratio")},
+        stop_(op.Attr<bool>("stop_update")) {}
+  void Compute(ExecutionContext& ctx) override {
+    const bool* found = ctx.Input("FoundInfinite").data<bool>();
+    const T* prev = ctx.Input("PrevLossScaling").data<T>();
+    const int* good = ctx.Input("InGoodSteps").data<int>();
+    const int* bad = ctx.Input("InBadSteps").data<int>();
+    T* scale = ctx.Output("LossScaling")->mutable_data<T>(ctx.place());
+    int* good_out = ctx.Output("OutGoodSteps")->mutable_data<int>(ctx.place());
+    int* bad_out = ctx.Output("OutBadSteps")->mutable_data<int>(ctx.place());
+    const fn::LossScaleRule rule = rule_;
+    const bool stop = stop_;
+    Device<D>::ForEach(ctx, 1, [=] KEEL_HD_LAMBDA(int64_t) {
+      if (stop) {
+        *scale = *prev;
+        *good_out = *good;
+        *bad_out = *bad;
+        return;
+      }
+      float s;
+      int g, b;
+      rule(*found, static_cast<float>(*prev), *good, *bad, &s, &g, &b);
+      *scale = static_cast<T>(s);
+      *good_out = g;
+      *bad_out = b;
+    });
+  }
+
+ private:
+  fn::LossScaleRule rule_;
+  bool stop_;
+};
+
+}  // namespace keel
