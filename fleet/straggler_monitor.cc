@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fleet/fleet.h"
+#include "framework/base/strings.h"
 #include "framework/comm/comm_context.h"
 #include "framework/comm/communicator.h"
 #include "framework/error.h"
@@ -34,12 +35,49 @@ struct Report {
   int64_t seq = 0, steps = 0, window_steps = 0;
   double compute_ms = -1;  // mean over the last interval; -1: no step in it
   double since_step_s = 0;
+  // Of since_step_s, the time spent inside collectives (those that ended and the one running).
+  double open_comm_s = 0;
+  double step_ms = -1;  // mean wall time per step over the last interval; -1: no step in it
 };
+
+constexpr auto kRelog = std::chrono::seconds(30);  // a lasting condition is logged this often
 
 std::string Fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f", v);
   return buf;
+}
+
+// Rank 0: logs a rank that has finished no step for a long time (three report intervals, and ten
+// of its usual steps) while it is in no collective and another rank waits inside one: its
+// training thread is hung (or busy with something that is not training) while its process lives
+// and reports. A slow rank still finishes steps; a stopped one stops reporting (logged apart).
+void CheckHung(const std::map<int, Report>& reports, std::map<int, double>* step_s,
+               std::map<int, bool>* hung, std::map<int, Clock::time_point>* logged) {
+  const double interval = FLAGS_straggler_report_interval_s;
+  for (const auto& [r, rep] : reports)
+    if (rep.window_steps > 0 && rep.step_ms >= 0) (*step_s)[r] = rep.step_ms * 1e-3;
+  for (const auto& [r, rep] : reports) {
+    std::vector<std::string> waiting;
+    for (const auto& [q, other] : reports)
+      if (q != r && other.open_comm_s > interval) waiting.push_back(std::to_string(q));
+    const double outside = rep.since_step_s - rep.open_comm_s;
+    const double limit = std::max(3 * interval, 10 * (*step_s)[r]);
+    const bool is_hung = rep.window_steps == 0 && outside > limit && !waiting.empty();
+    auto last = logged->find(r);
+    const bool quiet_long = last == logged->end() || Clock::now() - last->second > kRelog;
+    if (is_hung && (!(*hung)[r] || quiet_long)) {
+      LOG(WARNING) << "straggler: rank " << r << " has finished no step for "
+                   << Fmt(rep.since_step_s) << " s (hung?), after " << rep.steps
+                   << " step(s): it is in no collective, while rank(s) " << StrJoin(waiting, ", ")
+                   << " wait for it in theirs";
+      (*logged)[r] = Clock::now();
+    } else if (!is_hung && (*hung)[r] && rep.window_steps > 0) {
+      LOG(INFO) << "straggler: rank " << r << " finishes steps again (" << rep.steps
+                << " step(s) done)";
+    }
+    (*hung)[r] = is_hung;
+  }
 }
 
 }  // namespace
@@ -78,6 +116,7 @@ void StragglerMonitor::StepDone() {
   double step_s = std::chrono::duration<double>(now - last_step_end_).count();
   double comm_s = static_cast<double>(comm - last_comm_ns_) * 1e-9;
   window_compute_s_ += std::max(0.0, step_s - comm_s);
+  window_wall_s_ += step_s;
   ++window_steps_;
   ++steps_;
   last_step_end_ = now;
@@ -114,6 +153,10 @@ void StragglerMonitor::Loop() {
   std::map<int, std::pair<int64_t, Clock::time_point>> last_seen;  // rank 0: seq, when it changed
   std::map<int, Clock::time_point> last_logged;
   std::map<int, bool> flagged;
+  // Hung ranks: finishing no step while outside any collective, as their peers wait in theirs.
+  std::map<int, double> step_s;  // each rank's mean step time when it last finished steps
+  std::map<int, bool> hung;
+  std::map<int, Clock::time_point> hung_logged;
   auto log_ok = [&](int r) {
     auto it = last_logged.find(r);
     return it == last_logged.end() || Clock::now() - it->second > std::chrono::seconds(30);
@@ -127,14 +170,19 @@ void StragglerMonitor::Loop() {
       mine.steps = steps_;
       mine.compute_ms = window_steps_ > 0 ? window_compute_s_ * 1e3 / window_steps_ : -1;
       mine.window_steps = window_steps_;
+      mine.step_ms = window_steps_ > 0 ? window_wall_s_ * 1e3 / window_steps_ : -1;
       mine.since_step_s = std::chrono::duration<double>(Clock::now() - last_step_end_).count();
+      mine.open_comm_s = static_cast<double>(RingRegistry::Get().TotalCommNs() - last_comm_ns_ +
+                                             RingRegistry::Get().InFlightNs()) *
+                         1e-9;
       window_compute_s_ = 0;
+      window_wall_s_ = 0;
       window_steps_ = 0;
     }
     try {
       std::ostringstream os;
       os << mine.seq << " " << mine.steps << " " << mine.compute_ms << " " << mine.since_step_s
-         << " " << mine.window_steps;
+         << " " << mine.window_steps << " " << mine.open_comm_s << " " << mine.step_ms;
       store->Set(prefix + std::to_string(rank), os.str());
       if (rank != 0) continue;
       std::map<int, Report> reports;
@@ -142,7 +190,8 @@ void StragglerMonitor::Loop() {
         if (!store->Check(prefix + std::to_string(r))) continue;
         std::istringstream is(store->Get(prefix + std::to_string(r), std::chrono::milliseconds(1)));
         Report rep;
-        is >> rep.seq >> rep.steps >> rep.compute_ms >> rep.since_step_s >> rep.window_steps;
+        is >> rep.seq >> rep.steps >> rep.compute_ms >> rep.since_step_s >> rep.window_steps >>
+            rep.open_comm_s >> rep.step_ms;
         reports[r] = rep;
         auto& seen = last_seen[r];
         if (seen.first != rep.seq) seen = {rep.seq, Clock::now()};
@@ -157,6 +206,7 @@ void StragglerMonitor::Loop() {
           last_logged[r] = Clock::now();
         }
       }
+      CheckHung(reports, &step_s, &hung, &hung_logged);
       std::vector<double> compute;
       for (const auto& [r, rep] : reports)
         if (rep.compute_ms >= 0) compute.push_back(rep.compute_ms);

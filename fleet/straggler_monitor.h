@@ -11,6 +11,13 @@
 //     behind; the other ranks wait for it in every all-reduce
 //   straggler: rank R has not reported for S s (stopped or hung?); its last report: step N, the
 //     others wait for it in their collectives
+//   straggler: rank R has finished no step for S s (hung?), after N step(s): it is in no
+//     collective, while rank(s) 0, 2 wait for it in theirs
+// The last one is a rank whose process lives (its monitor thread reports) but whose training
+// thread finishes no step, outside any collective, for three intervals and ten of its usual
+// steps, while other ranks wait inside a collective: a hang, not a slow rank (a slow rank still
+// finishes steps). Each rank's report says how much of its current step it has spent inside
+// collectives (RingRegistry::InFlightNs counts the one still running).
 // Logged when a rank becomes a straggler and then at most once per 30 s while it lasts; a rank
 // back in line is logged once.
 //
@@ -51,7 +58,7 @@ class StragglerMonitor {
   bool stop_ = false;
   // Written by StepDone, read by the thread (under mu_).
   int64_t steps_ = 0;
-  double window_compute_s_ = 0;
+  double window_compute_s_ = 0, window_wall_s_ = 0;
   int64_t window_steps_ = 0;
   std::chrono::steady_clock::time_point last_step_end_;
   int64_t last_comm_ns_ = 0;

@@ -56,7 +56,8 @@ struct LaunchHost {
 struct LaunchWorker {
   int local = 0, rank = 0;
   // Its whole environment ("NAME=value"): the launcher's, with the worker's identity set. The
-  // supervisor adds the restart count of each attempt.
+  // supervisor adds the restart count of each attempt, the status pipe and, for rank 0, the
+  // store's listening socket (launch_supervisor.cc).
   std::vector<std::string> env;
   std::string log_path;  // LOG_DIR/workerlog.<local>
 };

@@ -17,13 +17,14 @@
 namespace keel {
 namespace cli {
 
-void Sentinel::Start() {
+void Sentinel::Start(int close_fd) {
   int fds[2];
   PCHECK(pipe2(fds, O_CLOEXEC) == 0);
   pid_t pid = fork();
   PCHECK(pid >= 0);
   if (pid == 0) {
     close(fds[1]);
+    if (close_fd >= 0) close(close_fd);
     setpgid(0, 0);  // out of the terminal's way: Ctrl-C reaches the launcher, not this
     signal(SIGINT, SIG_IGN);
     signal(SIGTERM, SIG_IGN);

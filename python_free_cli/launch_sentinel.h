@@ -14,8 +14,9 @@ namespace cli {
 
 class Sentinel {
  public:
-  // Forks the sentinel.
-  void Start();
+  // Forks the sentinel, which closes its copy of `close_fd` (when >= 0): a socket the launcher
+  // holds that the sentinel must not keep open should it outlive the launcher.
+  void Start(int close_fd = -1);
   // Process group `group` is to be killed if the launcher dies.
   void Watch(pid_t group);
   // Group `group` is empty: its id may be reused, so the sentinel must forget it.

@@ -1,8 +1,16 @@
 // keel launch's supervisor: starts this node's workers as the plan says and watches them. Rank
 // 0's output is copied to the console, every worker's goes to LOG_DIR/workerlog.N, a failing
 // worker stops all the others (or, with --max_restarts, all are started again) and is named with
-// the tail of its log, a worker stopped (state T) too long fails the job, and SIGINT/SIGTERM/
+// the tail of its log, a worker stopped (state T) too long fails the job, a worker that exits 0
+// before joining the rendezvous while its peers wait there fails it too, and SIGINT/SIGTERM/
 // SIGHUP are forwarded.
+//
+// The launcher that starts rank 0 listens on rank 0's port before any worker starts and holds it
+// until the job ends; rank 0 serves the store on that socket (KEEL_STORE_LISTEN_FD), so between
+// a failed attempt and its restart no other process can take the port and pose as the store. A
+// port that is taken before the job starts is an error naming it, and no worker is started. Every
+// worker also gets a status pipe (KEEL_LAUNCH_STATUS_FD) on which its rendezvous says when it
+// starts and when the rank has joined (framework/comm/launch_channel.h).
 //
 // Process layout: every worker is its own process group (so the launcher can signal a worker's
 // whole tree, e.g. `sh -c '...; sleep 30'`, and a terminal's Ctrl-C reaches the workers exactly
@@ -17,6 +25,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +42,7 @@
 #include <vector>
 
 #include "framework/base/fd_io.h"
+#include "framework/base/strings.h"
 #include "framework/error.h"
 #include "python_free_cli/launch_sentinel.h"
 #include "python_free_cli/process_util.h"
@@ -62,6 +72,14 @@ struct Worker {
   Clock::time_point stopped_since;
   double stopped_for_s = 0;  // how long it had been stopped when the job failed
   bool stopped_too_long = false;
+  // Its rendezvous, as its status pipe tells (launch_channel.h).
+  int status_fd = -1;  // the pipe's read end
+  std::string status_buf;
+  bool in_rendezvous = false, joined = false;
+  bool port_lost = false;        // it could not serve the store on rank 0's port
+  bool exited_unjoined = false;  // it exited 0 without having joined the rendezvous
+  bool left_early = false;       // ... while peers waited there: the job's failure
+  std::string waiting;           // those peers' ranks
 };
 
 class Supervisor {
@@ -69,6 +87,13 @@ class Supervisor {
   explicit Supervisor(const LaunchPlan& plan) : plan_(plan) {}
 
   int Run() {
+    // Rank 0's port is the job's from now on (see the top of this file).
+    if (plan_.rank(0) == 0) {
+      const size_t colon = plan_.master.rfind(':');
+      const std::string host = plan_.master.substr(0, colon);
+      store_fd_ = ListenOn(host, std::atoi(plan_.master.c_str() + colon + 1),
+                           (host == "127.0.0.1" || host == "localhost") && plan_.nnodes == 1);
+    }
     std::filesystem::path dir(plan_.log_dir);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -84,7 +109,7 @@ class Supervisor {
       w.log_fd = OpenHigh(w.log_path, O_WRONLY | O_CREAT | O_TRUNC);
       workers_.push_back(w);
     }
-    sentinel_.Start();
+    sentinel_.Start(store_fd_);
     std::fprintf(
         stderr,
         "keel launch: %d worker(s), ranks %d..%d of %d, rank 0 at %s; logs in %s/workerlog.N\n",
@@ -95,7 +120,9 @@ class Supervisor {
       for (Worker& w : workers_) Spawn(&w);
       Monitor();
       const Worker* cause = RootCause();
-      if (cause != nullptr && stop_signal_ == 0 && attempt < plan_.max_restarts) {
+      // A lost port is not the workers' fault, and another attempt would only lose it again.
+      if (cause != nullptr && stop_signal_ == 0 && attempt < plan_.max_restarts &&
+          !cause->port_lost) {
         std::fprintf(stderr, "keel launch: restart %d of %d: %s; restarting all %zu worker(s)\n",
                      attempt + 1, plan_.max_restarts, Describe(*cause).c_str(), workers_.size());
         for (Worker& w : workers_) {
@@ -109,6 +136,7 @@ class Supervisor {
       int rc = Report();
       for (Worker& w : workers_) close(w.log_fd);
       sentinel_.Stop();
+      if (store_fd_ >= 0) close(store_fd_);
       return rc;
     }
   }
@@ -134,9 +162,20 @@ class Supervisor {
   }
 
   void Spawn(Worker* w) {
-    std::vector<std::string> env = plan_.workers[w->local].env;
+    std::vector<std::string> env;
+    for (const std::string& e : plan_.workers[w->local].env)  // a launcher's own, if any
+      if (e.rfind("KEEL_STORE_LISTEN_FD=", 0) != 0 && e.rfind("KEEL_LAUNCH_STATUS_FD=", 0) != 0)
+        env.push_back(e);
     env.push_back(StrCat("KEEL_RESTART_COUNT=", restart_));
     env.push_back(StrCat("TORCHELASTIC_RESTART_COUNT=", restart_));
+    int status[2];
+    PipeAboveStdio(status);
+    w->status_fd = status[0];
+    struct stat pipe_st;
+    fstat(status[1], &pipe_st);  // its inode tells the worker the fd is this very pipe
+    env.push_back(StrCat("KEEL_LAUNCH_STATUS_FD=", status[1], ":", pipe_st.st_ino));
+    const int store_fd = w->rank == 0 ? store_fd_ : -1;
+    if (store_fd >= 0) env.push_back(StrCat("KEEL_STORE_LISTEN_FD=", store_fd));
     std::vector<char*> argv, envp;
     for (const std::string& a : plan_.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -164,6 +203,9 @@ class Supervisor {
       KEEL_THROW("cannot start worker local rank ", w->local, ": fork: ", std::strerror(err));
     }
     if (pid == 0) {
+      // The two descriptors this worker inherits (the others' are close-on-exec).
+      fcntl(status[1], F_SETFD, 0);
+      if (store_fd >= 0) fcntl(store_fd, F_SETFD, 0);
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);  // the launcher died before prctl
@@ -186,6 +228,7 @@ class Supervisor {
     setpgid(pid, pid);  // also here, so the group exists before the launcher ever signals it
     sentinel_.Watch(pid);
     close(null_fd);
+    close(status[1]);
     if (w->local == 0) close(out_fd);
     w->pid = pid;
     w->alive = true;
@@ -216,12 +259,61 @@ class Supervisor {
         // Once its group is empty its id may be reused: the sentinel must forget it.
         if (kill(-w.pid, 0) != 0 && errno == ESRCH) sentinel_.Forget(w.pid);
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        PumpStatus(&w);  // all it said before it exited
         if (!ok && !stopping_) {
           first_failed_ = &w;
           NoteStoppedAtFailure();
           Stop(SIGTERM);
+        } else if (ok && !stopping_ && !w.joined) {
+          w.exited_unjoined = true;
+          CheckLeftEarly();
         }
       }
+    }
+  }
+
+  // Reads what `w`'s rendezvous said on its status pipe ("rendezvous R", "joined R",
+  // "store-port-lost R"), then checks whether a worker left its peers waiting.
+  void PumpStatus(Worker* w) {
+    while (w->status_fd >= 0) {
+      char buf[512];
+      ssize_t n = read(w->status_fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) break;  // EAGAIN: nothing more now
+      if (n == 0) {
+        close(w->status_fd);
+        w->status_fd = -1;
+        break;
+      }
+      w->status_buf.append(buf, static_cast<size_t>(n));
+    }
+    for (size_t nl; (nl = w->status_buf.find('\n')) != std::string::npos;) {
+      const std::string event = w->status_buf.substr(0, w->status_buf.find(' '));
+      w->status_buf.erase(0, nl + 1);
+      if (event == "rendezvous") w->in_rendezvous = true;
+      if (event == "joined") w->in_rendezvous = w->joined = true;
+      if (event == "store-port-lost") w->port_lost = true;
+    }
+    if (w->status_buf.size() > 4096) w->status_buf.clear();  // not ours: no line in sight
+    CheckLeftEarly();
+  }
+
+  // A worker that exited 0 without joining the rendezvous while a peer is in it: the peer would
+  // wait for it until the comm timeout and then be blamed. It is the job's failure, now.
+  void CheckLeftEarly() {
+    if (stopping_) return;
+    for (Worker& e : workers_) {
+      if (!e.exited_unjoined) continue;
+      std::vector<int> waiting;
+      for (const Worker& o : workers_)
+        if (&o != &e && o.alive && o.in_rendezvous) waiting.push_back(o.rank);
+      if (waiting.empty()) continue;
+      e.left_early = true;
+      e.waiting = StrJoin(waiting, ", ");
+      first_failed_ = &e;
+      NoteStoppedAtFailure();
+      Stop(SIGTERM);
+      return;
     }
   }
 
@@ -336,11 +428,15 @@ class Supervisor {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
         timeout = std::min<int64_t>(timeout, left.count());
       }
-      pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {pipe_fd_, POLLIN, 0}};
-      int n = poll(fds, pipe_fd_ >= 0 ? 2 : 1, static_cast<int>(std::max<int64_t>(0, timeout)));
+      // poll ignores the entries of closed pipes (fd -1).
+      std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {pipe_fd_, POLLIN, 0}};
+      for (const Worker& w : workers_) fds.push_back({w.status_fd, POLLIN, 0});
+      int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, timeout)));
       PCHECK(n >= 0 || errno == EINTR);
       if (n > 0 && fds[0].revents) OnSignals();
       if (n > 0 && pipe_fd_ >= 0 && fds[1].revents) PumpRank0();
+      for (size_t i = 0; n > 0 && i < workers_.size(); ++i)
+        if (fds[2 + i].revents) PumpStatus(&workers_[i]);
       if (Clock::now() >= next_check) {
         CheckStopped();
         next_check = Clock::now() + std::chrono::seconds(1);
@@ -395,6 +491,12 @@ class Supervisor {
       w.stopped = w.stopped_logged = false;
       w.stopped_for_s = 0;
       w.stopped_too_long = false;
+      if (w.status_fd >= 0) close(w.status_fd);
+      w.status_fd = -1;
+      w.status_buf.clear();
+      w.in_rendezvous = w.joined = w.port_lost = false;
+      w.exited_unjoined = w.left_early = false;
+      w.waiting.clear();
     }
     stopping_ = killed_ = false;
     first_failed_ = nullptr;
@@ -409,6 +511,15 @@ class Supervisor {
   // "worker rank 1 (local 1, pid 123) was killed by signal SIGKILL (9)"
   std::string Describe(const Worker& w) const {
     std::string who = StrCat("worker rank ", w.rank, " (local ", w.local, ", pid ", w.pid, ")");
+    if (w.left_early)
+      return StrCat(who, " exited with code 0 before joining the job's rendezvous, while rank(s) ",
+                    w.waiting,
+                    " waited for it there (they would have waited until the comm timeout)");
+    if (w.port_lost)
+      return StrCat(who, " could not serve the rendezvous store on rank 0's port (", plan_.master,
+                    "): another process holds it? Not a worker failure: no restart is spent on "
+                    "it (",
+                    HowItEnded(w.status), ")");
     if (w.stopped_too_long)
       return StrCat(who, " was stopped (state T) for ", static_cast<int>(w.stopped_for_s),
                     " s, longer than the comm timeout");
@@ -437,6 +548,8 @@ class Supervisor {
   const Worker* RootCause() const {
     if (first_failed_ == nullptr) return nullptr;
     for (const Worker& w : workers_)
+      if (w.port_lost && !w.alive) return &w;
+    for (const Worker& w : workers_)
       if (w.stopped_too_long || (w.stopped_for_s > 0 && &w != first_failed_)) return &w;
     if (DiedOfOutsideSignal(*first_failed_)) return first_failed_;
     for (const Worker& w : workers_)
@@ -450,7 +563,7 @@ class Supervisor {
       const Worker& w = *cause;
       int st = w.status;
       std::string tail = LogTail(w.log_path, 20);
-      if (plan_.max_restarts > 0)
+      if (plan_.max_restarts > 0 && !w.port_lost)
         std::fprintf(stderr, "keel launch: giving up after %d restart(s); the last failure:\n",
                      restart_);
       std::fprintf(stderr,
@@ -469,6 +582,7 @@ class Supervisor {
       if (workers_.size() > 1)
         std::fprintf(stderr, "keel launch: stopped the other %zu worker(s)\n", workers_.size() - 1);
       if (w.stopped_for_s > 0 && !(WIFEXITED(st) && WEXITSTATUS(st) != 0)) return 1;
+      if (w.left_early || (w.port_lost && WIFEXITED(st) && WEXITSTATUS(st) == 0)) return 1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     if (stop_signal_ != 0) {
@@ -490,6 +604,7 @@ class Supervisor {
   const Worker* first_failed_ = nullptr;
   int stop_signal_ = 0;  // the signal that stopped the job, if one did
   int restart_ = 0;      // this attempt's restart count
+  int store_fd_ = -1;    // rank 0's listening socket, when this node runs rank 0
   Sentinel sentinel_;
 };
 

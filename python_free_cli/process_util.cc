@@ -163,6 +163,51 @@ std::string RandomToken() {
   return token;
 }
 
+namespace {
+
+// `fd` moved above 2 (close-on-exec), so that dup2 onto stdio in a child never meets it.
+int AboveStdio(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  close(fd);
+  return high;
+}
+
+}  // namespace
+
+int ListenOn(const std::string& host, int port, bool loopback_only) {
+  const std::string where = StrCat(host, ":", port);
+  int fd = AboveStdio(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  KEEL_ENFORCE(fd >= 0, "cannot open a socket for rank 0's rendezvous store at ", where, ": ",
+               std::strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 512) != 0) {
+    const int err = errno;
+    close(fd);
+    KEEL_THROW("cannot listen on ", where, " for rank 0's rendezvous store: ", std::strerror(err),
+               err == EADDRINUSE
+                   ? StrCat(": another process holds port ", port,
+                            " (choose another --master_port/--started_port, or leave them unset "
+                            "on a single node)")
+                   : std::string(),
+               "; no worker was started");
+  }
+  return fd;
+}
+
+void PipeAboveStdio(int fds[2]) {
+  KEEL_ENFORCE(pipe2(fds, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+  fds[0] = AboveStdio(fds[0]);
+  fds[1] = AboveStdio(fds[1]);
+  KEEL_ENFORCE(fds[0] >= 0 && fds[1] >= 0, "pipe: ", std::strerror(errno));
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+}
+
 std::vector<ProcState> ProcessesOfGroups(const std::set<pid_t>& groups) {
   std::vector<ProcState> out;
   DIR* d = opendir("/proc");

@@ -1,6 +1,7 @@
 // POSIX helpers of keel launch: signal names, files opened above stdio, the tail of a log, the
 // processes of a process group (from /proc), free ports, PATH lookup, the cores this process may
-// use and random tokens. LaunchHost (launch_plan.h) is made of the last four in launch.cc.
+// use, random tokens (LaunchHost, launch_plan.h, is made of these four in launch.cc), and the
+// store's listening socket and status pipes the supervisor hands its workers.
 #pragma once
 
 #include <sys/types.h>
@@ -43,6 +44,14 @@ int CpuCount();
 
 // 32 random hex digits (from /dev/urandom).
 std::string RandomToken();
+
+// A TCP socket listening on host:port (the loopback interface when `loopback_only`, else every
+// interface), close-on-exec and numbered above 2. A keel::Error naming the endpoint, and saying
+// that another process holds the port when it does, when it cannot listen.
+int ListenOn(const std::string& host, int port, bool loopback_only);
+
+// A pipe whose ends are close-on-exec and numbered above 2; fds[0] reads (nonblocking).
+void PipeAboveStdio(int fds[2]);
 
 }  // namespace cli
 }  // namespace keel

@@ -35,8 +35,8 @@ esac
 # two-rank data-parallel tests; the collective and fleet multi-process suites (dozens of TSan
 # processes each) are left to the ASan job and the plain build.
 case $job in
-  asan) select=(-E '^(Docs/DocCommands.RunAsWritten/docs_install|FaultTest|MultiHostTest|MpirunTest|KeelBench|CrashTest|FleetFaults|Cuda|Cudnn|Gpu|GraphCapture|ExecutorCudaGraph)') ;;
-  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB)'
+  asan) select=(-E '^(Docs/DocCommands.RunAsWritten/docs_install|FaultTest|WorkerFaultTest|LaunchSecurityTest|MultiHostTest|MpirunTest|KeelBench|CrashTest|FleetFaults|Cuda|Cudnn|Gpu|GraphCapture|ExecutorCudaGraph)') ;;
+  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|StoreHandshake[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB)'
                 -E 'HazardEdgeKeepsTheAnswerAndRemovingItBreaksIt') ;;  # races on purpose
 esac
 if [ -n "${KEEL_SANITIZE_TESTS:-}" ]; then select=(-R "$KEEL_SANITIZE_TESTS"); fi
@@ -46,7 +46,7 @@ if [ "$job" = tsan ] && [ -z "${KEEL_SANITIZE_TESTS:-}" ]; then
   # Only what the selection runs: its test programs, the keel binary and the worker programs.
   workers=$(cd tests/workers && ls *_worker.cc | sed 's/\.cc$//')
   cmake --build "$dir" -j "$(nproc)" --target keel_cli train_mlp train_mlp_fleet $workers scheduler_test event_plan_test \
-    executor_test eager_deletion_test op_traits_test store_test data_parallel_test data_test \
+    executor_test eager_deletion_test op_traits_test store_test store_handshake_test data_parallel_test data_test \
     caching_allocator_test profiler_test runtime_test base_test
 else
   cmake --build "$dir" -j "$(nproc)"

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ ccache pkg-config libeigen3-dev libprotobuf-dev protobuf-compiler
           libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev libgloo-dev libdnnl-dev
-          zlib1g-dev python3 python3-pip clang-format
+          zlib1g-dev libssl-dev python3 python3-pip clang-format
           openmpi-bin iproute2)  # mpirun tests; two-host tests in network namespaces
 # CI's ASan job also wants clang: KEEL_SETUP_EXTRA="clang".
 read -r -a extra <<<"${KEEL_SETUP_EXTRA:-}"

@@ -9,6 +9,7 @@
 #include <csignal>
 
 #include "framework/comm/collective_watch.h"
+#include "framework/comm/launch_channel.h"
 #include "framework/error.h"
 #include "framework/runtime/device.h"
 #include "framework/runtime/place.h"
@@ -85,9 +86,18 @@ void CommContext::Init(const CommConfig& cfg) {
     std::signal(SIGPIPE, SIG_IGN);
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
+  TellLauncher("rendezvous", cfg.rank);
   if (cfg.rank == 0) {
-    server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
-                                            cfg.store_port, cfg.token, cfg.generation);
+    // Under keel launch the port is already bound: the launcher holds it for the whole job.
+    try {
+      server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
+                                              cfg.store_port, cfg.token, cfg.generation,
+                                              InheritedStoreSocket(cfg.store_port));
+    } catch (const Error&) {
+      // Not this worker's fault: the launcher ends the job without spending a restart on it.
+      TellLauncher("store-port-lost", cfg.rank);
+      throw;
+    }
     config_.store_port = server_->port();
   }
   client_ =
@@ -115,6 +125,7 @@ void CommContext::Init(const CommConfig& cfg) {
                                          std::min(cfg.timeout, std::chrono::milliseconds(10000)),
                                          StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   });
+  TellLauncher("joined", cfg.rank);
   LOG(INFO) << "rank " << cfg.rank << " of " << cfg.nranks << " joined store "
             << client_->endpoint() << " in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
@@ -162,12 +173,13 @@ std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int 
   CommOptions opts;
   opts.my_host = config_.my_host;
   opts.timeout = config_.timeout;
-  // Unique per job (token), group and initialization round, so a re-created ring never reads the
-  // addresses of an earlier one and sub-group rings never mix.
+  // Unique per group and initialization round (the store is the job's own), so a re-created ring
+  // never reads the addresses of an earlier one and sub-group rings never mix. No secret in it:
+  // keys cross the wire and appear in error messages.
   const std::string tag = group.empty() ? std::string() : "/g" + group;
   int64_t round =
       s.Add("keel/ring" + std::to_string(ring_id) + tag + "/round/rank" + std::to_string(rank), 1);
-  opts.prefix = config_.token + tag + "/r" + std::to_string(round) + "/";
+  opts.prefix = "keel/rings" + tag + "/r" + std::to_string(round) + "/";
   auto t0 = std::chrono::steady_clock::now();
   const std::string& want = FLAGS_cpu_comm_backend;
   KEEL_ENFORCE(want == "auto" || want == "shm" || want == "gloo",
@@ -216,6 +228,13 @@ std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int 
             << ") connected in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   return comm;
+}
+
+int64_t RingRegistry::InFlightNs() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t longest = 0;
+  for (auto& kv : rings_) longest = std::max(longest, kv.second->in_flight_ns());
+  return longest;
 }
 
 void CommContext::Reset() {

@@ -8,6 +8,7 @@
 // together fail within seconds naming each rank's call.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -58,7 +59,18 @@ class Communicator {
   virtual double timeout_s() const { return 0; }
   // Nanoseconds this rank has spent inside this ring's collectives (moving data and waiting for
   // peers); read from any thread. The straggler monitor subtracts it from step time.
-  int64_t comm_ns() const { return comm_ns_.load(std::memory_order_relaxed); }
+  int64_t comm_ns() const { return comm_ns_.total.load(std::memory_order_relaxed); }
+  // How long the collective this ring runs now has been running (0: none): a rank whose step is
+  // stuck here waits for a peer. Read from any thread (the straggler monitor's).
+  int64_t in_flight_ns() const {
+    const int64_t since = comm_ns_.since.load(std::memory_order_relaxed);
+    return since == 0
+               ? 0
+               : std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now().time_since_epoch())
+                                              .count() -
+                                          since);
+  }
 
   // A block of `bytes` of CPU memory that every rank of the ring maps (shm rings), for a buffer
   // this ring all-reduces again and again (the fused gradients): an all-reduce of a tensor that
@@ -94,19 +106,30 @@ class Communicator {
   // they run (Gloo) or once they wait (shared memory).
   WatchedWait watch_;
   uint64_t seq_ = 0;
-  std::atomic<int64_t> comm_ns_{0};
+  // Time inside collectives: the total of those that ended, and when the one running now began
+  // (steady-clock nanoseconds; 0: none).
+  struct CommClock {
+    std::atomic<int64_t> total{0};
+    std::atomic<int64_t> since{0};
+  };
+  CommClock comm_ns_;
   std::atomic<int64_t> zero_copy_collectives_{0};
-  // Adds the time from construction to destruction to comm_ns_.
+  // Adds the time from construction to destruction to comm_ns_, and marks the collective as
+  // running meanwhile.
   struct CommTimer {
-    explicit CommTimer(std::atomic<int64_t>* total)
-        : total_(total), start_(std::chrono::steady_clock::now()) {}
-    ~CommTimer() {
-      total_->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - start_)
-                            .count(),
-                        std::memory_order_relaxed);
+    explicit CommTimer(CommClock* clock) : clock_(clock), start_(std::chrono::steady_clock::now()) {
+      clock_->since.store(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count(),
+          std::memory_order_relaxed);
     }
-    std::atomic<int64_t>* total_;
+    ~CommTimer() {
+      clock_->since.store(0, std::memory_order_relaxed);
+      clock_->total.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start_)
+                                  .count(),
+                              std::memory_order_relaxed);
+    }
+    CommClock* clock_;
     std::chrono::steady_clock::time_point start_;
   };
 };
@@ -162,6 +185,9 @@ class RingRegistry {
   void Clear();
   // Sum of comm_ns() over every ring.
   int64_t TotalCommNs();
+  // The longest in_flight_ns() over every ring: how long this rank has been waiting inside a
+  // collective (0: it is in none). Defined in comm_context.cc.
+  int64_t InFlightNs();
 
  private:
   std::mutex mu_;

@@ -3,15 +3,22 @@
 // format below), store_server.cc and store_client.cc.
 //
 // Wire format: every message is a frame, a little-endian u32 length then that many bytes. A
-// connection opens with a hello frame of at most kMaxHelloBytes, "KEEL-STORE/2\n<token>\n
-// <generation>\n<rank>\n<nranks>", which must arrive within kHelloTimeoutMs of the connect. The
-// server answers kOk, or a refusal code (wrong token; another restart generation) and hangs up.
-// Until its hello is accepted a connection costs the server one fd and no thread: the acceptor
-// reads hellos itself, holds at most kMaxPendingConnections of them (a new one evicts the
+// connection opens with a handshake that proves knowledge of the job token without sending it:
+//   client: hello (at most kMaxHelloBytes) "KEEL-STORE/3\n<client nonce>\n<generation>\n<rank>\n
+//           <nranks>"
+//   server: kChallenge + its own random nonce
+//   client: HMAC-SHA256(token, "client" role, hello, server nonce)
+//   server: kOk + HMAC-SHA256(token, "server" role, hello, server nonce); or a refusal code
+//           (wrong proof; another restart generation), then it hangs up.
+// The client checks the server's proof too: a process that took rank 0's port without the token
+// cannot pose as the store. The whole handshake must complete within kHelloTimeoutMs of the
+// connect. Until it does a connection costs the server one fd and no thread: the acceptor
+// reads handshakes itself, holds at most kMaxPendingConnections of them (a new one evicts the
 // oldest) and survives fd exhaustion (EMFILE/ENFILE) with backoff, so a flood of strangers
 // neither exhausts the process nor keeps the job's ranks out (a client whose connection was
-// dropped before the hello retries until its timeout). Frames after the hello are capped at
-// kMaxFrameBytes and their buffers grow as bytes arrive, never ahead of them. Requests:
+// dropped before the handshake retries until its timeout). Frames after the handshake are capped
+// at kMaxFrameBytes and their buffers grow as bytes arrive, never ahead of them. Keys carry no
+// secret either. Requests:
 // SET key value | GET key timeout_ms | ADD key delta | CHECK key | DEL key |
 // BARRIER key nranks timeout_ms | GET_ALIVE key timeout_ms (a GET that gives up as soon as a
 // rank's connections have all closed, naming the ranks gone).
@@ -49,15 +56,17 @@ struct StoreIdentity {
 class StoreServer {
  public:
   // Listens on host:port (port 0 picks a free one, see port()). Throws keel::Error naming the
-  // endpoint when it cannot bind.
-  StoreServer(const std::string& host, int port, std::string token, int64_t generation = 0);
+  // endpoint when it cannot bind. With `listen_fd` >= 0 it serves on that socket instead, already
+  // bound and listening (keel launch's, launch_channel.h), and closes it when done.
+  StoreServer(const std::string& host, int port, std::string token, int64_t generation = 0,
+              int listen_fd = -1);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const { return port_; }
-  // Connections refused so far (wrong token, no or bad hello, oversized or malformed traffic,
-  // evicted while unauthenticated).
+  // Connections refused so far (wrong token proof, no or bad handshake, oversized or malformed
+  // traffic, evicted while unauthenticated).
   int refused() const { return refused_.load(); }
   // Unauthenticated connections held now, and authenticated ones open now.
   int pending() const { return pending_count_.load(); }
@@ -68,8 +77,11 @@ class StoreServer {
  private:
   struct Pending;
   void AcceptLoop();
-  // Reads what `p` sent; true when it is done (accepted, handed to a thread, or refused).
-  bool ReadHello(Pending& p);
+  // Reads what `p` sent and answers its handshake; true when it is done (accepted, handed to a
+  // thread, or refused).
+  bool ReadHandshake(Pending& p);
+  // The hello or the proof (p.stage) is complete in p.buf; true when `p` is done.
+  bool Answer(Pending& p);
   void Serve(int fd, std::string peer, StoreIdentity who);
   void Refuse(const std::string& peer, const std::string& why);
   // "ranks 1, 3 of 4 have no store connection (rank 3's closed 2.5 s ago)" or "".
@@ -112,9 +124,11 @@ class StoreServer {
 // A client connection. Thread-safe: one request at a time.
 class StoreClient {
  public:
-  // Connects to host:port and says hello with `token`, retrying (refused connections, a server
-  // not yet up, a dropped hello, a store of an earlier restart generation) until `timeout`
-  // passes. A wrong token fails at once.
+  // Connects to host:port and proves it knows `token` (store.h's handshake), retrying (refused
+  // connections, a server not yet up, a dropped handshake, a store of an earlier restart
+  // generation) until `timeout` passes. A refused proof fails at once, and so does a server that
+  // cannot prove it knows the token (another process holds the port): a keel::Error naming the
+  // endpoint.
   StoreClient(const std::string& host, int port, std::string token,
               std::chrono::milliseconds timeout, StoreIdentity identity = {});
   ~StoreClient();

@@ -25,17 +25,24 @@ using store_wire::kBad;
 using store_wire::kBadGeneration;
 using store_wire::kBadToken;
 using store_wire::kBarrier;
+using store_wire::kChallenge;
 using store_wire::kCheck;
 using store_wire::kDel;
 using store_wire::KeyField;
 using store_wire::kGet;
 using store_wire::kGetAlive;
+using store_wire::kNonceBytes;
 using store_wire::kOk;
 using store_wire::kPeerGone;
+using store_wire::kProofBytes;
 using store_wire::kSet;
+using store_wire::Proof;
+using store_wire::Prover;
 using store_wire::PutU32;
 using store_wire::PutU64;
+using store_wire::RandomBytes;
 using store_wire::ReadFrame;
+using store_wire::SameProof;
 using store_wire::WriteFrame;
 
 namespace {
@@ -56,7 +63,6 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
   const auto deadline = Clock::now() + timeout;
   std::string last_error = "no attempt";
   auto backoff = std::chrono::milliseconds(20);
-  const std::string hello = HelloPayload(token, identity);
   while (true) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) {  // out of fds or buffers for a moment: retried like a refused connect
@@ -67,29 +73,51 @@ StoreClient::StoreClient(const std::string& host, int port, std::string token,
     } else if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       int one = 1;
       ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      std::string reply;
-      int64_t left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (WriteFrame(fd_, hello) &&
-          ReadFrame(fd_, &reply, std::max<int64_t>(left, 1000), 64).empty() && !reply.empty()) {
-        if (reply[0] == kOk) {
-          abort_fd_ = fd_;
-          break;
+      const int64_t left = std::max<int64_t>(
+          1000,
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      // A fresh nonce per attempt: the server's proof answers this very hello.
+      const std::string hello = HelloPayload(RandomBytes(kNonceBytes), identity);
+      std::string challenge, reply;
+      bool answered = WriteFrame(fd_, hello) && ReadFrame(fd_, &challenge, left, 64).empty() &&
+                      !challenge.empty();
+      if (answered && challenge[0] == kChallenge && challenge.size() == 1 + kNonceBytes) {
+        const std::string server_nonce = challenge.substr(1);
+        answered = WriteFrame(fd_, Proof(token, Prover::kClient, hello, server_nonce)) &&
+                   ReadFrame(fd_, &reply, left, 64).empty() && !reply.empty();
+        if (answered && reply[0] == kOk) {
+          if (reply.size() == 1 + kProofBytes &&
+              SameProof(reply.substr(1), Proof(token, Prover::kServer, hello, server_nonce))) {
+            abort_fd_ = fd_;
+            break;
+          }
+          ::close(fd_);
+          fd_ = -1;
+          KEEL_THROW("store ", endpoint_,
+                     ": the process answering there does not know the job token (it accepted "
+                     "this client's proof without proving its own): another program holds rank "
+                     "0's port ",
+                     port, "; nothing was sent to it but a one-time proof");
         }
+      } else if (answered) {
+        reply = challenge;  // a refusal before the proof (or not a keel store at all)
+      }
+      if (answered) {
         ::close(fd_);
         fd_ = -1;
         KEEL_ENFORCE(reply[0] != kBadToken, "store ", endpoint_,
-                     ": the server refused this client's job token (every rank must have the "
-                     "same KEEL_JOB_TOKEN)");
+                     ": the server refused this client's proof of the job token (every rank "
+                     "must have the same KEEL_JOB_TOKEN; or another job's store holds port ",
+                     port, ")");
         if (reply[0] == kBadGeneration && reply.size() == 9) {
           last_error =
               StrCat("it serves restart generation ", GetLE(reply.data() + 1, 8),
                      ", this worker is generation ", identity.generation, " (KEEL_RESTART_COUNT)");
         } else {
-          last_error = "refused";
+          last_error = "refused (not a keel store of this version?)";
         }
       } else {
-        last_error = "connection dropped before the hello was answered (server busy?)";
+        last_error = "connection dropped before the handshake completed (server busy?)";
         ::close(fd_);
         fd_ = -1;
       }

@@ -1,5 +1,5 @@
-// The rendezvous store's server: the acceptor thread that reads hellos and sheds strangers, and a
-// thread per accepted client that serves its requests (store.h).
+// The rendezvous store's server: the acceptor thread that answers handshakes and sheds strangers,
+// and a thread per accepted client that serves its requests (store.h).
 #include "framework/comm/store.h"
 
 #include <arpa/inet.h>
@@ -28,18 +28,24 @@ using store_wire::kAdd;
 using store_wire::kBadGeneration;
 using store_wire::kBadToken;
 using store_wire::kBarrier;
+using store_wire::kChallenge;
 using store_wire::kCheck;
 using store_wire::kDel;
 using store_wire::kGet;
 using store_wire::kGetAlive;
 using store_wire::kOk;
 using store_wire::kPeerGone;
+using store_wire::kProofBytes;
 using store_wire::kSet;
 using store_wire::kTimeout;
 using store_wire::ParseHello;
+using store_wire::Proof;
+using store_wire::Prover;
 using store_wire::PutU64;
+using store_wire::RandomBytes;
 using store_wire::Reader;
 using store_wire::ReadFrame;
+using store_wire::SameProof;
 using store_wire::Status;
 using store_wire::WriteFrame;
 
@@ -70,14 +76,34 @@ void SetNonBlocking(int fd, bool on) {
 }  // namespace
 
 struct StoreServer::Pending {
-  int fd;
+  int fd = -1;
   std::string peer;
   Clock::time_point accepted;
-  std::string buf;  // what arrived of the hello frame, length prefix included
+  std::string buf;  // what arrived of the current frame, length prefix included
+  // 0: reading the hello; 1: the challenge is sent, reading the client's proof.
+  int stage = 0;
+  std::string hello, server_nonce;
+  StoreIdentity id;
 };
 
-StoreServer::StoreServer(const std::string& host, int port, std::string token, int64_t generation)
+StoreServer::StoreServer(const std::string& host, int port, std::string token, int64_t generation,
+                         int listen_fd)
     : token_(std::move(token)), generation_(generation), last_summary_(Clock::now()) {
+  if (listen_fd >= 0) {
+    listen_fd_ = listen_fd;
+    SetNonBlocking(listen_fd_, true);
+    sockaddr_in addr{};
+    socklen_t len = sizeof(addr);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    if (::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      int err = errno;
+      ::close(listen_fd_);
+      KEEL_THROW("store: pipe(): ", std::strerror(err));
+    }
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    return;
+  }
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   KEEL_ENFORCE(listen_fd_ >= 0, "store: socket(): ", std::strerror(errno));
   int one = 1;
@@ -92,7 +118,10 @@ StoreServer::StoreServer(const std::string& host, int port, std::string token, i
       ::listen(listen_fd_, 512) != 0) {
     int err = errno;
     ::close(listen_fd_);
-    KEEL_THROW("store: cannot listen on ", host, ":", port, ": ", std::strerror(err));
+    KEEL_THROW("store: cannot listen on ", host, ":", port, ": ", std::strerror(err),
+               err == EADDRINUSE ? StrCat(" (another process holds port ", port,
+                                          "; rank 0 serves the rendezvous store there)")
+                                 : std::string());
   }
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -183,7 +212,7 @@ void StoreServer::AcceptLoop() {
           ++it;
           continue;
         }
-        if (ReadHello(*it)) {
+        if (ReadHandshake(*it)) {
           it = pending.erase(it);
         } else {
           ++it;
@@ -192,7 +221,7 @@ void StoreServer::AcceptLoop() {
     }
     for (auto it = pending.begin(); it != pending.end();) {
       if (MsSince(it->accepted) >= kHelloTimeoutMs) {
-        it = drop(it, StrCat("no complete hello within ", kHelloTimeoutMs / 1000, " s"));
+        it = drop(it, StrCat("no complete handshake within ", kHelloTimeoutMs / 1000, " s"));
       } else {
         ++it;
       }
@@ -237,7 +266,11 @@ void StoreServer::AcceptLoop() {
       while (static_cast<int>(pending.size()) >= cap)
         drop(pending.begin(),
              StrCat("evicted: more than ", cap, " connections waiting to say hello"));
-      pending.push_back(Pending{fd, who, Clock::now(), {}});
+      Pending p;
+      p.fd = fd;
+      p.peer = who;
+      p.accepted = Clock::now();
+      pending.push_back(std::move(p));
     }
     pending_count_ = static_cast<int>(pending.size());
   }
@@ -246,7 +279,7 @@ void StoreServer::AcceptLoop() {
   if (reserve_fd >= 0) ::close(reserve_fd);
 }
 
-bool StoreServer::ReadHello(Pending& p) {
+bool StoreServer::ReadHandshake(Pending& p) {
   char buf[1024];
   while (true) {
     ssize_t k = ::recv(p.fd, buf, sizeof(buf), 0);
@@ -254,24 +287,29 @@ bool StoreServer::ReadHello(Pending& p) {
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
     if (k <= 0) {
       ::close(p.fd);
-      Refuse(p.peer, "closed before a complete hello");
+      Refuse(p.peer, "closed before a complete handshake");
       return true;
     }
     p.buf.append(buf, static_cast<size_t>(k));
     if (p.buf.size() >= 4) {
       uint32_t n = static_cast<uint32_t>(GetLE(p.buf.data(), 4));
-      if (n > kMaxHelloBytes || p.buf.size() > 4 + static_cast<size_t>(n)) {
+      const uint32_t cap = p.stage == 0 ? kMaxHelloBytes : kProofBytes;
+      if (n > cap || p.buf.size() > 4 + static_cast<size_t>(n)) {
         ::close(p.fd);
-        Refuse(p.peer, n > kMaxHelloBytes
-                           ? StrCat("hello of ", n, " bytes exceeds the cap of ", kMaxHelloBytes)
-                           : std::string("sent more than its hello before the reply"));
+        Refuse(p.peer, n > cap ? StrCat(p.stage == 0 ? "hello" : "proof", " of ", n,
+                                        " bytes exceeds the cap of ", cap)
+                               : std::string("sent more than its handshake before the reply"));
         return true;
       }
-      if (p.buf.size() == 4 + static_cast<size_t>(n)) break;
+      if (p.buf.size() == 4 + static_cast<size_t>(n)) {
+        if (Answer(p)) return true;
+        p.buf.clear();  // the proof comes next
+      }
     }
   }
-  std::string token;
-  StoreIdentity id;
+}
+
+bool StoreServer::Answer(Pending& p) {
   const int fd = p.fd;
   auto refuse = [&](Status code, const std::string& why, const std::string& extra = "") {
     Refuse(p.peer, why);  // counted before the client can see the answer
@@ -280,12 +318,32 @@ bool StoreServer::ReadHello(Pending& p) {
     ::close(fd);
     return true;
   };
-  if (!ParseHello(p.buf.substr(4), &token, &id)) {
-    ::close(fd);
-    Refuse(p.peer, "not a keel store client");
-    return true;
+  if (p.stage == 0) {
+    p.hello = p.buf.substr(4);
+    if (!ParseHello(p.hello, &p.id)) {
+      ::close(fd);
+      Refuse(p.peer, "not a keel store client");
+      return true;
+    }
+    // The challenge: 21 bytes on a fresh connection fit its socket buffer, so this nonblocking
+    // send completes (or the connection is dropped).
+    p.server_nonce = RandomBytes(store_wire::kNonceBytes);
+    std::string frame;
+    store_wire::PutU32(&frame, static_cast<uint32_t>(1 + p.server_nonce.size()));
+    frame += static_cast<char>(kChallenge);
+    frame += p.server_nonce;
+    if (::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(frame.size())) {
+      ::close(fd);
+      Refuse(p.peer, "could not send the challenge");
+      return true;
+    }
+    p.stage = 1;
+    return false;
   }
-  if (token != token_) return refuse(kBadToken, "wrong job token");
+  const StoreIdentity id = p.id;
+  if (!SameProof(p.buf.substr(4), Proof(token_, Prover::kClient, p.hello, p.server_nonce)))
+    return refuse(kBadToken, "wrong job token (its proof does not match)");
   if (id.generation != generation_) {
     std::string g;
     PutU64(&g, static_cast<uint64_t>(generation_));
@@ -294,7 +352,8 @@ bool StoreServer::ReadHello(Pending& p) {
                   g);
   }
   SetNonBlocking(fd, false);
-  if (!WriteFrame(fd, std::string(1, kOk))) {
+  if (!WriteFrame(fd,
+                  std::string(1, kOk) + Proof(token_, Prover::kServer, p.hello, p.server_nonce))) {
     ::close(fd);
     return true;
   }

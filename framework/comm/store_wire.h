@@ -11,7 +11,10 @@
 namespace keel {
 namespace store_wire {
 
-constexpr char kHello[] = "KEEL-STORE/2\n";
+constexpr char kHello[] = "KEEL-STORE/3\n";
+// Random bytes in each nonce, and bytes of a proof (an HMAC-SHA256).
+constexpr size_t kNonceBytes = 16;
+constexpr size_t kProofBytes = 32;
 enum Op : uint8_t {
   kSet = 1,
   kGet = 2,
@@ -27,7 +30,8 @@ enum Status : uint8_t {
   kBad = 2,
   kBadToken = 3,
   kBadGeneration = 4,
-  kPeerGone = 5
+  kPeerGone = 5,
+  kChallenge = 6  // the server's answer to a hello: its nonce follows
 };
 
 // Little-endian integers, appended to `s` or read from `p` (`n` bytes).
@@ -70,9 +74,25 @@ struct Reader {
 // A request's key: its u32 length, then the key.
 std::string KeyField(const std::string& key);
 
-std::string HelloPayload(const std::string& token, const StoreIdentity& id);
-// Parses "KEEL-STORE/2\n<token>\n<generation>\n<rank>\n<nranks>"; false when malformed.
-bool ParseHello(const std::string& s, std::string* token, StoreIdentity* id);
+// "KEEL-STORE/3\n<client nonce, hex>\n<generation>\n<rank>\n<nranks>": no secret in it.
+std::string HelloPayload(const std::string& client_nonce, const StoreIdentity& id);
+// Parses a hello; false when malformed.
+bool ParseHello(const std::string& s, StoreIdentity* id);
+
+// `n` bytes from the system's cryptographic random source (OpenSSL's RAND_bytes); a keel::Error
+// when it fails.
+std::string RandomBytes(size_t n);
+std::string Hex(const std::string& bytes);
+
+// Who proves: the two proofs of one handshake differ, so neither can stand for the other.
+enum class Prover { kClient, kServer };
+// HMAC-SHA256 keyed with the job token over the prover's role, the hello and the server's nonce:
+// what each side sends to show it knows the token without sending it. The client's nonce (in the
+// hello) and the server's make every handshake's proofs fresh, so a recorded one is worth nothing.
+std::string Proof(const std::string& token, Prover who, const std::string& hello,
+                  const std::string& server_nonce);
+// Compares two proofs in time that does not depend on where they differ.
+bool SameProof(const std::string& a, const std::string& b);
 
 }  // namespace store_wire
 }  // namespace keel
