@@ -85,7 +85,9 @@ void TrainerCheckpoints::Agree() {
   else
     agreed->file = std::move(local);
   resume_state_.reset();
-  if (agreed->file) {
+  if (!agreed->error.empty()) {
+    // Load reports it, so that every rank fails together.
+  } else if (agreed->file) {
     resume_state_ = agreed->file->state;
     resume_from_ = agreed->received ? agreed->file->path : local_dir_;
   } else if (!o.load_dir.empty()) {
@@ -151,6 +153,7 @@ int64_t TrainerCheckpoints::Resume(Executor& exe, const Program& main,
 
 int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
                                  const std::function<void(int64_t)>& replay, bool quiet) {
+  KEEL_ENFORCE(agreed_checkpoint_->error.empty(), agreed_checkpoint_->error);
   if (!agreed_checkpoint_->file) return 0;
   std::optional<TrainingState> st = load_checkpoint(
       exe.scope(), exe.place(), *agreed_checkpoint_->file, main, fleet::pass_made_vars(main));

@@ -55,8 +55,8 @@ RankCheckpoint Unpack(const std::string& in, const std::string& what) {
   RankCheckpoint c;
   size_t pos = 0;
   auto number = [&](const std::string& f) -> uint64_t {
-    KEEL_ENFORCE(!f.empty() && f.size() <= 20 && f.find_first_not_of("0123456789") == f.npos,
-                 what, ": malformed report");
+    KEEL_ENFORCE(!f.empty() && f.size() <= 20 && f.find_first_not_of("0123456789") == f.npos, what,
+                 ": malformed report");
     return std::stoull(f);
   };
   c.node = TakeField(in, &pos, what);
@@ -101,11 +101,12 @@ std::vector<RankCheckpoint> Exchange(const RankCheckpoint& mine, const std::stri
     }
     std::string got;
     try {
-      got = store.GetUnlessPeerGone(prefix + std::to_string(r), CommContext::Get().config().timeout);
+      got =
+          store.GetUnlessPeerGone(prefix + std::to_string(r), CommContext::Get().config().timeout);
     } catch (const Error& e) {
-      KEEL_THROW("rank ", rank, " waited for rank ", r,
-                 " to say which checkpoint it has (every rank agrees on where to resume): ",
-                 e.what());
+      KEEL_THROW(
+          "rank ", rank, " waited for rank ", r,
+          " to say which checkpoint it has (every rank agrees on where to resume): ", e.what());
     }
     all[r] = Unpack(got, "the checkpoint report of rank " + std::to_string(r));
   }
@@ -173,8 +174,9 @@ AgreedCheckpoint AgreeOnCheckpoint(std::optional<CheckpointFile> local, const st
   if (plan.source < 0) {
     // Nobody can resume; a damaged checkpoint is an error everywhere, not a silent fresh start.
     for (int r = 0; r < static_cast<int>(out.ranks.size()); ++r)
-      KEEL_ENFORCE(out.ranks[r].error.empty(), "no rank has a readable checkpoint to resume from: ",
-                   out.ranks[r].Describe(r), " ", Where(out.ranks[r]));
+      KEEL_ENFORCE(out.ranks[r].error.empty(),
+                   "no rank has a readable checkpoint to resume from: ", out.ranks[r].Describe(r),
+                   " ", Where(out.ranks[r]));
     return out;
   }
   const RankCheckpoint& src = out.ranks[plan.source];
@@ -189,15 +191,22 @@ AgreedCheckpoint AgreeOnCheckpoint(std::optional<CheckpointFile> local, const st
   const bool receive =
       std::find(plan.receivers.begin(), plan.receivers.end(), rank) != plan.receivers.end();
   if (!plan.receivers.empty()) {
-    std::string bytes =
-        SendFile(plan.source, rank == plan.source ? local->bytes : std::string(), src.size, receive);
+    std::string bytes = SendFile(plan.source, rank == plan.source ? local->bytes : std::string(),
+                                 src.size, receive);
     if (receive) {
-      local = CheckpointFileFromBytes(std::move(bytes), src.path + " (sent by rank " +
-                                                           std::to_string(plan.source) + ")");
-      KEEL_ENFORCE(local->crc32 == src.crc32, "the checkpoint ", from, " arrived as ", src.size,
-                   " bytes of CRC-32 ", local->crc32, ", not ", src.crc32);
-      std::fprintf(stderr, "%s %s: resuming from %s, received from it\n",
-                   mine.Describe(rank).c_str(), Where(mine).c_str(), from.c_str());
+      // A file that arrives damaged fails this rank's load, and so every rank's, naming it.
+      local.reset();
+      try {
+        CheckpointFile got = CheckpointFileFromBytes(
+            std::move(bytes), src.path + " (sent by rank " + std::to_string(plan.source) + ")");
+        KEEL_ENFORCE(got.crc32 == src.crc32, "it arrived as ", src.size, " bytes of CRC-32 ",
+                     got.crc32, ", not ", src.crc32);
+        local = std::move(got);
+        std::fprintf(stderr, "%s %s: resuming from %s, received from it\n",
+                     mine.Describe(rank).c_str(), Where(mine).c_str(), from.c_str());
+      } catch (const Error& e) {
+        out.error = "receiving " + from + ": " + e.what();
+      }
     }
   }
   out.file = std::move(local);

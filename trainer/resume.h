@@ -17,14 +17,14 @@ namespace keel {
 
 // What one rank found in its folder, as every rank is told.
 struct RankCheckpoint {
-  std::string node;    // "node 1 (10.0.0.2)"
-  std::string dir;     // the folder it looked in ("": none)
-  bool has = false;    // a readable checkpoint file there
-  int64_t step = 0;    // the file's training step (0 when it has no training state)
-  std::string crc32;   // of the file: equal files are the same checkpoint
-  uint64_t size = 0;   // bytes
-  std::string path;    // the file (the previous one when the latest is damaged)
-  std::string error;   // why the folder's checkpoint could not be read (both files damaged)
+  std::string node;   // "node 1 (10.0.0.2)"
+  std::string dir;    // the folder it looked in ("": none)
+  bool has = false;   // a readable checkpoint file there
+  int64_t step = 0;   // the file's training step (0 when it has no training state)
+  std::string crc32;  // of the file: equal files are the same checkpoint
+  uint64_t size = 0;  // bytes
+  std::string path;   // the file (the previous one when the latest is damaged)
+  std::string error;  // why the folder's checkpoint could not be read (both files damaged)
   std::string Describe(int rank) const;  // "rank 1 on node 1 (10.0.0.2)"
 };
 
@@ -43,6 +43,7 @@ struct AgreedCheckpoint {
   int source = -1;
   std::vector<RankCheckpoint> ranks;  // every rank's report, by rank
   int round = 0;                      // which agreement of this process (its store keys)
+  std::string error;                  // the file sent here could not be used: why
 };
 
 // The agreement, for a job of several ranks (every rank calls it at the same point between
