@@ -169,6 +169,9 @@ AgreedCheckpoint AgreeOnCheckpoint(std::optional<CheckpointFile> local, const st
   out.round = agreement_round.fetch_add(1);
   const std::string prefix = "keel/trainer/resume/" + std::to_string(out.round) + "/";
   out.ranks = Exchange(mine, prefix);
+  // Rank 0 serves the store: it must not leave (on an error every rank finds in the reports)
+  // before every rank has read its report.
+  fleet::barrier_worker();
   const ResumePlan plan = PlanResume(out.ranks);
   out.source = plan.source;
   if (plan.source < 0) {
@@ -233,13 +236,21 @@ void CheckEveryRankResumed(const AgreedCheckpoint& agreed, int64_t loaded_step,
   };
   for (int r = 0; r < world; ++r) {
     if (v[r] == 0) continue;
-    if (r == rank) KEEL_THROW(name(r), " could not resume: ", error);
-    std::string why;
-    try {
-      why = store.Get(prefix + std::to_string(r));
-    } catch (const Error& e) {
-      why = std::string("(its reason did not arrive: ") + e.what() + ")";
+    std::string why = error;
+    if (r != rank) {
+      try {
+        why = store.Get(prefix + std::to_string(r));
+      } catch (const Error& e) {
+        why = std::string("(its reason did not arrive: ") + e.what() + ")";
+      }
     }
+    // Rank 0 serves the store: every rank has read the reason before anyone leaves.
+    try {
+      fleet::barrier_worker();
+    } catch (const Error&) {
+      // a rank left already: the error below is the news
+    }
+    if (r == rank) KEEL_THROW(name(r), " could not resume: ", why);
     KEEL_THROW(name(r), " could not resume, so no rank trains: ", why);
   }
   std::vector<std::string> steps;

@@ -131,6 +131,36 @@ TEST_F(FaultTest, RanksWithSaveDirsOfTheirOwnResumeFromRankZerosCheckpoint) {
   for (int s = 30; s < 60; ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
 }
 
+// Checkpoints no rank can read (rank 0's latest and previous both damaged, rank 1's folder
+// empty) fail every rank before any step, naming rank 0's node and folder, instead of a start
+// from step 0 on one rank and a resume attempt on the other.
+TEST_F(FaultTest, CheckpointsNoRankCanReadFailEveryRankNamingTheNode) {
+  const std::string train = Keel() + " train --model=mlp --mlp_hidden=64 --seed=5 --save_every=10";
+  auto first = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + "/l1 " + train +
+                          " --steps=20 --save_dir=" + dir_ + "/rank0");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const std::string& file : {kPersistablesFile, kPreviousPersistablesFile}) {
+    const std::string path = dir_ + "/rank0/" + file;
+    std::string bytes = ReadText(path);
+    bytes[bytes.size() - 3] ^= 0x40;
+    fs::remove(path);  // the two may be hard links of one file
+    WriteText(path, bytes);
+  }
+  auto r =
+      RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + "/l2 sh -c '" +
+                 train + " --steps=30 --auto_resume --save_dir=" + dir_ + "/rank$RANK'");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string log = ReadText(dir_ + "/l2/workerlog." + std::to_string(rank));
+    EXPECT_TRUE(
+        Contains(log, "no rank has a readable checkpoint to resume from: rank 0 on node 0 (") &&
+        Contains(log, ") cannot read its checkpoint in " + dir_ + "/rank0: " + dir_ + "/rank0/" +
+                          kPersistablesFile))
+        << log;
+    EXPECT_FALSE(Contains(log, "step 0 ")) << log;
+  }
+}
+
 TEST_F(FaultTest, GivesUpAfterMaxRestartsNamingTheLastCause) {
   auto r =
       RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --max_restarts=2 --log_dir=" + dir_ +
