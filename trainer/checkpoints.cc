@@ -3,15 +3,34 @@
 #include <glog/logging.h>
 
 #include <cstdio>
+#include <memory>
+#include <vector>
 
 #include "executor/executor_io.h"
 #include "fleet/fleet.h"
+#include "fleet/role_maker.h"
+#include "framework/base/strings.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
 #include "framework/io/atomic_file.h"
 #include "transpiler/local_sgd_pass.h"
 
 namespace keel {
+
+namespace {
+
+// The workers of this job: fleet's when it is initialized, else what the environment says (one
+// when it says nothing usable; fleet::init names the problem then).
+int WorkersOfThisJob() {
+  if (fleet::initialized()) return fleet::worker_num();
+  try {
+    return fleet::CloudRoleMaker(true).Generate().world_size;
+  } catch (const Error&) {
+    return 1;
+  }
+}
+
+}  // namespace
 
 TrainerCheckpoints::TrainerCheckpoints(const TrainerOptions& options) : options_(options) {
   const TrainerOptions& o = options;
@@ -22,30 +41,79 @@ TrainerCheckpoints::TrainerCheckpoints(const TrainerOptions& options) : options_
                Opt("save_dir"), " (where it looks for a checkpoint)");
   restart_ = RestartGenerationFromEnvironment();
   // A restarted job continues from its own latest checkpoint; a first run from load_dir.
-  if ((restart_ > 0 || o.auto_resume) && !o.save_dir.empty() && HasCheckpoint(o.save_dir)) {
-    resume_dir_ = o.save_dir;
-  } else if (!o.load_dir.empty()) {
+  if ((restart_ > 0 || o.auto_resume) && !o.save_dir.empty() && HasCheckpoint(o.save_dir))
+    local_dir_ = o.save_dir;
+  else if (!o.load_dir.empty())
+    local_dir_ = o.load_dir;
+  // Alone, a missing or unreadable checkpoint is an error now. In a job, another rank may have
+  // the checkpoint (each node's folder is its own) and send it: the ranks agree before training.
+  const bool alone = WorkersOfThisJob() == 1;
+  if (alone && !o.load_dir.empty() && local_dir_ == o.load_dir)
     KEEL_ENFORCE(HasCheckpoint(o.load_dir), Opt("load_dir"), "=", o.load_dir, ": no ",
                  kPersistablesFile, " there");
-    resume_dir_ = o.load_dir;
-  } else if (restart_ > 0) {
-    LOG(WARNING) << "restart " << restart_ << " (KEEL_RESTART_COUNT) but "
-                 << (o.save_dir.empty() ? "no " + Opt("save_dir")
-                                        : "no checkpoint in " + Opt("save_dir") + "=" + o.save_dir)
-                 << ": training starts over from step 0";
+  if (local_dir_.empty()) return;
+  try {
+    resume_state_ = ReadTrainingState(local_dir_);
+  } catch (const Error&) {
+    if (alone) throw;
   }
-  if (!resume_dir_.empty()) resume_state_ = ReadTrainingState(resume_dir_);
 }
 
 bool TrainerCheckpoints::MayResume() const {
   return restart_ > 0 || options_.auto_resume || !options_.load_dir.empty();
 }
 
+void TrainerCheckpoints::Agree() {
+  if (agreed_) return;
+  agreed_ = true;
+  const TrainerOptions& o = options_;
+  const bool together = fleet::worker_num() > 1 && MayResume();
+  std::optional<CheckpointFile> local;
+  std::string error;
+  try {
+    if (!local_dir_.empty()) local = ReadCheckpointFile(local_dir_, /*set_aside_damaged=*/true);
+  } catch (const Error& e) {
+    if (!together) throw;
+    error = e.what();
+  }
+  auto agreed = std::make_unique<AgreedCheckpoint>();
+  // The folder this rank looked in, for messages: a restart looks in save_dir.
+  std::string looked = local_dir_;
+  if (looked.empty() && (restart_ > 0 || o.auto_resume)) looked = o.save_dir;
+  if (together)
+    *agreed = AgreeOnCheckpoint(std::move(local), looked, error);
+  else
+    agreed->file = std::move(local);
+  resume_state_.reset();
+  if (!agreed->error.empty()) {
+    // Load reports it, so that every rank fails together.
+  } else if (agreed->file) {
+    resume_state_ = agreed->file->state;
+    resume_from_ = agreed->received ? agreed->file->path : local_dir_;
+  } else if (!o.load_dir.empty()) {
+    // No rank has a checkpoint, so none has load_dir's.
+    std::vector<std::string> where;
+    for (size_t r = 0; r < agreed->ranks.size(); ++r)
+      where.push_back(agreed->ranks[r].Describe(static_cast<int>(r)) + " in " +
+                      (agreed->ranks[r].dir.empty() ? "none" : agreed->ranks[r].dir));
+    KEEL_THROW(Opt("load_dir"), "=", o.load_dir, ": no ", kPersistablesFile, " there",
+               where.empty() ? "" : " on any node (" + StrJoin(where, ", ") + ")");
+  } else if (restart_ > 0) {
+    LOG(WARNING) << "restart " << restart_ << " (KEEL_RESTART_COUNT) but "
+                 << (o.save_dir.empty() ? "no " + Opt("save_dir")
+                                        : "no checkpoint in " + Opt("save_dir") + "=" + o.save_dir +
+                                              (together ? " on any node" : ""))
+                 << ": training starts over from step 0";
+  }
+  agreed_checkpoint_ = std::move(agreed);
+}
+
 uint64_t TrainerCheckpoints::Seed(uint64_t seed, const std::string& what) {
+  if (fleet::initialized()) Agree();
   seed_ = seed;
   if (!resume_state_ || resume_state_->seed == 0) return seed_;
   if (seed == 0) return seed_ = resume_state_->seed;
-  KEEL_ENFORCE(seed == resume_state_->seed, what, " but the checkpoint in ", resume_dir_,
+  KEEL_ENFORCE(seed == resume_state_->seed, what, " but the checkpoint in ", resume_from_,
                " was trained with ", Opt("seed"), "=", resume_state_->seed,
                "; resuming continues its data order and random draws, so give the same seed "
                "(or none)");
@@ -68,33 +136,55 @@ void TrainerCheckpoints::CheckBeforeTraining(Executor& exe, const Program& main,
 
 int64_t TrainerCheckpoints::Resume(Executor& exe, const Program& main,
                                    const std::function<void(int64_t)>& replay, bool quiet) {
-  if (resume_dir_.empty()) return 0;
-  std::optional<TrainingState> st =
-      load_checkpoint(exe, resume_dir_, main, fleet::pass_made_vars(main));
+  Agree();
+  if (fleet::worker_num() == 1 || !MayResume()) return Load(exe, main, replay, quiet);
+  // Every rank resumes, or none trains: a rank that failed would leave the others waiting in the
+  // first step's all-reduce.
+  int64_t step = -1;
+  std::string error;
+  try {
+    step = Load(exe, main, replay, quiet);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CheckEveryRankResumed(*agreed_checkpoint_, step, error);
+  return step;
+}
+
+int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
+                                 const std::function<void(int64_t)>& replay, bool quiet) {
+  KEEL_ENFORCE(agreed_checkpoint_->error.empty(), agreed_checkpoint_->error);
+  if (!agreed_checkpoint_->file) return 0;
+  std::optional<TrainingState> st = load_checkpoint(
+      exe.scope(), exe.place(), *agreed_checkpoint_->file, main, fleet::pass_made_vars(main));
+  if (st) exe.SetRunCount(main, st->step);
+  agreed_checkpoint_->file->bytes = std::string();  // loaded: the memory goes back
   try {
     fleet::rebuild_pass_made_vars(exe, main, st ? st->step : -1);
   } catch (const Error& e) {
-    KEEL_THROW("resuming from ", resume_dir_, ": ", e.what());
+    KEEL_THROW("resuming from ", resume_from_, ": ", e.what());
   }
   if (!st) {
     if (!quiet)
       std::printf("resumed parameters from %s (no training state: starting at step 0)\n",
-                  resume_dir_.c_str());
+                  resume_from_.c_str());
     return 0;
   }
   if (st->world_size != fleet::worker_num())
-    LOG(WARNING) << resume_dir_ << " was saved by " << st->world_size << " worker(s), this job has "
-                 << fleet::worker_num() << ": the data shards differ from the saved run's";
+    LOG(WARNING) << resume_from_ << " was saved by " << st->world_size
+                 << " worker(s), this job has " << fleet::worker_num()
+                 << ": the data shards differ from the saved run's";
   if (st->seed == 0)
-    LOG(WARNING) << resume_dir_ << " was trained with " << Opt("seed")
+    LOG(WARNING) << resume_from_ << " was trained with " << Opt("seed")
                  << "=0: the resumed data order and "
                  << "dropout draws differ from the interrupted run's (pass " << Opt("seed")
                  << " for an exact resume)";
   // The data stream continues where the checkpoint was taken.
   replay(st->step);
-  if (resume_dir_ == options_.save_dir) last_saved_step_ = st->step;
+  // A checkpoint this rank's own save_dir holds need not be written again at that step.
+  if (!agreed_checkpoint_->received && local_dir_ == options_.save_dir) last_saved_step_ = st->step;
   if (!quiet) {
-    std::printf("resumed from %s at step %lld\n", resume_dir_.c_str(),
+    std::printf("resumed from %s at step %lld\n", resume_from_.c_str(),
                 static_cast<long long>(st->step));
     std::fflush(stdout);
   }

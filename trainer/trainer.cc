@@ -196,16 +196,6 @@ void Trainer::Start(TrainerModel& model, bool for_fit) {
       },
       quiet_);
   steps_done_ = loaded_step_;
-  // Every rank continues from the same step, or the ranks' collectives would pair different
-  // steps: a save_dir that is not shared by the nodes shows here.
-  if (world > 1 && checkpoints_->MayResume()) {
-    const auto step = static_cast<double>(loaded_step_);
-    const double lo = fleet::metrics::min(step), hi = fleet::metrics::max(step);
-    KEEL_ENFORCE(lo == hi, "the ranks resume from different steps (", lo, " to ", hi,
-                 "; this rank, ", rank, ", from ", loaded_step_,
-                 "): every rank must see the same checkpoint, so ", Opt("save_dir"), " and ",
-                 Opt("load_dir"), " must be one folder shared by the nodes");
-  }
 }
 
 void Trainer::ReplayData(int64_t steps) {

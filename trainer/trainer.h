@@ -225,9 +225,12 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // options.seed, or, when it is 0, the seed the resumed checkpoint was trained with (0 when
-  // there is none): a run that lets the checkpoint choose builds its model with this seed.
+  // there is none): a run that lets the checkpoint choose builds its model with this seed. Once
+  // fleet is initialized, this is where the ranks of a job agree on the checkpoint (the newest
+  // any of them can read; their folders may be each node's own): call it on every rank or none.
   uint64_t seed();
-  // The step the resumed checkpoint records; 0 for a fresh start (known from construction).
+  // The step the resumed checkpoint records; 0 for a fresh start (this rank's own checkpoint
+  // until the ranks agreed, in seed() or fit).
   int64_t resume_step() const;
 
   void add_callback(std::shared_ptr<Callback> callback);

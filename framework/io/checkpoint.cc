@@ -240,35 +240,52 @@ std::optional<TrainingState> StateFromMetadata(const std::map<std::string, std::
 
 namespace {
 
-// DIR's latest checkpoint file, or its previous one when the latest cannot be read and the
-// previous can (`warn`: say so on stderr); the tensors and metadata of the one chosen.
-std::string ReadCheckpointFile(const std::string& dirname, NamedTensors* tensors,
-                               std::map<std::string, std::string>* metadata, bool warn) {
-  const std::string latest = JoinPath(dirname, kPersistablesFile);
+// A checkpoint file chosen in a folder, decoded.
+struct ChosenFile {
+  std::string path, bytes, damaged;
+  NamedTensors tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// DIR's latest checkpoint file, or its previous one when the latest cannot be read (truncated, a
+// checksum that does not match) and the previous can; both damaged: the latest's error. The bytes
+// are kept when asked for.
+ChosenFile ReadChosen(const std::string& dirname, bool keep_bytes) {
+  ChosenFile f;
+  auto read = [&](const std::string& path) {
+    f.metadata.clear();
+    f.bytes = ReadFile(path);
+    f.tensors = DecodeSafetensors(f.bytes, path, &f.metadata);
+    f.path = path;
+  };
   try {
-    *tensors = LoadSafetensors(latest, metadata);
-    return latest;
+    read(JoinPath(dirname, kPersistablesFile));
   } catch (const Error& damaged) {
     const std::string prev = JoinPath(dirname, kPreviousPersistablesFile);
     std::error_code ec;
     if (!std::filesystem::is_regular_file(prev, ec)) throw;
-    metadata->clear();
     try {
-      *tensors = LoadSafetensors(prev, metadata);
+      read(prev);
     } catch (const Error&) {
       throw damaged;
     }
-    if (warn) {
-      // Set aside (best effort: another rank may have done it, the folder may be read-only), so
-      // that the next save does not keep the damaged file as its previous one.
-      const bool aside = ::rename(latest.c_str(), (latest + ".damaged").c_str()) == 0;
-      std::fprintf(stderr,
-                   "warning: %s\nwarning: the latest checkpoint is damaged%s; loading the "
-                   "previous one, %s\n",
-                   damaged.what(), aside ? " (set aside as .damaged)" : "", prev.c_str());
-    }
-    return prev;
+    f.damaged = damaged.what();
   }
+  if (!keep_bytes) std::string().swap(f.bytes);
+  return f;
+}
+
+// After ReadChosen fell back to the previous file: says so on stderr and sets the latest aside
+// (best effort: another rank may have done it, the folder may be read-only), so that the next
+// save does not keep the damaged file as its previous one.
+void SetAsideDamaged(const std::string& dirname, const ChosenFile& f) {
+  if (f.damaged.empty()) return;
+  const std::string latest = JoinPath(dirname, kPersistablesFile);
+  const bool aside = ::rename(latest.c_str(), (latest + ".damaged").c_str()) == 0;
+  std::fprintf(stderr,
+               "warning: %s\nwarning: the latest checkpoint is damaged%s; loading the previous "
+               "one, %s\n",
+               f.damaged.c_str(), aside ? " (set aside as .damaged)" : "", f.path.c_str());
 }
 
 }  // namespace
@@ -276,20 +293,52 @@ std::string ReadCheckpointFile(const std::string& dirname, NamedTensors* tensors
 std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
                                              const std::string& dirname, const Program& program,
                                              const std::set<std::string>& skip) {
-  std::map<std::string, std::string> metadata;
-  NamedTensors tensors;
-  const std::string path = ReadCheckpointFile(dirname, &tensors, &metadata, /*warn=*/true);
-  std::optional<TrainingState> state = StateFromMetadata(metadata, path);
-  ValidateAndAssign(scope, &place, std::move(tensors), path, program, "load_checkpoint", skip);
+  ChosenFile f = ReadChosen(dirname, /*keep_bytes=*/false);
+  SetAsideDamaged(dirname, f);
+  std::optional<TrainingState> state = StateFromMetadata(f.metadata, f.path);
+  ValidateAndAssign(scope, &place, std::move(f.tensors), f.path, program, "load_checkpoint", skip);
   return state;
 }
 
 std::optional<TrainingState> ReadTrainingState(const std::string& dirname) {
   if (!HasCheckpoint(dirname)) return std::nullopt;
+  ChosenFile f = ReadChosen(dirname, /*keep_bytes=*/false);
+  return StateFromMetadata(f.metadata, f.path);
+}
+
+std::optional<CheckpointFile> ReadCheckpointFile(const std::string& dirname,
+                                                 bool set_aside_damaged) {
+  if (!HasCheckpoint(dirname)) return std::nullopt;
+  ChosenFile f = ReadChosen(dirname, /*keep_bytes=*/true);
+  if (set_aside_damaged) SetAsideDamaged(dirname, f);
+  CheckpointFile file;
+  file.state = StateFromMetadata(f.metadata, f.path);
+  file.path = std::move(f.path);
+  file.crc32 = Crc32Hex(f.bytes);
+  file.bytes = std::move(f.bytes);
+  file.damaged = std::move(f.damaged);
+  return file;
+}
+
+CheckpointFile CheckpointFileFromBytes(std::string bytes, const std::string& path) {
   std::map<std::string, std::string> metadata;
-  NamedTensors tensors;
-  const std::string path = ReadCheckpointFile(dirname, &tensors, &metadata, /*warn=*/false);
-  return StateFromMetadata(metadata, path);
+  DecodeSafetensors(bytes, path, &metadata);
+  CheckpointFile file;
+  file.state = StateFromMetadata(metadata, path);
+  file.path = path;
+  file.crc32 = Crc32Hex(bytes);
+  file.bytes = std::move(bytes);
+  return file;
+}
+
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const CheckpointFile& file, const Program& program,
+                                             const std::set<std::string>& skip) {
+  std::map<std::string, std::string> metadata;
+  NamedTensors tensors = DecodeSafetensors(file.bytes, file.path, &metadata);
+  std::optional<TrainingState> state = StateFromMetadata(metadata, file.path);
+  ValidateAndAssign(scope, &place, std::move(tensors), file.path, program, "load_checkpoint", skip);
+  return state;
 }
 
 bool HasCheckpoint(const std::string& dirname) {

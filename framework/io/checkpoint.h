@@ -76,6 +76,28 @@ std::optional<TrainingState> ReadTrainingState(const std::string& dirname);
 // aside as damaged).
 bool HasCheckpoint(const std::string& dirname);
 
+// A checkpoint file read whole and verified, to be loaded here or sent to a process that cannot
+// read it (a rank on another node, whose save_dir is its own).
+struct CheckpointFile {
+  std::string path;   // the file read: DIR's latest, or its previous one
+  std::string bytes;  // the whole file; its checksums were verified
+  std::string crc32;  // of the bytes, 8 hex digits: equal files are the same checkpoint
+  std::optional<TrainingState> state;
+  std::string damaged;  // when `path` is the previous one: why the latest could not be read
+};
+// DIR's checkpoint as load_checkpoint chooses it (the previous one when the latest is damaged;
+// with `set_aside_damaged`, saying so on stderr and renaming the damaged one as load_checkpoint
+// does). nullopt when DIR has no checkpoint file; both damaged is a keel::Error naming the latest.
+std::optional<CheckpointFile> ReadCheckpointFile(const std::string& dirname,
+                                                 bool set_aside_damaged);
+// A checkpoint file from `bytes` received from elsewhere (`path` names where they were read):
+// verified and described as ReadCheckpointFile does; a damaged one is a keel::Error naming it.
+CheckpointFile CheckpointFileFromBytes(std::string bytes, const std::string& path);
+// Loads `file` into `scope` as load_checkpoint loads a folder's; errors name file.path.
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const CheckpointFile& file, const Program& program,
+                                             const std::set<std::string>& skip = {});
+
 // ---- inference models
 // Writes DIR/__model__ (the pruned program, with feed/fetch names recorded) and
 // DIR/params.safetensors (the persistables that program uses), published as a pair: both are

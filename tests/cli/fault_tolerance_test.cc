@@ -2,7 +2,8 @@
 // elastic restarts that end with the uninterrupted run's parameters, a stopped worker named as the
 // root cause, no orphan after the launcher is killed, no shared-memory segment after a rank dies
 // before mapping it, a flood of strangers against the store during rendezvous and saves, save
-// directories checked before the first step, and exact resume through --load_dir.
+// directories checked before the first step, exact resume through --load_dir, and restarts of
+// ranks whose save_dirs are their own.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
@@ -101,6 +102,63 @@ TEST_F(FaultTest, RestartedJobEndsWithTheUninterruptedRunsParameters) {
   // The losses printed after the restart are the straight run's.
   std::map<int, std::string> a = LossLines(straight.output), b = LossLines(out);
   for (int s = kill_step + 1; s < 200; s += 7) EXPECT_EQ(a[s], b[s]) << "step " << s;
+}
+
+// Ranks whose save_dirs are their own (as nodes without a shared file system have): only rank
+// 0's holds checkpoints. After rank 1 is killed, the restarted rank 1 finds none in its folder
+// and receives rank 0's; both resume from step 30 and the job ends with the uninterrupted run's
+// parameters and losses. (Across two hosts: tests/cli/multihost_test.cc.)
+TEST_F(FaultTest, RanksWithSaveDirsOfTheirOwnResumeFromRankZerosCheckpoint) {
+  const std::string train = Keel() +
+                            " train --model=mlp --optimizer=adam --seed=5 --steps=60 "
+                            "--batch_size=64 --save_every=10";
+  auto straight = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + "/l1 " +
+                             train + " --save_dir=" + dir_ + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  auto r = RunCommand(Env() + "KEEL_FAULT_POINT=trainer_step_34@1 " + Keel() +
+                      " launch --nproc_per_node=2 --max_restarts=1 --log_dir=" + dir_ +
+                      "/l2 sh -c '" + train + " --save_dir=" + dir_ + "/rank$RANK'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "keel launch: restart 1 of 1: worker rank 1")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "has no checkpoint in " + dir_ + "/rank1: it is sent rank 0 on "))
+      << r.output;
+  EXPECT_TRUE(Contains(r.output, "'s checkpoint (step 30, " + dir_ + "/rank0/" + kPersistablesFile))
+      << r.output;
+  EXPECT_TRUE(Contains(r.output, "resumed from " + dir_ + "/rank0 at step 30")) << r.output;
+  EXPECT_TRUE(Contains(ReadText(dir_ + "/l2/workerlog.1"), "resuming from rank 0 on "));
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/rank0"), CheckpointTensorBytes(dir_ + "/straight"));
+  std::map<int, std::string> a = LossLines(straight.output), b = LossLines(r.output);
+  for (int s = 30; s < 60; ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
+}
+
+// Checkpoints no rank can read (rank 0's latest and previous both damaged, rank 1's folder
+// empty) fail every rank before any step, naming rank 0's node and folder, instead of a start
+// from step 0 on one rank and a resume attempt on the other.
+TEST_F(FaultTest, CheckpointsNoRankCanReadFailEveryRankNamingTheNode) {
+  const std::string train = Keel() + " train --model=mlp --mlp_hidden=64 --seed=5 --save_every=10";
+  auto first = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + "/l1 " + train +
+                          " --steps=20 --save_dir=" + dir_ + "/rank0");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const std::string& file : {kPersistablesFile, kPreviousPersistablesFile}) {
+    const std::string path = dir_ + "/rank0/" + file;
+    std::string bytes = ReadText(path);
+    bytes[bytes.size() - 3] ^= 0x40;
+    fs::remove(path);  // the two may be hard links of one file
+    WriteText(path, bytes);
+  }
+  auto r =
+      RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + "/l2 sh -c '" +
+                 train + " --steps=30 --auto_resume --save_dir=" + dir_ + "/rank$RANK'");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string log = ReadText(dir_ + "/l2/workerlog." + std::to_string(rank));
+    EXPECT_TRUE(
+        Contains(log, "no rank has a readable checkpoint to resume from: rank 0 on node 0 (") &&
+        Contains(log, ") cannot read its checkpoint in " + dir_ + "/rank0: " + dir_ + "/rank0/" +
+                          kPersistablesFile))
+        << log;
+    EXPECT_FALSE(Contains(log, "step 0 ")) << log;
+  }
 }
 
 TEST_F(FaultTest, GivesUpAfterMaxRestartsNamingTheLastCause) {

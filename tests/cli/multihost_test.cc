@@ -1,9 +1,10 @@
 // Two hosts in one machine: two network namespaces joined by a veth pair, each running its own
 // `keel launch` node. A 2-node job over Gloo trains to the 1-node result; a cut link fails both
 // nodes within FLAGS_comm_timeout_s naming the collective; a remote worker killed mid-training
-// (saving every step) ends the other node quickly. Needs root (CI has it); skipped with a message
-// otherwise. Every namespace, veth and process the test creates is removed, pass or fail, and the
-// names are unique per run.
+// (saving every step) ends the other node quickly; with a save_dir of its own on each node (no
+// shared file system), the ranks agree on the checkpoint to resume from and the node that lacks
+// it receives it. Needs root (CI has it); skipped with a message otherwise. Every namespace, veth
+// and process the test creates is removed, pass or fail, and the names are unique per run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -182,6 +183,106 @@ TEST_F(MultiHostTest, ARemoteWorkerKilledMidTrainingEndsTheOtherNodeQuickly) {
   std::optional<TrainingState> st = ReadTrainingState(dir_ + "/ckpt");
   ASSERT_TRUE(st.has_value());
   EXPECT_GE(st->step, 20);
+}
+
+// Each node saves into a folder of its own (no shared file system), so only rank 0's node holds
+// checkpoints. Rank 1 is killed after its 25th step; both nodes restart, rank 1 finds nothing in
+// its folder and receives rank 0's checkpoint, both resume from step 20, and the job ends with the
+// uninterrupted run's parameters.
+TEST_F(MultiHostTest, NodeLocalSaveDirsRestartBothNodesFromRankZerosCheckpoint) {
+  const std::string train = Keel() +
+                            " train --model=mlp --mlp_hidden=64 --optimizer=adam --seed=3 "
+                            "--steps=40 --save_every=10";
+  auto straight = RunCommand("FLAGS_cpu_comm_backend=gloo " + Keel() +
+                             " launch --nproc_per_node=2 --log_dir=" + dir_ + "/log " + train +
+                             " --save_dir=" + dir_ + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string kill = "KEEL_FAULT_POINT=trainer_step_24@1";
+  Background a =
+      Node(0, kill, "--max_restarts=1 " + train + " --save_dir=" + dir_ + "/node0", 29430);
+  Background b =
+      Node(1, kill, "--max_restarts=1 " + train + " --save_dir=" + dir_ + "/node1", 29430);
+  int sa = WaitFor(a.pid, 240), sb = WaitFor(b.pid, 240);
+  std::string oa = ReadText(a.output_path), ob = ReadText(b.output_path);
+  const std::string log1 = ReadText(dir_ + "/log1/workerlog.0");
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << oa;
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << ob << log1;
+  EXPECT_TRUE(Contains(ob, "restart 1 of 1: worker rank 1")) << ob;
+  const std::string node0 = "rank 0 on node 0 (" + hosts_->ip(0) + ")";
+  const std::string node1 = "rank 1 on node 1 (" + hosts_->ip(1) + ")";
+  const std::string sent =
+      node0 + "'s checkpoint (step 20, " + dir_ + "/node0/" + kPersistablesFile;
+  EXPECT_TRUE(Contains(oa, node1 + " has no checkpoint in " + dir_ + "/node1: it is sent " + sent))
+      << oa;
+  EXPECT_TRUE(Contains(oa, "resumed from " + dir_ + "/node0 at step 20")) << oa;
+  EXPECT_TRUE(
+      Contains(log1, node1 + " has no checkpoint in " + dir_ + "/node1: resuming from " + sent))
+      << log1;
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/node0"), CheckpointTensorBytes(dir_ + "/straight"));
+}
+
+// Rank 0's latest checkpoint is damaged, so its own folder offers the previous one (step 20),
+// while rank 1's node holds a sound copy of step 30. Both resume from step 30, which rank 0
+// receives from rank 1, and the job ends with the uninterrupted run's parameters.
+TEST_F(MultiHostTest, ADamagedLatestCheckpointOnOneNodeIsReplacedByTheOtherNodesNewerOne) {
+  const std::string train = Keel() +
+                            " train --model=mlp --mlp_hidden=64 --optimizer=adam --seed=3 "
+                            "--save_every=10";
+  const std::string one = "FLAGS_cpu_comm_backend=gloo " + Keel() +
+                          " launch --nproc_per_node=2 --log_dir=" + dir_ + "/log " + train;
+  auto straight = RunCommand(one + " --steps=40 --save_dir=" + dir_ + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  auto first = RunCommand(one + " --steps=30 --save_dir=" + dir_ + "/node0");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  fs::copy(dir_ + "/node0", dir_ + "/node1", fs::copy_options::recursive);
+  const std::string latest = dir_ + "/node0/" + kPersistablesFile;
+  std::string bytes = ReadText(latest);
+  bytes[bytes.size() - 3] ^= 0x40;  // a flipped bit in the tensor data
+  fs::remove(latest);               // the previous checkpoint is a hard link of it: a new file
+  WriteText(latest, bytes);
+
+  const std::string resume = train + " --steps=40 --auto_resume --save_dir=" + dir_;
+  Background a = Node(0, "", resume + "/node0", 29440);
+  Background b = Node(1, "", resume + "/node1", 29440);
+  int sa = WaitFor(a.pid, 180), sb = WaitFor(b.pid, 180);
+  std::string oa = ReadText(a.output_path), ob = ReadText(b.output_path);
+  ASSERT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << oa;
+  ASSERT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << ob;
+  EXPECT_TRUE(Contains(oa, "the latest checkpoint is damaged")) << oa;
+  const std::string from = dir_ + "/node1/" + kPersistablesFile + " (sent by rank 1)";
+  EXPECT_TRUE(Contains(oa, "rank 0 on node 0 (" + hosts_->ip(0) + ") has step 20 in " + dir_ +
+                               "/node0/" + kPreviousPersistablesFile +
+                               ": it is sent rank 1 on "
+                               "node 1 (" +
+                               hosts_->ip(1) + ")'s checkpoint (step 30"))
+      << oa;
+  EXPECT_TRUE(Contains(oa, "resumed from " + from + " at step 30")) << oa;
+  EXPECT_TRUE(fs::exists(latest + ".damaged"));
+  EXPECT_EQ(CheckpointTensorBytes(dir_ + "/node0"), CheckpointTensorBytes(dir_ + "/straight"));
+}
+
+// A checkpoint no node has is an error on every node before any step, naming each node and the
+// folder it looked in.
+TEST_F(MultiHostTest, ALoadDirNoNodeHasFailsEveryNodeNamingThem) {
+  const std::string train =
+      Keel() + " train --model=mlp --mlp_hidden=64 --steps=40 --load_dir=" + dir_ + "/nowhere";
+  Background a = Node(0, "", train, 29450);
+  Background b = Node(1, "", train, 29450);
+  int sa = WaitFor(a.pid, 120), sb = WaitFor(b.pid, 120);
+  std::string oa = ReadText(a.output_path), ob = ReadText(b.output_path);
+  ASSERT_NE(sa, -1) << oa;
+  ASSERT_NE(sb, -1) << ob;
+  EXPECT_FALSE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << oa;
+  EXPECT_FALSE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0) << ob;
+  const std::string why = "--load_dir=" + dir_ + "/nowhere: no " + kPersistablesFile +
+                          " there on any node (rank 0 on node 0 (" + hosts_->ip(0) + ") in " +
+                          dir_ + "/nowhere, rank 1 on node 1 (" + hosts_->ip(1) + ") in " + dir_ +
+                          "/nowhere)";
+  for (const std::string& log :
+       {ReadText(dir_ + "/log0/workerlog.0"), ReadText(dir_ + "/log1/workerlog.0")}) {
+    EXPECT_TRUE(Contains(log, why)) << log;
+    EXPECT_FALSE(Contains(log, "step 0 ")) << log;
+  }
 }
 
 }  // namespace
