@@ -35,7 +35,7 @@ const std::vector<Command>& Commands() {
          {"model", "data", "mlp_hidden", "batch_size", "steps", "epochs", "seed"}},
         {"optimizer",
          {"optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "epsilon", "weight_decay",
-          "clip_global_norm", "gradient_merge_k"}},
+          "clip_global_norm", "gradient_merge_k", "amp", "amp_level", "recompute"}},
         {"learning-rate schedule",
          {"lr_schedule", "lr_boundaries", "lr_values", "lr_decay_steps", "min_lr", "warmup_steps",
           "warmup_start_lr"}},

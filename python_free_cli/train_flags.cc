@@ -32,6 +32,10 @@ DEFINE_int32(gradient_merge_k, 1,
              "K times the batch (DistributedStrategy.gradient_merge); schedules count optimizer "
              "steps.");
 
+DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
+DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
+DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
+
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
 DEFINE_double(lr, 0, "Learning rate (the base of a schedule); 0: the model's default.");
@@ -118,6 +122,15 @@ fleet::DistributedStrategy StrategyFromFlags() {
     // and asking for it is refused by the strategy, naming both.
     if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
   }
+  KEEL_ENFORCE(FLAGS_amp == "off" || FLAGS_amp == "bf16" || FLAGS_amp == "fp16",
+               "--amp must be off, bf16 or fp16, got '", FLAGS_amp, "'");
+  strategy.amp = FLAGS_amp != "off";
+  RefuseUnless(strategy.amp, "amp_level", "mixed precision (--amp=bf16|fp16)");
+  if (strategy.amp) {
+    strategy.amp_configs.dtype = FLAGS_amp == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+    strategy.amp_configs.level = FLAGS_amp_level;
+  }
+  strategy.recompute = FLAGS_recompute;
   return strategy;
 }
 

@@ -292,6 +292,9 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
        "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"load_dir", "KeelTrain.SavesACheckpointThatInspectReadsAndTrainResumesFrom"},
       {"local_sgd_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"amp", "KeelTrainAmp.Bf16AndFp16TrainTheMlpAndReachTheStrategy"},
+      {"amp_level", "KeelTrainAmp.BadValuesAreRefusedNamingTheFlag"},
+      {"recompute", "KeelTrainAmp.RecomputeRunsResnetAndNeedsMarkedCheckpoints"},
       {"gradient_merge_k",
        "InspectStrategy.GradientMergeGolden, "
        "GradientMergeDataParallel.KeelTrainResumesOnMergeStepsAndRefusesBetweenThem"},
