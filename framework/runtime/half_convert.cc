@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KEEL_X86 1
 #endif
@@ -61,7 +62,10 @@ struct Isa {
   Isa() {
     __builtin_cpu_init();
     avx2 = __builtin_cpu_supports("avx2");
-    f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    // F16C is CPUID leaf 1, ECX bit 29 (clang has no "f16c" for __builtin_cpu_supports); its
+    // 256-bit forms need AVX, which the OS enabled when __builtin_cpu_supports says so.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    f16c = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
   }
 };
 const Isa& Cpu() {
