@@ -111,11 +111,13 @@ TEST(UpdateLossScalingOp, FollowsPaddlesRuleRowByRow) {
 }
 
 TEST(UpdateLossScalingOp, BadAttrsAreRefusedByName) {
-  for (const auto& [attr, value] :
+  for (const auto& bad :
        std::vector<std::pair<std::string, Attribute>>{{"incr_every_n_steps", 0},
                                                       {"decr_every_n_nan_or_inf", 0},
                                                       {"incr_ratio", 1.0f},
                                                       {"decr_ratio", 1.5f}}) {
+    const std::string& attr = bad.first;
+    const Attribute& value = bad.second;
     const std::string msg = ErrorOf([&] {
       RunOp("update_loss_scaling",
             {{"f", Of<bool>(DType::kBool, {false})},
