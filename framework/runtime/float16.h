@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "framework/runtime/dtype.h"
 
@@ -186,7 +188,17 @@ KEEL_HALF_HD To ConvertTo(From x) {
   if constexpr (kIsHalf<From> && kIsHalf<To>) {
     return To(static_cast<float>(x));
   } else if constexpr (kIsHalf<From>) {
-    return static_cast<To>(static_cast<float>(x));
+    const float f = static_cast<float>(x);
+    if constexpr (std::is_integral_v<To> && !std::is_same_v<To, bool>) {
+      // A 16-bit type holds infinities and values past small integer types: saturate (NaN
+      // gives 0) rather than convert out of range, which C++ leaves undefined.
+      if (!(f == f)) return To(0);
+      if (f >= static_cast<float>(std::numeric_limits<To>::max()))
+        return std::numeric_limits<To>::max();
+      if (f <= static_cast<float>(std::numeric_limits<To>::lowest()))
+        return std::numeric_limits<To>::lowest();
+    }
+    return static_cast<To>(f);
   } else if constexpr (kIsHalf<To>) {
     return To(static_cast<float>(x));
   } else {

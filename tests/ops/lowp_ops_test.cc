@@ -187,6 +187,7 @@ TEST(LowpCast, BetweenTheHalfTypesIntegersAndFloat64) {
       CastCase(RunForward(CastCase(d, DType::kFloat16))["Out"][0], DType::kInt32))["Out"][0];
   EXPECT_EQ(hi.data<int32_t>()[0], 0);
   EXPECT_EQ(hi.data<int32_t>()[1], -7);
+  EXPECT_EQ(hi.data<int32_t>()[2], 2147483647);  // 1e10 is infinity in float16: saturates
   const Tensor i64 = Tensor::FromVector<int64_t>({0, 3, -1000}, {3});
   const Tensor ih = RunForward(CastCase(i64, DType::kFloat16))["Out"][0];
   EXPECT_EQ(static_cast<float>(ih.data<float16>()[2]), -1000.0f);
