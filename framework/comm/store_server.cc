@@ -90,39 +90,30 @@ StoreServer::StoreServer(const std::string& host, int port, std::string token, i
                          int listen_fd)
     : token_(std::move(token)), generation_(generation), last_summary_(Clock::now()) {
   if (listen_fd >= 0) {
-    listen_fd_ = listen_fd;
+    listen_fd_ = listen_fd;  // a socket the launcher bound and listens on
     SetNonBlocking(listen_fd_, true);
+  } else {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    KEEL_ENFORCE(listen_fd_ >= 0, "store: socket(): ", std::strerror(errno));
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in addr{};
-    socklen_t len = sizeof(addr);
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    if (::pipe2(wake_fd_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    // Loopback endpoints listen on loopback only; any other host listens on all interfaces.
+    addr.sin_addr.s_addr =
+        (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listen_fd_, 512) != 0) {
       int err = errno;
       ::close(listen_fd_);
-      KEEL_THROW("store: pipe(): ", std::strerror(err));
+      KEEL_THROW("store: cannot listen on ", host, ":", port, ": ", std::strerror(err),
+                 err == EADDRINUSE ? StrCat(" (another process holds port ", port,
+                                            "; rank 0 serves the rendezvous store there)")
+                                   : std::string());
     }
-    acceptor_ = std::thread([this] { AcceptLoop(); });
-    return;
   }
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  KEEL_ENFORCE(listen_fd_ >= 0, "store: socket(): ", std::strerror(errno));
-  int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  // Loopback endpoints listen on loopback only; any other host listens on all interfaces.
-  addr.sin_addr.s_addr =
-      (host == "127.0.0.1" || host == "localhost") ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listen_fd_, 512) != 0) {
-    int err = errno;
-    ::close(listen_fd_);
-    KEEL_THROW("store: cannot listen on ", host, ":", port, ": ", std::strerror(err),
-               err == EADDRINUSE ? StrCat(" (another process holds port ", port,
-                                          "; rank 0 serves the rendezvous store there)")
-                                 : std::string());
-  }
   socklen_t len = sizeof(addr);
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.sin_port);
