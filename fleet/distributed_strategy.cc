@@ -125,6 +125,7 @@ std::string DistributedStrategy::ToString() const {
       ", fuse_all_reduce_ops=", Bool(fuse_all_reduce_ops),
       ", fuse_grad_size_in_MB=", fuse_grad_size_in_MB,
       ", fuse_grad_size_in_num=", fuse_grad_size_in_num,
+      ", fuse_by_ring_model=", Bool(fuse_by_ring_model),
       ", paddle_fuse={given=", Bool(paddle_fuse.given),
       ", memory_size_mb=", paddle_fuse.memory_size_mb, ", groups_size=", paddle_fuse.groups_size,
       "}", ", use_hierarchical_allreduce=", Bool(use_hierarchical_allreduce),
@@ -187,6 +188,8 @@ void DistributedStrategy::Validate(const Role& role) const {
         StrCat("fuse_grad_size_in_MB=", fuse_grad_size_in_MB), "fuse_all_reduce_ops");
     off(fuse_grad_size_in_num != d.fuse_grad_size_in_num,
         StrCat("fuse_grad_size_in_num=", fuse_grad_size_in_num), "fuse_all_reduce_ops");
+    off(fuse_by_ring_model != d.fuse_by_ring_model,
+        StrCat("fuse_by_ring_model=", Bool(fuse_by_ring_model)), "fuse_all_reduce_ops");
     KEEL_ENFORCE(!paddle_fuse.given,
                  "FLAGS_fuse_parameter_memory_size=", paddle_fuse.memory_size_mb,
                  " / FLAGS_fuse_parameter_groups_size=", paddle_fuse.groups_size, " are given but ",
@@ -226,6 +229,10 @@ void DistributedStrategy::Validate(const Role& role) const {
                  s, "fuse_grad_size_in_MB=", fuse_grad_size_in_MB,
                  " / fuse_grad_size_in_num=", fuse_grad_size_in_num,
                  " would be ignored; use one or the other");
+    KEEL_ENFORCE(fuse_by_ring_model,
+                 "FLAGS_fuse_parameter_memory_size / FLAGS_fuse_parameter_groups_size are given, "
+                 "so gradients are grouped as Paddle groups them, and ",
+                 s, "fuse_by_ring_model=false would have no effect; use one or the other");
   }
   if (amp) {
     amp::ValidateAmpConfig(amp_configs, s);

@@ -38,6 +38,11 @@ struct DistributedStrategy {
   // 8 as in Paddle 2.x's DistributedStrategy; Paddle 1.x's FLAGS_fuse_parameter_groups_size
   // defaulted to 1 (3 in early 1.x), but its seed recipe sets 50 explicitly.
   int fuse_grad_size_in_num = 8;
+  // With fuse_all_reduce_ops (and not Paddle's fusion flags): a group also closes once its
+  // all-reduce's fixed latency stops mattering, at a size minimize measures on the job's CPU
+  // ring (framework/comm/ring_model.h), so that the first groups leave while backward still runs.
+  // false, or on CUDA places (not measured yet): groups fill up to the two limits above.
+  bool fuse_by_ring_model = true;
 
   // Paddle's fusion flags, copied here by ApplyFlagOverrides() when either flag is given. With
   // `given`, gradients are grouped as Paddle's coalesce_grad_tensor_pass groups them, and

@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "framework/base/endpoint.h"
 #include "framework/comm/collective_watch.h"
 #include "framework/comm/comm_context.h"
+#include "framework/comm/ring_model.h"
 #include "framework/comm/store.h"
 #include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
@@ -346,20 +348,26 @@ void barrier_worker() {
 
 namespace {
 
+// Fleet's eager ring, a CPU ring over every rank, set up on first use (inside a FleetCall).
+Communicator& EagerRing(const std::string& api) {
+  const Role& r = role();
+  FleetState& st = State();
+  if (!st.eager_ring) {
+    CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0, "",
+                                  "fleet's eager ring");
+    st.eager_ring = true;
+  }
+  return RingRegistry::Get().At(kEagerRingId, api);
+}
+
 // fleet::all_reduce as the user called it (`api`: fleet::all_reduce or one of the metrics).
 void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
   KEEL_ENFORCE(tensor != nullptr && tensor->initialized(), api, ": the tensor holds no data");
   const Role& r = role();
   if (r.world_size <= 1) return;
-  FleetState& st = State();
   FleetCall call(api);
   try {
-    if (!st.eager_ring) {
-      CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0, "",
-                                    "fleet's eager ring");
-      st.eager_ring = true;
-    }
-    Communicator& comm = RingRegistry::Get().At(kEagerRingId, api);
+    Communicator& comm = EagerRing(api);
     if (tensor->place().is_cpu()) {
       comm.AllReduce(tensor, op);
     } else {
@@ -367,6 +375,50 @@ void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
       comm.AllReduce(&host, op);
       tensor->CopyFrom(host);
     }
+  } catch (const Error& e) {
+    call.Rethrow(e, api + ": ");
+  }
+}
+
+// GradAllReduceOptions::group_bytes for `strategy` (DistributedStrategy::fuse_by_ring_model):
+// from rank 0's cached ring model, else from one every rank measures now on fleet's eager ring
+// (a CPU ring of the backend the gradients' rings use). 0 when the strategy does not group that
+// way or the gradients' rings are not CPU rings.
+double FusionGroupBytes(const DistributedStrategy& s, const Role& r) {
+  if (r.world_size <= 1 || !s.fuse_all_reduce_ops || !s.fuse_by_ring_model || s.paddle_fuse.given ||
+      s.use_local_sgd || s.gradient_merge)
+    return 0;
+  if (!r.selected_gpus.empty()) {
+    LOG(INFO) << "fleet: fusion groups fill up to fuse_grad_size_in_MB / _num: the ring model "
+                 "(fuse_by_ring_model) is measured on CPU rings only";
+    return 0;
+  }
+  const std::string api = "fleet: measuring the ring for fusion groups";
+  FleetCall call(api);
+  try {
+    Communicator& comm = EagerRing(api);
+    const std::string path =
+        r.rank == 0 ? RingModelCachePath(comm.backend(), r.world_size, r.num_nodes()) : "";
+    std::optional<RingModel> cached = r.rank == 0 ? LoadRingModel(path) : std::nullopt;
+    Tensor t(DType::kFloat64, DDim({3}));  // rank 0's cached model: {found, alpha, beta}
+    t.data<double>()[0] = cached ? 1 : 0;
+    t.data<double>()[1] = cached ? cached->alpha_s : 0;
+    t.data<double>()[2] = cached ? cached->beta_s_per_byte : 0;
+    comm.Broadcast(&t, 0);
+    RingModel m{t.data<double>()[1], t.data<double>()[2]};
+    const bool found = t.data<double>()[0] > 0;
+    if (!found) {
+      m = MeasureRingModel(comm);
+      if (r.rank == 0) SaveRingModel(path, m);
+    }
+    const double bytes = GroupBytesFor(m);
+    LOG(INFO) << "fleet: ring model (" << comm.backend() << ", "
+              << (!found        ? std::string("measured")
+                  : r.rank == 0 ? "cached in " + path
+                                : std::string("rank 0's cache"))
+              << "): " << m.alpha_s * 1e6 << " us latency, " << 1e-9 / m.beta_s_per_byte
+              << " GB/s; fused gradient groups close at " << bytes / 1024 << " KiB";
+    return bytes;
   } catch (const Error& e) {
     call.Rethrow(e, api + ": ");
   }
@@ -437,7 +489,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
-    fleet::TranspileCollective(main, *startup, strategy_, r);
+    fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
     RecordPassMadeVars(before, main, *startup);
     CheckProgramsMatch(*ForComparison(main, false), "main program");
     CheckProgramsMatch(*ForComparison(*startup, true), "startup program");

@@ -16,12 +16,13 @@ transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, cons
 }
 
 transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrategy& strategy,
-                                                         const Role& role) {
+                                                         const Role& role, double group_bytes) {
   transpiler::GradAllReduceOptions o;
   o.rings = RingOptionsFor(strategy, role);
   o.fuse = strategy.fuse_all_reduce_ops;
   o.fuse_mb = strategy.fuse_grad_size_in_MB;
   o.fuse_num = strategy.fuse_grad_size_in_num;
+  if (strategy.fuse_by_ring_model) o.group_bytes = group_bytes;
   o.paddle_fuse = strategy.paddle_fuse.given;
   o.paddle_fuse_memory_size_mb = strategy.paddle_fuse.memory_size_mb;
   o.paddle_fuse_groups_size = strategy.paddle_fuse.groups_size;
@@ -52,12 +53,13 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
 }
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
-                         const Role& role) {
+                         const Role& role, double group_bytes) {
   if (role.world_size <= 1) return;
   if (strategy.use_local_sgd) {
     transpiler::LocalSGDPass(LocalSGDOptionsFor(strategy, role)).Apply(main, startup);
   } else {
-    transpiler::GradAllReducePass(GradAllReduceOptionsFor(strategy, role)).Apply(main, startup);
+    transpiler::GradAllReducePass(GradAllReduceOptionsFor(strategy, role, group_bytes))
+        .Apply(main, startup);
     // One optimizer op per fused gradient group (one CUDA launch each); none without fusion.
     transpiler::MergeOptimizerOpsPass().Apply(main, startup);
   }

@@ -15,7 +15,8 @@
 //   minimize runs 1 before it records which persistables the passes made (gradient merge's
 //   buffers and counter are checkpointed, so that a resume mid-accumulation is exact) and 2 after.
 // Leaves alone: everything the chosen passes leave alone; starts no communication, so `keel
-//   inspect --strategy` prints a job's programs without any worker.
+//   inspect --strategy` prints a job's programs without any worker (and so without the ring
+//   model that sizes fusion groups in a running job: inspect shows groups filled to the limits).
 #pragma once
 
 #include "fleet/distributed_strategy.h"
@@ -29,8 +30,10 @@ namespace fleet {
 
 // The rings of `strategy` (nccl_comm_num) and the role's place on them (rank, first GPU).
 transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, const Role& role);
+// `group_bytes`: GradAllReduceOptions::group_bytes, from the ring model minimize measured when
+// strategy.fuse_by_ring_model applies (0: none; groups fill up to the strategy's limits).
 transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrategy& strategy,
-                                                         const Role& role);
+                                                         const Role& role, double group_bytes = 0);
 transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strategy,
                                                const Role& role);
 
@@ -38,7 +41,7 @@ transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strate
 void TranspileGradientMerge(Program& main, Program& startup, const DistributedStrategy& strategy);
 // Step 2: the data-parallel passes (nothing with one worker).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
-                         const Role& role);
+                         const Role& role, double group_bytes = 0);
 // Both, in order (what minimize does after backward and the updates; keel inspect --strategy).
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
                const Role& role);

@@ -675,7 +675,7 @@ KEEL_REGISTER_OP(conv2d)
     .Attr<std::string>("data_format", "NCHW", "only NCHW (AnyLayout reads as NCHW)", NchwOnly())
     .Shape(Conv2DShape)
     .Grad(GradMaker("conv2d_grad", {"Input", "Filter"}, {"Output"}, {"Input", "Filter"}));
-KEEL_REGISTER_GRAD_OP(conv2d_grad, conv2d);
+KEEL_REGISTER_GRAD_OP(conv2d_grad, conv2d).ComputesOutputsApart();
 KEEL_REGISTER_KERNEL(CPU, conv2d, Conv2DKernel, float, double, bfloat16);
 KEEL_REGISTER_KERNEL(CPU, conv2d_grad, Conv2DGradKernel, float, double, bfloat16);
 

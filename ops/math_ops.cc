@@ -156,7 +156,7 @@ KEEL_REGISTER_OP(mul)
     .Attr<int>("y_num_col_dims", 1, "leading dims of Y that become rows", AtLeastOne())
     .Shape(MulShape)
     .DefaultGrad();
-KEEL_REGISTER_GRAD_OP(mul_grad, mul);
+KEEL_REGISTER_GRAD_OP(mul_grad, mul).ComputesOutputsApart();
 KEEL_REGISTER_KERNEL(CPU, mul, MulKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, mul_grad, MulGradKernel, float, double, bfloat16, float16);
 
@@ -172,7 +172,7 @@ KEEL_REGISTER_OP(matmul)
     .Attr<float>("alpha", 1.0f, "scale of the product")
     .Shape(MatMulShape)
     .DefaultGrad();
-KEEL_REGISTER_GRAD_OP(matmul_grad, matmul);
+KEEL_REGISTER_GRAD_OP(matmul_grad, matmul).ComputesOutputsApart();
 KEEL_REGISTER_KERNEL(CPU, matmul, MatMulKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double, bfloat16, float16);
 

@@ -98,6 +98,26 @@ std::vector<Group> GroupBySize(const Block& mb, const std::vector<Grad>& grads, 
   return groups;
 }
 
+// Grouping from the ring's cost model: consecutive gradients of one dtype until the group holds
+// `enough_bytes` (where the all-reduce's fixed cost stops mattering), never past `limit_bytes` and
+// `limit_num` tensors. Small gradients share an all-reduce; a large one leaves on its own as soon
+// as backward writes it.
+std::vector<Group> GroupUntil(const Block& mb, const std::vector<Grad>& grads, double enough_bytes,
+                              double limit_bytes, size_t limit_num) {
+  std::vector<Group> groups;
+  bool closed = true;
+  for (const Grad& g : grads) {
+    const VarDesc& v = KnownGrad(mb, g.name);
+    const double bytes = static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
+    if (closed || groups.back().dtype != v.dtype() || groups.back().names.size() >= limit_num ||
+        groups.back().bytes + bytes > limit_bytes)
+      groups.emplace_back();
+    AddToGroup(mb, g, &groups.back());
+    closed = groups.back().bytes >= enough_bytes;
+  }
+  return groups;
+}
+
 // Paddle's grouping (FLAGS_fuse_parameter_memory_size / _groups_size, after its
 // coalesce_grad_tensor_pass): a layer's gradients (parameter names up to the first '.') form one
 // group in the order layers first appear; memory 0 puts every gradient in one group; memory > 0
@@ -149,6 +169,51 @@ std::vector<Group> GroupLikePaddle(const Block& mb, const std::vector<Grad>& gra
   return groups;
 }
 
+// Splits each backward op that writes parameter gradients (op_role_var) and other outputs too,
+// when its type computes its outputs apart (OpTraits::outputs_apart), into two ops of its type:
+// the first writes only the parameter gradients and keeps op_role_var, the second (right after it)
+// the other outputs. The all-reduce placed after the first then overlaps the second: a weight
+// gradient leaves before the input gradient that the rest of backward needs is computed.
+void SplitParamGradWriters(Block& mb) {
+  for (size_t i = 0; i < mb.num_ops(); ++i) {
+    OpDesc& op = *mb.op(i);
+    if (Role(op) != kBackward || !op.HasAttr(kOpRoleVarAttr) ||
+        !OpRegistry::Traits(op.type()).outputs_apart)
+      continue;
+    const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
+    std::set<std::string> param_grads;
+    for (size_t k = 1; k < pairs.size(); k += 2) param_grads.insert(pairs[k]);
+    // Slots of parameter gradients only, and slots of other real outputs; a slot mixing both
+    // cannot be split.
+    std::vector<std::string> mine, rest;
+    bool mixed = false;
+    for (const auto& [slot, args] : op.outputs()) {
+      size_t grads = 0, real = 0;
+      for (const std::string& a : args) {
+        if (a == kEmptyVarName) continue;
+        ++real;
+        grads += param_grads.count(a);
+      }
+      if (real == 0) continue;
+      if (grads == real) {
+        mine.push_back(slot);
+      } else if (grads == 0) {
+        rest.push_back(slot);
+      } else {
+        mixed = true;
+      }
+    }
+    if (mixed || mine.empty() || rest.empty()) continue;
+    auto second = std::make_unique<OpDesc>(op);
+    second->RemoveAttr(kOpRoleVarAttr);
+    for (const std::string& slot : mine)
+      second->SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
+    for (const std::string& slot : rest)
+      op.SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
+    mb.InsertOp(++i, std::move(second));
+  }
+}
+
 // Each group gets a coalesce_tensor before the first backward op, making its gradients slices of
 // "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
 // group's last gradient is written (with hierarchy: reduce-scatter, all-reduce, all-gather).
@@ -162,6 +227,9 @@ void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>
   } else if (options.paddle_fuse) {
     groups = GroupLikePaddle(mb, grads, options.paddle_fuse_memory_size_mb,
                              options.paddle_fuse_groups_size);
+  } else if (options.group_bytes > 0) {
+    groups = GroupUntil(mb, grads, options.group_bytes, options.fuse_mb * 1024.0 * 1024.0,
+                        static_cast<size_t>(options.fuse_num));
   } else {
     groups = GroupBySize(mb, grads, options.fuse_mb * 1024.0 * 1024.0,
                          static_cast<size_t>(options.fuse_num));
@@ -341,6 +409,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     return;
   }
 
+  SplitParamGradWriters(mb);
   // Parameter gradients in the order backward produces them, with the op that last writes each.
   std::vector<Grad> grads;
   for (size_t i = 0; i < mb.num_ops(); ++i) {

@@ -6,13 +6,18 @@
 // Guarantees:
 //   startup: one c_comm_init per ring (options.rings.nrings rings), then a c_broadcast of every
 //     parameter from rank 0 and a c_sync_comm_stream, so all ranks start equal;
-//   main: the loss gradient is scaled by 1/nranks right after it is filled; right after the op
+//   main: a backward op that writes parameter gradients and other outputs, of a type that
+//     computes its outputs apart (OpTraits::outputs_apart: mul_grad, matmul_grad, conv2d_grad), is
+//     split into two ops of its type, the parameter gradients first (same values), so that their
+//     all-reduce overlaps the computation of the input gradient;
+//     the loss gradient is scaled by 1/nranks right after it is filled; right after the op
 //     that last writes each parameter gradient, c_sync_calc_stream then c_allreduce_sum on ring
 //     (i % nrings), i counting gradients in the order backward produces them; one
 //     c_sync_comm_stream per ring before the first optimizer op;
 //   with options.fuse: gradients, in the order backward produces them, are
 //     grouped (same dtype, up to fuse_mb megabytes and fuse_num tensors; a gradient over
-//     the size limit alone), or, with options.paddle_fuse (Paddle's fusion flags), as Paddle
+//     the size limit alone; with group_bytes, a group also closes once it holds that many bytes),
+//     or, with options.paddle_fuse (Paddle's fusion flags), as Paddle
 //     groups them: a layer's W and b together, layers merged
 //     up to FLAGS_fuse_parameter_memory_size MB (0: one group); before the first backward op a
 //     coalesce_tensor per group makes its gradients slices of a new var "@FUSED_GRAD@k", and
@@ -48,6 +53,10 @@ struct GradAllReduceOptions {
   bool fuse = false;
   double fuse_mb = 32;
   int fuse_num = 8;
+  // With fuse (and not paddle_fuse), > 0: a group closes once it holds this many bytes (fleet
+  // derives it from the ring's measured latency and bandwidth), within fuse_mb and fuse_num;
+  // 0: groups fill up to fuse_mb and fuse_num.
+  double group_bytes = 0;
   // With fuse: group as Paddle's coalesce_grad_tensor_pass does instead (FLAGS_fuse_parameter_
   // memory_size and _groups_size; fleet/distributed_strategy.h says what the values mean).
   bool paddle_fuse = false;

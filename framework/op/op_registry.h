@@ -79,6 +79,11 @@ struct OpTraits {
   std::string slices_slot, fused_slot;
   // Why a CUDA graph cannot capture it ("" : it can).
   std::string not_capturable;
+  // Each output is computed from the inputs alone, the same whichever other outputs are asked
+  // for: a pass may split the op into copies that each write some of its outputs (the
+  // data-parallel pass makes a weight gradient ready before the op's input gradient, so its
+  // all-reduce overlaps that computation).
+  bool outputs_apart = false;
 };
 
 class OpSchema {
@@ -164,6 +169,10 @@ class OpSchema {
   }
   OpSchema& NotCapturable(std::string why) {
     traits_.not_capturable = std::move(why);
+    return *this;
+  }
+  OpSchema& ComputesOutputsApart() {
+    traits_.outputs_apart = true;
     return *this;
   }
 

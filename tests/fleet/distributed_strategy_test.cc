@@ -55,7 +55,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
   EXPECT_EQ(
       s.ToString(),
       "DistributedStrategy{nccl_comm_num=1, fuse_all_reduce_ops=false, "
-      "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, paddle_fuse={given=false, "
+      "fuse_grad_size_in_MB=32, fuse_grad_size_in_num=8, fuse_by_ring_model=true, "
+      "paddle_fuse={given=false, "
       "memory_size_mb=-1, groups_size=1}, use_hierarchical_allreduce=false, "
       "hierarchical_allreduce_inter_nranks=0, use_local_sgd=false, local_sgd_steps=1, "
       "local_sgd_warmup_steps=0, local_sgd_is_warm_steps=-1, sync_nccl_allreduce=true, "
@@ -108,6 +109,16 @@ TEST(DistributedStrategy, ValidateNamesTheFieldAndValue) {
        "fuse_grad_size_in_num=-1"},
       {"fuse num without fusion", [](DistributedStrategy* s) { s->fuse_grad_size_in_num = 2; },
        Role(), "fuse_grad_size_in_num=2 is set but DistributedStrategy.fuse_all_reduce_ops=false"},
+      {"ring model off without fusion",
+       [](DistributedStrategy* s) { s->fuse_by_ring_model = false; }, Role(),
+       "fuse_by_ring_model=false is set but DistributedStrategy.fuse_all_reduce_ops=false"},
+      {"ring model off beside Paddle's flags",
+       [](DistributedStrategy* s) {
+         s->fuse_all_reduce_ops = true;
+         s->paddle_fuse.given = true;
+         s->fuse_by_ring_model = false;
+       },
+       Role(), "fuse_by_ring_model=false would have no effect"},
       {"hierarchical, local world divides world",
        [](DistributedStrategy* s) { s->use_hierarchical_allreduce = true; }, World(8, 4), ""},
       {"hierarchical, explicit inter_nranks not dividing world",
@@ -399,6 +410,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->fuse_grad_size_in_MB = 1e-6; }},
       {"fuse_grad_size_in_num", kChangesProgram, fuse,
        [](auto* s) { s->fuse_grad_size_in_num = 1; }},
+      // Its effect needs a ring to measure: a 2-worker job and the pass's golden pin it.
+      {"fuse_by_ring_model", kPinnedBy, none, none,
+       "RingModel.TwoWorkersMeasureOnceThenReadTheCache, "
+       "GradAllReducePass.RingModelGroupsLeaveWhileBackwardRuns"},
       {"paddle_fuse.given", kChangesProgram, fuse, [](auto* s) { s->paddle_fuse.given = true; }},
       {"paddle_fuse.memory_size_mb", kChangesProgram,
        [](auto* s) {

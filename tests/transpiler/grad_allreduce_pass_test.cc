@@ -7,7 +7,9 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
+#include "framework/op/op_registry.h"
 #include "tests/util/golden.h"
+#include "tests/util/op_test_util.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "transpiler/grad_allreduce_pass.h"
 
@@ -228,6 +230,100 @@ TEST(GradAllReducePass, AnOpWritingTwoGradientsGetsBothRightAfterIt) {
     EXPECT_EQ(b.op(ln + 1 + k)->Input("X")[0], vars[k < 2 ? 1 : 3]) << k;
   }
   EXPECT_EQ(b.op(ln + 5)->type(), next);
+}
+
+// With a group size from the ring model (group_bytes, 32 here): the two gradients of fc_1 (8 + 24
+// bytes) close the first group, fc_0's make the second. fc_1's mul_grad is split so that its
+// weight gradient is written first: the first group's all-reduce sits between that op and the
+// one writing the input gradient the rest of backward needs, so it overlaps that computation.
+TEST(GradAllReducePass, RingModelGroupsLeaveWhileBackwardRuns) {
+  Program main, startup;
+  BuildTrainedMlp(main, startup);
+  fleet::DistributedStrategy s;
+  s.fuse_all_reduce_ops = true;
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour(), 32))
+      .Apply(main, startup);
+  testing::ExpectGolden(main.ToText(), "grad_allreduce_ring_model_main.txt");
+  const Block& b = main.global_block();
+  size_t first_allreduce = 0, input_grad = 0;
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    const OpDesc& op = *b.op(i);
+    if (op.type() == "c_allreduce_sum" && first_allreduce == 0) first_allreduce = i;
+    if (op.type() == "mul_grad" && op.Output("X@GRAD")[0] == "tanh.tmp_0@GRAD") input_grad = i;
+  }
+  EXPECT_GT(first_allreduce, 0u);
+  EXPECT_LT(first_allreduce, input_grad) << main.ToText();
+  // The split writer keeps the weight gradient and its op_role_var; its twin writes only the
+  // input gradient.
+  const OpDesc& weight = *b.op(input_grad - 3);
+  EXPECT_EQ(weight.type(), "mul_grad");
+  EXPECT_EQ(weight.Output("Y@GRAD")[0], "fc_1.w_0@GRAD");
+  EXPECT_EQ(weight.Output("X@GRAD")[0], kEmptyVarName);
+  EXPECT_TRUE(weight.HasAttr(kOpRoleVarAttr));
+  EXPECT_EQ(b.op(input_grad)->Output("Y@GRAD")[0], kEmptyVarName);
+  EXPECT_FALSE(b.op(input_grad)->HasAttr(kOpRoleVarAttr));
+
+  // Without the ring model (group_bytes 0) the default limits make one group, as before.
+  Program main2, startup2;
+  BuildTrainedMlp(main2, startup2);
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour()))
+      .Apply(main2, startup2);
+  EXPECT_EQ(FusedGroups(main2).size(), 1u);
+  // fuse_by_ring_model=false ignores a measured size.
+  Program main3, startup3;
+  BuildTrainedMlp(main3, startup3);
+  s.fuse_by_ring_model = false;
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, TwoOfFour(), 32))
+      .Apply(main3, startup3);
+  EXPECT_EQ(FusedGroups(main3).size(), 1u);
+}
+
+// The ops that declare ComputesOutputsApart give each output the same bits whether it is computed
+// alone or with the others (what lets the data-parallel pass split them).
+TEST(OutputsApart, EachOutputAloneHasTheSameBits) {
+  using testing::OpCase;
+  using testing::RandomTensor;
+  std::vector<OpCase> cases;
+  const DType f = DType::kFloat32;
+  cases.push_back({"mul_grad",
+                   "mul_grad",
+                   {{"X", {RandomTensor(DDim({5, 7}), f, -1, 1, 1)}},
+                    {"Y", {RandomTensor(DDim({7, 3}), f, -1, 1, 2)}},
+                    {"Out", {RandomTensor(DDim({5, 3}), f, -1, 1, 3)}},
+                    {"Out@GRAD", {RandomTensor(DDim({5, 3}), f, -1, 1, 4)}}},
+                   {{"X@GRAD", 1}, {"Y@GRAD", 1}},
+                   {{"x_num_col_dims", 1}, {"y_num_col_dims", 1}},
+                   {}});
+  cases.push_back({"matmul_grad",
+                   "matmul_grad",
+                   {{"X", {RandomTensor(DDim({2, 5, 7}), f, -1, 1, 5)}},
+                    {"Y", {RandomTensor(DDim({3, 7}), f, -1, 1, 6)}},
+                    {"Out", {RandomTensor(DDim({2, 5, 3}), f, -1, 1, 7)}},
+                    {"Out@GRAD", {RandomTensor(DDim({2, 5, 3}), f, -1, 1, 8)}}},
+                   {{"X@GRAD", 1}, {"Y@GRAD", 1}},
+                   {{"transpose_Y", true}},
+                   {}});
+  cases.push_back({"conv2d_grad",
+                   "conv2d_grad",
+                   {{"Input", {RandomTensor(DDim({2, 3, 6, 6}), f, -1, 1, 9)}},
+                    {"Filter", {RandomTensor(DDim({4, 3, 3, 3}), f, -1, 1, 10)}},
+                    {"Output", {RandomTensor(DDim({2, 4, 6, 6}), f, -1, 1, 11)}},
+                    {"Output@GRAD", {RandomTensor(DDim({2, 4, 6, 6}), f, -1, 1, 12)}}},
+                   {{"Input@GRAD", 1}, {"Filter@GRAD", 1}},
+                   {{"paddings", std::vector<int>{1, 1}}},
+                   {}});
+  for (const OpCase& both : cases) {
+    SCOPED_TRACE(both.name);
+    ASSERT_TRUE(OpRegistry::Traits(both.type).outputs_apart);
+    auto all = testing::RunForward(both);
+    for (const auto& [slot, n] : both.outputs) {
+      OpCase alone = both;
+      alone.outputs = {{slot, n}};
+      auto one = testing::RunForward(alone);
+      ASSERT_EQ(one.count(slot), 1u);
+      EXPECT_TRUE(testing::SameBits(one.at(slot), all.at(slot))) << slot;
+    }
+  }
 }
 
 TEST(GradAllReducePass, NeedsBackward) {
