@@ -465,6 +465,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->gradient_merge_configs.k_steps = 3; }},
       {"gradient_merge_configs.avg", kChangesProgram, merge,
        [](auto* s) { s->gradient_merge_configs.avg = false; }},
+      {"sharding", kChangesProgram, none, [](auto* s) { s->sharding = true; }},
+      {"sharding_configs.stage", kRefused, none, [](auto* s) { s->sharding_configs.stage = 2; }},
+      {"sharding_configs.sharding_degree", kRefused, none,
+       [](auto* s) { s->sharding_configs.sharding_degree = 3; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -472,7 +476,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 320u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 336u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

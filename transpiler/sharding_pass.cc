@@ -1,0 +1,271 @@
+#include "transpiler/sharding_pass.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "framework/op/op_registry.h"
+#include "transpiler/grad_allreduce_pass.h"
+
+namespace keel {
+namespace transpiler {
+
+namespace {
+
+constexpr int kBackward = static_cast<int>(OpRole::kBackward);
+constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
+constexpr int kLoss = static_cast<int>(OpRole::kLoss);
+
+int Role(const OpDesc& op) { return op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0; }
+
+// The parameter an optimizer-section op belongs to (op_role_var = [param, grad]), or "" for an op
+// of several parameters (global-norm clipping, a merged update) or of none.
+std::string UpdatedParam(const OpDesc& op) {
+  if (!(Role(op) & kOptimize) || !op.HasAttr(kOpRoleVarAttr)) return "";
+  const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
+  return pairs.size() == 2 ? pairs[0] : "";
+}
+
+OpDesc* InsertOp(Block& b, size_t at, const std::string& type, const std::string& x,
+                 const std::string& out, int role, std::map<std::string, Attribute> attrs = {}) {
+  OpDesc* op = b.InsertOp(at, type);
+  op->SetInput("X", {x});
+  op->SetOutput("Out", {out});
+  op->SetAttr("ring_id", 0);
+  op->SetAttr(kOpRoleAttr, role);
+  for (auto& kv : attrs) op->SetAttr(kv.first, kv.second);
+  InferShapeAtBuild(op, &b);
+  return op;
+}
+
+}  // namespace
+
+std::map<std::string, int> ShardingPlan::StateOwners() const {
+  std::map<std::string, int> owners;
+  for (const Param& p : params)
+    for (const std::string& s : p.state) owners[s] = p.owner;
+  return owners;
+}
+
+ShardingPlan PlanSharding(const Program& main, int nranks) {
+  KEEL_ENFORCE(nranks >= 1, "sharding: ", nranks, " ranks");
+  const Block& mb = main.global_block();
+  // Which ops use each var: the parameter whose update op it is, or "" for any other op.
+  std::map<std::string, std::set<std::string>> users;
+  std::map<std::string, std::string> grad_of;
+  for (int b = 0; b < main.num_blocks(); ++b)
+    for (const auto& op : main.block(b).ops()) {
+      const std::string param = b == 0 ? UpdatedParam(*op) : "";
+      if (!param.empty())
+        grad_of.emplace(param, op->Attr<std::vector<std::string>>(kOpRoleVarAttr)[1]);
+      for (const auto& names : {op->InputArgumentNames(), op->OutputArgumentNames()})
+        for (const std::string& n : names) users[n].insert(param);
+    }
+  ShardingPlan plan;
+  int64_t total = 0;
+  for (VarDesc* v : mb.AllVars()) {
+    if (!v->is_parameter() || !grad_of.count(v->name())) continue;
+    ShardingPlan::Param p;
+    p.name = v->name();
+    p.grad = grad_of[p.name];
+    const VarDesc* g = mb.MustFindVar(p.grad);
+    KEEL_ENFORCE(g->dims().known(), "sharding: gradient '", p.grad, "' has shape ", g->dims().str(),
+                 "; only gradients of known shape can be laid out by owner");
+    p.numel = g->dims().numel();
+    total += p.numel;
+    plan.params.push_back(std::move(p));
+  }
+  // State: persistable vars, not parameters, that only this parameter's update ops use.
+  for (ShardingPlan::Param& p : plan.params)
+    for (VarDesc* v : mb.AllVars()) {
+      if (!v->persistable() || v->is_parameter()) continue;
+      const auto it = users.find(v->name());
+      if (it != users.end() && it->second.size() == 1 && *it->second.begin() == p.name)
+        p.state.push_back(v->name());
+    }
+  // Contiguous runs balanced by elements: a parameter goes to the rank whose share of the total
+  // holds its middle element.
+  plan.load.assign(nranks, 0);
+  int64_t before = 0;
+  for (ShardingPlan::Param& p : plan.params) {
+    const double middle = static_cast<double>(before) + static_cast<double>(p.numel) / 2;
+    p.owner = std::min(nranks - 1, static_cast<int>(middle * nranks / static_cast<double>(total)));
+    plan.load[p.owner] += p.numel;
+    before += p.numel;
+  }
+  plan.slice = plan.load.empty() ? 0 : *std::max_element(plan.load.begin(), plan.load.end());
+  return plan;
+}
+
+void ShardingPass::Apply(Program& main, Program& startup) const {
+  const RingOptions& ro = options_.rings;
+  const int nranks = ro.nranks, rank = ro.rank;
+  KEEL_ENFORCE(ro.nrings == 1, "sharding: runs on one ring, got nccl_comm_num=", ro.nrings);
+  KEEL_ENFORCE(rank >= 0 && rank < nranks, "sharding: rank ", rank, " of ", nranks);
+  const ShardingPlan plan = PlanSharding(main, nranks);
+  KEEL_ENFORCE(!plan.params.empty(),
+               "sharding: the main program updates no parameter; call minimize before "
+               "transpiling");
+  Block& mb = main.global_block();
+  Block& sb = startup.global_block();
+
+  std::set<std::string> owned, not_owned_grads, removed_state;
+  DType dtype = mb.MustFindVar(plan.params[0].grad)->dtype();
+  for (const ShardingPlan::Param& p : plan.params) {
+    const DType t = mb.MustFindVar(p.grad)->dtype();
+    KEEL_ENFORCE(t == dtype, "sharding: gradient '", p.grad, "' is ", DTypeName(t), ", '",
+                 plan.params[0].grad, "' is ", DTypeName(dtype),
+                 "; the gradients go into one buffer of one dtype");
+    if (p.owner == rank) {
+      owned.insert(p.name);
+    } else {
+      not_owned_grads.insert(p.grad);
+      removed_state.insert(p.state.begin(), p.state.end());
+    }
+  }
+
+  // ---- startup: rings and the parameters from rank 0; no state for others' parameters.
+  AppendRingsAndParamBroadcast(main, startup, ro);
+  for (size_t i = sb.num_ops(); i-- > 0;) {
+    const auto outs = sb.op(i)->OutputArgumentNames();
+    const bool only_removed = !outs.empty() && std::all_of(outs.begin(), outs.end(), [&](auto& n) {
+      return removed_state.count(n) > 0;
+    });
+    if (only_removed) sb.RemoveOp(i);
+  }
+  for (const std::string& s : removed_state)
+    if (sb.FindVar(s)) sb.RemoveVar(s);
+
+  // ---- main: remove the updates of parameters this rank does not own.
+  for (size_t i = mb.num_ops(); i-- > 0;) {
+    const std::string p = UpdatedParam(*mb.op(i));
+    if (!p.empty() && !owned.count(p)) mb.RemoveOp(i);
+  }
+
+  // Scale the loss gradient by 1/N where it is filled, as plain data parallelism does.
+  size_t loss_grad = mb.num_ops();
+  for (size_t i = 0; i < mb.num_ops(); ++i)
+    if (Role(*mb.op(i)) == (kBackward | kLoss)) {
+      loss_grad = i;
+      break;
+    }
+  KEEL_ENFORCE(loss_grad < mb.num_ops(),
+               "sharding: the main program has no loss-gradient op; call minimize (append_backward) "
+               "before transpiling");
+  {
+    const std::string& g = mb.op(loss_grad)->Output("Out")[0];
+    OpDesc* s = mb.InsertOp(loss_grad + 1, "scale");
+    s->SetInput("X", {g});
+    s->SetOutput("Out", {g});
+    s->SetAttr("scale", 1.0f / static_cast<float>(nranks));
+    s->SetAttr(kOpRoleAttr, kBackward | kLoss);
+    InferShapeAtBuild(s, &mb);
+  }
+
+  // The last writer of any parameter gradient: the reduce-scatter goes right after it.
+  size_t last_writer = 0;
+  for (size_t i = 0; i < mb.num_ops(); ++i) {
+    const OpDesc& op = *mb.op(i);
+    if (Role(op) == kBackward && op.HasAttr(kOpRoleVarAttr)) last_writer = i;
+  }
+  // Nothing after backward may read a gradient this rank does not own (it holds only this
+  // rank's share of the sum): global-norm clipping and the AMP overflow check would.
+  for (size_t i = last_writer + 1; i < mb.num_ops(); ++i)
+    for (const std::string& n : mb.op(i)->InputArgumentNames())
+      KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
+                   "' after backward, but under sharding rank ", rank,
+                   " holds only the summed gradients of its own parameters (clip_by_global_norm "
+                   "and the AMP overflow check across owners are not built)");
+
+  // The fused buffer, laid out by owner, each owner's run padded to the slice length.
+  const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";
+  std::vector<std::string> names;
+  std::vector<int64_t> numels;
+  std::vector<int> section;  // this rank's split of its slice
+  std::vector<std::string> parts;
+  for (int r = 0; r < nranks; ++r) {
+    for (const ShardingPlan::Param& p : plan.params) {
+      if (p.owner != r) continue;
+      names.push_back(p.grad);
+      numels.push_back(p.numel);
+      if (r == rank) {
+        section.push_back(static_cast<int>(p.numel));
+        parts.push_back(p.grad + "@SHARDING");
+      }
+    }
+    const int64_t gap = plan.slice - plan.load[r];
+    if (gap == 0) continue;
+    const std::string pad = "@SHARDING_PAD@" + std::to_string(r);
+    VarDesc* v = mb.Var(pad);
+    v->set_dtype(dtype);
+    v->set_shape({gap});
+    names.push_back(pad);
+    numels.push_back(gap);
+    if (r == rank) {
+      section.push_back(static_cast<int>(gap));
+      parts.push_back(pad);
+    }
+  }
+  for (const std::string& n : {fused, shard})
+    KEEL_ENFORCE(mb.FindVar(n) == nullptr, "sharding: the program already has a var named '", n,
+                 "' (transpiled twice?)");
+  mb.Var(fused)->set_dtype(dtype);
+  mb.Var(fused)->set_shape({plan.slice * nranks});
+  mb.Var(shard)->set_dtype(dtype);
+  mb.Var(shard)->set_shape({plan.slice});
+
+  // After the last gradient: reduce-scatter, then this rank's gradients out of its slice.
+  size_t at = last_writer + 1;
+  InsertOp(mb, at++, "c_sync_calc_stream", fused, fused, kBackward);
+  InsertOp(mb, at++, "c_reducescatter", fused, shard, kBackward, {{"nranks", nranks}});
+  InsertOp(mb, at++, "c_sync_comm_stream", shard, shard, kBackward);
+  if (!owned.empty()) {
+    for (size_t k = 0; k < parts.size(); ++k) {
+      VarDesc* v = mb.Var(parts[k]);
+      v->set_dtype(dtype);
+      v->set_shape({section[k]});
+    }
+    OpDesc* split = mb.InsertOp(at++, "split");
+    split->SetInput("X", {shard});
+    split->SetOutput("Out", parts);
+    split->SetAttr("sections", section);
+    split->SetAttr("axis", 0);
+    split->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(split, &mb);
+    for (const ShardingPlan::Param& p : plan.params) {
+      if (p.owner != rank) continue;
+      const VarDesc* g = mb.MustFindVar(p.grad);
+      std::vector<int> dims(g->shape().begin(), g->shape().end());
+      OpDesc* reshape = mb.InsertOp(at++, "reshape");
+      reshape->SetInput("X", {p.grad + "@SHARDING"});
+      reshape->SetOutput("Out", {p.grad});
+      reshape->SetAttr("shape", dims);
+      reshape->SetAttr(kOpRoleAttr, kBackward);
+      InferShapeAtBuild(reshape, &mb);
+    }
+  }
+
+  // Before the first backward op: the gradients become slices of the fused buffer.
+  size_t first = 0;
+  while (first < mb.num_ops() && !(Role(*mb.op(first)) & kBackward)) ++first;
+  OpDesc* co = mb.InsertOp(first, "coalesce_tensor");
+  co->SetInput("Input", names);
+  co->SetOutput("Output", names);
+  co->SetOutput("FusedOutput", {fused});
+  co->SetAttr("numels", numels);
+  co->SetAttr("dtype", static_cast<int>(dtype));
+  co->SetAttr("copy_data", false);
+  co->SetAttr(kOpRoleAttr, kBackward);
+  InferShapeAtBuild(co, &mb);
+
+  // At the end: every parameter from its owner.
+  for (const ShardingPlan::Param& p : plan.params)
+    InsertOp(mb, mb.num_ops(), "c_broadcast", p.name, p.name, kOptimize, {{"root", p.owner}});
+  InsertOp(mb, mb.num_ops(), "c_sync_comm_stream", plan.params.back().name,
+           plan.params.back().name, kOptimize);
+}
+
+}  // namespace transpiler
+}  // namespace keel
