@@ -151,9 +151,10 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
       loss_grad = i;
       break;
     }
-  KEEL_ENFORCE(loss_grad < mb.num_ops(),
-               "sharding: the main program has no loss-gradient op; call minimize (append_backward) "
-               "before transpiling");
+  KEEL_ENFORCE(
+      loss_grad < mb.num_ops(),
+      "sharding: the main program has no loss-gradient op; call minimize (append_backward) "
+      "before transpiling");
   {
     const std::string& g = mb.op(loss_grad)->Output("Out")[0];
     OpDesc* s = mb.InsertOp(loss_grad + 1, "scale");
@@ -263,8 +264,8 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
   // At the end: every parameter from its owner.
   for (const ShardingPlan::Param& p : plan.params)
     InsertOp(mb, mb.num_ops(), "c_broadcast", p.name, p.name, kOptimize, {{"root", p.owner}});
-  InsertOp(mb, mb.num_ops(), "c_sync_comm_stream", plan.params.back().name,
-           plan.params.back().name, kOptimize);
+  InsertOp(mb, mb.num_ops(), "c_sync_comm_stream", plan.params.back().name, plan.params.back().name,
+           kOptimize);
 }
 
 }  // namespace transpiler

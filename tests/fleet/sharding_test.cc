@@ -73,7 +73,7 @@ double MaxAbsDiff(const NamedTensors& got, const NamedTensors& ref) {
     if (g->dims() != r.dims()) continue;
     for (int64_t i = 0; i < r.numel(); ++i)
       worst = std::max(worst, std::abs(static_cast<double>(r.data<float>()[i]) -
-                                        static_cast<double>(g->data<float>()[i])));
+                                       static_cast<double>(g->data<float>()[i])));
   }
   return worst;
 }
@@ -90,9 +90,10 @@ TEST(Sharding, ZeroOneWithAdamEqualsPlainDataParallelOnTwoAndThreeRanks) {
     // Rank 0's checkpoint is complete: every parameter's moments and powers, as plain's.
     EXPECT_EQ(Names(zero.saved), Names(plain.saved));
     const double diff = MaxAbsDiff(zero.saved, plain.saved);
-    std::printf("ZeRO-1 vs plain data parallel, %d ranks, Adam, 5 steps: max abs difference %.3g "
-                "over the parameters and the optimizer state\n",
-                n, diff);
+    std::printf(
+        "ZeRO-1 vs plain data parallel, %d ranks, Adam, 5 steps: max abs difference %.3g "
+        "over the parameters and the optimizer state\n",
+        n, diff);
     EXPECT_LT(diff, 1e-5);
     // Every rank ends the step with the same parameters.
     std::set<std::string> fingerprints;
@@ -137,9 +138,10 @@ TEST(Sharding, CheckpointResumesInOneProcessAndUnderAnotherWorldSize) {
     ASSERT_FALSE(t.saved.empty());
     EXPECT_EQ(Names(t.saved), Names(ref.saved));
     const double diff = MaxAbsDiff(t.saved, ref.saved);
-    std::printf("resumed a 2-rank ZeRO-1 checkpoint on %d rank(s)%s: max abs difference %.3g "
-                "from plain data parallel\n",
-                c.n, c.flags, diff);
+    std::printf(
+        "resumed a 2-rank ZeRO-1 checkpoint on %d rank(s)%s: max abs difference %.3g "
+        "from plain data parallel\n",
+        c.n, c.flags, diff);
     EXPECT_LT(diff, 1e-5);
   }
   RunCommand("rm -rf " + dir);
@@ -152,8 +154,8 @@ TEST(Sharding, KeelTrainSavesACompleteCheckpoint) {
   const std::string train = Keel() +
                             " train --model=mlp --mlp_hidden=16 --batch_size=8 --seed=3 "
                             "--optimizer=adam --steps=3";
-  const std::string launch =
-      "FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log ";
+  const std::string launch = "FLAGS_cpu_math_threads=1 " + Keel() +
+                             " launch --nproc_per_node=2 --log_dir=" + dir + "/log ";
   auto zero = RunCommand(launch + train + " --sharding_stage=1 --save_dir=" + dir + "/zero");
   ASSERT_EQ(zero.exit_code, 0) << zero.output << RunCommand("cat " + dir + "/log/*").output;
   auto plain = RunCommand(launch + train + " --save_dir=" + dir + "/plain");
