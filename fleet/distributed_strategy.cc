@@ -345,10 +345,6 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
        "sharding lays gradients out by owner, not by Paddle's groups");
   both(nccl_comm_num != 1, StrCat("nccl_comm_num=", nccl_comm_num),
        "sharding runs its reduce-scatter and broadcasts on ring 0 only");
-  both(amp && amp::ScalesLoss(amp_configs),
-       StrCat("amp=true with loss scaling (amp_configs.dtype=", DTypeName(amp_configs.dtype), ")"),
-       "each rank would check only its own gradients for overflow (all-reducing the flag "
-       "across owners is not built); use bfloat16 without loss scaling");
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -128,7 +128,7 @@ struct DistributedStrategy {
   // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1; for
   // sharding_configs.stage other than 1, sharding_degree other than 0 or world_size, and sharding
   // beside use_local_sgd, gradient_merge, use_hierarchical_allreduce, fuse_all_reduce_ops,
-  // Paddle's fusion flags, nccl_comm_num > 1 or amp with loss scaling (naming both).
+  // Paddle's fusion flags or nccl_comm_num > 1 (naming both).
   void Validate(const Role& role) const;
   // The sharding part of Validate.
   void ValidateSharding(const Role& role) const;

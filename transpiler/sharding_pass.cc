@@ -1,6 +1,7 @@
 #include "transpiler/sharding_pass.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -40,6 +41,126 @@ OpDesc* InsertOp(Block& b, size_t at, const std::string& type, const std::string
   return op;
 }
 
+// Declares `name` as a [n] var of `dtype` in `b`.
+void Declare(Block& b, const std::string& name, DType dtype, int64_t n) {
+  VarDesc* v = b.Var(name);
+  v->set_dtype(dtype);
+  v->set_shape({n});
+}
+
+// `op`'s list slot `slot` keeping only the names in `keep`.
+std::vector<std::string> Kept(const std::vector<std::string>& names,
+                              const std::set<std::string>& keep) {
+  std::vector<std::string> out;
+  for (const std::string& n : names)
+    if (keep.count(n)) out.push_back(n);
+  return out;
+}
+
+// The optimizer-section ops that look at every gradient, made to see this rank's own and to agree
+// with plain data parallelism through one collective each (Paddle's sharding leaves the overflow
+// flag rank-local; here it cannot): check_finite_and_unscale checks and unscales the owned
+// gradients, and its FoundInfinite is all-reduced (max, as int32) so that every rank skips the
+// same steps and scales the loss alike; clip_by_global_norm becomes a norm of the owned
+// gradients, an all-gather of the ranks' norms and a clip of the owned gradients by the norm of
+// all of them (the other ranks' norms enter the sum of squares as one more input).
+void ReduceAcrossOwners(Block& mb, size_t from, const std::set<std::string>& owned_grads, int rank,
+                        int nranks) {
+  for (size_t i = from; i < mb.num_ops(); ++i) {
+    OpDesc* op = mb.op(i);
+    if (op->type() == "check_finite_and_unscale") {
+      const std::vector<std::string> own = Kept(op->Input("X"), owned_grads);
+      op->SetInput("X", own);
+      op->SetOutput("Out", own);
+      InferShapeAtBuild(op, &mb);
+      const std::string found = op->Output("FoundInfinite")[0];
+      const std::string flag = found + "@SHARDING_INT";
+      Declare(mb, flag, DType::kInt32, 1);
+      const int role = Role(*op);
+      OpDesc* to_int = mb.InsertOp(++i, "cast");
+      to_int->SetInput("X", {found});
+      to_int->SetOutput("Out", {flag});
+      to_int->SetAttr("out_dtype", static_cast<int>(DType::kInt32));
+      to_int->SetAttr(kOpRoleAttr, role);
+      InferShapeAtBuild(to_int, &mb);
+      InsertOp(mb, ++i, "c_sync_calc_stream", flag, flag, role);
+      InsertOp(mb, ++i, "c_allreduce_max", flag, flag, role);
+      InsertOp(mb, ++i, "c_sync_comm_stream", flag, flag, role);
+      OpDesc* back = mb.InsertOp(++i, "cast");
+      back->SetInput("X", {flag});
+      back->SetOutput("Out", {found});
+      back->SetAttr("out_dtype", static_cast<int>(DType::kBool));
+      back->SetAttr(kOpRoleAttr, role);
+      InferShapeAtBuild(back, &mb);
+    } else if (op->type() == "clip_by_global_norm") {
+      const std::vector<std::string> own = Kept(op->Input("X"), owned_grads);
+      const DType dtype = mb.MustFindVar(op->Input("X")[0])->dtype();
+      const float clip = op->Attr<float>("clip_norm");
+      const int role = Role(*op);
+      const std::vector<std::string> global = op->Output("GlobalNorm");
+      mb.RemoveOp(i);
+      const std::string local = "@SHARDING_NORM@LOCAL", all = "@SHARDING_NORM@ALL",
+                        others = "@SHARDING_NORM@OTHERS";
+      Declare(mb, local, dtype, 1);
+      Declare(mb, all, dtype, nranks);
+      Declare(mb, others, dtype, nranks - 1);
+      Declare(mb, others + "@CLIPPED", dtype, nranks - 1);
+      size_t at = i;
+      if (own.empty()) {
+        OpDesc* zero = mb.InsertOp(at++, "fill_constant");
+        zero->SetOutput("Out", {local});
+        zero->SetAttr("shape", std::vector<int64_t>{1});
+        zero->SetAttr("dtype", static_cast<int>(dtype));
+        zero->SetAttr("value", 0.0f);
+        zero->SetAttr(kOpRoleAttr, role);
+        InferShapeAtBuild(zero, &mb);
+      } else {
+        // The norm of the owned gradients; a clip norm no norm reaches leaves them as they are.
+        OpDesc* norm = mb.InsertOp(at++, "clip_by_global_norm");
+        norm->SetInput("X", own);
+        norm->SetOutput("Out", own);
+        norm->SetOutput("GlobalNorm", {local});
+        norm->SetAttr("clip_norm", std::numeric_limits<float>::max());
+        norm->SetAttr(kOpRoleAttr, role);
+        InferShapeAtBuild(norm, &mb);
+      }
+      InsertOp(mb, at++, "c_sync_calc_stream", local, local, role);
+      InsertOp(mb, at++, "c_allgather", local, all, role, {{"nranks", nranks}});
+      InsertOp(mb, at++, "c_sync_comm_stream", all, all, role);
+      std::vector<std::string> parts, rest;
+      for (int r = 0; r < nranks; ++r) {
+        parts.push_back(all + "@" + std::to_string(r));
+        Declare(mb, parts.back(), dtype, 1);
+        if (r != rank) rest.push_back(parts.back());
+      }
+      OpDesc* split = mb.InsertOp(at++, "split");
+      split->SetInput("X", {all});
+      split->SetOutput("Out", parts);
+      split->SetAttr("num", nranks);
+      split->SetAttr("axis", 0);
+      split->SetAttr(kOpRoleAttr, role);
+      InferShapeAtBuild(split, &mb);
+      OpDesc* concat = mb.InsertOp(at++, "concat");
+      concat->SetInput("X", rest);
+      concat->SetOutput("Out", {others});
+      concat->SetAttr("axis", 0);
+      concat->SetAttr(kOpRoleAttr, role);
+      InferShapeAtBuild(concat, &mb);
+      std::vector<std::string> xs = {others}, outs = {others + "@CLIPPED"};
+      xs.insert(xs.end(), own.begin(), own.end());
+      outs.insert(outs.end(), own.begin(), own.end());
+      OpDesc* clip_op = mb.InsertOp(at, "clip_by_global_norm");
+      clip_op->SetInput("X", xs);
+      clip_op->SetOutput("Out", outs);
+      if (!global.empty()) clip_op->SetOutput("GlobalNorm", global);
+      clip_op->SetAttr("clip_norm", clip);
+      clip_op->SetAttr(kOpRoleAttr, role);
+      InferShapeAtBuild(clip_op, &mb);
+      i = at;
+    }
+  }
+}
+
 }  // namespace
 
 std::map<std::string, int> ShardingPlan::StateOwners() const {
@@ -54,19 +175,25 @@ ShardingPlan PlanSharding(const Program& main, int nranks) {
   const Block& mb = main.global_block();
   // Which ops use each var: the parameter whose update op it is, or "" for any other op.
   std::map<std::string, std::set<std::string>> users;
-  std::map<std::string, std::string> grad_of;
+  std::map<std::string, std::string> grad_of;  // from backward's op_role_var
+  std::set<std::string> updated;
   for (int b = 0; b < main.num_blocks(); ++b)
     for (const auto& op : main.block(b).ops()) {
       const std::string param = b == 0 ? UpdatedParam(*op) : "";
-      if (!param.empty())
-        grad_of.emplace(param, op->Attr<std::vector<std::string>>(kOpRoleVarAttr)[1]);
+      if (!param.empty()) updated.insert(param);
+      if (b == 0 && Role(*op) == kBackward && op->HasAttr(kOpRoleVarAttr)) {
+        const auto pairs = op->Attr<std::vector<std::string>>(kOpRoleVarAttr);
+        for (size_t k = 0; k + 1 < pairs.size(); k += 2) grad_of[pairs[k]] = pairs[k + 1];
+      }
       for (const auto& names : {op->InputArgumentNames(), op->OutputArgumentNames()})
         for (const std::string& n : names) users[n].insert(param);
     }
   ShardingPlan plan;
   int64_t total = 0;
   for (VarDesc* v : mb.AllVars()) {
-    if (!v->is_parameter() || !grad_of.count(v->name())) continue;
+    if (!v->is_parameter() || !updated.count(v->name())) continue;
+    KEEL_ENFORCE(grad_of.count(v->name()), "sharding: parameter '", v->name(),
+                 "' is updated but no backward op names its gradient (op_role_var)");
     ShardingPlan::Param p;
     p.name = v->name();
     p.grad = grad_of[p.name];
@@ -171,14 +298,17 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
     const OpDesc& op = *mb.op(i);
     if (Role(op) == kBackward && op.HasAttr(kOpRoleVarAttr)) last_writer = i;
   }
-  // Nothing after backward may read a gradient this rank does not own (it holds only this
-  // rank's share of the sum): global-norm clipping and the AMP overflow check would.
+  std::set<std::string> owned_grads;
+  for (const ShardingPlan::Param& p : plan.params)
+    if (p.owner == rank) owned_grads.insert(p.grad);
+  ReduceAcrossOwners(mb, last_writer + 1, owned_grads, rank, nranks);
+  // Nothing else after backward may read a gradient this rank does not own (it holds only this
+  // rank's share of the sum).
   for (size_t i = last_writer + 1; i < mb.num_ops(); ++i)
     for (const std::string& n : mb.op(i)->InputArgumentNames())
       KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
                    "' after backward, but under sharding rank ", rank,
-                   " holds only the summed gradients of its own parameters (clip_by_global_norm "
-                   "and the AMP overflow check across owners are not built)");
+                   " holds only the summed gradients of its own parameters");
 
   // The fused buffer, laid out by owner, each owner's run padded to the slice length.
   const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";

@@ -6,9 +6,9 @@
 //   parameter gradient's last writer carries op_role_var) and the optimizer section as minimize
 //   left it (each update op, and any op of its own such as weight decay, carries op_role_var =
 //   [param, grad]); every gradient has a known shape and one dtype; startup initializes every
-//   parameter and each optimizer state var (a fill op per var). No op outside a parameter's own
-//   updates reads a gradient after backward (global-norm clipping and AMP's overflow check would:
-//   both are refused, naming the op).
+//   parameter and each optimizer state var (a fill op per var). After backward, no op outside a
+//   parameter's own updates reads a gradient, but check_finite_and_unscale and
+//   clip_by_global_norm (rewritten below); another one is a keel::Error naming it.
 // Guarantees (options.rings.nranks = N ranks, this rank = options.rings.rank):
 //   owners: the parameters that have update ops, in the order main declares them, are dealt to
 //     ranks 0..N-1 in contiguous runs balanced by element count (a parameter goes to the rank
@@ -29,6 +29,15 @@
 //     in main (persistable) so that a checkpoint can hold them. At the end of block 0, a
 //     c_broadcast of every parameter from its owner, in declaration order, then one
 //     c_sync_comm_stream: every rank ends the step with every updated parameter.
+//   AMP (after backward): check_finite_and_unscale checks and unscales only the owned gradients,
+//     then its FoundInfinite is cast to int32, c_allreduce_max'ed on ring 0 and cast back, so
+//     every rank skips the same steps and keeps the same loss scale as plain data parallelism.
+//   global-norm clipping: clip_by_global_norm becomes: the norm of the owned gradients
+//     ("@SHARDING_NORM@LOCAL", a clip_by_global_norm with an unreachable clip norm; 0 when the
+//     rank owns nothing), a c_allgather of the ranks' norms, a split and a concat of the other
+//     ranks' norms ("@SHARDING_NORM@OTHERS"), and a clip_by_global_norm of [those norms, the
+//     owned gradients]: its sum of squares is the one over every gradient, as plain data
+//     parallelism's (float rounding aside), and it clips the owned gradients by it.
 // Leaves alone: forward and backward ops, the optimizer ops of owned parameters and the ops
 //   shared by all updates (learning-rate schedule), sub-blocks.
 #pragma once

@@ -118,6 +118,40 @@ TEST(Sharding, ZeroOneWithAdamEqualsPlainDataParallelOnTwoAndThreeRanks) {
   RunCommand("rm -rf " + dir);
 }
 
+// Float16 loss scaling from 2e6: plain data parallelism overflows in steps 0 and 1, and in the
+// second of them only some gradients overflow, so under sharding only their owner sees it. The
+// overflow flag all-reduced across owners makes every rank skip the same steps and halve the
+// same scale as plain data parallelism (without that reduction rank 0 steps on at step 1 with
+// twice rank 1's scale: this test fails). Clipping by global norm: the norm over every owner's
+// gradients, as plain data parallelism's.
+TEST(Sharding, OverflowFlagAndGlobalNormAreReducedAcrossOwners) {
+  const std::string dir = MakeTempDir();
+  for (const char* flags :
+       {" --loss_scale=2e6", " --clip_norm=0.5", " --loss_scale=2e6 --clip_norm=0.5"}) {
+    SCOPED_TRACE(flags);
+    const std::string d = dir + "/c" + std::to_string(std::string(flags).size());
+    Trained plain = Train(2, d + "/plain", std::string(" --steps=4") + flags);
+    Trained zero = Train(2, d + "/zero", std::string(" --steps=4 --sharding") + flags);
+    ASSERT_FALSE(plain.saved.empty());
+    ASSERT_FALSE(zero.saved.empty());
+    const double diff = MaxAbsDiff(zero.saved, plain.saved);
+    std::printf("ZeRO-1 vs plain data parallel, 2 ranks,%s: max abs difference %.3g\n", flags,
+                diff);
+    EXPECT_LT(diff, 1e-5);
+    if (std::string(flags).find("loss_scale") == std::string::npos) continue;
+    // Per step, every rank of either job: the same overflow decision and loss scale.
+    for (int step = 0; step < 4; ++step) {
+      const std::string key = "step " + std::to_string(step);
+      const auto want = PerRank(plain.output, key);
+      ASSERT_EQ(want.size(), 2u) << plain.output;
+      for (const auto& [rank, got] : PerRank(zero.output, key))
+        EXPECT_EQ(got, want.at(0)) << "rank " << rank << " " << key;
+    }
+    EXPECT_NE(plain.output.find("step 1 found_inf 1"), std::string::npos) << plain.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 // Rank 0's checkpoint of a 2-rank ZeRO-1 job, after 4 steps: one process, 2 ranks with sharding
 // and 3 ranks with sharding (the state dealt to new owners) each resume it for 3 more steps and
 // end where plain data parallelism ends after 7.

@@ -123,15 +123,34 @@ TEST(ShardingPass, MatchesGoldenOnThreeRanks) {
   }
 }
 
-TEST(ShardingPass, RefusesAProgramThatReadsOthersGradientsAfterBackward) {
+// Global-norm clipping: each rank's norm, all-gathered, and a clip of the owned gradients by the
+// norm of all of them.
+TEST(ShardingPass, ClipsOwnedGradientsByTheNormOverEveryRank) {
+  for (int rank : {0, 1}) {
+    Program main, startup;
+    BuildAdamMlp(main, startup, /*clip=*/1.0f);
+    transpiler::ShardingPass(Ranks(2, rank)).Apply(main, startup);
+    testing::ExpectGolden(main.ToText(), "sharding_clip_rank" + std::to_string(rank) + "_main.txt");
+    auto ops = Count(main.global_block());
+    EXPECT_EQ(ops["c_allgather"], 1);
+    EXPECT_EQ(ops["clip_by_global_norm"], 2);  // the local norm, then the clip
+  }
+}
+
+TEST(ShardingPass, RefusesAnOpThatReadsOthersGradientsAfterBackward) {
   Program main, startup;
-  BuildAdamMlp(main, startup, /*clip=*/1.0f);
+  BuildAdamMlp(main, startup);
+  OpDesc* peek = main.global_block().AppendOp("scale");
+  peek->SetInput("X", {"fc_1.w_0@GRAD"});
+  peek->SetOutput("Out", {"peek"});
+  main.global_block().Var("peek");
   try {
     transpiler::ShardingPass(Ranks(2, 0)).Apply(main, startup);
-    FAIL() << "clip_by_global_norm under sharding was accepted";
+    FAIL() << "an op reading another owner's gradient was accepted";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("sharding: op clip_by_global_norm reads"), std::string::npos) << m;
+    EXPECT_NE(m.find("sharding: op scale reads 'fc_1.w_0@GRAD' after backward"), std::string::npos)
+        << m;
   }
 }
 
@@ -195,9 +214,7 @@ TEST(ShardingStrategy, FieldsAreValidatedAndRefusedCombinationsNameBoth) {
   s = {};
   s.sharding = true;
   s.amp = true;
-  s.amp_configs.dtype = DType::kFloat16;
-  refused(s, both + "amp=true with loss scaling (amp_configs.dtype=float16)");
-  s.amp_configs.dtype = DType::kBFloat16;  // no loss scaling: nothing to all-reduce
+  s.amp_configs.dtype = DType::kFloat16;  // loss scaling: the overflow flag is all-reduced
   s.Validate(role);
 }
 

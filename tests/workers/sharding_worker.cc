@@ -8,6 +8,7 @@
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -20,6 +21,9 @@ DEFINE_int32(steps, 5, "Steps to train.");
 DEFINE_int32(first_step, 0, "The step the run starts at (with --load: the checkpoint's).");
 DEFINE_string(load, "", "Directory to load persistables from after startup.");
 DEFINE_string(out, "", "Directory rank 0 saves the persistables to.");
+DEFINE_double(clip_norm, 0, "> 0: clip gradients by this global norm.");
+DEFINE_double(loss_scale, 0,
+              "> 0: mixed precision, float16, with dynamic loss scaling from this scale.");
 
 using namespace keel;
 
@@ -50,6 +54,7 @@ int main(int argc, char** argv) {
     const int64_t local = FLAGS_rows / n;
     Program main, startup;
     startup.set_random_seed(5);
+    std::string found_inf, loss_scale;  // with --loss_scale
     {
       ProgramGuard g(main, startup);
       Var x = layers::data("x", {-1, kWidth});
@@ -59,8 +64,19 @@ int main(int argc, char** argv) {
       Var loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, kWidth), y));
       fleet::DistributedStrategy strategy;
       strategy.sharding = FLAGS_sharding;
+      if (FLAGS_loss_scale > 0) {
+        strategy.amp = true;
+        strategy.amp_configs.dtype = DType::kFloat16;
+        strategy.amp_configs.init_loss_scaling = static_cast<float>(FLAGS_loss_scale);
+      }
       optimizer::Adam opt(0.01f);
-      fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, &startup);
+      if (FLAGS_clip_norm > 0) opt.set_grad_clip({static_cast<float>(FLAGS_clip_norm)});
+      fleet::DistributedOptimizer dist(opt.Clone(), strategy);
+      dist.minimize(loss, &startup);
+      if (auto amp = dist.amp_optimizer()) {
+        found_inf = amp->found_inf_var();
+        loss_scale = amp->loss_scaling_var();
+      }
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
@@ -78,8 +94,29 @@ int main(int argc, char** argv) {
       const int64_t first = rank * local;
       std::vector<float> lx(gx.begin() + first * kWidth, gx.begin() + (first + local) * kWidth);
       std::vector<int64_t> ly(gy.begin() + first, gy.begin() + first + local);
-      exe.Run(fleet::main_program(), {{"x", Tensor::FromVector(lx, {local, kWidth})},
-                                      {"y", Tensor::FromVector(ly, {local, 1})}});
+      FeedMap feed = {{"x", Tensor::FromVector(lx, {local, kWidth})},
+                      {"y", Tensor::FromVector(ly, {local, 1})}};
+      if (found_inf.empty()) {
+        exe.Run(fleet::main_program(), feed);
+      } else {
+        const bool found = exe.Run(fleet::main_program(), feed, {found_inf})[0].data<bool>()[0];
+        // Which of this rank's own (summed) gradients overflowed, and whether the step was skipped.
+        std::string inf;
+        for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+          if (!v->is_parameter()) continue;
+          const Variable* g = exe.scope().FindVar(v->name() + "@GRAD");
+          if (g == nullptr || !g->tensor().initialized()) continue;
+          const Tensor t = g->tensor().Clone(CPUPlace());
+          for (int64_t j = 0; j < t.numel(); ++j)
+            if (!std::isfinite(t.data<float>()[j])) {
+              inf += " " + v->name();
+              break;
+            }
+        }
+        std::printf("rank %d step %d found_inf %d loss_scale %g nonfinite:%s\n", rank, step,
+                    static_cast<int>(found),
+                    exe.scope().FindVar(loss_scale)->tensor().data<float>()[0], inf.c_str());
+      }
     }
     double sum = 0, weighted = 0;
     int64_t i = 0;
