@@ -229,9 +229,11 @@ bool TrainerCheckpoints::SaveFinal(Executor& exe, const Program& main, int64_t s
                  "checkpoint holds rank 0's own parameters: it serves evaluation and inference, "
                  "and resuming training from it is refused\n",
                  options_.name.c_str(), static_cast<long long>(steps_done));
-  if (last_saved_step_ != steps_done) {
-    fleet::ShardedStateOnRankZero gathered(exe, main);  // a collective under sharding
-    if (rank0)
+  {
+    // A collective under sharding, entered by every rank whatever its last_saved_step_ (a rank
+    // that received its checkpoint from rank 0 does not know that step).
+    fleet::ShardedStateOnRankZero gathered(exe, main);
+    if (rank0 && last_saved_step_ != steps_done)
       save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
                       fleet::pass_made_vars(main));
   }
