@@ -166,10 +166,16 @@ TEST(Sharding, CheckpointResumesInOneProcessAndUnderAnotherWorldSize) {
     int n;
     const char* flags;
   };
+  double full = 0;  // state bytes one process loads
   for (const Case& c : {Case{1, ""}, Case{2, " --sharding"}, Case{3, " --sharding"}}) {
     SCOPED_TRACE(c.n);
     Trained t = Train(c.n, dir + "/r" + std::to_string(c.n), resume + c.flags);
     ASSERT_FALSE(t.saved.empty());
+    // The checkpoint holds every owner's state; each rank keeps its own after the load.
+    const auto loaded = PerRank(t.output, "state_bytes_loaded");
+    ASSERT_EQ(loaded.size(), static_cast<size_t>(c.n)) << t.output;
+    if (c.n == 1) full = std::stod(loaded.at(0));
+    for (const auto& [rank, b] : loaded) EXPECT_LE(std::stod(b), full * (1.0 / c.n + 0.05)) << rank;
     EXPECT_EQ(Names(t.saved), Names(ref.saved));
     const double diff = MaxAbsDiff(t.saved, ref.saved);
     std::printf(
@@ -182,7 +188,8 @@ TEST(Sharding, CheckpointResumesInOneProcessAndUnderAnotherWorldSize) {
 }
 
 // keel train --sharding_stage=1 under keel launch: it trains with Adam, its checkpoint holds every
-// parameter's moments, and a stage it does not build is refused naming the field.
+// parameter's moments, a resume under sharding is exact and one process resumes it too, and a
+// stage it does not build is refused naming the field.
 TEST(Sharding, KeelTrainSavesACompleteCheckpoint) {
   const std::string dir = MakeTempDir();
   const std::string train = Keel() +
@@ -202,6 +209,22 @@ TEST(Sharding, KeelTrainSavesACompleteCheckpoint) {
   EXPECT_GT(std::count_if(an.begin(), an.end(),
                           [](const std::string& n) { return n.find("moment1") != n.npos; }),
             1);
+  // Resumed under sharding, a checkpoint continues to the uninterrupted run's bits; one process
+  // resumes it too.
+  const std::string zero_train = train.substr(0, train.find(" --steps=")) + " --sharding_stage=1";
+  auto whole = RunCommand(launch + zero_train + " --steps=5 --save_dir=" + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  auto part = RunCommand(launch + zero_train + " --steps=3 --save_dir=" + dir + "/part");
+  ASSERT_EQ(part.exit_code, 0) << part.output;
+  auto rest = RunCommand(launch + zero_train + " --steps=5 --load_dir=" + dir +
+                         "/part --save_dir=" + dir + "/part");
+  ASSERT_EQ(rest.exit_code, 0) << rest.output << RunCommand("cat " + dir + "/log/*").output;
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/whole"), CheckpointTensorBytes(dir + "/part"));
+  auto single = RunCommand(train.substr(0, train.find(" --steps=")) +
+                           " --steps=6 --load_dir=" + dir + "/part --save_dir=" + dir + "/single");
+  EXPECT_EQ(single.exit_code, 0) << single.output;
+  EXPECT_NE(single.output.find("resumed from"), std::string::npos) << single.output;
+
   auto bad = RunCommand(launch + train + " --sharding_stage=2");
   EXPECT_NE(bad.exit_code, 0);
   const std::string logs = bad.output + RunCommand("cat " + dir + "/log/*").output;

@@ -82,7 +82,11 @@ int main(int argc, char** argv) {
     exe.Run(startup);
     std::printf("rank %d state_bytes %lld\n", rank,
                 static_cast<long long>(StateBytes(exe.scope(), fleet::main_program())));
-    if (!FLAGS_load.empty()) fleet::load_persistables(exe, FLAGS_load);
+    if (!FLAGS_load.empty()) {
+      fleet::load_persistables(exe, FLAGS_load);
+      std::printf("rank %d state_bytes_loaded %lld\n", rank,
+                  static_cast<long long>(StateBytes(exe.scope(), fleet::main_program())));
+    }
     std::mt19937_64 rng(99);
     std::uniform_real_distribution<float> u(-1, 1);
     for (int step = 0; step < FLAGS_first_step + FLAGS_steps; ++step) {
