@@ -8,7 +8,6 @@
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
-#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -104,22 +103,10 @@ int main(int argc, char** argv) {
         exe.Run(fleet::main_program(), feed);
       } else {
         const bool found = exe.Run(fleet::main_program(), feed, {found_inf})[0].data<bool>()[0];
-        // Which of this rank's own (summed) gradients overflowed, and whether the step was skipped.
-        std::string inf;
-        for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
-          if (!v->is_parameter()) continue;
-          const Variable* g = exe.scope().FindVar(v->name() + "@GRAD");
-          if (g == nullptr || !g->tensor().initialized()) continue;
-          const Tensor t = g->tensor().Clone(CPUPlace());
-          for (int64_t j = 0; j < t.numel(); ++j)
-            if (!std::isfinite(t.data<float>()[j])) {
-              inf += " " + v->name();
-              break;
-            }
-        }
-        std::printf("rank %d step %d found_inf %d loss_scale %g nonfinite:%s\n", rank, step,
+        // Whether the step was skipped, and the loss scale after it.
+        std::printf("rank %d step %d found_inf %d loss_scale %g\n", rank, step,
                     static_cast<int>(found),
-                    exe.scope().FindVar(loss_scale)->tensor().data<float>()[0], inf.c_str());
+                    exe.scope().FindVar(loss_scale)->tensor().data<float>()[0]);
       }
     }
     double sum = 0, weighted = 0;
