@@ -117,6 +117,12 @@ std::string GradientMergeString(const DistributedStrategy& st) {
                 ", gradient_merge_configs={k_steps=", c.k_steps, ", avg=", c.avg ? "true" : "false",
                 "}");
 }
+// ", sharding=..., sharding_configs={...}".
+std::string ShardingString(const DistributedStrategy& st) {
+  return StrCat(", sharding=", st.sharding ? "true" : "false",
+                ", sharding_configs={stage=", st.sharding_configs.stage,
+                ", sharding_degree=", st.sharding_configs.sharding_degree, "}");
+}
 }  // namespace
 
 std::string DistributedStrategy::ToString() const {
@@ -137,7 +143,7 @@ std::string DistributedStrategy::ToString() const {
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
       ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
-      RecomputeString(*this), GradientMergeString(*this), "}");
+      RecomputeString(*this), GradientMergeString(*this), ShardingString(*this), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -292,6 +298,7 @@ void DistributedStrategy::Validate(const Role& role) const {
         "gradient_merge");
     off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
   }
+  ValidateSharding(role);
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "
                "AMP may use; leave it at its default");
@@ -302,6 +309,49 @@ void DistributedStrategy::Validate(const Role& role) const {
   KEEL_ENFORCE(exec_strategy.num_iteration_per_drop_scope >= 1, s,
                "exec_strategy.num_iteration_per_drop_scope=",
                exec_strategy.num_iteration_per_drop_scope, " must be >= 1");
+}
+
+void DistributedStrategy::ValidateSharding(const Role& role) const {
+  const char* s = "DistributedStrategy.";
+  const ShardingConfigs d;
+  const ShardingConfigs& c = sharding_configs;
+  if (!sharding) {
+    auto off = [&](bool changed, const std::string& field) {
+      KEEL_ENFORCE(!changed, s, field, " is set but ", s,
+                   "sharding=false, so it would have no effect; turn sharding on or leave ", field,
+                   " at its default");
+    };
+    off(c.stage != d.stage, StrCat("sharding_configs.stage=", c.stage));
+    off(c.sharding_degree != d.sharding_degree,
+        StrCat("sharding_configs.sharding_degree=", c.sharding_degree));
+    return;
+  }
+  KEEL_ENFORCE(c.stage == 1, s, "sharding_configs.stage=", c.stage,
+               " is not built: keel shards the optimizer state only (stage 1); stages 2 "
+               "(gradients) and 3 (parameters) are refused");
+  KEEL_ENFORCE(c.sharding_degree == 0 || c.sharding_degree == role.world_size, s,
+               "sharding_configs.sharding_degree=", c.sharding_degree,
+               " must be 0 or the world size (", role.world_size,
+               "): sharding groups inside data-parallel groups need the hybrid topology, not "
+               "built yet");
+  auto both = [&](bool conflict, const std::string& other, const char* why) {
+    KEEL_ENFORCE(!conflict, s, "sharding=true does not combine with ", s, other, ": ", why);
+  };
+  both(use_local_sgd, "use_local_sgd=true",
+       "LocalSGD steps every rank's whole optimizer on its own gradients; sharding gives each "
+       "parameter's update to one owner");
+  both(gradient_merge, "gradient_merge=true",
+       "the merge step's buffers and updates are not sharded (not built)");
+  both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
+       "sharding reduce-scatters the gradients on one flat ring (a two-level reduce-scatter to "
+       "owners is not built)");
+  both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",
+       "sharding always fuses the gradients into one buffer laid out by owner; leave "
+       "fuse_all_reduce_ops off");
+  both(paddle_fuse.given, "paddle_fuse (FLAGS_fuse_parameter_memory_size / _groups_size)",
+       "sharding lays gradients out by owner, not by Paddle's groups");
+  both(nccl_comm_num != 1, StrCat("nccl_comm_num=", nccl_comm_num),
+       "sharding runs its reduce-scatter and broadcasts on ring 0 only");
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -104,6 +104,16 @@ struct DistributedStrategy {
   bool gradient_merge = false;
   gradient_merge::GradientMergeConfig gradient_merge_configs;
 
+  // ZeRO-1 sharding (transpiler/sharding_pass.h, docs/sharding.md): each rank owns a contiguous,
+  // size-balanced set of parameters; gradients are reduce-scattered to their owners, only owners
+  // run the optimizer and hold its state (about 1/N of it per rank), and parameters are broadcast
+  // from their owners. Instead of the gradient all-reduce; with one worker it changes nothing.
+  bool sharding = false;
+  struct ShardingConfigs {
+    int stage = 1;            // 1: optimizer state (2 and 3 are refused: not built)
+    int sharding_degree = 0;  // ranks sharing one copy of the state; 0 or world_size for now
+  } sharding_configs;
+
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
   // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.
@@ -120,8 +130,13 @@ struct DistributedStrategy {
   // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
   // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*; for
   // gradient_merge beside use_local_sgd, fuse_all_reduce_ops, use_hierarchical_allreduce or
-  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1.
+  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1; for
+  // sharding_configs.stage other than 1, sharding_degree other than 0 or world_size, and sharding
+  // beside use_local_sgd, gradient_merge, use_hierarchical_allreduce, fuse_all_reduce_ops,
+  // Paddle's fusion flags or nccl_comm_num > 1 (naming both).
   void Validate(const Role& role) const;
+  // The sharding part of Validate.
+  void ValidateSharding(const Role& role) const;
 
   // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when
   // either was given (on the command line or as FLAGS_ in the environment): the flags win over

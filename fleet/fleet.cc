@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -27,6 +28,7 @@
 #include "framework/profiler/profiler.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/sharding_pass.h"
 
 DECLARE_string(cpu_comm_backend);
 
@@ -91,6 +93,9 @@ struct FleetState {
   uint64_t calls = 0;            // FleetCalls so far: their numbers for the collective watch
   std::set<uint64_t> minimized;  // Program::id() of every program minimize() rewrote
   bool eager_ring = false;       // the ring of fleet::all_reduce exists
+  // Under sharding: the owner of each optimizer state var of main (transpiler/sharding_pass.h),
+  // by main program id. A checkpoint gathers the others' state to rank 0; a load drops it.
+  std::map<uint64_t, std::map<std::string, int>> sharded_state;
 };
 
 // The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
@@ -489,10 +494,20 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
+    const bool sharding = strategy_.sharding;
+    // Under sharding each rank's programs hold only its own updates: the ranks compare the
+    // programs before that rewrite, which decides the rest from the world size alone.
+    if (sharding) {
+      CheckProgramsMatch(*ForComparison(main, false), "main program");
+      CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+      State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
+    }
     fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
     RecordPassMadeVars(before, main, *startup);
-    CheckProgramsMatch(*ForComparison(main, false), "main program");
-    CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+    if (!sharding) {
+      CheckProgramsMatch(*ForComparison(main, false), "main program");
+      CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+    }
   }
   State().main = &main;
   State().startup = startup;
@@ -525,8 +540,49 @@ void CheckProgramsMatch(const Program& program, const std::string& what) {
                        });
 }
 
+ShardedStateOnRankZero::ShardedStateOnRankZero(Executor& exe, const Program& program)
+    : scope_(&exe.scope()) {
+  if (!initialized() || role().world_size <= 1) return;
+  auto it = State().sharded_state.find(program.id());
+  if (it == State().sharded_state.end()) return;
+  const int rank = role().rank;
+  // In name order on every rank: the owner's tensor, zeros elsewhere, summed (x + 0 is x).
+  for (const auto& [name, owner] : it->second) {
+    const VarDesc* v = program.global_block().MustFindVar(name);
+    Tensor t;
+    if (owner == rank) {
+      const Variable* var = scope_->FindVar(name);
+      KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "sharding: rank ", rank,
+                   " owns optimizer state '", name, "' but its scope holds none (run startup)");
+      t = var->tensor().Clone(CPUPlace());
+    } else {
+      t = Tensor(v->dtype(), v->dims(), CPUPlace());
+      std::memset(t.raw_data(), 0, t.nbytes());
+    }
+    AllReduceAs(&t, ReduceOp::kSum, "fleet::save_persistables (gathering sharded state)");
+    if (rank == 0 && owner != 0) {
+      *scope_->Var(name)->mutable_tensor() = t.Clone(exe.place());
+      gathered_.push_back(name);
+    }
+  }
+}
+
+ShardedStateOnRankZero::~ShardedStateOnRankZero() {
+  for (const std::string& name : gathered_) scope_->EraseVar(name);
+}
+
+void DropUnownedState(Scope& scope, const Program& program) {
+  if (!initialized() || role().world_size <= 1) return;
+  auto it = State().sharded_state.find(program.id());
+  if (it == State().sharded_state.end()) return;
+  for (const auto& [name, owner] : it->second)
+    if (owner != role().rank) scope.EraseVar(name);
+}
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
+  ShardedStateOnRankZero gathered(exe, p);
   // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
   // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   if (!initialized() || role().rank == 0)
@@ -553,6 +609,8 @@ void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps
                  " workers resume from a checkpoint taken on a merge step (after a multiple of "
                  "gradient_merge_configs.k_steps runs)");
   }
+  // Under sharding a checkpoint holds every owner's state: keep this rank's own.
+  DropUnownedState(exe.scope(), program);
   auto it = State().rebuild.find(program.id());
   if (PassMadeVarsOf(program).empty() || it == State().rebuild.end()) return;
   exe.Run(*it->second);

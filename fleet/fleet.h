@@ -97,7 +97,26 @@ Program& startup_program();
 // pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
 // Gradient merge's buffers and counter belong to the user's program (it runs on one worker too):
 // a checkpoint holds them, and a resume continues an accumulation where it stopped.
+// Under DistributedStrategy::sharding every rank must call it (the optimizer state of other
+// owners is gathered to rank 0, ShardedStateOnRankZero), and the checkpoint is complete: one
+// process, or a job of another world size, loads it.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
+// Under sharding, for the lifetime of this object rank 0's scope also holds the optimizer state of
+// the parameters other ranks own (gathered from the owners: a collective every rank enters, in the
+// same order); nothing otherwise. For a checkpoint rank 0 writes.
+class ShardedStateOnRankZero {
+ public:
+  ShardedStateOnRankZero(Executor& exe, const Program& program);
+  ~ShardedStateOnRankZero();
+  ShardedStateOnRankZero(const ShardedStateOnRankZero&) = delete;
+  ShardedStateOnRankZero& operator=(const ShardedStateOnRankZero&) = delete;
+
+ private:
+  Scope* scope_;
+  std::vector<std::string> gathered_;
+};
+// Under sharding, erases from `scope` the optimizer state of the parameters this rank does not own
+// (a loaded checkpoint holds every owner's); rebuild_pass_made_vars calls it.
 // Loads a checkpoint into `program` (default: main_program()): the user's variables from the
 // file, then the pass-made ones rebuilt by the startup ops that made them (a LocalSGD snapshot
 // becomes the loaded parameter; counters restart).
@@ -111,6 +130,7 @@ std::set<std::string> pass_made_vars(const Program& program);
 // refuses a gradient-merge checkpoint taken between two merge steps (each worker's merge buffers
 // are its own; the checkpoint holds rank 0's).
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done = -1);
+void DropUnownedState(Scope& scope, const Program& program);
 void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets,

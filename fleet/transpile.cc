@@ -2,6 +2,7 @@
 
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "transpiler/sharding_pass.h"
 
 namespace keel {
 namespace fleet {
@@ -55,7 +56,12 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes) {
   if (role.world_size <= 1) return;
-  if (strategy.use_local_sgd) {
+  if (strategy.sharding) {
+    // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced.
+    transpiler::ShardingOptions o;
+    o.rings = RingOptionsFor(strategy, role);
+    transpiler::ShardingPass(o).Apply(main, startup);
+  } else if (strategy.use_local_sgd) {
     transpiler::LocalSGDPass(LocalSGDOptionsFor(strategy, role)).Apply(main, startup);
   } else {
     transpiler::GradAllReducePass(GradAllReduceOptionsFor(strategy, role, group_bytes))

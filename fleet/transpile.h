@@ -7,7 +7,8 @@
 //   1. GradientMergePass when strategy.gradient_merge, with any number of workers: it moves the
 //      optimizer section into its merge sub-block, so it must see the section as minimize left
 //      it, before any collective;
-//   2. with role.world_size > 1, LocalSGDPass when strategy.use_local_sgd, else GradAllReducePass
+//   2. with role.world_size > 1, ShardingPass when strategy.sharding (ZeRO-1, instead of the
+//      gradient all-reduce), LocalSGDPass when strategy.use_local_sgd, else GradAllReducePass
 //      (fusion and hierarchy are its options; after gradient merge it all-reduces the merged
 //      buffers inside the merge sub-block, once per merge step, instead of every run's gradients)
 //      then MergeOptimizerOpsPass (nothing to merge without fused groups); nothing with one

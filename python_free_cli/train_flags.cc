@@ -31,6 +31,11 @@ DEFINE_int32(gradient_merge_k, 1,
              "K steps accumulate and the optimizer steps on their mean every K-th, as one step on "
              "K times the batch (DistributedStrategy.gradient_merge); schedules count optimizer "
              "steps.");
+DEFINE_int32(sharding_stage, 0,
+             "Multi-worker: ZeRO sharding stage (DistributedStrategy.sharding); 1: each worker "
+             "keeps the optimizer state of its own share of the parameters only (gradients "
+             "reduce-scattered to their owners, parameters broadcast back); 0: off "
+             "(docs/sharding.md).");
 
 DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
 DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
@@ -120,6 +125,16 @@ fleet::DistributedStrategy StrategyFromFlags() {
     strategy.gradient_merge_configs.k_steps = FLAGS_gradient_merge_k;
     // The merged gradients are all-reduced one by one: fusion (on by default here) steps aside,
     // and asking for it is refused by the strategy, naming both.
+    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
+  }
+  KEEL_ENFORCE(FLAGS_sharding_stage >= 0, "--sharding_stage must be 0 (off) or 1, got ",
+               FLAGS_sharding_stage);
+  strategy.sharding = FLAGS_sharding_stage > 0;
+  if (strategy.sharding) {
+    // The strategy refuses stages other than 1, naming sharding_configs.stage.
+    strategy.sharding_configs.stage = FLAGS_sharding_stage;
+    // Sharding fuses the gradients by owner itself: fusion (on by default here) steps aside, and
+    // asking for it is refused by the strategy, naming both.
     if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
   }
   KEEL_ENFORCE(FLAGS_amp == "off" || FLAGS_amp == "bf16" || FLAGS_amp == "fp16",

@@ -204,7 +204,9 @@ bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t s
   if (options_.save_every <= 0 || steps_done % options_.save_every != 0) return false;
   // Rank 0 alone writes, without a barrier: its scope is its own, and in synchronous training
   // every rank holds the same values after the step. A rank killed mid-save leaves the previous
-  // checkpoint in place (the file is replaced atomically).
+  // checkpoint in place (the file is replaced atomically). Under sharding every rank first sends
+  // rank 0 the optimizer state it owns, so the checkpoint is complete.
+  fleet::ShardedStateOnRankZero gathered(exe, main);
   if (rank0)
     save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
                     fleet::pass_made_vars(main));
@@ -227,9 +229,14 @@ bool TrainerCheckpoints::SaveFinal(Executor& exe, const Program& main, int64_t s
                  "checkpoint holds rank 0's own parameters: it serves evaluation and inference, "
                  "and resuming training from it is refused\n",
                  options_.name.c_str(), static_cast<long long>(steps_done));
-  if (rank0 && last_saved_step_ != steps_done)
-    save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
-                    fleet::pass_made_vars(main));
+  {
+    // A collective under sharding, entered by every rank whatever its last_saved_step_ (a rank
+    // that received its checkpoint from rank 0 does not know that step).
+    fleet::ShardedStateOnRankZero gathered(exe, main);
+    if (rank0 && last_saved_step_ != steps_done)
+      save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
+                      fleet::pass_made_vars(main));
+  }
   if (!quiet)
     std::printf("saved persistables to %s/%s\n", options_.save_dir.c_str(),
                 kPersistablesFile.c_str());

@@ -299,6 +299,8 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
        "InspectStrategy.GradientMergeGolden, "
        "GradientMergeDataParallel.KeelTrainResumesOnMergeStepsAndRefusesBetweenThem"},
       {"local_sgd_warmup_steps", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"sharding_stage",
+       "InspectStrategy.ShardingGolden, Sharding.KeelTrainSavesACompleteCheckpoint"},
       {"log_all_ranks", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
       {"lr", "models and optimizer tests"},
       {"mlp_hidden", "FleetTraining.KeelTrainUnderLaunchMatchesItsCheckpointFormat"},

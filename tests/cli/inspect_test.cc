@@ -79,6 +79,24 @@ TEST(InspectStrategy, GradientMergeGolden) {
       << both.output;
 }
 
+// --sharding_stage=1 (ZeRO-1): rank 1 of 2 keeps the updates and the state of its own parameters
+// only; the gradients go through one reduce-scatter, the parameters come back by broadcast.
+TEST(InspectStrategy, ShardingGolden) {
+  auto r = Inspect("--strategy --nranks=2 --rank=1 --sharding_stage=1" +
+                   std::string(" --model=mlp --mlp_hidden=8 --optimizer=adam"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sharding=true, sharding_configs={stage=1, sharding_degree=0}"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("c_reducescatter("), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("c_allreduce_sum("), std::string::npos) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_sharding.txt");
+  auto bad = InspectAll("--strategy --nranks=2 --sharding_stage=3" + std::string(kSmallMlp));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("sharding_configs.stage=3 is not built"), std::string::npos)
+      << bad.output;
+}
+
 // Every "+" line of --diff is a line of the full transpiled text, every "-" line one of the
 // untranspiled (one-rank) text, and a one-rank job changes nothing.
 TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {

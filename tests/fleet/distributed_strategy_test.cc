@@ -16,6 +16,7 @@
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/sharding_pass.h"
 
 DECLARE_bool(sync_nccl_allreduce);
 DECLARE_int32(comm_timeout_s);
@@ -66,7 +67,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
-      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}}");
+      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
+      "sharding=false, sharding_configs={stage=1, sharding_degree=0}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -327,7 +329,9 @@ std::string Transpiled(const DistributedStrategy& s, const Role& role = TwoNodes
   if (s.gradient_merge)
     transpiler::GradientMergePass(gradient_merge::PassOptions(s.gradient_merge_configs))
         .Apply(main, startup);
-  if (s.use_local_sgd)
+  if (s.sharding)
+    transpiler::ShardingPass({fleet::RingOptionsFor(s, role)}).Apply(main, startup);
+  else if (s.use_local_sgd)
     transpiler::LocalSGDPass(fleet::LocalSGDOptionsFor(s, role)).Apply(main, startup);
   else
     transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, role)).Apply(main, startup);
@@ -480,6 +484,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->gradient_merge_configs.k_steps = 3; }},
       {"gradient_merge_configs.avg", kChangesProgram, merge,
        [](auto* s) { s->gradient_merge_configs.avg = false; }},
+      {"sharding", kChangesProgram, none, [](auto* s) { s->sharding = true; }},
+      {"sharding_configs.stage", kRefused, none, [](auto* s) { s->sharding_configs.stage = 2; }},
+      {"sharding_configs.sharding_degree", kRefused, none,
+       [](auto* s) { s->sharding_configs.sharding_degree = 3; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -487,7 +495,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 320u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 328u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {
