@@ -99,6 +99,20 @@ struct DistributedStrategy {
   bool gradient_merge = false;
   gradient_merge::GradientMergeConfig gradient_merge_configs;
 
+  // Tensor (model) parallelism, Megatron style (docs/tensor-parallel.md; Paddle's names): groups
+  // of tensor_parallel_degree consecutive ranks (fleet/topology.h) each hold one copy of the
+  // model, its parallel layers split over the group; data parallelism fills the rest of the world
+  // (world_size / degree replicas, all-reducing gradients among ranks of one group coordinate).
+  // The model must be built inside fleet::tensor_parallel_guard(strategy).
+  bool tensor_parallel = false;
+  struct TensorParallelConfigs {
+    int tensor_parallel_degree = 1;
+  } tensor_parallel_configs;
+  // The degree in force: tensor_parallel_degree with the switch on, else 1.
+  int TensorParallelDegree() const {
+    return tensor_parallel ? tensor_parallel_configs.tensor_parallel_degree : 1;
+  }
+
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
   // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.
@@ -115,7 +129,10 @@ struct DistributedStrategy {
   // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
   // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*; for
   // gradient_merge beside use_local_sgd, fuse_all_reduce_ops, use_hierarchical_allreduce or
-  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1.
+  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1; for
+  // tensor_parallel_configs set while tensor_parallel is off, a degree < 2 or not dividing
+  // world_size, and tensor_parallel beside use_local_sgd, use_hierarchical_allreduce,
+  // gradient_merge, amp or recompute (naming both).
   void Validate(const Role& role) const;
 
   // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when

@@ -334,6 +334,11 @@ int worker_index() { return role().rank; }
 int worker_num() { return role().world_size; }
 bool is_first_worker() { return role().rank == 0; }
 
+TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy) {
+  strategy.Validate(role());
+  return TensorParallelConfigFor(strategy, role());
+}
+
 Place worker_place() {
   const Role& r = role();
   return r.selected_gpus.empty() ? CPUPlace() : CUDAPlace(r.selected_gpus[0]);
