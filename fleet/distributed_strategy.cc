@@ -136,8 +136,9 @@ std::string DistributedStrategy::ToString() const {
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
       ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
-      RecomputeString(*this), GradientMergeString(*this), ", tensor_parallel=",
-      Bool(tensor_parallel), ", tensor_parallel_configs={tensor_parallel_degree=",
+      RecomputeString(*this), GradientMergeString(*this),
+      ", tensor_parallel=", Bool(tensor_parallel),
+      ", tensor_parallel_configs={tensor_parallel_degree=",
       tensor_parallel_configs.tensor_parallel_degree, "}}");
 }
 
@@ -292,8 +293,9 @@ void DistributedStrategy::Validate(const Role& role) const {
     const int tp = tensor_parallel_configs.tensor_parallel_degree;
     KEEL_ENFORCE(tp >= 2, s, "tensor_parallel_configs.tensor_parallel_degree=", tp,
                  " must be >= 2 with ", s, "tensor_parallel=true (1 is plain data parallelism)");
-    KEEL_ENFORCE(role.world_size % tp == 0, s, "tensor_parallel_configs.tensor_parallel_degree=",
-                 tp, " does not divide world_size=", role.world_size,
+    KEEL_ENFORCE(role.world_size % tp == 0, s,
+                 "tensor_parallel_configs.tensor_parallel_degree=", tp,
+                 " does not divide world_size=", role.world_size,
                  " (data parallelism fills world_size / degree)");
     auto both = [&](bool conflict, const char* other, const char* why) {
       KEEL_ENFORCE(!conflict, s, "tensor_parallel=true does not combine with ", s, other, ": ",

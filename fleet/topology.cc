@@ -11,8 +11,8 @@ Topology::Topology(int world_size, int dp_degree, int pp_degree, int tp_degree)
   KEEL_ENFORCE(pp_ >= 1, "topology: pp_degree=", pp_, " must be >= 1");
   KEEL_ENFORCE(tp_ >= 1, "topology: tensor_parallel_degree=", tp_, " must be >= 1");
   KEEL_ENFORCE(dp_ * pp_ * tp_ == world_size, "topology: dp_degree=", dp_, " x pp_degree=", pp_,
-               " x tensor_parallel_degree=", tp_, " = ", dp_ * pp_ * tp_,
-               " is not the world size ", world_size);
+               " x tensor_parallel_degree=", tp_, " = ", dp_ * pp_ * tp_, " is not the world size ",
+               world_size);
 }
 
 RankCoord Topology::Coord(int rank) const {

@@ -26,7 +26,8 @@ transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, cons
   return r;
 }
 
-TensorParallelConfig TensorParallelConfigFor(const DistributedStrategy& strategy, const Role& role) {
+TensorParallelConfig TensorParallelConfigFor(const DistributedStrategy& strategy,
+                                             const Role& role) {
   const Topology topo = TopologyFor(strategy, role);
   TensorParallelConfig c;
   c.degree = topo.tp_degree();

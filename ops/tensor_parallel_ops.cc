@@ -37,9 +37,7 @@ namespace keel {
 
 namespace {
 
-std::string NonNegative(const Attribute& a) {
-  return std::get<int>(a) >= 0 ? "" : "must be >= 0";
-}
+std::string NonNegative(const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; }
 std::string Positive(const Attribute& a) { return std::get<int>(a) >= 1 ? "" : "must be >= 1"; }
 
 Communicator& TpRing(const ExecutionContext& ctx) {
@@ -369,10 +367,11 @@ KEEL_REGISTER_CPU_KERNEL(c_split, SplitKernel, float, double, int32_t, int64_t);
 KEEL_REGISTER_CPU_KERNEL(c_concat, ConcatKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(c_embedding)
-    .Doc("Out[..., :] = W[Ids[..., 0] - start_index, :] when that row is this rank's (in [0, "
-         "rows of W)), else zeros: one rank's part of a vocabulary-parallel embedding, whose "
-         "ranks' outputs mp_allreduce_sum adds. W [4, D], start_index 4, Ids {1, 5} -> Out "
-         "{0, W[1]}.")
+    .Doc(
+        "Out[..., :] = W[Ids[..., 0] - start_index, :] when that row is this rank's (in [0, "
+        "rows of W)), else zeros: one rank's part of a vocabulary-parallel embedding, whose "
+        "ranks' outputs mp_allreduce_sum adds. W [4, D], start_index 4, Ids {1, 5} -> Out "
+        "{0, W[1]}.")
     .Input("W", "this rank's rows of the table, [V / n, D]")
     .Input("Ids", "int64 [..., 1], ids of the whole vocabulary")
     .Output("Out", "Ids' shape with the last dim D, W's dtype")

@@ -10,7 +10,8 @@ namespace transpiler {
 namespace {
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() > suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 void CheckDegree(const Program& p, const char* which, int degree) {
@@ -24,8 +25,8 @@ void CheckDegree(const Program& p, const char* which, int degree) {
                    " (build the model inside a TensorParallelGuard of the strategy's degree)");
       KEEL_ENFORCE(op->Attr<int>("ring_id") == kTensorParallelRingId, "tensor_parallel: op ",
                    op->type(), " of '", op->Input("X")[0], "' in the ", which,
-                   " program is on ring ", op->Attr<int>("ring_id"), ", not the tensor-parallel ring ",
-                   kTensorParallelRingId);
+                   " program is on ring ", op->Attr<int>("ring_id"),
+                   ", not the tensor-parallel ring ", kTensorParallelRingId);
     }
 }
 

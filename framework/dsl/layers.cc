@@ -26,7 +26,8 @@ bool IsShardSplit(const OpDesc& op) {
   if (op.type() != "c_split" || op.Input("X").empty()) return false;
   const std::string& x = op.Input("X")[0];
   const std::string suffix = kTpFullSuffix;
-  return x.size() > suffix.size() && x.compare(x.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return x.size() > suffix.size() &&
+         x.compare(x.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 Var Binary(const std::string& type, Var x, Var y, int axis) {
@@ -123,11 +124,11 @@ Var fc(Var x, int size, const std::string& act, int num_flatten_dims, const Para
                   {{"x_num_col_dims", num_flatten_dims}, {"y_num_col_dims", 1}}, layer);
   if (parallel == Parallel::kRow) out = layers::mp_allreduce_sum(out);
   if (with_bias) {
-    Var b = parallel == Parallel::kColumn
-                ? layers::create_sharded_parameter({size}, 0, dt, layer, "b_0", bias_attr,
-                                                   initializer::Constant(0.0f))
-                : create_parameter({size}, dt, layer, "b_0", bias_attr,
-                                   initializer::Constant(0.0f));
+    Var b =
+        parallel == Parallel::kColumn
+            ? layers::create_sharded_parameter({size}, 0, dt, layer, "b_0", bias_attr,
+                                               initializer::Constant(0.0f))
+            : create_parameter({size}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
     out = Unary("elementwise_add", {{"X", {out.name()}}, {"Y", {b.name()}}},
                 {{"axis", num_flatten_dims}}, layer);
   }

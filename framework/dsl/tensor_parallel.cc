@@ -34,10 +34,10 @@ Var Collective(const char* type, Var x, std::map<std::string, Attribute> attrs) 
 }  // namespace
 
 TensorParallelGuard::TensorParallelGuard(const TensorParallelConfig& config) : saved_(Current()) {
-  KEEL_ENFORCE(config.degree >= 1, "TensorParallelGuard: degree=", config.degree,
-               " must be >= 1");
-  KEEL_ENFORCE(config.rank >= 0 && config.rank < config.degree, "TensorParallelGuard: rank=",
-               config.rank, " must be in [0, degree=", config.degree, ")");
+  KEEL_ENFORCE(config.degree >= 1, "TensorParallelGuard: degree=", config.degree, " must be >= 1");
+  KEEL_ENFORCE(config.rank >= 0 && config.rank < config.degree,
+               "TensorParallelGuard: rank=", config.rank, " must be in [0, degree=", config.degree,
+               ")");
   Current() = config;
 }
 TensorParallelGuard::~TensorParallelGuard() { Current() = saved_; }
@@ -61,15 +61,14 @@ Var create_sharded_parameter(const std::vector<int64_t>& full_shape, int axis, D
                              const std::string& layer, const std::string& suffix,
                              const ParamAttr& attr, const initializer::Initializer& default_init) {
   const TensorParallelConfig& c = Current();
-  if (c.degree == 1)
-    return create_parameter(full_shape, dtype, layer, suffix, attr, default_init);
+  if (c.degree == 1) return create_parameter(full_shape, dtype, layer, suffix, attr, default_init);
   const int n = static_cast<int>(full_shape.size());
   const int a = axis < 0 ? axis + n : axis;
   KEEL_ENFORCE(a >= 0 && a < n, layer, ": shard axis ", axis, " is outside parameter shape ",
                DDim(full_shape).str());
-  KEEL_ENFORCE(full_shape[a] % c.degree == 0, layer, ": parameter shape ",
-               DDim(full_shape).str(), " dim ", a, " (", full_shape[a],
-               ") does not divide by the tensor-parallel degree ", c.degree);
+  KEEL_ENFORCE(full_shape[a] % c.degree == 0, layer, ": parameter shape ", DDim(full_shape).str(),
+               " dim ", a, " (", full_shape[a], ") does not divide by the tensor-parallel degree ",
+               c.degree);
   std::vector<int64_t> shard = full_shape;
   shard[a] /= c.degree;
   const std::string name = attr.name.empty() ? layer + "." + suffix : attr.name;

@@ -49,10 +49,10 @@ namespace layers {
 
 // The collectives, on the current group's ring (a keel::Error outside a guard of degree > 1,
 // naming the layer).
-Var c_identity(Var x);                 // forward copy, backward all-reduce
-Var mp_allreduce_sum(Var x);           // forward all-reduce, backward copy
-Var c_split(Var x, int axis = -1);     // this rank's part along axis; backward all-gather
-Var c_concat(Var x, int axis = -1);    // all-gather along axis; backward keeps this rank's part
+Var c_identity(Var x);               // forward copy, backward all-reduce
+Var mp_allreduce_sum(Var x);         // forward all-reduce, backward copy
+Var c_split(Var x, int axis = -1);   // this rank's part along axis; backward all-gather
+Var c_concat(Var x, int axis = -1);  // all-gather along axis; backward keeps this rank's part
 
 // A parameter of which this rank holds part `rank` of `degree` along `axis` of `full_shape`
 // (create_parameter's arguments otherwise). Degree 1: create_parameter(full_shape, ...).

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
     const int rank = fleet::worker_index(), world = fleet::worker_num();
     fleet::DistributedStrategy strategy;
     strategy.tensor_parallel = FLAGS_tp > 1;
-    if (strategy.tensor_parallel) strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
+    if (strategy.tensor_parallel)
+      strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
     const TensorParallelConfig tpc = fleet::tensor_parallel_config(strategy);
     const int dp = world / tpc.degree, dp_rank = rank / tpc.degree;
     KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
