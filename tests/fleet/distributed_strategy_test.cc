@@ -65,7 +65,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
-      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}}");
+      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, tensor_parallel=false, "
+      "tensor_parallel_configs={tensor_parallel_degree=1}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -465,6 +466,12 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->gradient_merge_configs.k_steps = 3; }},
       {"gradient_merge_configs.avg", kChangesProgram, merge,
        [](auto* s) { s->gradient_merge_configs.avg = false; }},
+      // The model is built tensor-parallel by the DSL; its equality with TP=1 is pinned by the
+      // multi-process test, the pass's rings by its golden (tests/fleet/topology_test.cc).
+      {"tensor_parallel", kPinnedBy, none, none,
+       "TensorParallel.Tp2EqualsTp1OnTheTransformer, TensorParallelPass.StartupGolden"},
+      {"tensor_parallel_configs.tensor_parallel_degree", kRefused, none,
+       [](auto* s) { s->tensor_parallel_configs.tensor_parallel_degree = 2; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -472,7 +479,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 320u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 328u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -27,14 +27,14 @@ struct TpRun {
 
 TpRun Train(int nproc, int tp, const std::string& args, const std::string& dir) {
   RunCommand("mkdir -p " + dir);
-  const std::string worker = BinPath("tp_worker") + " --tp=" + std::to_string(tp) +
-                             " --out=" + dir + " " + args;
-  const std::string cmd =
-      nproc == 1 ? worker
-                 : "FLAGS_cpu_math_threads=1 " + BinPath("keel") +
-                       " launch --nproc_per_node=" + std::to_string(nproc) + " --log_dir=" + dir +
-                       "/log " + worker + " > " + dir + "/launch.out 2>&1; rc=$?; cat " + dir +
-                       "/launch.out " + dir + "/log/workerlog.*; exit $rc";
+  const std::string worker =
+      BinPath("tp_worker") + " --tp=" + std::to_string(tp) + " --out=" + dir + " " + args;
+  const std::string cmd = nproc == 1 ? worker
+                                     : "FLAGS_cpu_math_threads=1 " + BinPath("keel") +
+                                           " launch --nproc_per_node=" + std::to_string(nproc) +
+                                           " --log_dir=" + dir + "/log " + worker + " > " + dir +
+                                           "/launch.out 2>&1; rc=$?; cat " + dir + "/launch.out " +
+                                           dir + "/log/workerlog.*; exit $rc";
   auto r = RunCommand(cmd);
   EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   TpRun run;
@@ -82,8 +82,8 @@ Tensor Assemble(const TpRun& run, int first, int tp, const std::string& name, co
   if (d == full) {
     for (int k = 1; check_replicas && k < tp; ++k)
       EXPECT_EQ(std::memcmp(parts[k]->raw_data(), parts[0]->raw_data(), parts[0]->nbytes()), 0)
-          << "replicated parameter " << name << " differs between tensor-parallel ranks "
-          << first << " and " << first + k;
+          << "replicated parameter " << name << " differs between tensor-parallel ranks " << first
+          << " and " << first + k;
     return *parts[0];
   }
   int axis = -1;
@@ -113,8 +113,8 @@ double MaxParamDiff(const NamedTensors& ref, const TpRun& run, int first, int tp
     EXPECT_EQ(t.dims(), kv.second.dims()) << kv.first;
     double here = 0;
     for (int64_t i = 0; i < t.numel(); ++i)
-      here = std::max(here, static_cast<double>(std::abs(t.data<float>()[i] -
-                                                          kv.second.data<float>()[i])));
+      here = std::max(
+          here, static_cast<double>(std::abs(t.data<float>()[i] - kv.second.data<float>()[i])));
     if (here > 1e-5) std::printf("  %s: max |diff| %.3g\n", kv.first.c_str(), here);
     worst = std::max(worst, here);
   }
@@ -175,9 +175,10 @@ TEST(TensorParallel, Tp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   const double loss_diff = MaxDiff(global, Losses(one.output, 0));
   const double p0 = MaxParamDiff(one.params[0], four, 0, 2);
   const double p1 = MaxParamDiff(one.params[0], four, 2, 2);
-  std::printf("transformer, SGD: TP=2 x DP=2 vs one process: max |loss diff| %.3g, max |param "
-              "diff| %.3g (group 0), %.3g (group 1)\n",
-              loss_diff, p0, p1);
+  std::printf(
+      "transformer, SGD: TP=2 x DP=2 vs one process: max |loss diff| %.3g, max |param "
+      "diff| %.3g (group 0), %.3g (group 1)\n",
+      loss_diff, p0, p1);
   EXPECT_LT(loss_diff, 1e-5);
   EXPECT_LT(p0, 1e-5);
   EXPECT_LT(p1, 1e-5);
@@ -202,9 +203,10 @@ TEST(TensorParallel, DroppingTheBackwardAllReduceOfCIdentityBreaksTheEquality) {
   EXPECT_NE(bad.output.find("rank 0 dropped 1 all-reduces"), std::string::npos) << bad.output;
   const double loss_diff = MaxDiff(Losses(bad.output, 0), Losses(one.output, 0));
   const double param_diff = MaxParamDiff(one.params[0], bad, 0, 2, /*check_replicas=*/false);
-  std::printf("without c_identity's backward all-reduce: max |loss diff| %.3g, max |param diff| "
-              "%.3g\n",
-              loss_diff, param_diff);
+  std::printf(
+      "without c_identity's backward all-reduce: max |loss diff| %.3g, max |param diff| "
+      "%.3g\n",
+      loss_diff, param_diff);
   EXPECT_GT(loss_diff, 1e-3);
   EXPECT_GT(param_diff, 1e-3);
   RunCommand("rm -rf " + dir);
