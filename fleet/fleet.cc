@@ -478,8 +478,21 @@ void CheckProgramsMatch(const Program& program, const std::string& what) {
                        });
 }
 
+// Tensor-parallel programs hold each rank's shards: a checkpoint written by rank 0 alone would
+// miss the others' (docs/tensor-parallel.md, "What is refused").
+void RefuseTensorParallel(const Program& p, const char* api) {
+  for (int b = 0; b < p.num_blocks(); ++b)
+    for (const auto& op : p.block(b).ops())
+      KEEL_ENFORCE(op->type() != "c_identity" && op->type() != "mp_allreduce_sum" &&
+                       op->type() != "c_embedding" && op->type() != "c_split",
+                   "fleet::", api, ": the program is tensor-parallel (op ", op->type(),
+                   "), and checkpoints of tensor-parallel shards are not built: rank 0 holds "
+                   "only its own shards");
+}
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  RefuseTensorParallel(p, "save_persistables");
   // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
   // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   if (!initialized() || role().rank == 0)
@@ -488,6 +501,7 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  RefuseTensorParallel(p, "load_persistables");
   keel::load_persistables(exe, dirname, p, PassMadeVarsOf(p));
   rebuild_pass_made_vars(exe, p);
 }
@@ -516,6 +530,7 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
+  RefuseTensorParallel(p, "save_inference_model");
   if (!initialized() || role().rank == 0)
     keel::save_inference_model(dirname, feeds, targets, exe, p);
 }

@@ -85,11 +85,14 @@ std::string ModelPath(const std::string& path) {
 
 // The built-in model's programs before any transpiling; `minimize` (may be empty) appends
 // backward and the optimizer.
-models::TrainableModel BuildLocal(models::MinimizeFn minimize) {
+models::TrainableModel BuildLocal(models::MinimizeFn minimize,
+                                  const TensorParallelConfig& tp = {}) {
   models::ModelConfig cfg;
   cfg.name = FLAGS_model;
   cfg.seed = 1;  // program text does not depend on it but for the seeds it records
   cfg.hidden = FLAGS_mlp_hidden;
+  ModelSettingsFromFlags(&cfg);
+  TensorParallelGuard tp_group(tp);  // --tp_degree: this rank's shards
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;
   cfg.make_optimizer = [](const std::string& default_name, float default_lr) {
@@ -131,13 +134,15 @@ int Strategy(const std::vector<std::string>& args) {
   models::TrainableModel m;
   if (args.empty()) {
     what = "model " + FLAGS_model;
-    m = BuildLocal([&](Var loss, Program* st, const optimizer::Optimizer& opt) {
-      auto o = opt.Clone();
-      o->apply_gradients(o->backward(loss), st);
-      main_before = loss.block()->program()->ToText();
-      startup_before = st->ToText();
-      fleet::Transpile(*loss.block()->program(), *st, strategy, role);
-    });
+    m = BuildLocal(
+        [&](Var loss, Program* st, const optimizer::Optimizer& opt) {
+          auto o = opt.Clone();
+          o->apply_gradients(o->backward(loss), st);
+          main_before = loss.block()->program()->ToText();
+          startup_before = st->ToText();
+          fleet::Transpile(*loss.block()->program(), *st, strategy, role);
+        },
+        fleet::TensorParallelConfigFor(strategy, role));
   } else {
     what = ModelPath(args[0]);
     main = LoadProgram(what);

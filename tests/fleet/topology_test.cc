@@ -39,9 +39,9 @@ TEST(Topology, World8IsDp2Pp2Tp2InPaddlesOrder) {
   for (int r = 0; r < 8; ++r) {
     const RankCoord c = t.Coord(r);
     table += "rank " + std::to_string(r) + ": dp " + std::to_string(c.dp) + " pp " +
-             std::to_string(c.pp) + " tp " + std::to_string(c.tp) + " | tp " +
-             List(t.TpGroup(r)) + " pp " + List(t.PpGroup(r)) + " dp " + List(t.DpGroup(r)) +
-             " | " + t.TpGroupName(r) + " " + t.DpGroupName(r) + "\n";
+             std::to_string(c.pp) + " tp " + std::to_string(c.tp) + " | tp " + List(t.TpGroup(r)) +
+             " pp " + List(t.PpGroup(r)) + " dp " + List(t.DpGroup(r)) + " | " + t.TpGroupName(r) +
+             " " + t.DpGroupName(r) + "\n";
   }
   EXPECT_EQ(table,
             "rank 0: dp 0 pp 0 tp 0 | tp {0,1} pp {0,2} dp {0,4} | tp:dp0.pp0 dp:pp0.tp0\n"
@@ -202,11 +202,13 @@ TEST(TensorParallelDsl, LayersRefuseWhatCannotSplit) {
   EXPECT_NE(ErrorOf([&] { layers::c_identity(x); }).find("no tensor-parallel group"),
             std::string::npos);
   TensorParallelGuard guard({2, 0, transpiler::kTensorParallelRingId});
-  EXPECT_NE(ErrorOf([&] { layers::fc(x, 5, "", 1, {}, {}, true, layers::Parallel::kColumn); })
-                .find("size 5 does not divide by the tensor-parallel degree 2"),
+  EXPECT_NE(ErrorOf([&] {
+              layers::fc(x, 5, "", 1, {}, {}, true, layers::Parallel::kColumn);
+            }).find("size 5 does not divide by the tensor-parallel degree 2"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { layers::vocab_parallel_embedding(x, {7, 4}); })
-                .find("vocab 7 does not divide by the tensor-parallel degree 2"),
+  EXPECT_NE(ErrorOf([&] {
+              layers::vocab_parallel_embedding(x, {7, 4});
+            }).find("vocab 7 does not divide by the tensor-parallel degree 2"),
             std::string::npos);
 }
 
@@ -226,8 +228,7 @@ TEST(TensorParallelPass, RefusesAModelBuiltForAnotherDegree) {
   BuildTpModel(main, startup, 2, 0);
   transpiler::TensorParallelOptions o;
   o.degree = 4;
-  const std::string e =
-      ErrorOf([&] { transpiler::TensorParallelPass(o).Apply(main, startup); });
+  const std::string e = ErrorOf([&] { transpiler::TensorParallelPass(o).Apply(main, startup); });
   EXPECT_NE(e.find("nranks=2 but tensor_parallel_degree=4"), std::string::npos) << e;
 }
 

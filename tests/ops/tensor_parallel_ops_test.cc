@@ -48,7 +48,7 @@ TEST(CSplitOp, KeepsThisRanksPartAlongTheAxis) {
     ExpectForward(SplitCase({2, 6}, 2, 1, 0, dt), "Out", {1, 6}, {6, 7, 8, 9, 10, 11});
     // X [2, 4, 2] = 0..15, axis 1, rank 1 of 2: rows 2..3 of each of the two blocks.
     ExpectForward(SplitCase({2, 4, 2}, 2, 1, 1, dt), "Out", {2, 2, 2},
-                     {4, 5, 6, 7, 12, 13, 14, 15});
+                  {4, 5, 6, 7, 12, 13, 14, 15});
   }
 }
 
