@@ -33,16 +33,12 @@ DEFINE_int32(gradient_merge_k, 1,
              "steps.");
 
 DEFINE_int32(tp_degree, 1,
-             "Tensor parallelism (DistributedStrategy.tensor_parallel, docs/tensor-parallel.md): "
-             "workers per tensor-parallel group, which split the transformer's attention heads, "
-             "feed-forward and embedding table, or the mlp's hidden layers, Megatron-style; data "
-             "parallelism fills the rest of keel launch's workers. 1: off.");
+             "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
+             "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
 
 // ---- the built-in models' settings
-DEFINE_double(dropout, 0,
-              "transformer: dropout rate after the attention and feed-forward sublayers; 0 (the "
-              "default) turns dropout off, as exactness checks need.");
-DEFINE_int32(vocab, 10, "transformer: vocabulary size (token ids in [0, vocab)).");
+DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
+DEFINE_int32(vocab, 10, "transformer: vocabulary size.");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");
