@@ -79,6 +79,16 @@ TEST(InspectStrategy, TensorParallelGolden) {
     EXPECT_NE(each.output.find(tp), std::string::npos) << each.output;
     EXPECT_NE(each.output.find(dp), std::string::npos) << each.output;
   }
+  // --rank=-1: every rank's programs, one after the other, the same as each alone.
+  auto all = Inspect("--strategy --program=startup --nranks=4 --rank=-1 --tp_degree=2" +
+                     std::string(kSmallMlp));
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  std::string each_in_turn;
+  for (int rank = 0; rank < 4; ++rank)
+    each_in_turn += Inspect("--strategy --program=startup --nranks=4 --tp_degree=2 --rank=" +
+                            std::to_string(rank) + std::string(kSmallMlp))
+                        .output;
+  EXPECT_EQ(all.output, each_in_turn);
   // A degree that does not divide the job is refused naming the field.
   auto bad = InspectAll("--strategy --nranks=4 --tp_degree=3" + std::string(kSmallMlp));
   EXPECT_NE(bad.exit_code, 0);
