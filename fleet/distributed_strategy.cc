@@ -143,7 +143,10 @@ std::string DistributedStrategy::ToString() const {
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
       ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
-      RecomputeString(*this), GradientMergeString(*this), ShardingString(*this), "}");
+      RecomputeString(*this), GradientMergeString(*this), ShardingString(*this),
+      ", tensor_parallel=", Bool(tensor_parallel),
+      ", tensor_parallel_configs={tensor_parallel_degree=",
+      tensor_parallel_configs.tensor_parallel_degree, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -299,6 +302,39 @@ void DistributedStrategy::Validate(const Role& role) const {
     off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
   }
   ValidateSharding(role);
+  // Tensor parallelism (docs/tensor-parallel.md, "What is refused").
+  if (tensor_parallel) {
+    const int tp = tensor_parallel_configs.tensor_parallel_degree;
+    KEEL_ENFORCE(tp >= 2, s, "tensor_parallel_configs.tensor_parallel_degree=", tp,
+                 " must be >= 2 with ", s, "tensor_parallel=true (1 is plain data parallelism)");
+    KEEL_ENFORCE(role.world_size % tp == 0, s,
+                 "tensor_parallel_configs.tensor_parallel_degree=", tp,
+                 " does not divide world_size=", role.world_size,
+                 " (data parallelism fills world_size / degree)");
+    auto both = [&](bool conflict, const char* other, const char* why) {
+      KEEL_ENFORCE(!conflict, s, "tensor_parallel=true does not combine with ", s, other, ": ",
+                   why);
+    };
+    both(use_local_sgd, "use_local_sgd=true",
+         "LocalSGD would average the sharded parameters' replicas on their own schedule, which "
+         "is not built or tested with tensor-parallel groups");
+    both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
+         "the data-parallel ranks of a tensor-parallel job are not one node's consecutive ranks, "
+         "which the hierarchical rings assume");
+    both(gradient_merge, "gradient_merge=true",
+         "gradient merge with tensor-parallel groups is not built or tested");
+    both(amp, "amp=true",
+         "the tensor-parallel collectives have float32/float64 kernels only; mixed precision "
+         "would hand them float16/bfloat16 activations");
+    both(recompute, "recompute=true",
+         "recomputing a segment would run its tensor-parallel collectives again in backward, "
+         "which is not built or tested");
+  } else {
+    off(tensor_parallel_configs.tensor_parallel_degree != 1,
+        StrCat("tensor_parallel_configs.tensor_parallel_degree=",
+               tensor_parallel_configs.tensor_parallel_degree),
+        "tensor_parallel");
+  }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "
                "AMP may use; leave it at its default");
@@ -340,6 +376,9 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
   both(use_local_sgd, "use_local_sgd=true",
        "LocalSGD steps every rank's whole optimizer on its own gradients; sharding gives each "
        "parameter's update to one owner");
+  both(tensor_parallel, "tensor_parallel=true",
+       "sharding groups inside data-parallel groups need the hybrid topology's sharding axis, "
+       "not built yet");
   both(gradient_merge, "gradient_merge=true",
        "the merge step's buffers and updates are not sharded (not built)");
   both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",

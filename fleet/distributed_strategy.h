@@ -113,6 +113,19 @@ struct DistributedStrategy {
     int stage = 1;            // 1: optimizer state (2 and 3 are refused: not built)
     int sharding_degree = 0;  // ranks sharing one copy of the state; 0 or world_size for now
   } sharding_configs;
+  // Tensor (model) parallelism, Megatron style (docs/tensor-parallel.md; Paddle's names): groups
+  // of tensor_parallel_degree consecutive ranks (fleet/topology.h) each hold one copy of the
+  // model, its parallel layers split over the group; data parallelism fills the rest of the world
+  // (world_size / degree replicas, all-reducing gradients among ranks of one group coordinate).
+  // The model must be built inside fleet::tensor_parallel_guard(strategy).
+  bool tensor_parallel = false;
+  struct TensorParallelConfigs {
+    int tensor_parallel_degree = 1;
+  } tensor_parallel_configs;
+  // The degree in force: tensor_parallel_degree with the switch on, else 1.
+  int TensorParallelDegree() const {
+    return tensor_parallel ? tensor_parallel_configs.tensor_parallel_degree : 1;
+  }
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
@@ -133,7 +146,10 @@ struct DistributedStrategy {
   // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1; for
   // sharding_configs.stage other than 1, sharding_degree other than 0 or world_size, and sharding
   // beside use_local_sgd, gradient_merge, use_hierarchical_allreduce, fuse_all_reduce_ops,
-  // Paddle's fusion flags or nccl_comm_num > 1 (naming both).
+  // Paddle's fusion flags or nccl_comm_num > 1 (naming both);
+  // tensor_parallel_configs set while tensor_parallel is off, a degree < 2 or not dividing
+  // world_size, and tensor_parallel beside use_local_sgd, use_hierarchical_allreduce,
+  // gradient_merge, amp or recompute (naming both).
   void Validate(const Role& role) const;
   // The sharding part of Validate.
   void ValidateSharding(const Role& role) const;

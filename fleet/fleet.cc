@@ -341,6 +341,11 @@ int worker_index() { return role().rank; }
 int worker_num() { return role().world_size; }
 bool is_first_worker() { return role().rank == 0; }
 
+TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy) {
+  strategy.Validate(role());
+  return TensorParallelConfigFor(strategy, role());
+}
+
 Place worker_place() {
   const Role& r = role();
   return r.selected_gpus.empty() ? CPUPlace() : CUDAPlace(r.selected_gpus[0]);
@@ -579,10 +584,23 @@ void DropUnownedState(Scope& scope, const Program& program) {
     if (owner != role().rank) scope.EraseVar(name);
 }
 
+// Tensor-parallel programs hold each rank's shards: a checkpoint written by rank 0 alone would
+// miss the others' (docs/tensor-parallel.md, "What is refused").
+void RefuseTensorParallel(const Program& p, const char* api) {
+  for (int b = 0; b < p.num_blocks(); ++b)
+    for (const auto& op : p.block(b).ops())
+      KEEL_ENFORCE(op->type() != "c_identity" && op->type() != "mp_allreduce_sum" &&
+                       op->type() != "c_embedding" && op->type() != "c_split",
+                   "fleet::", api, ": the program is tensor-parallel (op ", op->type(),
+                   "), and checkpoints of tensor-parallel shards are not built: rank 0 holds "
+                   "only its own shards");
+}
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
   // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
   ShardedStateOnRankZero gathered(exe, p);
+  RefuseTensorParallel(p, "save_persistables");
   // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
   // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   if (!initialized() || role().rank == 0)
@@ -591,6 +609,7 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  RefuseTensorParallel(p, "load_persistables");
   keel::load_persistables(exe, dirname, p, PassMadeVarsOf(p));
   rebuild_pass_made_vars(exe, p);
 }
@@ -621,6 +640,7 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
+  RefuseTensorParallel(p, "save_inference_model");
   if (!initialized() || role().rank == 0)
     keel::save_inference_model(dirname, feeds, targets, exe, p);
 }

@@ -21,6 +21,7 @@
 #include "fleet/role_maker.h"
 #include "framework/comm/communicator.h"
 #include "framework/dsl/optimizer.h"
+#include "framework/dsl/tensor_parallel.h"
 
 namespace keel {
 namespace fleet {
@@ -35,6 +36,10 @@ int worker_num();
 bool is_first_worker();
 // CUDAPlace(selected GPU) when FLAGS_selected_gpus names one, else CPUPlace.
 Place worker_place();
+// The tensor-parallel group this worker builds its model in (docs/tensor-parallel.md): build
+// inside `TensorParallelGuard tp(fleet::tensor_parallel_config(strategy));` with the strategy
+// given to distributed_optimizer. Degree 1 (plain layers) without strategy.tensor_parallel.
+TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy);
 // Waits until every worker arrives (through the store; works before any ring exists). Arrival is
 // bounded by FLAGS_comm_timeout_s (the error names the ranks that did not arrive); a peer whose
 // process exits or is killed fails the wait at once, naming its rank.

@@ -3,17 +3,49 @@
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/sharding_pass.h"
+#include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace fleet {
 
+Topology TopologyFor(const DistributedStrategy& strategy, const Role& role) {
+  const int tp = strategy.TensorParallelDegree();
+  KEEL_ENFORCE(tp >= 1 && role.world_size % tp == 0,
+               "DistributedStrategy.tensor_parallel_configs.tensor_parallel_degree=", tp,
+               " does not divide world_size=", role.world_size);
+  return Topology(role.world_size, role.world_size / tp, /*pp_degree=*/1, tp);
+}
+
 transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, const Role& role) {
+  const Topology topo = TopologyFor(strategy, role);
   transpiler::RingOptions r;
   r.nrings = strategy.nccl_comm_num;
-  r.nranks = role.world_size;
-  r.rank = role.rank;
+  r.nranks = topo.dp_degree();
+  r.rank = topo.Coord(role.rank).dp;
   r.device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
+  r.group = topo.DpGroupName(role.rank);
   return r;
+}
+
+TensorParallelConfig TensorParallelConfigFor(const DistributedStrategy& strategy,
+                                             const Role& role) {
+  const Topology topo = TopologyFor(strategy, role);
+  TensorParallelConfig c;
+  c.degree = topo.tp_degree();
+  c.rank = topo.Coord(role.rank).tp;
+  c.ring_id = transpiler::kTensorParallelRingId;
+  return c;
+}
+
+transpiler::TensorParallelOptions TensorParallelOptionsFor(const DistributedStrategy& strategy,
+                                                           const Role& role) {
+  const Topology topo = TopologyFor(strategy, role);
+  transpiler::TensorParallelOptions o;
+  o.degree = topo.tp_degree();
+  o.rank = topo.Coord(role.rank).tp;
+  o.group = topo.TpGroupName(role.rank);
+  o.device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
+  return o;
 }
 
 transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrategy& strategy,
@@ -57,10 +89,18 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
                          const Role& role, double group_bytes) {
   if (role.world_size <= 1) return;
   if (strategy.sharding) {
-    // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced.
+    // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced (over the whole
+    // world: sharding beside tensor parallelism is refused).
     transpiler::ShardingOptions o;
     o.rings = RingOptionsFor(strategy, role);
     transpiler::ShardingPass(o).Apply(main, startup);
+    return;
+  }
+  const Topology topo = TopologyFor(strategy, role);
+  // The data-parallel passes on the dp ring (every rank of one tp coordinate), then the
+  // tensor-parallel ring: each rank creates its rings in this order.
+  if (topo.dp_degree() == 1) {
+    // Nothing to all-reduce: the group holds the only replica.
   } else if (strategy.use_local_sgd) {
     transpiler::LocalSGDPass(LocalSGDOptionsFor(strategy, role)).Apply(main, startup);
   } else {
@@ -69,6 +109,8 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
     // One optimizer op per fused gradient group (one CUDA launch each); none without fusion.
     transpiler::MergeOptimizerOpsPass().Apply(main, startup);
   }
+  if (topo.tp_degree() > 1)
+    transpiler::TensorParallelPass(TensorParallelOptionsFor(strategy, role)).Apply(main, startup);
 }
 
 }  // namespace fleet

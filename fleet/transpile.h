@@ -11,8 +11,10 @@
 //      gradient all-reduce), LocalSGDPass when strategy.use_local_sgd, else GradAllReducePass
 //      (fusion and hierarchy are its options; after gradient merge it all-reduces the merged
 //      buffers inside the merge sub-block, once per merge step, instead of every run's gradients)
-//      then MergeOptimizerOpsPass (nothing to merge without fused groups); nothing with one
-//      worker.
+//      then MergeOptimizerOpsPass (nothing to merge without fused groups), on the data-parallel
+//      group's rings (all ranks without tensor parallelism; none when the tensor-parallel group
+//      is the whole world); then, with tensor parallelism, TensorParallelPass (the tensor-parallel
+//      ring, replicated parameters broadcast in the group); nothing with one worker.
 //   minimize runs 1 before it records which persistables the passes made (gradient merge's
 //   buffers and counter are checkpointed, so that a resume mid-accumulation is exact) and 2 after.
 // Leaves alone: everything the chosen passes leave alone; starts no communication, so `keel
@@ -22,14 +24,21 @@
 
 #include "fleet/distributed_strategy.h"
 #include "fleet/role.h"
+#include "fleet/topology.h"
+#include "framework/dsl/tensor_parallel.h"
 #include "framework/ir/program.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace fleet {
 
-// The rings of `strategy` (nccl_comm_num) and the role's place on them (rank, first GPU).
+// The job's hybrid topology: tensor_parallel_degree (1 without tensor_parallel) ranks per
+// tensor-parallel group, data parallelism filling the rest (pipeline: later, pp_degree 1).
+Topology TopologyFor(const DistributedStrategy& strategy, const Role& role);
+// The data-parallel rings of `strategy` (nccl_comm_num) and the role's place on them: the role's
+// data-parallel group (all ranks without tensor parallelism), its index in it, its first GPU.
 transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, const Role& role);
 // `group_bytes`: GradAllReduceOptions::group_bytes, from the ring model minimize measured when
 // strategy.fuse_by_ring_model applies (0: none; groups fill up to the strategy's limits).
@@ -37,6 +46,11 @@ transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrate
                                                          const Role& role, double group_bytes = 0);
 transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strategy,
                                                const Role& role);
+
+// The tensor-parallel group `role` builds its model in (degree 1 without tensor_parallel).
+TensorParallelConfig TensorParallelConfigFor(const DistributedStrategy& strategy, const Role& role);
+transpiler::TensorParallelOptions TensorParallelOptionsFor(const DistributedStrategy& strategy,
+                                                           const Role& role);
 
 // Step 1: GradientMergePass when strategy.gradient_merge; nothing otherwise.
 void TranspileGradientMerge(Program& main, Program& startup, const DistributedStrategy& strategy);

@@ -227,7 +227,7 @@ TrainableModel BuildResnet(const ModelConfig& cfg) {
 
 TrainableModel BuildTransformer(const ModelConfig& cfg) {
   TrainableModel m = NewModel(cfg);
-  TransformerConfig tc;
+  const TransformerConfig tc = cfg.transformer;
   {
     ProgramGuard guard(*m.main, *m.startup);
     Var ids = layers::data("ids", {-1, tc.seq_len, 1}, DType::kInt64);

@@ -15,6 +15,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/ir/program.h"
+#include "models/transformer/transformer_model.h"
 
 namespace keel {
 namespace models {
@@ -33,12 +34,16 @@ struct ModelConfig {
   // the ranks' shards of one permutation are disjoint. 0: seed (0 again: nondeterministic, which
   // only one rank may use).
   uint64_t shuffle_seed = 0;
-  int hidden = 1280;  // mlp: width of the two hidden layers
-  std::string data;   // lenet: "mnist:DIR"
+  int hidden = 1280;              // mlp: width of the two hidden layers
+  TransformerConfig transformer;  // transformer: sizes and dropout
+  std::string data;               // lenet: "mnist:DIR"
   int64_t batch_size = 128;
   int rank = 0, nranks = 1;    // data sharding for models with a finite training set
   MinimizeFn minimize;         // empty: plain opt.minimize
   bool programs_only = false;  // build the programs, load no data (keel inspect)
+  // The mlp and the transformer are built tensor-parallel inside a TensorParallelGuard
+  // (framework/dsl/tensor_parallel.h); then rank/nranks above are the data-parallel replica's
+  // and data_seed must be the same on every rank of a tensor-parallel group.
   // Makes the optimizer from the model's default name and rate (keel train's flags); empty:
   // MakeOptimizer(optimizer or the default, lr or the default).
   std::function<std::unique_ptr<optimizer::Optimizer>(const std::string& default_optimizer,

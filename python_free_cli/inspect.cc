@@ -28,7 +28,9 @@ DEFINE_bool(strategy, false,
             "keel inspect: transpile the program for --nranks/--nnodes and keel train's strategy "
             "flags, and print the main and startup programs one rank runs.");
 DEFINE_int32(nranks, 2, "keel inspect --strategy: workers in the job.");
-DEFINE_int32(rank, 0, "keel inspect --strategy: the rank whose programs are shown.");
+DEFINE_int32(rank, 0,
+             "keel inspect --strategy: the rank whose programs are shown; -1: every rank's, in "
+             "rank order.");
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
 DEFINE_string(program, "all", "keel inspect --strategy: main | startup | all.");
@@ -85,11 +87,14 @@ std::string ModelPath(const std::string& path) {
 
 // The built-in model's programs before any transpiling; `minimize` (may be empty) appends
 // backward and the optimizer.
-models::TrainableModel BuildLocal(models::MinimizeFn minimize) {
+models::TrainableModel BuildLocal(models::MinimizeFn minimize,
+                                  const TensorParallelConfig& tp = {}) {
   models::ModelConfig cfg;
   cfg.name = FLAGS_model;
   cfg.seed = 1;  // program text does not depend on it but for the seeds it records
   cfg.hidden = FLAGS_mlp_hidden;
+  ModelSettingsFromFlags(&cfg);
+  TensorParallelGuard tp_group(tp);  // --tp_degree: this rank's shards
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;
   cfg.make_optimizer = [](const std::string& default_name, float default_lr) {
@@ -100,26 +105,34 @@ models::TrainableModel BuildLocal(models::MinimizeFn minimize) {
   return models::BuildModel(cfg);
 }
 
+int StrategyOfRank(const std::vector<std::string>& args, int rank);
+
 int Strategy(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.size() <= 1, "inspect --strategy takes at most one FILE|DIR, got ", args.size(),
                " arguments");
   KEEL_ENFORCE(FLAGS_nranks >= 1, "--nranks must be >= 1, got ", FLAGS_nranks);
   KEEL_ENFORCE(FLAGS_nnodes >= 1 && FLAGS_nranks % FLAGS_nnodes == 0, "--nnodes=", FLAGS_nnodes,
                " must divide --nranks=", FLAGS_nranks);
-  KEEL_ENFORCE(FLAGS_rank >= 0 && FLAGS_rank < FLAGS_nranks, "--rank=", FLAGS_rank,
-               " is not in 0..", FLAGS_nranks - 1);
+  KEEL_ENFORCE(FLAGS_rank >= -1 && FLAGS_rank < FLAGS_nranks, "--rank=", FLAGS_rank,
+               " is not in 0..", FLAGS_nranks - 1, " (or -1: every rank)");
   KEEL_ENFORCE(FLAGS_program == "main" || FLAGS_program == "startup" || FLAGS_program == "all",
                "--program='", FLAGS_program, "' is not one of main, startup, all");
   KEEL_ENFORCE(!(FLAGS_diff && FLAGS_dot), "--diff and --dot do not combine: pick one");
   KEEL_ENFORCE(args.empty() || !FlagIsSet("model"),
                "--model and a FILE both name the program: pick one");
   KEEL_ENFORCE(!args.empty() || FLAGS_startup.empty(), "--startup goes with a saved FILE");
+  if (FLAGS_rank >= 0) return StrategyOfRank(args, FLAGS_rank);
+  for (int rank = 0; rank < FLAGS_nranks; ++rank) StrategyOfRank(args, rank);
+  return 0;
+}
 
+// One rank's programs for --strategy.
+int StrategyOfRank(const std::vector<std::string>& args, int rank) {
   fleet::Role role;
   role.world_size = FLAGS_nranks;
-  role.rank = FLAGS_rank;
+  role.rank = rank;
   role.local_world_size = FLAGS_nranks / FLAGS_nnodes;
-  role.local_rank = FLAGS_rank % role.local_world_size;
+  role.local_rank = rank % role.local_world_size;
   role.master_port = 1;  // no store is started: the passes only read ranks
   fleet::DistributedStrategy strategy = StrategyFromFlags();
   strategy.ApplyFlagOverrides();
@@ -131,13 +144,15 @@ int Strategy(const std::vector<std::string>& args) {
   models::TrainableModel m;
   if (args.empty()) {
     what = "model " + FLAGS_model;
-    m = BuildLocal([&](Var loss, Program* st, const optimizer::Optimizer& opt) {
-      auto o = opt.Clone();
-      o->apply_gradients(o->backward(loss), st);
-      main_before = loss.block()->program()->ToText();
-      startup_before = st->ToText();
-      fleet::Transpile(*loss.block()->program(), *st, strategy, role);
-    });
+    m = BuildLocal(
+        [&](Var loss, Program* st, const optimizer::Optimizer& opt) {
+          auto o = opt.Clone();
+          o->apply_gradients(o->backward(loss), st);
+          main_before = loss.block()->program()->ToText();
+          startup_before = st->ToText();
+          fleet::Transpile(*loss.block()->program(), *st, strategy, role);
+        },
+        fleet::TensorParallelConfigFor(strategy, role));
   } else {
     what = ModelPath(args[0]);
     main = LoadProgram(what);
@@ -155,7 +170,7 @@ int Strategy(const std::vector<std::string>& args) {
   const Program& main_after = main ? *main : *m.main;
   const Program& startup_after = startup ? *startup : *m.startup;
 
-  std::printf("# %s, rank %d of %d on %d node(s); %s\n", what.c_str(), FLAGS_rank, FLAGS_nranks,
+  std::printf("# %s, rank %d of %d on %d node(s); %s\n", what.c_str(), rank, FLAGS_nranks,
               FLAGS_nnodes, strategy.ToString().c_str());
   auto show = [&](const char* name, const Program& after, const std::string& before) {
     if (FLAGS_program != "all" && FLAGS_program != name) return;

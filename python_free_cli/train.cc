@@ -99,10 +99,24 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.hidden = FLAGS_mlp_hidden;
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;
-  cfg.rank = fleet::worker_index();
-  cfg.nranks = fleet::worker_num();
-  // Every rank draws its own synthetic data; initialization comes from rank 0 by broadcast.
-  if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(fleet::worker_index());
+  fleet::DistributedStrategy strategy = StrategyFromFlags();
+  KEEL_ENFORCE(fleet::worker_num() % FLAGS_tp_degree == 0, "--tp_degree=", FLAGS_tp_degree,
+               " does not divide the ", fleet::worker_num(),
+               " workers (data parallelism fills workers / tp_degree)");
+  // With tensor parallelism the ranks of a group are one data-parallel replica: they read the
+  // same data, and the replicas shard it.
+  const int tp = FLAGS_tp_degree, replica = fleet::worker_index() / tp;
+  cfg.rank = replica;
+  cfg.nranks = fleet::worker_num() / tp;
+  ModelSettingsFromFlags(&cfg);
+  if (tp > 1)
+    for (const char* f :
+         {"save_dir", "save_every", "auto_resume", "load_dir", "save_inference_dir"})
+      KEEL_ENFORCE(!Given(f), "--", f, " does not combine with --tp_degree=", tp,
+                   ": checkpoints of tensor-parallel shards are not built (rank 0 holds only "
+                   "its own shards)");
+  // Every replica draws its own synthetic data; initialization comes from rank 0 by broadcast.
+  if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(replica);
   // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without
   // --seed the ranks agree on the largest of their random draws.
   cfg.shuffle_seed = seed;
@@ -117,14 +131,15 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
       std::printf("%s\n", line.c_str());
     };
   // Evaluation: each rank its shard of the test data, the counts summed over the ranks.
+  // (The ranks of a tensor-parallel group evaluate the same shard: each count is theirs / tp.)
   if (fleet::worker_num() > 1)
-    cfg.all_reduce_sum = [](std::vector<double>* v) {
+    cfg.all_reduce_sum = [tp](std::vector<double>* v) {
       Tensor t(DType::kFloat64, DDim({static_cast<int64_t>(v->size())}));
       std::copy(v->begin(), v->end(), t.data<double>());
       fleet::all_reduce(&t);
-      std::copy(t.data<double>(), t.data<double>() + v->size(), v->begin());
+      std::transform(t.data<double>(), t.data<double>() + v->size(), v->begin(),
+                     [tp](double x) { return x / tp; });
     };
-  fleet::DistributedStrategy strategy = StrategyFromFlags();
   const int64_t total_steps = FLAGS_epochs > 0 ? 0 : FLAGS_steps;  // unknown with --epochs
   auto described = std::make_shared<std::string>();
   cfg.make_optimizer = [total_steps, described](const std::string& default_name, float default_lr) {
@@ -169,6 +184,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
+  TensorParallelGuard tp_group(fleet::tensor_parallel_config(strategy));
   models::TrainableModel m = models::BuildModel(cfg);
   m.optimizer = *described;
   return m;

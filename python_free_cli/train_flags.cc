@@ -37,6 +37,19 @@ DEFINE_int32(sharding_stage, 0,
              "reduce-scattered to their owners, parameters broadcast back); 0: off "
              "(docs/sharding.md).");
 
+DEFINE_int32(tp_degree, 1,
+             "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
+             "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
+
+// ---- the built-in models' settings
+DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
+DEFINE_int32(vocab, 10, "transformer: vocabulary size.");
+DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
+DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
+DEFINE_int32(heads, 2, "transformer: attention heads.");
+DEFINE_int32(d_ff, 64, "transformer: feed-forward width.");
+DEFINE_int32(layers, 2, "transformer: encoder layers.");
+
 DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
 DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
 DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
@@ -146,7 +159,51 @@ fleet::DistributedStrategy StrategyFromFlags() {
     strategy.amp_configs.level = FLAGS_amp_level;
   }
   strategy.recompute = FLAGS_recompute;
+  KEEL_ENFORCE(FLAGS_tp_degree >= 1, "--tp_degree must be >= 1, got ", FLAGS_tp_degree);
+  strategy.tensor_parallel = FLAGS_tp_degree > 1;
+  if (strategy.tensor_parallel)
+    strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp_degree;
   return strategy;
+}
+
+void ModelSettingsFromFlags(models::ModelConfig* cfg) {
+  const std::string& model = cfg->name;
+  const int tp = FLAGS_tp_degree;
+  auto divides = [&](int value, const char* flag) {
+    KEEL_ENFORCE(value % tp == 0, "--", flag, "=", value, " must divide by --tp_degree=", tp,
+                 " (tensor parallelism splits it over the group)");
+  };
+  KEEL_ENFORCE(tp == 1 || model == "transformer" || model == "mlp", "--tp_degree=", tp, ": model ",
+               model, " has no tensor-parallel variant (transformer and mlp have)");
+  if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
+  const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
+  if (model != "transformer") {
+    for (const char* f : sizes)
+      KEEL_ENFORCE(!FlagIsSet(f), "--", f, " is a setting of the transformer model; model ", model,
+                   " has no such setting");
+    return;
+  }
+  models::TransformerConfig& c = cfg->transformer;
+  const std::pair<const char*, int*> ints[] = {{"vocab", &c.vocab},     {"seq_len", &c.seq_len},
+                                               {"d_model", &c.d_model}, {"heads", &c.heads},
+                                               {"d_ff", &c.d_ff},       {"layers", &c.layers}};
+  const int values[] = {FLAGS_vocab, FLAGS_seq_len, FLAGS_d_model,
+                        FLAGS_heads, FLAGS_d_ff,    FLAGS_layers};
+  for (size_t i = 0; i < 6; ++i) {
+    KEEL_ENFORCE(values[i] >= 1, "--", ints[i].first, "=", values[i], " must be >= 1");
+    *ints[i].second = values[i];
+  }
+  KEEL_ENFORCE(FLAGS_dropout >= 0 && FLAGS_dropout < 1, "--dropout=", FLAGS_dropout,
+               " must be in [0, 1)");
+  c.dropout = static_cast<float>(FLAGS_dropout);
+  KEEL_ENFORCE(c.d_model % c.heads == 0, "--d_model=", c.d_model,
+               " must divide by --heads=", c.heads);
+  if (tp > 1) {
+    divides(c.heads, "heads");
+    divides(c.d_ff, "d_ff");
+    divides(c.vocab, "vocab");
+  }
+  models::ValidateTransformerConfig(c, tp);  // the model's own checks, after the flags'
 }
 
 std::unique_ptr<optimizer::Optimizer> OptimizerFromFlags(const std::string& default_name,

@@ -10,16 +10,24 @@
 
 #include "fleet/distributed_strategy.h"
 #include "framework/dsl/optimizer.h"
+#include "models/model_zoo.h"
 
 DECLARE_string(optimizer);
 DECLARE_double(lr);
+DECLARE_int32(tp_degree);
 
 namespace keel {
 namespace cli {
 
 // --nccl_comm_num, --fuse_all_reduce_ops, --hierarchical_allreduce_inter_nranks,
-// --local_sgd_steps, --local_sgd_warmup_steps (not yet validated against a role).
+// --local_sgd_steps, --local_sgd_warmup_steps, --tp_degree (not yet validated against a role).
 fleet::DistributedStrategy StrategyFromFlags();
+
+// The built-in models' settings into cfg (whose name is set): --tp_degree's divisibility
+// (--mlp_hidden; --heads, --d_ff, --vocab) and, for the transformer, --vocab --seq_len --d_model
+// --heads --d_ff --layers --dropout. A setting the model does not have, or a value that cannot
+// work, is a keel::Error naming the flag.
+void ModelSettingsFromFlags(models::ModelConfig* cfg);
 
 // --optimizer (empty: default_name), --lr (0: default_lr), --momentum, --nesterov, --beta1,
 // --beta2, --epsilon, --weight_decay, --clip_global_norm, --lr_schedule and its flags.

@@ -311,6 +311,7 @@ void AppendRingsAndParamBroadcast(const Program& main, Program& startup, const R
     init->SetAttr("nranks", rings.nranks);
     init->SetAttr("rank", rings.rank);
     init->SetAttr("device_id", rings.device);
+    if (!rings.group.empty()) init->SetAttr("group", rings.group);
     init->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
     InferShapeAtBuild(init, &sb);
   }

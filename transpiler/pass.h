@@ -16,10 +16,12 @@ namespace transpiler {
 
 // The rings a data-parallel pass sets up in startup, and this rank's place on them.
 struct RingOptions {
-  int nrings = 1;   // rings gradients are spread over (DistributedStrategy::nccl_comm_num)
-  int nranks = 1;   // ranks in the job
-  int rank = 0;     // this rank
-  int device = -1;  // this rank's GPU (c_comm_init's device_id); -1 on CPU
+  int nrings = 1;     // rings gradients are spread over (DistributedStrategy::nccl_comm_num)
+  int nranks = 1;     // ranks in the job
+  int rank = 0;       // this rank
+  int device = -1;    // this rank's GPU (c_comm_init's device_id); -1 on CPU
+  std::string group;  // c_comm_init's group: which ranks meet ("": the whole job; a data-parallel
+                      // group of a hybrid job: fleet::Topology::DpGroupName)
 };
 
 class Pass {

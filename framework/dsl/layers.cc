@@ -1,5 +1,9 @@
 #include "framework/dsl/layers.h"
 
+#include <memory>
+
+#include "framework/dsl/tensor_parallel.h"
+
 namespace keel {
 namespace layers {
 
@@ -15,6 +19,15 @@ Var Unary(const std::string& type, const OpDesc::VarMap& inputs,
   std::string out = prog.UniqueName((prefix.empty() ? type : prefix) + ".tmp");
   AppendOp(block, type, inputs, {{"Out", {out}}}, attrs);
   return Var(&block, out);
+}
+
+// A sharded parameter's c_split in startup (tensor_parallel.h).
+bool IsShardSplit(const OpDesc& op) {
+  if (op.type() != "c_split" || op.Input("X").empty()) return false;
+  const std::string& x = op.Input("X")[0];
+  const std::string suffix = kTpFullSuffix;
+  return x.size() > suffix.size() &&
+         x.compare(x.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 Var Binary(const std::string& type, Var x, Var y, int axis) {
@@ -62,12 +75,24 @@ Var create_parameter(const std::vector<int64_t>& shape, DType dtype, const std::
     v->set_stop_gradient(!attr.trainable);
   }
   const auto& init = attr.initializer ? attr.initializer : default_init;
-  init(startup.global_block(), *startup.global_block().FindVar(name));
+  Block& sb = startup.global_block();
+  const size_t before = sb.num_ops();
+  init(sb, *sb.FindVar(name));
+  // Keep the c_splits of sharded parameters (tensor_parallel.h) after every initializer, so that
+  // initializers have the indices (and so the derived seeds) of the model without them.
+  size_t splits = before;
+  while (splits > 0 && IsShardSplit(*sb.op(splits - 1))) --splits;
+  const size_t after = sb.num_ops();
+  for (size_t i = before; splits < before && i < after; ++i) {
+    auto moved = std::make_unique<OpDesc>(*sb.op(i));
+    sb.RemoveOp(i);
+    sb.InsertOp(splits + (i - before), std::move(moved));
+  }
   return Var(&mb, name);
 }
 
 Var fc(Var x, int size, const std::string& act, int num_flatten_dims, const ParamAttr& param_attr,
-       const ParamAttr& bias_attr, bool with_bias) {
+       const ParamAttr& bias_attr, bool with_bias, Parallel parallel) {
   KEEL_ENFORCE(size > 0, "layers::fc(", x.name(), "): size must be positive, got ", size);
   DDim in = x.shape();
   KEEL_ENFORCE(num_flatten_dims >= 1 && in.size() > num_flatten_dims, "layers::fc(", x.name(),
@@ -82,11 +107,28 @@ Var fc(Var x, int size, const std::string& act, int num_flatten_dims, const Para
   }
   std::string layer = Main().UniqueName("fc");
   DType dt = x.dtype();
-  Var w = create_parameter({width, size}, dt, layer, "w_0", param_attr, initializer::Xavier());
+  const int tp = current_tensor_parallel().degree;
+  if (tp == 1) parallel = Parallel::kNone;
+  if (parallel == Parallel::kColumn)
+    KEEL_ENFORCE(size % tp == 0, "layers::fc(", x.name(), ", parallel=Column): size ", size,
+                 " does not divide by the tensor-parallel degree ", tp);
+  // The full weight is [in, size]; a row layer's input is this rank's in / tp columns.
+  const int64_t full_in = parallel == Parallel::kRow ? width * tp : width;
+  const int w_axis = parallel == Parallel::kColumn ? 1 : 0;
+  Var w = parallel == Parallel::kNone
+              ? create_parameter({width, size}, dt, layer, "w_0", param_attr, initializer::Xavier())
+              : layers::create_sharded_parameter({full_in, size}, w_axis, dt, layer, "w_0",
+                                                 param_attr, initializer::Xavier());
+  if (parallel == Parallel::kColumn) x = layers::c_identity(x);
   Var out = Unary("mul", {{"X", {x.name()}}, {"Y", {w.name()}}},
                   {{"x_num_col_dims", num_flatten_dims}, {"y_num_col_dims", 1}}, layer);
+  if (parallel == Parallel::kRow) out = layers::mp_allreduce_sum(out);
   if (with_bias) {
-    Var b = create_parameter({size}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+    Var b =
+        parallel == Parallel::kColumn
+            ? layers::create_sharded_parameter({size}, 0, dt, layer, "b_0", bias_attr,
+                                               initializer::Constant(0.0f))
+            : create_parameter({size}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
     out = Unary("elementwise_add", {{"X", {out.name()}}, {"Y", {b.name()}}},
                 {{"axis", num_flatten_dims}}, layer);
   }

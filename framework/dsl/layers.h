@@ -32,9 +32,22 @@ Var create_parameter(const std::vector<int64_t>& shape, DType dtype, const std::
                      const std::string& suffix, const ParamAttr& attr,
                      const initializer::Initializer& default_init);
 
+// How fc splits over the current tensor-parallel group (framework/dsl/tensor_parallel.h), as
+// Megatron-LM does; with degree 1 every choice is the plain fc.
+enum class Parallel {
+  kNone,    // every rank holds all of W and b
+  kColumn,  // W [in, size / n] and b [size / n] are this rank's columns: out = act(c_identity(x)
+            // * W + b) is this rank's part of the output (size / n wide); c_identity all-reduces
+            // x's gradient
+  kRow,     // x is this rank's part of the input (in / n wide, e.g. a column layer's output), W
+            // [in / n, size] its rows: out = act(mp_allreduce_sum(x * W) + b), b whole, added once
+            // after the sum
+};
+
 // out = act(flatten(x, num_flatten_dims) * W + b); W: Xavier, b: zeros.
 Var fc(Var x, int size, const std::string& act = "", int num_flatten_dims = 1,
-       const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {}, bool with_bias = true);
+       const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {}, bool with_bias = true,
+       Parallel parallel = Parallel::kNone);
 
 // Applies the named activation ("" is identity): tanh, relu, sigmoid, softmax.
 Var activation(Var x, const std::string& act);

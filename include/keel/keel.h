@@ -24,6 +24,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_layers.h"
+#include "framework/dsl/tensor_parallel.h"
 #include "framework/error.h"
 #include "framework/init.h"
 #include "framework/io/io.h"

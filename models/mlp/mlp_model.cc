@@ -9,8 +9,9 @@ namespace keel {
 namespace models {
 
 Var mlp(Var x, Var y, int hid, int classes) {
-  Var h1 = layers::fc(x, hid, "tanh");
-  Var h2 = layers::fc(h1, hid, "tanh");
+  // Under a TensorParallelGuard the hidden layers split Megatron-style: column, then row.
+  Var h1 = layers::fc(x, hid, "tanh", 1, {}, {}, true, layers::Parallel::kColumn);
+  Var h2 = layers::fc(h1, hid, "tanh", 1, {}, {}, true, layers::Parallel::kRow);
   Var pred = layers::fc(h2, classes, "softmax");
   return layers::mean(layers::cross_entropy(pred, y));
 }

@@ -13,7 +13,9 @@
 namespace keel {
 namespace models {
 
-// Returns mean(cross_entropy(softmax(fc(tanh(fc(tanh(fc(x))))))), y).
+// Returns mean(cross_entropy(softmax(fc(tanh(fc(tanh(fc(x))))))), y). Inside a
+// TensorParallelGuard of degree T the first hidden layer is column-parallel and the second
+// row-parallel (hid must divide by T).
 Var mlp(Var x, Var y, int hid = 1280, int classes = 2);
 
 // Draws batches of the seed's synthetic data from its own engine, so a seed fixes the stream.

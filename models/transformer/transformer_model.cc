@@ -4,42 +4,54 @@
 
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/tensor_layers.h"
+#include "framework/dsl/tensor_parallel.h"
 
 namespace keel {
 namespace models {
 
 namespace {
 
-// Dimension legend: N = batch, L = sequence, D = d_model, H = heads, E = D / H.
+constexpr layers::Parallel kCol = layers::Parallel::kColumn;
+constexpr layers::Parallel kRow = layers::Parallel::kRow;
+
+// Dimension legend: N = batch, L = sequence, D = d_model, H = heads, E = D / H, T = the
+// tensor-parallel degree (1 outside a TensorParallelGuard: then every layer is the plain one).
+// Megatron's split: Q, K and V column-parallel (each rank computes H / T whole heads), the output
+// projection row-parallel (one all-reduce after it).
 Var SelfAttention(Var x, const TransformerConfig& c) {
-  const int E = c.d_model / c.heads;
-  auto heads = [&](Var t) {  // [N, L, D] -> [N, H, L, E]
-    return layers::transpose(layers::reshape(t, {0, 0, c.heads, E}), {0, 2, 1, 3});
+  const int T = current_tensor_parallel().degree;
+  const int E = c.d_model / c.heads, H = c.heads / T;
+  auto heads = [&](Var t) {  // [N, L, D / T] -> [N, H / T, L, E]
+    return layers::transpose(layers::reshape(t, {0, 0, H, E}), {0, 2, 1, 3});
   };
-  Var q = heads(layers::fc(x, c.d_model, "", 2));
-  Var k = heads(layers::fc(x, c.d_model, "", 2));
-  Var v = heads(layers::fc(x, c.d_model, "", 2));
-  // scores = q k' / sqrt(E): [N, H, L, L]
+  Var q = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
+  Var k = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
+  Var v = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
+  // scores = q k' / sqrt(E): [N, H / T, L, L]
   Var scores = layers::matmul(q, k, false, true, 1.0f / std::sqrt(static_cast<float>(E)));
-  Var ctx = layers::matmul(layers::softmax(scores), v);  // [N, H, L, E]
-  ctx = layers::reshape(layers::transpose(ctx, {0, 2, 1, 3}), {0, 0, c.d_model});
-  return layers::fc(ctx, c.d_model, "", 2);
+  Var ctx = layers::matmul(layers::softmax(scores), v);  // [N, H / T, L, E]
+  ctx = layers::reshape(layers::transpose(ctx, {0, 2, 1, 3}), {0, 0, H * E});
+  return layers::fc(ctx, c.d_model, "", 2, {}, {}, true, kRow);
+}
+
+Var MaybeDropout(Var x, const TransformerConfig& c) {
+  return c.dropout > 0 ? layers::dropout(x, c.dropout) : x;
 }
 
 }  // namespace
 
 ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& c) {
-  KEEL_ENFORCE(c.d_model % c.heads == 0, "transformer: d_model ", c.d_model,
-               " must divide by heads ", c.heads);
-  Var x = layers::embedding(ids, {c.vocab, c.d_model});  // [N, L, D]
+  ValidateTransformerConfig(c, current_tensor_parallel().degree);
+  Var x = layers::vocab_parallel_embedding(ids, {c.vocab, c.d_model});  // [N, L, D]
   Var pos = layers::create_parameter({c.seq_len, c.d_model}, DType::kFloat32, "pos_embedding",
                                      "w_0", {}, initializer::Normal(0.0f, 0.02f));
   x = layers::elementwise_add(x, pos, 1);
   for (int i = 0; i < c.layers; ++i) {
-    x = layers::layer_norm(layers::elementwise_add(x, SelfAttention(x, c)), 2);
+    x = layers::layer_norm(layers::elementwise_add(x, MaybeDropout(SelfAttention(x, c), c)), 2);
     recompute_checkpoint(x);  // the attention sublayer's output
-    Var ff = layers::fc(layers::gelu(layers::fc(x, c.d_ff, "", 2)), c.d_model, "", 2);
-    x = layers::layer_norm(layers::elementwise_add(x, ff), 2);
+    Var ff = layers::fc(layers::gelu(layers::fc(x, c.d_ff, "", 2, {}, {}, true, kCol)), c.d_model,
+                        "", 2, {}, {}, true, kRow);
+    x = layers::layer_norm(layers::elementwise_add(x, MaybeDropout(ff, c)), 2);
     recompute_checkpoint(x);  // the layer's output: recompute keeps these sublayer outputs alone
   }
   Var logits = layers::reshape(layers::fc(x, c.vocab, "", 2), {-1, c.vocab});  // [N*L, V]
@@ -47,6 +59,31 @@ ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConf
   Var loss = layers::mean(layers::softmax_with_cross_entropy(logits, flat_labels));
   Var acc = layers::accuracy(layers::softmax(logits), flat_labels, 1);
   return {logits, loss, acc};
+}
+
+void ValidateTransformerConfig(const TransformerConfig& c, int tp_degree) {
+  auto positive = [](int v, const char* name) {
+    KEEL_ENFORCE(v >= 1, "transformer: ", name, "=", v, " must be >= 1");
+  };
+  positive(c.vocab, "vocab");
+  positive(c.seq_len, "seq_len");
+  positive(c.d_model, "d_model");
+  positive(c.heads, "heads");
+  positive(c.d_ff, "d_ff");
+  positive(c.layers, "layers");
+  KEEL_ENFORCE(c.dropout >= 0 && c.dropout < 1, "transformer: dropout=", c.dropout,
+               " must be in [0, 1)");
+  KEEL_ENFORCE(c.d_model % c.heads == 0, "transformer: d_model=", c.d_model,
+               " must divide by heads=", c.heads);
+  if (tp_degree <= 1) return;
+  KEEL_ENFORCE(c.heads % tp_degree == 0, "transformer: heads=", c.heads,
+               " must divide by the tensor-parallel degree ", tp_degree,
+               " (each rank computes whole heads)");
+  KEEL_ENFORCE(c.d_ff % tp_degree == 0, "transformer: d_ff=", c.d_ff,
+               " must divide by the tensor-parallel degree ", tp_degree);
+  KEEL_ENFORCE(c.vocab % tp_degree == 0, "transformer: vocab=", c.vocab,
+               " must divide by the tensor-parallel degree ", tp_degree,
+               " (the embedding table's rows are split)");
 }
 
 void ReversalTaskData::Next(int64_t batch, Tensor* ids, Tensor* labels) {

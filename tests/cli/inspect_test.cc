@@ -60,6 +60,43 @@ TEST(InspectStrategy, LocalSgdGolden) {
   ExpectGolden(r.output, "inspect_strategy_local_sgd.txt");
 }
 
+// --tp_degree: rank 1 of tp2 x dp2 holds its shards of the mlp's two hidden layers (column, then
+// row), the collectives between them, its data-parallel ring over ranks {1, 3} and its
+// tensor-parallel ring over {0, 1}. Every rank's program names its own groups.
+TEST(InspectStrategy, TensorParallelGolden) {
+  auto r = Inspect("--strategy --nranks=4 --rank=1 --tp_degree=2" + std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_tensor_parallel.txt");
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE(rank);
+    auto each = Inspect("--strategy --program=startup --nranks=4 --tp_degree=2 --rank=" +
+                        std::to_string(rank) + std::string(kSmallMlp));
+    ASSERT_EQ(each.exit_code, 0) << each.output;
+    const std::string tp = "group=\"tp:dp" + std::to_string(rank / 2) + ".pp0\", nranks=2, " +
+                           "op_role=0, rank=" + std::to_string(rank % 2) + ", ring_id=32";
+    const std::string dp = "group=\"dp:pp0.tp" + std::to_string(rank % 2) + "\", nranks=2, " +
+                           "op_role=0, rank=" + std::to_string(rank / 2) + ", ring_id=0";
+    EXPECT_NE(each.output.find(tp), std::string::npos) << each.output;
+    EXPECT_NE(each.output.find(dp), std::string::npos) << each.output;
+  }
+  // --rank=-1: every rank's programs, one after the other, the same as each alone.
+  auto all = Inspect("--strategy --program=startup --nranks=4 --rank=-1 --tp_degree=2" +
+                     std::string(kSmallMlp));
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  std::string each_in_turn;
+  for (int rank = 0; rank < 4; ++rank)
+    each_in_turn += Inspect("--strategy --program=startup --nranks=4 --tp_degree=2 --rank=" +
+                            std::to_string(rank) + std::string(kSmallMlp))
+                        .output;
+  EXPECT_EQ(all.output, each_in_turn);
+  // A degree that does not divide the job is refused naming the field.
+  auto bad = InspectAll("--strategy --nranks=4 --tp_degree=3" + std::string(kSmallMlp));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("tensor_parallel_degree=3 does not divide world_size=4"),
+            std::string::npos)
+      << bad.output;
+}
+
 // --gradient_merge_k: the merge buffers, the counter and the merge step, whose sub-block holds the
 // all-reduces (one per gradient) and the updates; fusion, on by default, steps aside.
 TEST(InspectStrategy, GradientMergeGolden) {

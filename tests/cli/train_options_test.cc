@@ -8,6 +8,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/util/golden.h"
@@ -238,12 +240,79 @@ TEST(TrainEval, EvalEveryEvaluatesMidRunAndAtTheEnd) {
   EXPECT_NE(r.output.find("step 5 test_accuracy "), std::string::npos) << r.output;
 }
 
+// The transformer's sizes and dropout reach the model (its parameters' shapes, its dropout ops),
+// and values that cannot work, or flags of another model, are refused naming the flag.
+TEST(KeelTrain, TransformerSizeFlagsReachTheModel) {
+  auto r = RunCommand(Keel() +
+                      " inspect --summary --model=transformer --vocab=12 --d_model=16 --heads=4 "
+                      "--d_ff=24 --layers=1 --seq_len=5 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* shape : {"embedding_0.w_0                          float32[12, 16]",
+                            "pos_embedding.w_0                        float32[5, 16]",
+                            "fc_4.w_0                                 float32[16, 24]",
+                            "fc_6.w_0                                 float32[16, 12]"})
+    EXPECT_NE(r.output.find(shape), std::string::npos) << shape << "\n" << r.output;
+  // One layer: six fc (q, k, v, output projection, two feed-forward), then the output layer fc_6.
+  EXPECT_EQ(r.output.find("fc_7.w_0 "), std::string::npos) << r.output;
+  auto drop = RunCommand(Keel() +
+                         " inspect --strategy --model=transformer --nranks=1 --program=main "
+                         "--dropout=0.1 2>&1 | grep -c '^  dropout('");
+  EXPECT_EQ(drop.output, "4\n");  // two layers, two sublayers each
+  auto none = RunCommand(Keel() +
+                         " inspect --strategy --model=transformer --nranks=1 --program=main "
+                         "2>&1 | grep -c '^  dropout('");
+  EXPECT_EQ(none.output, "0\n");  // the default model has none
+  for (auto [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--model=transformer --heads=3", "--d_model=32 must divide by --heads=3"},
+           {"--model=transformer --dropout=1", "--dropout=1 must be in [0, 1)"},
+           {"--model=transformer --layers=0", "--layers=0 must be >= 1"},
+           {"--model=mlp --d_ff=8", "--d_ff is a setting of the transformer model"}}) {
+    auto bad = RunCommand(Keel() + " train --steps=1 " + flags + " 2>&1");
+    EXPECT_NE(bad.exit_code, 0) << flags;
+    EXPECT_NE(bad.output.find(says), std::string::npos) << flags << "\n" << bad.output;
+  }
+}
+
+// --tp_degree under keel launch trains the transformer tensor-parallel (2 x 2 workers); values
+// that cannot work are refused naming the flag.
+TEST(KeelTrain, TensorParallelFlags) {
+  const std::string dir = MakeTempDir();
+  auto r = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() +
+                      " launch --nproc_per_node=4 --log_dir=" + dir + "/log " + Keel() +
+                      " train --model=transformer --tp_degree=2 --steps=3 --seed=1 "
+                      "--progress=lines 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2 loss "), std::string::npos) << r.output;
+  for (auto [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--nproc_per_node=2 " + Keel() +
+                " train --model=transformer --tp_degree=2 --heads=1 "
+                "--d_model=8",
+            "--heads=1 must divide by --tp_degree=2"},
+           {"--nproc_per_node=2 " + Keel() + " train --model=lenet --tp_degree=2",
+            "model lenet has no tensor-parallel variant"},
+           {"--nproc_per_node=2 " + Keel() + " train --model=mlp --tp_degree=2 --mlp_hidden=7",
+            "--mlp_hidden=7 must divide by --tp_degree=2"},
+           {"--nproc_per_node=3 " + Keel() + " train --model=transformer --tp_degree=2",
+            "--tp_degree=2 does not divide the 3 workers"},
+           {"--nproc_per_node=2 " + Keel() +
+                " train --model=transformer --tp_degree=2 "
+                "--save_dir=" +
+                dir + "/ck",
+            "--save_dir does not combine with --tp_degree=2"}}) {
+    auto bad = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --log_dir=" + dir +
+                          "/badlog " + flags + " --steps=1 2>&1");
+    EXPECT_NE(bad.exit_code, 0) << flags;
+    EXPECT_NE(bad.output.find(says), std::string::npos) << flags << "\n" << bad.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(CommandHelp, GroupedShortAndListsEveryTrainFlag) {
   auto train = RunCommand(Keel() + " train --help");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   int lines = 0;
   for (char c : train.output) lines += c == '\n';
-  EXPECT_LT(lines, 135) << train.output;
+  EXPECT_LT(lines, 145) << train.output;  // 135 before the transformer's sizes and --tp_degree
   for (const char* group :
        {"\noptimizer:\n", "\nlearning-rate schedule:\n", "\nwatching:\n", "\nseveral workers"})
     EXPECT_NE(train.output.find(group), std::string::npos) << group;

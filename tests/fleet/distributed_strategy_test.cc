@@ -68,7 +68,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
-      "sharding=false, sharding_configs={stage=1, sharding_degree=0}}");
+      "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
+      "tensor_parallel_configs={tensor_parallel_degree=1}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -488,6 +489,12 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"sharding_configs.stage", kRefused, none, [](auto* s) { s->sharding_configs.stage = 2; }},
       {"sharding_configs.sharding_degree", kRefused, none,
        [](auto* s) { s->sharding_configs.sharding_degree = 3; }},
+      // The model is built tensor-parallel by the DSL; its equality with TP=1 is pinned by the
+      // multi-process test, the pass's rings by its golden (tests/fleet/topology_test.cc).
+      {"tensor_parallel", kPinnedBy, none, none,
+       "TensorParallel.Tp2EqualsTp1OnTheTransformer, TensorParallelPass.StartupGolden"},
+      {"tensor_parallel_configs.tensor_parallel_degree", kRefused, none,
+       [](auto* s) { s->tensor_parallel_configs.tensor_parallel_degree = 2; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;

@@ -1,0 +1,122 @@
+#include "framework/dsl/tensor_parallel.h"
+
+#include <memory>
+#include <utility>
+
+#include "framework/dsl/tensor_layers.h"
+
+namespace keel {
+
+namespace {
+TensorParallelConfig& Current() {
+  static thread_local TensorParallelConfig config;
+  return config;
+}
+
+// The current group, refusing a collective layer outside a guard of degree > 1.
+const TensorParallelConfig& Group(const char* layer) {
+  const TensorParallelConfig& c = Current();
+  KEEL_ENFORCE(c.degree > 1, "layers::", layer,
+               ": no tensor-parallel group (build the model inside a TensorParallelGuard with "
+               "degree > 1)");
+  return c;
+}
+
+Var Collective(const char* type, Var x, std::map<std::string, Attribute> attrs) {
+  const TensorParallelConfig& c = Group(type);
+  Program& prog = default_main_program();
+  Block& block = prog.global_block();
+  const std::string out = prog.UniqueName(std::string(type) + ".tmp");
+  attrs["ring_id"] = c.ring_id;
+  AppendOp(block, type, {{"X", {x.name()}}}, {{"Out", {out}}}, attrs);
+  return Var(&block, out);
+}
+}  // namespace
+
+TensorParallelGuard::TensorParallelGuard(const TensorParallelConfig& config) : saved_(Current()) {
+  KEEL_ENFORCE(config.degree >= 1, "TensorParallelGuard: degree=", config.degree, " must be >= 1");
+  KEEL_ENFORCE(config.rank >= 0 && config.rank < config.degree,
+               "TensorParallelGuard: rank=", config.rank, " must be in [0, degree=", config.degree,
+               ")");
+  Current() = config;
+}
+TensorParallelGuard::~TensorParallelGuard() { Current() = saved_; }
+
+const TensorParallelConfig& current_tensor_parallel() { return Current(); }
+
+namespace layers {
+
+Var c_identity(Var x) { return Collective("c_identity", x, {}); }
+Var mp_allreduce_sum(Var x) { return Collective("mp_allreduce_sum", x, {}); }
+Var c_split(Var x, int axis) {
+  const TensorParallelConfig& c = Group("c_split");
+  return Collective("c_split", x, {{"nranks", c.degree}, {"rank", c.rank}, {"axis", axis}});
+}
+Var c_concat(Var x, int axis) {
+  const TensorParallelConfig& c = Group("c_concat");
+  return Collective("c_concat", x, {{"nranks", c.degree}, {"rank", c.rank}, {"axis", axis}});
+}
+
+Var create_sharded_parameter(const std::vector<int64_t>& full_shape, int axis, DType dtype,
+                             const std::string& layer, const std::string& suffix,
+                             const ParamAttr& attr, const initializer::Initializer& default_init) {
+  const TensorParallelConfig& c = Current();
+  if (c.degree == 1) return create_parameter(full_shape, dtype, layer, suffix, attr, default_init);
+  const int n = static_cast<int>(full_shape.size());
+  const int a = axis < 0 ? axis + n : axis;
+  KEEL_ENFORCE(a >= 0 && a < n, layer, ": shard axis ", axis, " is outside parameter shape ",
+               DDim(full_shape).str());
+  KEEL_ENFORCE(full_shape[a] % c.degree == 0, layer, ": parameter shape ", DDim(full_shape).str(),
+               " dim ", a, " (", full_shape[a], ") does not divide by the tensor-parallel degree ",
+               c.degree);
+  std::vector<int64_t> shard = full_shape;
+  shard[a] /= c.degree;
+  const std::string name = attr.name.empty() ? layer + "." + suffix : attr.name;
+  Block& sb = default_startup_program().global_block();
+  KEEL_ENFORCE(default_main_program().global_block().FindVar(name) == nullptr, layer,
+               ": parameter '", name, "' already exists; a sharded parameter cannot be shared");
+  // The full initial value, made by create_parameter's initializer placement (before every
+  // c_split), then declared as a plain startup temporary.
+  ParamAttr full_attr = attr;
+  full_attr.name = name + kTpFullSuffix;
+  // Built through create_parameter so the initializer sees the full shape and lands where TP=1's
+  // does; then the full var leaves main and stops being a persistable parameter.
+  create_parameter(full_shape, dtype, layer, suffix, full_attr, default_init);
+  default_main_program().global_block().RemoveVar(full_attr.name);
+  VarDesc* full = sb.FindVar(full_attr.name);
+  full->set_persistable(false);
+  full->set_is_parameter(false);
+  // The shard: a parameter in main and startup, written by c_split at the end of startup.
+  Block& mb = default_main_program().global_block();
+  for (VarDesc* v : {mb.Var(name), sb.Var(name)}) {
+    v->set_shape(shard);
+    v->set_dtype(dtype);
+    v->set_persistable(true);
+    v->set_is_parameter(attr.trainable);
+    v->set_stop_gradient(!attr.trainable);
+  }
+  AppendOp(sb, "c_split", {{"X", {full_attr.name}}}, {{"Out", {name}}},
+           {{"ring_id", c.ring_id}, {"nranks", c.degree}, {"rank", c.rank}, {"axis", a}});
+  return Var(&mb, name);
+}
+
+Var vocab_parallel_embedding(Var ids, const std::vector<int64_t>& size, const ParamAttr& param_attr,
+                             DType dtype) {
+  const TensorParallelConfig& c = Current();
+  if (c.degree == 1) return embedding(ids, size, -1, param_attr, dtype);
+  KEEL_ENFORCE(size.size() == 2, "layers::vocab_parallel_embedding(", ids.name(),
+               "): size must be {vocab, dim}, got ", DDim(size).str());
+  KEEL_ENFORCE(size[0] % c.degree == 0, "layers::vocab_parallel_embedding(", ids.name(),
+               "): vocab ", size[0], " does not divide by the tensor-parallel degree ", c.degree);
+  Program& prog = default_main_program();
+  const std::string layer = prog.UniqueName("embedding");  // the name TP=1's embedding has
+  Var w = create_sharded_parameter(size, 0, dtype, layer, "w_0", param_attr, initializer::Xavier());
+  Block& block = prog.global_block();
+  const std::string out = prog.UniqueName("c_embedding.tmp");
+  AppendOp(block, "c_embedding", {{"W", {w.name()}}, {"Ids", {ids.name()}}}, {{"Out", {out}}},
+           {{"start_index", static_cast<int64_t>(c.rank) * (size[0] / c.degree)}});
+  return mp_allreduce_sum(Var(&block, out));
+}
+
+}  // namespace layers
+}  // namespace keel

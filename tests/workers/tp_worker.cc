@@ -1,0 +1,159 @@
+// Tensor-parallel equivalence (docs/tensor-parallel.md): each rank builds the model inside its
+// tensor-parallel group (fleet::tensor_parallel_config), trains --steps steps on a fixed global
+// batch (each data-parallel replica keeps its rows; the ranks of a tensor-parallel group see the
+// same rows) and prints "rank R step S loss L" per step; with --out every rank writes its
+// parameters (shards or replicas) to OUT/rankR.safetensors. Run without a launcher and --tp=1 it
+// is the one-process reference. tests/fleet/tensor_parallel_test.cc compares.
+#include <gflags/gflags.h>
+#include <keel/keel.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "fleet/fleet.h"
+#include "framework/io/safetensors.h"
+#include "models/transformer/transformer_model.h"
+#include "transpiler/tensor_parallel_pass.h"
+
+DEFINE_int32(tp, 1, "tensor_parallel_degree (1: tensor parallelism off).");
+DEFINE_string(model, "mlp", "mlp (every tensor-parallel op) | transformer (the built-in one).");
+DEFINE_int32(global_batch, 8, "Rows per step over all data-parallel replicas.");
+DEFINE_int32(steps, 6, "Training steps.");
+DEFINE_string(opt, "sgd", "sgd | adam.");
+DEFINE_string(out, "", "Directory every rank writes its parameters to.");
+DEFINE_bool(drop_identity_allreduce, false,
+            "Negative test: replace the all-reduce of c_identity's gradient by a copy, as if the "
+            "backward collective were forgotten.");
+
+using namespace keel;
+
+namespace {
+
+// x [N, 8] -> column (c_identity) -> row (mp_allreduce_sum) -> column + c_concat -> replicated
+// softmax; a second branch c_splits x itself into a row layer.
+Var MlpLoss() {
+  const bool tp = current_tensor_parallel().degree > 1;
+  const auto kCol = layers::Parallel::kColumn, kRow = layers::Parallel::kRow;
+  Var x = layers::data("x", {-1, 8});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var h = layers::fc(x, 16, "tanh", 1, {}, {}, true, kCol);
+  h = layers::fc(h, 12, "tanh", 1, {}, {}, true, kRow);
+  Var g = layers::fc(h, 8, "", 1, {}, {}, true, kCol);
+  if (tp) g = layers::c_concat(g);
+  Var xs = tp ? layers::c_split(x) : x;
+  Var side = layers::fc(xs, 8, "tanh", 1, {}, {}, true, kRow);
+  Var logits = layers::fc(layers::elementwise_add(layers::tanh(g), side), 3, "softmax");
+  return layers::mean(layers::cross_entropy(logits, y));
+}
+
+models::TransformerConfig SmallTransformer() {
+  models::TransformerConfig c;
+  c.vocab = 8;
+  c.seq_len = 4;
+  c.d_model = 8;
+  c.heads = 2;
+  c.d_ff = 16;
+  c.layers = 2;
+  c.dropout = 0;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keel::Init(&argc, &argv);
+  try {
+    fleet::init();
+    const int rank = fleet::worker_index(), world = fleet::worker_num();
+    fleet::DistributedStrategy strategy;
+    strategy.tensor_parallel = FLAGS_tp > 1;
+    if (strategy.tensor_parallel)
+      strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
+    const TensorParallelConfig tpc = fleet::tensor_parallel_config(strategy);
+    const int dp = world / tpc.degree, dp_rank = rank / tpc.degree;
+    KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
+    const int64_t local = FLAGS_global_batch / dp;
+    Program main, startup;
+    main.set_random_seed(7);
+    startup.set_random_seed(7);
+    Var loss;
+    {
+      ProgramGuard g(main, startup);
+      TensorParallelGuard tp(tpc);
+      if (FLAGS_model == "mlp") {
+        loss = MlpLoss();
+      } else {
+        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp or transformer");
+        const models::TransformerConfig c = SmallTransformer();
+        Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
+        Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
+        loss = models::transformer_encoder(ids, labels, c).loss;
+      }
+      std::unique_ptr<optimizer::Optimizer> opt;
+      if (FLAGS_opt == "adam")
+        opt = std::make_unique<optimizer::Adam>(0.01f);
+      else
+        opt = std::make_unique<optimizer::SGD>(0.5f);
+      fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
+    }
+    if (FLAGS_drop_identity_allreduce) {
+      int dropped = 0;
+      for (const auto& op : fleet::main_program().global_block().ops()) {
+        if (op->type() != "c_allreduce_sum" ||
+            op->Attr<int>("ring_id") != transpiler::kTensorParallelRingId)
+          continue;
+        op->set_type("assign");
+        op->RemoveAttr("ring_id");
+        op->RemoveAttr("use_calc_stream");
+        ++dropped;
+      }
+      fleet::main_program().Touch();
+      std::printf("rank %d dropped %d all-reduces\n", rank, dropped);
+    }
+    Executor exe(fleet::worker_place());
+    exe.Run(startup);
+    std::mt19937_64 rng(123);
+    std::uniform_real_distribution<float> u(-1, 1);
+    const models::TransformerConfig tc = SmallTransformer();
+    models::ReversalTaskData data(tc, 99);
+    for (int step = 0; step < FLAGS_steps; ++step) {
+      FeedMap feed;
+      if (FLAGS_model == "mlp") {
+        std::vector<float> gx(FLAGS_global_batch * 8);
+        std::vector<int64_t> gy(FLAGS_global_batch);
+        for (auto& v : gx) v = u(rng);
+        for (auto& v : gy) v = static_cast<int64_t>(rng() % 3);
+        std::vector<float> lx(gx.begin() + dp_rank * local * 8,
+                              gx.begin() + (dp_rank + 1) * local * 8);
+        std::vector<int64_t> ly(gy.begin() + dp_rank * local, gy.begin() + (dp_rank + 1) * local);
+        feed = {{"x", Tensor::FromVector(lx, {local, 8})},
+                {"y", Tensor::FromVector(ly, {local, 1})}};
+      } else {
+        Tensor ids, labels;
+        data.Next(FLAGS_global_batch, &ids, &labels);
+        const int64_t L = tc.seq_len;
+        const int64_t* pi = ids.data<int64_t>();
+        const int64_t* pl = labels.data<int64_t>();
+        std::vector<int64_t> li(pi + dp_rank * local * L, pi + (dp_rank + 1) * local * L);
+        std::vector<int64_t> ll(pl + dp_rank * local * L, pl + (dp_rank + 1) * local * L);
+        feed = {{"ids", Tensor::FromVector(li, {local, L, 1})},
+                {"labels", Tensor::FromVector(ll, {local, L, 1})}};
+      }
+      auto out = exe.Run(fleet::main_program(), feed, {loss.name()});
+      std::printf("rank %d step %d loss %.9g\n", rank, step, out[0].item<double>());
+    }
+    if (!FLAGS_out.empty()) {
+      NamedTensors params;
+      for (VarDesc* v : fleet::main_program().global_block().AllVars())
+        if (v->is_parameter())
+          params.emplace_back(v->name(),
+                              exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace()));
+      SaveSafetensors(FLAGS_out + "/rank" + std::to_string(rank) + ".safetensors", params);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
