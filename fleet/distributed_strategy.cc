@@ -136,7 +136,8 @@ std::string DistributedStrategy::ToString() const {
       ", exec_strategy={num_threads=", exec_strategy.num_threads,
       ", num_iteration_per_drop_scope=", exec_strategy.num_iteration_per_drop_scope,
       ", use_cuda_graph=", Bool(exec_strategy.use_cuda_graph), "}", AmpString(*this),
-      RecomputeString(*this), GradientMergeString(*this), "}");
+      RecomputeString(*this), GradientMergeString(*this),
+      ", sync_batch_norm=", Bool(sync_batch_norm), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -284,6 +285,16 @@ void DistributedStrategy::Validate(const Role& role) const {
         StrCat("gradient_merge_configs.k_steps=", gradient_merge_configs.k_steps),
         "gradient_merge");
     off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
+  }
+  if (sync_batch_norm) {
+    KEEL_ENFORCE(!use_local_sgd, s, "sync_batch_norm=true does not combine with ", s,
+                 "use_local_sgd=true: between their averaging steps LocalSGD's ranks hold "
+                 "different parameters, so one set of batch statistics over all ranks' batches "
+                 "normalizes activations of different models; use one");
+    KEEL_ENFORCE(role.selected_gpus.empty(), s,
+                 "sync_batch_norm=true: sync_batch_norm has a CPU kernel only, and this role "
+                 "trains on GPU ",
+                 role.selected_gpus[0], "; train on CPU or turn it off");
   }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "

@@ -99,6 +99,13 @@ struct DistributedStrategy {
   bool gradient_merge = false;
   gradient_merge::GradientMergeConfig gradient_merge_configs;
 
+  // Synchronized batch norm (transpiler/sync_batch_norm_pass.h, docs/sync-batch-norm.md): every
+  // training-mode batch_norm of the main program becomes sync_batch_norm on ring 0, normalizing
+  // with the statistics of every rank's batch together (weighted by count, so unequal batches are
+  // exact). On any number of workers (alone: batch_norm's result, unbiased moving variance). CPU
+  // places only; refused with use_local_sgd (ranks hold different parameters) and on GPUs.
+  bool sync_batch_norm = false;
+
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
   // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.
@@ -115,7 +122,8 @@ struct DistributedStrategy {
   // local_sgd_*); for LocalSGD with fusion or hierarchy; for paddle_fuse values Paddle does not
   // define or that would have no effect, and for paddle_fuse given beside fuse_grad_size_*; for
   // gradient_merge beside use_local_sgd, fuse_all_reduce_ops, use_hierarchical_allreduce or
-  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1.
+  // exec_strategy.use_cuda_graph (naming both), and gradient_merge_configs.k_steps < 1; for
+  // sync_batch_norm beside use_local_sgd or on a role with GPUs.
   void Validate(const Role& role) const;
 
   // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when

@@ -35,6 +35,9 @@ DEFINE_int32(gradient_merge_k, 1,
 DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
 DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
 DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
+DEFINE_bool(sync_batch_norm, false,
+            "Batch norm normalizes with the statistics of every worker's batch together "
+            "(DistributedStrategy.sync_batch_norm, docs/sync-batch-norm.md; resnet); CPU only.");
 
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
@@ -131,6 +134,7 @@ fleet::DistributedStrategy StrategyFromFlags() {
     strategy.amp_configs.level = FLAGS_amp_level;
   }
   strategy.recompute = FLAGS_recompute;
+  strategy.sync_batch_norm = FLAGS_sync_batch_norm;
   return strategy;
 }
 

@@ -295,6 +295,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"amp", "KeelTrainAmp.Bf16AndFp16TrainTheMlpAndReachTheStrategy"},
       {"amp_level", "KeelTrainAmp.BadValuesAreRefusedNamingTheFlag"},
       {"recompute", "KeelTrainAmp.RecomputeRunsResnetAndNeedsMarkedCheckpoints"},
+      {"sync_batch_norm", "SyncBatchNormDataParallel.KeelTrainFlagRewritesResnetsBatchNorms"},
       {"gradient_merge_k",
        "InspectStrategy.GradientMergeGolden, "
        "GradientMergeDataParallel.KeelTrainResumesOnMergeStepsAndRefusesBetweenThem"},

@@ -465,6 +465,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->gradient_merge_configs.k_steps = 3; }},
       {"gradient_merge_configs.avg", kChangesProgram, merge,
        [](auto* s) { s->gradient_merge_configs.avg = false; }},
+      // Rewrites at minimize, on any number of workers: pinned by its pass and fleet tests.
+      {"sync_batch_norm", kPinnedBy, none, none,
+       "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
+       "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
