@@ -183,8 +183,8 @@ class BatchNormMath<CPUDevice, T> {
   // Training under BatchNormSync: mean_ and var_ (biased) of every rank's values together, in
   // one pass and one all-reduce of [sum(x), sum(x^2), m]; the moving variance takes the unbiased
   // variance. An empty global batch (M = 0) has mean 0 and variance 0, as batch_norm's.
-  void SyncedStats(int64_t N, int64_t C, int64_t S, const P* xd, const P* mean_in,
-                   const P* var_in, P* mean_out, P* var_out) {
+  void SyncedStats(int64_t N, int64_t C, int64_t S, const P* xd, const P* mean_in, const P* var_in,
+                   P* mean_out, P* var_out) {
     const SamplePieces pieces(N, C, S);
     partial_.assign(static_cast<size_t>(2 * pieces.count * C), 0.0);
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
@@ -290,6 +290,5 @@ class BatchNormMath<CPUDevice, T> {
   ScratchVector<P> coef_a_, coef_b_, coef_d_;  // per channel
   ScratchVector<float> xw_, yw_, dxw_;         // the 16-bit types' float32 X, Y (or dY), dX
 };
-
 
 }  // namespace keel

@@ -35,24 +35,26 @@ namespace keel {
 namespace {
 
 // Training's cross-rank sum for the op of `ctx` over ring `ring_id`, through `buffer` (a CPU
-// tensor the ring reduces); empty (this rank's sums) when the op runs alone.
+// tensor the ring reduces); a sum over this rank alone (nothing to add) when the op runs alone,
+// so that one process follows the same formula as N ranks.
 BatchNormSync SumOverRing(const ExecutionContext& ctx, int ring_id, Tensor* buffer) {
+  const BatchNormSync alone{[](double*, int64_t) {}};
   const std::string& type = ctx.op().type();
   if (!RingRegistry::Get().Has(ring_id)) {
     const CommContext& comm = CommContext::Get();
     const int nranks = comm.initialized() ? comm.config().nranks : 1;
-    KEEL_ENFORCE(nranks == 1, "op ", type, ": ring_id ", ring_id,
-                 " has no ring in this job of ", nranks,
+    KEEL_ENFORCE(nranks == 1, "op ", type, ": ring_id ", ring_id, " has no ring in this job of ",
+                 nranks,
                  " ranks; create it first (DistributedStrategy::sync_batch_norm under fleet's "
                  "minimize uses ring 0, which the data-parallel pass creates)");
-    return {};
+    return alone;
   }
   Communicator& ring = RingRegistry::Get().At(ring_id, type);
   KEEL_ENFORCE(ring.device_stream() == nullptr, "op ", type, ": ring ", ring_id, " (",
                ring.backend(),
                ") serves CUDA tensors, and sync_batch_norm has a CPU kernel only (no CUDA kernel "
                "yet); train on CPU places or turn sync_batch_norm off");
-  if (ring.nranks() == 1) return {};
+  if (ring.nranks() == 1) return alone;
   return {[&ctx, &ring, buffer](double* values, int64_t n) {
     buffer->Resize(DDim{n});
     double* d = buffer->mutable_data<double>(CPUPlace());
@@ -70,7 +72,9 @@ template <typename T>
 class SyncBatchNormKernel : public BatchNormKernel<CPUDevice, T> {
  public:
   explicit SyncBatchNormKernel(const OpDesc& op)
-      : BatchNormKernel<CPUDevice, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(FixedStats(op)) {}
+      : BatchNormKernel<CPUDevice, T>(op),
+        ring_id_(op.Attr<int>("ring_id")),
+        fixed_(FixedStats(op)) {}
   void Compute(ExecutionContext& ctx) override {
     if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
     BatchNormKernel<CPUDevice, T>::Compute(ctx);
@@ -86,7 +90,9 @@ template <typename T>
 class SyncBatchNormGradKernel : public BatchNormGradKernel<CPUDevice, T> {
  public:
   explicit SyncBatchNormGradKernel(const OpDesc& op)
-      : BatchNormGradKernel<CPUDevice, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(FixedStats(op)) {}
+      : BatchNormGradKernel<CPUDevice, T>(op),
+        ring_id_(op.Attr<int>("ring_id")),
+        fixed_(FixedStats(op)) {}
   void Compute(ExecutionContext& ctx) override {
     if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
     BatchNormGradKernel<CPUDevice, T>::Compute(ctx);
