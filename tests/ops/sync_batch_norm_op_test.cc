@@ -55,7 +55,8 @@ OpCase Case(const Params& p, DType dt, const std::string& type) {
 
 // MeanOut and VarianceOut are updated state, not functions to differentiate: the loss is on Y.
 TEST(SyncBatchNormOp, GradMatchesFiniteDifferencesWithoutARing) {
-  for (const auto& p : kCases) CheckGrad(Case(p, DType::kFloat64, "sync_batch_norm"), 1e-6, 1e-4, 1e-6, {"Y"});
+  for (const auto& p : kCases)
+    CheckGrad(Case(p, DType::kFloat64, "sync_batch_norm"), 1e-6, 1e-4, 1e-6, {"Y"});
 }
 
 TEST(SyncBatchNormOp, AloneItIsBatchNormWithTheUnbiasedMovingVariance) {
