@@ -68,8 +68,8 @@ std::vector<double> ChannelMeans(const std::vector<double>& x, int64_t r0, int64
 TEST(SyncBatchNormDataParallel, UnequalBatchesOfThreeAndFiveEqualOneProcessOnEight) {
   const std::string dir = MakeTempDir();
   const std::string worker = BinPath("sync_bn_worker") + " --mode=op";
-  auto ref = RunCommand("mkdir -p " + dir + "/ref && " + worker + " --batches=8 --out=" + dir +
-                        "/ref");
+  auto ref =
+      RunCommand("mkdir -p " + dir + "/ref && " + worker + " --batches=8 --out=" + dir + "/ref");
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   auto two = RunCommand("mkdir -p " + dir + "/two && " +
                         Launch(2, dir, worker + " --batches=3,5 --out=" + dir + "/two"));
@@ -160,7 +160,9 @@ TEST(SyncBatchNormDataParallel, StrategySwitchTrainsTwoRanksAsOneProcess) {
     return std::make_pair(saved, r.output);
   };
   auto all = [](const std::string&) { return true; };
-  auto params = [](const std::string& n) { return n.find(".b_0") != n.npos || n.find(".w_0") != n.npos; };
+  auto params = [](const std::string& n) {
+    return n.find(".b_0") != n.npos || n.find(".w_0") != n.npos;
+  };
   const auto ref = train(1, "ref", " --strategy_sync");
   ASSERT_FALSE(ref.first.empty());
   EXPECT_NE(ref.second.find("rank 0 sync_batch_norm ops 1"), std::string::npos) << ref.second;
@@ -180,14 +182,15 @@ TEST(SyncBatchNormDataParallel, StrategySwitchTrainsTwoRanksAsOneProcess) {
   const auto plain = train(2, "plain", "");
   ASSERT_FALSE(plain.first.empty());
   const double rel = MaxRelDiff(plain.first, ref.first, params);
-  std::printf("2 ranks x 4 rows with per-rank batch norm: parameters max relative difference %.3g\n",
-              rel);
+  std::printf(
+      "2 ranks x 4 rows with per-rank batch norm: parameters max relative difference %.3g\n", rel);
   EXPECT_GT(rel, 1e-3);
   RunCommand("rm -rf " + dir);
 }
 
 TEST(SyncBatchNormDataParallel, KeelTrainFlagRewritesResnetsBatchNorms) {
-  auto inspect = RunCommand(Keel() + " inspect --strategy --model=resnet --nranks=2 --sync_batch_norm");
+  auto inspect =
+      RunCommand(Keel() + " inspect --strategy --model=resnet --nranks=2 --sync_batch_norm");
   ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
   EXPECT_NE(inspect.output.find("sync_batch_norm("), std::string::npos);
   EXPECT_NE(inspect.output.find("sync_batch_norm_grad("), std::string::npos);

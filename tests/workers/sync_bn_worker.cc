@@ -80,14 +80,24 @@ int RunOp(int rank, int nranks) {
   }
   const std::map<std::string, Attribute> attrs = {{"momentum", 0.8f}, {"epsilon", 1e-5f}};
   AppendOp(b, "sync_batch_norm",
-           {{"X", {"x"}}, {"Scale", {"scale"}}, {"Bias", {"bias"}}, {"Mean", {"mean"}},
+           {{"X", {"x"}},
+            {"Scale", {"scale"}},
+            {"Bias", {"bias"}},
+            {"Mean", {"mean"}},
             {"Variance", {"var"}}},
-           {{"Y", {"y"}}, {"MeanOut", {"mean"}}, {"VarianceOut", {"var"}},
-            {"SavedMean", {"saved_mean"}}, {"SavedVariance", {"saved_inv_std"}}},
+           {{"Y", {"y"}},
+            {"MeanOut", {"mean"}},
+            {"VarianceOut", {"var"}},
+            {"SavedMean", {"saved_mean"}},
+            {"SavedVariance", {"saved_inv_std"}}},
            attrs);
   AppendOp(b, "sync_batch_norm_grad",
-           {{"X", {"x"}}, {"Scale", {"scale"}}, {"Bias", {"bias"}}, {"SavedMean", {"saved_mean"}},
-            {"SavedVariance", {"saved_inv_std"}}, {"Y@GRAD", {"dy"}}},
+           {{"X", {"x"}},
+            {"Scale", {"scale"}},
+            {"Bias", {"bias"}},
+            {"SavedMean", {"saved_mean"}},
+            {"SavedVariance", {"saved_inv_std"}},
+            {"Y@GRAD", {"dy"}}},
            {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}}, attrs);
 
   Executor exe(fleet::worker_place());
@@ -98,8 +108,8 @@ int RunOp(int rank, int nranks) {
   for (auto& p : params) p = u(rng);
   FeedMap feed = {
       {"scale", Tensor::FromVector(std::vector<float>(params.begin(), params.begin() + kC), {kC})},
-      {"bias", Tensor::FromVector(std::vector<float>(params.begin() + kC, params.begin() + 2 * kC),
-                                  {kC})},
+      {"bias",
+       Tensor::FromVector(std::vector<float>(params.begin() + kC, params.begin() + 2 * kC), {kC})},
       {"mean", Tensor::FromVector(std::vector<float>(kC, 0.f), {kC})},
       {"var", Tensor::FromVector(std::vector<float>(kC, 1.f), {kC})}};
   std::vector<Tensor> got;
