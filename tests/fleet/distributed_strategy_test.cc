@@ -65,7 +65,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "init_loss_scaling=unset, incr_every_n_steps=2000, decr_every_n_nan_or_inf=1, "
       "incr_ratio=2, decr_ratio=0.5, custom_white_list=[], custom_black_list=[], "
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
-      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}}");
+      "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
+      "sync_batch_norm=false}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
