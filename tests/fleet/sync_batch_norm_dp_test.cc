@@ -121,6 +121,15 @@ TEST(SyncBatchNormDataParallel, UnequalBatchesOfThreeAndFiveEqualOneProcessOnEig
       worst_mean, worst_y);
   EXPECT_GT(worst_mean, 0.1);
   EXPECT_GT(worst_y, 1e-2) << "the comparison above (2e-5) tells the two apart";
+
+  // Several ranks but no ring ring_id: refused naming the op and the ring, not normalized alone.
+  auto no_ring = RunCommand(
+      "mkdir -p " + dir + "/none && " +
+      Launch(2, dir + "/none", worker + " --no_ring --batches=3,5 --out=" + dir + "/none"));
+  EXPECT_NE(no_ring.exit_code, 0);
+  EXPECT_NE(no_ring.output.find("sync_batch_norm: ring_id 0 has no ring in this job of 2 ranks"),
+            std::string::npos)
+      << no_ring.output;
   RunCommand("rm -rf " + dir);
 }
 
@@ -166,6 +175,10 @@ TEST(SyncBatchNormDataParallel, StrategySwitchTrainsTwoRanksAsOneProcess) {
   const auto ref = train(1, "ref", " --strategy_sync");
   ASSERT_FALSE(ref.first.empty());
   EXPECT_NE(ref.second.find("rank 0 sync_batch_norm ops 1"), std::string::npos) << ref.second;
+  // The DSL's flag alone (no ring): the same program, the same training.
+  const auto ref_dsl = train(1, "ref_dsl", " --dsl_sync");
+  ASSERT_FALSE(ref_dsl.first.empty());
+  EXPECT_EQ(MaxRelDiff(ref_dsl.first, ref.first, all), 0.0);
   for (const char* flags : {" --strategy_sync", " --dsl_sync"}) {
     SCOPED_TRACE(flags);
     const auto two = train(2, std::string("two") + (flags + 2), flags);

@@ -29,6 +29,7 @@ DEFINE_int32(rows, 8, "--mode=model: rows per step over all ranks.");
 DEFINE_int32(steps, 4, "--mode=model: SGD steps.");
 DEFINE_bool(strategy_sync, false, "--mode=model: DistributedStrategy::sync_batch_norm.");
 DEFINE_bool(dsl_sync, false, "--mode=model: layers::batch_norm(..., sync=true).");
+DEFINE_bool(no_ring, false, "--mode=op: skip c_comm_init (the op must refuse to run alone).");
 DEFINE_string(out, "", "Output directory.");
 
 using namespace keel;
@@ -66,7 +67,7 @@ int RunOp(int rank, int nranks) {
   if (nranks == 1) first = 0;
 
   Program startup, main;
-  if (nranks > 1)
+  if (nranks > 1 && !FLAGS_no_ring)
     AppendOp(startup.global_block(), "c_comm_init", {}, {},
              {{"ring_id", 0}, {"nranks", nranks}, {"rank", rank}});
   Block& b = main.global_block();
