@@ -68,40 +68,24 @@ bool FixedStats(const OpDesc& op) {
   return op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats");
 }
 
-template <typename T>
-class SyncBatchNormKernel : public BatchNormKernel<CPUDevice, T> {
- public:
-  explicit SyncBatchNormKernel(const OpDesc& op)
-      : BatchNormKernel<CPUDevice, T>(op),
-        ring_id_(op.Attr<int>("ring_id")),
-        fixed_(FixedStats(op)) {}
-  void Compute(ExecutionContext& ctx) override {
-    if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
-    BatchNormKernel<CPUDevice, T>::Compute(ctx);
-  }
+// batch_norm's forward or grad kernel (Base) with training's sums taken over ring ring_id.
+template <template <typename, typename> class Base>
+struct Synced {
+  template <typename T>
+  class Kernel : public Base<CPUDevice, T> {
+   public:
+    explicit Kernel(const OpDesc& op)
+        : Base<CPUDevice, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(FixedStats(op)) {}
+    void Compute(ExecutionContext& ctx) override {
+      if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
+      Base<CPUDevice, T>::Compute(ctx);
+    }
 
- private:
-  int ring_id_;
-  bool fixed_;
-  Tensor buffer_;
-};
-
-template <typename T>
-class SyncBatchNormGradKernel : public BatchNormGradKernel<CPUDevice, T> {
- public:
-  explicit SyncBatchNormGradKernel(const OpDesc& op)
-      : BatchNormGradKernel<CPUDevice, T>(op),
-        ring_id_(op.Attr<int>("ring_id")),
-        fixed_(FixedStats(op)) {}
-  void Compute(ExecutionContext& ctx) override {
-    if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
-    BatchNormGradKernel<CPUDevice, T>::Compute(ctx);
-  }
-
- private:
-  int ring_id_;
-  bool fixed_;
-  Tensor buffer_;
+   private:
+    int ring_id_;
+    bool fixed_;
+    Tensor buffer_;  // the 2C + 1 sums the ring reduces
+  };
 };
 
 }  // namespace
@@ -122,8 +106,9 @@ class SyncBatchNormGradKernel : public BatchNormGradKernel<CPUDevice, T> {
                      return std::get<int>(a) >= 0 ? std::string() : std::string("must be >= 0");
                    });
 KEEL_REGISTER_GRAD_OP(sync_batch_norm_grad, sync_batch_norm).RunsOnRing();
-KEEL_REGISTER_CPU_KERNEL(sync_batch_norm, SyncBatchNormKernel, float, double, bfloat16, float16);
-KEEL_REGISTER_CPU_KERNEL(sync_batch_norm_grad, SyncBatchNormGradKernel, float, double, bfloat16,
+KEEL_REGISTER_CPU_KERNEL(sync_batch_norm, Synced<BatchNormKernel>::Kernel, float, double, bfloat16,
                          float16);
+KEEL_REGISTER_CPU_KERNEL(sync_batch_norm_grad, Synced<BatchNormGradKernel>::Kernel, float, double,
+                         bfloat16, float16);
 
 }  // namespace keel
