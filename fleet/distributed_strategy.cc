@@ -146,7 +146,8 @@ std::string DistributedStrategy::ToString() const {
       RecomputeString(*this), GradientMergeString(*this), ShardingString(*this),
       ", tensor_parallel=", Bool(tensor_parallel),
       ", tensor_parallel_configs={tensor_parallel_degree=",
-      tensor_parallel_configs.tensor_parallel_degree, "}}");
+      tensor_parallel_configs.tensor_parallel_degree, "}",
+      ", sync_batch_norm=", Bool(sync_batch_norm), "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -334,6 +335,16 @@ void DistributedStrategy::Validate(const Role& role) const {
         StrCat("tensor_parallel_configs.tensor_parallel_degree=",
                tensor_parallel_configs.tensor_parallel_degree),
         "tensor_parallel");
+  }
+  if (sync_batch_norm) {
+    KEEL_ENFORCE(!use_local_sgd, s, "sync_batch_norm=true does not combine with ", s,
+                 "use_local_sgd=true: between their averaging steps LocalSGD's ranks hold "
+                 "different parameters, so one set of batch statistics over all ranks' batches "
+                 "normalizes activations of different models; use one");
+    KEEL_ENFORCE(role.selected_gpus.empty(), s,
+                 "sync_batch_norm=true: sync_batch_norm has a CPU kernel only, and this role "
+                 "trains on GPU ",
+                 role.selected_gpus[0], "; train on CPU or turn it off");
   }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "

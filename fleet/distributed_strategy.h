@@ -126,6 +126,12 @@ struct DistributedStrategy {
   int TensorParallelDegree() const {
     return tensor_parallel ? tensor_parallel_configs.tensor_parallel_degree : 1;
   }
+  // Synchronized batch norm (transpiler/sync_batch_norm_pass.h, docs/sync-batch-norm.md): every
+  // training-mode batch_norm of the main program becomes sync_batch_norm on ring 0, normalizing
+  // with the statistics of every rank's batch together (weighted by count, so unequal batches are
+  // exact). On any number of workers (alone: batch_norm's result, unbiased moving variance). CPU
+  // places only; refused with use_local_sgd (ranks hold different parameters) and on GPUs.
+  bool sync_batch_norm = false;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
@@ -149,7 +155,8 @@ struct DistributedStrategy {
   // Paddle's fusion flags or nccl_comm_num > 1 (naming both);
   // tensor_parallel_configs set while tensor_parallel is off, a degree < 2 or not dividing
   // world_size, and tensor_parallel beside use_local_sgd, use_hierarchical_allreduce,
-  // gradient_merge, amp or recompute (naming both).
+  // gradient_merge, amp or recompute (naming both);
+  // sync_batch_norm beside use_local_sgd or on a role with GPUs.
   void Validate(const Role& role) const;
   // The sharding part of Validate.
   void ValidateSharding(const Role& role) const;

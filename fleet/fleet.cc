@@ -495,6 +495,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   // Gradient merge on any number of workers, before the data-parallel passes (fleet/transpile.h).
   // Its buffers and counter are not pass-made: checkpoints hold them.
   fleet::TranspileGradientMerge(main, *startup, strategy_);
+  fleet::TranspileSyncBatchNorm(main, *startup, strategy_);  // any number of workers
   if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));

@@ -3,6 +3,7 @@
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/sharding_pass.h"
+#include "transpiler/sync_batch_norm_pass.h"
 #include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
@@ -79,9 +80,15 @@ void TranspileGradientMerge(Program& main, Program& startup, const DistributedSt
       .Apply(main, startup);
 }
 
+void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedStrategy& strategy) {
+  if (!strategy.sync_batch_norm) return;
+  transpiler::SyncBatchNormPass(transpiler::SyncBatchNormOptions{0}).Apply(main, startup);
+}
+
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
                const Role& role) {
   TranspileGradientMerge(main, startup, strategy);
+  TranspileSyncBatchNorm(main, startup, strategy);
   TranspileCollective(main, startup, strategy, role);
 }
 

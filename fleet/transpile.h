@@ -54,10 +54,13 @@ transpiler::TensorParallelOptions TensorParallelOptionsFor(const DistributedStra
 
 // Step 1: GradientMergePass when strategy.gradient_merge; nothing otherwise.
 void TranspileGradientMerge(Program& main, Program& startup, const DistributedStrategy& strategy);
+// Step 1b: SyncBatchNormPass on ring 0 when strategy.sync_batch_norm (any number of workers;
+// after gradient merge, which refuses ring ops); nothing otherwise.
+void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedStrategy& strategy);
 // Step 2: the data-parallel passes (nothing with one worker).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes = 0);
-// Both, in order (what minimize does after backward and the updates; keel inspect --strategy).
+// All, in order (what minimize does after backward and the updates; keel inspect --strategy).
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
                const Role& role);
 

@@ -11,9 +11,17 @@
 // allows; the math is float32.
 #pragma once
 
+#include <string>
+
 #include "ops/device.h"
 
 namespace keel {
+
+class OpSchema;
+
+// batch_norm's slots, attrs, shape and grad maker (grad op `grad_type`) declared on `schema`;
+// sync_batch_norm (sync_batch_norm_ops.cc) declares the same ones and adds ring_id.
+OpSchema& BatchNormSchema(OpSchema& schema, const std::string& grad_type);
 
 // The forward's tensors, as pointers: x and y of T, the [C] parameters and statistics of P.
 template <typename T, typename P = Acc<T>>
@@ -63,7 +71,7 @@ class BatchNormKernel : public OpKernel {
     math_.Forward(ctx, x.dims(), io);
   }
 
- private:
+ protected:
   BatchNormMath<D, T> math_;
 };
 
@@ -93,7 +101,7 @@ class BatchNormGradKernel : public OpKernel {
     math_.Backward(ctx, x.dims(), io);
   }
 
- private:
+ protected:
   BatchNormMath<D, T> math_;
 };
 

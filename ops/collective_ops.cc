@@ -9,6 +9,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/device.h"
+#include "ops/collective_op_call.h"
 
 namespace keel {
 
@@ -20,30 +21,6 @@ void SameAsX(InferShapeContext& ctx) {
 
 Communicator& Ring(const ExecutionContext& ctx) {
   return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
-}
-
-// The op as the collective watch names it to the user while the op's collective waits:
-// "op c_allreduce_sum of @FUSED_GRAD@0 in run 12 of its program".
-class OpCall : public CollectiveCall {
- public:
-  explicit OpCall(const ExecutionContext& ctx) : op_(ctx.op()), run_(ctx.run_index()) {}
-  std::string Name() const override {
-    const std::vector<std::string> args = op_.InputArgumentNames();
-    return "op " + op_.type() + (args.empty() ? "" : " of " + args[0]);
-  }
-  std::string Detail() const override { return StrCat("in run ", run_ + 1, " of its program"); }
-
- private:
-  const OpDesc& op_;
-  int64_t run_;
-};
-
-// Runs `f` (the op's collective) as the op's call.
-template <typename F>
-void AsOp(const ExecutionContext& ctx, F&& f) {
-  OpCall call(ctx);
-  CollectiveCall::Scope scope(&call);
-  f();
 }
 
 // Out aliases X in programs the transpiler writes; otherwise copy X into Out first. On a CUDA

@@ -53,6 +53,9 @@ DEFINE_int32(layers, 2, "transformer: encoder layers.");
 DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
 DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
 DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
+DEFINE_bool(sync_batch_norm, false,
+            "Batch norm normalizes with the statistics of every worker's batch together "
+            "(DistributedStrategy.sync_batch_norm, docs/sync-batch-norm.md; resnet); CPU only.");
 
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
@@ -163,6 +166,7 @@ fleet::DistributedStrategy StrategyFromFlags() {
   strategy.tensor_parallel = FLAGS_tp_degree > 1;
   if (strategy.tensor_parallel)
     strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp_degree;
+  strategy.sync_batch_norm = FLAGS_sync_batch_norm;
   return strategy;
 }
 

@@ -78,7 +78,8 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stri
 }
 
 Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, float epsilon,
-               const ParamAttr& param_attr, const ParamAttr& bias_attr, bool use_global_stats) {
+               const ParamAttr& param_attr, const ParamAttr& bias_attr, bool use_global_stats,
+               bool sync) {
   const int64_t C = Channels("batch_norm", input, 2);
   Program& prog = Main();
   Block& block = prog.global_block();
@@ -94,7 +95,8 @@ Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, 
   const std::string y = prog.UniqueName(layer + ".tmp");
   const std::string saved_mean = prog.UniqueName(layer + ".tmp");
   const std::string saved_var = prog.UniqueName(layer + ".tmp");
-  AppendOp(block, "batch_norm",
+  const bool synced = sync && !is_test && !use_global_stats;  // ring_id: 0, its default
+  AppendOp(block, synced ? "sync_batch_norm" : "batch_norm",
            {{"X", {input.name()}},
             {"Scale", {scale.name()}},
             {"Bias", {bias.name()}},

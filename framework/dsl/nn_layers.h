@@ -26,10 +26,13 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type = "max", int p
 // out = act(batch_norm(input)) over dim 1: scale "<layer>.w_0" (ones), bias "<layer>.b_0" (zeros),
 // moving mean "<layer>.w_1" (zeros) and variance "<layer>.w_2" (ones), persistable and not trained,
 // updated in place by each training step. use_global_stats: training normalizes with the moving
-// stats too and leaves them unchanged (fine-tuning with frozen statistics).
+// stats too and leaves them unchanged (fine-tuning with frozen statistics). sync: in training
+// (not is_test, not use_global_stats) the op is sync_batch_norm on ring 0, whose statistics are
+// those of every rank's batch together (docs/sync-batch-norm.md); alone in its job it computes
+// batch_norm's result (with the unbiased moving variance).
 Var batch_norm(Var input, const std::string& act = "", bool is_test = false, float momentum = 0.9f,
                float epsilon = 1e-5f, const ParamAttr& param_attr = {},
-               const ParamAttr& bias_attr = {}, bool use_global_stats = false);
+               const ParamAttr& bias_attr = {}, bool use_global_stats = false, bool sync = false);
 
 // dropout_implementation "upscale_in_train" (default) or "downgrade_in_infer"; seed 0: from the
 // program's random_seed.

@@ -303,6 +303,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"layers", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"amp_level", "KeelTrainAmp.BadValuesAreRefusedNamingTheFlag"},
       {"recompute", "KeelTrainAmp.RecomputeRunsResnetAndNeedsMarkedCheckpoints"},
+      {"sync_batch_norm", "SyncBatchNormDataParallel.KeelTrainFlagRewritesResnetsBatchNorms"},
       {"gradient_merge_k",
        "InspectStrategy.GradientMergeGolden, "
        "GradientMergeDataParallel.KeelTrainResumesOnMergeStepsAndRefusesBetweenThem"},

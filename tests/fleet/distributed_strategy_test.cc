@@ -69,7 +69,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
-      "tensor_parallel_configs={tensor_parallel_degree=1}}");
+      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -495,6 +495,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        "TensorParallel.Tp2EqualsTp1OnTheTransformer, TensorParallelPass.StartupGolden"},
       {"tensor_parallel_configs.tensor_parallel_degree", kRefused, none,
        [](auto* s) { s->tensor_parallel_configs.tensor_parallel_degree = 2; }},
+      // Rewrites at minimize, on any number of workers: pinned by its pass and fleet tests.
+      {"sync_batch_norm", kPinnedBy, none, none,
+       "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
+       "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;

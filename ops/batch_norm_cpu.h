@@ -1,0 +1,294 @@
+// batch_norm's CPU math (BatchNormMath<CPUDevice, T>), shared by batch_norm (batch_norm_ops.cc)
+// and sync_batch_norm (sync_batch_norm_ops.cc), which plugs a cross-rank sum into it
+// (BatchNormSync).
+//
+// Legend: N = batch, C = channels, S = the spatial size per channel (H * W, 1 for [N, C]),
+// m = N * S (the values one batch_norm channel sees); M = the sum of m over the ranks.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <utility>
+
+#include "framework/op/execution_context.h"
+#include "framework/runtime/cpu_threads.h"
+#include "ops/batch_norm_ops.h"
+#include "ops/functors/norm_functors.h"
+#include "ops/op_util.h"
+
+namespace keel {
+
+// Synchronized batch norm's hook into the CPU math. With all_reduce set, training sums over every
+// rank of the job: the forward sums [sum(x), sum(x^2)] per channel and m locally, all_reduce sums
+// those 2C + 1 doubles over the ranks in place (one collective), and mean = sum(x) / M, the
+// biased var = sum(x^2) / M - mean^2 normalize; the moving variance takes the unbiased
+// var * M / (M - 1) (PyTorch's SyncBatchNorm). The grad writes dScale and dBias from the local
+// sums (the data-parallel gradient all-reduce adds them up), then sums [sum(dy),
+// sum(dy * (x - mean)), m] over the ranks (one collective) and forms dX with the global sums and M.
+// Fixed stats (is_test, use_global_stats) never call it.
+struct BatchNormSync {
+  std::function<void(double* values, int64_t n)> all_reduce;
+};
+
+// batch_norm's work in pieces of whole samples (contiguous memory), cut by the shape only, on the
+// CPU thread budget. Per-channel sums are summed per piece, then over the pieces in order, so
+// results are the same bits on any number of threads.
+struct SamplePieces {
+  int64_t per, count;
+  SamplePieces(int64_t N, int64_t C, int64_t S)
+      : per(std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, C * S))),
+        count((N + per - 1) / per) {}
+  // fn(n0, n1, piece) for each piece [n0, n1) of the samples.
+  template <typename Fn>
+  void Run(int64_t N, const Fn& fn) const {
+    cpu_threads::ParallelFor(count, [&](int64_t p) { fn(p * per, std::min(N, (p + 1) * per), p); });
+  }
+};
+
+// sums[c] = sum over pieces p (in order) of partial[p * C + c].
+inline void SumPieces(const ScratchVector<double>& partial, int64_t pieces, int64_t C,
+                      double* sums) {
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0;
+    for (int64_t p = 0; p < pieces; ++p) acc += partial[p * C + c];
+    sums[c] = acc;
+  }
+}
+
+// The 16-bit types widen X (and dY) to float32, run the float32 math and round Y (dX) once.
+// Training: Y = Scale * (X - mean) / sqrt(var + epsilon) + Bias with the batch's per-channel mean
+// and biased variance (divided by m, as Paddle does), and the moving stats become momentum * moving
+// + (1 - momentum) * batch, using the same biased batch variance (Paddle's convention; PyTorch
+// would use the unbiased one here). SavedMean = mean, SavedVariance = 1 / sqrt(var + epsilon).
+// is_test or use_global_stats: the moving stats normalize, stay unchanged, and are copied to the
+// Saved* outputs (as mean and inverse std) for the grad.
+// With xhat = (x - mean) * inv_std, sums over the channel's m values:
+//   dBias = sum(dy), dScale = sum(dy * xhat)
+//   training: dx = scale * inv_std * (dy - dBias / m - xhat * dScale / m)
+//   is_test or use_global_stats (fixed stats): dx = scale * inv_std * dy
+template <typename T>
+class BatchNormMath<CPUDevice, T> {
+ public:
+  BatchNormMath(float momentum, float epsilon, bool fixed_stats)
+      : momentum_(momentum), epsilon_(epsilon), is_test_(fixed_stats) {}
+
+  // Makes training sum over the ranks (BatchNormSync); an empty hook: this batch alone.
+  void set_sync(BatchNormSync sync) { sync_ = std::move(sync); }
+
+  void Forward(const ExecutionContext&, const DDim& x, const BatchNormIO<T>& io) {
+    if constexpr (kIsHalf<T>) {  // float32 over widened X, Y rounded once
+      const int64_t n = x.numel();
+      xw_.resize(static_cast<size_t>(n));
+      yw_.resize(static_cast<size_t>(n));
+      WidenInPieces(io.x, xw_.data(), n);
+      ForwardP(x, {xw_.data(), io.scale, io.bias, io.mean_in, io.var_in, yw_.data(), io.mean_out,
+                   io.var_out, io.saved_mean, io.saved_inv_std});
+      NarrowInPieces(yw_.data(), io.y, n);
+    } else {
+      ForwardP(x, io);
+    }
+  }
+
+  void Backward(const ExecutionContext&, const DDim& x, const BatchNormGradIO<T>& io) {
+    if constexpr (kIsHalf<T>) {  // float32 over widened X and dY, dX rounded once
+      const int64_t n = x.numel();
+      xw_.resize(static_cast<size_t>(n));
+      yw_.resize(static_cast<size_t>(n));
+      WidenInPieces(io.x, xw_.data(), n);
+      WidenInPieces(io.dy, yw_.data(), n);
+      if (io.dx) dxw_.resize(static_cast<size_t>(n));
+      BackwardP(x, {xw_.data(), yw_.data(), io.scale, io.saved_mean, io.saved_inv_std,
+                    io.dx ? dxw_.data() : nullptr, io.dscale, io.dbias});
+      if (io.dx) NarrowInPieces(dxw_.data(), io.dx, n);
+    } else {
+      BackwardP(x, io);
+    }
+  }
+
+ private:
+  using P = Acc<T>;
+
+  void ForwardP(const DDim& x, const BatchNormIO<P>& io) {
+    const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
+    const P* xd = io.x;
+    const P* scale = io.scale;
+    const P* bias = io.bias;
+    const P* mean_in = io.mean_in;
+    const P* var_in = io.var_in;
+    P* mean_out = io.mean_out;
+    P* var_out = io.var_out;
+    P* saved_mean = io.saved_mean;
+    P* saved_inv_std = io.saved_inv_std;
+    P* yd = io.y;
+    mean_.assign(C, 0.0);
+    var_.assign(C, 0.0);
+    if (is_test_) {
+      for (int64_t c = 0; c < C; ++c) {
+        mean_[c] = mean_in[c];
+        var_[c] = var_in[c];
+        mean_out[c] = mean_in[c];  // no-ops when MeanOut is Mean, as in programs
+        var_out[c] = var_in[c];
+      }
+    } else if (sync_.all_reduce) {
+      SyncedStats(N, C, S, xd, mean_in, var_in, mean_out, var_out);
+    } else {
+      const double m = static_cast<double>(N * S);
+      // Two passes (mean, then squared deviations): exact enough in float for large m. Pieces of
+      // channels; each channel sums over n in order, as on one thread.
+      const SamplePieces pieces(N, C, S);
+      partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
+      pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+        double* acc = partial_.data() + p * C;
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c) acc[c] += ConstVec<P>(xd + (n * C + c) * S, S).sum();
+      });
+      SumPieces(partial_, pieces.count, C, mean_.data());
+      for (int64_t c = 0; c < C; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
+      partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
+      pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+        double* acc = partial_.data() + p * C;
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c)
+            acc[c] +=
+                (ConstVec<P>(xd + (n * C + c) * S, S) - static_cast<P>(mean_[c])).square().sum();
+      });
+      SumPieces(partial_, pieces.count, C, var_.data());
+      const double mom = momentum_;
+      for (int64_t c = 0; c < C; ++c) {
+        var_[c] = m > 0 ? var_[c] / m : 0.0;
+        mean_out[c] = fn::MovingStat(mom, mean_in[c], mean_[c]);
+        var_out[c] = fn::MovingStat(mom, var_in[c], var_[c]);
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const double inv_std = fn::InvStd(var_[c], epsilon_);
+      saved_mean[c] = static_cast<P>(mean_[c]);
+      saved_inv_std[c] = static_cast<P>(inv_std);
+      // y = x * a + b with a = scale * inv_std, b = bias - mean * a.
+      mean_[c] = scale[c] * inv_std;
+      var_[c] = bias[c] - saved_mean[c] * mean_[c];
+    }
+    SamplePieces(N, C, S).Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t off = (n * C + c) * S;
+          Vec<P>(yd + off, S) =
+              ConstVec<P>(xd + off, S) * static_cast<P>(mean_[c]) + static_cast<P>(var_[c]);
+        }
+    });
+  }
+
+  // Training under BatchNormSync: mean_ and var_ (biased) of every rank's values together, in
+  // one pass and one all-reduce of [sum(x), sum(x^2), m]; the moving variance takes the unbiased
+  // variance. An empty global batch (M = 0) has mean 0 and variance 0, as batch_norm's.
+  void SyncedStats(int64_t N, int64_t C, int64_t S, const P* xd, const P* mean_in, const P* var_in,
+                   P* mean_out, P* var_out) {
+    const SamplePieces pieces(N, C, S);
+    partial_.assign(static_cast<size_t>(2 * pieces.count * C), 0.0);
+    pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+      double* sx = partial_.data() + p * C;
+      double* sxx = partial_.data() + (pieces.count + p) * C;
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          ConstVec<P> v(xd + (n * C + c) * S, S);
+          sx[c] += v.template cast<double>().sum();
+          sxx[c] += v.template cast<double>().square().sum();
+        }
+    });
+    reduced_.assign(static_cast<size_t>(2 * C + 1), 0.0);
+    SumPieces(partial_, pieces.count, C, reduced_.data());
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < pieces.count; ++p)
+        reduced_[C + c] += partial_[(pieces.count + p) * C + c];
+    reduced_[2 * C] = static_cast<double>(N * S);
+    sync_.all_reduce(reduced_.data(), 2 * C + 1);
+    const double M = reduced_[2 * C], mom = momentum_;
+    for (int64_t c = 0; c < C; ++c) {
+      const double mean = M > 0 ? reduced_[c] / M : 0.0;
+      mean_[c] = mean;
+      var_[c] = M > 0 ? std::max(0.0, reduced_[C + c] / M - mean * mean) : 0.0;
+      mean_out[c] = fn::MovingStat(mom, mean_in[c], mean_[c]);
+      var_out[c] = fn::MovingStat(mom, var_in[c], M > 1 ? var_[c] * M / (M - 1) : var_[c]);
+    }
+  }
+
+  void BackwardP(const DDim& x, const BatchNormGradIO<P>& io) {
+    const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
+    const P* xd = io.x;
+    const P* gd = io.dy;
+    const P* scale = io.scale;
+    const P* mean = io.saved_mean;
+    const P* inv_std = io.saved_inv_std;
+    sum_dy_.assign(C, 0.0);
+    sum_dy_xc_.assign(C, 0.0);  // sum(dy * (x - mean))
+    const SamplePieces pieces(N, C, S);
+    partial_.assign(static_cast<size_t>(2 * pieces.count * C), 0.0);
+    pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+      double* dy_acc = partial_.data() + p * C;
+      double* dyxc_acc = partial_.data() + (pieces.count + p) * C;
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t off = (n * C + c) * S;
+          ConstVec<P> g(gd + off, S);
+          dy_acc[c] += g.sum();
+          dyxc_acc[c] += (g * (ConstVec<P>(xd + off, S) - mean[c])).sum();
+        }
+    });
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t p = 0; p < pieces.count; ++p) {
+        sum_dy_[c] += partial_[p * C + c];
+        sum_dy_xc_[c] += partial_[(pieces.count + p) * C + c];
+      }
+    }
+    if (P* p = io.dbias)
+      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_[c]);
+    if (P* p = io.dscale)
+      for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_xc_[c] * inv_std[c]);
+    P* dxd = io.dx;
+    if (dxd == nullptr) return;
+    // dx = A * dy + B * x + D per channel: the training formula expanded in x.
+    double m = static_cast<double>(N * S);
+    if (sync_.all_reduce && !is_test_) {  // the sums and m of every rank (dScale, dBias: local)
+      reduced_.resize(static_cast<size_t>(2 * C + 1));
+      std::copy(sum_dy_.begin(), sum_dy_.end(), reduced_.begin());
+      std::copy(sum_dy_xc_.begin(), sum_dy_xc_.end(), reduced_.begin() + C);
+      reduced_[2 * C] = m;
+      sync_.all_reduce(reduced_.data(), 2 * C + 1);
+      std::copy(reduced_.begin(), reduced_.begin() + C, sum_dy_.begin());
+      std::copy(reduced_.begin() + C, reduced_.begin() + 2 * C, sum_dy_xc_.begin());
+      m = reduced_[2 * C];
+    }
+    coef_a_.resize(C), coef_b_.resize(C), coef_d_.resize(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const double is = inv_std[c], A = scale[c] * is;
+      const double B = is_test_ ? 0.0 : -A * is * is * sum_dy_xc_[c] / m;
+      coef_a_[c] = static_cast<P>(A);
+      coef_b_[c] = static_cast<P>(B);
+      coef_d_[c] = static_cast<P>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
+    }
+    pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t off = (n * C + c) * S;
+          Vec<P>(dxd + off, S) = ConstVec<P>(gd + off, S) * coef_a_[c] +
+                                 ConstVec<P>(xd + off, S) * coef_b_[c] + coef_d_[c];
+        }
+    });
+  }
+
+  float momentum_, epsilon_;
+  bool is_test_;
+  BatchNormSync sync_;
+  ScratchVector<double> reduced_;  // what the sync hook sums: 2C + 1 values
+  // Forward, per channel: the mean and variance, then the affine coefficients a and b.
+  ScratchVector<double> mean_, var_;
+  ScratchVector<double> partial_;  // per piece of samples, per channel
+  // Backward.
+  ScratchVector<double> sum_dy_, sum_dy_xc_;   // per channel
+  ScratchVector<P> coef_a_, coef_b_, coef_d_;  // per channel
+  ScratchVector<float> xw_, yw_, dxw_;         // the 16-bit types' float32 X, Y (or dY), dX
+};
+
+}  // namespace keel
