@@ -311,6 +311,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"sharding_stage",
        "InspectStrategy.ShardingGolden, Sharding.KeelTrainSavesACompleteCheckpoint"},
       {"log_all_ranks", "FleetTraining.KeelTrainStrategyFlagsReachTheStrategy"},
+      {"ring_model_cache", "RingModel.TwoWorkersMeasureOnceThenReadTheCache"},
       {"lr", "models and optimizer tests"},
       {"mlp_hidden", "FleetTraining.KeelTrainUnderLaunchMatchesItsCheckpointFormat"},
       {"model", "KeelErrors.BadFlagsAndEnvAreExitOneWithAMessage"},
