@@ -170,15 +170,17 @@ std::vector<Group> GroupLikePaddle(const Block& mb, const std::vector<Grad>& gra
 }
 
 // Splits each backward op that writes parameter gradients (op_role_var) and other outputs too,
-// when its type computes its outputs apart (OpTraits::outputs_apart), into two ops of its type:
-// the first writes only the parameter gradients and keeps op_role_var, the second (right after it)
-// the other outputs. The all-reduce placed after the first then overlaps the second: a weight
-// gradient leaves before the input gradient that the rest of backward needs is computed.
+// when its type computes its outputs apart (OpTraits::outputs_apart) and collectives were placed
+// right after it (an all-reduce of its gradients, or of the group they close): the op keeps the
+// parameter gradients and op_role_var, and a copy of its type after those collectives writes the
+// other outputs. The all-reduce then overlaps that copy: a weight gradient leaves before the input
+// gradient that the rest of backward needs is computed. Ops with no collective after them stay
+// whole (nothing would overlap).
 void SplitParamGradWriters(Block& mb) {
-  for (size_t i = 0; i < mb.num_ops(); ++i) {
+  for (size_t i = 0; i + 1 < mb.num_ops(); ++i) {
     OpDesc& op = *mb.op(i);
     if (Role(op) != kBackward || !op.HasAttr(kOpRoleVarAttr) ||
-        !OpRegistry::Traits(op.type()).outputs_apart)
+        !OpRegistry::Traits(op.type()).outputs_apart || !mb.op(i + 1)->HasAttr("ring_id"))
       continue;
     const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     std::set<std::string> param_grads;
@@ -210,7 +212,10 @@ void SplitParamGradWriters(Block& mb) {
       second->SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
     for (const std::string& slot : rest)
       op.SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
-    mb.InsertOp(++i, std::move(second));
+    size_t at = i + 1;
+    while (at < mb.num_ops() && mb.op(at)->HasAttr("ring_id")) ++at;
+    mb.InsertOp(at, std::move(second));
+    i = at;
   }
 }
 
@@ -410,7 +415,6 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     return;
   }
 
-  SplitParamGradWriters(mb);
   // Parameter gradients in the order backward produces them, with the op that last writes each.
   std::vector<Grad> grads;
   for (size_t i = 0; i < mb.num_ops(); ++i) {
@@ -443,6 +447,8 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     }
     FuseGradients(mb, options_, &rings_used, grads, hier);
   }
+
+  SplitParamGradWriters(mb);
 
   // Wait for the rings before the first optimizer op.
   for (size_t i = 0; i < mb.num_ops(); ++i) {

@@ -7,8 +7,9 @@
 //   startup: one c_comm_init per ring (options.rings.nrings rings), then a c_broadcast of every
 //     parameter from rank 0 and a c_sync_comm_stream, so all ranks start equal;
 //   main: a backward op that writes parameter gradients and other outputs, of a type that
-//     computes its outputs apart (OpTraits::outputs_apart: mul_grad, matmul_grad, conv2d_grad), is
-//     split into two ops of its type, the parameter gradients first (same values), so that their
+//     computes its outputs apart (OpTraits::outputs_apart: mul_grad, matmul_grad, conv2d_grad),
+//     and that the collectives below follow, is split into two ops of its type: the parameter
+//     gradients first (same values), the other outputs after the collectives, so that the
 //     all-reduce overlaps the computation of the input gradient;
 //     the loss gradient is scaled by 1/nranks right after it is filled; right after the op
 //     that last writes each parameter gradient, c_sync_calc_stream then c_allreduce_sum on ring
