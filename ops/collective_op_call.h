@@ -1,7 +1,7 @@
 // How an op's collective names itself to the collective watch (framework/comm/collective_watch.h)
 // while it waits: "op c_allreduce_sum of @FUSED_GRAD@0 in run 12 of its program". Shared by the
-// collective ops (collective_ops.cc) and the ops that reduce across ranks inside their math
-// (sync_batch_norm_ops.cc).
+// collective ops (collective_ops.cc), the tensor-parallel ops (tensor_parallel_ops.cc) and the
+// ops that reduce across ranks inside their math (sync_batch_norm_ops.cc).
 #pragma once
 
 #include <string>

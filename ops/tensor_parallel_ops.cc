@@ -32,6 +32,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/device.h"
+#include "ops/collective_op_call.h"
 
 namespace keel {
 
@@ -43,20 +44,6 @@ std::string Positive(const Attribute& a) { return std::get<int>(a) >= 1 ? "" : "
 Communicator& TpRing(const ExecutionContext& ctx) {
   return RingRegistry::Get().At(ctx.Attr<int>("ring_id"), ctx.op().type());
 }
-
-class TpOpCall : public CollectiveCall {
- public:
-  explicit TpOpCall(const ExecutionContext& ctx) : op_(ctx.op()), run_(ctx.run_index()) {}
-  std::string Name() const override {
-    const std::vector<std::string> args = op_.InputArgumentNames();
-    return "op " + op_.type() + (args.empty() ? "" : " of " + args[0]);
-  }
-  std::string Detail() const override { return StrCat("in run ", run_ + 1, " of its program"); }
-
- private:
-  const OpDesc& op_;
-  int64_t run_;
-};
 
 // Out = X (a copy unless they alias, on the ring's stream for CUDA tensors), then all-reduce sum
 // of Out on the ring.
@@ -74,9 +61,7 @@ void CopyThenReduce(ExecutionContext& ctx) {
       out->CopyFrom(x);
     }
   }
-  TpOpCall call(ctx);
-  CollectiveCall::Scope scope(&call);
-  TpRing(ctx).AllReduce(out, ReduceOp::kSum);
+  AsOp(ctx, [&] { TpRing(ctx).AllReduce(out, ReduceOp::kSum); });
 }
 
 // c_identity's forward is a plain copy on the compute side; its ring is its grad's.
@@ -191,14 +176,12 @@ class ConcatKernel : public OpKernel {
     // The ring gathers along dim 0: [n, X...]; then part k of every outer row goes to column
     // block k of Out.
     Tensor gathered;
-    {
-      TpOpCall call(ctx);
-      CollectiveCall::Scope scope(&call);
+    AsOp(ctx, [&] {
       Communicator& ring = TpRing(ctx);
       KEEL_ENFORCE(ring.nranks() == n, "op c_concat: nranks=", n, " but ring ",
                    ctx.Attr<int>("ring_id"), " has ", ring.nranks(), " ranks");
       ring.AllGather(x, &gathered);
-    }
+    });
     const Around s = AroundAxis(x.dims(), a);
     out->Resize(od);
     char* o = static_cast<char*>(out->mutable_data(x.dtype(), ctx.place()));
