@@ -14,28 +14,13 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/worker_run.h"
 
 namespace keel::testing {
 namespace {
 
-struct Trained {
-  NamedTensors saved;
-  std::string output;
-};
-
 Trained Train(int nranks, const std::string& dir, const std::string& flags) {
-  const std::string worker = BinPath("gradient_merge_worker") + " --out=" + dir + "/save" + flags;
-  const std::string cmd = nranks == 1 ? worker
-                                      : "FLAGS_cpu_math_threads=1 " + Keel() +
-                                            " launch --nproc_per_node=" + std::to_string(nranks) +
-                                            " --log_dir=" + dir + "/log sh -c '" + worker +
-                                            "'; cat " + dir + "/log/workerlog.*";
-  auto r = RunCommand(cmd);
-  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-  Trained out;
-  out.output = r.output;
-  if (r.exit_code == 0) out.saved = LoadSafetensors(dir + "/save/" + kPersistablesFile);
-  return out;
+  return TrainWorker("gradient_merge_worker", nranks, dir, flags);
 }
 
 // "rank R allreduces A runs N" -> A, for rank 0 (-1 when absent).
