@@ -180,7 +180,7 @@ void SplitParamGradWriters(Block& mb) {
   for (size_t i = 0; i + 1 < mb.num_ops(); ++i) {
     OpDesc& op = *mb.op(i);
     if (Role(op) != kBackward || !op.HasAttr(kOpRoleVarAttr) ||
-        !OpRegistry::Traits(op.type()).outputs_apart || !mb.op(i + 1)->HasAttr("ring_id"))
+        !OpRegistry::Traits(op.type()).outputs_apart)
       continue;
     const auto pairs = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     std::set<std::string> param_grads;
@@ -206,14 +206,25 @@ void SplitParamGradWriters(Block& mb) {
       }
     }
     if (mixed || mine.empty() || rest.empty()) continue;
+    // The collectives right after the op that do not read its other outputs (the all-reduces of
+    // its gradients); a collective that reads them (a tensor-parallel op's backward) ends the run.
+    std::set<std::string> others;
+    for (const std::string& slot : rest)
+      for (const std::string& a : op.Output(slot)) others.insert(a);
+    size_t at = i + 1;
+    while (at < mb.num_ops() && mb.op(at)->HasAttr("ring_id")) {
+      bool reads = false;
+      for (const std::string& a : mb.op(at)->InputArgumentNames()) reads |= others.count(a) > 0;
+      if (reads) break;
+      ++at;
+    }
+    if (at == i + 1) continue;  // nothing would overlap the other outputs
     auto second = std::make_unique<OpDesc>(op);
     second->RemoveAttr(kOpRoleVarAttr);
     for (const std::string& slot : mine)
       second->SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
     for (const std::string& slot : rest)
       op.SetOutput(slot, std::vector<std::string>(op.Output(slot).size(), kEmptyVarName));
-    size_t at = i + 1;
-    while (at < mb.num_ops() && mb.op(at)->HasAttr("ring_id")) ++at;
     mb.InsertOp(at, std::move(second));
     i = at;
   }
