@@ -15,6 +15,7 @@
 
 #include "fleet/fleet.h"
 #include "fleet/transpile.h"
+#include "framework/dsl/amp.h"
 #include "framework/error.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
@@ -41,6 +42,7 @@ DEFINE_bool(summary, false,
             "keel inspect: parameters with shapes and counts, totals, and forward FLOPs per "
             "sample of a built-in model (--model) or a saved program.");
 DECLARE_string(model);
+DECLARE_string(amp);
 DECLARE_int32(nnodes);
 DECLARE_int32(mlp_hidden);
 DECLARE_string(data);
@@ -146,14 +148,25 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
     what = "model " + FLAGS_model;
     m = BuildLocal(
         [&](Var loss, Program* st, const optimizer::Optimizer& opt) {
+          // What fleet's minimize does before transpiling: recompute, then mixed precision
+          // (its rewrite decided by this machine's CPU kernels, as keel train on it would run).
           auto o = opt.Clone();
-          o->apply_gradients(o->backward(loss), st);
+          if (strategy.recompute) o->set_recompute(strategy.recompute_configs.checkpoints);
+          if (strategy.amp)
+            amp::decorate(*o, strategy.amp_configs).minimize(loss, st);
+          else
+            o->apply_gradients(o->backward(loss), st);
           main_before = loss.block()->program()->ToText();
           startup_before = st->ToText();
           fleet::Transpile(*loss.block()->program(), *st, strategy, role);
         },
         fleet::TensorParallelConfigFor(strategy, role));
   } else {
+    // A saved training program has its backward and updates already: nothing to rewrite.
+    KEEL_ENFORCE(!strategy.amp, "--amp=", FLAGS_amp,
+                 " rewrites a program before its backward: give --model, not a saved FILE");
+    KEEL_ENFORCE(!strategy.recompute,
+                 "--recompute changes a program's backward: give --model, not a saved FILE");
     what = ModelPath(args[0]);
     main = LoadProgram(what);
     if (!FLAGS_startup.empty()) {

@@ -82,7 +82,8 @@ std::string TrainProgress::Eta(int64_t steps_done) const {
   return Clock(elapsed / steps_done * static_cast<double>(total_steps_ - steps_done));
 }
 
-void TrainProgress::OnStep(int64_t step, std::optional<float> loss, std::optional<float> lr) {
+void TrainProgress::OnStep(int64_t step, const StepInfo& info) {
+  const std::optional<float>&loss = info.loss, &lr = info.learning_rate;
   if (!loss) return;
   auto now = std::chrono::steady_clock::now();
   const int64_t steps = step - last_step_;
@@ -95,6 +96,9 @@ void TrainProgress::OnStep(int64_t step, std::optional<float> loss, std::optiona
   if (lr) Scalar("train/learning_rate", *lr, step);
   Scalar("train/samples_per_sec", samples_per_s, step);
   Scalar("train/step_time_ms", step_ms, step);
+  if (info.loss_scale) Scalar("amp/loss_scale", *info.loss_scale, step);
+  if (info.skipped_steps)
+    Scalar("amp/skipped_steps", static_cast<double>(*info.skipped_steps), step);
   if (quiet_ || !lines_) return;
   const std::string eta = Eta(step + 1);
   if (bar_) {

@@ -4,7 +4,8 @@
 // (TrainerOptions::progress = auto | bar | lines | none), and a line per evaluation:
 //   step 99 test_accuracy 0.9120 (2000 test samples)
 // With a logdir, TensorBoard scalars train/loss, train/learning_rate, train/samples_per_sec,
-// train/step_time_ms and eval/<metric>, from rank 0 or, with logdir_all_ranks, from every rank
+// train/step_time_ms, with loss scaling amp/loss_scale and amp/skipped_steps, and eval/<metric>,
+// from rank 0 or, with logdir_all_ranks, from every rank
 // into DIR/rank_N. A log that cannot be written warns once and stops; training goes on.
 #pragma once
 
@@ -35,8 +36,8 @@ class TrainProgress {
   void Begin(int64_t total_steps, int64_t samples_per_step, int rank, bool quiet);
   void set_samples_per_step(int64_t n) { samples_per_step_ = n; }
 
-  // After each step; `loss` and `lr` when they were fetched this step.
-  void OnStep(int64_t step, std::optional<float> loss, std::optional<float> lr);
+  // After each step; its loss, rate and loss scaling when they were fetched this step.
+  void OnStep(int64_t step, const StepInfo& info);
   // After an evaluation at `step` (epoch >= 0 after an epoch's end, -1 from eval_every).
   void OnEval(int64_t step, int epoch, const std::vector<std::pair<std::string, double>>& metrics,
               int64_t samples = -1);

@@ -9,6 +9,7 @@
 #include "fleet/fleet.h"
 #include "fleet/straggler_monitor.h"
 #include "framework/comm/store.h"
+#include "framework/dsl/amp.h"
 #include "framework/error.h"
 #include "framework/fault_point.h"
 #include "framework/profiler/profiler.h"
@@ -303,6 +304,15 @@ TrainResult Trainer::fit(TrainerModel& model) {
   const bool evaluates = model.evaluate || model.eval_data;
   std::vector<std::string> fetch = {model.loss};
   if (!model.learning_rate.empty()) fetch.push_back(model.learning_rate);
+  // With loss scaling, the scale and the skipped-steps counter ride along with the loss (two [1]
+  // vars in the same fetch: no sync of their own).
+  const amp::LossScalingVars scaling = amp::FindLossScalingVars(*model.main);
+  const size_t scale_at = fetch.size();
+  const bool scales = !scaling.loss_scaling.empty() && !scaling.skipped_steps.empty();
+  if (scales) {
+    fetch.push_back(scaling.loss_scaling);
+    fetch.push_back(scaling.skipped_steps);
+  }
 
   TrainResult result;
   result.start_step = loaded_step_;
@@ -341,12 +351,16 @@ TrainResult Trainer::fit(TrainerModel& model) {
       s.step = step;
       s.epoch = epoch_len > 0 ? step / epoch_len : epoch;
       if (!out.empty()) s.loss = result.last_loss = out[0].item<float>();
-      if (out.size() > 1) s.learning_rate = out[1].item<float>();
+      if (!out.empty() && !model.learning_rate.empty()) s.learning_rate = out[1].item<float>();
+      if (!out.empty() && scales) {
+        s.loss_scale = out[scale_at].item<float>();
+        s.skipped_steps = static_cast<int64_t>(out[scale_at + 1].item<float>());
+      }
       const Clock::time_point now = Clock::now();
       s.step_ms = 1000.0 * Seconds(last, now);
       s.elapsed_s = Seconds(start, now);
       last = now;
-      progress_->OnStep(step, s.loss, s.learning_rate);
+      progress_->OnStep(step, s);
       Tell([&](Callback& c) { c.on_step_end(*this, s); });
       if (step_faults) FaultPoint(("trainer_step_" + std::to_string(step)).c_str());
       steps_done_ = ++step;

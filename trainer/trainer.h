@@ -4,7 +4,8 @@
 //
 //   progress   a line per fetched step (or a bar on a terminal) with loss, samples/s and ETA
 //   TensorBoard  train/loss, train/learning_rate, train/samples_per_sec, train/step_time_ms,
-//              eval/<metric>, written by rank 0 (or every rank) into `logdir`
+//              amp/loss_scale and amp/skipped_steps with loss scaling, eval/<metric>,
+//              written by rank 0 (or every rank) into `logdir`
 //   evaluation every `eval_every` steps and after each epoch, each rank on its shard of the
 //              evaluation data, the metrics combined over all ranks
 //   checkpoints  every `save_every` steps and at the end into `save_dir` (rank 0 writes); a
@@ -156,8 +157,12 @@ struct StepInfo {
   int64_t epoch = 0;
   std::optional<float> loss;           // on the steps that fetched it (this rank's loss)
   std::optional<float> learning_rate;  // when the model names its var, on the same steps
-  double step_ms = 0;                  // this step's wall time, data included
-  double elapsed_s = 0;                // since this fit began training
+  // With loss scaling (amp with float16, or a set init_loss_scaling), on the same steps: the
+  // scale after this step and the steps skipped for overflow so far (the run's, resumes included).
+  std::optional<float> loss_scale;
+  std::optional<int64_t> skipped_steps;
+  double step_ms = 0;    // this step's wall time, data included
+  double elapsed_s = 0;  // since this fit began training
 };
 
 struct SaveInfo {

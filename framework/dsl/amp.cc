@@ -133,7 +133,40 @@ std::vector<ParamGrad> MixedPrecisionOptimizer::backward(Var loss, Program* star
               {"decr_ratio", config_.decr_ratio},
               {kOpRoleAttr, kOptimize}});
   }
+  // The running count of skipped steps (float32: exact to 2^24, and every device adds floats):
+  // skipped += float(found_inf). What TensorBoard's amp/skipped_steps shows; a checkpoint keeps it.
+  skipped_steps_ = AddState(main, *startup, "num_skipped_steps", DType::kFloat32, 0);
+  const std::string inc = main.UniqueName(found_inf_ + ".cast_fp32");
+  block.Var(inc)->set_stop_gradient(true);
+  AppendOp(block, "cast", {{"X", {found_inf_}}}, {{"Out", {inc}}},
+           {{"in_dtype", static_cast<int>(DType::kBool)},
+            {"out_dtype", static_cast<int>(DType::kFloat32)},
+            {kOpRoleAttr, kOptimize}});
+  AppendOp(block, "elementwise_add", {{"X", {skipped_steps_}}, {"Y", {inc}}},
+           {{"Out", {skipped_steps_}}}, {{kOpRoleAttr, kOptimize}});
   return pg;
+}
+
+LossScalingVars FindLossScalingVars(const Program& program) {
+  LossScalingVars v;
+  for (int b = 0; b < program.num_blocks(); ++b) {
+    const Block& block = program.block(b);
+    for (size_t i = 0; i < block.num_ops(); ++i) {
+      const OpDesc* op = block.op(i);
+      if (op->type() == "check_finite_and_unscale" && v.loss_scaling.empty()) {
+        v.loss_scaling = op->Input("Scale")[0];
+        v.found_inf = op->Output("FoundInfinite")[0];
+      } else if (op->type() == "cast" && !v.found_inf.empty() && op->Input("X")[0] == v.found_inf &&
+                 i + 1 < block.num_ops()) {
+        // backward()'s counter: cast(found_inf) then skipped += it, in place.
+        const OpDesc* add = block.op(i + 1);
+        if (add->type() == "elementwise_add" && add->Input("Y")[0] == op->Output("Out")[0] &&
+            add->Input("X")[0] == add->Output("Out")[0])
+          v.skipped_steps = add->Output("Out")[0];
+      }
+    }
+  }
+  return v;
 }
 
 void MixedPrecisionOptimizer::apply_gradients(const std::vector<ParamGrad>& params_grads,

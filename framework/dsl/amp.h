@@ -11,7 +11,8 @@
 //   3. with loss scaling: check_finite_and_unscale divides every gradient by the scale and sets
 //      "find_infinite_N"; with dynamic scaling update_loss_scaling then moves the scale and the
 //      int32 counters "num_good_steps_N" / "num_bad_steps_N" (persistable: checkpoints save them
-//      and a resume goes on exactly);
+//      and a resume goes on exactly), and the float32 counter "num_skipped_steps_N" adds the flag
+//      (the steps skipped so far, TensorBoard's amp/skipped_steps);
 //   4. the optimizer's updates read the flag as SkipUpdate: a step whose gradients overflowed
 //      changes no parameter and no accumulator (PyTorch's GradScaler skips optimizer.step()
 //      the same way; Paddle zeroes the gradients and still runs the update, so Adam's moments
@@ -79,12 +80,22 @@ class MixedPrecisionOptimizer {
   const std::string& found_inf_var() const { return found_inf_; }
   const std::string& good_steps_var() const { return good_steps_; }
   const std::string& bad_steps_var() const { return bad_steps_; }
+  const std::string& skipped_steps_var() const { return skipped_steps_; }
 
  private:
   std::unique_ptr<optimizer::Optimizer> opt_;
   AmpConfig config_;
-  std::string loss_scaling_, found_inf_, good_steps_, bad_steps_;
+  std::string loss_scaling_, found_inf_, good_steps_, bad_steps_, skipped_steps_;
 };
+
+// The loss-scaling vars of a program minimized by MixedPrecisionOptimizer (directly or through
+// fleet), found from its ops: the Scale of check_finite_and_unscale, its FoundInfinite, and the
+// skipped-steps counter that adds it. All "" when the program does not scale its loss. The
+// Trainer fetches loss_scaling and skipped_steps with the loss to log them.
+struct LossScalingVars {
+  std::string loss_scaling, found_inf, skipped_steps;
+};
+LossScalingVars FindLossScalingVars(const Program& program);
 
 MixedPrecisionOptimizer decorate(const optimizer::Optimizer& opt, AmpConfig config = {});
 

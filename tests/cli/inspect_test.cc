@@ -1,7 +1,7 @@
 // keel inspect --strategy / --summary end to end: the programs one rank of a job runs, printed
-// without any worker (golden texts for flat, fused, hierarchical and LocalSGD), --diff showing
-// only the transpiler's changes, a saved training __model__ transpiled, and a model summary whose
-// parameter count equals the sum over the saved params.safetensors.
+// without any worker (golden texts for flat, fused, hierarchical, LocalSGD and AMP O1), --diff
+// showing only the transpiler's changes, a saved training __model__ transpiled, and a model summary
+// whose parameter count equals the sum over the saved params.safetensors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -206,6 +206,27 @@ TEST(InspectStrategy, TranspilesASavedTrainingProgram) {
   RunCommand("rm -rf " + dir);
 }
 
+// --amp: the program minimize builds with mixed precision (AMP O1, the rewrite decided by this
+// machine's CPU kernels), one rank, main program only. bfloat16 casts around the white ops and
+// has no loss scaling; float16 scales the loss, checks and unscales the gradients, moves the
+// scale, counts the skipped steps and skips the updates on overflow.
+TEST(InspectStrategy, AmpO1Goldens) {
+  struct Case {
+    std::string model, amp;
+  } cases[] = {{"lenet", "bf16"}, {"resnet", "bf16"}, {"transformer", "bf16"}, {"lenet", "fp16"}};
+  for (const Case& c : cases) {
+    auto r = Inspect("--strategy --nranks=1 --program=main --model=" + c.model + " --amp=" + c.amp);
+    ASSERT_EQ(r.exit_code, 0) << c.model << " " << c.amp << "\n" << r.output;
+    const bool fp16 = c.amp == "fp16";
+    EXPECT_NE(r.output.find("  cast("), std::string::npos) << c.model << " " << c.amp;
+    EXPECT_NE(r.output.find(fp16 ? ": float16[" : ": bfloat16["), std::string::npos) << c.model;
+    for (const char* op : {"check_finite_and_unscale(", "update_loss_scaling(", "SkipUpdate: "})
+      EXPECT_EQ(r.output.find(op) != std::string::npos, fp16)
+          << c.model << " " << c.amp << " " << op;
+    ExpectGolden(r.output, "inspect_strategy_amp_" + c.amp + "_" + c.model + ".txt");
+  }
+}
+
 TEST(InspectStrategy, BadJobsAreErrorsNamingTheFlag) {
   struct Case {
     std::string flags, expect;
@@ -223,6 +244,10 @@ TEST(InspectStrategy, BadJobsAreErrorsNamingTheFlag) {
       {"--strategy --model=vgg", "unknown model 'vgg'"},
       {"--nranks=2 somefile", "--nranks goes with inspect --strategy"},
       {"--strategy --summary", "pick one"},
+      {"--strategy --amp=fp8", "--amp must be off, bf16 or fp16, got 'fp8'"},
+      {"--strategy --amp_level=O1", "--amp_level applies only to mixed precision"},
+      {"--strategy --amp=bf16 /nonexistent", "--amp=bf16 rewrites a program before its backward"},
+      {"--strategy --recompute /nonexistent", "--recompute changes a program's backward"},
   };
   for (const Case& c : cases) {
     auto r = InspectAll(c.flags);

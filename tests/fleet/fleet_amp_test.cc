@@ -36,12 +36,20 @@ TEST(FleetAmp, MinimizeRewritesTheForwardAndScalesTheLoss) {
   auto opt = fleet::distributed_optimizer(optimizer::Momentum(0.1f, 0.9f), s);
   opt.minimize(loss, &startup);
   auto n = CountOps(main);
-  // x, 3 weights and 3 biases to float16, the logits back to float32.
-  EXPECT_EQ(n["cast"], 8) << main.ToText();
+  // x, 3 weights and 3 biases to float16, the logits back to float32; the overflow flag to
+  // float32 for the skipped-steps counter.
+  EXPECT_EQ(n["cast"], 9) << main.ToText();
   EXPECT_EQ(n["check_finite_and_unscale"], 1);
   EXPECT_EQ(n["update_loss_scaling"], 1);
   ASSERT_NE(opt.amp_optimizer(), nullptr);
   EXPECT_EQ(opt.amp_optimizer()->loss_scaling_var(), "loss_scaling_0");
+  EXPECT_EQ(opt.amp_optimizer()->skipped_steps_var(), "num_skipped_steps_0");
+  // What the Trainer logs, found from the program alone.
+  const amp::LossScalingVars found = amp::FindLossScalingVars(main);
+  EXPECT_EQ(found.loss_scaling, "loss_scaling_0");
+  EXPECT_EQ(found.found_inf, "find_infinite_0");
+  EXPECT_EQ(found.skipped_steps, "num_skipped_steps_0");
+  EXPECT_TRUE(startup.global_block().FindVar("num_skipped_steps_0") != nullptr);
   for (const auto& op : main.global_block().ops()) {
     if (op->type() == "momentum") {
       EXPECT_EQ(op->Input("SkipUpdate")[0], "find_infinite_0");

@@ -1,7 +1,7 @@
 // Training under amp::decorate with loss scaling: an overflow injected at one step skips exactly
 // that step (every parameter and accumulator bit-identical to the step before), halves the scale
-// and resets the counters; the next finite step trains again; the scale grows after
-// incr_every_n_steps finite steps.
+// and resets the counters, counts one skipped step; the next finite step trains again; the scale
+// grows after incr_every_n_steps finite steps.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -52,7 +52,7 @@ std::map<std::string, std::vector<char>> Snapshot(const Program& main, Executor&
   for (const VarDesc* v : main.global_block().AllVars()) {
     if (!v->persistable()) continue;
     if (v->name() == opt.loss_scaling_var() || v->name() == opt.good_steps_var() ||
-        v->name() == opt.bad_steps_var())
+        v->name() == opt.bad_steps_var() || v->name() == opt.skipped_steps_var())
       continue;
     const Tensor& t = exe.scope().FindVar(v->name())->tensor();
     const char* p = static_cast<const char*>(t.raw_data());
@@ -81,6 +81,7 @@ void CheckOverflowSkipsOneStep(const optimizer::Optimizer& inner) {
   exe.Run(m.main, Batch(0, false));
   EXPECT_EQ(ScalarF(exe, m.opt->loss_scaling_var()), 1024.0f);
   EXPECT_EQ(ScalarI(exe, m.opt->good_steps_var()), 1);
+  EXPECT_EQ(ScalarF(exe, m.opt->skipped_steps_var()), 0.0f);
   const auto before = Snapshot(m.main, exe, *m.opt);
 
   exe.Run(m.main, Batch(1, true));  // overflow: skipped
@@ -91,6 +92,7 @@ void CheckOverflowSkipsOneStep(const optimizer::Optimizer& inner) {
   EXPECT_EQ(ScalarF(exe, m.opt->loss_scaling_var()), 512.0f);
   EXPECT_EQ(ScalarI(exe, m.opt->good_steps_var()), 0);
   EXPECT_EQ(ScalarI(exe, m.opt->bad_steps_var()), 0);
+  EXPECT_EQ(ScalarF(exe, m.opt->skipped_steps_var()), 1.0f);
 
   exe.Run(m.main, Batch(2, false));  // finite: trains
   const auto after_step = Snapshot(m.main, exe, *m.opt);
@@ -101,6 +103,7 @@ void CheckOverflowSkipsOneStep(const optimizer::Optimizer& inner) {
   exe.Run(m.main, Batch(4, false));  // the 3rd finite step in a row: the scale grows
   EXPECT_EQ(ScalarF(exe, m.opt->loss_scaling_var()), 1024.0f);
   EXPECT_EQ(ScalarI(exe, m.opt->good_steps_var()), 0);
+  EXPECT_EQ(ScalarF(exe, m.opt->skipped_steps_var()), 1.0f);  // finite steps add nothing
 }
 
 TEST(AmpTraining, AnInjectedOverflowSkipsExactlyThatStep) {

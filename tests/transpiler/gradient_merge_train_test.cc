@@ -288,6 +288,7 @@ TEST(GradientMergeTraining, LossScalingDecidesOncePerMergeStepOnTheMergedGradien
     Executor exe;
     exe.Run(m.startup);
     auto scale = [&] { return Value(exe, a.loss_scaling_var()).data<float>()[0]; };
+    auto skipped = [&] { return Value(exe, a.skipped_steps_var()).data<float>()[0]; };
     auto cycle = [&](int step) {
       for (int r = 0; r < k; ++r) exe.Run(m.main, Rows(step, r * kB, kB));
     };
@@ -301,8 +302,8 @@ TEST(GradientMergeTraining, LossScalingDecidesOncePerMergeStepOnTheMergedGradien
       auto all = Persistables(m.main, exe);
       for (auto it = all.begin(); it != all.end();) {
         const std::string& n = it->first;
-        const bool scaling =
-            n == a.loss_scaling_var() || n == a.good_steps_var() || n == a.bad_steps_var();
+        const bool scaling = n == a.loss_scaling_var() || n == a.good_steps_var() ||
+                             n == a.bad_steps_var() || n == a.skipped_steps_var();
         const bool merging = n == transpiler::kGradientMergeStepVar ||
                              n.find(transpiler::kGradientMergeSuffix) != std::string::npos;
         it = scaling || merging ? all.erase(it) : std::next(it);
@@ -313,15 +314,18 @@ TEST(GradientMergeTraining, LossScalingDecidesOncePerMergeStepOnTheMergedGradien
     exe.Run(m.main, Rows(2, 0, kB));
     exe.Run(m.main, Rows(2, kB, kB, kB));  // an inf in this run's first row
     EXPECT_EQ(scale(), 2048.0f) << "no decision before the merge step";
+    EXPECT_EQ(skipped(), 0.0f) << "a run that is not a merge step skips nothing";
     exe.Run(m.main, Rows(2, 2 * kB, kB));  // the merge step: skipped
     EXPECT_TRUE(training_state() == before) << "a skipped merge step changed the training state";
     EXPECT_EQ(scale(), 1024.0f);
+    EXPECT_EQ(skipped(), 1.0f) << "one skipped merge step";
     EXPECT_EQ(transpiler::GradientMergeRunsAccumulated(exe.scope()), 0);
     const Tensor& buf = Value(exe, "fc_0.w_0@GRAD@GRAD_MERGED");
     for (int64_t i = 0; i < buf.numel(); ++i) ASSERT_EQ(buf.data<float>()[i], 0.0f) << i;
 
     cycle(3);  // finite again: trains
     EXPECT_FALSE(training_state() == before);
+    EXPECT_EQ(skipped(), 1.0f);
   }
 }
 
