@@ -13,8 +13,8 @@ Trained TrainWorker(const std::string& worker, int nranks, const std::string& di
   const std::string cmd = nranks == 1 ? run
                                       : "FLAGS_cpu_math_threads=1 " + Keel() +
                                             " launch --nproc_per_node=" + std::to_string(nranks) +
-                                            " --log_dir=" + dir + "/log sh -c '" + run +
-                                            "'; cat " + dir + "/log/workerlog.*";
+                                            " --log_dir=" + dir + "/log sh -c '" + run + "'; cat " +
+                                            dir + "/log/workerlog.*";
   auto r = RunCommand(cmd);
   EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   Trained out;
