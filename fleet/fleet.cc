@@ -590,9 +590,8 @@ void DropUnownedState(Scope& scope, const Program& program) {
 void RefuseTensorParallel(const Program& p, const char* api) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (const auto& op : p.block(b).ops())
-      KEEL_ENFORCE(op->type() != "c_identity" && op->type() != "mp_allreduce_sum" &&
-                       op->type() != "c_embedding" && op->type() != "c_split",
-                   "fleet::", api, ": the program is tensor-parallel (op ", op->type(),
+      KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model, "fleet::", api,
+                   ": the program is tensor-parallel (op ", op->type(),
                    "), and checkpoints of tensor-parallel shards are not built: rank 0 holds "
                    "only its own shards");
 }

@@ -293,6 +293,7 @@ std::vector<std::unique_ptr<OpDesc>> SplitConcatGrad(const OpDesc& fwd, const st
 OpSchema& TpOp(const std::string& type, const std::string& doc) {
   return OpRegistry::Register(type)
       .Doc(doc)
+      .ShardsModel()
       .Input("X", "the tensor")
       .Output("Out", "the result")
       .Attr<int>("ring_id", 0, "the tensor-parallel ring", NonNegative)
@@ -355,6 +356,7 @@ KEEL_REGISTER_OP(c_embedding)
         "rows of W)), else zeros: one rank's part of a vocabulary-parallel embedding, whose "
         "ranks' outputs mp_allreduce_sum adds. W [4, D], start_index 4, Ids {1, 5} -> Out "
         "{0, W[1]}.")
+    .ShardsModel()
     .Input("W", "this rank's rows of the table, [V / n, D]")
     .Input("Ids", "int64 [..., 1], ids of the whole vocabulary")
     .Output("Out", "Ids' shape with the last dim D, W's dtype")

@@ -84,6 +84,9 @@ struct OpTraits {
   // data-parallel pass makes a weight gradient ready before the op's input gradient, so its
   // all-reduce overlaps that computation).
   bool outputs_apart = false;
+  // A program holding it is model-parallel: each rank's parameters are its own shards of the
+  // model, so what one rank holds is not the whole model (fleet refuses rank-0 checkpoints).
+  bool shards_model = false;
 };
 
 class OpSchema {
@@ -173,6 +176,10 @@ class OpSchema {
   }
   OpSchema& ComputesOutputsApart() {
     traits_.outputs_apart = true;
+    return *this;
+  }
+  OpSchema& ShardsModel() {
+    traits_.shards_model = true;
     return *this;
   }
 

@@ -7,13 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "executor/executor.h"
 #include "fleet/distributed_strategy.h"
+#include "fleet/fleet.h"
 #include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_parallel.h"
 #include "framework/error.h"
+#include "framework/op/op_registry.h"
 #include "tests/util/golden.h"
 #include "tests/util/op_test_util.h"
 #include "transpiler/grad_allreduce_pass.h"
@@ -230,6 +233,34 @@ TEST(TensorParallelPass, RefusesAModelBuiltForAnotherDegree) {
   o.degree = 4;
   const std::string e = ErrorOf([&] { transpiler::TensorParallelPass(o).Apply(main, startup); });
   EXPECT_NE(e.find("nranks=2 but tensor_parallel_degree=4"), std::string::npos) << e;
+}
+
+// A program with an op that shards the model (OpTraits::shards_model: the tensor-parallel ops) is
+// refused by fleet's checkpoint calls, which rank 0 alone would write with only its shards; the
+// same program without it saves.
+TEST(TensorParallelCheckpoints, AProgramWithAModelShardingOpIsRefusedNamingIt) {
+  for (const char* type : {"c_identity", "mp_allreduce_sum", "c_split", "c_concat", "c_embedding"})
+    EXPECT_TRUE(OpRegistry::Traits(type).shards_model) << type;
+  EXPECT_FALSE(OpRegistry::Traits("c_allreduce_sum").shards_model);
+  Program main, startup;
+  {
+    ProgramGuard g(main, startup);
+    layers::fc(layers::data("x", {-1, 4}), 2);
+  }
+  Executor exe(CPUPlace());
+  exe.Run(startup);
+  const std::string dir = ::testing::TempDir() + "/tp_ckpt";
+  EXPECT_EQ(testing::ErrorOf([&] { fleet::save_persistables(exe, dir, &main); }), "");
+  Block& b = main.global_block();
+  OpDesc* op = b.AppendOp("c_identity");
+  op->SetInput("X", {b.AllVars().front()->name()});
+  op->SetOutput("Out", {b.AllVars().front()->name()});
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { fleet::save_persistables(exe, dir + "2", &main); }),
+      {"fleet::save_persistables", "tensor-parallel (op c_identity)"});
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { fleet::load_persistables(exe, dir, &main); }),
+      {"fleet::load_persistables", "tensor-parallel (op c_identity)"});
 }
 
 }  // namespace
