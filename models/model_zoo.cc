@@ -253,6 +253,91 @@ TrainableModel BuildTransformer(const ModelConfig& cfg) {
   return m;
 }
 
+// The synthetic rule's seed: the same task in every process and run (the streams differ).
+constexpr uint64_t kCtrRuleSeed = 2024;
+
+TrainableModel BuildCtr(const ModelConfig& cfg) {
+  TrainableModel m = NewModel(cfg);
+  CtrOutputs out;
+  {
+    ProgramGuard guard(*m.main, *m.startup);
+    Var ids = layers::data("ids", {-1, cfg.ctr.slots, 1}, DType::kInt64);
+    Var dense = layers::data("dense", {-1, cfg.ctr.dense}, DType::kFloat32);
+    Var label = layers::data("label", {-1, 1}, DType::kInt64);
+    out = ctr_dnn(ids, dense, label, cfg.ctr);
+    m.inputs = {ids.name(), dense.name()};
+    m.prediction = out.prob.name();
+    m.accuracy = out.accuracy.name();
+    // Adam updates only the batch's rows of the table (lazy_mode), as the servers of Paddle's
+    // parameter-server mode do; other optimizers as they are.
+    ModelConfig lazy = cfg;
+    auto used = std::make_shared<std::string>();
+    lazy.make_optimizer = [cfg, used](const std::string& default_name, float default_lr) {
+      std::unique_ptr<optimizer::Optimizer> o =
+          cfg.make_optimizer ? cfg.make_optimizer(default_name, default_lr)
+                             : MakeOptimizer(cfg.optimizer.empty() ? default_name : cfg.optimizer,
+                                             cfg.lr > 0 ? cfg.lr : default_lr);
+      *used = o->type();
+      if (auto* adam = dynamic_cast<optimizer::Adam*>(o.get())) {
+        adam->set_lazy_mode(true);
+        *used += " (lazy_mode)";
+      }
+      return o;
+    };
+    Finish(m, lazy, out.loss, "adam", 0.001f);
+    m.optimizer = *used;
+    if (!cfg.make_optimizer) m.optimizer += " lr=" + std::to_string(cfg.lr > 0 ? cfg.lr : 0.001f);
+  }
+  if (cfg.programs_only) return m;
+  const std::string prefix = "criteo:";
+  if (!cfg.data.empty()) {
+    KEEL_ENFORCE(cfg.data.compare(0, prefix.size(), prefix) == 0,
+                 "model ctr reads Criteo's TSV (--data=criteo:FILE) or, without --data, its "
+                 "synthetic click data; got --data='",
+                 cfg.data, "'");
+    auto data =
+        std::make_shared<CriteoData>(cfg.data.substr(prefix.size()), cfg.ctr, cfg.rank, cfg.nranks);
+    m.next_batch = [data](int64_t batch, FeedMap* feed) { data->Next(batch, feed); };
+    m.batches_per_epoch = std::max<int64_t>(1, data->size() / cfg.batch_size);
+  } else {
+    auto data = std::make_shared<SyntheticCtrData>(cfg.ctr, kCtrRuleSeed, DataSeed(cfg));
+    m.next_batch = [data](int64_t batch, FeedMap* feed) { data->Next(batch, feed); };
+  }
+  // Held-out samples of the same rule (synthetic; for Criteo too: the rule is the only held-out
+  // data it has), the same on every rank, each rank its share; counts summed over the ranks.
+  auto test_data =
+      std::make_shared<SyntheticCtrData>(cfg.ctr, kCtrRuleSeed, ShuffleSeed(cfg) ^ 0xc7c7);
+  const Program* test = m.test.get();
+  const std::string acc = m.accuracy, prob = m.prediction;
+  m.evaluate = [cfg, test_data, test, acc, prob](Executor& exe) {
+    const int nranks = cfg.all_reduce_sum ? cfg.nranks : 1;
+    const int rank = cfg.all_reduce_sum ? cfg.rank : 0;
+    AucCounter auc;
+    std::vector<double>& counts = *auc.counts();
+    counts.push_back(0);  // correct
+    counts.push_back(0);  // samples
+    FeedMap feed;
+    for (int b = 0; b < 8; ++b) {
+      test_data->Next(512, &feed);
+      if (b % nranks != rank) continue;
+      auto r = exe.Run(*test, feed, {prob, acc});
+      const float* p = r[0].data<float>();
+      const int64_t* y = feed["label"].data<int64_t>();
+      for (int64_t n = 0; n < r[0].dims()[0]; ++n) auc.Add(p[2 * n + 1], y[n] == 1);
+      counts[counts.size() - 2] += std::round(r[1].item<double>() * r[0].dims()[0]);
+      counts.back() += static_cast<double>(r[0].dims()[0]);
+    }
+    if (cfg.all_reduce_sum) cfg.all_reduce_sum(&counts);
+    Evaluation e;
+    e.samples = static_cast<int64_t>(counts.back());
+    e.accuracy = e.samples > 0 ? counts[counts.size() - 2] / e.samples : 0;
+    counts.resize(2 * AucCounter::kBuckets);
+    e.auc = auc.Auc();
+    return e;
+  };
+  return m;
+}
+
 }  // namespace
 
 std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const std::string& name, float lr) {
@@ -263,18 +348,19 @@ std::unique_ptr<optimizer::Optimizer> MakeOptimizer(const std::string& name, flo
   KEEL_THROW("unknown optimizer '", name, "' (known: sgd, momentum, adam, adamw)");
 }
 
-std::vector<std::string> ModelNames() { return {"mlp", "lenet", "resnet", "transformer"}; }
+std::vector<std::string> ModelNames() { return {"mlp", "lenet", "resnet", "transformer", "ctr"}; }
 
 TrainableModel BuildModel(const ModelConfig& cfg) {
   // Only lenet reads a dataset; the others draw synthetic data and would ignore one.
   const bool synthetic = cfg.name == "mlp" || cfg.name == "resnet" || cfg.name == "transformer";
   KEEL_ENFORCE(cfg.data.empty() || !synthetic, "model ", cfg.name,
                " trains on synthetic data and takes no dataset, got --data='", cfg.data,
-               "' (only lenet reads one: --data=mnist:DIR)");
+               "' (lenet and ctr read one: --data=mnist:DIR, --data=criteo:FILE)");
   if (cfg.name == "mlp") return BuildMlp(cfg);
   if (cfg.name == "lenet") return BuildLenet(cfg);
   if (cfg.name == "resnet") return BuildResnet(cfg);
   if (cfg.name == "transformer") return BuildTransformer(cfg);
+  if (cfg.name == "ctr") return BuildCtr(cfg);
   KEEL_THROW("unknown model '", cfg.name, "' (known: ", StrJoin(ModelNames(), ", "), ")");
 }
 

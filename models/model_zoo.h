@@ -4,6 +4,8 @@
 //   lenet        LeNet-5 on MNIST (--data=mnist:DIR: first 8,000 images train, last 2,000 test)
 //   resnet       ResNet-20 on synthetic 32x32x3 images
 //   transformer  a 2-layer encoder on the synthetic sequence-reversal task
+//   ctr          the CTR-DNN (26 sparse slots sharing one is_sparse table of 1,000,001 x 10, 13
+//                dense features) on its synthetic click rule, or --data=criteo:FILE
 #pragma once
 
 #include <functional>
@@ -15,6 +17,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/ir/program.h"
+#include "models/ctr/ctr_model.h"
 #include "models/transformer/transformer_model.h"
 
 namespace keel {
@@ -36,7 +39,8 @@ struct ModelConfig {
   uint64_t shuffle_seed = 0;
   int hidden = 1280;              // mlp: width of the two hidden layers
   TransformerConfig transformer;  // transformer: sizes and dropout
-  std::string data;               // lenet: "mnist:DIR"
+  CtrConfig ctr;                  // ctr: the table's rows
+  std::string data;               // lenet: "mnist:DIR"; ctr: "criteo:FILE" (default: synthetic)
   int64_t batch_size = 128;
   int rank = 0, nranks = 1;    // data sharding for models with a finite training set
   MinimizeFn minimize;         // empty: plain opt.minimize
@@ -59,6 +63,7 @@ struct ModelConfig {
 
 struct Evaluation {
   double accuracy = 0;
+  double auc = -1;      // ctr: the area under the ROC curve of P(click); -1: the model has none
   int64_t samples = 0;  // test samples evaluated, over all ranks
 };
 

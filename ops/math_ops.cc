@@ -207,8 +207,13 @@ KEEL_REGISTER_OP(sum)
         "place)")
     .InputList("X", "the addends")
     .Output("Out", "their sum")
+    .Attr<bool>("row_sparse", false,
+                "X are row-sparse (gradients of is_sparse embeddings sharing one table; set by "
+                "autodiff): Out holds the union of their rows, each summed in X's order")
     .Shape(SumShape)
-    .DefaultGrad();
+    .DefaultGrad()
+    .AcceptsRowSparse("X", "row_sparse")
+    .WritesRowSparseWhen("Out", "row_sparse");
 KEEL_REGISTER_GRAD_OP(sum_grad, sum);
 KEEL_REGISTER_KERNEL(CPU, sum, SumKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, sum_grad, SumGradKernel, float, double, bfloat16, float16);

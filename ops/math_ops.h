@@ -8,7 +8,9 @@
 // Elementwise broadcast views X as (pre, n, post) and Y as (n): Out[i, j, k] = X[i, j, k] op Y[j].
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "framework/runtime/cpu_threads.h"
@@ -267,10 +269,14 @@ using ElementwiseDivGradKernel = ElementwiseGradKernel<D, T, fn::DivGrad>;
 // once): those count as Out's old value, so Out is scaled by their count first and the others
 // are added; no input is read after being written. Without one, out = x0 + x1 in one pass.
 // The 16-bit types sum every input in float32 in one pass and round once (SumHalf).
+// With row_sparse (gradients of is_sparse embeddings sharing a table): Out's rows are the union
+// of the inputs' rows, each summed over the inputs holding it, in input order (the CPU only).
 template <typename D, typename T>
 class SumKernel : public OpKernel {
  public:
+  explicit SumKernel(const OpDesc& op) : row_sparse_(op.Attr<bool>("row_sparse")) {}
   void Compute(ExecutionContext& ctx) override {
+    if (row_sparse_) return SumRows(ctx);
     const int n = ctx.NumInputs("X");
     Tensor* out = ctx.Output("Out");
     const int64_t numel = out->numel();
@@ -334,6 +340,55 @@ class SumKernel : public OpKernel {
  private:
   std::vector<const T*> ptrs_;  // SumHalf's inputs
   Tensor table_;                // their device copy (CUDA)
+
+ private:
+  void SumRows(ExecutionContext& ctx) {
+    KEEL_ENFORCE(ctx.place().is_cpu(), "sum: row-sparse addends on ", ctx.place().str(),
+                 " (is_sparse embeddings train on the CPU only)");
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const int n = ctx.NumInputs("X");
+      std::vector<int64_t> rows;
+      int64_t height = -1, width = -1;
+      for (int i = 0; i < n; ++i) {
+        const Variable* v = ctx.InputVar("X", i);
+        KEEL_ENFORCE(v != nullptr && v->is_row_sparse(), "sum: row_sparse is set but X[", i, "] ('",
+                     ctx.op().Input("X")[i], "') holds a dense tensor");
+        const Tensor& t = ctx.Input("X", i);
+        const int64_t w = t.dims()[0] > 0 ? t.numel() / t.dims()[0] : -1;
+        KEEL_ENFORCE(height < 0 || v->height() == height, "sum: X[", i, "] has height ",
+                     v->height(), ", X[0] ", height);
+        KEEL_ENFORCE(w < 0 || width < 0 || w == width, "sum: X[", i, "] rows are ", w,
+                     " wide, earlier ones ", width);
+        height = v->height();
+        if (w >= 0) width = w;
+        rows.insert(rows.end(), v->rows().begin(), v->rows().end());
+      }
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      if (width < 0) width = 0;
+      std::vector<T> sum(rows.size() * width, T(0));
+      for (int i = 0; i < n; ++i) {
+        const Variable* v = ctx.InputVar("X", i);
+        const T* x = ctx.Input("X", i).data<T>();
+        for (size_t k = 0; k < v->rows().size(); ++k) {
+          const int64_t at =
+              std::lower_bound(rows.begin(), rows.end(), v->rows()[k]) - rows.begin();
+          for (int64_t j = 0; j < width; ++j) sum[at * width + j] += x[k * width + j];
+        }
+      }
+      Tensor* out = ctx.Output("Out");
+      DDim dims = ctx.Input("X", 0).dims();
+      dims[0] = static_cast<int64_t>(rows.size());
+      out->Resize(dims);
+      std::copy(sum.begin(), sum.end(), out->mutable_data<T>(ctx.place()));
+      ctx.OutputVar("Out")->SetRows(height, std::move(rows));
+    } else {
+      KEEL_THROW("sum: row-sparse addends of ", DTypeName(ctx.Input("X", 0).dtype()),
+                 " (float32 and float64 only)");
+    }
+  }
+
+  bool row_sparse_;
 };
 
 // dx_i = dout.

@@ -323,7 +323,8 @@ KEEL_REGISTER_OP(sgd)
                    "whose gradients overflowed)")
     .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
     .Shape(SgdShape)
-    .KernelDTypeFrom("Param");
+    .KernelDTypeFrom("Param")
+    .AcceptsRowSparse("Grad");
 KEEL_REGISTER_KERNEL(CPU, sgd, SgdKernel, float, double);
 
 KEEL_REGISTER_OP(momentum)
@@ -342,7 +343,8 @@ KEEL_REGISTER_OP(momentum)
     .Attr<float>("mu", 0.9f, "the momentum factor")
     .Attr<bool>("use_nesterov", false, "Nesterov's update")
     .Shape(MomentumShape)
-    .KernelDTypeFrom("Param");
+    .KernelDTypeFrom("Param")
+    .AcceptsRowSparse("Grad");
 KEEL_REGISTER_KERNEL(CPU, momentum, MomentumKernel, float, double);
 
 // adam and adamw share every slot and attr but adamw's coeff.
@@ -366,7 +368,12 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
       .Output("Beta2PowOut", "Beta2Pow * beta2 (usually Beta2Pow itself)")
       .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
       .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
-      .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability");
+      .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
+      .Attr<bool>("lazy_mode", false,
+                  "with a row-sparse Grad (an is_sparse embedding), update only its rows: the "
+                  "other rows keep their values and moments (false: every row's moments decay, "
+                  "as with a dense Grad)")
+      .AcceptsRowSparse("Grad");
 }
 
 [[maybe_unused]] static OpSchema& keel_op_schema_adam =
@@ -399,7 +406,8 @@ static OpSchema& MergedSchema(const std::string& type, const std::string& single
     s.InputList(in, "one per Param, as in " + single);
   for (const auto& [out, in] : SlotsOf(single).outputs)
     s.OutputList(out, "one per Param (usually the " + in + " vars themselves)");
-  return s.Shape(MergedShape).KernelDTypeFrom("Param");
+  // Each parameter's update is the single op's kernel, which reads a row-sparse Grad's rows.
+  return s.Shape(MergedShape).KernelDTypeFrom("Param").AcceptsRowSparse("Grad");
 }
 
 [[maybe_unused]] static OpSchema& keel_op_schema_merged_sgd = MergedSchema("merged_sgd", "sgd");
@@ -413,14 +421,16 @@ KEEL_REGISTER_CPU_KERNEL(merged_momentum, MergedMomentumKernel, float, double);
     MergedSchema("merged_adam", "adam")
         .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
         .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
-        .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability");
+        .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
+        .Attr<bool>("lazy_mode", false, "as in adam");
 KEEL_REGISTER_CPU_KERNEL(merged_adam, MergedAdamKernel, float, double);
 [[maybe_unused]] static OpSchema& keel_op_schema_merged_adamw =
     MergedSchema("merged_adamw", "adamw")
         .Attr<float>("beta1", 0.9f, "decay of the first moment", CheckUnitInterval)
         .Attr<float>("beta2", 0.999f, "decay of the second moment", CheckUnitInterval)
         .Attr<float>("epsilon", 1e-8f, "added to sqrt(Moment2) for stability")
-        .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient");
+        .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
+        .Attr<bool>("lazy_mode", false, "as in adamw");
 KEEL_REGISTER_CPU_KERNEL(merged_adamw, MergedAdamWKernel, float, double);
 
 KEEL_REGISTER_OP(squared_l2_norm)

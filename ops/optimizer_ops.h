@@ -8,6 +8,7 @@
 // for each parameter, CUDA updates them all in one multi-tensor launch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,42 @@ inline void EnforceLikeParam(const ExecutionContext& ctx, const Tensor& param, c
   const Tensor& t = ctx.Input(slot);
   KEEL_ENFORCE(t.numel() == param.numel(), ctx.op().type(), ": Param ", param.dims().str(), " and ",
                slot, " ", t.dims().str(), " must have the same shape");
+}
+
+// A row-sparse Grad input (an is_sparse embedding's gradient: rows of a [V, D] gradient that is
+// zero elsewhere), or nullptr when Grad is dense. Only CPU kernels produce them (lookup_table_grad
+// refuses is_sparse on other devices), so the helpers below run on the host.
+inline const Variable* RowSparseGrad(const ExecutionContext& ctx, const Tensor& param) {
+  const Variable* v = ctx.InputVar("Grad");
+  if (v == nullptr || !v->is_row_sparse()) return nullptr;
+  const Tensor& g = ctx.Input("Grad");
+  KEEL_ENFORCE(ctx.place().is_cpu(), ctx.op().type(), ": a row-sparse Grad on ", ctx.place().str(),
+               " (is_sparse embeddings train on the CPU only)");
+  KEEL_ENFORCE(v->height() == param.dims()[0] && g.dims().size() == param.dims().size() &&
+                   static_cast<int64_t>(v->rows().size()) == g.dims()[0] &&
+                   g.numel() * param.dims()[0] == param.numel() * g.dims()[0],
+               ctx.op().type(), ": row-sparse Grad ", g.dims().str(), " of height ", v->height(),
+               " does not match Param ", param.dims().str());
+  return v;
+}
+
+// Grad's data as a dense tensor of Param's shape: Grad itself, or a row-sparse Grad scattered
+// into `scratch` (zeros elsewhere), so dense update rules give exactly their dense results.
+template <typename T>
+const T* DenseGradData(const ExecutionContext& ctx, const Tensor& param, Tensor* scratch) {
+  const Variable* v = RowSparseGrad(ctx, param);
+  if (v == nullptr) {
+    EnforceLikeParam(ctx, param, "Grad");
+    return ctx.Input("Grad").data<T>();
+  }
+  const int64_t width = param.numel() / std::max<int64_t>(param.dims()[0], 1);
+  scratch->Resize(param.dims());
+  T* d = scratch->mutable_data<T>(ctx.place());
+  std::fill_n(d, param.numel(), T(0));
+  const T* g = ctx.Input("Grad").data<T>();
+  for (size_t k = 0; k < v->rows().size(); ++k)
+    std::copy_n(g + k * width, width, d + v->rows()[k] * width);
+  return d;
 }
 
 // The optional SkipUpdate input of an update op ([1] bool, mixed precision's overflow flag), as
@@ -40,12 +77,26 @@ class SgdKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const Tensor& param = ctx.Input("Param");
-    EnforceLikeParam(ctx, param, "Grad");
     const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
     const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
     const bool* skip = SkipFlag(ctx);
+    if (const Variable* sparse = RowSparseGrad(ctx, param)) {
+      // Rows without a gradient keep their values, as the dense rule leaves them (p - lr * 0).
+      if (po != p) std::copy_n(p, param.numel(), po);
+      if (skip != nullptr && *skip) return;
+      const int64_t width = param.numel() / std::max<int64_t>(param.dims()[0], 1);
+      const T* g = ctx.Input("Grad").data<T>();
+      const T rate = static_cast<T>(lr.Get());
+      for (size_t k = 0; k < sparse->rows().size(); ++k) {
+        const int64_t at = sparse->rows()[k] * width;
+        for (int64_t j = 0; j < width; ++j)
+          po[at + j] = fn::SgdUpdate(p[at + j], g[k * width + j], rate);
+      }
+      return;
+    }
+    EnforceLikeParam(ctx, param, "Grad");
+    const T* g = ctx.Input("Grad").data<T>();
     Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
       if (skip != nullptr && *skip) {
         po[i] = p[i];
@@ -64,11 +115,13 @@ class MomentumKernel : public OpKernel {
       : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
   void Compute(ExecutionContext& ctx) override {
     const Tensor& param = ctx.Input("Param");
-    EnforceLikeParam(ctx, param, "Grad");
     EnforceLikeParam(ctx, param, "Velocity");
     const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
     const T* p = param.data<T>();
-    const T* g = ctx.Input("Grad").data<T>();
+    // Every row's velocity decays, so a row-sparse Grad is made dense (as Paddle's sparse
+    // momentum updates every row).
+    Tensor dense_grad;
+    const T* g = DenseGradData<T>(ctx, param, &dense_grad);
     const T* v = ctx.Input("Velocity").data<T>();
     T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
@@ -122,13 +175,11 @@ class AdamKernel : public OpKernel {
   explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
   void Compute(ExecutionContext& ctx) override {
     const Tensor& param = ctx.Input("Param");
-    EnforceLikeParam(ctx, param, "Grad");
     EnforceLikeParam(ctx, param, "Moment1");
     EnforceLikeParam(ctx, param, "Moment2");
     AdamIO<D, T> io;
     io.n = param.numel();
     io.p = param.data<T>();
-    io.g = ctx.Input("Grad").data<T>();
     io.m1 = ctx.Input("Moment1").data<T>();
     io.m2 = ctx.Input("Moment2").data<T>();
     io.lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
@@ -142,6 +193,11 @@ class AdamKernel : public OpKernel {
     io.b1o = ctx.Output("Beta1PowOut");
     io.b2o = ctx.Output("Beta2PowOut");
     io.skip = SkipFlag(ctx);
+    const Variable* sparse = RowSparseGrad(ctx, param);
+    if (sparse != nullptr && lazy_mode_) return UpdateRows(ctx, io, *sparse);
+    // Dense, or row-sparse outside lazy mode: every row's moments decay, as with a dense Grad.
+    Tensor dense_grad;
+    io.g = DenseGradData<T>(ctx, param, &dense_grad);
     AdamMath<D, T>::Update(ctx, io, beta1_, beta2_, epsilon_, coeff_);
   }
 
@@ -150,10 +206,38 @@ class AdamKernel : public OpKernel {
       : beta1_(op.Attr<float>("beta1")),
         beta2_(op.Attr<float>("beta2")),
         epsilon_(op.Attr<float>("epsilon")),
-        coeff_(coeff) {}
+        coeff_(coeff),
+        lazy_mode_(op.Attr<bool>("lazy_mode")) {}
 
  private:
+  // lazy_mode: only the rows of a row-sparse Grad change (their moments and values); the others
+  // keep theirs, as if that step had not happened for them. The beta powers advance once.
+  void UpdateRows(ExecutionContext& ctx, AdamIO<D, T> io, const Variable& sparse) {
+    const int64_t n = io.n, width = n / std::max<int64_t>(ctx.Input("Param").dims()[0], 1);
+    if (io.p != io.po) std::copy_n(io.p, n, io.po);
+    if (io.m1 != io.m1o) std::copy_n(io.m1, n, io.m1o);
+    if (io.m2 != io.m2o) std::copy_n(io.m2, n, io.m2o);
+    const T* g = ctx.Input("Grad").data<T>();
+    AdamIO<D, T> row = io;
+    row.n = 0;
+    row.g = g;
+    AdamMath<D, T>::Update(ctx, row, beta1_, beta2_, epsilon_, coeff_);  // the beta powers alone
+    for (size_t k = 0; k < sparse.rows().size(); ++k) {
+      const int64_t at = sparse.rows()[k] * width;
+      row.n = width;
+      row.g = g + k * width;
+      row.p = io.po + at;  // in place: the copies above already hold the inputs
+      row.m1 = io.m1o + at;
+      row.m2 = io.m2o + at;
+      row.po = io.po + at;
+      row.m1o = io.m1o + at;
+      row.m2o = io.m2o + at;
+      AdamMath<D, T>::Update(ctx, row, beta1_, beta2_, epsilon_, coeff_);
+    }
+  }
+
   double beta1_, beta2_, epsilon_, coeff_;
+  bool lazy_mode_;
 };
 
 template <typename D, typename T>

@@ -284,6 +284,32 @@ struct LookupTableMath<CPUDevice, T> {
       Vec<T>(dwp + id * D, D) += ConstVec<T>(dyp + r * D, D);
     }
   }
+
+  // The same sums, in the same order, kept for the touched rows only.
+  static void SparseGrad(const ExecutionContext& ctx, const Tensor& ids, const T* dyp,
+                         const DDim& wd, int64_t pad, Tensor* dw, Variable* var, DeviceReport*) {
+    const int64_t V = wd[0], D = wd[1], n = ids.numel();
+    const int64_t* idp = ids.data<int64_t>();
+    std::vector<int64_t> rows;
+    rows.reserve(n);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = idp[r];
+      if (id == pad) continue;
+      if (id < 0 || id >= V) ThrowBadId(id, r, ids.dims(), wd);
+      rows.push_back(id);
+    }
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    dw->Resize(DDim({static_cast<int64_t>(rows.size()), D}));
+    T* dwp = dw->mutable_data<T>(ctx.place());
+    std::fill_n(dwp, rows.size() * D, T(0));
+    for (int64_t r = 0; r < n; ++r) {
+      if (idp[r] == pad) continue;
+      const int64_t k = std::lower_bound(rows.begin(), rows.end(), idp[r]) - rows.begin();
+      Vec<T>(dwp + k * D, D) += ConstVec<T>(dyp + r * D, D);
+    }
+    var->SetRows(V, std::move(rows));
+  }
 };
 
 // Walks out in order, stepping through in with in's stride of dim perm[d] (an odometer).
@@ -322,10 +348,14 @@ KEEL_REGISTER_OP(lookup_table)
     .Input("Ids", "int64 [..., 1], each in [0, V)")
     .Output("Out", "Ids' shape with the last dim D, W's dtype")
     .Attr<int64_t>("padding_idx", -1, "an id whose output is zeros and gets no gradient; -1: none")
+    .Attr<bool>("is_sparse", false,
+                "W's gradient holds only the rows the ids touch (row-sparse, each row once, "
+                "sorted), which sgd, momentum and adam (lazy_mode) update; false: a dense [V, D] "
+                "gradient")
     .Shape(LookupTableShape)
     .Grad(GradMaker("lookup_table_grad", {"W", "Ids"}, {"Out"}, {"W"}));
-// W only for W@GRAD's shape; the gradient is a dense [V, D] tensor.
-KEEL_REGISTER_GRAD_OP(lookup_table_grad, lookup_table);
+// W only for W@GRAD's shape: a dense [V, D] tensor, or with is_sparse its touched rows.
+KEEL_REGISTER_GRAD_OP(lookup_table_grad, lookup_table).WritesRowSparseWhen("W@GRAD", "is_sparse");
 KEEL_REGISTER_KERNEL(CPU, lookup_table, LookupTableKernel, float, double);
 KEEL_REGISTER_KERNEL(CPU, lookup_table_grad, LookupTableGradKernel, float, double);
 

@@ -62,6 +62,13 @@ struct LookupTableMath<CUDADevice, T> {
         ids.data<int64_t>(), dout, dw, rows, wd[0], D, pad, report);
     KEEL_CUDA_LAUNCH_CHECK();
   }
+
+  // Row-sparse gradients are a CPU feature so far (the optimizers read their rows on the host).
+  static void SparseGrad(const ExecutionContext& ctx, const Tensor&, const T*, const DDim&, int64_t,
+                         Tensor*, Variable*, DeviceReport*) {
+    KEEL_THROW("lookup_table_grad: is_sparse=true has no ", ctx.place().str(),
+               " kernel; train this embedding with is_sparse=false on a GPU");
+  }
 };
 
 // out[o] = in[SrcIndex(o)].

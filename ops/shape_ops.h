@@ -28,6 +28,9 @@ constexpr const char* kFoundOnDevice = " (found on the device in an earlier run)
 // is NaN, its gradient skipped) for the op's next run to throw.
 //   Lookup(ctx, w, ids, pad, out, report)          out[r, :] = w[ids[r], :], zeros for pad
 //   Grad(ctx, ids, dout, w_dims, pad, dw, report)  dw[ids[r], :] += dout[r, :], rows in order
+//   SparseGrad(ctx, ids, dout, w_dims, pad, dw, var, report)
+//                                                  is_sparse: the same sums for the touched rows
+//                                                  only, dw [n, D] and var's rows (CPU only)
 template <typename D, typename T>
 struct LookupTableMath;
 
@@ -62,11 +65,13 @@ class LookupTableKernel : public LookupTableKernelBase<D> {
   }
 };
 
-// dW = 0; dW[Ids[r], :] += dOut[r, :] for Ids[r] != padding_idx (a dense [V, D] gradient).
+// dW = 0; dW[Ids[r], :] += dOut[r, :] for Ids[r] != padding_idx (a dense [V, D] gradient, or
+// with is_sparse the rows Ids touch).
 template <typename D, typename T>
 class LookupTableGradKernel : public LookupTableKernelBase<D> {
  public:
-  using LookupTableKernelBase<D>::LookupTableKernelBase;
+  explicit LookupTableGradKernel(const OpDesc& op)
+      : LookupTableKernelBase<D>(op), is_sparse_(op.Attr<bool>("is_sparse")) {}
   void Compute(ExecutionContext& ctx) override {
     Tensor* dw = GradOutput(ctx, "W");
     if (dw == nullptr) return;
@@ -76,11 +81,19 @@ class LookupTableGradKernel : public LookupTableKernelBase<D> {
     const DDim wd = dw->dims();
     KEEL_ENFORCE(dout.numel() == ids.numel() * wd[1], "Out@GRAD ", dout.dims().str(),
                  " does not match Ids ", ids.dims().str(), " and W ", wd.str());
+    if (is_sparse_) {
+      LookupTableMath<D, T>::SparseGrad(ctx, ids, dout.data<T>(), wd, this->padding_idx_, dw,
+                                        ctx.OutputVar(GradVarName("W")), this->report_.device(ctx));
+      return;
+    }
     T* dwp = dw->mutable_data<T>(ctx.place());
     Device<D>::Zero(ctx, dwp, wd[0] * wd[1]);
     LookupTableMath<D, T>::Grad(ctx, ids, dout.data<T>(), wd, this->padding_idx_, dwp,
                                 this->report_.device(ctx));
   }
+
+ private:
+  bool is_sparse_;
 };
 
 // ---------------------------------------------------------------- concat, split

@@ -29,7 +29,7 @@ struct Command {
 const std::vector<Command>& Commands() {
   static const std::vector<Command> commands = {
       {"train",
-       "usage: keel train --model=mlp|lenet|resnet|transformer [flags]\n"
+       "usage: keel train --model=mlp|lenet|resnet|transformer|ctr [flags]\n"
        "Trains a built-in model and prints its loss; under `keel launch`, data-parallel.\n",
        {{"model and data",
          {"model", "data", "mlp_hidden", "batch_size", "steps", "epochs", "seed"}},
@@ -63,7 +63,7 @@ const std::vector<Command>& Commands() {
         {"the job (--strategy)", {"nranks", "nnodes", "rank", "startup"}}},
        {"python_free_cli/inspect.cc"}},
       {"bench",
-       "usage: keel bench mlp|lenet|resnet|transformer|allreduce [flags]\n"
+       "usage: keel bench mlp|lenet|resnet|transformer|ctr|allreduce [flags]\n"
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
        {{"bench",
          {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",

@@ -26,7 +26,7 @@ namespace {
 const char* kUsage =
     "usage: keel <command> [flags] [args]\n"
     "commands:\n"
-    "  train    train a built-in model: keel train --model=mlp|lenet|resnet|transformer\n"
+    "  train    train a built-in model: keel train --model=mlp|lenet|resnet|transformer|ctr\n"
     "  launch   start this node's workers: keel launch --nproc_per_node=N COMMAND [ARGS...]\n"
     "           (--max_restarts=N restarts every worker on a failure, up to N times)\n"
     "  inspect  print a saved program, safetensors file or checkpoint; --strategy: the programs\n"

@@ -15,7 +15,9 @@
 #include "python_free_cli/train_flags.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(model, "mlp", "Built-in model to train (keel train) or time (keel bench).");
+DEFINE_string(model, "mlp",
+              "Built-in model to train (keel train) or time (keel bench): mlp, lenet, resnet, "
+              "transformer, ctr.");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
 DEFINE_string(data, "", "The model's dataset, e.g. mnist:DIR for lenet.");
@@ -263,6 +265,7 @@ int Train(const std::vector<std::string>& args) {
       models::Evaluation e = m.evaluate(exe);
       EvalResult r;
       r.metrics = {{"accuracy", e.accuracy}};
+      if (e.auc >= 0) r.metrics.push_back({"auc", e.auc});
       r.samples = e.samples;
       return r;
     };

@@ -43,7 +43,8 @@ DEFINE_int32(tp_degree, 1,
 
 // ---- the built-in models' settings
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
-DEFINE_int32(vocab, 10, "transformer: vocabulary size.");
+DEFINE_int32(vocab, 10,
+             "transformer: vocabulary size; ctr: rows of the embedding table (default 1000001).");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");
@@ -181,10 +182,15 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg) {
                model, " has no tensor-parallel variant (transformer and mlp have)");
   if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
+  if (model == "ctr" && FlagIsSet("vocab")) {  // the rows of the CTR model's table
+    KEEL_ENFORCE(FLAGS_vocab >= 1, "--vocab=", FLAGS_vocab, " must be >= 1");
+    cfg->ctr.vocab = FLAGS_vocab;
+  }
   if (model != "transformer") {
     for (const char* f : sizes)
-      KEEL_ENFORCE(!FlagIsSet(f), "--", f, " is a setting of the transformer model; model ", model,
-                   " has no such setting");
+      if (model != "ctr" || std::string(f) != "vocab")
+        KEEL_ENFORCE(!FlagIsSet(f), "--", f, " is a setting of the transformer model; model ",
+                     model, " has no such setting");
     return;
   }
   models::TransformerConfig& c = cfg->transformer;

@@ -283,6 +283,12 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
         if (!f.empty()) declare_grad(out, f);
         produced.insert(out);
       }
+      // An is_sparse embedding's gradient holds only the rows its ids touch.
+      const OpSchema& gs = OpRegistry::Get(g->type());
+      for (const auto& [slot, args] : g->outputs())
+        if (gs.WritesRowSparse(*g, slot))
+          for (const auto& a : args)
+            if (a != kEmptyVarName) block.MustFindVar(a)->set_row_sparse(true);
       OpDesc* added = block.InsertOp(block.num_ops(), std::move(g));
       InferShapeAtBuild(added, &block);
     }
@@ -317,6 +323,7 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
       args[writes[k].pos] = part;
       op->SetOutput(writes[k].slot, args);
       declare_grad(part, ForwardName(grad));
+      block.MustFindVar(part)->set_row_sparse(block.MustFindVar(grad)->row_sparse());
       s.parts.push_back(part);
     }
     sums.push_back(std::move(s));
@@ -328,6 +335,7 @@ std::vector<ParamGrad> append_backward(Program& program, const std::string& loss
     OpDesc* sum = block.InsertOp(s.after + 1, "sum");
     sum->SetInput("X", s.parts);
     sum->SetOutput("Out", {s.target});
+    if (block.MustFindVar(s.target)->row_sparse()) sum->SetAttr("row_sparse", true);
     SetRole(sum, OpRole::kBackward);
     InferShapeAtBuild(sum, &block);
   }

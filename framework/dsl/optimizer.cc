@@ -149,8 +149,12 @@ void Momentum::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
 
 // ----------------------------------------------------------------------------------- Adam, AdamW
 
-Adam::Adam(LearningRate learning_rate, float beta1, float beta2, float epsilon)
-    : Optimizer(std::move(learning_rate)), beta1_(beta1), beta2_(beta2), epsilon_(epsilon) {}
+Adam::Adam(LearningRate learning_rate, float beta1, float beta2, float epsilon, bool lazy_mode)
+    : Optimizer(std::move(learning_rate)),
+      beta1_(beta1),
+      beta2_(beta2),
+      epsilon_(epsilon),
+      lazy_mode_(lazy_mode) {}
 
 void Adam::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr) {
   AppendAdamOp(main, startup, pg, lr, "adam", {});
@@ -166,6 +170,7 @@ void Adam::AppendAdamOp(Block& main, Block& startup, const ParamGrad& pg, const 
   attrs["beta1"] = beta1_;
   attrs["beta2"] = beta2_;
   attrs["epsilon"] = epsilon_;
+  if (lazy_mode_) attrs["lazy_mode"] = true;
   for (auto& kv : extra_attrs) attrs[kv.first] = kv.second;
   AppendOp(main, op_type,
            {{"Param", {pg.first}},

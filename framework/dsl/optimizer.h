@@ -126,10 +126,13 @@ class Momentum : public Optimizer {
 // <param>_beta2_pow_acc_0 (beta2), the last two float32 [1].
 class Adam : public Optimizer {
  public:
+  // lazy_mode: a row-sparse gradient (an is_sparse embedding) updates only its rows, whose
+  // moments alone move (Paddle's lazy_mode); dense gradients are unaffected.
   explicit Adam(LearningRate learning_rate = 0.001f, float beta1 = 0.9f, float beta2 = 0.999f,
-                float epsilon = 1e-8f);
+                float epsilon = 1e-8f, bool lazy_mode = false);
   std::unique_ptr<Optimizer> Clone() const override { return std::make_unique<Adam>(*this); }
   std::string type() const override { return "adam"; }
+  void set_lazy_mode(bool lazy) { lazy_mode_ = lazy; }
 
  protected:
   void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
@@ -140,6 +143,7 @@ class Adam : public Optimizer {
 
  private:
   float beta1_, beta2_, epsilon_;
+  bool lazy_mode_;
 };
 
 // Adam with decoupled weight decay (Paddle 2's AdamW): param -= lr * weight_decay * param before

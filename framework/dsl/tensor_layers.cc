@@ -45,13 +45,15 @@ std::vector<Var> SplitOp(Var x, int num, const std::vector<int>& sections, int d
 }  // namespace
 
 Var embedding(Var ids, const std::vector<int64_t>& size, int64_t padding_idx,
-              const ParamAttr& param_attr, DType dtype) {
+              const ParamAttr& param_attr, DType dtype, bool is_sparse) {
   KEEL_ENFORCE(size.size() == 2, "layers::embedding(", ids.name(),
                "): size must be {vocab, dim}, got ", DDim(size).str());
   const std::string layer = default_main_program().UniqueName("embedding");
   Var w = create_parameter(size, dtype, layer, "w_0", param_attr, initializer::Xavier());
+  std::map<std::string, Attribute> attrs{{"padding_idx", padding_idx}};
+  if (is_sparse) attrs["is_sparse"] = true;
   return AppendWithOutputs("lookup_table", {{"W", {w.name()}}, {"Ids", {ids.name()}}}, {{"Out", 1}},
-                           {{"padding_idx", padding_idx}})[0];
+                           attrs)[0];
 }
 
 Var concat(const std::vector<Var>& xs, int axis) {

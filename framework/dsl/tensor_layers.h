@@ -14,9 +14,13 @@ namespace layers {
 
 // W[ids] for int64 ids [..., 1] -> [..., size[1]]; W is a [size[0], size[1]] parameter, Xavier
 // (uniform) unless param_attr names an initializer, as in Paddle 1.x. Rows whose id equals
-// padding_idx are zeros and W's row gets no gradient; -1: no padding id.
+// padding_idx are zeros and W's row gets no gradient; -1: no padding id. is_sparse: W's gradient
+// holds only the rows the batch's ids touch (row-sparse; sgd, momentum and adam update them, and
+// Adam(..., lazy_mode=true) touches nothing else), as Paddle's is_sparse; ops that need dense
+// gradients (weight decay, clipping, collectives, mixed precision) refuse it by name.
 Var embedding(Var ids, const std::vector<int64_t>& size, int64_t padding_idx = -1,
-              const ParamAttr& param_attr = {}, DType dtype = DType::kFloat32);
+              const ParamAttr& param_attr = {}, DType dtype = DType::kFloat32,
+              bool is_sparse = false);
 
 // xs joined along `axis`; the other dims must agree.
 Var concat(const std::vector<Var>& xs, int axis = 0);

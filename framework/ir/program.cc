@@ -321,6 +321,7 @@ void Program::ToProto(proto::ProgramDesc* out) const {
       pv->set_stop_gradient(v->stop_gradient());
       pv->set_is_parameter(v->is_parameter());
       pv->set_is_data(v->is_data());
+      if (v->row_sparse()) pv->set_row_sparse(true);
     }
     for (auto& op : b->ops()) {
       proto::OpDesc* po = pb->add_ops();
@@ -360,6 +361,7 @@ std::unique_ptr<Program> Program::FromProto(const proto::ProgramDesc& desc) {
       v->set_stop_gradient(pv.stop_gradient());
       v->set_is_parameter(pv.is_parameter());
       v->set_is_data(pv.is_data());
+      v->set_row_sparse(pv.row_sparse());
     }
     for (const auto& po : pb.ops()) {
       OpDesc* op = b.AppendOp(po.type());
@@ -434,6 +436,7 @@ std::string VarToText(const VarDesc& v) {
   if (v.persistable()) s += " persistable";
   if (v.is_parameter()) s += " parameter";
   if (v.stop_gradient()) s += " stop_gradient";
+  if (v.row_sparse()) s += " row_sparse";
   return s;
 }
 

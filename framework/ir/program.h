@@ -68,6 +68,10 @@ class VarDesc {
   void set_is_parameter(bool p) { is_parameter_ = p; }
   bool is_data() const { return is_data_; }
   void set_is_data(bool d) { is_data_ = d; }
+  // Row-sparse (proto VarDesc.row_sparse): only ops whose slot accepts it may read it
+  // (OpSchema::AcceptsRowSparse, checked by ValidateProgram).
+  bool row_sparse() const { return row_sparse_; }
+  void set_row_sparse(bool r) { row_sparse_ = r; }
 
  private:
   std::string name_;
@@ -77,6 +81,7 @@ class VarDesc {
   bool stop_gradient_ = false;
   bool is_parameter_ = false;
   bool is_data_ = false;
+  bool row_sparse_ = false;
 };
 
 class OpDesc {

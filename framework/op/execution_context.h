@@ -66,6 +66,12 @@ class ExecutionContext {
   // nullptr when the slot is absent or its argument is @EMPTY@ (a gradient nobody needs).
   Tensor* OutputOrNull(const std::string& slot, int i = 0) const;
   std::vector<Tensor*> MultiOutput(const std::string& slot) const;
+  // The variables themselves, for what a tensor does not carry (a row-sparse value's rows);
+  // nullptr when absent.
+  const Variable* InputVar(const std::string& slot, int i = 0) const {
+    return VarAt(ins_, slot, i);
+  }
+  Variable* OutputVar(const std::string& slot, int i = 0) const { return VarAt(outs_, slot, i); }
 
   template <typename T>
   const T& Attr(const std::string& name) const {
@@ -77,6 +83,10 @@ class ExecutionContext {
     for (auto& s : v)
       if (s.name == slot) return &s;
     return nullptr;
+  }
+  static Variable* VarAt(const std::vector<Slot>& v, const std::string& slot, int i) {
+    const Slot* s = Find(v, slot);
+    return s && i < static_cast<int>(s->vars.size()) ? s->vars[i] : nullptr;
   }
   static int Count(const std::vector<Slot>& v, const std::string& slot) {
     const Slot* s = Find(v, slot);
@@ -98,8 +108,12 @@ class RuntimeInferShapeContext : public InferShapeContext {
   explicit RuntimeInferShapeContext(const ExecutionContext& ctx) : ctx_(ctx) {}
   const OpDesc& op() const override { return ctx_.op(); }
   bool IsRuntime() const override { return true; }
+  // A row-sparse input has the dims of the dense tensor it stands for, as at build time.
   DDim GetInputDim(const std::string& slot, int i) const override {
-    return ctx_.Input(slot, i).dims();
+    DDim d = ctx_.Input(slot, i).dims();
+    const Variable* v = ctx_.InputVar(slot, i);
+    if (v != nullptr && v->is_row_sparse() && d.size() >= 1) d[0] = v->height();
+    return d;
   }
   DType GetInputDType(const std::string& slot, int i) const override {
     return ctx_.Input(slot, i).dtype();

@@ -131,6 +131,29 @@ void GradShapeFromInputs(InferShapeContext& ctx) {
 
 // ---------------------------------------------------------------- OpSchema
 
+OpSchema& OpSchema::AcceptsRowSparse(const std::string& slot, const std::string& when) {
+  for (auto& a : inputs_)
+    if (a.name == slot) {
+      a.row_sparse_ok = true;
+      a.row_sparse_attr = when;
+      return *this;
+    }
+  KEEL_THROW("op ", type_, ": AcceptsRowSparse names no input slot '", slot, "'");
+}
+
+bool OpSchema::ReadsRowSparse(const OpDesc& op, const std::string& slot) const {
+  const ArgDef* a = FindInput(slot);
+  return a != nullptr && a->row_sparse_ok &&
+         (a->row_sparse_attr.empty() ||
+          (op.HasAttr(a->row_sparse_attr) && op.Attr<bool>(a->row_sparse_attr)));
+}
+
+bool OpSchema::WritesRowSparse(const OpDesc& op, const std::string& slot) const {
+  for (const auto& [s, attr] : row_sparse_outputs_)
+    if (s == slot && op.HasAttr(attr) && op.Attr<bool>(attr)) return true;
+  return false;
+}
+
 const ArgDef* OpSchema::FindInput(const std::string& name) const {
   for (auto& a : inputs_)
     if (a.name == name) return &a;

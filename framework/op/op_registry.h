@@ -48,8 +48,10 @@ using AttrCheckFn = std::function<std::string(const Attribute&)>;
 
 struct ArgDef {
   std::string name, doc;
-  bool duplicable = false;   // takes a list of vars
-  bool dispensable = false;  // may be absent
+  bool duplicable = false;      // takes a list of vars
+  bool dispensable = false;     // may be absent
+  bool row_sparse_ok = false;   // an input that may be row-sparse (OpSchema::AcceptsRowSparse)
+  std::string row_sparse_attr;  // ... only when this bool attribute is true ("": always)
 };
 
 struct AttrDef {
@@ -183,6 +185,19 @@ class OpSchema {
     return *this;
   }
 
+  // Row-sparse values (VarDesc::row_sparse, the gradients of is_sparse embeddings). Input `slot`
+  // may read one: its kernel reads the rows (ValidateProgram refuses row-sparse inputs anywhere
+  // else), or only when the op's bool attribute `when` is true. The slot must be declared first.
+  OpSchema& AcceptsRowSparse(const std::string& slot, const std::string& when = "");
+  bool ReadsRowSparse(const OpDesc& op, const std::string& slot) const;
+  // Output `slot` is row-sparse when the op's bool attribute `attr` is true (autodiff marks the
+  // variable so).
+  OpSchema& WritesRowSparseWhen(const std::string& slot, const std::string& attr) {
+    row_sparse_outputs_.emplace_back(slot, attr);
+    return *this;
+  }
+  bool WritesRowSparse(const OpDesc& op, const std::string& slot) const;
+
   const std::string& type() const { return type_; }
   const std::string& doc() const { return doc_; }
   const std::vector<ArgDef>& inputs() const { return inputs_; }
@@ -217,6 +232,7 @@ class OpSchema {
   GradOpMakerFn grad_maker_;
   std::string kernel_dtype_slot_;
   OpTraits traits_;
+  std::vector<std::pair<std::string, std::string>> row_sparse_outputs_;  // slot, bool attr
 };
 
 struct KernelKey {

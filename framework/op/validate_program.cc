@@ -43,6 +43,25 @@ void ValidateSlots(const OpSchema& s, const OpDesc& op, const Block& block) {
     KEEL_ENFORCE(out.duplicable || args.size() <= 1, "op ", type, ": output ", out.name,
                  " takes one variable, got ", args.size());
   }
+  // Row-sparse values only where a kernel reads their rows, and only from ops that write them.
+  for (const auto& [slot, args] : op.inputs())
+    for (const auto& a : args) {
+      const VarDesc* v = a == kEmptyVarName ? nullptr : block.FindVarRecursive(a);
+      KEEL_ENFORCE(v == nullptr || !v->row_sparse() || s.ReadsRowSparse(op, slot), "op ", type,
+                   ": input ", slot, " reads '", a,
+                   "', a row-sparse gradient (an embedding with is_sparse=true), but ", type,
+                   " takes dense tensors only; use is_sparse=false for that embedding, or an "
+                   "optimizer without this op (sgd, momentum and adam update rows; weight decay, "
+                   "clipping, collectives and mixed precision need dense gradients)");
+    }
+  for (const auto& [slot, args] : op.outputs())
+    for (const auto& a : args) {
+      const VarDesc* v = a == kEmptyVarName ? nullptr : block.FindVarRecursive(a);
+      KEEL_ENFORCE(v == nullptr || v->row_sparse() == s.WritesRowSparse(op, slot), "op ", type,
+                   ": output ", slot, " writes '", a, "' as a ",
+                   s.WritesRowSparse(op, slot) ? "row-sparse" : "dense", " tensor, but '", a,
+                   "' is declared ", v->row_sparse() ? "row-sparse" : "dense");
+    }
   for (const auto* names : {&op.inputs(), &op.outputs()})
     for (const auto& kv : *names)
       for (const auto& a : kv.second)

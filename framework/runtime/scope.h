@@ -11,14 +11,32 @@
 
 namespace keel {
 
-// A named slot in a scope. Holds a Tensor (the only value kind so far).
+// A named slot in a scope. Holds a Tensor; a row-sparse variable (the gradient of an is_sparse
+// embedding, VarDesc::row_sparse) also holds the row indices of its tensor's rows: the tensor is
+// [n, D] and stands for the [height, D] dense tensor that is zero outside rows(), which are
+// sorted and distinct.
 class Variable {
  public:
   const Tensor& tensor() const { return tensor_; }
   Tensor* mutable_tensor() { return &tensor_; }
 
+  bool is_row_sparse() const { return height_ >= 0; }
+  int64_t height() const { return height_; }
+  const std::vector<int64_t>& rows() const { return rows_; }
+  // The writer of a row-sparse value sets its rows and the dense height with the tensor.
+  void SetRows(int64_t height, std::vector<int64_t> rows) {
+    height_ = height;
+    rows_ = std::move(rows);
+  }
+  void SetDense() {
+    height_ = -1;
+    rows_.clear();
+  }
+
  private:
   Tensor tensor_;
+  int64_t height_ = -1;
+  std::vector<int64_t> rows_;
 };
 
 class Scope {
