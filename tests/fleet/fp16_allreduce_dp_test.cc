@@ -3,7 +3,10 @@
 // of float32 data parallelism, and the bytes handed to the all-reduces halve exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "framework/io/checkpoint.h"
@@ -45,22 +48,24 @@ const Tensor& Get(const NamedTensors& t, const std::string& name) {
   return t.front().second;
 }
 
-// Per parameter, ||got - ref|| / ||ref - init||: how far the 16-bit run ended from float32's,
-// as a share of how far float32's training moved the parameter. The largest over parameters.
+// Per float32 tensor of `got` (a parameter or a counter), ||got - ref|| / ||ref - init||: how far
+// the 16-bit run ended from float32's, as a share of how far float32's training moved it. The
+// largest over the tensors that training moved.
 double WorstRelativeGap(const NamedTensors& got, const NamedTensors& ref,
                         const NamedTensors& init) {
   double worst = 0;
-  for (const auto& kv : init) {
-    const Tensor& g = Get(got, kv.first);
-    const Tensor& r = Get(ref, kv.first);
+  for (const auto& [name, g] : got) {
+    if (g.dtype() != DType::kFloat32) continue;
+    const Tensor& r = Get(ref, name);
+    const Tensor& i0 = Get(init, name);
     double gap = 0, moved = 0;
-    for (int64_t i = 0; i < kv.second.numel(); ++i) {
+    for (int64_t i = 0; i < g.numel(); ++i) {
       const double d = g.data<float>()[i] - r.data<float>()[i];
-      const double m = r.data<float>()[i] - kv.second.data<float>()[i];
+      const double m = r.data<float>()[i] - i0.data<float>()[i];
       gap += d * d;
       moved += m * m;
     }
-    worst = std::max(worst, std::sqrt(gap) / std::sqrt(moved));
+    if (moved > 0) worst = std::max(worst, std::sqrt(gap) / std::sqrt(moved));
   }
   return worst;
 }
@@ -112,6 +117,50 @@ TEST(Fp16AllReduce, TwoWorkersStayWithin16BitRoundingOfFloat32AndHalveTheBytes) 
     EXPECT_LT(fp16_gap, bf16_gap);
     EXPECT_LE(bf16_gap, std::ldexp(1.0, -7));
     EXPECT_LE(fp16_gap, std::ldexp(1.0, -10));
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// The "rank R params S W" fingerprints of every rank's parameters (O2: of the masters).
+std::set<std::string> ParamLines(const std::string& output) {
+  std::set<std::string> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("rank ", 0) == 0 && line.find(" params ") != std::string::npos)
+      lines.insert(line.substr(line.find(" params ")));
+  return lines;
+}
+
+// AMP O2 on 2 workers: startup broadcasts the float32 masters, the bfloat16 gradients of the
+// bfloat16 parameters are all-reduced as they are (the MLP's every parameter is low precision:
+// exactly half of float32's bytes), both ranks end with the same masters, and those stay near
+// float32 data parallelism (bfloat16 forward and gradients: within 2^-6 of the movement; measured
+// 5.8e-3).
+TEST(AmpO2DataParallel, TwoWorkersAgreeAllReduceHalfTheBytesAndFollowFloat32) {
+  const std::string dir = MakeTempDir();
+  auto init_run = RunCommand(BinPath("mlp_dp_worker") + " --steps=0 --out=" + dir + "/init");
+  ASSERT_EQ(init_run.exit_code, 0) << init_run.output;
+  const NamedTensors init = LoadSafetensors(dir + "/init/" + kPersistablesFile);
+  for (const char* fuse : {"", " --fuse --fuse_num=2"}) {
+    SCOPED_TRACE(fuse[0] ? fuse : "one by one");
+    const std::string d = dir + (fuse[0] ? "/fused" : "/plain");
+    std::string out;
+    const NamedTensors ref = Train(d + "/f32", "shm", fuse, &out);
+    const long long f32_bytes = AllReduceBytes(out);
+    const NamedTensors o2 = Train(d + "/o2", "shm", fuse + std::string(" --amp_o2"), &out);
+    EXPECT_EQ(AllReduceBytes(out) * 2, f32_bytes);
+    EXPECT_EQ(ParamLines(out).size(), 1u) << out;
+    // The checkpoint holds the masters as <param>.master; compare them with float32's params.
+    NamedTensors masters;
+    for (const auto& [name, t] : o2)
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0)
+        masters.push_back({name.substr(0, name.size() - 7), t});
+    ASSERT_EQ(masters.size(), 6u);
+    const double gap = WorstRelativeGap(masters, ref, init);
+    std::printf("O2%s: worst relative gap %.3g\n", fuse, gap);
+    EXPECT_GT(gap, 0);
+    EXPECT_LE(gap, std::ldexp(1.0, -6));
   }
   RunCommand("rm -rf " + dir);
 }
