@@ -175,7 +175,8 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int
           ctx.SetOutputDim("Out", d);
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
-KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t,
+                                float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_reducescatter =
     Collective("c_reducescatter", "Out = this rank's dim-0 slice of the sum of X over ranks")
@@ -193,7 +194,7 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t,
-                                int64_t);
+                                int64_t, float16, bfloat16);
 
 KEEL_REGISTER_OP(c_barrier)
     .Doc("Waits until every rank of ring_id arrives")

@@ -132,35 +132,43 @@ std::set<std::string> ParamLines(const std::string& output) {
   return lines;
 }
 
-// AMP O2 on 2 workers: startup broadcasts the float32 masters, the bfloat16 gradients of the
-// bfloat16 parameters are all-reduced as they are (the MLP's every parameter is low precision:
-// exactly half of float32's bytes), both ranks end with the same masters, and those stay near
-// float32 data parallelism (bfloat16 forward and gradients: within 2^-6 of the movement; measured
-// 5.8e-3).
-TEST(AmpO2DataParallel, TwoWorkersAgreeAllReduceHalfTheBytesAndFollowFloat32) {
+// AMP on 2 workers, bfloat16. O1 all-reduces the float32 gradients cast_grad makes (the same
+// bytes as float32 training). O2: startup broadcasts the float32 masters, and the bfloat16
+// gradients of the bfloat16 parameters are all-reduced as they are: the MLP's every parameter is
+// bfloat16, so exactly half of float32's bytes. Both ranks end with the same parameters (O2:
+// masters), and those stay near float32 data parallelism (bfloat16 forward and gradients: within
+// 2^-6 of the movement; measured 5.8e-3 for both).
+TEST(AmpDataParallel, O1AndO2TwoWorkersAgreeAndFollowFloat32O2HalvesTheBytes) {
   const std::string dir = MakeTempDir();
   auto init_run = RunCommand(BinPath("mlp_dp_worker") + " --steps=0 --out=" + dir + "/init");
   ASSERT_EQ(init_run.exit_code, 0) << init_run.output;
   const NamedTensors init = LoadSafetensors(dir + "/init/" + kPersistablesFile);
-  for (const char* fuse : {"", " --fuse --fuse_num=2"}) {
-    SCOPED_TRACE(fuse[0] ? fuse : "one by one");
-    const std::string d = dir + (fuse[0] ? "/fused" : "/plain");
-    std::string out;
-    const NamedTensors ref = Train(d + "/f32", "shm", fuse, &out);
-    const long long f32_bytes = AllReduceBytes(out);
-    const NamedTensors o2 = Train(d + "/o2", "shm", fuse + std::string(" --amp_o2"), &out);
-    EXPECT_EQ(AllReduceBytes(out) * 2, f32_bytes);
-    EXPECT_EQ(ParamLines(out).size(), 1u) << out;
-    // The checkpoint holds the masters as <param>.master; compare them with float32's params.
-    NamedTensors masters;
-    for (const auto& [name, t] : o2)
-      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0)
-        masters.push_back({name.substr(0, name.size() - 7), t});
-    ASSERT_EQ(masters.size(), 6u);
-    const double gap = WorstRelativeGap(masters, ref, init);
-    std::printf("O2%s: worst relative gap %.3g\n", fuse, gap);
-    EXPECT_GT(gap, 0);
-    EXPECT_LE(gap, std::ldexp(1.0, -6));
+  for (const char* level : {" --amp_o1", " --amp_o2"}) {
+    for (const char* fuse : {"", " --fuse --fuse_num=2"}) {
+      SCOPED_TRACE(std::string(level) + (fuse[0] ? fuse : " one by one"));
+      const std::string d = dir + "/" + (level + 3) + (fuse[0] ? "_fused" : "_plain");
+      std::string out;
+      const NamedTensors ref = Train(d + "/f32", "shm", fuse, &out);
+      const long long f32_bytes = AllReduceBytes(out);
+      const NamedTensors got = Train(d + "/amp", "shm", fuse + std::string(level), &out);
+      const bool o1 = std::string(level) == " --amp_o1";
+      EXPECT_EQ(AllReduceBytes(out) * (o1 ? 1 : 2), f32_bytes);
+      EXPECT_EQ(ParamLines(out).size(), 1u) << out;
+      // O1 saves float32 parameters; O2 the masters as <param>.master, compared with float32's
+      // parameters.
+      NamedTensors params;
+      for (const auto& [name, t] : got) {
+        const bool master = name.size() > 7 && name.compare(name.size() - 7, 7, ".master") == 0;
+        if (master) params.push_back({name.substr(0, name.size() - 7), t});
+        if (!master && std::string(level) == " --amp_o1" && name.find(".w_0") != std::string::npos)
+          params.push_back({name, t});
+      }
+      ASSERT_EQ(params.size(), std::string(level) == " --amp_o1" ? 3u : 6u);
+      const double gap = WorstRelativeGap(params, ref, init);
+      std::printf("%s%s: worst relative gap %.3g\n", level, fuse, gap);
+      EXPECT_GT(gap, 0);
+      EXPECT_LE(gap, std::ldexp(1.0, -6));
+    }
   }
   RunCommand("rm -rf " + dir);
 }

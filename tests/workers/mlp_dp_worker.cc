@@ -35,6 +35,7 @@ DEFINE_int32(stall_s, 0, "How long --stall_rank sleeps.");
 DEFINE_string(load_dir, "", "Resume from this checkpoint (fleet::load_persistables).");
 DEFINE_bool(cuda_graph, false, "exec_strategy.use_cuda_graph (GPU workers).");
 DEFINE_string(fp16_allreduce, "off", "off | fp16 | bf16: DistributedStrategy::fp16_allreduce.");
+DEFINE_bool(amp_o1, false, "AMP O1 in bfloat16 (strategy.amp).");
 DEFINE_bool(amp_o2, false, "AMP O2 in bfloat16 (strategy.amp, amp_configs.level=O2).");
 
 using namespace keel;
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
       strategy.exec_strategy.use_cuda_graph = FLAGS_cuda_graph;
       strategy.fp16_allreduce = FLAGS_fp16_allreduce != "off";
       if (FLAGS_fp16_allreduce == "bf16") strategy.fp16_allreduce_configs.dtype = DType::kBFloat16;
-      strategy.amp = FLAGS_amp_o2;
+      strategy.amp = FLAGS_amp_o1 || FLAGS_amp_o2;
       if (FLAGS_amp_o2) strategy.amp_configs.level = "O2";
       // Adam's step is about lr whatever the gradient's size: it gets a smaller rate.
       const float base = FLAGS_opt == "adam" ? 0.01f : 0.5f;
