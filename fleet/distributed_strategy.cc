@@ -147,7 +147,8 @@ std::string DistributedStrategy::ToString() const {
       ", tensor_parallel=", Bool(tensor_parallel),
       ", tensor_parallel_configs={tensor_parallel_degree=",
       tensor_parallel_configs.tensor_parallel_degree, "}",
-      ", sync_batch_norm=", Bool(sync_batch_norm), "}");
+      ", sync_batch_norm=", Bool(sync_batch_norm), ", fp16_allreduce=", Bool(fp16_allreduce),
+      ", fp16_allreduce_configs={dtype=", DTypeName(fp16_allreduce_configs.dtype), "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -253,6 +254,21 @@ void DistributedStrategy::Validate(const Role& role) const {
                  ") does not combine with ", s,
                  "use_local_sgd=true: each rank would skip steps on its own overflow flag; use "
                  "bfloat16 without loss scaling, or plain data parallelism");
+    // AMP O2 (low-precision parameters, float32 masters): what is not built beside it.
+    if (amp_configs.level == "O2") {
+      auto both = [&](bool conflict, const char* other, const char* why) {
+        KEEL_ENFORCE(!conflict, s, "amp_configs.level=O2 does not combine with ", s, other, ": ",
+                     why);
+      };
+      both(use_local_sgd, "use_local_sgd=true",
+           "LocalSGD would average the low-precision parameters and leave the float32 masters "
+           "apart");
+      both(sharding, "sharding=true", "sharding the float32 masters is not built");
+      both(gradient_merge, "gradient_merge=true",
+           "merging low-precision gradients over k runs is not built (they would accumulate in "
+           "16 bits)");
+      both(recompute, "recompute=true", "recompute with low-precision parameters is not tested");
+    }
   } else {
     const amp::AmpConfig a;
     const amp::AmpConfig& c = amp_configs;
@@ -303,6 +319,7 @@ void DistributedStrategy::Validate(const Role& role) const {
     off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
   }
   ValidateSharding(role);
+  ValidateFp16Allreduce();
   // Tensor parallelism (docs/tensor-parallel.md, "What is refused").
   if (tensor_parallel) {
     const int tp = tensor_parallel_configs.tensor_parallel_degree;
@@ -402,6 +419,36 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
        "sharding lays gradients out by owner, not by Paddle's groups");
   both(nccl_comm_num != 1, StrCat("nccl_comm_num=", nccl_comm_num),
        "sharding runs its reduce-scatter and broadcasts on ring 0 only");
+}
+
+void DistributedStrategy::ValidateFp16Allreduce() const {
+  const char* s = "DistributedStrategy.";
+  const DType t = fp16_allreduce_configs.dtype;
+  if (!fp16_allreduce) {
+    KEEL_ENFORCE(t == Fp16AllreduceConfigs().dtype, s,
+                 "fp16_allreduce_configs.dtype=", DTypeName(t), " is set but ", s,
+                 "fp16_allreduce=false, so it would have no effect; turn fp16_allreduce on or "
+                 "leave fp16_allreduce_configs.dtype at its default");
+    return;
+  }
+  KEEL_ENFORCE(t == DType::kFloat16 || t == DType::kBFloat16, s,
+               "fp16_allreduce_configs.dtype must be float16 or bfloat16, got ", DTypeName(t));
+  auto both = [&](bool conflict, const char* other, const char* why) {
+    KEEL_ENFORCE(!conflict, s, "fp16_allreduce=true does not combine with ", s, other, ": ", why);
+  };
+  both(amp, "amp=true",
+       "under AMP the gradients are already cast where they are made; fp16_allreduce is for "
+       "float32 training");
+  both(sharding, "sharding=true",
+       "sharding reduce-scatters float32 gradients to their owners (a 16-bit reduce-scatter is "
+       "not built)");
+  both(use_local_sgd, "use_local_sgd=true",
+       "LocalSGD averages parameters, not gradients, so there is no gradient all-reduce to cast");
+  both(gradient_merge, "gradient_merge=true",
+       "the merged buffers are all-reduced in float32 (a 16-bit all-reduce of merged gradients is "
+       "not built)");
+  both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
+       "the two-level all-reduce moves float32 buffers (16 bits there is not built)");
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -133,6 +133,18 @@ struct DistributedStrategy {
   // places only; refused with use_local_sgd (ranks hold different parameters) and on GPUs.
   bool sync_batch_norm = false;
 
+  // Gradient all-reduce in 16 bits for float32 training (docs/mixed-precision.md, "Communication
+  // in low precision"): each float32 gradient (or fused buffer) is cast to
+  // fp16_allreduce_configs.dtype before its all-reduce and back to float32 after it, where the
+  // 1/nranks scale is applied; half the bytes on the wire. Paddle's switch is the bool (float16);
+  // keel also takes bfloat16 (float32's range: no overflow). Refused beside amp (the gradients
+  // are already low precision), sharding, use_local_sgd, gradient_merge and
+  // use_hierarchical_allreduce (not built), naming both.
+  bool fp16_allreduce = false;
+  struct Fp16AllreduceConfigs {
+    DType dtype = DType::kFloat16;  // kFloat16 or kBFloat16
+  } fp16_allreduce_configs;
+
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
   // local_sgd_warmup_steps, or local_sgd_is_warm_steps when only that one is set.
@@ -156,8 +168,12 @@ struct DistributedStrategy {
   // tensor_parallel_configs set while tensor_parallel is off, a degree < 2 or not dividing
   // world_size, and tensor_parallel beside use_local_sgd, use_hierarchical_allreduce,
   // gradient_merge, amp or recompute (naming both);
-  // sync_batch_norm beside use_local_sgd or on a role with GPUs.
+  // sync_batch_norm beside use_local_sgd or on a role with GPUs; fp16_allreduce_configs set
+  // while fp16_allreduce is off, a dtype other than float16/bfloat16, and fp16_allreduce beside
+  // amp, sharding, use_local_sgd, gradient_merge or use_hierarchical_allreduce (naming both).
   void Validate(const Role& role) const;
+  // The fp16_allreduce part of Validate.
+  void ValidateFp16Allreduce() const;
   // The sharding part of Validate.
   void ValidateSharding(const Role& role) const;
 

@@ -62,6 +62,7 @@ transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrate
   o.paddle_fuse_groups_size = strategy.paddle_fuse.groups_size;
   o.hierarchical = strategy.use_hierarchical_allreduce;
   o.ranks_per_node = strategy.HierarchicalInterNranks(role);
+  if (strategy.fp16_allreduce) o.comm_dtype = strategy.fp16_allreduce_configs.dtype;
   return o;
 }
 

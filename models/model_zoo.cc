@@ -6,6 +6,7 @@
 #include "framework/base/strings.h"
 #include "framework/data/data_loader.h"
 #include "framework/data/mnist_dataset.h"
+#include "framework/dsl/amp.h"
 #include "models/lenet/lenet_model.h"
 #include "models/mlp/mlp_model.h"
 #include "models/resnet/resnet_model.h"
@@ -33,6 +34,8 @@ void Finish(TrainableModel& m, const ModelConfig& cfg, Var loss, const std::stri
     cfg.minimize(loss, m.startup.get(), *opt);
   else
     opt->minimize(loss, m.startup.get());
+  // AMP O2 made parameters low precision after the test program was cloned.
+  amp::UseLowPrecisionParamsIn(*m.main, *m.test);
   m.loss = loss.name();
   m.optimizer = cfg.make_optimizer ? opt->type() : name + " lr=" + std::to_string(lr);
   // The rate every update op reads (the optimizer's var; fleet may have used a clone), in a

@@ -21,9 +21,10 @@ void CheckFiniteAndUnscaleShape(InferShapeContext& ctx) {
   KEEL_SHAPE_CHECK(s.numel() == 1 || (!ctx.IsRuntime() && s.numel() < 0),
                    "Scale must hold one element, got ", s.str());
   for (int i = 0; i < n; ++i) {
-    KEEL_SHAPE_CHECK(ctx.GetInputDType("X", i) == ctx.GetInputDType("X", 0), "X[", i, "] is ",
-                     DTypeName(ctx.GetInputDType("X", i)), " but X[0] is ",
-                     DTypeName(ctx.GetInputDType("X", 0)), ": one dtype per op");
+    const DType t = ctx.GetInputDType("X", i);
+    KEEL_SHAPE_CHECK(t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 ||
+                         t == DType::kBFloat16,
+                     "X[", i, "] is ", DTypeName(t), "; the gradients must be float types");
     ctx.ShareDimAndDType("X", "Out", i);
   }
   ctx.SetOutputDim("FoundInfinite", DDim{1});
@@ -63,13 +64,14 @@ KEEL_REGISTER_OP(check_finite_and_unscale)
     .Doc(
         "Out_k = X_k / Scale for every X_k (in place when Out_k is X_k); FoundInfinite = whether "
         "any X_k holds an inf or a NaN.")
-    .InputList("X", "the scaled gradients, one dtype")
+    .InputList("X", "the scaled gradients, each float32, float64, float16 or bfloat16")
     .Input("Scale", "[1] float: the loss scale")
     .OutputList("Out", "the gradients divided by Scale (usually the X vars themselves)")
     .Output("FoundInfinite", "[1] bool")
     .Shape(CheckFiniteAndUnscaleShape)
     .KernelDTypeFrom("X");
-KEEL_REGISTER_KERNEL(CPU, check_finite_and_unscale, CheckFiniteAndUnscaleKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, check_finite_and_unscale, CheckFiniteAndUnscaleKernel, float, double,
+                     float16, bfloat16);
 
 KEEL_REGISTER_OP(update_loss_scaling)
     .Doc(

@@ -5,7 +5,8 @@
 
 namespace keel {
 
-KEEL_REGISTER_KERNEL(CUDA, check_finite_and_unscale, CheckFiniteAndUnscaleKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, check_finite_and_unscale, CheckFiniteAndUnscaleKernel, float, double,
+                     float16, bfloat16);
 KEEL_REGISTER_KERNEL(CUDA, update_loss_scaling, UpdateLossScalingKernel, float);
 
 }  // namespace keel

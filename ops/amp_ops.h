@@ -46,7 +46,9 @@ struct LossScaleRule {
 };
 }  // namespace fn
 
-// Out_k = X_k / Scale for every X_k; FoundInfinite = whether any X_k holds an inf or NaN.
+// Out_k = X_k / Scale for every X_k; FoundInfinite = whether any X_k holds an inf or NaN. Each
+// X_k in its own float dtype (AMP O2 mixes float16/bfloat16 gradients of low-precision parameters
+// with float32 ones of the norms'), 16-bit ones checked and divided in float32.
 template <typename D, typename T>
 class CheckFiniteAndUnscaleKernel : public OpKernel {
  public:
@@ -60,14 +62,38 @@ class CheckFiniteAndUnscaleKernel : public OpKernel {
     for (int k = 0; k < n; ++k) {
       const Tensor& x = ctx.Input("X", k);
       Tensor* out = ctx.Output("Out", k);
-      const T* xp = x.data<T>();
-      T* op = out->mutable_data<T>(ctx.place());
-      Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
-        const T v = xp[i];
-        if (!isfinite(v)) *found = true;
-        op[i] = static_cast<T>(v * static_cast<T>(1.0 / scale.Get()));
-      });
+      switch (x.dtype()) {
+        case DType::kFloat32:
+          Unscale<float>(ctx, x, out, found, scale);
+          break;
+        case DType::kFloat64:
+          Unscale<double>(ctx, x, out, found, scale);
+          break;
+        case DType::kFloat16:
+          Unscale<float16>(ctx, x, out, found, scale);
+          break;
+        case DType::kBFloat16:
+          Unscale<bfloat16>(ctx, x, out, found, scale);
+          break;
+        default:
+          KEEL_THROW(ctx.op().type(), ": X[", k, "] is ", DTypeName(x.dtype()),
+                     "; the gradients must be float types");
+      }
     }
+  }
+
+  // (Public: nvcc's device lambdas may not live in private member functions.)
+  template <typename U>
+  void Unscale(ExecutionContext& ctx, const Tensor& x, Tensor* out, bool* found,
+               typename Device<D>::Scalar scale) {
+    using A = Acc<U>;
+    const U* xp = x.data<U>();
+    U* op = out->mutable_data<U>(ctx.place());
+    Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      const A v = Widen(xp[i]);
+      if (!isfinite(v)) *found = true;
+      op[i] = Narrow<U>(static_cast<A>(v * static_cast<A>(1.0 / scale.Get())));
+    });
   }
 };
 

@@ -150,7 +150,7 @@ OpSchema& Collective(const std::string& type, const std::string& doc) {
       Collective(#name, "Out = " #op " of X over the ranks of ring_id (in place)")                 \
           .AllReducesInPlace();                                                                    \
   KEEL_REGISTER_COLLECTIVE_KERNEL(name, AllReduceOp<ReduceOp::op>::Kernel, float, double, int32_t, \
-                                  int64_t)
+                                  int64_t, float16, bfloat16)
 
 KEEL_REGISTER_ALLREDUCE(c_allreduce_sum, kSum);
 KEEL_REGISTER_ALLREDUCE(c_allreduce_max, kMax);
@@ -162,7 +162,7 @@ KEEL_REGISTER_ALLREDUCE(c_allreduce_prod, kProd);
         .RunsOnRing()
         .Attr<int>("root", 0, "the rank whose X everybody gets", RankCheck);
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int32_t, int64_t, bool,
-                                uint8_t, int8_t);
+                                uint8_t, int8_t, float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_allgather =
     Collective("c_allgather", "Out = concat over ranks of X along dim 0")
@@ -175,7 +175,8 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_broadcast, BroadcastKernel, float, double, int
           ctx.SetOutputDim("Out", d);
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
-KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int32_t, int64_t,
+                                float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_reducescatter =
     Collective("c_reducescatter", "Out = this rank's dim-0 slice of the sum of X over ranks")
@@ -193,7 +194,7 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_allgather, AllGatherKernel, float, double, int
           ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
         });
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_reducescatter, ReduceScatterKernel, float, double, int32_t,
-                                int64_t);
+                                int64_t, float16, bfloat16);
 
 KEEL_REGISTER_OP(c_barrier)
     .Doc("Waits until every rank of ring_id arrives")
@@ -209,13 +210,13 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_barrier, BarrierKernel, float);
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
     Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t,
-                                int64_t);
+                                int64_t, float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
     Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)")
         .RunsOnRing();  // completes when the ring's earlier work has: what later ops wait for
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t,
-                                int64_t);
+                                int64_t, float16, bfloat16);
 
 KEEL_REGISTER_OP(c_comm_init)
     .Doc("Creates ring ring_id of nranks ranks (this process is `rank`) through the store")

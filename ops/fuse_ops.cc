@@ -86,6 +86,7 @@ KEEL_REGISTER_OP(coalesce_tensor)
     .Attr<float>("constant", 0.0f, "the fill value for set_constant")
     .Attr<int>("pad_to_multiple", 1, "FusedOutput's length is rounded up to a multiple of this")
     .Shape(CoalesceShape);
-KEEL_REGISTER_KERNEL(CPU, coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CPU, coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t,
+                     float16, bfloat16);
 
 }  // namespace keel

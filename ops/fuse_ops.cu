@@ -31,6 +31,7 @@ struct CoalesceMath<CUDADevice> {
   }
 };
 
-KEEL_REGISTER_KERNEL(CUDA, coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t);
+KEEL_REGISTER_KERNEL(CUDA, coalesce_tensor, CoalesceKernelT, float, double, int32_t, int64_t,
+                     float16, bfloat16);
 
 }  // namespace keel

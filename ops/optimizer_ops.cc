@@ -45,17 +45,47 @@ void CheckParamGradLr(InferShapeContext& ctx) {
                    "LearningRate must hold one element, got ", lr.str());
 }
 
-// Input `slot` (an accumulator) has Param's shape and dtype; output `out` gets them.
+// The dtype of the update's math and accumulators: Param's, or float32 for a float16 / bfloat16
+// Param (multi_precision: the update runs on its float32 MasterParam).
+DType UpdateDType(InferShapeContext& ctx) {
+  const DType p = ctx.GetInputDType("Param");
+  return p == DType::kFloat16 || p == DType::kBFloat16 ? DType::kFloat32 : p;
+}
+
+// Input `slot` (an accumulator) has Param's shape and the update's dtype; output `out` gets them.
 void CheckLikeParam(InferShapeContext& ctx, const std::string& slot, const std::string& out) {
   DDim p = ctx.GetInputDim("Param");
   DDim a = ctx.GetInputDim(slot);
   KEEL_SHAPE_CHECK(ctx.DimsEq(p, a), "Param ", p.str(), " and ", slot, " ", a.str(),
                    " must have the same shape");
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType(slot), "Param is ",
+  KEEL_SHAPE_CHECK(UpdateDType(ctx) == ctx.GetInputDType(slot), "Param is ",
                    DTypeName(ctx.GetInputDType("Param")), ", ", slot, " is ",
-                   DTypeName(ctx.GetInputDType(slot)), "; they must match");
+                   DTypeName(ctx.GetInputDType(slot)), "; it must be ", DTypeName(UpdateDType(ctx)),
+                   UpdateDType(ctx) != ctx.GetInputDType("Param")
+                       ? " (the accumulators of a 16-bit parameter are float32: multi_precision)"
+                       : "");
   ctx.SetOutputDim(out, p);
-  ctx.SetOutputDType(out, ctx.GetInputDType("Param"));
+  ctx.SetOutputDType(out, UpdateDType(ctx));
+}
+
+// multi_precision (AMP O2; Paddle's attr of that name is implied by the slot): a float16 /
+// bfloat16 Param needs MasterParam, float32 of its shape; MasterParamOut gets MasterParam's shape
+// and dtype. Other Params take none.
+void CheckMaster(InferShapeContext& ctx) {
+  const DType p = ctx.GetInputDType("Param");
+  const bool low = p == DType::kFloat16 || p == DType::kBFloat16;
+  const bool has = ctx.HasInput("MasterParam");
+  KEEL_SHAPE_CHECK(low == has, "Param is ", DTypeName(p),
+                   low ? ", which needs MasterParam, its float32 master copy (multi_precision)"
+                       : ", which takes no MasterParam (only float16/bfloat16 parameters do)");
+  if (!has) return;
+  KEEL_SHAPE_CHECK(ctx.HasOutput("MasterParamOut"), "MasterParam needs MasterParamOut");
+  const DDim m = ctx.GetInputDim("MasterParam");
+  KEEL_SHAPE_CHECK(ctx.DimsEq(ctx.GetInputDim("Param"), m) &&
+                       ctx.GetInputDType("MasterParam") == DType::kFloat32,
+                   "MasterParam must be float32 of Param's shape ", ctx.GetInputDim("Param").str(),
+                   ", got ", DTypeName(ctx.GetInputDType("MasterParam")), " ", m.str());
+  ctx.ShareDimAndDType("MasterParam", "MasterParamOut");
 }
 
 // Input `slot` holds one float element; output `out` gets its shape and dtype.
@@ -82,6 +112,7 @@ void SetScalar(Tensor* out, double v, const Place& place) {
 
 void SgdShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
+  CheckMaster(ctx);
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
 }
@@ -89,6 +120,7 @@ void SgdShape(InferShapeContext& ctx) {
 
 void MomentumShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
+  CheckMaster(ctx);
   CheckLikeParam(ctx, "Velocity", "VelocityOut");
   ctx.SetOutputDim("ParamOut", ctx.GetInputDim("Param"));
   ctx.SetOutputDType("ParamOut", ctx.GetInputDType("Param"));
@@ -98,6 +130,7 @@ void MomentumShape(InferShapeContext& ctx) {
 
 void AdamShape(InferShapeContext& ctx) {
   CheckParamGradLr(ctx);
+  CheckMaster(ctx);
   CheckLikeParam(ctx, "Moment1", "Moment1Out");
   CheckLikeParam(ctx, "Moment2", "Moment2Out");
   CheckScalar(ctx, "Beta1Pow", "Beta1PowOut");
@@ -322,10 +355,14 @@ KEEL_REGISTER_OP(sgd)
                    "[1] bool, optional: when true, nothing changes (mixed precision skips a step "
                    "whose gradients overflowed)")
     .Output("ParamOut", "the updated parameter (usually the Param variable itself)")
+    .OptionalInput("MasterParam",
+                   "float32 [shape of Param] (multi_precision): the master copy a float16 / "
+                   "bfloat16 Param is rounded from (AMP O2); the update runs on it in float32")
+    .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
     .Shape(SgdShape)
     .KernelDTypeFrom("Param")
     .AcceptsRowSparse("Grad");
-KEEL_REGISTER_KERNEL(CPU, sgd, SgdKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, sgd, SgdKernel, float, double, float16, bfloat16);
 
 KEEL_REGISTER_OP(momentum)
     .Doc(
@@ -342,10 +379,14 @@ KEEL_REGISTER_OP(momentum)
     .Output("VelocityOut", "the updated velocity (usually the Velocity variable itself)")
     .Attr<float>("mu", 0.9f, "the momentum factor")
     .Attr<bool>("use_nesterov", false, "Nesterov's update")
+    .OptionalInput("MasterParam",
+                   "float32 [shape of Param] (multi_precision): the master copy a float16 / "
+                   "bfloat16 Param is rounded from (AMP O2); the update runs on it in float32")
+    .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
     .Shape(MomentumShape)
     .KernelDTypeFrom("Param")
     .AcceptsRowSparse("Grad");
-KEEL_REGISTER_KERNEL(CPU, momentum, MomentumKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, momentum, MomentumKernel, float, double, float16, bfloat16);
 
 // adam and adamw share every slot and attr but adamw's coeff.
 static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
@@ -373,6 +414,10 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
                   "with a row-sparse Grad (an is_sparse embedding), update only its rows: the "
                   "other rows keep their values and moments (false: every row's moments decay, "
                   "as with a dense Grad)")
+      .OptionalInput("MasterParam",
+                     "float32 [shape of Param] (multi_precision): the master copy a float16 / "
+                     "bfloat16 Param is rounded from (AMP O2); the update runs on it in float32")
+      .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
       .AcceptsRowSparse("Grad");
 }
 
@@ -382,7 +427,7 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
                "(beta at the first step) and are multiplied by beta. In place.")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
-KEEL_REGISTER_KERNEL(CPU, adam, AdamKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, adam, AdamKernel, float, double, float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_op_schema_adamw =
     AdamSchema("adamw",
@@ -391,7 +436,7 @@ KEEL_REGISTER_KERNEL(CPU, adam, AdamKernel, float, double);
         .Attr<float>("coeff", 0.01f, "the decoupled weight-decay coefficient")
         .Shape(AdamShape)
         .KernelDTypeFrom("Param");
-KEEL_REGISTER_KERNEL(CPU, adamw, AdamWKernel, float, double);
+KEEL_REGISTER_KERNEL(CPU, adamw, AdamWKernel, float, double, float16, bfloat16);
 
 // The merged ops: list versions of the slots above (one var per parameter), the same attrs.
 static OpSchema& MergedSchema(const std::string& type, const std::string& single) {

@@ -349,10 +349,10 @@ class GlobalNormMath<CUDADevice, T> {
 
 KEEL_REGISTER_KERNEL(CUDA, squared_l2_norm, SquaredL2NormKernel, float, double);
 KEEL_REGISTER_KERNEL(CUDA, clip_by_global_norm, ClipByGlobalNormKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, sgd, SgdKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, momentum, MomentumKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, adam, AdamKernel, float, double);
-KEEL_REGISTER_KERNEL(CUDA, adamw, AdamWKernel, float, double);
+KEEL_REGISTER_KERNEL(CUDA, sgd, SgdKernel, float, double, float16, bfloat16);
+KEEL_REGISTER_KERNEL(CUDA, momentum, MomentumKernel, float, double, float16, bfloat16);
+KEEL_REGISTER_KERNEL(CUDA, adam, AdamKernel, float, double, float16, bfloat16);
+KEEL_REGISTER_KERNEL(CUDA, adamw, AdamWKernel, float, double, float16, bfloat16);
 KEEL_REGISTER_CUDA_KERNEL(merged_sgd, MergedSgdKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(merged_momentum, MergedMomentumKernel, float, double);
 KEEL_REGISTER_CUDA_KERNEL(merged_adam, MergedAdamKernel, float, double);

@@ -71,11 +71,71 @@ inline const bool* SkipFlag(const ExecutionContext& ctx) {
   return t->data<bool>();
 }
 
+// multi_precision (AMP O2): a float16 / bfloat16 Param has a float32 master copy, MasterParam;
+// the update runs in float32 on the master (and float32 accumulators), MasterParamOut gets the
+// result and ParamOut the result rounded to Param's type. On a skipped step both stay.
+struct MasterIO {
+  const float* m;
+  float* mo;
+};
+inline MasterIO MasterOf(ExecutionContext& ctx, const Tensor& param) {
+  const Tensor* m = ctx.InputOrNull("MasterParam");
+  KEEL_ENFORCE(m != nullptr, ctx.op().type(), ": Param is ", DTypeName(param.dtype()),
+               ", which needs MasterParam, its float32 master copy (multi_precision, AMP O2)");
+  KEEL_ENFORCE(m->dtype() == DType::kFloat32 && m->numel() == param.numel(), ctx.op().type(),
+               ": MasterParam must be float32 of Param's shape ", param.dims().str(), ", got ",
+               DTypeName(m->dtype()), " ", m->dims().str());
+  return {m->data<float>(), ctx.Output("MasterParamOut")->mutable_data<float>(ctx.place())};
+}
+
+// Accumulator slot `slot` of a multi_precision update: float32, Param's element count.
+inline const float* MasterAccumulator(const ExecutionContext& ctx, const Tensor& param,
+                                      const char* slot) {
+  const Tensor& t = ctx.Input(slot);
+  KEEL_ENFORCE(t.dtype() == DType::kFloat32 && t.numel() == param.numel(), ctx.op().type(), ": ",
+               slot, " of a ", DTypeName(param.dtype()),
+               " Param must be float32 of its shape (multi_precision), got ", DTypeName(t.dtype()),
+               " ", t.dims().str());
+  return t.data<float>();
+}
+
 // param_out = param - lr * grad. The rate may be float32 for a float64 parameter.
 template <typename D, typename T>
 class SgdKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
+    if constexpr (kIsHalf<T>) {
+      ComputeMaster(ctx);
+    } else {
+      ComputePlain(ctx);
+    }
+  }
+
+  // (Public: nvcc's device lambdas may not live in private member functions.)
+  void ComputeMaster(ExecutionContext& ctx) {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    const MasterIO mp = MasterOf(ctx, param);
+    const float* m = mp.m;
+    float* mo = mp.mo;
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const bool* skip = SkipFlag(ctx);
+    Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      if (skip != nullptr && *skip) {
+        mo[i] = m[i];
+        po[i] = p[i];
+        return;
+      }
+      const float v = fn::SgdUpdate(m[i], Widen(g[i]), static_cast<float>(lr.Get()));
+      mo[i] = v;
+      po[i] = Narrow<T>(v);
+    });
+  }
+
+  void ComputePlain(ExecutionContext& ctx) {
     const Tensor& param = ctx.Input("Param");
     const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
     const T* p = param.data<T>();
@@ -112,8 +172,44 @@ template <typename D, typename T>
 class MomentumKernel : public OpKernel {
  public:
   explicit MomentumKernel(const OpDesc& op)
-      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")} {}
+      : f_{static_cast<T>(op.Attr<float>("mu")), op.Attr<bool>("use_nesterov")},
+        f32_{op.Attr<float>("mu"), op.Attr<bool>("use_nesterov")} {}
   void Compute(ExecutionContext& ctx) override {
+    if constexpr (kIsHalf<T>) {
+      ComputeMaster(ctx);
+    } else {
+      ComputePlain(ctx);
+    }
+  }
+
+  // multi_precision: the float32 master and velocity, ParamOut rounded from the master.
+  void ComputeMaster(ExecutionContext& ctx) {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    const MasterIO mp = MasterOf(ctx, param);
+    const float* m = mp.m;
+    float* mo = mp.mo;
+    const float* v = MasterAccumulator(ctx, param, "Velocity");
+    float* vo = ctx.Output("VelocityOut")->mutable_data<float>(ctx.place());
+    const T* p = param.data<T>();
+    const T* g = ctx.Input("Grad").data<T>();
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    const fn::Momentum<float> f = f32_;
+    const bool* skip = SkipFlag(ctx);
+    Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+      if (skip != nullptr && *skip) {
+        mo[i] = m[i];
+        vo[i] = v[i];
+        po[i] = p[i];
+        return;
+      }
+      f(m[i], Widen(g[i]), v[i], static_cast<float>(lr.Get()), &mo[i], &vo[i]);
+      po[i] = Narrow<T>(mo[i]);
+    });
+  }
+
+  void ComputePlain(ExecutionContext& ctx) {
     const Tensor& param = ctx.Input("Param");
     EnforceLikeParam(ctx, param, "Velocity");
     const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
@@ -139,6 +235,7 @@ class MomentumKernel : public OpKernel {
 
  private:
   fn::Momentum<T> f_;
+  fn::Momentum<float> f32_;
 };
 
 // Adam's tensors, as pointers, and its scalars as the device reads them.
@@ -174,6 +271,50 @@ class AdamKernel : public OpKernel {
  public:
   explicit AdamKernel(const OpDesc& op) : AdamKernel(op, 0.0) {}
   void Compute(ExecutionContext& ctx) override {
+    if constexpr (kIsHalf<T>) {
+      ComputeMaster(ctx);
+    } else {
+      ComputePlain(ctx);
+    }
+  }
+
+  // multi_precision: float32 Adam on the master (the gradient widened into a float32 scratch
+  // first, so the float32 math is the one float32 parameters get), then ParamOut rounded from it.
+  void ComputeMaster(ExecutionContext& ctx) {
+    const Tensor& param = ctx.Input("Param");
+    EnforceLikeParam(ctx, param, "Grad");
+    const int64_t n = param.numel();
+    const MasterIO mp = MasterOf(ctx, param);
+    Tensor grad32;
+    grad32.Resize(param.dims());
+    float* gw = grad32.mutable_data<float>(ctx.place());
+    const T* g = ctx.Input("Grad").data<T>();
+    Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { gw[i] = Widen(g[i]); });
+    AdamIO<D, float> io;
+    io.n = n;
+    io.p = mp.m;
+    io.g = gw;
+    io.m1 = MasterAccumulator(ctx, param, "Moment1");
+    io.m2 = MasterAccumulator(ctx, param, "Moment2");
+    io.lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
+    io.b1p = Device<D>::ScalarOf(ctx.Input("Beta1Pow"));
+    io.b2p = Device<D>::ScalarOf(ctx.Input("Beta2Pow"));
+    io.b1p_in = &ctx.Input("Beta1Pow");
+    io.b2p_in = &ctx.Input("Beta2Pow");
+    io.m1o = ctx.Output("Moment1Out")->mutable_data<float>(ctx.place());
+    io.m2o = ctx.Output("Moment2Out")->mutable_data<float>(ctx.place());
+    io.po = mp.mo;
+    io.b1o = ctx.Output("Beta1PowOut");
+    io.b2o = ctx.Output("Beta2PowOut");
+    io.skip = SkipFlag(ctx);
+    AdamMath<D, float>::Update(ctx, io, beta1_, beta2_, epsilon_, coeff_);
+    // The parameter is always the master rounded (startup casts it so), also on a skipped step.
+    const float* mo = mp.mo;
+    T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
+    Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) { po[i] = Narrow<T>(mo[i]); });
+  }
+
+  void ComputePlain(ExecutionContext& ctx) {
     const Tensor& param = ctx.Input("Param");
     EnforceLikeParam(ctx, param, "Moment1");
     EnforceLikeParam(ctx, param, "Moment2");

@@ -49,7 +49,7 @@ const std::vector<Command>& Commands() {
          {"nccl_comm_num", "fuse_all_reduce_ops", "fuse_parameter_memory_size",
           "fuse_parameter_groups_size", "hierarchical_allreduce_inter_nranks", "local_sgd_steps",
           "local_sgd_warmup_steps", "sharding_stage", "tp_degree", "cpu_comm_backend",
-          "gpu_comm_backend", "comm_timeout_s", "sync_batch_norm"}},
+          "gpu_comm_backend", "comm_timeout_s", "sync_batch_norm", "fp16_allreduce"}},
         {"performance",
          {"num_iteration_per_drop_scope", "num_threads", "cpu_math_threads", "conv_onednn",
           "cuda_graph"}}},
@@ -67,7 +67,7 @@ const std::vector<Command>& Commands() {
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
        {{"bench",
          {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",
-          "cuda_graph", "sync_batch_norm"}}},
+          "cuda_graph", "sync_batch_norm", "fp16_allreduce"}}},
        {"python_free_cli/bench.cc"}},
       {"launch",
        "usage: keel launch [flags] COMMAND [ARGS...]\n"

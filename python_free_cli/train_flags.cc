@@ -52,7 +52,13 @@ DEFINE_int32(d_ff, 64, "transformer: feed-forward width.");
 DEFINE_int32(layers, 2, "transformer: encoder layers.");
 
 DEFINE_string(amp, "off", "Mixed precision: off | bf16 | fp16 (docs/mixed-precision.md).");
-DEFINE_string(amp_level, "O1", "--amp: O1 (O2 is not built).");
+DEFINE_string(amp_level, "O1",
+              "--amp: O1 (casts around matmuls and convolutions, float32 parameters) | O2 "
+              "(low-precision parameters, float32 master weights in the optimizer).");
+DEFINE_string(fp16_allreduce, "off",
+              "Multi-worker, float32 training: off | fp16 | bf16 all-reduces the gradients in "
+              "that 16-bit type, half the bytes (DistributedStrategy.fp16_allreduce, "
+              "docs/mixed-precision.md).");
 DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
 DEFINE_bool(sync_batch_norm, false,
             "Batch norm normalizes with the statistics of every worker's batch together "
@@ -162,6 +168,11 @@ fleet::DistributedStrategy StrategyFromFlags() {
     strategy.amp_configs.dtype = FLAGS_amp == "fp16" ? DType::kFloat16 : DType::kBFloat16;
     strategy.amp_configs.level = FLAGS_amp_level;
   }
+  KEEL_ENFORCE(FLAGS_fp16_allreduce == "off" || FLAGS_fp16_allreduce == "fp16" ||
+                   FLAGS_fp16_allreduce == "bf16",
+               "--fp16_allreduce must be off, fp16 or bf16, got '", FLAGS_fp16_allreduce, "'");
+  strategy.fp16_allreduce = FLAGS_fp16_allreduce != "off";
+  if (FLAGS_fp16_allreduce == "bf16") strategy.fp16_allreduce_configs.dtype = DType::kBFloat16;
   strategy.recompute = FLAGS_recompute;
   KEEL_ENFORCE(FLAGS_tp_degree >= 1, "--tp_degree must be >= 1, got ", FLAGS_tp_degree);
   strategy.tensor_parallel = FLAGS_tp_degree > 1;

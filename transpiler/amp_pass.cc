@@ -2,9 +2,12 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
@@ -131,7 +134,97 @@ bool CastsSlot(const OpDesc& op, const std::string& slot) {
 
 }  // namespace
 
-void AmpPass::Apply(Program& main, Program& /*startup*/) const {
+std::string AmpMasterName(const std::string& param) { return param + ".master"; }
+
+void AmpPass::MakeParametersLow(Program& main, Program& startup) const {
+  Block& block = main.global_block();
+  Block& sb = startup.global_block();
+  std::map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < block.num_ops(); ++i)
+    for (const std::string& in : block.op(i)->InputArgumentNames()) readers[in].push_back(i);
+  std::map<std::string, std::string> param_of;  // cast var -> the parameter it copies
+  std::vector<size_t> drop;
+  o2_params_.clear();
+  for (VarDesc* v : block.AllVars()) {
+    if (!v->is_parameter() || v->dtype() != DType::kFloat32) continue;
+    auto it = readers.find(v->name());
+    if (it == readers.end()) continue;
+    bool only_casts = true;
+    for (size_t i : it->second) {
+      const OpDesc& op = *block.op(i);
+      only_casts &=
+          op.type() == "cast" && op.Attr<int>("out_dtype") == static_cast<int>(options_.dtype);
+    }
+    if (!only_casts) continue;
+    KEEL_ENFORCE(sb.FindVar(v->name()) != nullptr, "amp O2: parameter '", v->name(),
+                 "' is not initialized by the startup program");
+    KEEL_ENFORCE(block.FindVar(AmpMasterName(v->name())) == nullptr,
+                 "amp O2: the program already has a var named '", AmpMasterName(v->name()),
+                 "' (rewritten twice?)");
+    for (size_t i : it->second) {
+      param_of[block.op(i)->Output("Out")[0]] = v->name();
+      drop.push_back(i);
+    }
+    o2_params_.push_back(v->name());
+  }
+  std::sort(drop.begin(), drop.end());
+  for (size_t k = drop.size(); k-- > 0;) block.RemoveOp(drop[k]);
+  for (const auto& [cast, param] : param_of) block.RemoveVar(cast);
+  for (size_t i = 0; i < block.num_ops(); ++i) {
+    OpDesc* op = block.op(i);
+    for (const auto& [slot, args] : op->inputs()) {
+      std::vector<std::string> renamed = args;
+      bool changed = false;
+      for (std::string& a : renamed) {
+        auto p = param_of.find(a);
+        if (p == param_of.end()) continue;
+        a = p->second;
+        changed = true;
+      }
+      if (changed) op->SetInput(slot, renamed);
+    }
+  }
+  // The masters, and startup initializing them in the parameters' place.
+  std::set<std::string> low(o2_params_.begin(), o2_params_.end());
+  for (const std::string& name : o2_params_) {
+    VarDesc* p = block.MustFindVar(name);
+    const std::string master = AmpMasterName(name);
+    for (Block* b : {&block, &sb}) {
+      VarDesc* m = b->Var(master);
+      m->set_shape(p->shape());
+      m->set_dtype(DType::kFloat32);
+      m->set_persistable(true);
+      m->set_stop_gradient(true);
+    }
+    p->set_dtype(options_.dtype);
+  }
+  for (size_t i = 0; i < sb.num_ops(); ++i) {
+    OpDesc* op = sb.op(i);
+    for (const auto& [slot, args] : op->outputs()) {
+      std::vector<std::string> renamed = args;
+      bool changed = false;
+      for (std::string& a : renamed)
+        if (low.count(a)) {
+          a = AmpMasterName(a);
+          changed = true;
+        }
+      if (changed) op->SetOutput(slot, renamed);
+    }
+  }
+  for (const std::string& name : o2_params_) {
+    sb.MustFindVar(name)->set_dtype(options_.dtype);
+    OpDesc* cast = sb.AppendOp("cast");
+    cast->SetInput("X", {AmpMasterName(name)});
+    cast->SetOutput("Out", {name});
+    cast->SetAttr("in_dtype", static_cast<int>(DType::kFloat32));
+    cast->SetAttr("out_dtype", static_cast<int>(options_.dtype));
+    cast->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+    InferShapeAtBuild(cast, &sb);
+  }
+  startup.Touch();
+}
+
+void AmpPass::Apply(Program& main, Program& startup) const {
   Block& block = main.global_block();
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc& op = *block.op(i);
@@ -254,6 +347,7 @@ void AmpPass::Apply(Program& main, Program& /*startup*/) const {
       cast_of.erase({out, options_.dtype});
     }
   }
+  if (options_.o2) MakeParametersLow(main, startup);
   main.Touch();
 }
 

@@ -20,7 +20,14 @@
 //   statistics stay float32, and so do their outputs other than Y. Output dtypes follow from
 //   compile-time shape inference of the rewritten op.
 //   A custom white/black list entry overrides the built-in lists (an op in both is an error).
-// Leaves alone: startup (parameters stay float32: O1), ops in sub-blocks, int and bool inputs.
+//   With o2 (level O2, after the rewrite above): every float32 parameter that forward reads only
+//   through casts to `dtype` becomes a `dtype` parameter: those casts go and their readers read the
+//   parameter itself; a float32 persistable "<param>.master" (AmpMasterName) is declared in main
+//   and startup; startup's ops write the master instead, and a cast master -> param is appended
+//   to startup. Parameters read in float32 (batch/layer norm's Scale and Bias, black ops) stay
+//   float32. o2_params() lists the parameters made low, in the order main declares them.
+// Leaves alone: startup (without o2: parameters stay float32, O1), ops in sub-blocks, int and
+//   bool inputs.
 #pragma once
 
 #include <set>
@@ -41,6 +48,8 @@ struct AmpOptions {
   // false: classify by the lists alone, whatever kernels `place` has (`keel inspect` of a program
   // for another machine; goldens). An op without its kernel then fails when it runs.
   bool check_kernels = true;
+  // AMP O2: low-precision parameters with float32 masters (see above).
+  bool o2 = false;
 };
 
 // The built-in lists (op types keel registers; Paddle's, for the ops keel has).
@@ -53,10 +62,17 @@ class AmpPass : public Pass {
   explicit AmpPass(AmpOptions options);
   std::string name() const override { return "amp"; }
   void Apply(Program& main, Program& startup) const override;
+  // With o2, the parameters the last Apply made low.
+  const std::vector<std::string>& o2_params() const { return o2_params_; }
 
  private:
+  void MakeParametersLow(Program& main, Program& startup) const;
   AmpOptions options_;
+  mutable std::vector<std::string> o2_params_;
 };
+
+// AMP O2's float32 master of a low-precision parameter: "<param>.master".
+std::string AmpMasterName(const std::string& param);
 
 // The suffix of a cast var made for `dtype`: "bf16", "fp16", "fp32".
 std::string AmpDTypeSuffix(DType dtype);

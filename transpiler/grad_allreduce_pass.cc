@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/amp_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 
 namespace keel {
@@ -42,6 +43,49 @@ OpDesc* InsertCollective(Block& block, size_t index, const std::string& type, co
 OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const std::string& var,
                       int ring, int role, std::map<std::string, Attribute> attrs = {}) {
   return InsertCollective(block, index, type, var, var, ring, role, std::move(attrs));
+}
+
+// The all-reduce of float32 `var` on `ring` at `index`: c_sync_calc_stream then c_allreduce_sum
+// in place; with a 16-bit `comm` (fp16_allreduce) a cast to "<var>.cast_<comm>" first, the
+// copy all-reduced, then a cast back into `var` and its scale by 1/nranks in float32 (the loss
+// gradient is not scaled then). Returns the number of ops inserted.
+size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring, DType comm,
+                       int nranks) {
+  if (comm == DType::kFloat32) {
+    InsertInPlace(mb, index, "c_sync_calc_stream", var, ring, kBackward);
+    InsertInPlace(mb, index + 1, "c_allreduce_sum", var, ring, kBackward);
+    return 2;
+  }
+  const VarDesc* v = mb.MustFindVar(var);
+  KEEL_ENFORCE(v->dtype() == DType::kFloat32, "fp16_allreduce: gradient '", var, "' is ",
+               DTypeName(v->dtype()), "; fp16_allreduce casts float32 gradients only");
+  const std::string low = var + ".cast_" + AmpDTypeSuffix(comm);
+  KEEL_ENFORCE(mb.FindVar(low) == nullptr, "fp16_allreduce: the program already has a var named '",
+               low, "' (transpiled twice?)");
+  VarDesc* lv = mb.Var(low);
+  lv->set_dtype(comm);
+  lv->set_shape(v->shape());
+  lv->set_stop_gradient(true);
+  auto cast = [&](size_t at, const std::string& x, const std::string& out, DType from, DType to) {
+    OpDesc* op = mb.InsertOp(at, "cast");
+    op->SetInput("X", {x});
+    op->SetOutput("Out", {out});
+    op->SetAttr("in_dtype", static_cast<int>(from));
+    op->SetAttr("out_dtype", static_cast<int>(to));
+    op->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(op, &mb);
+  };
+  cast(index, var, low, DType::kFloat32, comm);
+  InsertInPlace(mb, index + 1, "c_sync_calc_stream", low, ring, kBackward);
+  InsertInPlace(mb, index + 2, "c_allreduce_sum", low, ring, kBackward);
+  cast(index + 3, low, var, comm, DType::kFloat32);
+  OpDesc* s = mb.InsertOp(index + 4, "scale");
+  s->SetInput("X", {var});
+  s->SetOutput("Out", {var});
+  s->SetAttr("scale", 1.0f / static_cast<float>(nranks));
+  s->SetAttr(kOpRoleAttr, kBackward);
+  InferShapeAtBuild(s, &mb);
+  return 5;
 }
 
 // Hierarchical all-reduce: rings nrings + r (inside a node of k ranks) and 2 * nrings + r (across
@@ -211,8 +255,13 @@ void SplitParamGradWriters(Block& mb) {
     std::set<std::string> others;
     for (const std::string& slot : rest)
       for (const std::string& a : op.Output(slot)) others.insert(a);
+    // (fp16_allreduce's casts and scales around them count with them.)
     size_t at = i + 1;
-    while (at < mb.num_ops() && mb.op(at)->HasAttr("ring_id")) {
+    auto around = [&](const OpDesc& o) {
+      return o.HasAttr("ring_id") ||
+             (Role(o) == kBackward && (o.type() == "cast" || o.type() == "scale"));
+    };
+    while (at < mb.num_ops() && around(*mb.op(at))) {
       bool reads = false;
       for (const std::string& a : mb.op(at)->InputArgumentNames()) reads |= others.count(a) > 0;
       if (reads) break;
@@ -283,8 +332,7 @@ void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>
     const size_t at = groups[k].last_writer + 1;
     if (!hier.on) {
       rings_used->insert(ring);
-      InsertInPlace(mb, at, "c_sync_calc_stream", fused[k], ring, kBackward);
-      InsertInPlace(mb, at + 1, "c_allreduce_sum", fused[k], ring, kBackward);
+      InsertAllReduce(mb, at, fused[k], ring, options.comm_dtype, options.rings.nranks);
       continue;
     }
     // Reduce-scatter inside the node, all-reduce the part across nodes, all-gather inside.
@@ -336,6 +384,11 @@ void AppendRingsAndParamBroadcast(const Program& main, Program& startup, const R
     if (!v->is_parameter()) continue;
     KEEL_ENFORCE(sb.FindVar(v->name()) != nullptr, "grad_allreduce: parameter '", v->name(),
                  "' is not initialized by the startup program");
+    // AMP O2: the float32 master first (the parameter is rank 0's master rounded).
+    const std::string master = AmpMasterName(v->name());
+    if (main.global_block().FindVar(master) != nullptr && sb.FindVar(master) != nullptr)
+      InsertInPlace(sb, sb.num_ops(), "c_broadcast", master, 0, static_cast<int>(OpRole::kForward),
+                    {{"root", 0}});
     InsertInPlace(sb, sb.num_ops(), "c_broadcast", v->name(), 0, static_cast<int>(OpRole::kForward),
                   {{"root", 0}});
     last_param = v->name();
@@ -385,11 +438,22 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
 
   // ---- main.
   Block& mb = main.global_block();
-  // Scale the loss gradient by 1/nranks where it is filled.
+  const bool low = options_.comm_dtype != DType::kFloat32;
+  KEEL_ENFORCE(
+      !low || options_.comm_dtype == DType::kFloat16 || options_.comm_dtype == DType::kBFloat16,
+      "fp16_allreduce: the all-reduce dtype must be float16 or bfloat16, got ",
+      DTypeName(options_.comm_dtype));
+  KEEL_ENFORCE(!low || !hierarchical,
+               "grad_allreduce: fp16_allreduce and use_hierarchical_allreduce are both set: the "
+               "two-level all-reduce in 16 bits is not built");
+  // Scale the loss gradient by 1/nranks where it is filled (fp16_allreduce: each gradient after
+  // its all-reduce instead, in float32).
   bool scaled = false;
   for (size_t i = 0; i < mb.num_ops() && !scaled; ++i) {
     const OpDesc& op = *mb.op(i);
     if (Role(op) != (kBackward | kLoss)) continue;
+    scaled = true;
+    if (low) break;
     const std::string& g = op.Output("Out")[0];
     OpDesc* s = mb.InsertOp(i + 1, "scale");
     s->SetInput("X", {g});
@@ -397,7 +461,6 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     s->SetAttr("scale", 1.0f / static_cast<float>(nranks));
     s->SetAttr(kOpRoleAttr, kBackward | kLoss);
     InferShapeAtBuild(s, &mb);
-    scaled = true;
   }
   KEEL_ENFORCE(scaled,
                "grad_allreduce: the main program has no loss-gradient op; call "
@@ -406,6 +469,9 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
   // After GradientMergePass: the merged buffers, all-reduced once per merge step, first thing in
   // its sub-block (before the avg scale, the overflow check and the updates). Nothing per run.
   if (std::optional<GradientMergeInfo> gm = FindGradientMerge(main)) {
+    KEEL_ENFORCE(!low,
+                 "grad_allreduce: fp16_allreduce and gradient merge are both set: the merged "
+                 "buffers are all-reduced in float32 (16 bits there is not built)");
     KEEL_ENFORCE(!options_.fuse && !hierarchical,
                  "grad_allreduce: the program merges gradients (gradient merge) and ",
                  options_.fuse ? "fuse_all_reduce_ops" : "use_hierarchical_allreduce",
@@ -447,8 +513,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
       // Right after the writer: a later gradient of the same writer was placed there already
       // and moves down behind this one.
       const size_t at = grads[k].writer + 1;
-      InsertInPlace(mb, at, "c_sync_calc_stream", grads[k].name, ring, kBackward);
-      InsertInPlace(mb, at + 1, "c_allreduce_sum", grads[k].name, ring, kBackward);
+      InsertAllReduce(mb, at, grads[k].name, ring, options_.comm_dtype, nranks);
     }
   } else {
     Hierarchy hier;

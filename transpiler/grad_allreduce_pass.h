@@ -5,7 +5,8 @@
 //   ops; startup initializes every parameter.
 // Guarantees:
 //   startup: one c_comm_init per ring (options.rings.nrings rings), then a c_broadcast of every
-//     parameter from rank 0 and a c_sync_comm_stream, so all ranks start equal;
+//     parameter (AMP O2: its master, then it) from rank 0 and a c_sync_comm_stream, so all ranks
+//     start equal;
 //   main: a backward op that writes parameter gradients and other outputs, of a type that
 //     computes its outputs apart (OpTraits::outputs_apart: mul_grad, matmul_grad, conv2d_grad),
 //     and that the collectives below follow, is split into two ops of its type: the parameter
@@ -27,13 +28,19 @@
 //   with options.hierarchical and two nodes or more: intra- and inter-node rings
 //     per flat ring in startup; per group a reduce-scatter inside the node, an all-reduce across
 //     nodes and an all-gather inside the node. On one node it warns and uses the flat ring.
+//   with options.comm_dtype float16 or bfloat16 (fp16_allreduce; float32 gradients only): the
+//     loss gradient is not scaled; each all-reduced float32 var (a gradient, or a fused buffer:
+//     fusion groups and fuses as above) is cast to "<var>.cast_fp16" / ".cast_bf16" right before
+//     its c_sync_calc_stream, that var is all-reduced, then cast back into <var> and scaled by
+//     1/nranks in float32 right after the all-reduce. A gradient of another dtype is a keel::Error
+//     naming it. With gradient merge or hierarchy it is a keel::Error (not built).
 //   after GradientMergePass (FindGradientMerge finds its conditional_block): nothing per run in
 //     block 0 but the loss-gradient scale; first in the merge sub-block, c_sync_calc_stream then
 //     c_allreduce_sum of each merged buffer on ring (i % nrings), then one c_sync_comm_stream per
 //     ring, so the all-reduces run once per merge step, before the avg scale, the overflow check
 //     and the updates. Fusion or hierarchy there is a keel::Error (not built).
 // Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
-//   buffers.
+//   buffers and (comm_dtype) their 16-bit copies.
 #pragma once
 
 #include <utility>
@@ -44,7 +51,8 @@ namespace keel {
 namespace transpiler {
 
 // Startup for any data-parallel pass: one c_comm_init per ring, then a c_broadcast of every
-// parameter of `main` from rank 0 and a c_sync_comm_stream. A parameter the startup program does
+// parameter of `main` from rank 0 (after its float32 master "<param>.master" when AMP O2 gave it
+// one) and a c_sync_comm_stream. A parameter the startup program does
 // not initialize is a keel::Error naming it.
 void AppendRingsAndParamBroadcast(const Program& main, Program& startup, const RingOptions& rings);
 
@@ -67,6 +75,9 @@ struct GradAllReduceOptions {
   // ranks_per_node ranks per node (at least 1, dividing rings.nranks).
   bool hierarchical = false;
   int ranks_per_node = 1;
+  // fp16_allreduce: kFloat16 or kBFloat16 all-reduces the float32 gradients in that type;
+  // kFloat32: as they are.
+  DType comm_dtype = DType::kFloat32;
 };
 
 class GradAllReducePass : public Pass {

@@ -116,6 +116,8 @@ void MergeOptimizerOpsPass::Apply(Program& main, Program&) const {
   for (size_t i = 0; i < block.num_ops(); ++i) {
     const OpDesc& op = *block.op(i);
     if (!IsMergeable(op.type()) || !op.HasAttr(kOpRoleVarAttr)) continue;
+    // multi_precision updates (AMP O2) stay per parameter: the merged ops have no master slots.
+    if (op.HasInput("MasterParam") && !op.Input("MasterParam").empty()) continue;
     const auto& rv = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     if (rv.size() != 2) continue;
     auto it = group_of.find(rv[1]);

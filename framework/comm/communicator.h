@@ -17,6 +17,7 @@
 #include <string>
 
 #include "framework/comm/collective_watch.h"
+#include "framework/runtime/float16.h"
 #include "framework/runtime/tensor.h"
 
 namespace keel {
@@ -25,6 +26,43 @@ class StoreClient;
 
 enum class ReduceOp { kSum, kMax, kMin, kProd, kAvg };
 const char* ReduceOpName(ReduceOp op);
+
+// The element types the CPU backends reduce: VisitDType's, and the 16-bit floats (float16,
+// bfloat16: DistributedStrategy::fp16_allreduce), which reduce in float32 with one rounding per
+// pair (for two ranks the exact sum, rounded once).
+template <typename F>
+decltype(auto) VisitReduceDType(DType t, F&& f) {
+  if (t == DType::kFloat16) return f(float16{});
+  if (t == DType::kBFloat16) return f(bfloat16{});
+  return VisitDType(t, std::forward<F>(f));
+}
+// x op y for one element, in float32 for the 16-bit floats.
+template <typename T>
+T ReduceElem(ReduceOp op, T x, T y) {
+  if constexpr (kIsHalf<T>) {
+    return T(ReduceElem<float>(op, static_cast<float>(x), static_cast<float>(y)));
+  } else {
+    switch (op) {
+      case ReduceOp::kProd:
+        return static_cast<T>(x * y);
+      case ReduceOp::kMax:
+        return x < y ? y : x;
+      case ReduceOp::kMin:
+        return y < x ? y : x;
+      default:
+        return static_cast<T>(x + y);
+    }
+  }
+}
+// x / n (ReduceOp::kAvg's last step), in float32 for the 16-bit floats.
+template <typename T>
+T DivideElem(T x, int n) {
+  if constexpr (kIsHalf<T>) {
+    return T(static_cast<float>(x) / static_cast<float>(n));
+  } else {
+    return static_cast<T>(x / n);
+  }
+}
 
 class Communicator {
  public:
@@ -80,6 +118,9 @@ class Communicator {
   virtual std::shared_ptr<Allocation> AllocateShared(size_t bytes) { return nullptr; }
   // Whether [p, p + bytes) lies in the memory AllocateShared gives blocks from.
   virtual bool IsShared(const void* p, size_t bytes) const { return false; }
+  // Bytes of the tensors this rank handed to AllReduce on this ring, summed over calls (what an
+  // all-reduce in a 16-bit type halves); read from any thread.
+  int64_t allreduce_bytes() const { return allreduce_bytes_.load(std::memory_order_relaxed); }
   // Collectives that ran that way, without copies.
   int64_t zero_copy_collectives() const {
     return zero_copy_collectives_.load(std::memory_order_relaxed);
@@ -114,6 +155,11 @@ class Communicator {
   };
   CommClock comm_ns_;
   std::atomic<int64_t> zero_copy_collectives_{0};
+  std::atomic<int64_t> allreduce_bytes_{0};
+  // Each backend's AllReduce calls it once per call.
+  void CountAllReduce(const Tensor& t) {
+    allreduce_bytes_.fetch_add(static_cast<int64_t>(t.nbytes()), std::memory_order_relaxed);
+  }
   // Adds the time from construction to destruction to comm_ns_, and marks the collective as
   // running meanwhile.
   struct CommTimer {
@@ -185,6 +231,8 @@ class RingRegistry {
   void Clear();
   // Sum of comm_ns() over every ring.
   int64_t TotalCommNs();
+  // Sum of allreduce_bytes() over every ring.
+  int64_t TotalAllReduceBytes();
   // The longest in_flight_ns() over every ring: how long this rank has been waiting inside a
   // collective (0: it is in none). Defined in comm_context.cc.
   int64_t InFlightNs();

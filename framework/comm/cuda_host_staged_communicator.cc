@@ -34,6 +34,7 @@ class HostStagedCommunicator : public Communicator {
   void* device_stream() const override { return stream_; }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
+    CountAllReduce(*t);
     if (t->place().is_cpu()) return host_->AllReduce(t, op);
     CommTimer timer(&comm_ns_);
     ++seq_;

@@ -51,20 +51,44 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 template <typename T>
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+// The 16-bit floats: Gloo has no bfloat16, so both reduce through keel's ReduceElem (float32).
+template <typename T, ReduceOp kOp>
+void HalfReduce(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = ReduceElem(kOp, x[i], y[i]);
+}
+
 template <typename T>
 ReduceFn<T> PickReduce(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return &gloo::sum<T>;
-    case ReduceOp::kProd:
-      return &gloo::product<T>;
-    case ReduceOp::kMax:
-      return &gloo::max<T>;
-    case ReduceOp::kMin:
-      return &gloo::min<T>;
+  if constexpr (kIsHalf<T>) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        return &HalfReduce<T, ReduceOp::kSum>;
+      case ReduceOp::kProd:
+        return &HalfReduce<T, ReduceOp::kProd>;
+      case ReduceOp::kMax:
+        return &HalfReduce<T, ReduceOp::kMax>;
+      case ReduceOp::kMin:
+        return &HalfReduce<T, ReduceOp::kMin>;
+    }
+    return &HalfReduce<T, ReduceOp::kSum>;
+  } else {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        return &gloo::sum<T>;
+      case ReduceOp::kProd:
+        return &gloo::product<T>;
+      case ReduceOp::kMax:
+        return &gloo::max<T>;
+      case ReduceOp::kMin:
+        return &gloo::min<T>;
+    }
+    return &gloo::sum<T>;
   }
-  return &gloo::sum<T>;
 }
 
 class GlooCommunicator : public Communicator {
@@ -91,8 +115,9 @@ class GlooCommunicator : public Communicator {
   const char* backend() const override { return "gloo"; }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
+    CountAllReduce(*t);
     Run(std::string("allreduce_") + ReduceOpName(op), [&] {
-      VisitDType(t->dtype(), [&](auto v) {
+      VisitReduceDType(t->dtype(), [&](auto v) {
         using T = decltype(v);
         if constexpr (std::is_same_v<T, bool>) {
           KEEL_THROW("allreduce of bool tensors is not supported; cast to int32");
@@ -105,7 +130,7 @@ class GlooCommunicator : public Communicator {
           opts.setTag(static_cast<uint32_t>(seq_));
           gloo::allreduce(opts);
           if (op == ReduceOp::kAvg) {
-            for (int64_t i = 0; i < t->numel(); ++i) p[i] = static_cast<T>(p[i] / nranks_);
+            for (int64_t i = 0; i < t->numel(); ++i) p[i] = DivideElem(p[i], nranks_);
           }
         }
       });
@@ -274,6 +299,13 @@ int64_t RingRegistry::TotalCommNs() {
   std::lock_guard<std::mutex> lk(mu_);
   int64_t total = 0;
   for (auto& kv : rings_) total += kv.second->comm_ns();
+  return total;
+}
+
+int64_t RingRegistry::TotalAllReduceBytes() {
+  std::lock_guard<std::mutex> lk(mu_);
+  int64_t total = 0;
+  for (auto& kv : rings_) total += kv.second->allreduce_bytes();
   return total;
 }
 

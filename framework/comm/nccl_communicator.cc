@@ -107,6 +107,7 @@ class NcclCommunicator : public Communicator {
   }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
+    CountAllReduce(*t);
     Run(std::string("allreduce_") + ReduceOpName(op), [&] {
       return ncclAllReduce(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()),
                            NcclType(t->dtype()), NcclOp(op), comm_, stream_);

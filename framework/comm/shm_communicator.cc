@@ -154,16 +154,16 @@ void ReduceInto(T* dst, const T* a, const T* b, size_t n, ReduceOp op, T* dst2 =
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      Combine(dst, dst2, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return ReduceElem(ReduceOp::kSum, x, y); });
       break;
     case ReduceOp::kProd:
-      Combine(dst, dst2, a, b, n, [](T x, T y) { return static_cast<T>(x * y); });
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return ReduceElem(ReduceOp::kProd, x, y); });
       break;
     case ReduceOp::kMax:
-      Combine(dst, dst2, a, b, n, [](T x, T y) { return x < y ? y : x; });
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return ReduceElem(ReduceOp::kMax, x, y); });
       break;
     case ReduceOp::kMin:
-      Combine(dst, dst2, a, b, n, [](T x, T y) { return y < x ? y : x; });
+      Combine(dst, dst2, a, b, n, [](T x, T y) { return ReduceElem(ReduceOp::kMin, x, y); });
       break;
   }
 }
@@ -359,8 +359,9 @@ class ShmCommunicator : public Communicator {
   }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
+    CountAllReduce(*t);
     Run("allreduce_" + std::string(ReduceOpName(op)), kAllReduce, *t, -1, [&] {
-      VisitDType(t->dtype(), [&](auto v) {
+      VisitReduceDType(t->dtype(), [&](auto v) {
         using T = decltype(v);
         if constexpr (std::is_same_v<T, bool>) {
           KEEL_THROW("allreduce of bool tensors is not supported; cast to int32");
@@ -416,7 +417,7 @@ class ShmCommunicator : public Communicator {
     out->Resize(d);
     out->mutable_data(in.dtype(), in.place());
     Run("reduce_scatter_" + std::string(ReduceOpName(op)), kReduceScatter, in, -1, [&] {
-      VisitDType(in.dtype(), [&](auto v) {
+      VisitReduceDType(in.dtype(), [&](auto v) {
         using T = decltype(v);
         if constexpr (std::is_same_v<T, bool>) {
           KEEL_THROW("reduce_scatter of bool tensors is not supported; cast to int32");
@@ -462,7 +463,7 @@ class ShmCommunicator : public Communicator {
       ReduceInto(acc, p[0] + s, p[1] + s, m, op);
       for (int j = 2; j < nranks_; ++j) ReduceInto(acc, acc, p[j] + s, m, op);
       if (op == ReduceOp::kAvg)
-        for (size_t i = 0; i < m; ++i) acc[i] = static_cast<T>(acc[i] / nranks_);
+        for (size_t i = 0; i < m; ++i) acc[i] = DivideElem(acc[i], nranks_);
       for (int j = 0; j < nranks_; ++j) std::memcpy(p[j] + s, acc, m * sizeof(T));
     }
     Arrive("every rank's reduced slice");
@@ -499,7 +500,7 @@ class ShmCommunicator : public Communicator {
             ReduceInto(acc, acc, part(j), hi - lo, op, j == nranks_ - 1 ? also : nullptr);
         }
         if (op == ReduceOp::kAvg) {
-          for (size_t i = 0; i < hi - lo; ++i) acc[i] = static_cast<T>(acc[i] / nranks_);
+          for (size_t i = 0; i < hi - lo; ++i) acc[i] = DivideElem(acc[i], nranks_);
           if (nranks_ > 1) std::memcpy(chunk + lo, acc, (hi - lo) * sizeof(T));
         }
       }
@@ -532,7 +533,7 @@ class ShmCommunicator : public Communicator {
           ReduceInto(out + o, out + o, reinterpret_cast<const T*>(Slot(j)) + rank_ * m, m, op);
       }
       if (op == ReduceOp::kAvg)
-        for (size_t i = 0; i < m; ++i) out[o + i] = static_cast<T>(out[o + i] / nranks_);
+        for (size_t i = 0; i < m; ++i) out[o + i] = DivideElem(out[o + i], nranks_);
       // The next chunk writes the other buffer. This one is written again only after the next
       // barrier (a chunk's or the next collective's first), which every rank reaches after
       // reading it here.

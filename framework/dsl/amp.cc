@@ -1,7 +1,9 @@
 #include "framework/dsl/amp.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
@@ -39,9 +41,9 @@ bool ScalesLoss(const AmpConfig& c) {
 void ValidateAmpConfig(const AmpConfig& c, const std::string& where) {
   KEEL_ENFORCE(c.dtype == DType::kBFloat16 || c.dtype == DType::kFloat16, where,
                "amp_configs.dtype must be float16 or bfloat16, got ", DTypeName(c.dtype));
-  KEEL_ENFORCE(c.level == "O1", where, "amp_configs.level=", c.level,
-               ": keel has O1 (casts around the white-list ops; parameters stay float32); O2 "
-               "(low-precision parameters with float32 master weights) is not built yet");
+  KEEL_ENFORCE(c.level == "O1" || c.level == "O2", where, "amp_configs.level=", c.level,
+               " must be O1 (casts around the white-list ops; parameters stay float32) or O2 "
+               "(low-precision parameters with float32 master weights)");
   if (c.init_loss_scaling)
     KEEL_ENFORCE(std::isfinite(*c.init_loss_scaling) && *c.init_loss_scaling >= 1.0f, where,
                  "amp_configs.init_loss_scaling must be finite and >= 1, got ",
@@ -85,7 +87,10 @@ std::vector<ParamGrad> MixedPrecisionOptimizer::backward(Var loss, Program* star
   options.check_kernels = config_.check_kernels;
   options.white_list = config_.custom_white_list;
   options.black_list = config_.custom_black_list;
-  transpiler::AmpPass(options).Apply(main, *startup);
+  options.o2 = config_.level == "O2";
+  transpiler::AmpPass pass(options);
+  pass.Apply(main, *startup);
+  for (const std::string& p : pass.o2_params()) masters_[p] = transpiler::AmpMasterName(p);
 
   Var target = loss;
   if (loss.dtype() != DType::kFloat32) {
@@ -172,6 +177,21 @@ LossScalingVars FindLossScalingVars(const Program& program) {
 void MixedPrecisionOptimizer::apply_gradients(const std::vector<ParamGrad>& params_grads,
                                               Program* startup) {
   if (!found_inf_.empty()) opt_->set_skip_update(found_inf_);
+  if (config_.level == "O2") {
+    // The low-precision gradients of O2 go to the updates as they are: a clip or an L2 decay
+    // of them is not built.
+    KEEL_ENFORCE(!opt_->has_grad_clip(), "amp::decorate(", opt_->type(),
+                 "): amp_configs.level=O2 does not combine with the optimizer's gradient clip "
+                 "(set_grad_clip / --clip_global_norm): clipping the float16/bfloat16 gradients of "
+                 "low-precision parameters is not built; use level O1");
+    KEEL_ENFORCE(opt_->weight_decay() == 0, "amp::decorate(", opt_->type(),
+                 "): amp_configs.level=O2 does not combine with the optimizer's L2 weight decay "
+                 "(set_weight_decay / --weight_decay) of ",
+                 opt_->weight_decay(),
+                 ": the decay would be computed from the low-precision parameter, not its float32 "
+                 "master; use AdamW's decoupled decay (computed on the master) or level O1");
+    opt_->set_master_params(masters_);
+  }
   opt_->apply_gradients(params_grads, startup);
 }
 
@@ -180,6 +200,49 @@ std::vector<ParamGrad> MixedPrecisionOptimizer::minimize(Var loss, Program* star
   auto pg = backward(loss, startup, no_grad_set);
   apply_gradients(pg, startup);
   return pg;
+}
+
+int UseLowPrecisionParamsIn(const Program& main, Program& test) {
+  Block& tb = test.global_block();
+  const Block& mb = main.global_block();
+  std::vector<std::string> changed;
+  for (VarDesc* v : tb.AllVars()) {
+    const VarDesc* m = mb.FindVar(v->name());
+    if (!v->is_parameter() || m == nullptr || v->dtype() != DType::kFloat32) continue;
+    if (m->dtype() == DType::kBFloat16 || m->dtype() == DType::kFloat16)
+      changed.push_back(v->name());
+  }
+  for (const std::string& p : changed) {
+    VarDesc* v = tb.MustFindVar(p);
+    const std::string f32 = test.UniqueName(p + ".cast_fp32");
+    VarDesc* c = tb.Var(f32);
+    c->set_shape(v->shape());
+    c->set_dtype(DType::kFloat32);
+    c->set_stop_gradient(true);
+    for (size_t i = 0; i < tb.num_ops(); ++i) {
+      OpDesc* op = tb.op(i);
+      for (const auto& [slot, args] : op->inputs()) {
+        std::vector<std::string> renamed = args;
+        bool hit = false;
+        for (std::string& a : renamed)
+          if (a == p) {
+            a = f32;
+            hit = true;
+          }
+        if (hit) op->SetInput(slot, renamed);
+      }
+    }
+    v->set_dtype(mb.FindVar(p)->dtype());
+    OpDesc* cast = tb.InsertOp(0, "cast");
+    cast->SetInput("X", {p});
+    cast->SetOutput("Out", {f32});
+    cast->SetAttr("in_dtype", static_cast<int>(v->dtype()));
+    cast->SetAttr("out_dtype", static_cast<int>(DType::kFloat32));
+    cast->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+    InferShapeAtBuild(cast, &tb);
+  }
+  if (!changed.empty()) test.Touch();
+  return static_cast<int>(changed.size());
 }
 
 MixedPrecisionOptimizer decorate(const optimizer::Optimizer& opt, AmpConfig config) {

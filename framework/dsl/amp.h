@@ -21,6 +21,7 @@
 // overflow. bfloat16 has float32's exponent range, so it has no loss scaling unless asked for.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -37,7 +38,10 @@ namespace amp {
 // Paddle's amp_configs (DistributedStrategy::amp_configs holds one).
 struct AmpConfig {
   DType dtype = DType::kBFloat16;  // kBFloat16 or kFloat16
-  std::string level = "O1";        // "O1" (casts around white ops); "O2" is not built yet
+  // "O1": casts around white ops, parameters stay float32. "O2": parameters that forward reads in
+  // low precision become `dtype` parameters with float32 masters "<param>.master"; the updates
+  // run in float32 on the masters (multi_precision) and write both (docs/mixed-precision.md).
+  std::string level = "O1";
   // Loss scaling; unset: on for float16, off for bfloat16.
   std::optional<bool> use_dynamic_loss_scaling;
   // The first scale; unset: 2^16 with loss scaling, 1 without. A set value with
@@ -81,11 +85,14 @@ class MixedPrecisionOptimizer {
   const std::string& good_steps_var() const { return good_steps_; }
   const std::string& bad_steps_var() const { return bad_steps_; }
   const std::string& skipped_steps_var() const { return skipped_steps_; }
+  // O2: each low-precision parameter -> its float32 master (empty under O1).
+  const std::map<std::string, std::string>& master_params() const { return masters_; }
 
  private:
   std::unique_ptr<optimizer::Optimizer> opt_;
   AmpConfig config_;
   std::string loss_scaling_, found_inf_, good_steps_, bad_steps_, skipped_steps_;
+  std::map<std::string, std::string> masters_;
 };
 
 // The loss-scaling vars of a program minimized by MixedPrecisionOptimizer (directly or through
@@ -98,6 +105,13 @@ struct LossScalingVars {
 LossScalingVars FindLossScalingVars(const Program& program);
 
 MixedPrecisionOptimizer decorate(const optimizer::Optimizer& opt, AmpConfig config = {});
+
+// AMP O2 and a test program cloned from main before minimize (clone_for_test): its parameters
+// are still declared float32, while the scope holds the low-precision ones main now declares.
+// Declares each such parameter in `test` as main does and casts it to "<param>.cast_fp32" at the
+// start of `test`, which its readers then read: evaluation runs in float32 on the low-precision
+// weights. Returns how many parameters it changed (0 under O1 or without AMP).
+int UseLowPrecisionParamsIn(const Program& main, Program& test);
 
 }  // namespace amp
 }  // namespace keel

@@ -109,7 +109,8 @@ std::string Optimizer::AddAccumulator(Block& main, Block& startup, const std::st
                                       const std::string& what, float value, bool scalar) {
   const VarDesc* p = main.MustFindVar(param);
   const std::vector<int64_t> shape = scalar ? std::vector<int64_t>{1} : p->shape();
-  const DType dtype = scalar ? DType::kFloat32 : p->dtype();
+  const bool low = p->dtype() == DType::kFloat16 || p->dtype() == DType::kBFloat16;
+  const DType dtype = scalar || low ? DType::kFloat32 : p->dtype();
   const std::string name = main.program()->UniqueName(param + "_" + what);
   for (Block* b : {&main, &startup}) {
     VarDesc* v = b->Var(name);
@@ -123,11 +124,22 @@ std::string Optimizer::AddAccumulator(Block& main, Block& startup, const std::st
   return name;
 }
 
+void Optimizer::AddMaster(const std::string& param, OpDesc::VarMap* ins, OpDesc::VarMap* outs,
+                          std::map<std::string, Attribute>* attrs) const {
+  auto it = master_params_.find(param);
+  if (it == master_params_.end()) return;
+  ins->push_back({"MasterParam", {it->second}});
+  outs->push_back({"MasterParamOut", {it->second}});
+}
+
 // ------------------------------------------------------------------------------------------ SGD
 
 void SGD::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg, const std::string& lr) {
-  AppendOp(main, "sgd", {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"LearningRate", {lr}}},
-           {{"ParamOut", {pg.first}}}, UpdateRole(pg));
+  OpDesc::VarMap ins = {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"LearningRate", {lr}}};
+  OpDesc::VarMap outs = {{"ParamOut", {pg.first}}};
+  auto attrs = UpdateRole(pg);
+  AddMaster(pg.first, &ins, &outs, &attrs);
+  AppendOp(main, "sgd", ins, outs, attrs);
 }
 
 // ------------------------------------------------------------------------------------- Momentum
@@ -141,10 +153,11 @@ void Momentum::AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
   auto attrs = UpdateRole(pg);
   attrs["mu"] = momentum_;
   attrs["use_nesterov"] = use_nesterov_;
-  AppendOp(
-      main, "momentum",
-      {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"Velocity", {v}}, {"LearningRate", {lr}}},
-      {{"ParamOut", {pg.first}}, {"VelocityOut", {v}}}, attrs);
+  OpDesc::VarMap ins = {
+      {"Param", {pg.first}}, {"Grad", {pg.second}}, {"Velocity", {v}}, {"LearningRate", {lr}}};
+  OpDesc::VarMap outs = {{"ParamOut", {pg.first}}, {"VelocityOut", {v}}};
+  AddMaster(pg.first, &ins, &outs, &attrs);
+  AppendOp(main, "momentum", ins, outs, attrs);
 }
 
 // ----------------------------------------------------------------------------------- Adam, AdamW
@@ -172,20 +185,16 @@ void Adam::AppendAdamOp(Block& main, Block& startup, const ParamGrad& pg, const 
   attrs["epsilon"] = epsilon_;
   if (lazy_mode_) attrs["lazy_mode"] = true;
   for (auto& kv : extra_attrs) attrs[kv.first] = kv.second;
-  AppendOp(main, op_type,
-           {{"Param", {pg.first}},
-            {"Grad", {pg.second}},
-            {"LearningRate", {lr}},
-            {"Moment1", {m1}},
-            {"Moment2", {m2}},
-            {"Beta1Pow", {b1}},
-            {"Beta2Pow", {b2}}},
-           {{"ParamOut", {pg.first}},
-            {"Moment1Out", {m1}},
-            {"Moment2Out", {m2}},
-            {"Beta1PowOut", {b1}},
-            {"Beta2PowOut", {b2}}},
-           attrs);
+  OpDesc::VarMap ins = {{"Param", {pg.first}}, {"Grad", {pg.second}}, {"LearningRate", {lr}},
+                        {"Moment1", {m1}},     {"Moment2", {m2}},     {"Beta1Pow", {b1}},
+                        {"Beta2Pow", {b2}}};
+  OpDesc::VarMap outs = {{"ParamOut", {pg.first}},
+                         {"Moment1Out", {m1}},
+                         {"Moment2Out", {m2}},
+                         {"Beta1PowOut", {b1}},
+                         {"Beta2PowOut", {b2}}};
+  AddMaster(pg.first, &ins, &outs, &attrs);
+  AppendOp(main, op_type, ins, outs, attrs);
 }
 
 AdamW::AdamW(LearningRate learning_rate, float weight_decay, float beta1, float beta2,

@@ -10,6 +10,7 @@
 // save_persistables checkpoints the optimizer's state with the parameters.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -46,6 +47,7 @@ class Optimizer {
                                   const std::set<std::string>& no_grad_set = {});
 
   void set_grad_clip(GradientClipByGlobalNorm clip);
+  bool has_grad_clip() const { return grad_clip_.has_value(); }
   // L2 regularization (Paddle's regularization=L2Decay(coeff)): each update op reads
   // grad + coeff * param, computed after the clip into "<grad>@L2DECAY". AdamW's decoupled decay
   // is its constructor's weight_decay instead.
@@ -54,6 +56,12 @@ class Optimizer {
   // parameters and their accumulators as they are on a step where it holds true (mixed
   // precision's overflow skip, see amp.h). "" (the default): every step updates.
   void set_skip_update(const std::string& var) { skip_update_ = var; }
+  // AMP O2 (amp.h): param -> its float32 master var. The update of such a (float16 / bfloat16)
+  // parameter reads and writes the master too (MasterParam, MasterParamOut: multi_precision) and
+  // its accumulators are float32.
+  void set_master_params(std::map<std::string, std::string> masters) {
+    master_params_ = std::move(masters);
+  }
   // Recompute (Paddle's RecomputeOptimizer): backward keeps only `checkpoints` from forward and
   // runs the forward segments between them again (framework/autodiff/backward.h). An empty list
   // takes the vars the model marked with recompute_checkpoint(); none at all is a keel::Error at
@@ -78,9 +86,14 @@ class Optimizer {
   virtual void AppendUpdateOp(Block& main, Block& startup, const ParamGrad& pg,
                               const std::string& lr) = 0;
   // Declares "<param>_<what>_N", persistable in main and startup, and fills it with `value` in
-  // startup: Param's shape and dtype, or float32 [1] when `scalar`. Returns its name.
+  // startup: Param's shape and dtype (float32 for a float16 / bfloat16 Param: multi_precision),
+  // or float32 [1] when `scalar`. Returns its name.
   static std::string AddAccumulator(Block& main, Block& startup, const std::string& param,
                                     const std::string& what, float value, bool scalar = false);
+  // Adds MasterParam / MasterParamOut (multi_precision) to an update op's slots when `param` has
+  // a master (set_master_params).
+  void AddMaster(const std::string& param, OpDesc::VarMap* ins, OpDesc::VarMap* outs,
+                 std::map<std::string, Attribute>* attrs) const;
 
  private:
   LearningRate learning_rate_;
@@ -88,6 +101,7 @@ class Optimizer {
   float weight_decay_ = 0;
   std::string lr_var_;
   std::string skip_update_;
+  std::map<std::string, std::string> master_params_;
   bool recompute_ = false;
   std::vector<std::string> recompute_checkpoints_;
 };

@@ -61,9 +61,9 @@ TEST(KeelTrainAmp, BadValuesAreRefusedNamingTheFlag) {
   auto bad = RunCommand(Keel() + " train --model=mlp --steps=1 --amp=fp8");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--amp must be off, bf16 or fp16"), std::string::npos) << bad.output;
-  auto o2 = RunCommand(Keel() + " train --model=mlp --steps=1 --amp=bf16 --amp_level=O2");
-  EXPECT_NE(o2.exit_code, 0);
-  EXPECT_NE(o2.output.find("amp_configs.level=O2"), std::string::npos) << o2.output;
+  auto o3 = RunCommand(Keel() + " train --model=mlp --steps=1 --amp=bf16 --amp_level=O3");
+  EXPECT_NE(o3.exit_code, 0);
+  EXPECT_NE(o3.output.find("amp_configs.level=O3 must be O1"), std::string::npos) << o3.output;
   auto level = RunCommand(Keel() + " train --model=mlp --steps=1 --amp_level=O1");
   EXPECT_NE(level.exit_code, 0);
   EXPECT_NE(level.output.find("--amp_level applies only to mixed precision"), std::string::npos)

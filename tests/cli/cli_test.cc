@@ -301,7 +301,10 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"heads", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"d_ff", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"layers", "KeelTrain.TransformerSizeFlagsReachTheModel"},
-      {"amp_level", "KeelTrainAmp.BadValuesAreRefusedNamingTheFlag"},
+      {"amp_level",
+       "KeelTrainAmp.BadValuesAreRefusedNamingTheFlag, "
+       "AmpConvergence.Bf16O1AndO2TrainLenetOnMnistToNinetySevenPercentLikeFloat32"},
+      {"fp16_allreduce", "InspectStrategy.AmpO2AndFp16AllReduceGoldens"},
       {"recompute", "KeelTrainAmp.RecomputeRunsResnetAndNeedsMarkedCheckpoints"},
       {"sync_batch_norm", "SyncBatchNormDataParallel.KeelTrainFlagRewritesResnetsBatchNorms"},
       {"gradient_merge_k",

@@ -227,6 +227,39 @@ TEST(InspectStrategy, AmpO1Goldens) {
   }
 }
 
+// --amp_level=O2 (one rank, main program): the weights of the low-precision ops are bfloat16
+// parameters with float32 masters that their updates read (MasterParam). --fp16_allreduce=bf16 on
+// two ranks (fused, the CLI's default): each fused float32 gradient buffer is cast to bfloat16,
+// all-reduced, cast back and scaled by 1/2. On the MLP, LeNet, ResNet-20 and the transformer.
+TEST(InspectStrategy, AmpO2AndFp16AllReduceGoldens) {
+  for (std::string model : {"mlp", "lenet", "resnet", "transformer"}) {
+    const std::string size = model == "mlp" ? " --mlp_hidden=8" : "";
+    auto o2 = Inspect(
+        "--strategy --nranks=1 --program=main --amp=bf16 --amp_level=O2 --model=" + model + size);
+    ASSERT_EQ(o2.exit_code, 0) << model << "\n" << o2.output;
+    EXPECT_NE(o2.output.find(".master : float32["), std::string::npos) << model;
+    EXPECT_NE(o2.output.find("MasterParam: "), std::string::npos) << model;
+    EXPECT_NE(o2.output.find(" : bfloat16["), std::string::npos) << model;
+    ExpectGolden(o2.output, "inspect_strategy_amp_o2_bf16_" + model + ".txt");
+    auto ar = Inspect(
+        "--strategy --nranks=2 --program=main --fp16_allreduce=bf16 --model=" + model + size);
+    ASSERT_EQ(ar.exit_code, 0) << model << "\n" << ar.output;
+    EXPECT_NE(ar.output.find("c_allreduce_sum(X: @FUSED_GRAD@0.cast_bf16)"), std::string::npos)
+        << model;
+    ExpectGolden(ar.output, "inspect_strategy_fp16_allreduce_bf16_" + model + ".txt");
+  }
+  // Combinations that cannot work name both settings.
+  auto both = InspectAll("--strategy --nranks=2 --fp16_allreduce=bf16 --amp=bf16 --model=mlp");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("fp16_allreduce=true does not combine with DistributedStrategy.amp"),
+            std::string::npos)
+      << both.output;
+  auto bad = InspectAll("--strategy --nranks=2 --fp16_allreduce=fp8 --model=mlp");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--fp16_allreduce must be off, fp16 or bf16"), std::string::npos)
+      << bad.output;
+}
+
 TEST(InspectStrategy, BadJobsAreErrorsNamingTheFlag) {
   struct Case {
     std::string flags, expect;

@@ -69,7 +69,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
-      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false}");
+      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
+      "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -499,6 +500,9 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"sync_batch_norm", kPinnedBy, none, none,
        "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
        "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
+      {"fp16_allreduce", kChangesProgram, none, [](auto* s) { s->fp16_allreduce = true; }},
+      {"fp16_allreduce_configs.dtype", kRefused, none,
+       [](auto* s) { s->fp16_allreduce_configs.dtype = DType::kBFloat16; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;

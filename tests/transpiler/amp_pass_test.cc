@@ -245,8 +245,8 @@ TEST(AmpDecorate, ConfigRefusalsNameTheField) {
     return ErrorOf([&] { amp::decorate(optimizer::SGD(0.1f), c); });
   };
   amp::AmpConfig c;
-  c.level = "O2";
-  ExpectErrorContainsAll(error(c), {"amp_configs.level=O2", "O1"});
+  c.level = "O3";
+  ExpectErrorContainsAll(error(c), {"amp_configs.level=O3", "O1", "O2"});
   c = {};
   c.init_loss_scaling = 0.5f;
   ExpectErrorContainsAll(error(c), {"amp_configs.init_loss_scaling"});

@@ -34,6 +34,9 @@ DEFINE_int32(stall_rank, -1, "This rank sleeps --stall_s seconds before its firs
 DEFINE_int32(stall_s, 0, "How long --stall_rank sleeps.");
 DEFINE_string(load_dir, "", "Resume from this checkpoint (fleet::load_persistables).");
 DEFINE_bool(cuda_graph, false, "exec_strategy.use_cuda_graph (GPU workers).");
+DEFINE_string(fp16_allreduce, "off", "off | fp16 | bf16: DistributedStrategy::fp16_allreduce.");
+DEFINE_bool(amp_o1, false, "AMP O1 in bfloat16 (strategy.amp).");
+DEFINE_bool(amp_o2, false, "AMP O2 in bfloat16 (strategy.amp, amp_configs.level=O2).");
 
 using namespace keel;
 
@@ -66,6 +69,10 @@ int main(int argc, char** argv) {
       strategy.use_hierarchical_allreduce = FLAGS_hier > 0;
       strategy.hierarchical_allreduce_inter_nranks = FLAGS_hier;
       strategy.exec_strategy.use_cuda_graph = FLAGS_cuda_graph;
+      strategy.fp16_allreduce = FLAGS_fp16_allreduce != "off";
+      if (FLAGS_fp16_allreduce == "bf16") strategy.fp16_allreduce_configs.dtype = DType::kBFloat16;
+      strategy.amp = FLAGS_amp_o1 || FLAGS_amp_o2;
+      if (FLAGS_amp_o2) strategy.amp_configs.level = "O2";
       // Adam's step is about lr whatever the gradient's size: it gets a smaller rate.
       const float base = FLAGS_opt == "adam" ? 0.01f : 0.5f;
       LearningRate lr = base;
@@ -116,7 +123,10 @@ int main(int argc, char** argv) {
     double sum = 0, weighted = 0;
     int64_t k = 0;
     for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
-      if (!v->is_parameter()) continue;
+      // The float32 parameters, and AMP O2's float32 masters of the 16-bit ones.
+      const bool master =
+          v->name().size() > 7 && v->name().compare(v->name().size() - 7, 7, ".master") == 0;
+      if (!(v->is_parameter() && v->dtype() == DType::kFloat32) && !master) continue;
       const Tensor t = exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace());
       for (int64_t i = 0; i < t.numel(); ++i, ++k) {
         sum += t.data<float>()[i];
@@ -133,6 +143,8 @@ int main(int argc, char** argv) {
       if (RingRegistry::Get().Has(ring))
         zero_copy += RingRegistry::Get().At(ring, "mlp_dp_worker").zero_copy_collectives();
     std::printf("rank %d zero_copy_allreduces %lld\n", rank, static_cast<long long>(zero_copy));
+    std::printf("rank %d allreduce_bytes %lld\n", rank,
+                static_cast<long long>(RingRegistry::Get().TotalAllReduceBytes()));
     if (!FLAGS_out.empty()) fleet::save_persistables(exe, FLAGS_out);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
