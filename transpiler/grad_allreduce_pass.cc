@@ -399,7 +399,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     InferShapeAtBuild(s, &mb);
     scaled = true;
   }
-  KEEL_ENFORCE(scaled,
+  KEEL_ENFORCE(scaled || !options_.has_loss,
                "grad_allreduce: the main program has no loss-gradient op; call "
                "minimize (append_backward) before transpiling");
 

@@ -67,6 +67,9 @@ struct GradAllReduceOptions {
   // ranks_per_node ranks per node (at least 1, dividing rings.nranks).
   bool hierarchical = false;
   int ranks_per_node = 1;
+  // false: a pipeline stage before the last (transpiler/pipeline_pass.h), whose program has no
+  // loss-gradient op: its gradients come from the last stage, where the 1/nranks scale is.
+  bool has_loss = true;
 };
 
 class GradAllReducePass : public Pass {

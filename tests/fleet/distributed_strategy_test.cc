@@ -69,7 +69,9 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
-      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false}");
+      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
+      "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
+      "schedule_mode=1F1B}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -499,6 +501,17 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"sync_batch_norm", kPinnedBy, none, none,
        "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
        "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
+      // Cuts the program into stages at minimize: pinned by its pass and multi-process tests.
+      {"pipeline", kPinnedBy, none, none,
+       "PipelinePass.Pp2MlpStagesMatchGolden, PipelineParallel.Pp2EqualsOneProcess"},
+      {"pipeline_configs.pp_degree", kRefused, none,
+       [](auto* s) { s->pipeline_configs.pp_degree = 2; }},
+      {"pipeline_configs.accumulate_steps", kRefused, none,
+       [](auto* s) { s->pipeline_configs.accumulate_steps = 2; }},
+      {"pipeline_configs.micro_batch_size", kRefused, none,
+       [](auto* s) { s->pipeline_configs.micro_batch_size = 2; }},
+      {"pipeline_configs.schedule_mode", kRefused, none,
+       [](auto* s) { s->pipeline_configs.schedule_mode = "F-then-B"; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -506,7 +519,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 344u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 392u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {
