@@ -101,6 +101,8 @@ PipelineRunner::PipelineRunner(Executor& exe, const Program& stage_program,
       stash_.push_back(v);
     }
   }
+  for (const VarDesc* v : b.AllVars())
+    if (v->persistable()) persistables_.insert(v->name());
   for (const std::string& v : Reads(*fwd_)) {
     const VarDesc* d = b.FindVar(v);
     if (d != nullptr && d->is_data() && !d->persistable()) fwd_data_.insert(v);
@@ -130,10 +132,16 @@ void PipelineRunner::Backward(MicroBatch& mb) {
 std::vector<Tensor> PipelineRunner::Step(const FeedMap& feed,
                                          const std::vector<std::string>& fetch) {
   const int M = o_.micro_batches;
-  for (const std::string& f : fetch)
+  // Persistables (the learning rate) are read after the step; the others are the forward
+  // section's, averaged over the micro-batches.
+  std::vector<std::string> fwd_fetch;
+  for (const std::string& f : fetch) {
+    if (persistables_.count(f)) continue;
     KEEL_ENFORCE(fwd_written_.count(f), "PipelineRunner: fetch '", f,
                  "' is not computed by the forward section of stage ", o_.stage, " of ", o_.stages,
                  " (the loss lives on the last stage)");
+    fwd_fetch.push_back(f);
+  }
   std::vector<MicroBatch> mbs(M);
   std::set<std::string> data = fwd_data_;
   data.insert(bwd_data_.begin(), bwd_data_.end());
@@ -160,20 +168,27 @@ std::vector<Tensor> PipelineRunner::Step(const FeedMap& feed,
   if (o_.one_f_one_b) {
     const int warmup = std::min(o_.stages - o_.stage - 1, M);
     int f = 0, bw = 0;
-    for (; f < warmup; ++f) Forward(mbs[f], fetch);
+    for (; f < warmup; ++f) Forward(mbs[f], fwd_fetch);
     for (; f < M; ++f, ++bw) {
-      Forward(mbs[f], fetch);
+      Forward(mbs[f], fwd_fetch);
       Backward(mbs[bw]);
     }
     for (; bw < M; ++bw) Backward(mbs[bw]);
   } else {
-    for (int m = 0; m < M; ++m) Forward(mbs[m], fetch);
+    for (int m = 0; m < M; ++m) Forward(mbs[m], fwd_fetch);
     for (int m = 0; m < M; ++m) Backward(mbs[m]);
   }
   exe_.Run(*opt_);
 
   std::vector<Tensor> results;
   for (const std::string& f : fetch) {
+    if (persistables_.count(f)) {
+      const Variable* v = exe_.scope().FindVar(f);
+      KEEL_ENFORCE(v != nullptr && v->tensor().initialized(), "PipelineRunner: fetch '", f,
+                   "' holds no data on stage ", o_.stage);
+      results.push_back(v->tensor().Clone(CPUPlace()));
+      continue;
+    }
     Tensor mean = mbs[0].stash.at("@FETCH@" + f).Clone(CPUPlace());
     KEEL_ENFORCE(mean.dtype() == DType::kFloat32 || mean.dtype() == DType::kFloat64,
                  "PipelineRunner: fetch '", f, "' is ", DTypeName(mean.dtype()),

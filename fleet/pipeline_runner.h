@@ -49,8 +49,9 @@ class PipelineRunner {
   // One mini-batch: `feed` holds the whole mini-batch of the data vars (this stage takes the ones
   // its program reads, split by rows into micro-batches; rows must divide by micro_batches).
   // `fetch`: vars of this stage's forward section, returned as their mean over the micro-batches
-  // (float types; for a mean loss, the mini-batch's loss). A keel::Error names a fetch this
-  // stage does not compute.
+  // (float types; for a mean loss, the mini-batch's loss), or persistables of the stage (the
+  // learning rate) as the step left them. A keel::Error names a fetch this stage does not
+  // compute.
   std::vector<Tensor> Step(const FeedMap& feed, const std::vector<std::string>& fetch = {});
 
   // The most micro-batches this stage held in flight during the last Step.
@@ -69,7 +70,7 @@ class PipelineRunner {
   std::unique_ptr<Program> fwd_, bwd_, opt_;
   std::vector<std::string> stash_;             // written by forward, read by backward
   std::set<std::string> fwd_data_, bwd_data_;  // data vars each section reads
-  std::set<std::string> fwd_written_;
+  std::set<std::string> fwd_written_, persistables_;
   int in_flight_ = 0, peak_ = 0;
 };
 

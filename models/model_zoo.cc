@@ -102,7 +102,7 @@ TrainableModel BuildMlp(const ModelConfig& cfg) {
   ProgramGuard guard(*m.main, *m.startup);
   Var x = layers::data("x", {-1, 32}, DType::kFloat32);
   Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var cost = mlp(x, y, cfg.hidden);
+  Var cost = mlp(x, y, cfg.hidden, 2, cfg.pp_degree);
   m.inputs = {x.name()};
   for (auto& op : m.main->global_block().ops())
     if (op->type() == "softmax") m.prediction = op->Output("Out")[0];

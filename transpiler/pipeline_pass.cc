@@ -320,6 +320,23 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
     const OpDesc& op = *sb.op(i);
     bool keep = false;
     for (const std::string& v : op.OutputArgumentNames()) keep = keep || need.count(v);
+    if (!keep && op.InputArgumentNames().empty()) {
+      // Another stage's initializer stays where it is, writing a temporary that the executor
+      // frees at once: the initializers of this stage keep their positions, and so (with a
+      // program random seed) the draws of the whole program.
+      OpDesc* other = sb.op(i);
+      for (const std::string& v : other->OutputArgumentNames()) {
+        if (v == kEmptyVarName) continue;
+        const VarDesc* d = sb.FindVar(v);
+        VarDesc* t = sb.Var(v + kPipelineOtherStageSuffix);
+        if (d != nullptr) {
+          t->set_dtype(d->dtype());
+          t->set_shape(d->shape());
+        }
+        other->RenameOutput(v, t->name());
+      }
+      continue;
+    }
     if (!keep) {
       sb.RemoveOp(i);
       continue;

@@ -33,12 +33,15 @@
 //     ops read G@PP_ACC instead of G (and op_role_var says so); after the last optimizer op a
 //     fill_zeros_like of each G@PP_ACC (role Optimize);
 //     the vars no kept op uses are dropped (so later passes see only this stage's parameters).
-//   startup: the ops that make what this stage's main reads (others dropped, with their vars),
-//     a fill_constant 0 of each G@PP_ACC, then c_comm_init of ring kPipelineRingId (nranks =
-//     degree, rank = stage, options.group, options.device).
-// Leaves alone: the ops kept (attributes but the loss value, inputs but gradients renamed),
-//   random seeds (a startup op's position changes, so initializers without a seed of their own
-//   draw other values than in the whole program when the program has a random seed).
+//   startup: the ops that make what this stage's main reads; the other ops without inputs (other
+//     stages' initializers) stay in place writing "<var>@PP_OTHER_STAGE" temporaries instead, so
+//     that every op keeps its index and, with a program random seed, draws what it draws in the
+//     whole program (the executor seeds unseeded ops by index): PP=N initializes as one process;
+//     other ops are dropped, and vars no op uses; then a fill_constant 0 of each G@PP_ACC, then
+//     c_comm_init of ring kPipelineRingId (nranks = degree, rank = stage, options.group,
+//     options.device).
+// Leaves alone: the ops kept (attributes but the loss value, inputs but gradients renamed), the
+//   positions of startup ops without inputs.
 // A keel::Error names the op, var or setting for: an unmarked forward op, a mark outside
 //   0..degree-1, marks that do not use every stage (naming pipeline_configs.pp_degree), a forward
 //   var read by an earlier stage, a parameter read by two stages, an op needed by several stages
@@ -58,6 +61,8 @@ namespace transpiler {
 inline constexpr int kPipelineRingId = 33;
 // The suffix of a gradient's accumulator.
 inline constexpr const char* kPipelineAccSuffix = "@PP_ACC";
+// The suffix of the temporary another stage's initializer writes in this stage's startup.
+inline constexpr const char* kPipelineOtherStageSuffix = "@PP_OTHER_STAGE";
 
 struct PipelineOptions {
   int degree = 2;            // stages

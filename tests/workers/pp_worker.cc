@@ -83,11 +83,6 @@ int main(int argc, char** argv) {
     {
       ProgramGuard g(main, startup);
       loss = MlpLoss(FLAGS_pp);
-      // Every initializer draws from a seed of its own: the stages' startup programs hold their
-      // ops at other positions than the whole program's.
-      Block& sb = startup.global_block();
-      for (size_t i = 0; i < sb.num_ops(); ++i)
-        if (sb.op(i)->HasAttr("seed")) sb.op(i)->SetAttr("seed", static_cast<int>(100 + i));
       std::unique_ptr<optimizer::Optimizer> opt;
       if (FLAGS_opt == "adam")
         opt = std::make_unique<optimizer::Adam>(0.01f);
