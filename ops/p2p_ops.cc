@@ -53,7 +53,13 @@ class RecvKernel : public OpKernel {
       out->Resize(DDim(shape));
       out->mutable_data(DTypeOf<T>::value, ctx.place());
     }
-    AsOp(ctx, [&] { Ring(ctx).Recv(out, ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+    try {
+      AsOp(ctx, [&] { Ring(ctx).Recv(out, ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+    } catch (const Error& e) {
+      // On a pipeline ring a rank's index is its stage.
+      KEEL_THROW("recv_v2 of ", ctx.op().Output("Out")[0], " from stage ", ctx.Attr<int>("peer"),
+                 " (tag ", ctx.Attr<int>("tag"), "): ", e.what());
+    }
     KEEL_ENFORCE(out->dtype() == DTypeOf<T>::value, "recv_v2 of ", ctx.op().Output("Out")[0],
                  ": received ", DTypeName(out->dtype()), ", expected ",
                  DTypeName(DTypeOf<T>::value));

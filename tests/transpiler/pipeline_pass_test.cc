@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fleet/distributed_strategy.h"
+#include "fleet/fleet.h"
 #include "fleet/pipeline_runner.h"
 #include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
@@ -72,6 +73,19 @@ TEST(PipelinePass, Pp2MlpStagesMatchGolden) {
     EXPECT_GT(runner.backward_section().global_block().num_ops(), 0u);
     EXPECT_EQ(Count(runner.optimizer_section(), "sgd"), 2);
   }
+}
+
+// A stage holds part of the model: fleet refuses a checkpoint of it, naming the setting (the
+// transfers declare ShardsModel).
+TEST(PipelinePass, AStageProgramsCheckpointIsRefusedNamingThePipeline) {
+  Program main, startup;
+  BuildTwoStageMlp(main, startup);
+  transpiler::PipelinePass(Stage(0)).Apply(main, startup);
+  Executor exe;
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { fleet::save_persistables(exe, "/nonexistent/ck", &main); }),
+      {"fleet::save_persistables", "model-parallel", "op send_v2", "DistributedStrategy.",
+       ".pipeline"});
 }
 
 TEST(PipelinePass, ScalesTheLossGradientByOneOverMicroBatches) {

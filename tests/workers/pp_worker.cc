@@ -16,6 +16,7 @@
 #include "fleet/pipeline_runner.h"
 #include "framework/dsl/pipeline.h"
 #include "framework/io/safetensors.h"
+#include "framework/runtime/allocator.h"
 
 DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
 DEFINE_int32(micro, 4, "micro-batches per mini-batch.");
@@ -24,6 +25,7 @@ DEFINE_int32(global_batch, 16, "Rows per step over all data-parallel replicas.")
 DEFINE_int32(steps, 4, "Training steps.");
 DEFINE_string(opt, "sgd", "sgd | adam.");
 DEFINE_string(out, "", "Directory every rank writes its parameters to.");
+DEFINE_int32(hidden, 16, "Width of the first layer (its activations dominate the memory).");
 DEFINE_bool(unordered_recv, false,
             "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
             "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
@@ -39,7 +41,7 @@ Var MlpLoss(int pp) {
   Var h1, h2, h3, loss;
   {
     PipelineStageGuard s = stage(0);
-    h1 = layers::fc(x, 16, "tanh");
+    h1 = layers::fc(x, FLAGS_hidden, "tanh");
   }
   {
     PipelineStageGuard s = stage(1);
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
     for (int step = 0; step < FLAGS_steps; ++step) {
+      CpuAllocatorResetPeak();
       std::vector<float> gx(FLAGS_global_batch * 8);
       std::vector<int64_t> gy(FLAGS_global_batch);
       for (auto& v : gx) v = u(rng);
@@ -132,6 +135,8 @@ int main(int argc, char** argv) {
       if (last) std::printf("rank %d step %d loss %.9g\n", rank, step, l);
       if (runner)
         std::printf("rank %d step %d peak_in_flight %d\n", rank, step, runner->peak_in_flight());
+      std::printf("rank %d step %d peak_bytes %zu\n", rank, step,
+                  CpuAllocatorStats().peak_in_use_bytes);
     }
     if (!FLAGS_out.empty()) {
       NamedTensors params;
