@@ -232,7 +232,7 @@ TrainableModel BuildTransformer(const ModelConfig& cfg) {
     ProgramGuard guard(*m.main, *m.startup);
     Var ids = layers::data("ids", {-1, tc.seq_len, 1}, DType::kInt64);
     Var labels = layers::data("labels", {-1, tc.seq_len, 1}, DType::kInt64);
-    ClassifierOutputs out = transformer_encoder(ids, labels, tc);
+    ClassifierOutputs out = transformer_encoder(ids, labels, tc, cfg.pp_degree);
     m.inputs = {ids.name()};
     m.prediction = out.logits.name();
     m.accuracy = out.accuracy.name();

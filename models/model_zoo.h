@@ -35,7 +35,7 @@ struct ModelConfig {
   // only one rank may use).
   uint64_t shuffle_seed = 0;
   int hidden = 1280;              // mlp: width of the two hidden layers
-  int pp_degree = 1;              // mlp: > 1 places its layers on pipeline stages (models::mlp)
+  int pp_degree = 1;              // mlp, transformer: > 1 places their layers on pipeline stages
   TransformerConfig transformer;  // transformer: sizes and dropout
   std::string data;               // lenet: "mnist:DIR"
   int64_t batch_size = 128;

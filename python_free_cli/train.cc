@@ -211,6 +211,9 @@ PipelineStep(const models::TrainableModel& m) {
                "--eval_every does not combine with "
                "--pp_degree=",
                FLAGS_pp_degree, ": evaluating a pipeline is not built");
+  KEEL_ENFORCE(FLAGS_epochs == 0 || !m.evaluate, "--epochs evaluates model ", FLAGS_model,
+               " after each epoch, which does not combine with --pp_degree=", FLAGS_pp_degree,
+               ": evaluating a pipeline is not built; give --steps");
   KEEL_ENFORCE(FLAGS_batch_size % FLAGS_micro_batches == 0, "--batch_size=", FLAGS_batch_size,
                " must divide by --micro_batches=", FLAGS_micro_batches);
   const fleet::PipelineRunOptions o =

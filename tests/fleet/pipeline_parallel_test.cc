@@ -132,6 +132,18 @@ TEST(PipelineParallel, Pp4RelaysThroughTheMiddleStagesAndEqualsOneProcess) {
   RunCommand("rm -rf " + dir);
 }
 
+// The built-in transformer places its layers on the stages itself (layer i on stage i * S / 2).
+TEST(PipelineParallel, Pp2OnTheTransformerEqualsOneProcess) {
+  const std::string dir = MakeTempDir();
+  // SGD: Adam would turn the rounding noise of gradients that are zero in exact arithmetic (the
+  // key projection's bias: softmax ignores a shift) into steps of the learning rate.
+  const std::string args = " --model=transformer --opt=sgd --global_batch=8";
+  const PpRun one = Train(1, "--pp=1" + args, dir + "/one");
+  const PpRun two = Train(2, "--pp=2 --micro=4" + args, dir + "/pp2");
+  ExpectEqualsOneProcess(one, two, 2, "transformer PP=2 M=4 1F1B sgd");
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   const std::string dir = MakeTempDir();
   const PpRun one = Train(1, "--pp=1 --opt=adam", dir + "/one");

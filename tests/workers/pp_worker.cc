@@ -17,8 +17,10 @@
 #include "framework/dsl/pipeline.h"
 #include "framework/io/safetensors.h"
 #include "framework/runtime/allocator.h"
+#include "models/transformer/transformer_model.h"
 
 DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
+DEFINE_string(model, "mlp", "mlp (a side branch relayed through the stages) | transformer.");
 DEFINE_int32(micro, 4, "micro-batches per mini-batch.");
 DEFINE_string(schedule, "1F1B", "1F1B | F-then-B.");
 DEFINE_int32(global_batch, 16, "Rows per step over all data-parallel replicas.");
@@ -60,6 +62,17 @@ Var MlpLoss(int pp) {
   return loss;
 }
 
+models::TransformerConfig SmallTransformer() {
+  models::TransformerConfig c;
+  c.vocab = 8;
+  c.seq_len = 4;
+  c.d_model = 8;
+  c.heads = 2;
+  c.d_ff = 16;
+  c.layers = 2;
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,7 +97,15 @@ int main(int argc, char** argv) {
     Var loss;
     {
       ProgramGuard g(main, startup);
-      loss = MlpLoss(FLAGS_pp);
+      if (FLAGS_model == "mlp") {
+        loss = MlpLoss(FLAGS_pp);
+      } else {
+        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp or transformer");
+        const models::TransformerConfig c = SmallTransformer();
+        Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
+        Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
+        loss = models::transformer_encoder(ids, labels, c, FLAGS_pp).loss;
+      }
       std::unique_ptr<optimizer::Optimizer> opt;
       if (FLAGS_opt == "adam")
         opt = std::make_unique<optimizer::Adam>(0.01f);
@@ -109,6 +130,7 @@ int main(int argc, char** argv) {
     if (FLAGS_pp > 1)
       runner = std::make_unique<fleet::PipelineRunner>(
           exe, fleet::main_program(), fleet::PipelineRunOptionsFor(strategy, fleet::role()));
+    models::ReversalTaskData tokens(SmallTransformer(), 99);
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
     for (int step = 0; step < FLAGS_steps; ++step) {
@@ -122,6 +144,12 @@ int main(int argc, char** argv) {
       std::vector<int64_t> ly(gy.begin() + dp_rank * local, gy.begin() + (dp_rank + 1) * local);
       FeedMap feed = {{"x", Tensor::FromVector(lx, {local, 8})},
                       {"y", Tensor::FromVector(ly, {local, 1})}};
+      if (FLAGS_model == "transformer") {
+        Tensor ids, labels;
+        tokens.Next(FLAGS_global_batch, &ids, &labels);
+        feed = {{"ids", ids.Slice(dp_rank * local, (dp_rank + 1) * local)},
+                {"labels", labels.Slice(dp_rank * local, (dp_rank + 1) * local)}};
+      }
       std::vector<Tensor> out;
       if (runner) {
         out = runner->Step(
