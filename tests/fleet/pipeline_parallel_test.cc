@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "framework/io/safetensors.h"
+#include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -223,6 +225,23 @@ TEST(PipelineParallel, AReceiveWaitingForTheWrongTagFailsByTheCommTimeout) {
   EXPECT_TRUE(bad.output.find("receive from rank") != std::string::npos ||
               bad.output.find("recv_v2 of") != std::string::npos)
       << bad.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// A stage that stops answering (hung) fails its neighbour within the comm timeout, naming the
+// transfer, the stage it waits for and the timeout, instead of hanging the job.
+TEST(PipelineParallel, AHungStageFailsItsNeighbourWithinTheCommTimeoutNamingTheStage) {
+  const std::string dir = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  const PpRun hung =
+      Train(2, "--pp=2 --micro=2 --steps=3 --stall_stage=1 --stall_s=60 --comm_timeout_s=2",
+            dir + "/hung", /*expect_ok=*/false);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("a hung stage 1 failed stage 0 after %.1f s\n", secs);
+  EXPECT_NE(hung.exit_code, 0) << hung.output;
+  EXPECT_LT(secs, 30) << hung.output;
+  const std::string log0 = RunCommand("cat " + dir + "/hung/log/workerlog.0").output;
+  testing::ExpectContainsAll(log0, {"recv_v2 of", "from stage 1", "no send arrived in 2 s"});
   RunCommand("rm -rf " + dir);
 }
 

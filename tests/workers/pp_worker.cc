@@ -8,9 +8,11 @@
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "fleet/fleet.h"
 #include "fleet/pipeline_runner.h"
@@ -28,6 +30,10 @@ DEFINE_int32(steps, 4, "Training steps.");
 DEFINE_string(opt, "sgd", "sgd | adam.");
 DEFINE_string(out, "", "Directory every rank writes its parameters to.");
 DEFINE_int32(hidden, 16, "Width of the first layer (its activations dominate the memory).");
+DEFINE_int32(stall_stage, -1,
+             "Fault test: the process of this stage sleeps --stall_s seconds before step 1, as a "
+             "hung peer would.");
+DEFINE_int32(stall_s, 30, "With --stall_stage: seconds to sleep.");
 DEFINE_bool(unordered_recv, false,
             "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
             "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
@@ -134,6 +140,8 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
     for (int step = 0; step < FLAGS_steps; ++step) {
+      if (step == 1 && rank % FLAGS_pp == FLAGS_stall_stage)
+        std::this_thread::sleep_for(std::chrono::seconds(FLAGS_stall_s));
       CpuAllocatorResetPeak();
       std::vector<float> gx(FLAGS_global_batch * 8);
       std::vector<int64_t> gy(FLAGS_global_batch);
