@@ -117,10 +117,17 @@ TEST(PipelineParallel, Pp2EqualsOneProcess) {
       ExpectEqualsOneProcess(one, two, 2, ("PP=2 M=4 " + sched + " " + opt).c_str());
     }
     if (opt == "sgd") {
-      // Gloo rings (the default on one host is shared memory) move the transfers alike.
+      // Gloo rings (the default on one host is shared memory) move the transfers over their own
+      // connections (both stages say so), not through the store, and train alike.
       const PpRun gloo =
           Train(2, "--pp=2 --micro=4 --opt=sgd --cpu_comm_backend=gloo", dir + "/pp2_gloo");
       ExpectEqualsOneProcess(one, gloo, 2, "PP=2 M=4 1F1B sgd, gloo rings");
+      for (int k = 0; k < 2; ++k)
+        EXPECT_NE(RunCommand("cat " + dir + "/pp2_gloo/log/workerlog." + std::to_string(k))
+                      .output.find("point-to-point transfers over gloo (native"),
+                  std::string::npos)
+            << "rank " << k << "\n"
+            << gloo.output;
     }
   }
   RunCommand("rm -rf " + dir);
@@ -215,33 +222,50 @@ TEST(PipelineParallel, OneFOneBPeakMemoryPerStageIsBoundedByStagesMinusStageMicr
 
 // Receives that wait for another transfer's tag (as if matched by arrival order) never pair with
 // the wrong send: the run fails, within the comm timeout, naming the transfer.
+// Both the store's transfers (shared-memory rings) and Gloo's own.
 TEST(PipelineParallel, AReceiveWaitingForTheWrongTagFailsByTheCommTimeout) {
   const std::string dir = MakeTempDir();
-  const PpRun bad = Train(2, "--pp=2 --micro=2 --steps=1 --unordered_recv --comm_timeout_s=3",
-                          dir + "/bad", /*expect_ok=*/false);
-  EXPECT_NE(bad.exit_code, 0) << bad.output;
-  // Stage 1's first receive gets a transfer of another shape (refused by recv_v2's check) or
-  // waits for a tag its peer never sends (the comm timeout), whichever the executor starts first.
-  EXPECT_TRUE(bad.output.find("receive from rank") != std::string::npos ||
-              bad.output.find("recv_v2 of") != std::string::npos)
-      << bad.output;
+  for (const std::string backend : {"shm", "gloo"}) {
+    const PpRun bad = Train(2,
+                            "--pp=2 --micro=2 --steps=1 --unordered_recv --comm_timeout_s=3 "
+                            "--cpu_comm_backend=" +
+                                backend,
+                            dir + "/bad_" + backend, /*expect_ok=*/false);
+    EXPECT_NE(bad.exit_code, 0) << backend << "\n" << bad.output;
+    // Stage 1's first receive gets a transfer of another shape (refused by recv_v2's check) or
+    // waits for a tag its peer never sends (the comm timeout), whichever the executor starts
+    // first.
+    EXPECT_TRUE(bad.output.find("receive from rank") != std::string::npos ||
+                bad.output.find("recv_v2 of") != std::string::npos)
+        << backend << "\n"
+        << bad.output;
+  }
   RunCommand("rm -rf " + dir);
 }
 
 // A stage that stops answering (hung) fails its neighbour within the comm timeout, naming the
 // transfer, the stage it waits for and the timeout, instead of hanging the job.
+// On shared-memory rings (the store's transfers) and on Gloo rings (Gloo's own).
 TEST(PipelineParallel, AHungStageFailsItsNeighbourWithinTheCommTimeoutNamingTheStage) {
   const std::string dir = MakeTempDir();
-  const auto t0 = std::chrono::steady_clock::now();
-  const PpRun hung =
-      Train(2, "--pp=2 --micro=2 --steps=3 --stall_stage=1 --stall_s=60 --comm_timeout_s=2",
-            dir + "/hung", /*expect_ok=*/false);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("a hung stage 1 failed stage 0 after %.1f s\n", secs);
-  EXPECT_NE(hung.exit_code, 0) << hung.output;
-  EXPECT_LT(secs, 30) << hung.output;
-  const std::string log0 = RunCommand("cat " + dir + "/hung/log/workerlog.0").output;
-  testing::ExpectContainsAll(log0, {"recv_v2 of", "from stage 1", "no send arrived in 2 s"});
+  for (const std::string backend : {"shm", "gloo"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const PpRun hung = Train(2,
+                             "--pp=2 --micro=2 --steps=3 --stall_stage=1 --stall_s=60 "
+                             "--comm_timeout_s=2 --cpu_comm_backend=" +
+                                 backend,
+                             dir + "/hung_" + backend, /*expect_ok=*/false);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s rings: a hung stage 1 failed stage 0 after %.1f s\n", backend.c_str(), secs);
+    EXPECT_NE(hung.exit_code, 0) << backend << "\n" << hung.output;
+    EXPECT_LT(secs, 30) << backend << "\n" << hung.output;
+    const std::string log0 =
+        RunCommand("cat " + dir + "/hung_" + backend + "/log/workerlog.0").output;
+    testing::ExpectContainsAll(
+        log0, {"recv_v2 of", "from stage 1", "receive from rank 1", "no send arrived",
+               " 2 s (--comm_timeout_s; did rank 1 stop"});
+  }
   RunCommand("rm -rf " + dir);
 }
 
