@@ -101,14 +101,14 @@ class Communicator {
   // of `peer` to this rank, n counting this rank's Recvs from `peer` under `tag`: transfers are
   // matched by (peer, tag, ordinal), never by arrival order, so concurrent transfers cannot swap.
   // A receive that waits past the ring's timeout, or whose peer's process is gone, is a
-  // keel::Error naming the ring, both ranks, the tag and the ordinal. CPU rings (shared memory,
-  // Gloo) move the bytes through the job's store (UseStoreMailbox, framework/comm/p2p_mailbox.cc);
-  // NCCL rings with ncclSend / ncclRecv (in call order: the tag is not sent). Other backends: a
-  // keel::Error naming the backend.
+  // keel::Error naming the ring, both ranks, the tag and the ordinal. Gloo rings move the bytes
+  // over their own connections (gloo_communicator.cc); shared-memory rings through the job's store
+  // (UseStoreMailbox, framework/comm/p2p_mailbox.cc); NCCL rings with ncclSend / ncclRecv (in call
+  // order: the tag is not sent). Other backends: a keel::Error naming the backend.
   virtual void Send(const Tensor& t, int peer, int tag);
   virtual void Recv(Tensor* t, int peer, int tag);
   // Point-to-point through `store` under keys starting with `prefix` (CommContext sets it on every
-  // CPU ring it creates).
+  // CPU ring it creates; the Gloo backend overrides Send / Recv and does not use it).
   void UseStoreMailbox(StoreClient* store, std::string prefix, std::chrono::milliseconds timeout);
 
  protected:
