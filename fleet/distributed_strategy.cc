@@ -148,7 +148,12 @@ std::string DistributedStrategy::ToString() const {
       ", tensor_parallel_configs={tensor_parallel_degree=",
       tensor_parallel_configs.tensor_parallel_degree, "}",
       ", sync_batch_norm=", Bool(sync_batch_norm), ", fp16_allreduce=", Bool(fp16_allreduce),
-      ", fp16_allreduce_configs={dtype=", DTypeName(fp16_allreduce_configs.dtype), "}}");
+      ", fp16_allreduce_configs={dtype=", DTypeName(fp16_allreduce_configs.dtype), "}",
+      ", pipeline=", Bool(pipeline),
+      ", pipeline_configs={pp_degree=", pipeline_configs.pp_degree,
+      ", accumulate_steps=", pipeline_configs.accumulate_steps,
+      ", micro_batch_size=", pipeline_configs.micro_batch_size,
+      ", schedule_mode=", pipeline_configs.schedule_mode, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -320,6 +325,7 @@ void DistributedStrategy::Validate(const Role& role) const {
   }
   ValidateSharding(role);
   ValidateFp16Allreduce();
+  ValidatePipeline(role);
   // Tensor parallelism (docs/tensor-parallel.md, "What is refused").
   if (tensor_parallel) {
     const int tp = tensor_parallel_configs.tensor_parallel_degree;
@@ -449,6 +455,62 @@ void DistributedStrategy::ValidateFp16Allreduce() const {
        "not built)");
   both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
        "the two-level all-reduce moves float32 buffers (16 bits there is not built)");
+}
+
+void DistributedStrategy::ValidatePipeline(const Role& role) const {
+  const char* s = "DistributedStrategy.";
+  const PipelineConfigs d;
+  const PipelineConfigs& c = pipeline_configs;
+  if (!pipeline) {
+    auto off = [&](bool changed, const std::string& field) {
+      KEEL_ENFORCE(!changed, s, field, " is set but ", s,
+                   "pipeline=false, so it would have no effect; turn pipeline on or leave ", field,
+                   " at its default");
+    };
+    off(c.pp_degree != d.pp_degree, StrCat("pipeline_configs.pp_degree=", c.pp_degree));
+    off(c.accumulate_steps != d.accumulate_steps,
+        StrCat("pipeline_configs.accumulate_steps=", c.accumulate_steps));
+    off(c.micro_batch_size != d.micro_batch_size,
+        StrCat("pipeline_configs.micro_batch_size=", c.micro_batch_size));
+    off(c.schedule_mode != d.schedule_mode,
+        StrCat("pipeline_configs.schedule_mode=", c.schedule_mode));
+    return;
+  }
+  KEEL_ENFORCE(c.pp_degree >= 2, s, "pipeline_configs.pp_degree=", c.pp_degree,
+               " must be >= 2 with ", s, "pipeline=true (1 stage is no pipeline)");
+  KEEL_ENFORCE(role.world_size % c.pp_degree == 0, s, "pipeline_configs.pp_degree=", c.pp_degree,
+               " does not divide world_size=", role.world_size,
+               " (data parallelism fills world_size / pp_degree)");
+  KEEL_ENFORCE(c.accumulate_steps >= 1, s, "pipeline_configs.accumulate_steps=", c.accumulate_steps,
+               " must be >= 1 (micro-batches per mini-batch)");
+  KEEL_ENFORCE(c.micro_batch_size >= 0, s, "pipeline_configs.micro_batch_size=", c.micro_batch_size,
+               " must be >= 0 (0: the mini-batch's rows / accumulate_steps)");
+  KEEL_ENFORCE(c.schedule_mode == "1F1B" || c.schedule_mode == "F-then-B", s,
+               "pipeline_configs.schedule_mode='", c.schedule_mode, "' must be 1F1B or F-then-B");
+  auto both = [&](bool conflict, const std::string& other, const char* why) {
+    KEEL_ENFORCE(!conflict, s, "pipeline=true does not combine with ", s, other, ": ", why);
+  };
+  both(tensor_parallel, "tensor_parallel=true",
+       "stages split over tensor-parallel groups are not built or tested");
+  both(sharding, "sharding=true", "sharding a stage's optimizer state is not built");
+  both(use_local_sgd, "use_local_sgd=true",
+       "LocalSGD's parameter averaging is not built for pipeline stages");
+  both(gradient_merge, "gradient_merge=true",
+       "the pipeline already accumulates gradients over pipeline_configs.accumulate_steps "
+       "micro-batches; raise that instead");
+  both(amp, "amp=true",
+       "the loss-scaling overflow flag would have to be all-reduced over the pipeline group, "
+       "which is not built");
+  both(recompute, "recompute=true", "recompute inside pipeline stages is not built or tested");
+  both(sync_batch_norm, "sync_batch_norm=true",
+       "batch statistics of micro-batches are not synchronized (not built)");
+  both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",
+       "a stage all-reduces its gradients one by one (fused buffers across micro-batches are "
+       "not built)");
+  both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
+       "the data-parallel ranks of a pipeline job are not one node's consecutive ranks");
+  both(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true",
+       "point-to-point transfers cannot be captured in a CUDA graph");
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -144,6 +144,22 @@ struct DistributedStrategy {
   struct Fp16AllreduceConfigs {
     DType dtype = DType::kFloat16;  // kFloat16 or kBFloat16
   } fp16_allreduce_configs;
+  // Pipeline parallelism (transpiler/pipeline_pass.h, docs/pipeline.md; Paddle's names): the
+  // model's stages (marked with PipelineStageGuard, framework/dsl/pipeline.h) run on the
+  // pp_degree ranks of a pipeline group, each holding its stage's parameters; a mini-batch runs
+  // as accumulate_steps micro-batches whose gradients are summed, then the optimizer runs once.
+  // Data parallelism fills the rest of the world (world_size / pp_degree groups).
+  bool pipeline = false;
+  struct PipelineConfigs {
+    int pp_degree = 1;                   // stages (ranks per pipeline group), >= 2 with pipeline on
+    int accumulate_steps = 1;            // micro-batches per mini-batch (M)
+    int micro_batch_size = 0;            // rows per micro-batch; 0: the mini-batch's rows / M
+    std::string schedule_mode = "1F1B";  // "1F1B" | "F-then-B"
+  } pipeline_configs;
+  // The number of stages in force: pp_degree with the switch on, else 1.
+  int PipelineDegree() const { return pipeline ? pipeline_configs.pp_degree : 1; }
+  // The pipeline part of Validate.
+  void ValidatePipeline(const Role& role) const;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
@@ -171,6 +187,10 @@ struct DistributedStrategy {
   // sync_batch_norm beside use_local_sgd or on a role with GPUs; fp16_allreduce_configs set
   // while fp16_allreduce is off, a dtype other than float16/bfloat16, and fp16_allreduce beside
   // amp, sharding, use_local_sgd, gradient_merge or use_hierarchical_allreduce (naming both).
+  // sync_batch_norm beside use_local_sgd or on a role with GPUs; pipeline_configs set while
+  // pipeline is off, pp_degree < 2 or not dividing world_size (with the tensor-parallel degree),
+  // accumulate_steps < 1, micro_batch_size < 0, a schedule_mode other than 1F1B / F-then-B, and
+  // pipeline beside what it does not build (ValidatePipeline names both fields).
   void Validate(const Role& role) const;
   // The fp16_allreduce part of Validate.
   void ValidateFp16Allreduce() const;

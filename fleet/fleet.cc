@@ -501,16 +501,19 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
     const bool sharding = strategy_.sharding;
-    // Under sharding each rank's programs hold only its own updates: the ranks compare the
-    // programs before that rewrite, which decides the rest from the world size alone.
-    if (sharding) {
+    // Under sharding each rank's programs hold only its own updates, and pipeline stages their
+    // own stage: the ranks compare the programs before that rewrite, which decides the rest
+    // from the world size alone.
+    const bool compare_before = sharding || strategy_.pipeline;
+    if (compare_before) {
       CheckProgramsMatch(*ForComparison(main, false), "main program");
       CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
-      State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
     }
+    if (sharding)
+      State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
     fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
     RecordPassMadeVars(before, main, *startup);
-    if (!sharding) {
+    if (!compare_before) {
       CheckProgramsMatch(*ForComparison(main, false), "main program");
       CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
     }
@@ -591,8 +594,9 @@ void RefuseTensorParallel(const Program& p, const char* api) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (const auto& op : p.block(b).ops())
       KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model, "fleet::", api,
-                   ": the program is tensor-parallel (op ", op->type(),
-                   "), and checkpoints of tensor-parallel shards are not built: rank 0 holds "
+                   ": the program is model-parallel (op ", op->type(),
+                   ", under DistributedStrategy.tensor_parallel or .pipeline), and checkpoints of "
+                   "model-parallel shards are not built: rank 0 holds "
                    "only its own shards");
 }
 

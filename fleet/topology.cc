@@ -64,6 +64,11 @@ std::string Topology::DpGroupName(int rank) const {
   return StrCat("dp:pp", c.pp, ".tp", c.tp);
 }
 
+std::string Topology::PpGroupName(int rank) const {
+  const RankCoord c = Coord(rank);
+  return StrCat("pp:dp", c.dp, ".tp", c.tp);
+}
+
 std::string Topology::ToString() const {
   return StrCat("dp", dp_, " x pp", pp_, " x tp", tp_, " (world ", world_size(), ")");
 }

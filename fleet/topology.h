@@ -23,8 +23,8 @@
 //                    "dp:pp<p>.tp<t>" when tp or pp split the world, else "" (the whole job);
 //   tensor parallel: ring id kTensorParallelRingId (transpiler/tensor_parallel.h), group
 //                    "tp:dp<d>.pp<p>".
-// Pipeline groups get their ring when pipeline parallelism is built (pp_degree > 1 is refused by
-// DistributedStrategy::Validate until then).
+//   pipeline:        ring id kPipelineRingId (transpiler/pipeline_pass.h), group
+//                    "pp:dp<d>.tp<t>"; the index in the group is the rank's stage.
 #pragma once
 
 #include <string>
@@ -61,6 +61,7 @@ class Topology {
   // The `group` names of `rank`'s rings (see above).
   std::string TpGroupName(int rank) const;
   std::string DpGroupName(int rank) const;
+  std::string PpGroupName(int rank) const;
 
   // "dp2 x pp1 x tp2 (world 4)".
   std::string ToString() const;

@@ -2,6 +2,7 @@
 
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "transpiler/pipeline_pass.h"
 #include "transpiler/sharding_pass.h"
 #include "transpiler/sync_batch_norm_pass.h"
 #include "transpiler/tensor_parallel_pass.h"
@@ -11,10 +12,14 @@ namespace fleet {
 
 Topology TopologyFor(const DistributedStrategy& strategy, const Role& role) {
   const int tp = strategy.TensorParallelDegree();
+  const int pp = strategy.PipelineDegree();
   KEEL_ENFORCE(tp >= 1 && role.world_size % tp == 0,
                "DistributedStrategy.tensor_parallel_configs.tensor_parallel_degree=", tp,
                " does not divide world_size=", role.world_size);
-  return Topology(role.world_size, role.world_size / tp, /*pp_degree=*/1, tp);
+  KEEL_ENFORCE(pp >= 1 && role.world_size % (tp * pp) == 0,
+               "DistributedStrategy.pipeline_configs.pp_degree=", pp,
+               " does not divide world_size=", role.world_size, " / tensor-parallel degree ", tp);
+  return Topology(role.world_size, role.world_size / (tp * pp), pp, tp);
 }
 
 transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, const Role& role) {
@@ -49,9 +54,26 @@ transpiler::TensorParallelOptions TensorParallelOptionsFor(const DistributedStra
   return o;
 }
 
+transpiler::PipelineOptions PipelineOptionsFor(const DistributedStrategy& strategy,
+                                               const Role& role) {
+  const Topology topo = TopologyFor(strategy, role);
+  transpiler::PipelineOptions o;
+  o.degree = topo.pp_degree();
+  o.stage = topo.Coord(role.rank).pp;
+  o.micro_batches = strategy.pipeline_configs.accumulate_steps;
+  o.micro_batch_size = strategy.pipeline_configs.micro_batch_size;
+  o.device = role.selected_gpus.empty() ? -1 : role.selected_gpus[0];
+  o.group = topo.PpGroupName(role.rank);
+  return o;
+}
+
 transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrategy& strategy,
                                                          const Role& role, double group_bytes) {
   transpiler::GradAllReduceOptions o;
+  {
+    const Topology topo = TopologyFor(strategy, role);
+    o.has_loss = topo.Coord(role.rank).pp == topo.pp_degree() - 1;
+  }
   o.rings = RingOptionsFor(strategy, role);
   o.fuse = strategy.fuse_all_reduce_ops;
   o.fuse_mb = strategy.fuse_grad_size_in_MB;
@@ -105,6 +127,11 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
     return;
   }
   const Topology topo = TopologyFor(strategy, role);
+  // Pipeline first: the data-parallel passes then see this stage's program only (and all-reduce
+  // its gradients every micro-batch, before they are accumulated). Each rank creates the
+  // pipeline ring, then its data-parallel rings.
+  if (topo.pp_degree() > 1)
+    transpiler::PipelinePass(PipelineOptionsFor(strategy, role)).Apply(main, startup);
   // The data-parallel passes on the dp ring (every rank of one tp coordinate), then the
   // tensor-parallel ring: each rank creates its rings in this order.
   if (topo.dp_degree() == 1) {

@@ -7,7 +7,8 @@
 //   1. GradientMergePass when strategy.gradient_merge, with any number of workers: it moves the
 //      optimizer section into its merge sub-block, so it must see the section as minimize left
 //      it, before any collective;
-//   2. with role.world_size > 1, ShardingPass when strategy.sharding (ZeRO-1, instead of the
+//   2. with role.world_size > 1: PipelinePass first when strategy.pipeline (this rank's stage),
+//      then ShardingPass when strategy.sharding (ZeRO-1, instead of the
 //      gradient all-reduce), LocalSGDPass when strategy.use_local_sgd, else GradAllReducePass
 //      (fusion and hierarchy are its options; after gradient merge it all-reduces the merged
 //      buffers inside the merge sub-block, once per merge step, instead of every run's gradients)
@@ -29,13 +30,15 @@
 #include "framework/ir/program.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/pipeline_pass.h"
 #include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace fleet {
 
 // The job's hybrid topology: tensor_parallel_degree (1 without tensor_parallel) ranks per
-// tensor-parallel group, data parallelism filling the rest (pipeline: later, pp_degree 1).
+// tensor-parallel group, pp_degree (1 without pipeline) stages per pipeline group, data
+// parallelism filling the rest.
 Topology TopologyFor(const DistributedStrategy& strategy, const Role& role);
 // The data-parallel rings of `strategy` (nccl_comm_num) and the role's place on them: the role's
 // data-parallel group (all ranks without tensor parallelism), its index in it, its first GPU.
@@ -44,6 +47,9 @@ transpiler::RingOptions RingOptionsFor(const DistributedStrategy& strategy, cons
 // strategy.fuse_by_ring_model applies (0: none; groups fill up to the strategy's limits).
 transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrategy& strategy,
                                                          const Role& role, double group_bytes = 0);
+// The pipeline stage of `role` (fleet/topology.h: its index in its pipeline group).
+transpiler::PipelineOptions PipelineOptionsFor(const DistributedStrategy& strategy,
+                                               const Role& role);
 transpiler::LocalSGDOptions LocalSGDOptionsFor(const DistributedStrategy& strategy,
                                                const Role& role);
 

@@ -105,7 +105,7 @@ TrainableModel BuildMlp(const ModelConfig& cfg) {
   ProgramGuard guard(*m.main, *m.startup);
   Var x = layers::data("x", {-1, 32}, DType::kFloat32);
   Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var cost = mlp(x, y, cfg.hidden);
+  Var cost = mlp(x, y, cfg.hidden, 2, cfg.pp_degree);
   m.inputs = {x.name()};
   for (auto& op : m.main->global_block().ops())
     if (op->type() == "softmax") m.prediction = op->Output("Out")[0];
@@ -235,7 +235,7 @@ TrainableModel BuildTransformer(const ModelConfig& cfg) {
     ProgramGuard guard(*m.main, *m.startup);
     Var ids = layers::data("ids", {-1, tc.seq_len, 1}, DType::kInt64);
     Var labels = layers::data("labels", {-1, tc.seq_len, 1}, DType::kInt64);
-    ClassifierOutputs out = transformer_encoder(ids, labels, tc);
+    ClassifierOutputs out = transformer_encoder(ids, labels, tc, cfg.pp_degree);
     m.inputs = {ids.name()};
     m.prediction = out.logits.name();
     m.accuracy = out.accuracy.name();

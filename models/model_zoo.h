@@ -38,6 +38,7 @@ struct ModelConfig {
   // only one rank may use).
   uint64_t shuffle_seed = 0;
   int hidden = 1280;              // mlp: width of the two hidden layers
+  int pp_degree = 1;              // mlp, transformer: > 1 places their layers on pipeline stages
   TransformerConfig transformer;  // transformer: sizes and dropout
   CtrConfig ctr;                  // ctr: the table's rows
   std::string data;               // lenet: "mnist:DIR"; ctr: "criteo:FILE" (default: synthetic)

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <random>
 
 #include "executor/executor.h"
 #include "fleet/fleet.h"
+#include "fleet/pipeline_runner.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
@@ -105,17 +107,23 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   KEEL_ENFORCE(fleet::worker_num() % FLAGS_tp_degree == 0, "--tp_degree=", FLAGS_tp_degree,
                " does not divide the ", fleet::worker_num(),
                " workers (data parallelism fills workers / tp_degree)");
-  // With tensor parallelism the ranks of a group are one data-parallel replica: they read the
-  // same data, and the replicas shard it.
-  const int tp = FLAGS_tp_degree, replica = fleet::worker_index() / tp;
+  KEEL_ENFORCE(
+      FLAGS_pp_degree >= 1 && fleet::worker_num() % (FLAGS_tp_degree * FLAGS_pp_degree) == 0,
+      "--pp_degree=", FLAGS_pp_degree, " does not divide the ", fleet::worker_num(),
+      " workers (data parallelism fills workers / pp_degree)");
+  // With tensor or pipeline parallelism the ranks of a group are one data-parallel replica: they
+  // read the same data, and the replicas shard it.
+  const int tp = FLAGS_tp_degree, pp = FLAGS_pp_degree;
+  const int replica = fleet::worker_index() / (tp * pp);
   cfg.rank = replica;
-  cfg.nranks = fleet::worker_num() / tp;
+  cfg.nranks = fleet::worker_num() / (tp * pp);
   ModelSettingsFromFlags(&cfg);
-  if (tp > 1)
+  if (tp > 1 || pp > 1)
     for (const char* f :
          {"save_dir", "save_every", "auto_resume", "load_dir", "save_inference_dir"})
-      KEEL_ENFORCE(!Given(f), "--", f, " does not combine with --tp_degree=", tp,
-                   ": checkpoints of tensor-parallel shards are not built (rank 0 holds only "
+      KEEL_ENFORCE(!Given(f), "--", f, " does not combine with --", tp > 1 ? "tp" : "pp",
+                   "_degree=", tp > 1 ? tp : pp,
+                   ": checkpoints of model-parallel shards are not built (rank 0 holds only "
                    "its own shards)");
   // Every replica draws its own synthetic data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(replica);
@@ -196,6 +204,48 @@ void FinishProfile() { profiler::FinishFromFlags(); }
 
 namespace {
 
+// A training step of this rank's pipeline stage (docs/pipeline.md): the mini-batch as
+// --micro_batches micro-batches. The loss lives on the last stage of each replica: every rank
+// gets the global batch's mean loss through an all-reduce (each fetching step, on every rank).
+std::function<std::vector<Tensor>(Executor&, const FeedMap&, const std::vector<std::string>&)>
+PipelineStep(const models::TrainableModel& m) {
+  KEEL_ENFORCE(FLAGS_eval_every == 0 || !m.evaluate,
+               "--eval_every does not combine with "
+               "--pp_degree=",
+               FLAGS_pp_degree, ": evaluating a pipeline is not built");
+  KEEL_ENFORCE(FLAGS_epochs == 0 || !m.evaluate, "--epochs evaluates model ", FLAGS_model,
+               " after each epoch, which does not combine with --pp_degree=", FLAGS_pp_degree,
+               ": evaluating a pipeline is not built; give --steps");
+  KEEL_ENFORCE(FLAGS_batch_size % FLAGS_micro_batches == 0, "--batch_size=", FLAGS_batch_size,
+               " must divide by --micro_batches=", FLAGS_micro_batches);
+  const fleet::PipelineRunOptions o =
+      fleet::PipelineRunOptionsFor(StrategyFromFlags(), fleet::role());
+  const int replicas = fleet::worker_num() / (FLAGS_tp_degree * FLAGS_pp_degree);
+  auto runner = std::make_shared<std::unique_ptr<fleet::PipelineRunner>>();
+  Program* main = m.main.get();
+  const std::string loss = m.loss;
+  return [=](Executor& exe, const FeedMap& feed, const std::vector<std::string>& fetch) {
+    if (!*runner) *runner = std::make_unique<fleet::PipelineRunner>(exe, *main, o);
+    const bool last = o.stage == o.stages - 1;
+    std::vector<std::string> mine;
+    for (const std::string& f : fetch)
+      if (f != loss || last) mine.push_back(f);
+    std::vector<Tensor> got = (*runner)->Step(feed, mine);
+    std::vector<Tensor> out;
+    size_t k = 0;
+    for (const std::string& f : fetch) {
+      if (f != loss) {
+        out.push_back(got[k++]);
+        continue;
+      }
+      double l = last ? got[k++].item<double>() : 0.0;
+      l = fleet::metrics::sum(l) / replicas;
+      out.push_back(Tensor::FromVector(std::vector<float>{static_cast<float>(l)}, {1}));
+    }
+    return out;
+  };
+}
+
 // The Trainer's options from keel train's flags; its messages then name the flags ("--" and the
 // field's name is the flag's).
 TrainerOptions OptionsFromFlags() {
@@ -248,6 +298,7 @@ int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_eval_every == 0 || m.evaluate, "--eval_every: model ", FLAGS_model,
                " has no test data to evaluate on");
   TrainerModel model;
+  if (FLAGS_pp_degree > 1) model.run_step = PipelineStep(m);
   model.main = m.main.get();
   model.startup = m.startup.get();
   model.test = m.test.get();

@@ -41,6 +41,17 @@ DEFINE_int32(tp_degree, 1,
              "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
              "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
 
+DEFINE_int32(pp_degree, 1,
+             "Pipeline stages (docs/pipeline.md): the mlp's or transformer's layers split over "
+             "pp_degree workers in a row, a mini-batch running as --micro_batches micro-batches; "
+             "data parallelism fills the rest. 1: off.");
+DEFINE_int32(micro_batches, 1,
+             "With --pp_degree > 1: micro-batches per mini-batch (--batch_size must divide by "
+             "it); gradients are summed over them and the optimizer steps once.");
+DEFINE_string(pp_schedule, "1f1b",
+              "With --pp_degree > 1: 1f1b (at most stages - stage micro-batches in flight) | "
+              "fthenb (every forward, then every backward).");
+
 // ---- the built-in models' settings
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
 DEFINE_int32(vocab, 10,
@@ -179,6 +190,20 @@ fleet::DistributedStrategy StrategyFromFlags() {
   if (strategy.tensor_parallel)
     strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp_degree;
   strategy.sync_batch_norm = FLAGS_sync_batch_norm;
+  KEEL_ENFORCE(FLAGS_pp_degree >= 1, "--pp_degree must be >= 1, got ", FLAGS_pp_degree);
+  RefuseUnless(FLAGS_pp_degree > 1, "micro_batches", "pipelines (--pp_degree > 1)");
+  RefuseUnless(FLAGS_pp_degree > 1, "pp_schedule", "pipelines (--pp_degree > 1)");
+  KEEL_ENFORCE(FLAGS_pp_schedule == "1f1b" || FLAGS_pp_schedule == "fthenb",
+               "--pp_schedule must be 1f1b or fthenb, got '", FLAGS_pp_schedule, "'");
+  if (FLAGS_pp_degree > 1) {
+    strategy.pipeline = true;
+    strategy.pipeline_configs.pp_degree = FLAGS_pp_degree;
+    strategy.pipeline_configs.accumulate_steps = FLAGS_micro_batches;
+    strategy.pipeline_configs.schedule_mode = FLAGS_pp_schedule == "1f1b" ? "1F1B" : "F-then-B";
+    // A stage all-reduces its gradients one by one: fusion (on by default here) steps aside, and
+    // asking for it is refused by the strategy, naming both.
+    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
+  }
   return strategy;
 }
 
@@ -192,6 +217,10 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg) {
   KEEL_ENFORCE(tp == 1 || model == "transformer" || model == "mlp", "--tp_degree=", tp, ": model ",
                model, " has no tensor-parallel variant (transformer and mlp have)");
   if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
+  KEEL_ENFORCE(FLAGS_pp_degree == 1 || model == "mlp" || model == "transformer",
+               "--pp_degree=", FLAGS_pp_degree, ": model ", model,
+               " places no pipeline stages (mlp and transformer do)");
+  cfg->pp_degree = FLAGS_pp_degree;
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
   if (model == "ctr" && FlagIsSet("vocab")) {  // the rows of the CTR model's table
     KEEL_ENFORCE(FLAGS_vocab >= 1, "--vocab=", FLAGS_vocab, " must be >= 1");

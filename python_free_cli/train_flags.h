@@ -15,6 +15,8 @@
 DECLARE_string(optimizer);
 DECLARE_double(lr);
 DECLARE_int32(tp_degree);
+DECLARE_int32(pp_degree);
+DECLARE_int32(micro_batches);
 
 namespace keel {
 namespace cli {

@@ -129,7 +129,8 @@ void Trainer::ValidateModel(const TrainerModel& model, bool for_fit) const {
   }
   if (!for_fit) return;
   KEEL_ENFORCE(!model.loss.empty(), "TrainerModel::loss is not set (the loss var of main)");
-  CheckVar(model.main, model.loss, "TrainerModel::loss", "main");
+  // A run_step fetches the loss its own way (a pipeline stage before the last holds none).
+  if (!model.run_step) CheckVar(model.main, model.loss, "TrainerModel::loss", "main");
   if (!model.learning_rate.empty())
     CheckVar(model.main, model.learning_rate, "TrainerModel::learning_rate", "main");
   const bool loader = model.train_data != nullptr, fn = static_cast<bool>(model.next_batch);
@@ -344,8 +345,9 @@ TrainResult Trainer::fit(TrainerModel& model) {
       // The loss is fetched (copied out) only on the steps that show it.
       const bool at_end = step + 1 == total_steps;
       const bool fetches = step % o.fetch_frequency == 0;
+      const std::vector<std::string>& want = fetches ? fetch : std::vector<std::string>{};
       std::vector<Tensor> out =
-          exe_->Run(*model.main, feed, fetches ? fetch : std::vector<std::string>{});
+          model.run_step ? model.run_step(*exe_, feed, want) : exe_->Run(*model.main, feed, want);
       straggler.StepDone();
       StepInfo s;
       s.step = step;

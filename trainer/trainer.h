@@ -99,6 +99,14 @@ struct TrainerModel {
 
   // What options.save_inference_dir saves: the feeds and targets of the pruned program.
   std::vector<std::string> inference_feeds, inference_targets;
+
+  // How one training step runs (optional): given the Trainer's executor, the step's feeds and
+  // what to fetch (the loss, then the rate; empty on steps that show nothing), it returns the
+  // fetched values. Empty: exe.Run(*main, feed, fetch). A pipeline stage sets it to run the
+  // mini-batch as micro-batches (fleet::PipelineRunner, docs/pipeline.md).
+  std::function<std::vector<Tensor>(Executor& exe, const FeedMap& feed,
+                                    const std::vector<std::string>& fetch)>
+      run_step;
 };
 
 struct TrainerOptions {

@@ -462,7 +462,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     s->SetAttr(kOpRoleAttr, kBackward | kLoss);
     InferShapeAtBuild(s, &mb);
   }
-  KEEL_ENFORCE(scaled,
+  KEEL_ENFORCE(scaled || !options_.has_loss,
                "grad_allreduce: the main program has no loss-gradient op; call "
                "minimize (append_backward) before transpiling");
 

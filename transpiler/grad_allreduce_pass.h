@@ -78,6 +78,9 @@ struct GradAllReduceOptions {
   // fp16_allreduce: kFloat16 or kBFloat16 all-reduces the float32 gradients in that type;
   // kFloat32: as they are.
   DType comm_dtype = DType::kFloat32;
+  // false: a pipeline stage before the last (transpiler/pipeline_pass.h), whose program has no
+  // loss-gradient op: its gradients come from the last stage, where the 1/nranks scale is.
+  bool has_loss = true;
 };
 
 class GradAllReducePass : public Pass {

@@ -217,6 +217,8 @@ std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int 
     }
     if (!host) host = CreateGlooCommunicator(ring_id, rank, nranks, s, opts);
     host->SetName(name, channel);
+    host->UseStoreMailbox(&s, opts.prefix + "ring" + std::to_string(ring_id) + "/p2p/",
+                          opts.timeout);
     if (cuda) {
       KEEL_ENFORCE(g_host_staged_rings != nullptr, "ring ", ring_id,
                    ": the CUDA backend registered no host-staged rings");

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "framework/comm/collective_watch.h"
 #include "framework/runtime/float16.h"
@@ -135,7 +136,28 @@ class Communicator {
   virtual void ReduceScatter(const Tensor& in, Tensor* out, ReduceOp op) = 0;
   virtual void Barrier() = 0;
 
+  // Point-to-point, for pipeline parallelism (ops send_v2 / recv_v2). Send hands `t` to rank
+  // `peer` of this ring under `tag` and returns without waiting for the receive (it is buffered,
+  // so no schedule deadlocks on a send). Recv(t, peer, tag) waits for the n-th Send(., rank, tag)
+  // of `peer` to this rank, n counting this rank's Recvs from `peer` under `tag`: transfers are
+  // matched by (peer, tag, ordinal), never by arrival order, so concurrent transfers cannot swap.
+  // A receive that waits past the ring's timeout, or whose peer's process is gone, is a
+  // keel::Error naming the ring, both ranks, the tag and the ordinal. Gloo rings move the bytes
+  // over their own connections (gloo_communicator.cc); shared-memory rings through the job's store
+  // (UseStoreMailbox, framework/comm/p2p_mailbox.cc); NCCL rings with ncclSend / ncclRecv (in call
+  // order: the tag is not sent). Other backends: a keel::Error naming the backend.
+  virtual void Send(const Tensor& t, int peer, int tag);
+  virtual void Recv(Tensor* t, int peer, int tag);
+  // Point-to-point through `store` under keys starting with `prefix` (CommContext sets it on every
+  // CPU ring it creates; the Gloo backend overrides Send / Recv and does not use it).
+  void UseStoreMailbox(StoreClient* store, std::string prefix, std::chrono::milliseconds timeout);
+
  protected:
+  // "send to rank 1 (tag 3, #7) on ring 5 (rank 0 of 2)"
+  std::string P2PWhere(const char* what, int peer, int tag, uint64_t n) const;
+  // Checks `peer` and returns the ordinal of the next transfer with `peer` under `tag` (sends
+  // and receives counted apart).
+  uint64_t NextP2P(bool send, int peer, int tag);
   // "allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
   std::string Where(const std::string& what) const;
   // Sizes `out` for AllGather of `in`: [nranks * in.dims[0], ...] (a scalar counts as [1]), in's
@@ -160,6 +182,12 @@ class Communicator {
   void CountAllReduce(const Tensor& t) {
     allreduce_bytes_.fetch_add(static_cast<int64_t>(t.nbytes()), std::memory_order_relaxed);
   }
+  // The store mailbox of Send / Recv (nullptr: none) and the ordinals per (send?, peer, tag).
+  StoreClient* mailbox_ = nullptr;
+  std::string mailbox_prefix_;
+  std::chrono::milliseconds mailbox_timeout_{0};
+  std::mutex p2p_mu_;
+  std::map<std::tuple<bool, int, int>, uint64_t> p2p_count_;
   // Adds the time from construction to destruction to comm_ns_, and marks the collective as
   // running meanwhile.
   struct CommTimer {

@@ -2,6 +2,17 @@
 // connectFullMesh's waits honour our timeout (Debian's Gloo snapshot otherwise waits a fixed 30 s).
 // Every collective is marked active for the collective watch while it runs; when the watch finds
 // a mismatch it fails the ring's pending operations (AbortContext).
+//
+// Point-to-point (Send / Recv) goes over the ring's own connections with Gloo's unbound buffers,
+// not through the store: a transfer is a fixed-size header (dtype, dims) and the tensor's bytes,
+// each under a slot built from (tag, ordinal), so a receive only ever pairs with the send of the
+// same peer, tag and ordinal. Gloo's send of an unbound buffer returns at once, but moves the
+// bytes only once the peer posts the matching receive, so the buffer must live until then: Send
+// copies the tensor into an entry of a queue that this communicator owns, and a thread of its own
+// (the reaper) waits for the queued sends in order and frees them. A send that nobody receives
+// within the comm timeout fails the ring (Gloo closes its connections), naming the transfer; a
+// receive that waits past the timeout does too. At exit and when the ring is destroyed, the queue
+// is drained first (bounded by the timeout), so that the last transfers of a run are not lost.
 #include <glog/logging.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -14,7 +25,12 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <set>
+#include <thread>
 
 #include "framework/comm/communicator.h"
 #include "framework/comm/store.h"
@@ -112,7 +128,13 @@ class GlooCommunicator : public Communicator {
                  ": setup failed: ", e.what());
     }
   }
+  ~GlooCommunicator() override;
   const char* backend() const override { return "gloo"; }
+
+  void Send(const Tensor& t, int peer, int tag) override;
+  void Recv(Tensor* t, int peer, int tag) override;
+  // Waits (at most the comm timeout) until the peers received every queued send.
+  void DrainSends();
 
   void AllReduce(Tensor* t, ReduceOp op) override {
     CountAllReduce(*t);
@@ -230,11 +252,225 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // Point-to-point: see the top of the file.
+  struct P2PHeader {
+    static constexpr int kMaxDims = 30;
+    uint32_t magic = 0, dtype = 0, ndims = 0, pad = 0;
+    int64_t dims[kMaxDims] = {};
+  };
+  struct PendingSend {
+    P2PHeader header;
+    Tensor data;
+    std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, data_buf;
+    int peer = 0, tag = 0;
+    uint64_t n = 0;
+  };
+  static uint64_t P2PSlot(bool data, int tag, uint64_t n) {
+    // 0xfd: a prefix no collective (and not AbortContext) uses; the ordinal wraps at 2^24, but
+    // Gloo also keeps the transfers of one slot and peer in order.
+    return (uint64_t{0xfd} << 56) | (uint64_t{data} << 55) |
+           ((static_cast<uint64_t>(tag) & 0x7fffffff) << 24) | (n & 0xffffff);
+  }
+  void AnnounceNativeP2P();
+  void ReapSends();
+  // Waits for one send of `buf` (the reaper's thread); false when aborted.
+  bool WaitSent(gloo::transport::UnboundBuffer* buf);
+  // Why the ring's connections closed under a receive from `peer`.
+  std::string TimedOutTransfer(int peer);
+
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::string dead_;
+  std::once_flag announced_;
+  std::mutex send_mu_;
+  std::condition_variable send_cv_;
+  std::deque<std::unique_ptr<PendingSend>> pending_;   // front: the one the reaper waits for
+  gloo::transport::UnboundBuffer* reaping_ = nullptr;  // the buffer the reaper waits in
+  bool stop_ = false;
+  std::string send_error_;  // the first send that failed; the ring's transfers fail after it
+  std::thread reaper_;
 };
+
+// The live Gloo rings, drained at exit: a process that returns right after its last send must not
+// take the bytes its peer has yet to receive with it.
+std::mutex g_live_mu;
+std::set<GlooCommunicator*>* g_live = nullptr;
+
+void DrainLiveRings() {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  if (g_live == nullptr) return;
+  for (GlooCommunicator* c : *g_live) c->DrainSends();
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    if (g_live != nullptr) g_live->erase(this);
+  }
+  if (!reaper_.joinable()) return;
+  DrainSends();
+  {
+    std::lock_guard<std::mutex> lk(send_mu_);
+    stop_ = true;
+    if (reaping_ != nullptr) reaping_->abortWaitSend();
+  }
+  send_cv_.notify_all();
+  reaper_.join();
+}
+
+void GlooCommunicator::AnnounceNativeP2P() {
+  std::call_once(announced_, [this] {
+    LOG(INFO) << name_ << ": point-to-point transfers over gloo (native, not through the store)";
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    if (g_live == nullptr) {
+      g_live = new std::set<GlooCommunicator*>;
+      std::atexit(DrainLiveRings);
+    }
+    g_live->insert(this);
+    reaper_ = std::thread([this] { ReapSends(); });
+  });
+}
+
+void GlooCommunicator::Send(const Tensor& t, int peer, int tag) {
+  const uint64_t n = NextP2P(true, peer, tag);
+  KEEL_ENFORCE(t.place().is_cpu(), P2PWhere("send to", peer, tag, n),
+               ": a CPU ring cannot send a tensor on ", t.place().str());
+  KEEL_ENFORCE(static_cast<int>(t.dims().size()) <= P2PHeader::kMaxDims,
+               P2PWhere("send to", peer, tag, n), ": a tensor of ", t.dims().size(),
+               " dims (at most ", P2PHeader::kMaxDims, ")");
+  AnnounceNativeP2P();
+  CommTimer timer(&comm_ns_);
+  auto s = std::make_unique<PendingSend>();
+  s->peer = peer;
+  s->tag = tag;
+  s->n = n;
+  s->header.magic = 0x6b703270;  // "kp2p"
+  s->header.dtype = static_cast<uint32_t>(t.dtype());
+  s->header.ndims = static_cast<uint32_t>(t.dims().size());
+  for (int i = 0; i < t.dims().size(); ++i) s->header.dims[i] = t.dims()[i];
+  s->data = t.Clone();  // the caller may reuse t's memory before the peer takes the bytes
+  std::lock_guard<std::mutex> lk(send_mu_);
+  KEEL_ENFORCE(send_error_.empty(), P2PWhere("send to", peer, tag, n),
+               ": the ring failed at an earlier send (", send_error_, ")");
+  try {
+    s->header_buf = context_->createUnboundBuffer(&s->header, sizeof(P2PHeader));
+    s->header_buf->send(peer, P2PSlot(false, tag, n));
+    if (s->data.nbytes() > 0) {
+      s->data_buf = context_->createUnboundBuffer(s->data.raw_data(), s->data.nbytes());
+      s->data_buf->send(peer, P2PSlot(true, tag, n));
+    }
+  } catch (const std::exception& e) {
+    KEEL_THROW(P2PWhere("send to", peer, tag, n), ": failed (the ring is dead?): ", e.what());
+  }
+  pending_.push_back(std::move(s));
+  send_cv_.notify_all();
+}
+
+bool GlooCommunicator::WaitSent(gloo::transport::UnboundBuffer* buf) {
+  {
+    std::lock_guard<std::mutex> lk(send_mu_);
+    if (stop_) return false;
+    reaping_ = buf;
+  }
+  const bool done = buf->waitSend(timeout_);
+  std::lock_guard<std::mutex> lk(send_mu_);
+  reaping_ = nullptr;
+  return done;
+}
+
+void GlooCommunicator::ReapSends() {
+  for (;;) {
+    PendingSend* s;
+    {
+      std::unique_lock<std::mutex> lk(send_mu_);
+      send_cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      s = pending_.front().get();  // only this thread pops
+    }
+    std::string error;
+    try {
+      if (!WaitSent(s->header_buf.get()) ||
+          (s->data_buf != nullptr && !WaitSent(s->data_buf.get())))
+        return;  // stopping
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      error = StrCat(P2PWhere("send to", s->peer, s->tag, s->n), ": ",
+                     msg.find("imed out") != std::string::npos
+                         ? StrCat("not received in ", timeout_.count() / 1000.0,
+                                  " s (--comm_timeout_s; did rank ", s->peer, " stop?): ")
+                         : StrCat("failed (rank ", s->peer, " stopped?): "),
+                     msg);
+      LOG(ERROR) << error;
+    }
+    std::lock_guard<std::mutex> lk(send_mu_);
+    if (!error.empty()) {
+      send_error_ = error;
+      pending_.clear();  // the context is dead: nothing queued will go out
+    } else {
+      pending_.pop_front();
+    }
+    send_cv_.notify_all();
+  }
+}
+
+void GlooCommunicator::DrainSends() {
+  std::unique_lock<std::mutex> lk(send_mu_);
+  if (!send_cv_.wait_for(lk, timeout_, [&] { return pending_.empty() || stop_; }))
+    LOG(WARNING) << name_ << ": " << pending_.size()
+                 << " point-to-point sends were not received within the comm timeout";
+}
+
+std::string GlooCommunicator::TimedOutTransfer(int peer) {
+  // Gloo closes the ring's connections when any of its waits times out, ending the others with
+  // "Application timeout caused pair closure"; when the reaper's send was the one, it records
+  // which (give it a moment to).
+  std::unique_lock<std::mutex> lk(send_mu_);
+  send_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return !send_error_.empty(); });
+  if (!send_error_.empty()) return "the ring's connections closed when " + send_error_;
+  return StrCat(
+      "the ring's connections closed when another transfer waited past the comm timeout "
+      "of ",
+      timeout_.count() / 1000.0, " s (--comm_timeout_s; did rank ", peer, " stop?)");
+}
+
+void GlooCommunicator::Recv(Tensor* t, int peer, int tag) {
+  const uint64_t n = NextP2P(false, peer, tag);
+  AnnounceNativeP2P();
+  CommTimer timer(&comm_ns_);
+  {
+    std::lock_guard<std::mutex> lk(send_mu_);
+    KEEL_ENFORCE(send_error_.empty(), P2PWhere("receive from", peer, tag, n),
+                 ": the ring failed at an earlier send (", send_error_, ")");
+  }
+  auto wait = [&](gloo::transport::UnboundBuffer* buf, uint64_t slot) {
+    try {
+      buf->recv(peer, slot);
+      buf->waitRecv(timeout_);
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      KEEL_ENFORCE(msg.find("imed out") == std::string::npos,
+                   P2PWhere("receive from", peer, tag, n), ": no send arrived in ",
+                   timeout_.count() / 1000.0, " s (--comm_timeout_s; did rank ", peer,
+                   " stop, or send under another tag or in another order?)");
+      KEEL_ENFORCE(msg.find("Application timeout") == std::string::npos,
+                   P2PWhere("receive from", peer, tag, n), ": no send arrived; ",
+                   TimedOutTransfer(peer));
+      KEEL_THROW(P2PWhere("receive from", peer, tag, n), ": the connection to rank ", peer,
+                 " failed (its process stopped?): ", msg);
+    }
+  };
+  P2PHeader h;
+  auto header_buf = context_->createUnboundBuffer(&h, sizeof h);
+  wait(header_buf.get(), P2PSlot(false, tag, n));
+  KEEL_ENFORCE(h.magic == 0x6b703270 && h.ndims <= P2PHeader::kMaxDims,
+               P2PWhere("receive from", peer, tag, n), ": malformed message");
+  t->Resize(DDim(std::vector<int64_t>(h.dims, h.dims + h.ndims)));
+  t->mutable_data(static_cast<DType>(h.dtype), CPUPlace());
+  if (t->nbytes() == 0) return;
+  auto data_buf = context_->createUnboundBuffer(t->raw_data(), t->nbytes());
+  wait(data_buf.get(), P2PSlot(true, tag, n));
+}
 
 }  // namespace
 

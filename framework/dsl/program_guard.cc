@@ -6,6 +6,8 @@
 #include <map>
 #include <mutex>
 
+#include "framework/dsl/pipeline.h"
+#include "framework/ir/op_device.h"
 #include "framework/op/op_registry.h"
 
 namespace keel {
@@ -54,6 +56,8 @@ OpDesc* AppendOp(Block& block, const std::string& type, const OpDesc::VarMap& in
   for (auto& kv : outputs) op->SetOutput(kv.first, kv.second);
   for (auto& kv : attrs) op->SetAttr(kv.first, kv.second);
   if (!op->HasAttr(kOpRoleAttr)) op->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+  if (current_pipeline_stage() >= 0 && !op->HasAttr(kOpDeviceAttr))
+    op->SetAttr(kOpDeviceAttr, PipelineStageName(current_pipeline_stage()));
   // Shape inference runs on the detached op first, so a failing op leaves the block unchanged
   // (apart from output vars it declared).
   std::vector<std::string> created;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "framework/base/strings.h"
+#include "framework/ir/op_device.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/host_fallback_kernel.h"
 #include "framework/runtime/cuda_backend.h"
@@ -234,7 +235,7 @@ void OpSchema::Complete(OpDesc* op) const {
 }
 
 bool IsFrameworkAttr(const std::string& name) {
-  return name == kOpRoleAttr || name == kOpRoleVarAttr;
+  return name == kOpRoleAttr || name == kOpRoleVarAttr || name == kOpDeviceAttr;
 }
 
 void OpSchema::CheckNoUnknownAttrs(const OpDesc& op) const {
@@ -242,10 +243,11 @@ void OpSchema::CheckNoUnknownAttrs(const OpDesc& op) const {
     if (FindAttr(kv.first) || IsFrameworkAttr(kv.first)) continue;
     std::string known;
     for (auto& a : attrs_) known += (known.empty() ? "" : ", ") + a.name;
-    KEEL_THROW("op ", type_, " has no attribute '", kv.first, "' (set to ", AttrToString(kv.second),
-               "); keel's ", type_, " knows: ", known.empty() ? "none" : known,
-               " (and op_role, op_role_var on every op). A program that relies on it would ",
-               "compute something else here");
+    KEEL_THROW(
+        "op ", type_, " has no attribute '", kv.first, "' (set to ", AttrToString(kv.second),
+        "); keel's ", type_, " knows: ", known.empty() ? "none" : known,
+        " (and op_role, op_role_var, op_device on every op). A program that relies on it would ",
+        "compute something else here");
   }
 }
 

@@ -1,17 +1,30 @@
 #include "models/mlp/mlp_model.h"
 
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "framework/dsl/pipeline.h"
 #include "framework/error.h"
 
 namespace keel {
 namespace models {
 
-Var mlp(Var x, Var y, int hid, int classes) {
+Var mlp(Var x, Var y, int hid, int classes, int pp_degree) {
+  KEEL_ENFORCE(pp_degree >= 1 && pp_degree <= 3, "mlp: pipeline degree ", pp_degree,
+               " must be 1..3 (the mlp has 3 layers to place on stages)");
+  // Without a pipeline no stage is marked: the ops are those of the plain model.
+  std::unique_ptr<PipelineStageGuard> s;
+  auto stage = [&](int layer) {
+    s.reset();  // the previous stage's guard first: guards restore what they found
+    s = std::make_unique<PipelineStageGuard>(layer * pp_degree / 3);
+  };
   // Under a TensorParallelGuard the hidden layers split Megatron-style: column, then row.
+  if (pp_degree > 1) stage(0);
   Var h1 = layers::fc(x, hid, "tanh", 1, {}, {}, true, layers::Parallel::kColumn);
+  if (pp_degree > 1) stage(1);
   Var h2 = layers::fc(h1, hid, "tanh", 1, {}, {}, true, layers::Parallel::kRow);
+  if (pp_degree > 1) stage(2);
   Var pred = layers::fc(h2, classes, "softmax");
   return layers::mean(layers::cross_entropy(pred, y));
 }

@@ -15,8 +15,10 @@ namespace models {
 
 // Returns mean(cross_entropy(softmax(fc(tanh(fc(tanh(fc(x))))))), y). Inside a
 // TensorParallelGuard of degree T the first hidden layer is column-parallel and the second
-// row-parallel (hid must divide by T).
-Var mlp(Var x, Var y, int hid = 1280, int classes = 2);
+// row-parallel (hid must divide by T). With pp_degree > 1 (at most 3) its layers sit on pipeline
+// stages (framework/dsl/pipeline.h): layer k of 3 on stage k * pp_degree / 3, the loss with the
+// last layer.
+Var mlp(Var x, Var y, int hid = 1280, int classes = 2, int pp_degree = 1);
 
 // Draws batches of the seed's synthetic data from its own engine, so a seed fixes the stream.
 class SyntheticMlpData {

@@ -1,8 +1,10 @@
 #include "models/transformer/transformer_model.h"
 
 #include <cmath>
+#include <memory>
 
 #include "framework/dsl/nn_layers.h"
+#include "framework/dsl/pipeline.h"
 #include "framework/dsl/tensor_layers.h"
 #include "framework/dsl/tensor_parallel.h"
 
@@ -40,13 +42,26 @@ Var MaybeDropout(Var x, const TransformerConfig& c) {
 
 }  // namespace
 
-ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& c) {
+ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& c,
+                                      int pp_degree) {
   ValidateTransformerConfig(c, current_tensor_parallel().degree);
+  KEEL_ENFORCE(pp_degree >= 1 && pp_degree <= c.layers, "transformer: pipeline degree ", pp_degree,
+               " must be 1..layers=", c.layers, " (each stage holds whole layers)");
+  // Pipeline stages: the embeddings with layer 0 on stage 0, layer i on stage i * S / layers, the
+  // output layer and the loss with the last layer. No marks without a pipeline.
+  std::unique_ptr<PipelineStageGuard> stage;
+  auto on_stage = [&](int s) {
+    if (pp_degree == 1) return;
+    stage.reset();  // the previous guard first: guards restore what they found
+    stage = std::make_unique<PipelineStageGuard>(s);
+  };
+  on_stage(0);
   Var x = layers::vocab_parallel_embedding(ids, {c.vocab, c.d_model});  // [N, L, D]
   Var pos = layers::create_parameter({c.seq_len, c.d_model}, DType::kFloat32, "pos_embedding",
                                      "w_0", {}, initializer::Normal(0.0f, 0.02f));
   x = layers::elementwise_add(x, pos, 1);
   for (int i = 0; i < c.layers; ++i) {
+    on_stage(i * pp_degree / c.layers);
     x = layers::layer_norm(layers::elementwise_add(x, MaybeDropout(SelfAttention(x, c), c)), 2);
     recompute_checkpoint(x);  // the attention sublayer's output
     Var ff = layers::fc(layers::gelu(layers::fc(x, c.d_ff, "", 2, {}, {}, true, kCol)), c.d_model,

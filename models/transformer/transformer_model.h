@@ -26,7 +26,11 @@ void ValidateTransformerConfig(const TransformerConfig& cfg, int tp_degree);
 // tensor-parallel variant: vocabulary-parallel embedding, Q/K/V column-parallel (H / T heads per
 // rank) and the attention output row-parallel, the feed-forward column then row; layer norms,
 // position embeddings and the output layer replicated. Degree 1: exactly the plain model.
-ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& cfg);
+// With pp_degree > 1 (at most cfg.layers) its layers sit on pipeline stages
+// (framework/dsl/pipeline.h): the embeddings and layer 0 on stage 0, layer i on stage
+// i * pp_degree / layers, the output layer, loss and accuracy with the last layer.
+ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConfig& cfg,
+                                      int pp_degree = 1);
 
 // Batches of the reversal task: ids uniform in [0, vocab), labels[i] = ids[L-1-i].
 class ReversalTaskData {

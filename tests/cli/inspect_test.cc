@@ -97,6 +97,22 @@ TEST(InspectStrategy, TensorParallelGolden) {
       << bad.output;
 }
 
+// --pp_degree: each rank holds one stage of the mlp (layers 0-1, then layer 2 and the loss), with
+// the send_v2 / recv_v2 between them, its gradient accumulators and the pipeline ring (id 33).
+TEST(InspectStrategy, PipelineGolden) {
+  auto r = Inspect("--strategy --nranks=2 --rank=-1 --pp_degree=2 --micro_batches=2" +
+                   std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_pipeline.txt");
+  EXPECT_NE(r.output.find("send_v2(X: tanh.tmp_1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("recv_v2() -> (Out: tanh.tmp_1)"), std::string::npos) << r.output;
+  auto bad = InspectAll("--strategy --nranks=2 --pp_degree=2 --model=lenet");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--pp_degree=2: model lenet places no pipeline stages"),
+            std::string::npos)
+      << bad.output;
+}
+
 // --gradient_merge_k: the merge buffers, the counter and the merge step, whose sub-block holds the
 // all-reduces (one per gradient) and the updates; fusion, on by default, steps aside.
 TEST(InspectStrategy, GradientMergeGolden) {

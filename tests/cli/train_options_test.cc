@@ -307,14 +307,62 @@ TEST(KeelTrain, TensorParallelFlags) {
   RunCommand("rm -rf " + dir);
 }
 
+// --pp_degree: a two-stage mlp under keel launch prints the losses one process prints (both
+// schedules; PP=N initializes as one process), and the flags are refused where they cannot act.
+TEST(KeelTrain, PipelineFlags) {
+  const std::string dir = MakeTempDir();
+  const std::string train =
+      " train --model=mlp --mlp_hidden=16 --steps=4 --seed=3 --batch_size=8 "
+      "--optimizer=adam --progress=lines";
+  auto losses = [](const std::string& out) {
+    std::string lines;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("step ", 0) == 0) lines += line.substr(0, line.find(" samples/s")) + "\n";
+    return lines;
+  };
+  auto one = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + train + " 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_NE(losses(one.output), "");
+  for (const char* sched : {"1f1b", "fthenb"}) {
+    auto two = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 " +
+                          "--log_dir=" + dir + "/log " + Keel() + train +
+                          " --pp_degree=2 --micro_batches=4 --pp_schedule=" + sched + " 2>&1");
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    EXPECT_EQ(losses(two.output), losses(one.output)) << sched << "\n" << two.output;
+  }
+  for (auto [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--nproc_per_node=2 " + Keel() + " train --model=mlp --micro_batches=2",
+            "--micro_batches applies only to pipelines (--pp_degree > 1)"},
+           {"--nproc_per_node=2 " + Keel() + " train --model=mlp --pp_degree=2 --pp_schedule=gpipe",
+            "--pp_schedule must be 1f1b or fthenb"},
+           {"--nproc_per_node=3 " + Keel() + " train --model=mlp --pp_degree=2",
+            "--pp_degree=2 does not divide the 3 workers"},
+           {"--nproc_per_node=2 " + Keel() + " train --model=lenet --pp_degree=2",
+            "model lenet places no pipeline stages"},
+           {"--nproc_per_node=2 " + Keel() +
+                " train --model=mlp --pp_degree=2 --micro_batches=3 --batch_size=8",
+            "--batch_size=8 must divide by --micro_batches=3"},
+           {"--nproc_per_node=2 " + Keel() + " train --model=mlp --pp_degree=2 --save_dir=" + dir +
+                "/ck",
+            "--save_dir does not combine with --pp_degree=2"}}) {
+    auto bad = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --log_dir=" + dir +
+                          "/badlog " + flags + " --steps=1 2>&1");
+    EXPECT_NE(bad.exit_code, 0) << flags;
+    EXPECT_NE(bad.output.find(says), std::string::npos) << flags << "\n" << bad.output;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(CommandHelp, GroupedShortAndListsEveryTrainFlag) {
   auto train = RunCommand(Keel() + " train --help");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   int lines = 0;
   for (char c : train.output) lines += c == '\n';
   // 135 before the transformer's sizes and --tp_degree, 145 before --sync_batch_norm and
-  // --sharding_stage.
-  EXPECT_LT(lines, 155) << train.output;
+  // --sharding_stage, 155 before --pp_degree, --micro_batches and --pp_schedule.
+  EXPECT_LT(lines, 162) << train.output;
   for (const char* group :
        {"\noptimizer:\n", "\nlearning-rate schedule:\n", "\nwatching:\n", "\nseveral workers"})
     EXPECT_NE(train.output.find(group), std::string::npos) << group;

@@ -70,7 +70,9 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
-      "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}}");
+      "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
+      "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
+      "schedule_mode=1F1B}}");
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -503,6 +505,17 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"fp16_allreduce", kChangesProgram, none, [](auto* s) { s->fp16_allreduce = true; }},
       {"fp16_allreduce_configs.dtype", kRefused, none,
        [](auto* s) { s->fp16_allreduce_configs.dtype = DType::kBFloat16; }},
+      // Cuts the program into stages at minimize: pinned by its pass and multi-process tests.
+      {"pipeline", kPinnedBy, none, none,
+       "PipelinePass.Pp2MlpStagesMatchGolden, PipelineParallel.Pp2EqualsOneProcess"},
+      {"pipeline_configs.pp_degree", kRefused, none,
+       [](auto* s) { s->pipeline_configs.pp_degree = 2; }},
+      {"pipeline_configs.accumulate_steps", kRefused, none,
+       [](auto* s) { s->pipeline_configs.accumulate_steps = 2; }},
+      {"pipeline_configs.micro_batch_size", kRefused, none,
+       [](auto* s) { s->pipeline_configs.micro_batch_size = 2; }},
+      {"pipeline_configs.schedule_mode", kRefused, none,
+       [](auto* s) { s->pipeline_configs.schedule_mode = "F-then-B"; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -510,7 +523,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 344u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 392u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -257,10 +257,10 @@ TEST(TensorParallelCheckpoints, AProgramWithAModelShardingOpIsRefusedNamingIt) {
   op->SetOutput("Out", {b.AllVars().front()->name()});
   testing::ExpectErrorContainsAll(
       testing::ErrorOf([&] { fleet::save_persistables(exe, dir + "2", &main); }),
-      {"fleet::save_persistables", "tensor-parallel (op c_identity)"});
+      {"fleet::save_persistables", "model-parallel (op c_identity"});
   testing::ExpectErrorContainsAll(
       testing::ErrorOf([&] { fleet::load_persistables(exe, dir, &main); }),
-      {"fleet::load_persistables", "tensor-parallel (op c_identity)"});
+      {"fleet::load_persistables", "model-parallel (op c_identity"});
 }
 
 }  // namespace

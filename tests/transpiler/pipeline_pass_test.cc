@@ -1,0 +1,206 @@
+// PipelinePass as program text (golden files: each stage of a 2-stage MLP, main and startup), the
+// sections its programs split into, and its refusals; DistributedStrategy's pipeline checks.
+#include <gtest/gtest.h>
+
+#include "fleet/distributed_strategy.h"
+#include "fleet/fleet.h"
+#include "fleet/pipeline_runner.h"
+#include "fleet/transpile.h"
+#include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
+#include "framework/dsl/pipeline.h"
+#include "tests/util/golden.h"
+#include "tests/util/op_test_util.h"
+#include "transpiler/pipeline_pass.h"
+
+namespace keel {
+namespace {
+
+// x -> fc 6 tanh (stage 0) -> fc 3 softmax, cross entropy, mean (stage 1); SGD.
+Var BuildTwoStageMlp(Program& main, Program& startup, bool mark_all = true) {
+  ProgramGuard guard(main, startup);
+  Var x = layers::data("x", {-1, 4});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var h;
+  {
+    PipelineStageGuard s(0);
+    h = layers::fc(x, 6, "tanh");
+  }
+  Var loss;
+  {
+    PipelineStageGuard s(mark_all ? 1 : 0);
+    loss = layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y));
+  }
+  optimizer::SGD(0.1f).minimize(loss, &startup);
+  return loss;
+}
+
+transpiler::PipelineOptions Stage(int stage) {
+  transpiler::PipelineOptions o;
+  o.degree = 2;
+  o.stage = stage;
+  o.micro_batches = 4;
+  o.group = "pp:dp0.tp0";
+  return o;
+}
+
+int Count(const Program& p, const std::string& type) {
+  int n = 0;
+  for (const auto& op : p.global_block().ops()) n += op->type() == type;
+  return n;
+}
+
+TEST(PipelinePass, Pp2MlpStagesMatchGolden) {
+  for (int stage = 0; stage < 2; ++stage) {
+    Program main, startup;
+    BuildTwoStageMlp(main, startup);
+    transpiler::PipelinePass(Stage(stage)).Apply(main, startup);
+    const std::string name = "pipeline_pp2_stage" + std::to_string(stage);
+    testing::ExpectGolden(main.ToText(), name + "_main.txt");
+    testing::ExpectGolden(startup.ToText(), name + "_startup.txt");
+    // One activation forward, its gradient back; each stage's own two parameters.
+    EXPECT_EQ(Count(main, "send_v2"), 1);
+    EXPECT_EQ(Count(main, "recv_v2"), 1);
+    EXPECT_EQ(Count(main, "sgd"), 2);
+    EXPECT_EQ(Count(startup, "c_comm_init"), 1);
+    int params = 0;
+    for (VarDesc* v : main.global_block().AllVars()) params += v->is_parameter();
+    EXPECT_EQ(params, 2);
+    // The sections: forward, backward, optimizer in order.
+    Executor exe;
+    fleet::PipelineRunner runner(exe, main, {2, stage, 4, 0, true});
+    EXPECT_GT(runner.forward_section().global_block().num_ops(), 0u);
+    EXPECT_GT(runner.backward_section().global_block().num_ops(), 0u);
+    EXPECT_EQ(Count(runner.optimizer_section(), "sgd"), 2);
+  }
+}
+
+// A stage holds part of the model: fleet refuses a checkpoint of it, naming the setting (the
+// transfers declare ShardsModel).
+TEST(PipelinePass, AStageProgramsCheckpointIsRefusedNamingThePipeline) {
+  Program main, startup;
+  BuildTwoStageMlp(main, startup);
+  transpiler::PipelinePass(Stage(0)).Apply(main, startup);
+  Executor exe;
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { fleet::save_persistables(exe, "/nonexistent/ck", &main); }),
+      {"fleet::save_persistables", "model-parallel", "op send_v2", "DistributedStrategy.",
+       ".pipeline"});
+}
+
+TEST(PipelinePass, ScalesTheLossGradientByOneOverMicroBatches) {
+  Program main, startup;
+  BuildTwoStageMlp(main, startup);
+  transpiler::PipelinePass(Stage(1)).Apply(main, startup);
+  int found = 0;
+  for (const auto& op : main.global_block().ops())
+    if (op->type() == "fill_constant" && op->Attr<int>(kOpRoleAttr) == 257) {
+      EXPECT_FLOAT_EQ(op->Attr<float>("value"), 0.25f);
+      ++found;
+    }
+  EXPECT_EQ(found, 1);
+}
+
+TEST(PipelinePass, RefusesUnmarkedOpsAndStageCountsOtherThanTheDegree) {
+  {
+    Program main, startup;
+    {
+      ProgramGuard guard(main, startup);
+      Var loss = layers::mean(layers::fc(layers::data("x", {-1, 4}), 3));
+      optimizer::SGD(0.1f).minimize(loss, &startup);
+    }
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { transpiler::PipelinePass(Stage(0)).Apply(main, startup); }),
+        {"pipeline: forward op", "outside every stage", "PipelineStageGuard"});
+  }
+  {
+    Program main, startup;
+    BuildTwoStageMlp(main, startup, /*mark_all=*/false);
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { transpiler::PipelinePass(Stage(0)).Apply(main, startup); }),
+        {"stages {0}", "pipeline_configs.pp_degree=2"});
+  }
+  {
+    // A parameter read by two stages (shared weights).
+    Program main, startup;
+    {
+      ProgramGuard guard(main, startup);
+      Var x = layers::data("x", {-1, 4});
+      Var w = layers::create_parameter({4, 4}, DType::kFloat32, "shared", "w", ParamAttr(),
+                                       initializer::Constant(0.1f));
+      Var h, loss;
+      {
+        PipelineStageGuard s(0);
+        h = layers::matmul(x, w);
+      }
+      {
+        PipelineStageGuard s(1);
+        loss = layers::mean(layers::matmul(h, w));
+      }
+      optimizer::SGD(0.1f).minimize(loss, &startup);
+    }
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { transpiler::PipelinePass(Stage(0)).Apply(main, startup); }),
+        {"parameter 'shared", "stages 0 and 1"});
+  }
+}
+
+TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
+  fleet::Role role;
+  role.world_size = 4;
+  auto error = [&](auto change) {
+    fleet::DistributedStrategy s;
+    s.pipeline = true;
+    s.pipeline_configs.pp_degree = 2;
+    change(&s);
+    return testing::ErrorOf([&] { s.Validate(role); });
+  };
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.pp_degree = 3; }),
+                                  {"pipeline_configs.pp_degree=3", "world_size=4"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.pp_degree = 1; }),
+                                  {"pipeline_configs.pp_degree=1", ">= 2"});
+  testing::ExpectErrorContainsAll(
+      error([](auto* s) { s->pipeline_configs.schedule_mode = "interleaved"; }),
+      {"schedule_mode='interleaved'"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.accumulate_steps = 0; }),
+                                  {"accumulate_steps=0"});
+  testing::ExpectErrorContainsAll(error([](auto* s) {
+                                    s->tensor_parallel = true;
+                                    s->tensor_parallel_configs.tensor_parallel_degree = 2;
+                                  }),
+                                  {"pipeline=true", "tensor_parallel=true"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->sharding = true; }),
+                                  {"pipeline=true", "sharding=true"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->use_local_sgd = true; }),
+                                  {"pipeline=true", "use_local_sgd=true"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->gradient_merge = true; }),
+                                  {"pipeline=true", "gradient_merge=true"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->amp = true; }),
+                                  {"pipeline=true", "amp=true"});
+  testing::ExpectErrorContainsAll(error([](auto* s) { s->fuse_all_reduce_ops = true; }),
+                                  {"pipeline=true", "fuse_all_reduce_ops=true"});
+  // Pipeline and its settings alone are accepted.
+  EXPECT_EQ(error([](auto* s) { s->pipeline_configs.schedule_mode = "F-then-B"; }), "");
+}
+
+TEST(PipelineTopology, StagesAreThePpCoordinateAndGroupsGetTheirRing) {
+  fleet::Role role;
+  role.world_size = 4;
+  fleet::DistributedStrategy s;
+  s.pipeline = true;
+  s.pipeline_configs.pp_degree = 2;
+  s.pipeline_configs.accumulate_steps = 3;
+  std::string seen;
+  for (int r = 0; r < 4; ++r) {
+    role.rank = r;
+    const transpiler::PipelineOptions o = fleet::PipelineOptionsFor(s, role);
+    seen += StrCat(r, ":", o.stage, "/", o.group, " ");
+    EXPECT_EQ(o.degree, 2);
+    EXPECT_EQ(o.micro_batches, 3);
+    EXPECT_EQ(fleet::RingOptionsFor(s, role).nranks, 2);
+  }
+  EXPECT_EQ(seen, "0:0/pp:dp0.tp0 1:1/pp:dp0.tp0 2:0/pp:dp1.tp0 3:1/pp:dp1.tp0 ");
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,190 @@
+// Pipeline-parallel equivalence (docs/pipeline.md): every rank builds a 4-layer MLP whose layers
+// sit on stages (layer k on stage k * pp / 4; a side branch from the first layer's output joins
+// at the last stage, so activations and gradients are relayed through the stages between),
+// trains --steps steps on a fixed global batch (each data-parallel replica keeps its rows) and,
+// on the last stage, prints "rank R step S loss L" per step; with --out every rank writes the
+// parameters it holds to OUT/rankR.safetensors. Without a launcher and with --pp=1 it is the
+// one-process reference. tests/fleet/pipeline_parallel_test.cc compares.
+#include <gflags/gflags.h>
+#include <keel/keel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "fleet/fleet.h"
+#include "fleet/pipeline_runner.h"
+#include "framework/dsl/pipeline.h"
+#include "framework/io/safetensors.h"
+#include "framework/runtime/allocator.h"
+#include "models/transformer/transformer_model.h"
+
+DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
+DEFINE_string(model, "mlp", "mlp (a side branch relayed through the stages) | transformer.");
+DEFINE_int32(micro, 4, "micro-batches per mini-batch.");
+DEFINE_string(schedule, "1F1B", "1F1B | F-then-B.");
+DEFINE_int32(global_batch, 16, "Rows per step over all data-parallel replicas.");
+DEFINE_int32(steps, 4, "Training steps.");
+DEFINE_string(opt, "sgd", "sgd | adam.");
+DEFINE_string(out, "", "Directory every rank writes its parameters to.");
+DEFINE_int32(hidden, 16, "Width of the first layer (its activations dominate the memory).");
+DEFINE_int32(stall_stage, -1,
+             "Fault test: the process of this stage sleeps --stall_s seconds before step 1, as a "
+             "hung peer would.");
+DEFINE_int32(stall_s, 30, "With --stall_stage: seconds to sleep.");
+DEFINE_bool(unordered_recv, false,
+            "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
+            "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
+
+using namespace keel;
+
+namespace {
+
+Var MlpLoss(int pp) {
+  auto stage = [&](int layer) { return PipelineStageGuard(layer * pp / 4); };
+  Var x = layers::data("x", {-1, 8});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var h1, h2, h3, loss;
+  {
+    PipelineStageGuard s = stage(0);
+    h1 = layers::fc(x, FLAGS_hidden, "tanh");
+  }
+  {
+    PipelineStageGuard s = stage(1);
+    h2 = layers::fc(h1, 12, "tanh");
+  }
+  {
+    PipelineStageGuard s = stage(2);
+    h3 = layers::fc(h2, 8, "tanh");
+  }
+  {
+    PipelineStageGuard s = stage(3);
+    Var side = layers::fc(h1, 8, "tanh");
+    Var logits = layers::fc(layers::elementwise_add(h3, side), 3, "softmax");
+    loss = layers::mean(layers::cross_entropy(logits, y));
+  }
+  return loss;
+}
+
+models::TransformerConfig SmallTransformer() {
+  models::TransformerConfig c;
+  c.vocab = 8;
+  c.seq_len = 4;
+  c.d_model = 8;
+  c.heads = 2;
+  c.d_ff = 16;
+  c.layers = 2;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  keel::Init(&argc, &argv);
+  try {
+    fleet::init();
+    const int rank = fleet::worker_index(), world = fleet::worker_num();
+    KEEL_ENFORCE(world % FLAGS_pp == 0, "--pp must divide the world");
+    fleet::DistributedStrategy strategy;
+    if (FLAGS_pp > 1) {
+      strategy.pipeline = true;
+      strategy.pipeline_configs.pp_degree = FLAGS_pp;
+      strategy.pipeline_configs.accumulate_steps = FLAGS_micro;
+      strategy.pipeline_configs.schedule_mode = FLAGS_schedule;
+    }
+    const int dp = world / FLAGS_pp, dp_rank = rank / FLAGS_pp;
+    KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
+    const int64_t local = FLAGS_global_batch / dp;
+    Program main, startup;
+    main.set_random_seed(7);
+    startup.set_random_seed(7);
+    Var loss;
+    {
+      ProgramGuard g(main, startup);
+      if (FLAGS_model == "mlp") {
+        loss = MlpLoss(FLAGS_pp);
+      } else {
+        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp or transformer");
+        const models::TransformerConfig c = SmallTransformer();
+        Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
+        Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
+        loss = models::transformer_encoder(ids, labels, c, FLAGS_pp).loss;
+      }
+      std::unique_ptr<optimizer::Optimizer> opt;
+      if (FLAGS_opt == "adam")
+        opt = std::make_unique<optimizer::Adam>(0.01f);
+      else
+        opt = std::make_unique<optimizer::SGD>(0.5f);
+      fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
+    }
+    if (FLAGS_unordered_recv) {
+      int changed = 0;
+      for (const auto& op : fleet::main_program().global_block().ops())
+        if (op->type() == "recv_v2") {
+          op->SetAttr("tag", op->Attr<int>("tag") + 1);
+          ++changed;
+        }
+      fleet::main_program().Touch();
+      std::printf("rank %d retagged %d receives\n", rank, changed);
+    }
+    Executor exe(fleet::worker_place());
+    exe.Run(startup);
+    std::unique_ptr<fleet::PipelineRunner> runner;
+    const bool last = FLAGS_pp == 1 || rank % FLAGS_pp == FLAGS_pp - 1;
+    if (FLAGS_pp > 1)
+      runner = std::make_unique<fleet::PipelineRunner>(
+          exe, fleet::main_program(), fleet::PipelineRunOptionsFor(strategy, fleet::role()));
+    models::ReversalTaskData tokens(SmallTransformer(), 99);
+    std::mt19937_64 rng(123);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (int step = 0; step < FLAGS_steps; ++step) {
+      if (step == 1 && rank % FLAGS_pp == FLAGS_stall_stage)
+        std::this_thread::sleep_for(std::chrono::seconds(FLAGS_stall_s));
+      CpuAllocatorResetPeak();
+      std::vector<float> gx(FLAGS_global_batch * 8);
+      std::vector<int64_t> gy(FLAGS_global_batch);
+      for (auto& v : gx) v = u(rng);
+      for (auto& v : gy) v = static_cast<int64_t>(rng() % 3);
+      std::vector<float> lx(gx.begin() + dp_rank * local * 8,
+                            gx.begin() + (dp_rank + 1) * local * 8);
+      std::vector<int64_t> ly(gy.begin() + dp_rank * local, gy.begin() + (dp_rank + 1) * local);
+      FeedMap feed = {{"x", Tensor::FromVector(lx, {local, 8})},
+                      {"y", Tensor::FromVector(ly, {local, 1})}};
+      if (FLAGS_model == "transformer") {
+        Tensor ids, labels;
+        tokens.Next(FLAGS_global_batch, &ids, &labels);
+        feed = {{"ids", ids.Slice(dp_rank * local, (dp_rank + 1) * local)},
+                {"labels", labels.Slice(dp_rank * local, (dp_rank + 1) * local)}};
+      }
+      std::vector<Tensor> out;
+      if (runner) {
+        out = runner->Step(
+            feed, last ? std::vector<std::string>{loss.name()} : std::vector<std::string>{});
+      } else {
+        out = exe.Run(fleet::main_program(), feed, {loss.name()});
+      }
+      // The global batch's loss: the last stage of each replica holds its replica's.
+      double l = last ? out[0].item<double>() : 0.0;
+      if (world > 1) l = fleet::metrics::sum(l) / dp;
+      if (last) std::printf("rank %d step %d loss %.9g\n", rank, step, l);
+      if (runner)
+        std::printf("rank %d step %d peak_in_flight %d\n", rank, step, runner->peak_in_flight());
+      std::printf("rank %d step %d peak_bytes %zu\n", rank, step,
+                  CpuAllocatorStats().peak_in_use_bytes);
+    }
+    if (!FLAGS_out.empty()) {
+      NamedTensors params;
+      for (VarDesc* v : fleet::main_program().global_block().AllVars())
+        if (v->is_parameter())
+          params.emplace_back(v->name(),
+                              exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace()));
+      SaveSafetensors(FLAGS_out + "/rank" + std::to_string(rank) + ".safetensors", params);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
