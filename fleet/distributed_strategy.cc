@@ -147,7 +147,8 @@ std::string DistributedStrategy::ToString() const {
       ", tensor_parallel=", Bool(tensor_parallel),
       ", tensor_parallel_configs={tensor_parallel_degree=",
       tensor_parallel_configs.tensor_parallel_degree, "}",
-      ", sync_batch_norm=", Bool(sync_batch_norm), "}");
+      ", sync_batch_norm=", Bool(sync_batch_norm), ", a_sync=", Bool(a_sync),
+      ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -303,6 +304,7 @@ void DistributedStrategy::Validate(const Role& role) const {
     off(gradient_merge_configs.avg != g.avg, "gradient_merge_configs.avg=false", "gradient_merge");
   }
   ValidateSharding(role);
+  ValidateParameterServer(role);
   // Tensor parallelism (docs/tensor-parallel.md, "What is refused").
   if (tensor_parallel) {
     const int tp = tensor_parallel_configs.tensor_parallel_degree;
@@ -402,6 +404,60 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
        "sharding lays gradients out by owner, not by Paddle's groups");
   both(nccl_comm_num != 1, StrCat("nccl_comm_num=", nccl_comm_num),
        "sharding runs its reduce-scatter and broadcasts on ring 0 only");
+}
+
+void DistributedStrategy::ValidateParameterServer(const Role& role) const {
+  const char* s = "DistributedStrategy.";
+  const DistributedStrategy d;
+  const int k = a_sync_configs.k_steps;
+  if (!role.is_ps()) {
+    KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps, s, "a_sync=", Bool(a_sync),
+                 " / a_sync_configs.k_steps=", k,
+                 " choose the parameter-server mode, but this is a collective job "
+                 "(fleet::init(CloudRoleMaker(true))); leave them at their defaults or use "
+                 "CloudRoleMaker(false)");
+    return;
+  }
+  KEEL_ENFORCE(k >= -1, s, "a_sync_configs.k_steps=", k,
+               " must be >= 0 (0: async, > 0: GEO every k steps; -1: unset)");
+  KEEL_ENFORCE(a_sync || k <= 0, s, "a_sync_configs.k_steps=", k, " asks for GEO but ", s,
+               "a_sync=false asks for synchronous training; set a_sync=true for GEO or leave "
+               "k_steps unset");
+  KEEL_ENFORCE(!a_sync, s, "a_sync=true", k > 0 ? StrCat(" with a_sync_configs.k_steps=", k) : "",
+               " asks for ", k > 0 ? "GEO" : "asynchronous",
+               " parameter-server training, which is not built yet in keel (only synchronous "
+               "mode is); set a_sync=false (Paddle's default is a_sync=true: keel refuses it "
+               "rather than train synchronously in its place)");
+  auto refuse = [&](bool set, const std::string& field) {
+    KEEL_ENFORCE(!set, s, field,
+                 " is a collective (all-reduce) setting and has no meaning in parameter-server "
+                 "mode, where trainers send gradients to servers; leave it at its default");
+  };
+  refuse(nccl_comm_num != d.nccl_comm_num, StrCat("nccl_comm_num=", nccl_comm_num));
+  refuse(fuse_all_reduce_ops, "fuse_all_reduce_ops=true");
+  refuse(fuse_grad_size_in_MB != d.fuse_grad_size_in_MB,
+         StrCat("fuse_grad_size_in_MB=", fuse_grad_size_in_MB));
+  refuse(fuse_grad_size_in_num != d.fuse_grad_size_in_num,
+         StrCat("fuse_grad_size_in_num=", fuse_grad_size_in_num));
+  refuse(paddle_fuse.given, "paddle_fuse (FLAGS_fuse_parameter_memory_size / _groups_size)");
+  refuse(use_hierarchical_allreduce, "use_hierarchical_allreduce=true");
+  refuse(use_local_sgd, "use_local_sgd=true");
+  refuse(local_sgd_steps != d.local_sgd_steps, StrCat("local_sgd_steps=", local_sgd_steps));
+  refuse(gradient_merge, "gradient_merge=true");
+  refuse(sharding, "sharding=true");
+  refuse(tensor_parallel, "tensor_parallel=true");
+  refuse(sync_batch_norm, "sync_batch_norm=true");
+  auto not_built = [&](bool set, const char* field) {
+    KEEL_ENFORCE(!set, s, field,
+                 " with parameter-server training is not built yet in keel; turn it off");
+  };
+  not_built(amp, "amp=true");
+  not_built(recompute, "recompute=true");
+  not_built(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true");
+  KEEL_ENFORCE(role.selected_gpus.empty(),
+               "parameter-server training runs on CPU in keel; "
+               "this role selects GPU ",
+               role.selected_gpus.empty() ? 0 : role.selected_gpus[0]);
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

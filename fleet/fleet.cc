@@ -26,6 +26,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "framework/ps/ps_transport.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
 #include "transpiler/sharding_pass.h"
@@ -337,9 +338,30 @@ const Role& role() {
   return State().role;
 }
 
-int worker_index() { return role().rank; }
-int worker_num() { return role().world_size; }
-bool is_first_worker() { return role().rank == 0; }
+int worker_index() { return role().trainer_id(); }
+int worker_num() { return role().is_ps() ? role().trainer_num : role().world_size; }
+bool is_first_worker() { return !role().is_server() && worker_index() == 0; }
+
+bool is_server() { return role().is_server(); }
+bool is_worker() { return !role().is_server(); }
+int server_num() { return role().server_num; }
+int server_index() {
+  KEEL_ENFORCE(role().is_server(), "fleet::server_index: this process is not a parameter server");
+  return role().rank;
+}
+
+void run_server(Executor& exe) {
+  KEEL_ENFORCE(initialized() && role().is_server(),
+               "fleet::run_server: this process is not a parameter server (TRAINING_ROLE=PSERVER)");
+  exe.Run(startup_program());
+  exe.Run(main_program());  // listen_and_serv: returns when every trainer stopped
+}
+
+void stop_worker() {
+  KEEL_ENFORCE(initialized() && role().is_ps() && !role().is_server(),
+               "fleet::stop_worker: this process is not a parameter-server trainer");
+  ps::Transport::Get().FinishTrainer();
+}
 
 TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy) {
   strategy.Validate(role());
@@ -496,7 +518,16 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   // Its buffers and counter are not pass-made: checkpoints hold them.
   fleet::TranspileGradientMerge(main, *startup, strategy_);
   fleet::TranspileSyncBatchNorm(main, *startup, strategy_);  // any number of workers
-  if (r.world_size > 1) {
+  if (r.is_ps()) {
+    // Parameter-server mode (transpiler/ps_pass.h): every process built the same single-device
+    // programs (compared here, before they become a trainer's or a server's), then each takes
+    // its own part.
+    CommContext::Get().SetTimeout(
+        std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
+    CheckProgramsMatch(*ForComparison(main, false), "main program");
+    CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+    fleet::TranspileParameterServer(main, *startup, r);
+  } else if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
@@ -598,6 +629,11 @@ void RefuseTensorParallel(const Program& p, const char* api) {
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  KEEL_ENFORCE(!initialized() || !role().is_ps(),
+               "fleet::save_persistables in parameter-server mode is not built yet: the "
+               "optimizer state lives on the servers, and a checkpoint of the trainer's "
+               "parameters alone could not resume training; refused rather than written "
+               "incomplete");
   // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
   ShardedStateOnRankZero gathered(exe, p);
   RefuseTensorParallel(p, "save_persistables");

@@ -2,6 +2,7 @@
 
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "transpiler/ps_pass.h"
 #include "transpiler/sharding_pass.h"
 #include "transpiler/sync_batch_norm_pass.h"
 #include "transpiler/tensor_parallel_pass.h"
@@ -89,7 +90,19 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
                const Role& role) {
   TranspileGradientMerge(main, startup, strategy);
   TranspileSyncBatchNorm(main, startup, strategy);
-  TranspileCollective(main, startup, strategy, role);
+  if (role.is_ps()) {
+    TranspileParameterServer(main, startup, role);
+  } else {
+    TranspileCollective(main, startup, strategy, role);
+  }
+}
+
+void TranspileParameterServer(Program& main, Program& startup, const Role& role) {
+  transpiler::PsOptions o;
+  o.nservers = role.server_num;
+  o.ntrainers = role.trainer_num;
+  o.server_index = role.is_server() ? role.rank : -1;
+  transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,

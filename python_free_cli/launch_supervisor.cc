@@ -185,7 +185,7 @@ class Supervisor {
     std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
 
     int out_fd = w->log_fd;  // rank 0 (local 0) writes to a pipe that the launcher tees
-    if (w->local == 0) {
+    if (w->local == plan_.console_local) {
       int fds[2];
       PCHECK(pipe2(fds, O_CLOEXEC) == 0);
       pipe_fd_ = fds[0];
@@ -229,7 +229,7 @@ class Supervisor {
     sentinel_.Watch(pid);
     close(null_fd);
     close(status[1]);
-    if (w->local == 0) close(out_fd);
+    if (w->local == plan_.console_local) close(out_fd);
     w->pid = pid;
     w->alive = true;
   }

@@ -69,7 +69,77 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "check_kernels=true}, recompute=false, recompute_configs={checkpoints=[]}, "
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
-      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false}");
+      "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, a_sync=true, "
+      "a_sync_configs={k_steps=-1}}");
+}
+
+// Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
+// collective settings are refused naming them; in a collective job the PS fields are refused.
+TEST(ParameterServerStrategy, ModesAndRefusals) {
+  Role ps;
+  ps.training_role = "TRAINER";
+  ps.server_num = 2;
+  ps.trainer_num = 2;
+  ps.world_size = 4;
+  ps.rank = 2;
+  ps.master_port = 1;
+  auto error = [&](const std::function<void(DistributedStrategy*)>& set, const Role& role) {
+    DistributedStrategy s;
+    set(&s);
+    try {
+      s.Validate(role);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error([](auto* s) { s->a_sync = false; }, ps), "");
+  // Paddle's default (a_sync=true) is asynchronous mode: refused, not trained synchronously.
+  EXPECT_NE(error([](auto*) {}, ps).find("a_sync=true asks for asynchronous"), std::string::npos);
+  EXPECT_NE(error([](auto* s) { s->a_sync_configs.k_steps = 4; }, ps).find("GEO"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->a_sync_configs.k_steps = 4;
+                },
+                ps)
+                .find("a_sync_configs.k_steps=4 asks for GEO but"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->fuse_all_reduce_ops = true;
+                },
+                ps)
+                .find("fuse_all_reduce_ops=true is a collective"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->nccl_comm_num = 2;
+                },
+                ps)
+                .find("nccl_comm_num=2"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->use_local_sgd = true;
+                },
+                ps)
+                .find("use_local_sgd=true"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->amp = true;
+                },
+                ps)
+                .find("amp=true"),
+            std::string::npos);
+  EXPECT_NE(error([](auto* s) { s->a_sync = false; }, Role()).find("a_sync=false"),
+            std::string::npos);
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -499,6 +569,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"sync_batch_norm", kPinnedBy, none, none,
        "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
        "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
+      // Parameter-server mode only: refused in a collective job (the parameter-server tests pin
+      // them: ParameterServerStrategy.*).
+      {"a_sync", kRefused, none, [](auto* s) { s->a_sync = false; }},
+      {"a_sync_configs.k_steps", kRefused, none, [](auto* s) { s->a_sync_configs.k_steps = 2; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -506,7 +580,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 344u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 352u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -1,0 +1,288 @@
+// Parameter-server ops (Paddle's names; docs/parameter-server.md, transpiler/ps_pass.h writes
+// them): on a trainer, send (a gradient's row blocks to their servers), send_barrier (the step's
+// gradients have reached the servers), recv (a parameter's row blocks from their servers) and
+// fetch_barrier (they have arrived); on a server, listen_and_serv (the server's whole loop). They
+// move bytes through the parameter-server transport (framework/ps/ps_transport.h), which the
+// first of them connects. CPU only: a CUDA place finds no kernel and is refused naming the op.
+//
+// Blocks are whole rows: a tensor of dims [R, ...] is cut into sections (rows per block), block i
+// going to (or coming from) server epmap[i] under plan index slots[i].
+#include <cstring>
+#include <thread>
+
+#include "framework/comm/comm_context.h"
+#include "framework/op/execution_context.h"
+#include "framework/op/op_registry.h"
+#include "framework/ps/ps_transport.h"
+
+namespace keel {
+
+namespace {
+
+using ps::Kind;
+using ps::Slot;
+using ps::Transport;
+
+std::string NonNegative(const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; }
+std::string Positive(const Attribute& a) { return std::get<int>(a) >= 1 ? "" : "must be >= 1"; }
+
+// Connects this process (its global rank from the job's CommContext) on first use.
+Transport& Connected(const OpDesc& op) {
+  Transport& t = Transport::Get();
+  if (t.connected()) return t;
+  CommContext& cc = CommContext::Get();
+  KEEL_ENFORCE(cc.initialized(), "op ", op.type(),
+               ": communication is not initialized; call fleet::init(CloudRoleMaker(false)) "
+               "(or run under keel launch --server_num --worker_num)");
+  t.Connect(cc.config().rank, cc.config().nranks, op.Attr<int>("pserver_num"));
+  return t;
+}
+
+// Bytes per row of `dims` (a 0-d or 1-element tensor is one row).
+int64_t RowBytes(const DDim& dims, size_t nbytes) {
+  const int64_t rows = dims.size() == 0 ? 1 : dims[0];
+  return rows == 0 ? 0 : static_cast<int64_t>(nbytes) / rows;
+}
+
+void CheckBlocks(const OpDesc& op, size_t n) {
+  KEEL_ENFORCE(op.Attr<std::vector<int>>("epmap").size() == n &&
+                   op.Attr<std::vector<int64_t>>("sections").size() == n &&
+                   op.Attr<std::vector<int>>("slots").size() == n,
+               "op ", op.type(), ": epmap, sections and slots must have one entry per block (", n,
+               ")");
+}
+
+template <typename T>
+class SendKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const OpDesc& op = ctx.op();
+    const auto& epmap = op.Attr<std::vector<int>>("epmap");
+    const auto& sections = op.Attr<std::vector<int64_t>>("sections");
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    CheckBlocks(op, epmap.size());
+    const Tensor& x = ctx.Input("X");
+    const std::string& name = op.Input("X")[0];
+    int64_t rows = 0;
+    for (int64_t r : sections) rows += r;
+    KEEL_ENFORCE(rows == (x.dims().size() == 0 ? 1 : x.dims()[0]), "op send of ", name,
+                 ": the sections hold ", rows, " rows but ", name, " is ", x.dims());
+    Transport& t = Connected(op);
+    t.BeginStepOnce();
+    const int64_t row_bytes = RowBytes(x.dims(), x.nbytes());
+    const char* p = static_cast<const char*>(x.raw_data());
+    for (size_t i = 0; i < epmap.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(sections[i] * row_bytes);
+      t.KeepSend(t.PostSend(epmap[i], Slot(Kind::kGrad, slots[i], t.step()), p, bytes,
+                            StrCat("send of ", name, " block ", i, " (step ", t.step(), ") to ",
+                                   t.PeerName(epmap[i]))));
+      p += bytes;
+    }
+  }
+};
+
+template <typename T>
+class RecvKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const OpDesc& op = ctx.op();
+    const auto& epmap = op.Attr<std::vector<int>>("epmap");
+    const auto& sections = op.Attr<std::vector<int64_t>>("sections");
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    const auto& shape = op.Attr<std::vector<int64_t>>("shape");
+    const std::vector<Tensor*> outs = ctx.MultiOutput("Out");
+    CheckBlocks(op, outs.size());
+    Transport& t = Connected(op);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::vector<int64_t> dims = shape;
+      if (!dims.empty()) dims[0] = sections[i];
+      outs[i]->Resize(DDim(dims));
+      T* data = outs[i]->mutable_data<T>(ctx.place());
+      t.KeepRecv(t.PostRecv({epmap[i]}, Slot(Kind::kParam, slots[i], t.step()), data,
+                            outs[i]->nbytes(),
+                            StrCat("recv of ", op.Output("Out")[i], " (after step ", t.step(),
+                                   ") from ", t.PeerName(epmap[i]))));
+    }
+  }
+};
+
+template <typename T>
+class SendBarrierKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override { Connected(ctx.op()).WaitSends(); }
+};
+
+template <typename T>
+class FetchBarrierKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override { Connected(ctx.op()).WaitRecvs(); }
+};
+
+// The server's loop (Paddle's listen_and_serv, synchronous mode): serve the initial parameters
+// (step 0); then per step: every trainer's header, every trainer's gradient of each block (into
+// Grads, block-major: Grads[i * Fanin + t] is trainer t's gradient of X[i]), the learning-rate
+// block, each block's optimize block (which sums the trainers' gradients, scales by 1/Fanin and
+// updates X[i]), then the new parameters to every trainer. Ends when every trainer says it is
+// done; a trainer that stops while another starts a step ends the job, naming both.
+template <typename T>
+class ListenAndServKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const OpDesc& op = ctx.op();
+    Transport& t = Connected(op);
+    const int fanin = op.Attr<int>("Fanin");
+    KEEL_ENFORCE(fanin == t.ntrainers(), "op listen_and_serv: Fanin=", fanin, " but the job has ",
+                 t.ntrainers(), " trainers");
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    const auto& blocks = op.Attr<std::vector<int>>("optimize_blocks");
+    const int lr_block = op.Attr<int>("lr_decay_block_id");
+    const std::vector<const Tensor*> params = ctx.MultiInput("X");
+    const std::vector<Tensor*> grads = ctx.MultiOutput("Grads");
+    KEEL_ENFORCE(slots.size() == params.size() && blocks.size() == params.size() &&
+                     grads.size() == params.size() * static_cast<size_t>(fanin),
+                 "op listen_and_serv: ", params.size(), " parameter blocks need as many slots and "
+                 "optimize_blocks and ", fanin, " Grads each");
+    const int first = t.nservers();
+    std::vector<int> trainers;
+    for (int r = 0; r < fanin; ++r) trainers.push_back(first + r);
+    const std::string me = t.PeerName(t.rank());
+    Serve(t, op, params, trainers, 0);
+    std::vector<std::vector<char>> staging(static_cast<size_t>(fanin));
+    for (int64_t step = 1;; ++step) {
+      // Headers: who starts this step, who is done.
+      std::vector<ps::Header> h(static_cast<size_t>(fanin));
+      std::vector<std::unique_ptr<Transport::Transfer>> pending;
+      for (int r = 0; r < fanin; ++r)
+        pending.push_back(t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r],
+                                     sizeof(ps::Header),
+                                     StrCat(me, ": waiting for ", t.PeerName(trainers[r]),
+                                            " to start step ", step,
+                                            " or stop (fleet::stop_worker)")));
+      for (auto& p : pending) t.Wait(*p);
+      std::vector<int> done, running;
+      for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
+      if (running.empty()) return;
+      if (!done.empty()) {
+        const std::string why = StrCat(
+            "synchronous parameter-server training: trainer ", done[0], " stopped after ",
+            h[done[0]].steps, " steps while trainer ", running[0], " started step ", step,
+            "; in sync mode every trainer must run the same number of steps (give each trainer "
+            "the same number of batches)");
+        t.PostAbort(why);
+        t.Reset();  // closes the connections: the trainers' transfers fail now
+        std::this_thread::sleep_for(std::chrono::seconds(1));  // they quote `why` from the store
+        KEEL_THROW(me, ": ", why);
+      }
+      // Gradients: for each block, Fanin receives from any trainer.
+      for (size_t i = 0; i < params.size(); ++i) {
+        const size_t bytes = params[i]->nbytes();
+        pending.clear();
+        for (int r = 0; r < fanin; ++r) {
+          staging[r].resize(bytes);
+          pending.push_back(t.PostRecv(trainers, Slot(Kind::kGrad, slots[i], step),
+                                       staging[r].data(), bytes,
+                                       StrCat(me, ": step ", step, "'s gradients of ",
+                                              op.Input("X")[i])));
+        }
+        std::vector<bool> got(static_cast<size_t>(fanin), false);
+        for (int r = 0; r < fanin; ++r) {
+          const int from = t.Wait(*pending[r]) - first;
+          KEEL_ENFORCE(from >= 0 && from < fanin && !got[from], me, ": step ", step,
+                       ": a second gradient of ", op.Input("X")[i], " from trainer ", from);
+          got[from] = true;
+          Tensor* g = grads[i * fanin + from];
+          g->Resize(params[i]->dims());
+          std::memcpy(g->mutable_data<T>(ctx.place()), staging[r].data(), bytes);
+        }
+      }
+      if (lr_block >= 0) ctx.RunBlock(lr_block);
+      for (int b : blocks) ctx.RunBlock(b);
+      Serve(t, op, params, trainers, step);
+    }
+  }
+
+ private:
+  static void Serve(Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
+                    const std::vector<int>& trainers, int64_t step) {
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    std::vector<std::unique_ptr<Transport::Transfer>> sends;
+    for (size_t i = 0; i < params.size(); ++i)
+      for (int r : trainers)
+        sends.push_back(t.PostSend(r, Slot(Kind::kParam, slots[i], step), params[i]->raw_data(),
+                                   params[i]->nbytes(),
+                                   StrCat(t.PeerName(t.rank()), ": ", op.Input("X")[i],
+                                          " after step ", step, " to ", t.PeerName(r))));
+    for (auto& s : sends) t.Wait(*s);
+  }
+};
+
+OpSchema& BlockAttrs(OpSchema& s) {
+  return s
+      .RequiredAttr<std::vector<int>>("epmap", "the server (index) of each block")
+      .RequiredAttr<std::vector<int64_t>>("sections", "rows of each block")
+      .RequiredAttr<std::vector<int>>("slots", "each block's index in the transpiler's plan")
+      .Attr<int>("pserver_num", 1, "servers in the job (ranks 0..pserver_num-1)", Positive);
+}
+
+}  // namespace
+
+[[maybe_unused]] static OpSchema& keel_schema_send =
+    BlockAttrs(OpRegistry::Register("send")
+                   .Doc("Sends X's row blocks to their servers (posted; send_barrier waits); the "
+                        "first send of a step tells every server the step starts")
+                   .Input("X", "the gradient")
+                   .Attr<std::vector<std::string>>("send_varnames", {},
+                                                   "the blocks' names on the servers"));
+KEEL_REGISTER_CPU_KERNEL(send, SendKernel, float, double);
+
+[[maybe_unused]] static OpSchema& keel_schema_recv =
+    BlockAttrs(OpRegistry::Register("recv")
+                   .Doc("Receives each Out block from its server (posted; fetch_barrier waits): "
+                        "the server's values after the trainer's latest step (startup: the "
+                        "initial values)")
+                   .OutputList("Out", "the blocks, in row order")
+                   .RequiredAttr<std::vector<int64_t>>("shape", "the whole parameter's dims")
+                   .Shape([](InferShapeContext& ctx) {
+                     const auto& shape = ctx.Attr<std::vector<int64_t>>("shape");
+                     const auto& sections = ctx.Attr<std::vector<int64_t>>("sections");
+                     const int n = static_cast<int>(sections.size());
+                     for (int i = 0; i < n && i < ctx.NumOutputs("Out"); ++i) {
+                       std::vector<int64_t> d = shape;
+                       if (!d.empty()) d[0] = sections[i];
+                       ctx.SetOutputDim("Out", DDim(d), i);
+                     }
+                   }));
+KEEL_REGISTER_CPU_KERNEL(recv, RecvKernel, float, double);
+
+KEEL_REGISTER_OP(send_barrier)
+    .Doc("Waits until every block this step's send ops posted has reached its server")
+    .OptionalInput("X", "the sent gradients (documentation)")
+    .Attr<int>("pserver_num", 1, "servers in the job", Positive)
+    .Barrier("every send of the step must have been posted before it waits")
+    .NotCapturable("waits for the network");
+KEEL_REGISTER_CPU_KERNEL(send_barrier, SendBarrierKernel, float);
+
+KEEL_REGISTER_OP(fetch_barrier)
+    .Doc("Waits until every block the recv ops posted has arrived")
+    .OptionalInput("X", "the received blocks (documentation)")
+    .Attr<int>("pserver_num", 1, "servers in the job", Positive)
+    .Barrier("the received blocks are read only after it")
+    .NotCapturable("waits for the network");
+KEEL_REGISTER_CPU_KERNEL(fetch_barrier, FetchBarrierKernel, float);
+
+KEEL_REGISTER_OP(listen_and_serv)
+    .Doc("A parameter server's loop (synchronous): serves X, merges the trainers' gradients "
+         "into Grads, runs the optimize blocks, until every trainer stops")
+    .InputList("X", "this server's parameter blocks")
+    .OutputList("Grads", "per block, each trainer's gradient (block-major)")
+    .RequiredAttr<std::vector<int>>("slots", "each X block's index in the transpiler's plan")
+    .RequiredAttr<std::vector<int>>("optimize_blocks", "the block updating each X")
+    .Attr<int>("lr_decay_block_id", -1, "the learning-rate block run once per step; -1: none")
+    .Attr<int>("Fanin", 1, "trainers in the job", Positive)
+    .Attr<int>("pserver_num", 1, "servers in the job", Positive)
+    .Attr<int>("server_index", 0, "this server", NonNegative)
+    .Barrier("runs the server's whole loop")
+    .NotCapturable("waits for the network");
+KEEL_REGISTER_CPU_KERNEL(listen_and_serv, ListenAndServKernel, float, double);
+
+}  // namespace keel

@@ -1,0 +1,97 @@
+// Synchronous parameter-server training against one process: an MLP (64 -> 256 tanh -> 10, so
+// that fc_0.w_0's 16384 elements split into two blocks over two servers) with --optimizer on
+// --rows rows per step in all. Under `keel launch --server_num=S --worker_num=W` each trainer
+// trains on its 1/W share of every step's rows through fleet's parameter-server mode (servers
+// run fleet::run_server); alone (no TRAINING_ROLE) it is one process on all the rows. Trainer 0
+// (or the single process) writes its parameters to --out; tests/fleet/parameter_server_test.cc
+// compares them. --short_trainer=T: trainer T runs one step fewer (sync mode must refuse that).
+#include <gflags/gflags.h>
+#include <keel/keel.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "fleet/fleet.h"
+#include "framework/io/checkpoint.h"
+
+DEFINE_string(optimizer, "sgd", "sgd, momentum or adam.");
+DEFINE_int32(rows, 16, "Rows per step over all trainers.");
+DEFINE_int32(steps, 4, "Steps to train.");
+DEFINE_string(out, "", "Directory trainer 0 writes its parameters to.");
+DEFINE_int32(short_trainer, -1, "This trainer runs one step fewer.");
+
+using namespace keel;
+
+int main(int argc, char** argv) {
+  keel::Init(&argc, &argv);
+  try {
+    const bool ps = std::getenv("TRAINING_ROLE") != nullptr;
+    if (ps) fleet::init(fleet::CloudRoleMaker(/*is_collective=*/false));
+    const int n = ps ? fleet::worker_num() : 1;
+    const int id = ps && fleet::is_worker() ? fleet::worker_index() : 0;
+    KEEL_ENFORCE(FLAGS_rows % n == 0, "--rows must divide by the trainers, ", n);
+    const int64_t local = FLAGS_rows / n;
+    Program main, startup;
+    startup.set_random_seed(7);
+    {
+      ProgramGuard g(main, startup);
+      Var x = layers::data("x", {-1, 64});
+      Var y = layers::data("y", {-1, 1}, DType::kInt64);
+      Var h = layers::fc(x, 256, "tanh");
+      Var loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 10), y));
+      std::unique_ptr<optimizer::Optimizer> opt;
+      if (FLAGS_optimizer == "sgd") {
+        opt = optimizer::SGD(0.5f).Clone();
+      } else if (FLAGS_optimizer == "momentum") {
+        opt = optimizer::Momentum(0.2f, 0.9f).Clone();
+      } else {
+        KEEL_ENFORCE(FLAGS_optimizer == "adam", "--optimizer must be sgd, momentum or adam");
+        opt = optimizer::Adam(0.01f).Clone();
+      }
+      if (ps) {
+        fleet::DistributedStrategy strategy;
+        strategy.a_sync = false;  // synchronous
+        fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
+      } else {
+        opt->minimize(loss, &startup);
+      }
+    }
+    Executor exe(CPUPlace());
+    if (ps && fleet::is_server()) {
+      fleet::run_server(exe);
+      std::printf("server %d done\n", fleet::server_index());
+      return 0;
+    }
+    Program& train = ps ? fleet::main_program() : main;
+    exe.Run(ps ? fleet::startup_program() : startup);
+    std::mt19937_64 rng(99);
+    std::uniform_real_distribution<float> u(-1, 1);
+    const int steps = FLAGS_steps - (ps && id == FLAGS_short_trainer ? 1 : 0);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> gx(static_cast<size_t>(FLAGS_rows) * 64);
+      std::vector<int64_t> gy(FLAGS_rows);
+      for (auto& v : gx) v = u(rng);
+      for (auto& v : gy) v = static_cast<int64_t>(rng() % 10);
+      const int64_t first = id * local;
+      std::vector<float> lx(gx.begin() + first * 64, gx.begin() + (first + local) * 64);
+      std::vector<int64_t> ly(gy.begin() + first, gy.begin() + first + local);
+      exe.Run(train, {{"x", Tensor::FromVector(lx, {local, 64})},
+                      {"y", Tensor::FromVector(ly, {local, 1})}});
+    }
+    if (ps) fleet::stop_worker();
+    // The parameters: every trainer holds the servers' values after its last step.
+    if (id == 0 && !FLAGS_out.empty()) {
+      Program params;
+      for (VarDesc* v : train.global_block().AllVars())
+        if (v->is_parameter()) *params.global_block().Var(v->name()) = *v;
+      keel::save_persistables(exe.scope(), FLAGS_out, params);
+    }
+    std::printf("trainer %d trained %d steps\n", id, steps);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
