@@ -256,7 +256,7 @@ KEEL_REGISTER_CPU_KERNEL(recv, RecvKernel, float, double);
 
 KEEL_REGISTER_OP(send_barrier)
     .Doc("Waits until every block this step's send ops posted has reached its server")
-    .OptionalInput("X", "the sent gradients (documentation)")
+    .InputList("X", "the sent gradients (documentation)")
     .Attr<int>("pserver_num", 1, "servers in the job", Positive)
     .Barrier("every send of the step must have been posted before it waits")
     .NotCapturable("waits for the network");
@@ -264,7 +264,7 @@ KEEL_REGISTER_CPU_KERNEL(send_barrier, SendBarrierKernel, float);
 
 KEEL_REGISTER_OP(fetch_barrier)
     .Doc("Waits until every block the recv ops posted has arrived")
-    .OptionalInput("X", "the received blocks (documentation)")
+    .InputList("X", "the received blocks (documentation)")
     .Attr<int>("pserver_num", 1, "servers in the job", Positive)
     .Barrier("the received blocks are read only after it")
     .NotCapturable("waits for the network");

@@ -397,9 +397,13 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
             rename[arg] = n;
           }
         }
-        for (const std::string& in : c->InputArgumentNames()) c->RenameInput(in, rename.at(in));
+        auto renamed = [&](const std::string& n) {
+          auto it = rename.find(n);
+          return it == rename.end() ? n : it->second;  // the learning rate keeps its name
+        };
+        for (const std::string& in : c->InputArgumentNames()) c->RenameInput(in, renamed(in));
         for (const std::string& out : c->OutputArgumentNames())
-          c->RenameOutput(out, rename.at(out));
+          c->RenameOutput(out, renamed(out));
         c->SetAttr(kOpRoleVarAttr, std::vector<std::string>{blk->name, blk->grad_name});
       }
       xs.push_back(blk->name);

@@ -117,6 +117,7 @@ std::unique_ptr<Transport::Transfer> Transport::PostSend(int peer, uint64_t slot
   t->what = what;
   t->is_send = true;
   try {
+    std::lock_guard<std::mutex> lk(post_mu_);
     t->buf = context_->createUnboundBuffer(t->owned.data(), t->owned.size());
     t->buf->send(peer, slot, 0, t->owned.size());
   } catch (const std::exception& e) {
@@ -139,6 +140,7 @@ std::unique_ptr<Transport::Transfer> Transport::PostRecv(const std::vector<int>&
     bytes = 1;
   }
   try {
+    std::lock_guard<std::mutex> lk(post_mu_);
     t->buf = context_->createUnboundBuffer(data, bytes);
     if (peers.size() == 1) {
       t->buf->recv(peers[0], slot, 0, bytes);

@@ -114,7 +114,8 @@ class Transport {
   std::chrono::milliseconds timeout_{300000};
   std::shared_ptr<void> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::mutex mu_;
+  std::mutex mu_;       // step state and the kept transfers
+  std::mutex post_mu_;  // posting to the context (ops post from the executor's threads)
   int64_t step_ = 0;
   bool in_step_ = false, finished_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;

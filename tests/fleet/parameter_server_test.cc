@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstdio>
 
 #include "framework/io/checkpoint.h"
@@ -16,14 +17,14 @@
 namespace keel::testing {
 namespace {
 
-struct Run {
+struct Trained {
   NamedTensors params;
   std::string output;
   int exit_code = -1;
 };
 
 // One process (servers == 0) or a parameter-server job; the parameters trainer 0 wrote.
-Run Train(int servers, int trainers, const std::string& dir, const std::string& flags) {
+Trained Train(int servers, int trainers, const std::string& dir, const std::string& flags) {
   const std::string worker = BinPath("ps_worker") + " --out=" + dir + "/save" + flags;
   const std::string cmd =
       servers == 0 ? worker
@@ -32,7 +33,7 @@ Run Train(int servers, int trainers, const std::string& dir, const std::string& 
                          " --worker_num=" + std::to_string(trainers) + " --log_dir=" + dir +
                          "/log " + worker + " 2>&1; rc=$?; tail -n 5 " + dir + "/log/*; exit $rc";
   CommandResult r = RunCommand(cmd);
-  Run out;
+  Trained out;
   out.output = cmd + "\n" + r.output;
   out.exit_code = r.exit_code;
   if (r.exit_code == 0) out.params = LoadSafetensors(dir + "/save/" + kPersistablesFile);
@@ -62,8 +63,8 @@ void ExpectSyncEqualsOneProcess(int servers, const std::string& optimizer) {
   SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s)");
   const std::string dir = MakeTempDir();
   const std::string flags = " --optimizer=" + optimizer + " --rows=16 --steps=4";
-  Run one = Train(0, 1, dir + "/one", flags);
-  Run ps = Train(servers, 2, dir + "/ps", flags);
+  Trained one = Train(0, 1, dir + "/one", flags);
+  Trained ps = Train(servers, 2, dir + "/ps", flags);
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(ps.exit_code, 0) << ps.output;
   ASSERT_EQ(ps.params.size(), 4u) << ps.output;
@@ -75,7 +76,7 @@ void ExpectSyncEqualsOneProcess(int servers, const std::string& optimizer) {
   EXPECT_LT(diff, 1e-5) << ps.output;
   // The job really moved the parameters (a run that trained nothing would also be "equal" to
   // an untrained reference only if both were untrained): compare with the initial values.
-  Run none = Train(0, 1, dir + "/none", " --optimizer=" + optimizer + " --rows=16 --steps=0");
+  Trained none = Train(0, 1, dir + "/none", " --optimizer=" + optimizer + " --rows=16 --steps=0");
   ASSERT_EQ(none.exit_code, 0) << none.output;
   EXPECT_GT(MaxAbsDiff(ps.params, none.params), 1e-3);
   RunCommand("rm -rf " + dir);
@@ -98,7 +99,7 @@ TEST(ParameterServer, SyncOneServerTwoTrainersSgdEqualsOneProcess) {
 TEST(ParameterServer, UnequalStepCountsAreNamed) {
   const std::string dir = MakeTempDir();
   const auto t0 = std::chrono::steady_clock::now();
-  Run r = Train(1, 2, dir, " --steps=4 --short_trainer=1");
+  Trained r = Train(1, 2, dir, " --steps=4 --short_trainer=1");
   const double s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
