@@ -10,6 +10,8 @@
 #include <cstring>
 #include <thread>
 
+#include <glog/logging.h>
+
 #include "framework/comm/comm_context.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
@@ -140,8 +142,10 @@ class ListenAndServKernel : public OpKernel {
     const std::vector<Tensor*> grads = ctx.MultiOutput("Grads");
     KEEL_ENFORCE(slots.size() == params.size() && blocks.size() == params.size() &&
                      grads.size() == params.size() * static_cast<size_t>(fanin),
-                 "op listen_and_serv: ", params.size(), " parameter blocks need as many slots and "
-                 "optimize_blocks and ", fanin, " Grads each");
+                 "op listen_and_serv: ", params.size(),
+                 " parameter blocks need as many slots and "
+                 "optimize_blocks and ",
+                 fanin, " Grads each");
     const int first = t.nservers();
     std::vector<int> trainers;
     for (int r = 0; r < fanin; ++r) trainers.push_back(first + r);
@@ -153,11 +157,10 @@ class ListenAndServKernel : public OpKernel {
       std::vector<ps::Header> h(static_cast<size_t>(fanin));
       std::vector<std::unique_ptr<Transport::Transfer>> pending;
       for (int r = 0; r < fanin; ++r)
-        pending.push_back(t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r],
-                                     sizeof(ps::Header),
-                                     StrCat(me, ": waiting for ", t.PeerName(trainers[r]),
-                                            " to start step ", step,
-                                            " or stop (fleet::stop_worker)")));
+        pending.push_back(
+            t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r], sizeof(ps::Header),
+                       StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
+                              step, " or stop (fleet::stop_worker)")));
       for (auto& p : pending) t.Wait(*p);
       std::vector<int> done, running;
       for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
@@ -168,6 +171,7 @@ class ListenAndServKernel : public OpKernel {
             h[done[0]].steps, " steps while trainer ", running[0], " started step ", step,
             "; in sync mode every trainer must run the same number of steps (give each trainer "
             "the same number of batches)");
+        LOG(ERROR) << me << ": " << why;
         t.PostAbort(why);
         t.Reset();  // closes the connections: the trainers' transfers fail now
         std::this_thread::sleep_for(std::chrono::seconds(1));  // they quote `why` from the store
@@ -179,10 +183,9 @@ class ListenAndServKernel : public OpKernel {
         pending.clear();
         for (int r = 0; r < fanin; ++r) {
           staging[r].resize(bytes);
-          pending.push_back(t.PostRecv(trainers, Slot(Kind::kGrad, slots[i], step),
-                                       staging[r].data(), bytes,
-                                       StrCat(me, ": step ", step, "'s gradients of ",
-                                              op.Input("X")[i])));
+          pending.push_back(
+              t.PostRecv(trainers, Slot(Kind::kGrad, slots[i], step), staging[r].data(), bytes,
+                         StrCat(me, ": step ", step, "'s gradients of ", op.Input("X")[i])));
         }
         std::vector<bool> got(static_cast<size_t>(fanin), false);
         for (int r = 0; r < fanin; ++r) {
@@ -217,8 +220,7 @@ class ListenAndServKernel : public OpKernel {
 };
 
 OpSchema& BlockAttrs(OpSchema& s) {
-  return s
-      .RequiredAttr<std::vector<int>>("epmap", "the server (index) of each block")
+  return s.RequiredAttr<std::vector<int>>("epmap", "the server (index) of each block")
       .RequiredAttr<std::vector<int64_t>>("sections", "rows of each block")
       .RequiredAttr<std::vector<int>>("slots", "each block's index in the transpiler's plan")
       .Attr<int>("pserver_num", 1, "servers in the job (ranks 0..pserver_num-1)", Positive);
@@ -226,13 +228,12 @@ OpSchema& BlockAttrs(OpSchema& s) {
 
 }  // namespace
 
-[[maybe_unused]] static OpSchema& keel_schema_send =
-    BlockAttrs(OpRegistry::Register("send")
-                   .Doc("Sends X's row blocks to their servers (posted; send_barrier waits); the "
-                        "first send of a step tells every server the step starts")
-                   .Input("X", "the gradient")
-                   .Attr<std::vector<std::string>>("send_varnames", {},
-                                                   "the blocks' names on the servers"));
+[[maybe_unused]] static OpSchema& keel_schema_send = BlockAttrs(
+    OpRegistry::Register("send")
+        .Doc("Sends X's row blocks to their servers (posted; send_barrier waits); the "
+             "first send of a step tells every server the step starts")
+        .Input("X", "the gradient")
+        .Attr<std::vector<std::string>>("send_varnames", {}, "the blocks' names on the servers"));
 KEEL_REGISTER_CPU_KERNEL(send, SendKernel, float, double);
 
 [[maybe_unused]] static OpSchema& keel_schema_recv =
@@ -271,8 +272,9 @@ KEEL_REGISTER_OP(fetch_barrier)
 KEEL_REGISTER_CPU_KERNEL(fetch_barrier, FetchBarrierKernel, float);
 
 KEEL_REGISTER_OP(listen_and_serv)
-    .Doc("A parameter server's loop (synchronous): serves X, merges the trainers' gradients "
-         "into Grads, runs the optimize blocks, until every trainer stops")
+    .Doc(
+        "A parameter server's loop (synchronous): serves X, merges the trainers' gradients "
+        "into Grads, runs the optimize blocks, until every trainer stops")
     .InputList("X", "this server's parameter blocks")
     .OutputList("Grads", "per block, each trainer's gradient (block-major)")
     .RequiredAttr<std::vector<int>>("slots", "each X block's index in the transpiler's plan")

@@ -164,6 +164,9 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
     KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
                  "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
     KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+    // Trainers send gradients to servers: fusion (on by default here) steps aside, and asking
+    // for it is refused by the strategy, naming it.
+    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
     strategy.a_sync = FLAGS_ps_mode != "sync";
     strategy.a_sync_configs.k_steps = FLAGS_ps_mode == "geo" ? FLAGS_geo_k : 0;
   }

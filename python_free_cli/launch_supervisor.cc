@@ -399,7 +399,8 @@ class Supervisor {
     }
   }
 
-  // Copies what rank 0 wrote to its log and to the console; false at end of file.
+  // Copies what rank 0 (the console worker: trainer 0 in parameter-server mode) wrote to its log
+  // and to the console; false at end of file.
   bool PumpRank0() {
     char buf[65536];
     ssize_t n = read(pipe_fd_, buf, sizeof(buf));
@@ -409,7 +410,7 @@ class Supervisor {
       pipe_fd_ = -1;
       return false;
     }
-    WriteAll(workers_[0].log_fd, buf, static_cast<size_t>(n));
+    WriteAll(workers_[plan_.console_local].log_fd, buf, static_cast<size_t>(n));
     if (console_ok_) console_ok_ = WriteAll(STDOUT_FILENO, buf, static_cast<size_t>(n));
     return true;
   }

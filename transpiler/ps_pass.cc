@@ -305,8 +305,10 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   for (const std::string& n : plan.lr_vars) {
     const VarDesc& v = *om.MustFindVar(n);
     Declare(mb, n, v, v.shape(), true);
-    KEEL_ENFORCE(sb.FindVar(n), "parameter-server transpiler: the startup program does not "
-                                "initialize ", n);
+    KEEL_ENFORCE(sb.FindVar(n),
+                 "parameter-server transpiler: the startup program does not "
+                 "initialize ",
+                 n);
     sb.FindVar(n)->set_persistable(true);
   }
   int lr_block = -1;
@@ -335,8 +337,10 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
     // parameter's shape, else an assign per block of this server.
     auto cut = [&](const std::string& whole, const std::vector<std::string>& parts) {
       VarDesc* wv = sb.FindVar(whole);
-      KEEL_ENFORCE(wv != nullptr, "parameter-server transpiler: the startup program does not "
-                                  "initialize ", whole);
+      KEEL_ENFORCE(wv != nullptr,
+                   "parameter-server transpiler: the startup program does not "
+                   "initialize ",
+                   whole);
       if (!p.split()) {
         wv->set_persistable(true);
         return;
@@ -402,8 +406,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
           return it == rename.end() ? n : it->second;  // the learning rate keeps its name
         };
         for (const std::string& in : c->InputArgumentNames()) c->RenameInput(in, renamed(in));
-        for (const std::string& out : c->OutputArgumentNames())
-          c->RenameOutput(out, renamed(out));
+        for (const std::string& out : c->OutputArgumentNames()) c->RenameOutput(out, renamed(out));
         c->SetAttr(kOpRoleVarAttr, std::vector<std::string>{blk->name, blk->grad_name});
       }
       xs.push_back(blk->name);

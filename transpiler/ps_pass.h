@@ -1,8 +1,8 @@
-// ParameterServerPass: Paddle's DistributeTranspiler in synchronous mode (docs/parameter-server.md).
-// From the single-device programs minimize left, it makes the programs of one process of a
-// parameter-server job: a trainer's (options.server_index = -1) or server server_index's. Servers
-// hold the parameters and run the optimizer; trainers run forward and backward, send gradients and
-// receive parameters.
+// ParameterServerPass: Paddle's DistributeTranspiler in synchronous mode
+// (docs/parameter-server.md). From the single-device programs minimize left, it makes the programs
+// of one process of a parameter-server job: a trainer's (options.server_index = -1) or server
+// server_index's. Servers hold the parameters and run the optimizer; trainers run forward and
+// backward, send gradients and receive parameters.
 //
 // Requires: main holds forward, backward (each parameter gradient's last writer before the
 //   optimizer section) and the optimizer section as minimize left it: every op with op_role
@@ -58,9 +58,9 @@ struct PsPlan {
   struct Block {
     std::string param, grad;  // the whole parameter and its gradient
     std::string name, grad_name;
-    int index = 0;       // in the parameter (0..)
-    int64_t rows = 0;    // its rows
-    int64_t row0 = 0;    // its first row in the parameter
+    int index = 0;     // in the parameter (0..)
+    int64_t rows = 0;  // its rows
+    int64_t row0 = 0;  // its first row in the parameter
     int server = 0;
   };
   struct Param {
@@ -73,7 +73,7 @@ struct PsPlan {
   };
   std::vector<Param> params;
   std::vector<Block> blocks;
-  std::vector<size_t> lr_ops;       // optimize ops of no parameter (learning-rate schedule)
+  std::vector<size_t> lr_ops;        // optimize ops of no parameter (learning-rate schedule)
   std::vector<std::string> lr_vars;  // the persistable vars they and the updates share
 };
 PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_size = 8192);

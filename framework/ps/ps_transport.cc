@@ -97,14 +97,13 @@ void Transport::Connect(int rank, int nranks, int nservers) {
     device_ = device;
     context_ = context;
   } catch (const std::exception& e) {
-    KEEL_THROW("parameter-server transport: ", PeerName(rank), " could not connect to the ",
-               nranks, " processes of the job within ", timeout_.count() / 1000.0,
+    KEEL_THROW("parameter-server transport: ", PeerName(rank), " could not connect to the ", nranks,
+               " processes of the job within ", timeout_.count() / 1000.0,
                " s (--comm_timeout_s): ", e.what());
   }
   LOG(INFO) << "parameter-server transport: " << PeerName(rank) << " connected to " << nranks - 1
             << " peers in "
-            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
-            << " s";
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
 }
 
 std::unique_ptr<Transport::Transfer> Transport::PostSend(int peer, uint64_t slot, const void* data,
@@ -171,8 +170,8 @@ int Transport::Wait(Transfer& t) {
                  timeout_.count() / 1000.0,
                  " s (--comm_timeout_s): it stopped, hangs, or runs a different program",
                  AbortNote(), " [", msg, "]");
-    KEEL_THROW(t.what, ": the connection with ", names,
-               " broke (it exited or was killed?): ", msg, AbortNote());
+    KEEL_THROW(t.what, ": the connection with ", names, " broke (it exited or was killed?): ", msg,
+               AbortNote());
   }
   return peer;
 }
@@ -185,9 +184,9 @@ void Transport::BeginStepOnce() {
   ++step_;
   Header h{step_, step_ - 1};
   for (int s = 0; s < nservers_; ++s)
-    sends_.push_back(PostSend(s, Slot(Kind::kHeader, 0, step_), &h, sizeof(h),
-                              StrCat("trainer ", rank_ - nservers_, ": step ", step_,
-                                     "'s header to server ", s)));
+    sends_.push_back(PostSend(
+        s, Slot(Kind::kHeader, 0, step_), &h, sizeof(h),
+        StrCat("trainer ", rank_ - nservers_, ": step ", step_, "'s header to server ", s)));
 }
 
 void Transport::KeepSend(std::unique_ptr<Transfer> t) {

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "framework/io/checkpoint.h"
@@ -100,8 +100,7 @@ TEST(ParameterServer, UnequalStepCountsAreNamed) {
   const std::string dir = MakeTempDir();
   const auto t0 = std::chrono::steady_clock::now();
   Trained r = Train(1, 2, dir, " --steps=4 --short_trainer=1");
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "trainer 1 stopped after 3 steps while trainer 0 started step 4"))
       << r.output;
