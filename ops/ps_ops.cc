@@ -13,6 +13,7 @@
 #include <glog/logging.h>
 
 #include "framework/comm/comm_context.h"
+#include "framework/fault_point.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/ps/ps_transport.h"
@@ -153,6 +154,7 @@ class ListenAndServKernel : public OpKernel {
     Serve(t, op, params, trainers, 0);
     std::vector<std::vector<char>> staging(static_cast<size_t>(fanin));
     for (int64_t step = 1;; ++step) {
+      if (step == 3) FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
       // Headers: who starts this step, who is done.
       std::vector<ps::Header> h(static_cast<size_t>(fanin));
       std::vector<std::unique_ptr<Transport::Transfer>> pending;

@@ -108,5 +108,18 @@ TEST(ParameterServer, UnequalStepCountsAreNamed) {
   RunCommand("rm -rf " + dir);
 }
 
+// A server killed (SIGKILL) at its third step: the job ends within seconds, not at the comm
+// timeout (20 s here) nor Paddle's 900 s, and the trainers' errors name the server.
+TEST(ParameterServer, DeadServerEndsTheJobNamingIt) {
+  const std::string dir = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  Trained r = Train(1, 2, dir, " --steps=6 --fault_point=listen_and_serv_step3");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "server 0 (rank 0)")) << r.output;
+  EXPECT_LT(s, 10) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
 }  // namespace
 }  // namespace keel::testing

@@ -21,6 +21,7 @@ DEFINE_int32(rows, 16, "Rows per step over all trainers.");
 DEFINE_int32(steps, 4, "Steps to train.");
 DEFINE_string(out, "", "Directory trainer 0 writes its parameters to.");
 DEFINE_int32(short_trainer, -1, "This trainer runs one step fewer.");
+DEFINE_string(fault_point, "", "The servers set KEEL_FAULT_POINT to this (fault injection).");
 
 using namespace keel;
 
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     }
     Executor exe(CPUPlace());
     if (ps && fleet::is_server()) {
+      if (!FLAGS_fault_point.empty()) setenv("KEEL_FAULT_POINT", FLAGS_fault_point.c_str(), 1);
       fleet::run_server(exe);
       std::printf("server %d done\n", fleet::server_index());
       return 0;
