@@ -29,6 +29,7 @@
 #include "framework/ps/ps_transport.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/ps_pass.h"
 #include "transpiler/sharding_pass.h"
 
 DECLARE_string(cpu_comm_backend);
@@ -97,6 +98,9 @@ struct FleetState {
   // Under sharding: the owner of each optimizer state var of main (transpiler/sharding_pass.h),
   // by main program id. A checkpoint gathers the others' state to rank 0; a load drops it.
   std::map<uint64_t, std::map<std::string, int>> sharded_state;
+  // Parameter-server mode: the single-device main program (what a checkpoint holds) and the
+  // plan that split it, by the trainer's main program id.
+  std::map<uint64_t, std::pair<std::shared_ptr<Program>, transpiler::PsPlan>> ps_programs;
 };
 
 // The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
@@ -374,7 +378,9 @@ Place worker_place() {
 }
 
 void barrier_worker() {
-  role();  // fleet::init first
+  KEEL_ENFORCE(!role().is_ps(),
+               "fleet::barrier_worker in parameter-server mode is not built yet (the trainers "
+               "would have to meet without the servers)");
   StoreBarrier("barrier_worker");
 }
 
@@ -396,6 +402,9 @@ Communicator& EagerRing(const std::string& api) {
 void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
   KEEL_ENFORCE(tensor != nullptr && tensor->initialized(), api, ": the tensor holds no data");
   const Role& r = role();
+  KEEL_ENFORCE(!r.is_ps(), api,
+               " in parameter-server mode is not built yet (a collective over the trainers "
+               "alone)");
   if (r.world_size <= 1) return;
   FleetCall call(api);
   try {
@@ -526,7 +535,10 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     CheckProgramsMatch(*ForComparison(main, false), "main program");
     CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+    std::shared_ptr<Program> original = main.Clone();
+    transpiler::PsPlan plan = transpiler::PlanParameterServer(main, r.server_num);
     fleet::TranspileParameterServer(main, *startup, r);
+    State().ps_programs[main.id()] = {std::move(original), std::move(plan)};
   } else if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
@@ -627,13 +639,71 @@ void RefuseTensorParallel(const Program& p, const char* api) {
                    "only its own shards");
 }
 
+namespace {
+
+// Parameter-server mode: trainer 0 writes the single-device program's persistables: the
+// parameters it holds (the servers' values after its last step) and the optimizer state and
+// learning rate pulled from every server, reassembled from their blocks.
+void SaveFromServers(Executor& exe, const std::string& dirname, const Program& program) {
+  const Role& r = role();
+  KEEL_ENFORCE(!r.is_server(),
+               "fleet::save_persistables on a parameter server: trainer 0 saves, pulling the "
+               "servers' state (call it on the trainers)");
+  if (r.trainer_id() != 0) return;
+  auto it = State().ps_programs.find(program.id());
+  KEEL_ENFORCE(it != State().ps_programs.end(),
+               "fleet::save_persistables: the program is not a parameter-server trainer's "
+               "program that minimize made");
+  const Program& original = *it->second.first;
+  const transpiler::PsPlan& plan = it->second.second;
+  const Block& ob = original.global_block();
+  ps::Transport& t = ps::Transport::Get();
+  t.RequestState();
+  const int64_t step = t.step() + 1;
+  Scope out;
+  for (const auto& p : plan.params) {
+    const Variable* v = exe.scope().FindVar(p.name);
+    KEEL_ENFORCE(v != nullptr && v->tensor().initialized(), "fleet::save_persistables: ", p.name,
+                 " is not in the trainer's scope (run the startup program first)");
+    out.Var(p.name)->mutable_tensor()->ShareDataWith(v->tensor());
+  }
+  for (int s = 0; s < r.server_num; ++s) {
+    const std::vector<transpiler::PsStateBlock> entries =
+        transpiler::PsServerState(plan, original, s);
+    std::vector<Tensor> got(entries.size());
+    std::vector<std::unique_ptr<ps::Transport::Transfer>> pending;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const transpiler::PsStateBlock& e = entries[i];
+      got[i].Resize(DDim(e.dims));
+      got[i].mutable_data(ob.MustFindVar(e.var)->dtype(), CPUPlace());
+      pending.push_back(t.PostRecv({s}, ps::Slot(ps::Kind::kState, static_cast<int>(i), step),
+                                   got[i].raw_data(), got[i].nbytes(),
+                                   StrCat("checkpoint: ", e.name, " from ", t.PeerName(s))));
+    }
+    for (auto& p : pending) t.Wait(*p);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const transpiler::PsStateBlock& e = entries[i];
+      Tensor* whole = out.Var(e.var)->mutable_tensor();
+      if (!whole->initialized()) {
+        whole->Resize(ob.MustFindVar(e.var)->dims());
+        whole->mutable_data(got[i].dtype(), CPUPlace());
+      }
+      if (e.rows < 0) {
+        whole->CopyFrom(got[i]);
+      } else {
+        Tensor rows = whole->Slice(e.row0, e.row0 + e.rows);
+        rows.CopyFrom(got[i]);
+      }
+    }
+  }
+  keel::save_persistables(out, dirname, original);
+}
+
+}  // namespace
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  KEEL_ENFORCE(!initialized() || !role().is_ps(),
-               "fleet::save_persistables in parameter-server mode is not built yet: the "
-               "optimizer state lives on the servers, and a checkpoint of the trainer's "
-               "parameters alone could not resume training; refused rather than written "
-               "incomplete");
+  if (initialized() && role().is_ps()) return SaveFromServers(exe, dirname, p);
   // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
   ShardedStateOnRankZero gathered(exe, p);
   RefuseTensorParallel(p, "save_persistables");

@@ -115,6 +115,10 @@ Program& startup_program();
 // pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
 // Gradient merge's buffers and counter belong to the user's program (it runs on one worker too):
 // a checkpoint holds them, and a resume continues an accumulation where it stopped.
+// In parameter-server mode trainer 0 writes (the others return at once), between two steps: the
+// single-device program's persistables, its parameters and the optimizer state and learning rate
+// pulled from every server (the servers answer while they wait for the next step), so one process
+// loads it with load_persistables on the program it built before fleet.
 // Under DistributedStrategy::sharding every rank must call it (the optimizer state of other
 // owners is gathered to rank 0, ShardedStateOnRankZero), and the checkpoint is complete: one
 // process, or a job of another world size, loads it.

@@ -163,7 +163,19 @@ class ListenAndServKernel : public OpKernel {
             t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r], sizeof(ps::Header),
                        StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
                               step, " or stop (fleet::stop_worker)")));
-      for (auto& p : pending) t.Wait(*p);
+      for (int r = 0; r < fanin; ++r) {
+        t.Wait(*pending[r]);
+        // A trainer asking for a checkpoint (between two steps): send it State, then wait for
+        // its next header of this step.
+        while (h[r].step == ps::kSave) {
+          SendState(t, ctx, trainers[r], step);
+          auto again =
+              t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r], sizeof(ps::Header),
+                         StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
+                                step, " after its checkpoint"));
+          t.Wait(*again);
+        }
+      }
       std::vector<int> done, running;
       for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
       if (running.empty()) return;
@@ -207,6 +219,17 @@ class ListenAndServKernel : public OpKernel {
   }
 
  private:
+  static void SendState(Transport& t, ExecutionContext& ctx, int trainer, int64_t step) {
+    const std::vector<const Tensor*> state = ctx.MultiInput("State");
+    std::vector<std::unique_ptr<Transport::Transfer>> sends;
+    for (size_t i = 0; i < state.size(); ++i)
+      sends.push_back(t.PostSend(trainer, Slot(Kind::kState, static_cast<int>(i), step),
+                                 state[i]->raw_data(), state[i]->nbytes(),
+                                 StrCat(t.PeerName(t.rank()), ": ", ctx.op().Input("State")[i],
+                                        " for a checkpoint to ", t.PeerName(trainer))));
+    for (auto& s : sends) t.Wait(*s);
+  }
+
   static void Serve(Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
                     const std::vector<int>& trainers, int64_t step) {
     const auto& slots = op.Attr<std::vector<int>>("slots");
@@ -278,6 +301,9 @@ KEEL_REGISTER_OP(listen_and_serv)
         "A parameter server's loop (synchronous): serves X, merges the trainers' gradients "
         "into Grads, runs the optimize blocks, until every trainer stops")
     .InputList("X", "this server's parameter blocks")
+    .InputList("State",
+               "what else it holds (learning rate, optimizer state blocks), sent to a trainer "
+               "that asks for a checkpoint")
     .OutputList("Grads", "per block, each trainer's gradient (block-major)")
     .RequiredAttr<std::vector<int>>("slots", "each X block's index in the transpiler's plan")
     .RequiredAttr<std::vector<int>>("optimize_blocks", "the block updating each X")

@@ -188,6 +188,28 @@ PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_
   return plan;
 }
 
+std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server) {
+  const Block& b = main.global_block();
+  std::vector<PsStateBlock> out;
+  for (const std::string& n : plan.lr_vars) out.push_back({n, n, 0, -1, b.MustFindVar(n)->shape()});
+  for (const PsPlan::Param& p : plan.params)
+    for (const std::string& s : p.state) {
+      const std::vector<int64_t>& shape = b.MustFindVar(s)->shape();
+      const bool rows = p.split() && shape == p.shape;
+      for (int k : p.blocks) {
+        const PsPlan::Block& blk = plan.blocks[k];
+        if (blk.server != server) continue;
+        const std::string name = p.split() ? StrCat(s, ".block", blk.index) : s;
+        if (rows) {
+          out.push_back({name, s, blk.row0, blk.rows, WithRows(p.shape, blk.rows)});
+        } else {
+          out.push_back({name, s, 0, -1, shape});
+        }
+      }
+    }
+  return out;
+}
+
 void ParameterServerPass::Apply(Program& main, Program& startup) const {
   KEEL_ENFORCE(options_.nservers >= 1 && options_.ntrainers >= 1,
                "parameter-server transpiler: needs at least one server and one trainer, got ",
@@ -418,8 +440,13 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   KEEL_ENFORCE(!xs.empty(), "parameter-server transpiler: server ", me, " of ", options_.nservers,
                " holds no parameter block (the model has ", plan.blocks.size(),
                " blocks); use at most that many servers");
+  std::vector<std::string> state;
+  for (const PsStateBlock& e : PsServerState(plan, *orig_main, me)) state.push_back(e.name);
+  KEEL_ENFORCE(!state.empty(),
+               "parameter-server transpiler: the optimizer has no learning-rate var");
   OpDesc* serv = mb.AppendOp("listen_and_serv");
   serv->SetInput("X", xs);
+  serv->SetInput("State", state);
   serv->SetOutput("Grads", trainer_grads);
   serv->SetAttr("slots", slots);
   serv->SetAttr("optimize_blocks", blocks);

@@ -30,7 +30,8 @@
 //     otherwise, e.g. Adam's beta powers), the learning-rate vars, and one listen_and_serv op
 //     whose sub-blocks are: the learning-rate schedule (lr_decay_block_id; run once per step),
 //     then per block of this server: sum of the trainers' gradients "<grad block>.trainer_<t>",
-//     scale by 1/ntrainers, and the parameter's update ops on the block (vars renamed).
+//     scale by 1/ntrainers, and the parameter's update ops on the block (vars renamed). Its State
+//     input lists PsServerState (for checkpoints: a trainer may ask for it between steps).
 //   server startup: the learning rate's initializers; per parameter with blocks here its
 //     initializer (the whole parameter, as in one process, then split along rows into the
 //     blocks), and its state's initializers per block (fill_constant given the block's shape;
@@ -77,6 +78,18 @@ struct PsPlan {
   std::vector<std::string> lr_vars;  // the persistable vars they and the updates share
 };
 PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_size = 8192);
+
+// What server `server` holds besides its parameter blocks, in the order its listen_and_serv lists
+// it (slot State; what a checkpoint pulls): the learning-rate vars, then per parameter with blocks
+// there, per state var, per block of this server its copy. `var` is the single-device var it
+// belongs to: rows [row0, row0 + rows) of it when rows >= 0, else all of it (an unsplit
+// parameter's state, a per-block copy of a scalar such as Adam's beta powers, the learning rate).
+struct PsStateBlock {
+  std::string name, var;
+  int64_t row0 = 0, rows = -1;
+  std::vector<int64_t> dims;  // of `name`
+};
+std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server);
 
 struct PsOptions {
   int nservers = 1;

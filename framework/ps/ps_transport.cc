@@ -218,6 +218,20 @@ void Transport::WaitRecvs() {
   for (auto& t : recvs) Wait(*t);
 }
 
+void Transport::RequestState() {
+  KEEL_ENFORCE(context_ && rank_ >= nservers_ && !finished_,
+               "parameter-server checkpoint: only a running trainer can ask the servers");
+  WaitSends();
+  WaitRecvs();
+  Header h{kSave, step_};
+  std::vector<std::unique_ptr<Transfer>> asks;
+  for (int s = 0; s < nservers_; ++s)
+    asks.push_back(PostSend(s, Slot(Kind::kHeader, 0, step_ + 1), &h, sizeof(h),
+                            StrCat("trainer ", rank_ - nservers_, ": asking server ", s,
+                                   " for its state (checkpoint)")));
+  for (auto& t : asks) Wait(*t);
+}
+
 void Transport::FinishTrainer() {
   if (!context_ || finished_ || rank_ < nservers_) return;
   WaitSends();

@@ -6,7 +6,8 @@
 //
 //   slot = kind << 56 | block << 32 | step (low 32 bits)
 //
-// kind: kHeader (a trainer tells every server that step `step` starts, or that it is done),
+// kind: kHeader (a trainer tells every server that step `step` starts, that it is done, or that
+// it asks for the server's state for a checkpoint: kState, `block` indexing the server's list),
 // kGrad (a trainer's gradient block for `step`), kParam (a server's parameter block after `step`;
 // step 0: the initial values). `block` is the block's index in the transpiler's plan
 // (transpiler/ps_pass.h), the same in every process. Gloo's TCP pairs hand data over only once
@@ -38,7 +39,7 @@ class Context;
 namespace keel {
 namespace ps {
 
-enum class Kind : uint64_t { kHeader = 1, kGrad = 2, kParam = 3 };
+enum class Kind : uint64_t { kHeader = 1, kGrad = 2, kParam = 3, kState = 4 };
 uint64_t Slot(Kind kind, int block, int64_t step);
 
 // A header: step >= 1 starts that step; kDone says the trainer finished after `steps` steps.
@@ -47,6 +48,7 @@ struct Header {
   int64_t steps = 0;  // steps completed before this header
 };
 constexpr int64_t kDone = -1;
+constexpr int64_t kSave = -2;  // a trainer asks for the server's state (a checkpoint)
 
 class Transport {
  public:
@@ -96,6 +98,9 @@ class Transport {
   // sends are then over. fetch_barrier: waits for the posted receives.
   void WaitSends();
   void WaitRecvs();
+  // Between steps: asks every server for its state (kSave headers); the servers then send their
+  // state lists under Slot(kState, i, step() + 1).
+  void RequestState();
   // The trainer is done (fleet::stop_worker): tells every server, waits until they took it.
   void FinishTrainer();
   bool finished() const { return finished_; }

@@ -108,6 +108,26 @@ TEST(ParameterServer, UnequalStepCountsAreNamed) {
   RunCommand("rm -rf " + dir);
 }
 
+// Trainer 0's checkpoint holds what one process's holds (parameters, Adam's moments and beta
+// powers, the learning rate: the same names and dims, so the single-device program loads it) with
+// the same values, the state pulled from both servers and reassembled from its blocks.
+TEST(ParameterServer, TrainerZerosCheckpointIsCompleteAndEqualsOneProcess) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = " --optimizer=adam --rows=16 --steps=3 --checkpoint";
+  Trained one = Train(0, 1, dir + "/one", flags);
+  Trained ps = Train(2, 2, dir + "/ps", flags);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(ps.exit_code, 0) << ps.output;
+  EXPECT_EQ(ps.params.size(), 4u * 5 + 1) << ps.output;  // 4 x (param, 2 moments, 2 powers), rate
+  const double diff = MaxAbsDiff(ps.params, one.params);
+  std::printf(
+      "sync parameter server checkpoint, 2 servers x 2 trainers, adam, 3 steps: max abs "
+      "difference %.3g over parameters and optimizer state\n",
+      diff);
+  EXPECT_LT(diff, 1e-5) << ps.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // A server killed (SIGKILL) at its third step: the job ends within seconds, not at the comm
 // timeout (20 s here) nor Paddle's 900 s, and the trainers' errors name the server.
 TEST(ParameterServer, DeadServerEndsTheJobNamingIt) {

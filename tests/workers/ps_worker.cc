@@ -21,6 +21,9 @@ DEFINE_int32(rows, 16, "Rows per step over all trainers.");
 DEFINE_int32(steps, 4, "Steps to train.");
 DEFINE_string(out, "", "Directory trainer 0 writes its parameters to.");
 DEFINE_int32(short_trainer, -1, "This trainer runs one step fewer.");
+DEFINE_bool(checkpoint, false,
+            "Write a whole checkpoint instead (parameters, optimizer state, learning rate): "
+            "fleet::save_persistables in parameter-server mode, which pulls the servers' state.");
 DEFINE_string(fault_point, "", "The servers set KEEL_FAULT_POINT to this (fault injection).");
 
 using namespace keel;
@@ -82,9 +85,16 @@ int main(int argc, char** argv) {
       exe.Run(train, {{"x", Tensor::FromVector(lx, {local, 64})},
                       {"y", Tensor::FromVector(ly, {local, 1})}});
     }
+    if (FLAGS_checkpoint) {
+      if (ps) {
+        fleet::save_persistables(exe, FLAGS_out);  // trainer 0 writes, before the servers stop
+      } else {
+        keel::save_persistables(exe.scope(), FLAGS_out, main);
+      }
+    }
     if (ps) fleet::stop_worker();
     // The parameters: every trainer holds the servers' values after its last step.
-    if (id == 0 && !FLAGS_out.empty()) {
+    if (!FLAGS_checkpoint && id == 0 && !FLAGS_out.empty()) {
       Program params;
       for (VarDesc* v : train.global_block().AllVars())
         if (v->is_parameter()) *params.global_block().Var(v->name()) = *v;
