@@ -60,7 +60,9 @@ const std::vector<Command>& Commands() {
        "       keel inspect --summary [--model=NAME | FILE|DIR]\n"
        "--strategy takes keel train's strategy and optimizer flags (keel train --help).\n",
        {{"what to show", {"strategy", "summary", "model", "dot", "diff", "program"}},
-        {"the job (--strategy)", {"nranks", "nnodes", "rank", "startup"}}},
+        {"the job (--strategy)", {"nranks", "nnodes", "rank", "startup"}},
+        {"a parameter-server job (--strategy --ps)",
+         {"ps", "nservers", "nworkers", "ps_mode", "geo_k"}}},
        {"python_free_cli/inspect.cc"}},
       {"bench",
        "usage: keel bench mlp|lenet|resnet|transformer|allreduce [flags]\n"
@@ -78,7 +80,8 @@ const std::vector<Command>& Commands() {
           "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s"}},
         {"several nodes",
          {"nnodes", "node_rank", "cluster_node_ips", "node_ip", "started_port", "master_addr",
-          "master_port"}}},
+          "master_port"}},
+        {"parameter servers (docs/parameter-server.md)", {"server_num", "worker_num"}}},
        {"python_free_cli/launch.cc"}},
   };
   return commands;

@@ -136,6 +136,30 @@ TEST(InspectStrategy, ShardingGolden) {
 
 // Every "+" line of --diff is a line of the full transpiled text, every "-" line one of the
 // untranspiled (one-rank) text, and a one-rank job changes nothing.
+// --ps: a parameter-server job of --nservers servers (ranks 0..) and --nworkers trainers; the MLP
+// at --mlp_hidden=128 has a first weight of 784 x 128, cut into blocks on both servers.
+TEST(InspectStrategy, ParameterServerGoldens) {
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --nservers=2 --nworkers=2 --rank=" + std::to_string(rank) +
+                     " --model=mlp --mlp_hidden=128 --optimizer=adam");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync=false"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(rank == 0 ? "listen_and_serv(" : "send_barrier("), std::string::npos)
+        << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_rank" + std::to_string(rank) + ".txt");
+  }
+  // Paddle's asynchronous and GEO modes are not built: refused naming the field.
+  for (const char* mode : {"--ps_mode=async", "--ps_mode=geo --geo_k=4"}) {
+    auto bad = InspectAll("--strategy --ps " + std::string(mode) + std::string(kSmallMlp));
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("DistributedStrategy.a_sync=true"), std::string::npos) << bad.output;
+  }
+  auto collective = InspectAll("--strategy --ps_mode=sync" + std::string(kSmallMlp));
+  EXPECT_NE(collective.output.find("--ps_mode goes with inspect --strategy --ps"),
+            std::string::npos)
+      << collective.output;
+}
+
 TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {
   const std::string flags = " --nranks=2" + std::string(kSmallMlp);
   auto full = Inspect("--strategy" + flags);
