@@ -388,11 +388,14 @@ std::string Role::store_endpoint() const { return StrCat(master_addr, ":", maste
 
 std::string Role::ToString() const {
   const std::string gpus = StrJoin(selected_gpus, ",");
-  return StrCat("rank ", rank, "/", world_size, " local ", local_rank, "/", local_world_size,
-                " node ", node_rank(), "/", num_nodes(), " source=", source,
-                " store=", store_endpoint(),
-                current_endpoint.empty() ? "" : " endpoint=" + current_endpoint,
-                " gpus=", gpus.empty() ? "none" : gpus);
+  return StrCat(
+      "rank ", rank, "/", world_size, " local ", local_rank, "/", local_world_size, " node ",
+      node_rank(), "/", num_nodes(), " source=", source, " store=", store_endpoint(),
+      current_endpoint.empty() ? "" : " endpoint=" + current_endpoint,
+      " gpus=", gpus.empty() ? "none" : gpus,
+      is_ps() ? StrCat(" ", is_server() ? "server " : "trainer ", is_server() ? rank : trainer_id(),
+                       " of ", is_server() ? server_num : trainer_num)
+              : "");
 }
 
 CloudRoleMaker::CloudRoleMaker(bool is_collective) : is_collective_(is_collective) {}

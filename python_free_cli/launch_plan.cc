@@ -241,6 +241,7 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
     LaunchWorker w;
     w.local = local;
     w.rank = local;
+    w.role = server ? StrCat("server ", local) : StrCat("trainer ", local - S);
     for (const std::string& e : in.env) {
       const size_t eq = e.find('=');
       if (eq == std::string::npos || !drop.count(e.substr(0, eq))) w.env.push_back(e);

@@ -62,6 +62,7 @@ struct LaunchWorker {
   // supervisor adds the restart count of each attempt, the status pipe and, for rank 0, the
   // store's listening socket (launch_supervisor.cc).
   std::vector<std::string> env;
+  std::string role;      // parameter-server mode: "server 1", "trainer 0" (how errors name it)
   std::string log_path;  // LOG_DIR/workerlog.<local> (parameter-server mode: serverlog.<i> for
                          // server i, workerlog.<j> for trainer j)
 };

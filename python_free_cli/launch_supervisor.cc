@@ -66,6 +66,7 @@ struct Worker {
   int status = 0;
   bool reaped_after_kill = false;  // it may have died of the launcher's own SIGKILL
   std::string log_path;
+  std::string role;  // parameter-server mode: "server 1", "trainer 0"
   int log_fd = -1;
   // When a process of its group was first seen stopped (state T or t), if it still is.
   bool stopped = false, stopped_logged = false;
@@ -106,6 +107,7 @@ class Supervisor {
       w.local = planned.local;
       w.rank = planned.rank;
       w.log_path = planned.log_path;
+      w.role = planned.role;
       w.log_fd = OpenHigh(w.log_path, O_WRONLY | O_CREAT | O_TRUNC);
       workers_.push_back(w);
     }
@@ -511,7 +513,8 @@ class Supervisor {
 
   // "worker rank 1 (local 1, pid 123) was killed by signal SIGKILL (9)"
   std::string Describe(const Worker& w) const {
-    std::string who = StrCat("worker rank ", w.rank, " (local ", w.local, ", pid ", w.pid, ")");
+    std::string who = StrCat(w.role.empty() ? "worker" : w.role, " rank ", w.rank, " (local ",
+                             w.local, ", pid ", w.pid, ")");
     if (w.left_early)
       return StrCat(who, " exited with code 0 before joining the job's rendezvous, while rank(s) ",
                     w.waiting,

@@ -191,7 +191,8 @@ PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_
 std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server) {
   const Block& b = main.global_block();
   std::vector<PsStateBlock> out;
-  for (const std::string& n : plan.lr_vars) out.push_back({n, n, 0, -1, b.MustFindVar(n)->shape()});
+  for (const std::string& n : plan.lr_vars)
+    if (b.MustFindVar(n)->persistable()) out.push_back({n, n, 0, -1, b.MustFindVar(n)->shape()});
   for (const PsPlan::Param& p : plan.params)
     for (const std::string& s : p.state) {
       const std::vector<int64_t>& shape = b.MustFindVar(s)->shape();
@@ -326,7 +327,10 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   for (VarDesc* v : sb.AllVars()) v->set_persistable(false);
   for (const std::string& n : plan.lr_vars) {
     const VarDesc& v = *om.MustFindVar(n);
+    // Persistable on the server even when the schedule computes it each step (in its own
+    // block): it must outlive that block until the optimize blocks have read it.
     Declare(mb, n, v, v.shape(), true);
+    if (!v.persistable()) continue;
     KEEL_ENFORCE(sb.FindVar(n),
                  "parameter-server transpiler: the startup program does not "
                  "initialize ",
@@ -346,6 +350,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
         }
     }
   }
+  const std::set<std::string> lr(plan.lr_vars.begin(), plan.lr_vars.end());
   std::vector<std::string> xs, trainer_grads;
   std::vector<int> slots, blocks;
   for (const PsPlan::Param& p : plan.params) {
@@ -416,7 +421,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
         for (const std::string& arg : Args(*c)) {
           if (!rename.count(arg)) {
             const VarDesc& v = *om.MustFindVar(arg);
-            if (v.persistable()) continue;  // the learning rate
+            if (v.persistable() || lr.count(arg)) continue;  // the learning rate
             // A temporary of the update (weight decay's): one per block.
             const std::string n = p.split() ? StrCat(arg, ".block", blk->index) : arg;
             Declare(mb, n, v, v.shape() == p.shape ? shape : v.shape(), false);

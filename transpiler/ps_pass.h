@@ -80,8 +80,9 @@ struct PsPlan {
 PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_size = 8192);
 
 // What server `server` holds besides its parameter blocks, in the order its listen_and_serv lists
-// it (slot State; what a checkpoint pulls): the learning-rate vars, then per parameter with blocks
-// there, per state var, per block of this server its copy. `var` is the single-device var it
+// it (slot State; what a checkpoint pulls): the persistable learning-rate vars (a constant rate, a
+// schedule's step counter; not the rate a schedule computes each step), then per parameter with
+// blocks there, per state var, per block of this server its copy. `var` is the single-device var it
 // belongs to: rows [row0, row0 + rows) of it when rows >= 0, else all of it (an unsplit
 // parameter's state, a per-block copy of a scalar such as Adam's beta powers, the learning rate).
 struct PsStateBlock {

@@ -59,10 +59,11 @@ double MaxAbsDiff(const NamedTensors& got, const NamedTensors& ref) {
   return worst;
 }
 
-void ExpectSyncEqualsOneProcess(int servers, const std::string& optimizer) {
-  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s)");
+void ExpectSyncEqualsOneProcess(int servers, const std::string& optimizer,
+                                const std::string& more = "") {
+  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s)" + more);
   const std::string dir = MakeTempDir();
-  const std::string flags = " --optimizer=" + optimizer + " --rows=16 --steps=4";
+  const std::string flags = " --optimizer=" + optimizer + " --rows=16 --steps=4" + more;
   Trained one = Train(0, 1, dir + "/one", flags);
   Trained ps = Train(servers, 2, dir + "/ps", flags);
   ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -71,8 +72,8 @@ void ExpectSyncEqualsOneProcess(int servers, const std::string& optimizer) {
   const double diff = MaxAbsDiff(ps.params, one.params);
   std::printf(
       "sync parameter server, %d server(s) x 2 trainers x 8 rows vs 1 process x 16 rows, %s, "
-      "4 steps: max abs difference %.3g over the parameters\n",
-      servers, optimizer.c_str(), diff);
+      "4 steps%s: max abs difference %.3g over the parameters\n",
+      servers, optimizer.c_str(), more.c_str(), diff);
   EXPECT_LT(diff, 1e-5) << ps.output;
   // The job really moved the parameters (a run that trained nothing would also be "equal" to
   // an untrained reference only if both were untrained): compare with the initial values.
@@ -88,6 +89,12 @@ TEST(ParameterServer, SyncTwoServersTwoTrainersSgdEqualsOneProcess) {
 
 TEST(ParameterServer, SyncTwoServersTwoTrainersAdamEqualsOneProcess) {
   ExpectSyncEqualsOneProcess(2, "adam");
+}
+
+// Momentum, and a learning-rate schedule (tenfold drop after step 2) that each server runs once
+// per step in its lr_decay block: a schedule run per block, or not at all, would not match.
+TEST(ParameterServer, SyncTwoServersMomentumWithPiecewiseRateEqualsOneProcess) {
+  ExpectSyncEqualsOneProcess(2, "momentum", " --piecewise");
 }
 
 TEST(ParameterServer, SyncOneServerTwoTrainersSgdEqualsOneProcess) {

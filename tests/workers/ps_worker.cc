@@ -17,6 +17,8 @@
 #include "framework/io/checkpoint.h"
 
 DEFINE_string(optimizer, "sgd", "sgd, momentum or adam.");
+DEFINE_bool(piecewise, false,
+            "The learning rate drops tenfold after step 2 (a schedule the servers run).");
 DEFINE_int32(rows, 16, "Rows per step over all trainers.");
 DEFINE_int32(steps, 4, "Steps to train.");
 DEFINE_string(out, "", "Directory trainer 0 writes its parameters to.");
@@ -45,14 +47,18 @@ int main(int argc, char** argv) {
       Var y = layers::data("y", {-1, 1}, DType::kInt64);
       Var h = layers::fc(x, 256, "tanh");
       Var loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 10), y));
+      auto lr = [](float base) {
+        return FLAGS_piecewise ? LearningRate(lr_schedule::Piecewise({2}, {base, base / 10}))
+                               : LearningRate(base);
+      };
       std::unique_ptr<optimizer::Optimizer> opt;
       if (FLAGS_optimizer == "sgd") {
-        opt = optimizer::SGD(0.5f).Clone();
+        opt = optimizer::SGD(lr(0.5f)).Clone();
       } else if (FLAGS_optimizer == "momentum") {
-        opt = optimizer::Momentum(0.2f, 0.9f).Clone();
+        opt = optimizer::Momentum(lr(0.2f), 0.9f).Clone();
       } else {
         KEEL_ENFORCE(FLAGS_optimizer == "adam", "--optimizer must be sgd, momentum or adam");
-        opt = optimizer::Adam(0.01f).Clone();
+        opt = optimizer::Adam(lr(0.01f)).Clone();
       }
       if (ps) {
         fleet::DistributedStrategy strategy;
