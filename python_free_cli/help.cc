@@ -77,11 +77,11 @@ const std::vector<Command>& Commands() {
        "variables; stops them all when one fails and names it.\n",
        {{"this node",
          {"nproc_per_node", "selected_gpus", "gpu_comm_backend",
-          "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s"}},
+          "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s", "server_num",
+          "worker_num"}},
         {"several nodes",
          {"nnodes", "node_rank", "cluster_node_ips", "node_ip", "started_port", "master_addr",
-          "master_port"}},
-        {"parameter servers (docs/parameter-server.md)", {"server_num", "worker_num"}}},
+          "master_port"}}},
        {"python_free_cli/launch.cc"}},
   };
   return commands;

@@ -48,12 +48,8 @@ DEFINE_int32(stopped_timeout_s, 0,
              "A worker stopped (state T: SIGSTOP, a debugger) this long fails the job; 0: the "
              "comm timeout (FLAGS_comm_timeout_s), after which its peers have failed anyway.");
 DECLARE_int32(comm_timeout_s);
-DEFINE_int32(server_num, 0,
-             "Parameter-server mode: parameter servers to start on this node (with "
-             "--worker_num; Paddle's TRAINING_ROLE=PSERVER processes, logs serverlog.N).");
-DEFINE_int32(worker_num, 0,
-             "Parameter-server mode: trainers to start on this node (with --server_num; logs "
-             "workerlog.N).");
+DEFINE_int32(server_num, 0, "Parameter servers on this node (docs/parameter-server.md).");
+DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
 
 namespace keel {
 namespace cli {
