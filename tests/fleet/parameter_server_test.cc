@@ -148,5 +148,18 @@ TEST(ParameterServer, DeadServerEndsTheJobNamingIt) {
   RunCommand("rm -rf " + dir);
 }
 
+// A trainer that exits mid-training (without stop_worker): the job ends within seconds, the
+// launcher and the servers naming trainer 1; the other trainer does not wait for the comm timeout.
+TEST(ParameterServer, DeadTrainerEndsTheJobNamingIt) {
+  const std::string dir = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  Trained r = Train(1, 2, dir, " --steps=6 --die_trainer=1");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "trainer 1")) << r.output;
+  EXPECT_LT(s, 10) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
 }  // namespace
 }  // namespace keel::testing

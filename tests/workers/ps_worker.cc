@@ -26,6 +26,7 @@ DEFINE_int32(short_trainer, -1, "This trainer runs one step fewer.");
 DEFINE_bool(checkpoint, false,
             "Write a whole checkpoint instead (parameters, optimizer state, learning rate): "
             "fleet::save_persistables in parameter-server mode, which pulls the servers' state.");
+DEFINE_int32(die_trainer, -1, "This trainer exits (code 3) after 2 steps, without stop_worker.");
 DEFINE_string(fault_point, "", "The servers set KEEL_FAULT_POINT to this (fault injection).");
 
 using namespace keel;
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
       std::vector<int64_t> ly(gy.begin() + first, gy.begin() + first + local);
       exe.Run(train, {{"x", Tensor::FromVector(lx, {local, 64})},
                       {"y", Tensor::FromVector(ly, {local, 1})}});
+      if (ps && id == FLAGS_die_trainer && step == 1) std::_Exit(3);
     }
     if (FLAGS_checkpoint) {
       if (ps) {
