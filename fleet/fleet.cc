@@ -537,7 +537,7 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
     std::shared_ptr<Program> original = main.Clone();
     transpiler::PsPlan plan = transpiler::PlanParameterServer(main, r.server_num);
-    fleet::TranspileParameterServer(main, *startup, r);
+    fleet::TranspileParameterServer(main, *startup, strategy_, r);
     State().ps_programs[main.id()] = {std::move(original), std::move(plan)};
   } else if (r.world_size > 1) {
     CommContext::Get().SetTimeout(

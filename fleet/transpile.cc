@@ -91,14 +91,16 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
   TranspileGradientMerge(main, startup, strategy);
   TranspileSyncBatchNorm(main, startup, strategy);
   if (role.is_ps()) {
-    TranspileParameterServer(main, startup, role);
+    TranspileParameterServer(main, startup, strategy, role);
   } else {
     TranspileCollective(main, startup, strategy, role);
   }
 }
 
-void TranspileParameterServer(Program& main, Program& startup, const Role& role) {
+void TranspileParameterServer(Program& main, Program& startup, const DistributedStrategy& strategy,
+                              const Role& role) {
   transpiler::PsOptions o;
+  o.mode = strategy.a_sync ? transpiler::PsMode::kAsync : transpiler::PsMode::kSync;
   o.nservers = role.server_num;
   o.ntrainers = role.trainer_num;
   o.server_index = role.is_server() ? role.rank : -1;

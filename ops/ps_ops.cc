@@ -7,7 +7,9 @@
 //
 // Blocks are whole rows: a tensor of dims [R, ...] is cut into sections (rows per block), block i
 // going to (or coming from) server epmap[i] under plan index slots[i].
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include <glog/logging.h>
@@ -28,16 +30,24 @@ using ps::Transport;
 
 std::string NonNegative(const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; }
 std::string Positive(const Attribute& a) { return std::get<int>(a) >= 1 ? "" : "must be >= 1"; }
+std::string Mode(const Attribute& a) {
+  const int m = std::get<int>(a);
+  return m == 0 || m == 1 ? "" : "must be 0 (sync) or 1 (async)";
+}
 
 // Connects this process (its global rank from the job's CommContext) on first use.
 Transport& Connected(const OpDesc& op) {
   Transport& t = Transport::Get();
-  if (t.connected()) return t;
+  if (t.connected()) {
+    if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") == 1, op.type());
+    return t;
+  }
   CommContext& cc = CommContext::Get();
   KEEL_ENFORCE(cc.initialized(), "op ", op.type(),
                ": communication is not initialized; call fleet::init(CloudRoleMaker(false)) "
                "(or run under keel launch --server_num --worker_num)");
   t.Connect(cc.config().rank, cc.config().nranks, op.Attr<int>("pserver_num"));
+  if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") == 1, op.type());
   return t;
 }
 
@@ -141,17 +151,19 @@ class ListenAndServKernel : public OpKernel {
     const int lr_block = op.Attr<int>("lr_decay_block_id");
     const std::vector<const Tensor*> params = ctx.MultiInput("X");
     const std::vector<Tensor*> grads = ctx.MultiOutput("Grads");
+    const bool async = op.Attr<int>("mode") == 1;
     KEEL_ENFORCE(slots.size() == params.size() && blocks.size() == params.size() &&
-                     grads.size() == params.size() * static_cast<size_t>(fanin),
+                     grads.size() == params.size() * static_cast<size_t>(async ? 1 : fanin),
                  "op listen_and_serv: ", params.size(),
                  " parameter blocks need as many slots and "
                  "optimize_blocks and ",
-                 fanin, " Grads each");
+                 async ? 1 : fanin, " Grads each");
     const int first = t.nservers();
     std::vector<int> trainers;
     for (int r = 0; r < fanin; ++r) trainers.push_back(first + r);
     const std::string me = t.PeerName(t.rank());
     Serve(t, op, params, trainers, 0);
+    if (async) return ServeAsync(t, ctx, params, grads, trainers);
     std::vector<std::vector<char>> staging(static_cast<size_t>(fanin));
     for (int64_t step = 1;; ++step) {
       if (step == 3) FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
@@ -160,7 +172,7 @@ class ListenAndServKernel : public OpKernel {
       std::vector<std::unique_ptr<Transport::Transfer>> pending;
       for (int r = 0; r < fanin; ++r)
         pending.push_back(
-            t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r], sizeof(ps::Header),
+            t.PostRecv({trainers[r]}, t.HeaderSlot(step), &h[r], sizeof(ps::Header),
                        StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
                               step, " or stop (fleet::stop_worker)")));
       for (int r = 0; r < fanin; ++r) {
@@ -169,10 +181,9 @@ class ListenAndServKernel : public OpKernel {
         // its next header of this step.
         while (h[r].step == ps::kSave) {
           SendState(t, ctx, trainers[r], step);
-          auto again =
-              t.PostRecv({trainers[r]}, Slot(Kind::kHeader, 0, step), &h[r], sizeof(ps::Header),
-                         StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
-                                step, " after its checkpoint"));
+          auto again = t.PostRecv({trainers[r]}, t.HeaderSlot(step), &h[r], sizeof(ps::Header),
+                                  StrCat(me, ": waiting for ", t.PeerName(trainers[r]),
+                                         " to start step ", step, " after its checkpoint"));
           t.Wait(*again);
         }
       }
@@ -219,7 +230,69 @@ class ListenAndServKernel : public OpKernel {
   }
 
  private:
+  // Asynchronous mode: whichever trainer's header comes next, its step is served alone: its
+  // gradient of each block (Grads[i]), the learning-rate block, the optimize blocks (one update
+  // with this trainer's gradient), its new parameters. No trainer waits for another; the loop
+  // ends once every trainer has stopped (in any order, after any number of steps).
+  static void ServeAsync(Transport& t, ExecutionContext& ctx,
+                         const std::vector<const Tensor*>& params,
+                         const std::vector<Tensor*>& grads, std::vector<int> live) {
+    const OpDesc& op = ctx.op();
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    const auto& blocks = op.Attr<std::vector<int>>("optimize_blocks");
+    const int lr_block = op.Attr<int>("lr_decay_block_id");
+    KEEL_ENFORCE(grads.size() == params.size(), "op listen_and_serv (async): ", params.size(),
+                 " parameter blocks need one Grads each, got ", grads.size());
+    const std::string me = t.PeerName(t.rank());
+    // Replies to each trainer are posted, not waited for: a trainer takes them only once every
+    // server took its step's gradients, and another server may be busy replying to another
+    // trainer (waiting here would close a cycle). They are waited for before the next reply to
+    // the same trainer (which by then has them) and at the end.
+    std::map<int, std::vector<std::unique_ptr<Transport::Transfer>>> replies;
+    auto settle = [&](int trainer) {
+      for (auto& r : replies[trainer]) t.Wait(*r);
+      replies[trainer].clear();
+    };
+    int64_t served = 0;
+    while (!live.empty()) {
+      if (served == 2 * static_cast<int64_t>(t.ntrainers()))
+        FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
+      ps::Header h;
+      auto head = t.PostRecv(live, t.HeaderSlot(0), &h, sizeof(h),
+                             StrCat(me, ": waiting for a trainer to start a step or stop"));
+      const int from = t.Wait(*head);
+      settle(from);
+      if (h.step == ps::kDone) {
+        live.erase(std::find(live.begin(), live.end(), from));
+        continue;
+      }
+      if (h.step == ps::kSave) {
+        replies[from] = PostState(t, ctx, from, h.steps + 1);
+        continue;
+      }
+      std::vector<std::unique_ptr<Transport::Transfer>> pending;
+      for (size_t i = 0; i < params.size(); ++i) {
+        grads[i]->Resize(params[i]->dims());
+        pending.push_back(t.PostRecv({from}, Slot(Kind::kGrad, slots[i], h.step),
+                                     grads[i]->mutable_data<T>(ctx.place()), params[i]->nbytes(),
+                                     StrCat(me, ": ", t.PeerName(from), "'s gradient of ",
+                                            op.Input("X")[i], " (its step ", h.step, ")")));
+      }
+      for (auto& p : pending) t.Wait(*p);
+      if (lr_block >= 0) ctx.RunBlock(lr_block);
+      for (int b : blocks) ctx.RunBlock(b);
+      replies[from] = PostServe(t, op, params, {from}, h.step);
+      ++served;
+    }
+  }
+
   static void SendState(Transport& t, ExecutionContext& ctx, int trainer, int64_t step) {
+    for (auto& s : PostState(t, ctx, trainer, step)) t.Wait(*s);
+  }
+
+  static std::vector<std::unique_ptr<Transport::Transfer>> PostState(Transport& t,
+                                                                     ExecutionContext& ctx,
+                                                                     int trainer, int64_t step) {
     const std::vector<const Tensor*> state = ctx.MultiInput("State");
     std::vector<std::unique_ptr<Transport::Transfer>> sends;
     for (size_t i = 0; i < state.size(); ++i)
@@ -227,11 +300,18 @@ class ListenAndServKernel : public OpKernel {
                                  state[i]->raw_data(), state[i]->nbytes(),
                                  StrCat(t.PeerName(t.rank()), ": ", ctx.op().Input("State")[i],
                                         " for a checkpoint to ", t.PeerName(trainer))));
-    for (auto& s : sends) t.Wait(*s);
+    return sends;
   }
 
   static void Serve(Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
                     const std::vector<int>& trainers, int64_t step) {
+    for (auto& s : PostServe(t, op, params, trainers, step)) t.Wait(*s);
+  }
+
+  // Posts X (copies) to `trainers` as the values after `step`.
+  static std::vector<std::unique_ptr<Transport::Transfer>> PostServe(
+      Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
+      const std::vector<int>& trainers, int64_t step) {
     const auto& slots = op.Attr<std::vector<int>>("slots");
     std::vector<std::unique_ptr<Transport::Transfer>> sends;
     for (size_t i = 0; i < params.size(); ++i)
@@ -240,7 +320,7 @@ class ListenAndServKernel : public OpKernel {
                                    params[i]->nbytes(),
                                    StrCat(t.PeerName(t.rank()), ": ", op.Input("X")[i],
                                           " after step ", step, " to ", t.PeerName(r))));
-    for (auto& s : sends) t.Wait(*s);
+    return sends;
   }
 };
 
@@ -248,7 +328,8 @@ OpSchema& BlockAttrs(OpSchema& s) {
   return s.RequiredAttr<std::vector<int>>("epmap", "the server (index) of each block")
       .RequiredAttr<std::vector<int64_t>>("sections", "rows of each block")
       .RequiredAttr<std::vector<int>>("slots", "each block's index in the transpiler's plan")
-      .Attr<int>("pserver_num", 1, "servers in the job (ranks 0..pserver_num-1)", Positive);
+      .Attr<int>("pserver_num", 1, "servers in the job (ranks 0..pserver_num-1)", Positive)
+      .Attr<int>("mode", 0, "0: synchronous, 1: asynchronous (transpiler/ps_pass.h)", Mode);
 }
 
 }  // namespace
@@ -311,6 +392,10 @@ KEEL_REGISTER_OP(listen_and_serv)
     .Attr<int>("Fanin", 1, "trainers in the job", Positive)
     .Attr<int>("pserver_num", 1, "servers in the job", Positive)
     .Attr<int>("server_index", 0, "this server", NonNegative)
+    .Attr<int>("mode", 0,
+               "0: synchronous (Grads: Fanin per block, merged); 1: asynchronous (Grads: one per "
+               "block, each trainer's step applied as it arrives)",
+               Mode)
     .Barrier("runs the server's whole loop")
     .NotCapturable("waits for the network");
 KEEL_REGISTER_CPU_KERNEL(listen_and_serv, ListenAndServKernel, float, double);

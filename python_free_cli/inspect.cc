@@ -39,7 +39,7 @@ DEFINE_int32(nservers, 1, "keel inspect --strategy --ps: parameter servers.");
 DEFINE_int32(nworkers, 2, "keel inspect --strategy --ps: trainers.");
 DEFINE_string(ps_mode, "sync",
               "keel inspect --strategy --ps: sync (a_sync=false), async (a_sync=true) or geo "
-              "(a_sync=true, a_sync_configs.k_steps=--geo_k); only sync is built.");
+              "(a_sync=true, a_sync_configs.k_steps=--geo_k); GEO is not built yet.");
 DEFINE_int32(geo_k, 0, "keel inspect --strategy --ps --ps_mode=geo: push every k steps.");
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");

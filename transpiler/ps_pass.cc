@@ -229,6 +229,7 @@ void ParameterServerPass::Apply(Program& main, Program& startup) const {
 void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Program& startup) const {
   Block& mb = main.global_block();
   const int S = options_.nservers;
+  const int mode = static_cast<int>(options_.mode);
   // The optimizer section goes to the servers, with the vars only it used.
   std::set<size_t> moved(plan.lr_ops.begin(), plan.lr_ops.end());
   for (const auto& p : plan.params) moved.insert(p.ops.begin(), p.ops.end());
@@ -258,6 +259,7 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
     send->SetAttr("sections", a.sections);
     send->SetAttr("slots", a.slots);
     send->SetAttr("pserver_num", S);
+    send->SetAttr("mode", mode);
     send->SetAttr("send_varnames", a.grad_names);
     send->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward));
     OpRegistry::Get("send").Complete(send);
@@ -278,7 +280,8 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
               {"sections", a.sections},
               {"slots", a.slots},
               {"shape", p.shape},
-              {"pserver_num", S}});
+              {"pserver_num", S},
+              {"mode", mode}});
       all.insert(all.end(), a.names.begin(), a.names.end());
     }
     Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
@@ -315,6 +318,7 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
 
 void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program& startup) const {
   const int me = options_.server_index, W = options_.ntrainers;
+  const bool async = options_.mode == PsMode::kAsync;
   const std::unique_ptr<Program> orig_main = main.Clone();
   const Block& om = orig_main->global_block();
   Block& mb = main.global_block();
@@ -406,14 +410,18 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
       Declare(mb, blk->name, pv, shape, true)->set_is_parameter(true);
       Declare(mb, blk->grad_name, pv, shape, false);
       std::vector<std::string> copies;
-      for (int t = 0; t < W; ++t) {
-        copies.push_back(StrCat(blk->grad_name, ".trainer_", t));
-        Declare(mb, copies.back(), pv, shape, false);
-      }
       Block& ob = main.AppendBlock(0);
-      Append(ob, "sum", {{"X", copies}}, {{"Out", {blk->grad_name}}}, {});
-      Append(ob, "scale", {{"X", {blk->grad_name}}}, {{"Out", {blk->grad_name}}},
-             {{"scale", 1.0f / static_cast<float>(W)}});
+      if (async) {
+        copies.push_back(blk->grad_name);  // one trainer's gradient, applied as it is
+      } else {
+        for (int t = 0; t < W; ++t) {
+          copies.push_back(StrCat(blk->grad_name, ".trainer_", t));
+          Declare(mb, copies.back(), pv, shape, false);
+        }
+        Append(ob, "sum", {{"X", copies}}, {{"Out", {blk->grad_name}}}, {});
+        Append(ob, "scale", {{"X", {blk->grad_name}}}, {{"Out", {blk->grad_name}}},
+               {{"scale", 1.0f / static_cast<float>(W)}});
+      }
       std::map<std::string, std::string> rename = {{p.name, blk->name}, {p.grad, blk->grad_name}};
       for (const auto& [s, names] : state_blocks) rename[s] = names[blk->index];
       for (size_t i : p.ops) {
@@ -459,6 +467,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   serv->SetAttr("Fanin", W);
   serv->SetAttr("pserver_num", options_.nservers);
   serv->SetAttr("server_index", me);
+  serv->SetAttr("mode", static_cast<int>(options_.mode));
   serv->SetAttr(kOpRoleAttr, kOptimize);
   OpRegistry::Get("listen_and_serv").Complete(serv);
 }

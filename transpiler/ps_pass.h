@@ -36,6 +36,11 @@
 //     initializer (the whole parameter, as in one process, then split along rows into the
 //     blocks), and its state's initializers per block (fill_constant given the block's shape;
 //     another initializer of the whole state, then split).
+//   Async mode (options.mode = kAsync): the same programs but for the server's optimize blocks,
+//     which apply one trainer's gradient as it arrives (no sum over trainers, no 1/ntrainers:
+//     listen_and_serv's Grads are the blocks' gradients themselves, "<grad block>"), and the
+//     attr mode = 1 on send, recv and listen_and_serv (the server serves each trainer's step on
+//     its own; the trainer's send_barrier / fetch_barrier wait for its own transfers only).
 //   So a sync step of W trainers on b rows each updates the parameters as one process on the
 //   W x b rows (the mean of the trainers' mean gradients is the mean gradient of all rows).
 // Leaves alone: forward and backward ops (the trainer's), sub-blocks of the trainer's program, the
@@ -92,7 +97,12 @@ struct PsStateBlock {
 };
 std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server);
 
+// Paddle's modes (DistributedStrategy.a_sync / a_sync_configs.k_steps): the attr "mode" of send,
+// recv and listen_and_serv.
+enum class PsMode : int { kSync = 0, kAsync = 1 };
+
 struct PsOptions {
+  PsMode mode = PsMode::kSync;
   int nservers = 1;
   int ntrainers = 1;
   int server_index = -1;  // -1: a trainer's programs; else that server's

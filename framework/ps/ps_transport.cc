@@ -185,8 +185,18 @@ void Transport::BeginStepOnce() {
   Header h{step_, step_ - 1};
   for (int s = 0; s < nservers_; ++s)
     sends_.push_back(PostSend(
-        s, Slot(Kind::kHeader, 0, step_), &h, sizeof(h),
+        s, HeaderSlot(step_), &h, sizeof(h),
         StrCat("trainer ", rank_ - nservers_, ": step ", step_, "'s header to server ", s)));
+}
+
+void Transport::SetAsync(bool async, const std::string& op) {
+  std::lock_guard<std::mutex> lk(mu_);
+  KEEL_ENFORCE(async_set_ < 0 || async_set_ == static_cast<int>(async), "op ", op,
+               ": mode=", async ? "async" : "sync",
+               " but an earlier parameter-server op of this process ran ",
+               async_ ? "async" : "sync", " (programs from different strategies?)");
+  async_set_ = static_cast<int>(async);
+  async_ = async;
 }
 
 void Transport::KeepSend(std::unique_ptr<Transfer> t) {
@@ -226,7 +236,7 @@ void Transport::RequestState() {
   Header h{kSave, step_};
   std::vector<std::unique_ptr<Transfer>> asks;
   for (int s = 0; s < nservers_; ++s)
-    asks.push_back(PostSend(s, Slot(Kind::kHeader, 0, step_ + 1), &h, sizeof(h),
+    asks.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
                             StrCat("trainer ", rank_ - nservers_, ": asking server ", s,
                                    " for its state (checkpoint)")));
   for (auto& t : asks) Wait(*t);
@@ -240,7 +250,7 @@ void Transport::FinishTrainer() {
   Header h{kDone, step_};
   std::vector<std::unique_ptr<Transfer>> done;
   for (int s = 0; s < nservers_; ++s)
-    done.push_back(PostSend(s, Slot(Kind::kHeader, 0, step_ + 1), &h, sizeof(h),
+    done.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
                             StrCat("trainer ", rank_ - nservers_, ": telling server ", s,
                                    " that it stopped after ", step_, " steps")));
   for (auto& t : done) Wait(*t);
@@ -274,6 +284,8 @@ void Transport::Reset() {
   nranks_ = nservers_ = 0;
   step_ = 0;
   in_step_ = finished_ = false;
+  async_set_ = -1;
+  async_ = false;
 }
 
 }  // namespace ps

@@ -87,6 +87,13 @@ class Transport {
   // keel::Error names the peer(s) and `what` on timeout or a broken connection.
   int Wait(Transfer& t);
 
+  // Asynchronous mode (the ops' attr mode = 1): every header goes under step 0 of its slot, since
+  // a server receives the next header from whichever trainer sends one (trainers' steps differ).
+  // Set by the first PS op; every op of the job must agree.
+  void SetAsync(bool async, const std::string& op);
+  bool async() const { return async_; }
+  uint64_t HeaderSlot(int64_t step) const { return Slot(Kind::kHeader, 0, async_ ? 0 : step); }
+
   // Trainer side: the step the trainer is in (0: startup, before its first send).
   int64_t step() const { return step_; }
   // On a step's first send: starts step step()+1, telling every server (a header).
@@ -123,6 +130,8 @@ class Transport {
   std::mutex post_mu_;  // posting to the context (ops post from the executor's threads)
   int64_t step_ = 0;
   bool in_step_ = false, finished_ = false;
+  int async_set_ = -1;  // -1: not yet set
+  bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
 };
 

@@ -148,12 +148,21 @@ TEST(InspectStrategy, ParameterServerGoldens) {
         << r.output;
     ExpectGolden(r.output, "inspect_strategy_ps_rank" + std::to_string(rank) + ".txt");
   }
-  // Paddle's asynchronous and GEO modes are not built: refused naming the field.
-  for (const char* mode : {"--ps_mode=async", "--ps_mode=geo --geo_k=4"}) {
-    auto bad = InspectAll("--strategy --ps " + std::string(mode) + std::string(kSmallMlp));
-    EXPECT_NE(bad.exit_code, 0);
-    EXPECT_NE(bad.output.find("DistributedStrategy.a_sync=true"), std::string::npos) << bad.output;
+  // Asynchronous mode: the server applies one trainer's gradient at a time (mode=1, no sum).
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --ps_mode=async --nservers=2 --nworkers=2 --rank=" +
+                     std::to_string(rank) + " --model=mlp --mlp_hidden=128 --optimizer=sgd");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync=true"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("mode=1"), std::string::npos) << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_async_rank" + std::to_string(rank) + ".txt");
   }
+  // GEO is not built: refused naming the field.
+  auto bad = InspectAll("--strategy --ps --ps_mode=geo --geo_k=4" + std::string(kSmallMlp));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("DistributedStrategy.a_sync=true with a_sync_configs.k_steps=4"),
+            std::string::npos)
+      << bad.output;
   auto collective = InspectAll("--strategy --ps_mode=sync" + std::string(kSmallMlp));
   EXPECT_NE(collective.output.find("--ps_mode goes with inspect --strategy --ps"),
             std::string::npos)

@@ -1,6 +1,6 @@
-// ParameterServerPass (synchronous parameter-server transpiling) as program text (golden files):
-// the trainer's and every server's programs for an MLP whose first weight is cut into blocks, with
-// Adam on 2 servers and SGD on 1; Paddle's slice_variable rule; the refusals.
+// ParameterServerPass as program text (golden files): the trainer's and every server's programs for
+// an MLP whose first weight is cut into blocks, with Adam on 2 servers and SGD on 1 (sync), SGD on
+// 2 servers (async); Paddle's slice_variable rule; the refusals.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -31,8 +31,10 @@ void BuildMlp(Program& main, Program& startup, const std::string& opt_type, floa
   opt->minimize(cost, &startup);
 }
 
-void Transpile(Program& main, Program& startup, int nservers, int ntrainers, int index) {
+void Transpile(Program& main, Program& startup, int nservers, int ntrainers, int index,
+               transpiler::PsMode mode = transpiler::PsMode::kSync) {
   transpiler::PsOptions o;
+  o.mode = mode;
   o.nservers = nservers;
   o.ntrainers = ntrainers;
   o.server_index = index;
@@ -93,6 +95,20 @@ TEST(ParameterServerPass, OneServerSgdMatchesGolden) {
     const std::string who = index < 0 ? "trainer" : "server0";
     testing::ExpectGolden(main.ToText(), "ps_1server_sgd_" + who + "_main.txt");
     testing::ExpectGolden(startup.ToText(), "ps_1server_sgd_" + who + "_startup.txt");
+  }
+}
+
+// Async: the trainer's programs are sync's but for mode=1 on send and recv; each server's optimize
+// blocks apply one trainer's gradient as it is (no sum over trainers, no 1/2 scale),
+// listen_and_serv having one Grads per block and mode=1.
+TEST(ParameterServerPass, TwoServersSgdAsyncMatchGolden) {
+  for (int index : {-1, 0, 1}) {
+    Program main, startup;
+    BuildMlp(main, startup, "sgd");
+    Transpile(main, startup, 2, 2, index, transpiler::PsMode::kAsync);
+    const std::string who = index < 0 ? "trainer" : "server" + std::to_string(index);
+    testing::ExpectGolden(main.ToText(), "ps_async_2servers_sgd_" + who + "_main.txt");
+    testing::ExpectGolden(startup.ToText(), "ps_async_2servers_sgd_" + who + "_startup.txt");
   }
 }
 

@@ -27,6 +27,12 @@ DEFINE_bool(checkpoint, false,
             "Write a whole checkpoint instead (parameters, optimizer state, learning rate): "
             "fleet::save_persistables in parameter-server mode, which pulls the servers' state.");
 DEFINE_int32(die_trainer, -1, "This trainer exits (code 3) after 2 steps, without stop_worker.");
+DEFINE_string(mode, "sync", "sync (a_sync=false) or async (a_sync=true).");
+DEFINE_bool(linear, false,
+            "The model is mean(fc(x, 256)) instead of the MLP: its gradients do not depend on the "
+            "parameters, so SGD's result does not depend on the order the updates come in.");
+DEFINE_bool(same_batch, false, "Every step trains on the same rows (a loss that must fall).");
+DEFINE_double(lr, 0, "SGD's learning rate (0: 0.5).");
 DEFINE_string(fault_point, "", "The servers set KEEL_FAULT_POINT to this (fault injection).");
 
 using namespace keel;
@@ -42,19 +48,23 @@ int main(int argc, char** argv) {
     const int64_t local = FLAGS_rows / n;
     Program main, startup;
     startup.set_random_seed(7);
+    std::string loss_name;
     {
       ProgramGuard g(main, startup);
       Var x = layers::data("x", {-1, 64});
       Var y = layers::data("y", {-1, 1}, DType::kInt64);
-      Var h = layers::fc(x, 256, "tanh");
-      Var loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 10), y));
+      Var h = layers::fc(x, 256, FLAGS_linear ? "" : "tanh");
+      Var loss = FLAGS_linear
+                     ? layers::mean(h)
+                     : layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 10), y));
+      loss_name = loss.name();
       auto lr = [](float base) {
         return FLAGS_piecewise ? LearningRate(lr_schedule::Piecewise({2}, {base, base / 10}))
                                : LearningRate(base);
       };
       std::unique_ptr<optimizer::Optimizer> opt;
       if (FLAGS_optimizer == "sgd") {
-        opt = optimizer::SGD(lr(0.5f)).Clone();
+        opt = optimizer::SGD(lr(FLAGS_lr > 0 ? static_cast<float>(FLAGS_lr) : 0.5f)).Clone();
       } else if (FLAGS_optimizer == "momentum") {
         opt = optimizer::Momentum(lr(0.2f), 0.9f).Clone();
       } else {
@@ -63,7 +73,8 @@ int main(int argc, char** argv) {
       }
       if (ps) {
         fleet::DistributedStrategy strategy;
-        strategy.a_sync = false;  // synchronous
+        KEEL_ENFORCE(FLAGS_mode == "sync" || FLAGS_mode == "async", "--mode=", FLAGS_mode);
+        strategy.a_sync = FLAGS_mode == "async";
         fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
       } else {
         opt->minimize(loss, &startup);
@@ -74,6 +85,15 @@ int main(int argc, char** argv) {
       if (!FLAGS_fault_point.empty()) setenv("KEEL_FAULT_POINT", FLAGS_fault_point.c_str(), 1);
       fleet::run_server(exe);
       std::printf("server %d done\n", fleet::server_index());
+      // Its parameter blocks once every trainer stopped, for tests that check the servers'
+      // final values (async: a trainer's last pull may predate another trainer's updates).
+      if (!FLAGS_out.empty()) {
+        Program blocks;
+        for (VarDesc* v : fleet::main_program().global_block().AllVars())
+          if (v->is_parameter()) *blocks.global_block().Var(v->name()) = *v;
+        keel::save_persistables(
+            exe.scope(), FLAGS_out + "/server" + std::to_string(fleet::server_index()), blocks);
+      }
       return 0;
     }
     Program& train = ps ? fleet::main_program() : main;
@@ -82,6 +102,7 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<float> u(-1, 1);
     const int steps = FLAGS_steps - (ps && id == FLAGS_short_trainer ? 1 : 0);
     for (int step = 0; step < steps; ++step) {
+      if (FLAGS_same_batch) rng.seed(99);
       std::vector<float> gx(static_cast<size_t>(FLAGS_rows) * 64);
       std::vector<int64_t> gy(FLAGS_rows);
       for (auto& v : gx) v = u(rng);
@@ -89,8 +110,12 @@ int main(int argc, char** argv) {
       const int64_t first = id * local;
       std::vector<float> lx(gx.begin() + first * 64, gx.begin() + (first + local) * 64);
       std::vector<int64_t> ly(gy.begin() + first, gy.begin() + first + local);
-      exe.Run(train, {{"x", Tensor::FromVector(lx, {local, 64})},
-                      {"y", Tensor::FromVector(ly, {local, 1})}});
+      const std::vector<Tensor> loss = exe.Run(
+          train,
+          {{"x", Tensor::FromVector(lx, {local, 64})}, {"y", Tensor::FromVector(ly, {local, 1})}},
+          {loss_name});
+      if (step == 0 || step == steps - 1)
+        std::printf("trainer %d step %d loss %.6f\n", id, step, loss[0].data<float>()[0]);
       if (ps && id == FLAGS_die_trainer && step == 1) std::_Exit(3);
     }
     if (FLAGS_checkpoint) {
