@@ -423,9 +423,6 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
   KEEL_ENFORCE(a_sync || k <= 0, s, "a_sync_configs.k_steps=", k, " asks for GEO but ", s,
                "a_sync=false asks for synchronous training; set a_sync=true for GEO or leave "
                "k_steps unset");
-  KEEL_ENFORCE(!(a_sync && k > 0), s, "a_sync=true with a_sync_configs.k_steps=", k,
-               " asks for GEO parameter-server training, which is not built yet in keel "
-               "(synchronous: a_sync=false; asynchronous: a_sync=true with k_steps unset or 0)");
   auto refuse = [&](bool set, const std::string& field) {
     KEEL_ENFORCE(!set, s, field,
                  " is a collective (all-reduce) setting and has no meaning in parameter-server "

@@ -649,6 +649,11 @@ void SaveFromServers(Executor& exe, const std::string& dirname, const Program& p
   KEEL_ENFORCE(!r.is_server(),
                "fleet::save_persistables on a parameter server: trainer 0 saves, pulling the "
                "servers' state (call it on the trainers)");
+  for (size_t i = 0; i < program.global_block().num_ops(); ++i)
+    KEEL_ENFORCE(program.global_block().op(i)->type() != "geo_communicate",
+                 "fleet::save_persistables in GEO parameter-server mode (a_sync_configs.k_steps > "
+                 "0) is not built yet: each trainer holds its own optimizer state, and the "
+                 "servers' parameters differ from any trainer's between exchanges");
   if (r.trainer_id() != 0) return;
   auto it = State().ps_programs.find(program.id());
   KEEL_ENFORCE(it != State().ps_programs.end(),

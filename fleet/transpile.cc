@@ -100,7 +100,11 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
 void TranspileParameterServer(Program& main, Program& startup, const DistributedStrategy& strategy,
                               const Role& role) {
   transpiler::PsOptions o;
-  o.mode = strategy.a_sync ? transpiler::PsMode::kAsync : transpiler::PsMode::kSync;
+  const int k = strategy.a_sync_configs.k_steps;
+  o.mode = !strategy.a_sync ? transpiler::PsMode::kSync
+           : k > 0          ? transpiler::PsMode::kGeo
+                            : transpiler::PsMode::kAsync;
+  o.geo_k = k > 0 ? k : 0;
   o.nservers = role.server_num;
   o.ntrainers = role.trainer_num;
   o.server_index = role.is_server() ? role.rank : -1;

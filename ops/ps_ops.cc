@@ -32,14 +32,14 @@ std::string NonNegative(const Attribute& a) { return std::get<int>(a) >= 0 ? "" 
 std::string Positive(const Attribute& a) { return std::get<int>(a) >= 1 ? "" : "must be >= 1"; }
 std::string Mode(const Attribute& a) {
   const int m = std::get<int>(a);
-  return m == 0 || m == 1 ? "" : "must be 0 (sync) or 1 (async)";
+  return m >= 0 && m <= 2 ? "" : "must be 0 (sync), 1 (async) or 2 (geo)";
 }
 
 // Connects this process (its global rank from the job's CommContext) on first use.
 Transport& Connected(const OpDesc& op) {
   Transport& t = Transport::Get();
   if (t.connected()) {
-    if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") == 1, op.type());
+    if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") >= 1, op.type());
     return t;
   }
   CommContext& cc = CommContext::Get();
@@ -47,7 +47,7 @@ Transport& Connected(const OpDesc& op) {
                ": communication is not initialized; call fleet::init(CloudRoleMaker(false)) "
                "(or run under keel launch --server_num --worker_num)");
   t.Connect(cc.config().rank, cc.config().nranks, op.Attr<int>("pserver_num"));
-  if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") == 1, op.type());
+  if (op.HasAttr("mode")) t.SetAsync(op.Attr<int>("mode") >= 1, op.type());
   return t;
 }
 
@@ -151,7 +151,7 @@ class ListenAndServKernel : public OpKernel {
     const int lr_block = op.Attr<int>("lr_decay_block_id");
     const std::vector<const Tensor*> params = ctx.MultiInput("X");
     const std::vector<Tensor*> grads = ctx.MultiOutput("Grads");
-    const bool async = op.Attr<int>("mode") == 1;
+    const bool async = op.Attr<int>("mode") >= 1;  // GEO's deltas are served the same way
     KEEL_ENFORCE(slots.size() == params.size() && blocks.size() == params.size() &&
                      grads.size() == params.size() * static_cast<size_t>(async ? 1 : fanin),
                  "op listen_and_serv: ", params.size(),
@@ -324,12 +324,82 @@ class ListenAndServKernel : public OpKernel {
   }
 };
 
+// GEO (Paddle's GeoCommunicator; transpiler/ps_pass.h): every k_steps-th run, for each block of
+// each parameter, sends delta = (Param - Old) / trainers to its server (which adds it), receives
+// the server's block into Param and sets Old = Param. Other runs do nothing. The runs are counted
+// by the transport (this process's main-program runs since it connected).
+template <typename T>
+class GeoCommunicateKernel : public OpKernel {
+ public:
+  void Compute(ExecutionContext& ctx) override {
+    const OpDesc& op = ctx.op();
+    const auto& epmap = op.Attr<std::vector<int>>("epmap");
+    const auto& sections = op.Attr<std::vector<int64_t>>("sections");
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    const auto& nblocks = op.Attr<std::vector<int>>("blocks");
+    const int k = op.Attr<int>("k_steps");
+    const T scale = T(1) / static_cast<T>(op.Attr<int>("trainers"));
+    CheckBlocks(op, epmap.size());
+    const std::vector<Tensor*> params = ctx.MultiOutput("ParamOut");
+    const std::vector<Tensor*> olds = ctx.MultiOutput("OldOut");
+    KEEL_ENFORCE(params.size() == nblocks.size() && olds.size() == params.size() &&
+                     ctx.MultiInput("Param").size() == params.size(),
+                 "op geo_communicate: ", params.size(),
+                 " parameters need as many Old and "
+                 "blocks entries");
+    Transport& t = Connected(op);
+    if (t.NextGeoRun() % k != 0) return;
+    t.BeginStepOnce();
+    size_t b = 0;
+    for (size_t p = 0; p < params.size(); ++p) {
+      const std::string& name = op.Input("Param")[p];
+      KEEL_ENFORCE(olds[p]->dims() == params[p]->dims(), "op geo_communicate: ", op.Input("Old")[p],
+                   " is ", olds[p]->dims(), " but ", name, " is ", params[p]->dims());
+      const int64_t row = RowBytes(params[p]->dims(), params[p]->nbytes()) / sizeof(T);
+      const T* cur = params[p]->data<T>();
+      const T* old = olds[p]->data<T>();
+      int64_t at = 0;
+      for (int i = 0; i < nblocks[p]; ++i, ++b) {
+        KEEL_ENFORCE(b < epmap.size(), "op geo_communicate: more blocks than epmap entries");
+        const int64_t n = sections[b] * row;
+        KEEL_ENFORCE(at + n <= params[p]->numel(), "op geo_communicate: the sections of ", name,
+                     " hold more than its ", params[p]->numel(), " elements");
+        std::vector<T> delta(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) delta[j] = (cur[at + j] - old[at + j]) * scale;
+        t.KeepSend(t.PostSend(epmap[b], Slot(Kind::kGrad, slots[b], t.step()), delta.data(),
+                              n * sizeof(T),
+                              StrCat("GEO delta of ", name, " block ", i, " (push ", t.step(),
+                                     ") to ", t.PeerName(epmap[b]))));
+        at += n;
+      }
+    }
+    t.WaitSends();
+    b = 0;
+    for (size_t p = 0; p < params.size(); ++p) {
+      const int64_t row = RowBytes(params[p]->dims(), params[p]->nbytes()) / sizeof(T);
+      T* cur = params[p]->mutable_data<T>(ctx.place());
+      int64_t at = 0;
+      for (int i = 0; i < nblocks[p]; ++i, ++b) {
+        const int64_t n = sections[b] * row;
+        t.KeepRecv(t.PostRecv({epmap[b]}, Slot(Kind::kParam, slots[b], t.step()), cur + at,
+                              n * sizeof(T),
+                              StrCat("GEO pull of ", op.Input("Param")[p], " block ", i, " (push ",
+                                     t.step(), ") from ", t.PeerName(epmap[b]))));
+        at += n;
+      }
+    }
+    t.WaitRecvs();
+    for (size_t p = 0; p < params.size(); ++p)
+      std::memcpy(olds[p]->mutable_data<T>(ctx.place()), params[p]->data<T>(), params[p]->nbytes());
+  }
+};
+
 OpSchema& BlockAttrs(OpSchema& s) {
   return s.RequiredAttr<std::vector<int>>("epmap", "the server (index) of each block")
       .RequiredAttr<std::vector<int64_t>>("sections", "rows of each block")
       .RequiredAttr<std::vector<int>>("slots", "each block's index in the transpiler's plan")
       .Attr<int>("pserver_num", 1, "servers in the job (ranks 0..pserver_num-1)", Positive)
-      .Attr<int>("mode", 0, "0: synchronous, 1: asynchronous (transpiler/ps_pass.h)", Mode);
+      .Attr<int>("mode", 0, "0: synchronous, 1: asynchronous, 2: GEO (transpiler/ps_pass.h)", Mode);
 }
 
 }  // namespace
@@ -360,6 +430,27 @@ KEEL_REGISTER_CPU_KERNEL(send, SendKernel, float, double);
                      }
                    }));
 KEEL_REGISTER_CPU_KERNEL(recv, RecvKernel, float, double);
+
+KEEL_REGISTER_OP(geo_communicate)
+    .Doc(
+        "GEO parameter-server training: every k_steps-th run, sends each parameter block's "
+        "(Param - Old) / trainers to its server, receives the server's block into Param and "
+        "sets Old = Param")
+    .InputList("Param", "the trainer's parameters (after its local optimizer step)")
+    .InputList("Old", "each parameter's value at the last exchange (<param>@GEO_OLD)")
+    .OutputList("ParamOut", "= Param (in place)")
+    .OutputList("OldOut", "= Old (in place)")
+    .RequiredAttr<std::vector<int>>("epmap", "the server of each block, parameters in order")
+    .RequiredAttr<std::vector<int64_t>>("sections", "rows of each block")
+    .RequiredAttr<std::vector<int>>("slots", "each block's index in the transpiler's plan")
+    .RequiredAttr<std::vector<int>>("blocks", "blocks per parameter")
+    .Attr<int>("k_steps", 1, "exchange every k_steps runs", Positive)
+    .Attr<int>("trainers", 1, "trainers in the job (the delta's divisor)", Positive)
+    .Attr<int>("pserver_num", 1, "servers in the job", Positive)
+    .Attr<int>("mode", 2, "2 (GEO)", Mode)
+    .Barrier("reads every parameter after the local update")
+    .NotCapturable("waits for the network");
+KEEL_REGISTER_CPU_KERNEL(geo_communicate, GeoCommunicateKernel, float, double);
 
 KEEL_REGISTER_OP(send_barrier)
     .Doc("Waits until every block this step's send ops posted has reached its server")
@@ -394,7 +485,8 @@ KEEL_REGISTER_OP(listen_and_serv)
     .Attr<int>("server_index", 0, "this server", NonNegative)
     .Attr<int>("mode", 0,
                "0: synchronous (Grads: Fanin per block, merged); 1: asynchronous (Grads: one per "
-               "block, each trainer's step applied as it arrives)",
+               "block, each trainer's step applied as it arrives); 2: GEO (Grads: one delta per "
+               "block, added as it arrives)",
                Mode)
     .Barrier("runs the server's whole loop")
     .NotCapturable("waits for the network");

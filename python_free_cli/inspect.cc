@@ -39,7 +39,7 @@ DEFINE_int32(nservers, 1, "keel inspect --strategy --ps: parameter servers.");
 DEFINE_int32(nworkers, 2, "keel inspect --strategy --ps: trainers.");
 DEFINE_string(ps_mode, "sync",
               "keel inspect --strategy --ps: sync (a_sync=false), async (a_sync=true) or geo "
-              "(a_sync=true, a_sync_configs.k_steps=--geo_k); GEO is not built yet.");
+              "(a_sync=true, a_sync_configs.k_steps=--geo_k).");
 DEFINE_int32(geo_k, 0, "keel inspect --strategy --ps --ps_mode=geo: push every k steps.");
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
@@ -164,6 +164,8 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
     KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
                  "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
     KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+    KEEL_ENFORCE(FLAGS_ps_mode != "geo" || FLAGS_geo_k >= 1,
+                 "--ps_mode=geo needs --geo_k >= 1, got ", FLAGS_geo_k);
     // Trainers send gradients to servers: fusion (on by default here) steps aside, and asking
     // for it is refused by the strategy, naming it.
     if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;

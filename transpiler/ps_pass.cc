@@ -218,8 +218,12 @@ void ParameterServerPass::Apply(Program& main, Program& startup) const {
   KEEL_ENFORCE(options_.server_index >= -1 && options_.server_index < options_.nservers,
                "parameter-server transpiler: server_index ", options_.server_index,
                " outside [-1, ", options_.nservers, ")");
+  KEEL_ENFORCE(options_.mode != PsMode::kGeo || options_.geo_k >= 1,
+               "parameter-server transpiler: GEO needs geo_k >= 1, got ", options_.geo_k);
   const PsPlan plan = PlanParameterServer(main, options_.nservers, options_.min_block_size);
-  if (options_.server_index < 0) {
+  if (options_.server_index < 0 && options_.mode == PsMode::kGeo) {
+    ApplyGeoTrainer(plan, main, startup);
+  } else if (options_.server_index < 0) {
     ApplyTrainer(plan, main, startup);
   } else {
     ApplyServer(plan, main, startup);
@@ -316,9 +320,73 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   receive(sb);
 }
 
+void ParameterServerPass::ApplyGeoTrainer(const PsPlan& plan, Program& main,
+                                          Program& startup) const {
+  const int S = options_.nservers, mode = static_cast<int>(PsMode::kGeo);
+  Block& mb = main.global_block();
+  Block& sb = startup.global_block();
+  std::vector<std::string> params, olds;
+  std::vector<int> epmap, slots, nblocks;
+  std::vector<int64_t> sections;
+  for (const PsPlan::Param& p : plan.params) {
+    const BlockAttrs a = AttrsOf(plan, p);
+    params.push_back(p.name);
+    olds.push_back(StrCat(p.name, "@GEO_OLD"));
+    epmap.insert(epmap.end(), a.epmap.begin(), a.epmap.end());
+    slots.insert(slots.end(), a.slots.begin(), a.slots.end());
+    sections.insert(sections.end(), a.sections.begin(), a.sections.end());
+    nblocks.push_back(static_cast<int>(p.blocks.size()));
+    for (Block* b : {&mb, &sb}) {
+      const VarDesc& pv = *b->MustFindVar(p.name);
+      Declare(*b, olds.back(), pv, p.shape, true)->set_is_parameter(false);
+    }
+  }
+  Append(mb, "geo_communicate", {{"Param", params}, {"Old", olds}},
+         {{"ParamOut", params}, {"OldOut", olds}},
+         {{"epmap", epmap},
+          {"sections", sections},
+          {"slots", slots},
+          {"blocks", nblocks},
+          {"k_steps", options_.geo_k},
+          {"trainers", options_.ntrainers},
+          {"pserver_num", S},
+          {"mode", mode}});
+  // Startup: the parameters come from the servers (every trainer starts from the same values),
+  // the rest (optimizer state, learning rate) is initialized here as in one process.
+  std::set<std::string> names(params.begin(), params.end());
+  for (size_t i = sb.num_ops(); i-- > 0;) {
+    bool drop = true;
+    for (const std::string& o : sb.op(i)->OutputArgumentNames()) drop = drop && names.count(o);
+    if (drop && !sb.op(i)->OutputArgumentNames().empty()) sb.RemoveOp(i);
+  }
+  std::vector<std::string> all;
+  for (const PsPlan::Param& p : plan.params) {
+    const BlockAttrs a = AttrsOf(plan, p);
+    const VarDesc* pv = sb.MustFindVar(p.name);
+    for (size_t i = 0; p.split() && i < a.names.size(); ++i)
+      Declare(sb, a.names[i], *pv, WithRows(p.shape, a.sections[i]), false);
+    Append(sb, "recv", {}, {{"Out", a.names}},
+           {{"epmap", a.epmap},
+            {"sections", a.sections},
+            {"slots", a.slots},
+            {"shape", p.shape},
+            {"pserver_num", S},
+            {"mode", mode}});
+    all.insert(all.end(), a.names.begin(), a.names.end());
+  }
+  Append(sb, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
+  for (size_t k = 0; k < plan.params.size(); ++k) {
+    const PsPlan::Param& p = plan.params[k];
+    if (p.split())
+      Append(sb, "concat", {{"X", AttrsOf(plan, p).names}}, {{"Out", {p.name}}}, {{"axis", 0}});
+    Append(sb, "assign", {{"X", {p.name}}}, {{"Out", {olds[k]}}}, {});
+  }
+}
+
 void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program& startup) const {
   const int me = options_.server_index, W = options_.ntrainers;
-  const bool async = options_.mode == PsMode::kAsync;
+  const bool async = options_.mode != PsMode::kSync;
+  const bool geo = options_.mode == PsMode::kGeo;
   const std::unique_ptr<Program> orig_main = main.Clone();
   const Block& om = orig_main->global_block();
   Block& mb = main.global_block();
@@ -330,6 +398,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   Block& sb = startup.global_block();
   for (VarDesc* v : sb.AllVars()) v->set_persistable(false);
   for (const std::string& n : plan.lr_vars) {
+    if (geo) break;  // the trainers keep the learning rate
     const VarDesc& v = *om.MustFindVar(n);
     // Persistable on the server even when the schedule computes it each step (in its own
     // block): it must outlive that block until the optimize blocks have read it.
@@ -342,7 +411,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
     sb.FindVar(n)->set_persistable(true);
   }
   int lr_block = -1;
-  if (!plan.lr_ops.empty()) {
+  if (!plan.lr_ops.empty() && !geo) {
     Block& lb = main.AppendBlock(0);
     lr_block = lb.idx();
     for (size_t i : plan.lr_ops) {
@@ -393,7 +462,7 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
     };
     cut(p.name, a.names);
     std::map<std::string, std::vector<std::string>> state_blocks;  // state -> name per block
-    for (const std::string& s : p.state) {
+    for (const std::string& s : geo ? std::vector<std::string>{} : p.state) {
       const VarDesc& sv = *om.MustFindVar(s);
       std::vector<std::string>& names = state_blocks[s];
       for (size_t i = 0; i < p.blocks.size(); ++i)
@@ -408,9 +477,20 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
     for (const PsPlan::Block* blk : mine) {
       const std::vector<int64_t> shape = WithRows(p.shape, blk->rows);
       Declare(mb, blk->name, pv, shape, true)->set_is_parameter(true);
-      Declare(mb, blk->grad_name, pv, shape, false);
       std::vector<std::string> copies;
       Block& ob = main.AppendBlock(0);
+      if (geo) {
+        // A trainer's (latest - old) / ntrainers, added as it arrives.
+        const std::string delta = StrCat(blk->name, "@GEO_DELTA");
+        Declare(mb, delta, pv, shape, false);
+        Append(ob, "sum", {{"X", {blk->name, delta}}}, {{"Out", {blk->name}}}, {});
+        xs.push_back(blk->name);
+        trainer_grads.push_back(delta);
+        slots.push_back(p.blocks[blk->index]);
+        blocks.push_back(ob.idx());
+        continue;
+      }
+      Declare(mb, blk->grad_name, pv, shape, false);
       if (async) {
         copies.push_back(blk->grad_name);  // one trainer's gradient, applied as it is
       } else {
@@ -455,7 +535,8 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
                " blocks); use at most that many servers");
   std::vector<std::string> state;
   for (const PsStateBlock& e : PsServerState(plan, *orig_main, me)) state.push_back(e.name);
-  KEEL_ENFORCE(!state.empty(),
+  if (geo) state = xs;  // a GEO server holds its parameter blocks only
+  KEEL_ENFORCE(geo || !state.empty(),
                "parameter-server transpiler: the optimizer has no learning-rate var");
   OpDesc* serv = mb.AppendOp("listen_and_serv");
   serv->SetInput("X", xs);

@@ -41,6 +41,15 @@
 //     listen_and_serv's Grads are the blocks' gradients themselves, "<grad block>"), and the
 //     attr mode = 1 on send, recv and listen_and_serv (the server serves each trainer's step on
 //     its own; the trainer's send_barrier / fetch_barrier wait for its own transfers only).
+//   GEO mode (options.mode = kGeo, Paddle's GeoCommunicator): the trainer keeps its whole program
+//     (forward, backward, optimizer, learning rate, optimizer state and their initializers) and
+//     a persistable snapshot "<param>@GEO_OLD" of each parameter; at the end of main one
+//     geo_communicate op which, every geo_k-th run, sends each block's (param - old) / ntrainers,
+//     receives the servers' blocks into the parameter and sets old = param. Its startup receives
+//     the parameters from the servers (as sync's) and copies them into the snapshots. Each
+//     server holds its parameter blocks only (no optimizer state, no learning rate); its optimize
+//     blocks add a trainer's delta "<block>@GEO_DELTA" to the block (sum), served as in async
+//     mode (mode=2).
 //   So a sync step of W trainers on b rows each updates the parameters as one process on the
 //   W x b rows (the mean of the trainers' mean gradients is the mean gradient of all rows).
 // Leaves alone: forward and backward ops (the trainer's), sub-blocks of the trainer's program, the
@@ -99,10 +108,11 @@ std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main,
 
 // Paddle's modes (DistributedStrategy.a_sync / a_sync_configs.k_steps): the attr "mode" of send,
 // recv and listen_and_serv.
-enum class PsMode : int { kSync = 0, kAsync = 1 };
+enum class PsMode : int { kSync = 0, kAsync = 1, kGeo = 2 };
 
 struct PsOptions {
   PsMode mode = PsMode::kSync;
+  int geo_k = 0;  // kGeo: push every geo_k steps (>= 1)
   int nservers = 1;
   int ntrainers = 1;
   int server_index = -1;  // -1: a trainer's programs; else that server's
@@ -118,6 +128,7 @@ class ParameterServerPass : public Pass {
  private:
   void ApplyTrainer(const PsPlan& plan, Program& main, Program& startup) const;
   void ApplyServer(const PsPlan& plan, Program& main, Program& startup) const;
+  void ApplyGeoTrainer(const PsPlan& plan, Program& main, Program& startup) const;
   PsOptions options_;
 };
 

@@ -286,6 +286,7 @@ void Transport::Reset() {
   in_step_ = finished_ = false;
   async_set_ = -1;
   async_ = false;
+  geo_runs_ = 0;
 }
 
 }  // namespace ps

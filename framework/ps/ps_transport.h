@@ -94,6 +94,9 @@ class Transport {
   bool async() const { return async_; }
   uint64_t HeaderSlot(int64_t step) const { return Slot(Kind::kHeader, 0, async_ ? 0 : step); }
 
+  // GEO: counts geo_communicate's runs (1, 2, ...); it exchanges on multiples of k.
+  int64_t NextGeoRun() { return ++geo_runs_; }
+
   // Trainer side: the step the trainer is in (0: startup, before its first send).
   int64_t step() const { return step_; }
   // On a step's first send: starts step step()+1, telling every server (a header).
@@ -131,6 +134,7 @@ class Transport {
   int64_t step_ = 0;
   bool in_step_ = false, finished_ = false;
   int async_set_ = -1;  // -1: not yet set
+  int64_t geo_runs_ = 0;
   bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
 };

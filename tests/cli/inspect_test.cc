@@ -157,12 +157,19 @@ TEST(InspectStrategy, ParameterServerGoldens) {
     EXPECT_NE(r.output.find("mode=1"), std::string::npos) << r.output;
     ExpectGolden(r.output, "inspect_strategy_ps_async_rank" + std::to_string(rank) + ".txt");
   }
-  // GEO is not built: refused naming the field.
-  auto bad = InspectAll("--strategy --ps --ps_mode=geo --geo_k=4" + std::string(kSmallMlp));
+  // GEO every 4 steps: the trainer keeps its optimizer and exchanges deltas (geo_communicate).
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --ps_mode=geo --geo_k=4 --nservers=2 --nworkers=2 --rank=" +
+                     std::to_string(rank) + " --model=mlp --mlp_hidden=128 --optimizer=sgd");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync_configs={k_steps=4}"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(rank == 0 ? "@GEO_DELTA" : "geo_communicate("), std::string::npos)
+        << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_geo_rank" + std::to_string(rank) + ".txt");
+  }
+  auto bad = InspectAll("--strategy --ps --ps_mode=geo" + std::string(kSmallMlp));
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("DistributedStrategy.a_sync=true with a_sync_configs.k_steps=4"),
-            std::string::npos)
-      << bad.output;
+  EXPECT_NE(bad.output.find("--ps_mode=geo needs --geo_k >= 1"), std::string::npos) << bad.output;
   auto collective = InspectAll("--strategy --ps_mode=sync" + std::string(kSmallMlp));
   EXPECT_NE(collective.output.find("--ps_mode goes with inspect --strategy --ps"),
             std::string::npos)

@@ -1,9 +1,11 @@
-// Asynchronous parameter-server training (a_sync=true) in real processes on loopback
+// Asynchronous and GEO parameter-server training (a_sync=true; k_steps > 0: GEO) in real processes
+// on loopback
 // (tests/workers/ps_worker.cc under keel launch --server_num --worker_num): every trainer's
 // gradient is applied on its own, as it arrives, exactly once (checked exactly on a model whose
 // gradients do not depend on the parameters, so SGD's result does not depend on the order of the
 // updates); the MLP trains to the loss sync reaches; trainers may stop after different numbers of
-// steps; a trainer that dies ends the job naming it.
+// steps; a trainer that dies ends the job naming it. GEO's formulas (delta = (local - old) / N
+// added on the server every k steps) exactly on a two-trainer toy; the MLP trains in GEO mode too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +54,30 @@ double LossAt(const std::string& output, int step) {
   return std::strtod(output.c_str() + at + key.size(), nullptr);
 }
 
+// The servers' fc_0.w_0 (two blocks: server 0, server 1) and fc_0.b_0 (server 0) once every
+// trainer stopped, as ps_worker's servers wrote them.
+std::map<std::string, std::vector<float>> ServersLinear(const std::string& save) {
+  auto s0 = Load(save + "/server0/" + kPersistablesFile);
+  auto s1 = Load(save + "/server1/" + kPersistablesFile);
+  if (!s0.count("fc_0.w_0.block0") || !s1.count("fc_0.w_0.block1") || !s0.count("fc_0.b_0"))
+    return {};
+  std::vector<float> w = s0["fc_0.w_0.block0"];
+  w.insert(w.end(), s1["fc_0.w_0.block1"].begin(), s1["fc_0.w_0.block1"].end());
+  return {{"fc_0.w_0", w}, {"fc_0.b_0", s0["fc_0.b_0"]}};
+}
+
+// Largest |a - b| over the vars of `a`.
+double MaxDiff(const std::map<std::string, std::vector<float>>& a,
+               std::map<std::string, std::vector<float>> b) {
+  double d = 0;
+  for (const auto& [name, x] : a) {
+    EXPECT_EQ(x.size(), b[name].size()) << name;
+    for (size_t i = 0; i < x.size() && i < b[name].size(); ++i)
+      d = std::max(d, static_cast<double>(std::abs(x[i] - b[name][i])));
+  }
+  return d;
+}
+
 // mean(fc(x, 256)): d/dW = column means of x / 256, d/db = 1/256, whatever W and b. Async SGD
 // with rate r on 2 trainers x 8 rows applies each trainer's gradient once: the servers end at
 // init - r * sum of all trainers' gradients, which is one process on the 16 rows (mean gradient)
@@ -68,24 +94,9 @@ TEST(ParameterServerAsync, EveryTrainersGradientIsAppliedOnce) {
   ASSERT_EQ(none.exit_code, 0) << none.output;
   auto ref = Load(dir + "/one/save/" + kPersistablesFile);
   auto init = Load(dir + "/none/save/" + kPersistablesFile);
-  // The servers' blocks once every trainer stopped: fc_0.w_0 in two blocks (server 0, server 1),
-  // fc_0.b_0 on server 0.
-  auto s0 = Load(dir + "/ps/save/server0/" + kPersistablesFile);
-  auto s1 = Load(dir + "/ps/save/server1/" + kPersistablesFile);
-  ASSERT_TRUE(s0.count("fc_0.w_0.block0") && s1.count("fc_0.w_0.block1") && s0.count("fc_0.b_0"))
-      << ps.output;
-  std::vector<float> w = s0["fc_0.w_0.block0"];
-  w.insert(w.end(), s1["fc_0.w_0.block1"].begin(), s1["fc_0.w_0.block1"].end());
-  const std::map<std::string, std::vector<float>> got = {{"fc_0.w_0", w},
-                                                         {"fc_0.b_0", s0["fc_0.b_0"]}};
-  double diff = 0, moved = 0;
-  for (const auto& [name, g] : got) {
-    ASSERT_EQ(g.size(), ref[name].size()) << name;
-    for (size_t i = 0; i < g.size(); ++i) {
-      diff = std::max(diff, static_cast<double>(std::abs(g[i] - ref[name][i])));
-      moved = std::max(moved, static_cast<double>(std::abs(g[i] - init[name][i])));
-    }
-  }
+  const auto got = ServersLinear(dir + "/ps/save");
+  ASSERT_EQ(got.size(), 2u) << ps.output;
+  const double diff = MaxDiff(got, ref), moved = MaxDiff(got, init);
   std::printf(
       "async parameter server, 2 servers x 2 trainers x 8 rows, SGD 0.5, 4 steps vs 1 process x "
       "16 rows, SGD 1.0: max abs difference %.3g (parameters moved up to %.3g)\n",
@@ -139,6 +150,48 @@ TEST(ParameterServerAsync, DeadTrainerEndsTheJobNamingIt) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "trainer 1")) << r.output;
   EXPECT_LT(s, 10) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// GEO every k=2 steps, SGD 0.5, 2 trainers on 8 rows each, the same rows every step: trainer t's
+// gradient is a constant g_t (linear model), so after k local steps from the last synced value
+// its delta is (latest - old) / 2 = -k * 0.5 * g_t / 2 whatever it started from, and the servers
+// add both: they end at init - steps * 0.5 * (g_0 + g_1) / 2, one process on the 16 rows with
+// SGD 0.5. Three steps: the third is local only (never pushed), so the servers hold what one
+// process has after two steps. Without the 1/N the servers would move twice as far; pushing
+// every step, or the third, would hold three steps.
+TEST(ParameterServerGeo, DeltasOverTrainersAreAddedEveryKSteps) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = " --linear --same_batch --rows=16 --lr=0.5";
+  Job two = Launch(0, 1, dir + "/two", flags + " --steps=2");
+  Job three = Launch(0, 1, dir + "/three", flags + " --steps=3");
+  Job geo = Launch(2, 2, dir + "/geo", flags + " --steps=3 --mode=geo --geo_k=2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  ASSERT_EQ(geo.exit_code, 0) << geo.output;
+  const auto got = ServersLinear(dir + "/geo/save");
+  ASSERT_EQ(got.size(), 2u) << geo.output;
+  const double diff = MaxDiff(got, Load(dir + "/two/save/" + kPersistablesFile));
+  const double off = MaxDiff(got, Load(dir + "/three/save/" + kPersistablesFile));
+  std::printf(
+      "GEO k=2, 2 servers x 2 trainers x 8 rows, SGD 0.5, 3 steps vs 1 process x 16 rows, 2 "
+      "steps: max abs difference %.3g (vs 3 steps: %.3g)\n",
+      diff, off);
+  EXPECT_LT(diff, 1e-6) << geo.output;
+  EXPECT_GT(off, 1e-3);
+  RunCommand("rm -rf " + dir);
+}
+
+// The MLP on one fixed batch, 30 steps, GEO every 2 steps: the loss reaches sync's target.
+TEST(ParameterServerGeo, MlpLossFallsToSyncsTarget) {
+  const std::string dir = MakeTempDir();
+  Job geo = Launch(2, 2, dir, " --same_batch --rows=16 --steps=30 --mode=geo --geo_k=2");
+  ASSERT_EQ(geo.exit_code, 0) << geo.output;
+  const double g0 = LossAt(geo.output, 0), g29 = LossAt(geo.output, 29);
+  std::printf("MLP, GEO k=2, 2 servers x 2 trainers, same batch: trainer 0's loss %.4f -> %.4f\n",
+              g0, g29);
+  EXPECT_GT(g0, 2.0) << geo.output;
+  EXPECT_LT(g29, 0.05) << geo.output;
   RunCommand("rm -rf " + dir);
 }
 

@@ -112,6 +112,38 @@ TEST(ParameterServerPass, TwoServersSgdAsyncMatchGolden) {
   }
 }
 
+// GEO every 4 steps with Adam: the trainer keeps forward, backward, Adam and its state, adds a
+// <param>@GEO_OLD snapshot per parameter and one geo_communicate at the end; its startup receives
+// the parameters and copies them into the snapshots. A server holds its blocks only (no Adam
+// state, no learning rate) and adds a trainer's <block>@GEO_DELTA as it comes (mode=2).
+TEST(ParameterServerPass, TwoServersAdamGeoMatchGolden) {
+  for (int index : {-1, 0, 1}) {
+    Program main, startup;
+    BuildMlp(main, startup, "adam");
+    transpiler::PsOptions o;
+    o.mode = transpiler::PsMode::kGeo;
+    o.geo_k = 4;
+    o.nservers = 2;
+    o.ntrainers = 2;
+    o.server_index = index;
+    transpiler::ParameterServerPass(o).Apply(main, startup);
+    const std::string who = index < 0 ? "trainer" : "server" + std::to_string(index);
+    testing::ExpectGolden(main.ToText(), "ps_geo_2servers_adam_" + who + "_main.txt");
+    testing::ExpectGolden(startup.ToText(), "ps_geo_2servers_adam_" + who + "_startup.txt");
+  }
+  // GEO without k: refused naming it.
+  Program main, startup;
+  BuildMlp(main, startup, "sgd");
+  transpiler::PsOptions o;
+  o.mode = transpiler::PsMode::kGeo;
+  try {
+    transpiler::ParameterServerPass(o).Apply(main, startup);
+    ADD_FAILURE() << "GEO with geo_k=0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GEO needs geo_k >= 1"), std::string::npos) << e.what();
+  }
+}
+
 std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();

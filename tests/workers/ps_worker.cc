@@ -27,7 +27,9 @@ DEFINE_bool(checkpoint, false,
             "Write a whole checkpoint instead (parameters, optimizer state, learning rate): "
             "fleet::save_persistables in parameter-server mode, which pulls the servers' state.");
 DEFINE_int32(die_trainer, -1, "This trainer exits (code 3) after 2 steps, without stop_worker.");
-DEFINE_string(mode, "sync", "sync (a_sync=false) or async (a_sync=true).");
+DEFINE_string(mode, "sync",
+              "sync (a_sync=false), async (a_sync=true) or geo (a_sync=true, k_steps=--geo_k).");
+DEFINE_int32(geo_k, 2, "--mode=geo: push every k steps.");
 DEFINE_bool(linear, false,
             "The model is mean(fc(x, 256)) instead of the MLP: its gradients do not depend on the "
             "parameters, so SGD's result does not depend on the order the updates come in.");
@@ -73,8 +75,10 @@ int main(int argc, char** argv) {
       }
       if (ps) {
         fleet::DistributedStrategy strategy;
-        KEEL_ENFORCE(FLAGS_mode == "sync" || FLAGS_mode == "async", "--mode=", FLAGS_mode);
-        strategy.a_sync = FLAGS_mode == "async";
+        KEEL_ENFORCE(FLAGS_mode == "sync" || FLAGS_mode == "async" || FLAGS_mode == "geo",
+                     "--mode=", FLAGS_mode);
+        strategy.a_sync = FLAGS_mode != "sync";
+        if (FLAGS_mode == "geo") strategy.a_sync_configs.k_steps = FLAGS_geo_k;
         fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
       } else {
         opt->minimize(loss, &startup);
