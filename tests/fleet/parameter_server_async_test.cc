@@ -153,6 +153,19 @@ TEST(ParameterServerAsync, DeadTrainerEndsTheJobNamingIt) {
   RunCommand("rm -rf " + dir);
 }
 
+// A server killed (SIGKILL) after serving 4 trainer steps: the job ends within seconds, the
+// trainers naming the server (no trainer waits out the comm timeout).
+TEST(ParameterServerAsync, DeadServerEndsTheJobNamingIt) {
+  const std::string dir = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  Job r = Launch(1, 2, dir, " --mode=async --steps=6 --fault_point=listen_and_serv_step3");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "server 0 (rank 0)")) << r.output;
+  EXPECT_LT(s, 10) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // GEO every k=2 steps, SGD 0.5, 2 trainers on 8 rows each, the same rows every step: trainer t's
 // gradient is a constant g_t (linear model), so after k local steps from the last synced value
 // its delta is (latest - old) / 2 = -k * 0.5 * g_t / 2 whatever it started from, and the servers
@@ -192,6 +205,18 @@ TEST(ParameterServerGeo, MlpLossFallsToSyncsTarget) {
               g0, g29);
   EXPECT_GT(g0, 2.0) << geo.output;
   EXPECT_LT(g29, 0.05) << geo.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// A GEO trainer that exits mid-training without stop_worker ends the job within seconds, named.
+TEST(ParameterServerGeo, DeadTrainerEndsTheJobNamingIt) {
+  const std::string dir = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  Job r = Launch(2, 2, dir, " --mode=geo --geo_k=2 --steps=6 --die_trainer=1");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "trainer 1")) << r.output;
+  EXPECT_LT(s, 10) << r.output;
   RunCommand("rm -rf " + dir);
 }
 

@@ -34,7 +34,7 @@ bool ElsewhereInIssue7(const std::string& type) {
   // kernel and is refused naming the op (the strategy refuses GPUs first).
   return type == "sync_batch_norm" || type == "sync_batch_norm_grad" || type == "send" ||
          type == "recv" || type == "send_barrier" || type == "fetch_barrier" ||
-         type == "listen_and_serv";
+         type == "listen_and_serv" || type == "geo_communicate";
 }
 
 [[maybe_unused]] void CollectMissing(const Program& p, const std::string& what,
