@@ -1,10 +1,12 @@
-// Synchronous parameter-server training against one process: an MLP (64 -> 256 tanh -> 10, so
+// Parameter-server training (--mode=sync|async|geo) against one process: an MLP (64 -> 256 tanh -> 10, so
 // that fc_0.w_0's 16384 elements split into two blocks over two servers) with --optimizer on
 // --rows rows per step in all. Under `keel launch --server_num=S --worker_num=W` each trainer
 // trains on its 1/W share of every step's rows through fleet's parameter-server mode (servers
 // run fleet::run_server); alone (no TRAINING_ROLE) it is one process on all the rows. Trainer 0
 // (or the single process) writes its parameters to --out; tests/fleet/parameter_server_test.cc
-// compares them. --short_trainer=T: trainer T runs one step fewer (sync mode must refuse that).
+// compares them (tests/fleet/parameter_server_async_test.cc also reads the servers' blocks, which
+// they write to --out/server<i> when every trainer stopped). --short_trainer=T: trainer T runs one
+// step fewer (sync mode must refuse that; async and GEO accept it).
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
