@@ -1,5 +1,5 @@
-// Parameter-server training (--mode=sync|async|geo) against one process: an MLP (64 -> 256 tanh -> 10, so
-// that fc_0.w_0's 16384 elements split into two blocks over two servers) with --optimizer on
+// Parameter-server training (--mode=sync|async|geo) against one process: an MLP (64 -> 256 tanh ->
+// 10, so that fc_0.w_0's 16384 elements split into two blocks over two servers) with --optimizer on
 // --rows rows per step in all. Under `keel launch --server_num=S --worker_num=W` each trainer
 // trains on its 1/W share of every step's rows through fleet's parameter-server mode (servers
 // run fleet::run_server); alone (no TRAINING_ROLE) it is one process on all the rows. Trainer 0
