@@ -153,7 +153,8 @@ std::string DistributedStrategy::ToString() const {
       ", pipeline_configs={pp_degree=", pipeline_configs.pp_degree,
       ", accumulate_steps=", pipeline_configs.accumulate_steps,
       ", micro_batch_size=", pipeline_configs.micro_batch_size,
-      ", schedule_mode=", pipeline_configs.schedule_mode, "}}");
+      ", schedule_mode=", pipeline_configs.schedule_mode, "}",
+      ", a_sync=", Bool(a_sync), ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -326,6 +327,7 @@ void DistributedStrategy::Validate(const Role& role) const {
   ValidateSharding(role);
   ValidateFp16Allreduce();
   ValidatePipeline(role);
+  ValidateParameterServer(role);
   // Tensor parallelism (docs/tensor-parallel.md, "What is refused").
   if (tensor_parallel) {
     const int tp = tensor_parallel_configs.tensor_parallel_degree;
@@ -511,6 +513,57 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
        "the data-parallel ranks of a pipeline job are not one node's consecutive ranks");
   both(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true",
        "point-to-point transfers cannot be captured in a CUDA graph");
+}
+
+void DistributedStrategy::ValidateParameterServer(const Role& role) const {
+  const char* s = "DistributedStrategy.";
+  const DistributedStrategy d;
+  const int k = a_sync_configs.k_steps;
+  if (!role.is_ps()) {
+    KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps, s, "a_sync=", Bool(a_sync),
+                 " / a_sync_configs.k_steps=", k,
+                 " choose the parameter-server mode, but this is a collective job "
+                 "(fleet::init(CloudRoleMaker(true))); leave them at their defaults or use "
+                 "CloudRoleMaker(false)");
+    return;
+  }
+  KEEL_ENFORCE(k >= -1, s, "a_sync_configs.k_steps=", k,
+               " must be >= 0 (0: async, > 0: GEO every k steps; -1: unset)");
+  KEEL_ENFORCE(a_sync || k <= 0, s, "a_sync_configs.k_steps=", k, " asks for GEO but ", s,
+               "a_sync=false asks for synchronous training; set a_sync=true for GEO or leave "
+               "k_steps unset");
+  auto refuse = [&](bool set, const std::string& field) {
+    KEEL_ENFORCE(!set, s, field,
+                 " is a collective (all-reduce) setting and has no meaning in parameter-server "
+                 "mode, where trainers send gradients to servers; leave it at its default");
+  };
+  refuse(nccl_comm_num != d.nccl_comm_num, StrCat("nccl_comm_num=", nccl_comm_num));
+  refuse(fuse_all_reduce_ops, "fuse_all_reduce_ops=true");
+  refuse(fuse_grad_size_in_MB != d.fuse_grad_size_in_MB,
+         StrCat("fuse_grad_size_in_MB=", fuse_grad_size_in_MB));
+  refuse(fuse_grad_size_in_num != d.fuse_grad_size_in_num,
+         StrCat("fuse_grad_size_in_num=", fuse_grad_size_in_num));
+  refuse(paddle_fuse.given, "paddle_fuse (FLAGS_fuse_parameter_memory_size / _groups_size)");
+  refuse(use_hierarchical_allreduce, "use_hierarchical_allreduce=true");
+  refuse(use_local_sgd, "use_local_sgd=true");
+  refuse(local_sgd_steps != d.local_sgd_steps, StrCat("local_sgd_steps=", local_sgd_steps));
+  refuse(gradient_merge, "gradient_merge=true");
+  refuse(sharding, "sharding=true");
+  refuse(tensor_parallel, "tensor_parallel=true");
+  refuse(sync_batch_norm, "sync_batch_norm=true");
+  refuse(pipeline, "pipeline=true");
+  refuse(fp16_allreduce, "fp16_allreduce=true");
+  auto not_built = [&](bool set, const char* field) {
+    KEEL_ENFORCE(!set, s, field,
+                 " with parameter-server training is not built yet in keel; turn it off");
+  };
+  not_built(amp, "amp=true");
+  not_built(recompute, "recompute=true");
+  not_built(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true");
+  KEEL_ENFORCE(role.selected_gpus.empty(),
+               "parameter-server training runs on CPU in keel; "
+               "this role selects GPU ",
+               role.selected_gpus.empty() ? 0 : role.selected_gpus[0]);
 }
 
 void DistributedStrategy::ApplyFlagOverrides() {

@@ -160,6 +160,15 @@ struct DistributedStrategy {
   int PipelineDegree() const { return pipeline ? pipeline_configs.pp_degree : 1; }
   // The pipeline part of Validate.
   void ValidatePipeline(const Role& role) const;
+  // Parameter-server training (fleet::init(CloudRoleMaker(false)), docs/parameter-server.md;
+  // Paddle's fields and defaults): the mode is a_sync=false: synchronous; a_sync=true with
+  // a_sync_configs.k_steps <= 0 (-1: unset, as Paddle's setter makes it 0): asynchronous;
+  // k_steps > 0: GEO every k steps. Only synchronous mode is built: the others are refused by
+  // ValidateParameterServer. In collective mode both must stay at their defaults.
+  bool a_sync = true;
+  struct ASyncConfigs {
+    int k_steps = -1;
+  } a_sync_configs;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;
@@ -196,6 +205,12 @@ struct DistributedStrategy {
   void ValidateFp16Allreduce() const;
   // The sharding part of Validate.
   void ValidateSharding(const Role& role) const;
+  // The parameter-server part of Validate: in parameter-server mode (role.is_ps()) the mode must
+  // be synchronous (a_sync=false; async and GEO are refused as not built), and every collective
+  // field (rings, fusion, hierarchy, LocalSGD, gradient merge, sharding, tensor parallelism, sync
+  // batch norm, amp, recompute) must stay at its default, each named when set; in collective
+  // mode a_sync and a_sync_configs must stay at their defaults.
+  void ValidateParameterServer(const Role& role) const;
 
   // Copies --fuse_parameter_memory_size / --fuse_parameter_groups_size into paddle_fuse when
   // either was given (on the command line or as FLAGS_ in the environment): the flags win over

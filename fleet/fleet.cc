@@ -26,8 +26,10 @@
 #include "framework/io/checkpoint.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "framework/ps/ps_transport.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
+#include "transpiler/ps_pass.h"
 #include "transpiler/sharding_pass.h"
 
 DECLARE_string(cpu_comm_backend);
@@ -96,6 +98,9 @@ struct FleetState {
   // Under sharding: the owner of each optimizer state var of main (transpiler/sharding_pass.h),
   // by main program id. A checkpoint gathers the others' state to rank 0; a load drops it.
   std::map<uint64_t, std::map<std::string, int>> sharded_state;
+  // Parameter-server mode: the single-device main program (what a checkpoint holds) and the
+  // plan that split it, by the trainer's main program id.
+  std::map<uint64_t, std::pair<std::shared_ptr<Program>, transpiler::PsPlan>> ps_programs;
 };
 
 // The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
@@ -337,9 +342,30 @@ const Role& role() {
   return State().role;
 }
 
-int worker_index() { return role().rank; }
-int worker_num() { return role().world_size; }
-bool is_first_worker() { return role().rank == 0; }
+int worker_index() { return role().trainer_id(); }
+int worker_num() { return role().is_ps() ? role().trainer_num : role().world_size; }
+bool is_first_worker() { return !role().is_server() && worker_index() == 0; }
+
+bool is_server() { return role().is_server(); }
+bool is_worker() { return !role().is_server(); }
+int server_num() { return role().server_num; }
+int server_index() {
+  KEEL_ENFORCE(role().is_server(), "fleet::server_index: this process is not a parameter server");
+  return role().rank;
+}
+
+void run_server(Executor& exe) {
+  KEEL_ENFORCE(initialized() && role().is_server(),
+               "fleet::run_server: this process is not a parameter server (TRAINING_ROLE=PSERVER)");
+  exe.Run(startup_program());
+  exe.Run(main_program());  // listen_and_serv: returns when every trainer stopped
+}
+
+void stop_worker() {
+  KEEL_ENFORCE(initialized() && role().is_ps() && !role().is_server(),
+               "fleet::stop_worker: this process is not a parameter-server trainer");
+  ps::Transport::Get().FinishTrainer();
+}
 
 TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy) {
   strategy.Validate(role());
@@ -352,7 +378,9 @@ Place worker_place() {
 }
 
 void barrier_worker() {
-  role();  // fleet::init first
+  KEEL_ENFORCE(!role().is_ps(),
+               "fleet::barrier_worker in parameter-server mode is not built yet (the trainers "
+               "would have to meet without the servers)");
   StoreBarrier("barrier_worker");
 }
 
@@ -374,6 +402,9 @@ Communicator& EagerRing(const std::string& api) {
 void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
   KEEL_ENFORCE(tensor != nullptr && tensor->initialized(), api, ": the tensor holds no data");
   const Role& r = role();
+  KEEL_ENFORCE(!r.is_ps(), api,
+               " in parameter-server mode is not built yet (a collective over the trainers "
+               "alone)");
   if (r.world_size <= 1) return;
   FleetCall call(api);
   try {
@@ -496,7 +527,19 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   // Its buffers and counter are not pass-made: checkpoints hold them.
   fleet::TranspileGradientMerge(main, *startup, strategy_);
   fleet::TranspileSyncBatchNorm(main, *startup, strategy_);  // any number of workers
-  if (r.world_size > 1) {
+  if (r.is_ps()) {
+    // Parameter-server mode (transpiler/ps_pass.h): every process built the same single-device
+    // programs (compared here, before they become a trainer's or a server's), then each takes
+    // its own part.
+    CommContext::Get().SetTimeout(
+        std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
+    CheckProgramsMatch(*ForComparison(main, false), "main program");
+    CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
+    std::shared_ptr<Program> original = main.Clone();
+    transpiler::PsPlan plan = transpiler::PlanParameterServer(main, r.server_num);
+    fleet::TranspileParameterServer(main, *startup, strategy_, r);
+    State().ps_programs[main.id()] = {std::move(original), std::move(plan)};
+  } else if (r.world_size > 1) {
     CommContext::Get().SetTimeout(
         std::chrono::milliseconds(static_cast<int64_t>(strategy_.comm_timeout_s) * 1000));
     std::set<std::string> before = PersistableNames(main);
@@ -600,8 +643,76 @@ void RefuseTensorParallel(const Program& p, const char* api) {
                    "only its own shards");
 }
 
+namespace {
+
+// Parameter-server mode: trainer 0 writes the single-device program's persistables: the
+// parameters it holds (the servers' values after its last step) and the optimizer state and
+// learning rate pulled from every server, reassembled from their blocks.
+void SaveFromServers(Executor& exe, const std::string& dirname, const Program& program) {
+  const Role& r = role();
+  KEEL_ENFORCE(!r.is_server(),
+               "fleet::save_persistables on a parameter server: trainer 0 saves, pulling the "
+               "servers' state (call it on the trainers)");
+  for (size_t i = 0; i < program.global_block().num_ops(); ++i)
+    KEEL_ENFORCE(program.global_block().op(i)->type() != "geo_communicate",
+                 "fleet::save_persistables in GEO parameter-server mode (a_sync_configs.k_steps > "
+                 "0) is not built yet: each trainer holds its own optimizer state, and the "
+                 "servers' parameters differ from any trainer's between exchanges");
+  if (r.trainer_id() != 0) return;
+  auto it = State().ps_programs.find(program.id());
+  KEEL_ENFORCE(it != State().ps_programs.end(),
+               "fleet::save_persistables: the program is not a parameter-server trainer's "
+               "program that minimize made");
+  const Program& original = *it->second.first;
+  const transpiler::PsPlan& plan = it->second.second;
+  const Block& ob = original.global_block();
+  ps::Transport& t = ps::Transport::Get();
+  t.RequestState();
+  const int64_t step = t.step() + 1;
+  Scope out;
+  for (const auto& p : plan.params) {
+    const Variable* v = exe.scope().FindVar(p.name);
+    KEEL_ENFORCE(v != nullptr && v->tensor().initialized(), "fleet::save_persistables: ", p.name,
+                 " is not in the trainer's scope (run the startup program first)");
+    out.Var(p.name)->mutable_tensor()->ShareDataWith(v->tensor());
+  }
+  for (int s = 0; s < r.server_num; ++s) {
+    const std::vector<transpiler::PsStateBlock> entries =
+        transpiler::PsServerState(plan, original, s);
+    std::vector<Tensor> got(entries.size());
+    std::vector<std::unique_ptr<ps::Transport::Transfer>> pending;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const transpiler::PsStateBlock& e = entries[i];
+      got[i].Resize(DDim(e.dims));
+      got[i].mutable_data(ob.MustFindVar(e.var)->dtype(), CPUPlace());
+      pending.push_back(t.PostRecv({s}, ps::Slot(ps::Kind::kState, static_cast<int>(i), step),
+                                   got[i].raw_data(), got[i].nbytes(),
+                                   StrCat("checkpoint: ", e.name, " from ", t.PeerName(s))));
+    }
+    for (auto& p : pending) t.Wait(*p);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const transpiler::PsStateBlock& e = entries[i];
+      Tensor* whole = out.Var(e.var)->mutable_tensor();
+      if (!whole->initialized()) {
+        whole->Resize(ob.MustFindVar(e.var)->dims());
+        whole->mutable_data(got[i].dtype(), CPUPlace());
+      }
+      if (e.rows < 0) {
+        whole->CopyFrom(got[i]);
+      } else {
+        Tensor rows = whole->Slice(e.row0, e.row0 + e.rows);
+        rows.CopyFrom(got[i]);
+      }
+    }
+  }
+  keel::save_persistables(out, dirname, original);
+}
+
+}  // namespace
+
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  if (initialized() && role().is_ps()) return SaveFromServers(exe, dirname, p);
   // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
   ShardedStateOnRankZero gathered(exe, p);
   RefuseTensorParallel(p, "save_persistables");

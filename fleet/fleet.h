@@ -34,6 +34,19 @@ const Role& role();
 int worker_index();
 int worker_num();
 bool is_first_worker();
+// Parameter-server mode (fleet::init(CloudRoleMaker(false)), docs/parameter-server.md):
+// worker_index and worker_num count the trainers; a server runs its programs with run_server, a
+// trainer calls stop_worker once it has run its last step (the servers then stop).
+bool is_server();
+bool is_worker();
+int server_num();
+int server_index();
+// Runs startup_program() (the server's blocks and optimizer state) and main_program()
+// (listen_and_serv) until every trainer has called stop_worker.
+void run_server(Executor& exe);
+// Tells every server this trainer is done (after its last step); in sync mode every trainer
+// must have run the same number of steps, or the servers end the job naming the two trainers.
+void stop_worker();
 // CUDAPlace(selected GPU) when FLAGS_selected_gpus names one, else CPUPlace.
 Place worker_place();
 // The tensor-parallel group this worker builds its model in (docs/tensor-parallel.md): build
@@ -102,6 +115,10 @@ Program& startup_program();
 // pass made (LocalSGD's snapshots and counters) are left out, so that any strategy can resume it.
 // Gradient merge's buffers and counter belong to the user's program (it runs on one worker too):
 // a checkpoint holds them, and a resume continues an accumulation where it stopped.
+// In parameter-server mode trainer 0 writes (the others return at once), between two steps: the
+// single-device program's persistables, its parameters and the optimizer state and learning rate
+// pulled from every server (the servers answer while they wait for the next step), so one process
+// loads it with load_persistables on the program it built before fleet.
 // Under DistributedStrategy::sharding every rank must call it (the optimizer state of other
 // owners is gathered to rank 0, ShardedStateOnRankZero), and the checkpoint is complete: one
 // process, or a job of another world size, loads it.

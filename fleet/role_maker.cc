@@ -388,17 +388,74 @@ std::string Role::store_endpoint() const { return StrCat(master_addr, ":", maste
 
 std::string Role::ToString() const {
   const std::string gpus = StrJoin(selected_gpus, ",");
-  return StrCat("rank ", rank, "/", world_size, " local ", local_rank, "/", local_world_size,
-                " node ", node_rank(), "/", num_nodes(), " source=", source,
-                " store=", store_endpoint(),
-                current_endpoint.empty() ? "" : " endpoint=" + current_endpoint,
-                " gpus=", gpus.empty() ? "none" : gpus);
+  return StrCat(
+      "rank ", rank, "/", world_size, " local ", local_rank, "/", local_world_size, " node ",
+      node_rank(), "/", num_nodes(), " source=", source, " store=", store_endpoint(),
+      current_endpoint.empty() ? "" : " endpoint=" + current_endpoint,
+      " gpus=", gpus.empty() ? "none" : gpus,
+      is_ps() ? StrCat(" ", is_server() ? "server " : "trainer ", is_server() ? rank : trainer_id(),
+                       " of ", is_server() ? server_num : trainer_num)
+              : "");
 }
 
-CloudRoleMaker::CloudRoleMaker(bool is_collective) {
-  KEEL_ENFORCE(is_collective,
-               "CloudRoleMaker(is_collective=false): parameter-server training is not "
-               "implemented in keel; it is refused rather than ignored");
+CloudRoleMaker::CloudRoleMaker(bool is_collective) : is_collective_(is_collective) {}
+
+Role CloudRoleMaker::FromPsEnv(const Env& env) {
+  const std::vector<std::string> vars = {"TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST",
+                                         "PADDLE_TRAINERS_NUM"};
+  RequireAll(env, "parameter-server", vars, vars,
+             " (CloudRoleMaker(is_collective=false) reads Paddle's parameter-server variables; "
+             "keel launch --server_num=S --worker_num=W sets them)");
+  Role role;
+  role.source = "paddle";
+  role.training_role = env.at("TRAINING_ROLE");
+  KEEL_ENFORCE(role.training_role == "TRAINER" || role.training_role == "PSERVER",
+               "TRAINING_ROLE=", role.training_role, " must be TRAINER or PSERVER");
+  role.server_endpoints = StrSplit(env.at("PADDLE_PSERVERS_IP_PORT_LIST"), ',');
+  std::set<std::string> seen;
+  for (size_t i = 0; i < role.server_endpoints.size(); ++i) {
+    ParseEndpoint(StrCat("PADDLE_PSERVERS_IP_PORT_LIST[", i, "]"), role.server_endpoints[i]);
+    KEEL_ENFORCE(seen.insert(role.server_endpoints[i]).second, "PADDLE_PSERVERS_IP_PORT_LIST='",
+                 env.at("PADDLE_PSERVERS_IP_PORT_LIST"), "' lists ", role.server_endpoints[i],
+                 " twice");
+  }
+  role.server_num = static_cast<int>(role.server_endpoints.size());
+  role.trainer_num = ParseVar(env, "PADDLE_TRAINERS_NUM", 1);
+  role.world_size = role.server_num + role.trainer_num;
+  std::vector<std::string> trainers;
+  if (const std::string* list = Find(env, "PADDLE_TRAINER_ENDPOINTS")) {
+    trainers = StrSplit(*list, ',');
+    KEEL_ENFORCE(static_cast<int>(trainers.size()) == role.trainer_num,
+                 "PADDLE_TRAINER_ENDPOINTS='", *list, "' has ", trainers.size(),
+                 " endpoints but PADDLE_TRAINERS_NUM=", role.trainer_num);
+    for (size_t i = 0; i < trainers.size(); ++i)
+      ParseEndpoint(StrCat("PADDLE_TRAINER_ENDPOINTS[", i, "]"), trainers[i]);
+  }
+  if (role.is_server()) {
+    RequireAll(env, "parameter-server", {"POD_IP", "PADDLE_PORT"}, {"POD_IP", "PADDLE_PORT"},
+               " (a PSERVER's endpoint is POD_IP:PADDLE_PORT)");
+    role.current_endpoint = StrCat(env.at("POD_IP"), ":", ParseVar(env, "PADDLE_PORT", 1));
+    auto it = std::find(role.server_endpoints.begin(), role.server_endpoints.end(),
+                        role.current_endpoint);
+    KEEL_ENFORCE(it != role.server_endpoints.end(), "POD_IP:PADDLE_PORT=", role.current_endpoint,
+                 " is not in PADDLE_PSERVERS_IP_PORT_LIST='",
+                 env.at("PADDLE_PSERVERS_IP_PORT_LIST"), "'");
+    role.rank = static_cast<int>(it - role.server_endpoints.begin());
+  } else {
+    RequireAll(env, "parameter-server", {"PADDLE_TRAINER_ID"}, {"PADDLE_TRAINER_ID"},
+               " (a TRAINER's id)");
+    const int id = ParseVar(env, "PADDLE_TRAINER_ID", 0);
+    KEEL_ENFORCE(id < role.trainer_num, "PADDLE_TRAINER_ID=", id,
+                 " is out of range [0, PADDLE_TRAINERS_NUM=", role.trainer_num, ")");
+    role.rank = role.server_num + id;
+    if (!trainers.empty()) role.current_endpoint = trainers[id];
+  }
+  const HostPort master =
+      ParseEndpoint("PADDLE_PSERVERS_IP_PORT_LIST[0]", role.server_endpoints[0]);
+  role.master_addr = master.host;
+  role.master_port = master.port;
+  role.selected_gpus = ParseSelectedGpus(env);
+  return role;
 }
 
 Role CloudRoleMaker::Generate() const {
@@ -412,7 +469,7 @@ Role CloudRoleMaker::Generate() const {
   gflags::CommandLineFlagInfo info;
   if (gflags::GetCommandLineFlagInfo("selected_gpus", &info) && !info.is_default)
     env["FLAGS_selected_gpus"] = FLAGS_selected_gpus;
-  return FromEnv(env);
+  return is_collective_ ? FromEnv(env) : FromPsEnv(env);
 }
 
 Role CloudRoleMaker::FromEnv(const Env& env) {

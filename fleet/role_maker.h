@@ -47,12 +47,21 @@ class RoleMaker {
 // equal (a worker per task) the ranks must agree: otherwise the environment is contradictory
 // (e.g. a RANK left over in an mpirun job). Malformed, half-set or contradictory variables throw
 // keel::Error naming them.
+//
+// With is_collective=false (parameter-server mode, docs/parameter-server.md) it reads Paddle's
+// parameter-server variables instead: TRAINING_ROLE (TRAINER or PSERVER),
+// PADDLE_PSERVERS_IP_PORT_LIST (every server's ip:port; the store is on the first),
+// PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID (a trainer's id), POD_IP and PADDLE_PORT (a server's
+// endpoint, which must be in the list), PADDLE_TRAINER_ENDPOINTS (optional, one per trainer).
 class CloudRoleMaker : public RoleMaker {
  public:
-  // is_collective=false (parameter-server mode) is not implemented and is refused.
   explicit CloudRoleMaker(bool is_collective = true);
   Role Generate() const override;                                      // reads the real environment
   static Role FromEnv(const std::map<std::string, std::string>& env);  // testable core
+  static Role FromPsEnv(const std::map<std::string, std::string>& env);
+
+ private:
+  bool is_collective_;
 };
 
 // The role given in code, like Paddle's UserDefinedCollectiveRoleMaker. Validated on

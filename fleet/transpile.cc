@@ -3,6 +3,7 @@
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/pipeline_pass.h"
+#include "transpiler/ps_pass.h"
 #include "transpiler/sharding_pass.h"
 #include "transpiler/sync_batch_norm_pass.h"
 #include "transpiler/tensor_parallel_pass.h"
@@ -112,7 +113,25 @@ void Transpile(Program& main, Program& startup, const DistributedStrategy& strat
                const Role& role) {
   TranspileGradientMerge(main, startup, strategy);
   TranspileSyncBatchNorm(main, startup, strategy);
-  TranspileCollective(main, startup, strategy, role);
+  if (role.is_ps()) {
+    TranspileParameterServer(main, startup, strategy, role);
+  } else {
+    TranspileCollective(main, startup, strategy, role);
+  }
+}
+
+void TranspileParameterServer(Program& main, Program& startup, const DistributedStrategy& strategy,
+                              const Role& role) {
+  transpiler::PsOptions o;
+  const int k = strategy.a_sync_configs.k_steps;
+  o.mode = !strategy.a_sync ? transpiler::PsMode::kSync
+           : k > 0          ? transpiler::PsMode::kGeo
+                            : transpiler::PsMode::kAsync;
+  o.geo_k = k > 0 ? k : 0;
+  o.nservers = role.server_num;
+  o.ntrainers = role.trainer_num;
+  o.server_index = role.is_server() ? role.rank : -1;
+  transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,

@@ -66,6 +66,10 @@ void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedSt
 // Step 2: the data-parallel passes (nothing with one worker).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes = 0);
+// Parameter-server mode (role.is_ps()): instead of step 2, ParameterServerPass makes this role's
+// programs (a trainer's, or server role.rank's; transpiler/ps_pass.h).
+void TranspileParameterServer(Program& main, Program& startup, const DistributedStrategy& strategy,
+                              const Role& role);
 // All, in order (what minimize does after backward and the updates; keel inspect --strategy).
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
                const Role& role);

@@ -61,7 +61,9 @@ const std::vector<Command>& Commands() {
        "       keel inspect --summary [--model=NAME | FILE|DIR]\n"
        "--strategy takes keel train's strategy and optimizer flags (keel train --help).\n",
        {{"what to show", {"strategy", "summary", "model", "dot", "diff", "program"}},
-        {"the job (--strategy)", {"nranks", "nnodes", "rank", "startup"}}},
+        {"the job (--strategy)", {"nranks", "nnodes", "rank", "startup"}},
+        {"a parameter-server job (--strategy --ps)",
+         {"ps", "nservers", "nworkers", "ps_mode", "geo_k"}}},
        {"python_free_cli/inspect.cc"}},
       {"bench",
        "usage: keel bench mlp|lenet|resnet|transformer|ctr|allreduce [flags]\n"
@@ -76,7 +78,8 @@ const std::vector<Command>& Commands() {
        "variables; stops them all when one fails and names it.\n",
        {{"this node",
          {"nproc_per_node", "selected_gpus", "gpu_comm_backend",
-          "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s"}},
+          "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s", "server_num",
+          "worker_num"}},
         {"several nodes",
          {"nnodes", "node_rank", "cluster_node_ips", "node_ip", "started_port", "master_addr",
           "master_port"}}},

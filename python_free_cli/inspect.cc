@@ -32,6 +32,15 @@ DEFINE_int32(nranks, 2, "keel inspect --strategy: workers in the job.");
 DEFINE_int32(rank, 0,
              "keel inspect --strategy: the rank whose programs are shown; -1: every rank's, in "
              "rank order.");
+DEFINE_bool(ps, false,
+            "keel inspect --strategy: a parameter-server job of --nservers servers (ranks "
+            "0..nservers-1) and --nworkers trainers, in --ps_mode (docs/parameter-server.md).");
+DEFINE_int32(nservers, 1, "keel inspect --strategy --ps: parameter servers.");
+DEFINE_int32(nworkers, 2, "keel inspect --strategy --ps: trainers.");
+DEFINE_string(ps_mode, "sync",
+              "keel inspect --strategy --ps: sync (a_sync=false), async (a_sync=true) or geo "
+              "(a_sync=true, a_sync_configs.k_steps=--geo_k).");
+DEFINE_int32(geo_k, 0, "keel inspect --strategy --ps --ps_mode=geo: push every k steps.");
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
 DEFINE_string(program, "all", "keel inspect --strategy: main | startup | all.");
@@ -112,6 +121,17 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank);
 int Strategy(const std::vector<std::string>& args) {
   KEEL_ENFORCE(args.size() <= 1, "inspect --strategy takes at most one FILE|DIR, got ", args.size(),
                " arguments");
+  if (FLAGS_ps) {
+    KEEL_ENFORCE(FLAGS_nservers >= 1 && FLAGS_nworkers >= 1, "--nservers=", FLAGS_nservers,
+                 " and --nworkers=", FLAGS_nworkers, " must be >= 1");
+    KEEL_ENFORCE(!FlagIsSet("nranks") && !FlagIsSet("nnodes"),
+                 "--nranks / --nnodes do not combine with --ps: the job is --nservers + "
+                 "--nworkers processes");
+    FLAGS_nranks = FLAGS_nservers + FLAGS_nworkers;
+  } else {
+    for (const char* f : {"nservers", "nworkers", "ps_mode", "geo_k"})
+      KEEL_ENFORCE(!FlagIsSet(f), "--", f, " goes with inspect --strategy --ps");
+  }
   KEEL_ENFORCE(FLAGS_nranks >= 1, "--nranks must be >= 1, got ", FLAGS_nranks);
   KEEL_ENFORCE(FLAGS_nnodes >= 1 && FLAGS_nranks % FLAGS_nnodes == 0, "--nnodes=", FLAGS_nnodes,
                " must divide --nranks=", FLAGS_nranks);
@@ -137,6 +157,21 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
   role.local_rank = rank % role.local_world_size;
   role.master_port = 1;  // no store is started: the passes only read ranks
   fleet::DistributedStrategy strategy = StrategyFromFlags();
+  if (FLAGS_ps) {
+    role.training_role = rank < FLAGS_nservers ? "PSERVER" : "TRAINER";
+    role.server_num = FLAGS_nservers;
+    role.trainer_num = FLAGS_nworkers;
+    KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
+                 "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
+    KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+    KEEL_ENFORCE(FLAGS_ps_mode != "geo" || FLAGS_geo_k >= 1,
+                 "--ps_mode=geo needs --geo_k >= 1, got ", FLAGS_geo_k);
+    // Trainers send gradients to servers: fusion (on by default here) steps aside, and asking
+    // for it is refused by the strategy, naming it.
+    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
+    strategy.a_sync = FLAGS_ps_mode != "sync";
+    strategy.a_sync_configs.k_steps = FLAGS_ps_mode == "geo" ? FLAGS_geo_k : 0;
+  }
   strategy.ApplyFlagOverrides();
   strategy.Validate(role);
   fleet::DistributedStrategy::RequireImplemented(strategy);
@@ -183,8 +218,16 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
   const Program& main_after = main ? *main : *m.main;
   const Program& startup_after = startup ? *startup : *m.startup;
 
-  std::printf("# %s, rank %d of %d on %d node(s); %s\n", what.c_str(), rank, FLAGS_nranks,
-              FLAGS_nnodes, strategy.ToString().c_str());
+  if (FLAGS_ps) {
+    std::printf("# %s, parameter-server job of %d server(s) and %d trainer(s): rank %d is %s; %s\n",
+                what.c_str(), FLAGS_nservers, FLAGS_nworkers, rank,
+                role.is_server() ? StrCat("server ", rank).c_str()
+                                 : StrCat("trainer ", role.trainer_id()).c_str(),
+                strategy.ToString().c_str());
+  } else {
+    std::printf("# %s, rank %d of %d on %d node(s); %s\n", what.c_str(), rank, FLAGS_nranks,
+                FLAGS_nnodes, strategy.ToString().c_str());
+  }
   auto show = [&](const char* name, const Program& after, const std::string& before) {
     if (FLAGS_program != "all" && FLAGS_program != name) return;
     if (FLAGS_dot) {
@@ -225,7 +268,7 @@ int Inspect(const std::vector<std::string>& args) {
   KEEL_ENFORCE(!(FLAGS_strategy && FLAGS_summary), "--strategy and --summary: pick one");
   if (FLAGS_strategy) return Strategy(args);
   if (FLAGS_summary) return Summary(args);
-  for (const char* f : {"nranks", "rank", "nnodes", "diff", "program", "startup", "model"})
+  for (const char* f : {"nranks", "rank", "nnodes", "diff", "program", "startup", "model", "ps"})
     KEEL_ENFORCE(!FlagIsSet(f), "--", f, " goes with inspect --strategy",
                  std::string(f) == "model" ? " or --summary" : "");
   KEEL_ENFORCE(args.size() == 1, "inspect takes one FILE or DIR, got ", args.size(), " arguments");

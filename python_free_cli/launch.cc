@@ -48,6 +48,8 @@ DEFINE_int32(stopped_timeout_s, 0,
              "A worker stopped (state T: SIGSTOP, a debugger) this long fails the job; 0: the "
              "comm timeout (FLAGS_comm_timeout_s), after which its peers have failed anyway.");
 DECLARE_int32(comm_timeout_s);
+DEFINE_int32(server_num, 0, "Parameter servers on this node (docs/parameter-server.md).");
+DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
 
 namespace keel {
 namespace cli {
@@ -109,8 +111,10 @@ LaunchInput InputFromFlags(const std::vector<std::string>& command,
   in.max_restarts = FLAGS_max_restarts;
   in.stopped_timeout_s = FLAGS_stopped_timeout_s;
   in.comm_timeout_s = FLAGS_comm_timeout_s;
-  for (const char* name :
-       {"nproc_per_node", "nnodes", "node_rank", "started_port", "master_port", "log_dir"}) {
+  in.server_num = FLAGS_server_num;
+  in.worker_num = FLAGS_worker_num;
+  for (const char* name : {"server_num", "worker_num", "nproc_per_node", "nnodes", "node_rank",
+                           "started_port", "master_port", "log_dir"}) {
     gflags::CommandLineFlagInfo info;
     CHECK(gflags::GetCommandLineFlagInfo(name, &info)) << name;
     if (!info.is_default) in.set_flags.insert(name);

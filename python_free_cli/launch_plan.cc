@@ -14,9 +14,10 @@ namespace cli {
 
 bool IsLaunchFlag(const std::string& name) {
   static const std::set<std::string> own = {
-      "cluster_node_ips", "node_ip",          "started_port", "nproc_per_node",   "nnodes",
-      "node_rank",        "master_addr",      "master_port",  "grace_period_s",   "log_dir",
-      "selected_gpus",    "cpu_math_threads", "max_restarts", "stopped_timeout_s"};
+      "cluster_node_ips", "node_ip",           "started_port",  "nproc_per_node",
+      "nnodes",           "node_rank",         "master_addr",   "master_port",
+      "grace_period_s",   "log_dir",           "selected_gpus", "cpu_math_threads",
+      "max_restarts",     "stopped_timeout_s", "server_num",    "worker_num"};
   return own.count(name) > 0;
 }
 
@@ -145,9 +146,120 @@ std::vector<std::string> WorkerEnv(const LaunchPlan& plan, const std::vector<std
   return env;
 }
 
+// Parameter-server mode: server_num servers (ranks 0..S-1) and worker_num trainers on this node,
+// each told its role by Paddle's variables (fleet/role_maker.h, CloudRoleMaker(false)); the store
+// is on server 0's endpoint.
+LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
+  auto flag_set = [&](const char* name) { return in.set_flags.count(name) > 0; };
+  KEEL_ENFORCE(in.server_num >= 1 && in.worker_num >= 1,
+               "parameter-server launch: --server_num=", in.server_num,
+               " and --worker_num=", in.worker_num, " must both be >= 1");
+  for (const char* flag : {"nproc_per_node", "nnodes", "node_rank", "started_port", "master_port"})
+    KEEL_ENFORCE(!flag_set(flag), "--", flag,
+                 " does not combine with --server_num/--worker_num: "
+                 "a parameter-server launch runs its servers and trainers on this node "
+                 "(multi-node parameter-server launch is not built yet)");
+  KEEL_ENFORCE(in.cluster_node_ips.empty() && in.master_addr.empty(),
+               "--cluster_node_ips / --master_addr do not combine with --server_num/--worker_num "
+               "(multi-node parameter-server launch is not built yet)");
+  KEEL_ENFORCE(in.selected_gpus.empty(),
+               "--selected_gpus does not combine with --server_num/"
+               "--worker_num: parameter-server training runs on CPU in keel");
+  KEEL_ENFORCE(in.max_restarts == 0, "--max_restarts=", in.max_restarts,
+               " does not combine with --server_num/--worker_num (restarting a parameter-server "
+               "job is not built yet)");
+  LaunchPlan plan;
+  const int S = in.server_num, W = in.worker_num;
+  plan.nproc_per_node = S + W;
+  plan.grace_period_s = in.grace_period_s;
+  plan.stopped_limit_s =
+      in.stopped_timeout_s > 0 ? in.stopped_timeout_s : std::max(1, in.comm_timeout_s);
+  const std::string ip = in.node_ip.empty() ? "127.0.0.1" : in.node_ip;
+  if (!in.node_ip.empty()) CheckHost("--node_ip", in.node_ip);
+  for (int port : host.free_ports(S + W, 0))
+    plan.endpoints.push_back(ip + ":" + std::to_string(port));
+  plan.master = plan.endpoints[0];
+  const std::vector<std::string> servers(plan.endpoints.begin(), plan.endpoints.begin() + S);
+  const std::vector<std::string> trainers(plan.endpoints.begin() + S, plan.endpoints.end());
+  const char* token = Getenv(in.env, "KEEL_JOB_TOKEN");
+  plan.token = token != nullptr && *token != '\0' ? token : host.random_token();
+  if (in.given.count("cpu_math_threads")) {
+    plan.cpu_math_threads = in.given.at("cpu_math_threads");
+  } else if (Getenv(in.env, "FLAGS_cpu_math_threads") == nullptr) {
+    plan.cpu_math_threads = std::to_string(std::max(1, host.cpu_count() / (S + W)));
+  }
+  plan.worker_flags = WorkerFlags(in, host);
+  plan.log_dir = flag_set("log_dir") ? in.log_dir : "log";
+  KEEL_ENFORCE(!plan.log_dir.empty(), "--log_dir must not be empty");
+  plan.command = in.command;
+  plan.executable = host.resolve_executable(in.command[0], Getenv(in.env, "PATH"));
+  plan.console_local = S;  // trainer 0
+  std::set<std::string> drop = {"OMPI_COMM_WORLD_RANK",
+                                "OMPI_COMM_WORLD_SIZE",
+                                "OMPI_COMM_WORLD_LOCAL_RANK",
+                                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                "SLURM_PROCID",
+                                "SLURM_LOCALID",
+                                "KEEL_LAUNCH_FLAGS",
+                                "PADDLE_TRAINER_ID",
+                                "PADDLE_TRAINERS_NUM",
+                                "PADDLE_TRAINER_ENDPOINTS",
+                                "PADDLE_CURRENT_ENDPOINT",
+                                "RANK",
+                                "WORLD_SIZE",
+                                "LOCAL_RANK",
+                                "LOCAL_WORLD_SIZE",
+                                "MASTER_ADDR",
+                                "MASTER_PORT",
+                                "TRAINING_ROLE",
+                                "PADDLE_PSERVERS_IP_PORT_LIST",
+                                "PADDLE_PORT",
+                                "POD_IP"};
+  for (int local = 0; local < S + W; ++local) {
+    const bool server = local < S;
+    std::vector<std::pair<std::string, std::string>> set = {
+        {"TRAINING_ROLE", server ? "PSERVER" : "TRAINER"},
+        {"PADDLE_PSERVERS_IP_PORT_LIST", StrJoin(servers, ",")},
+        {"PADDLE_TRAINERS_NUM", std::to_string(W)},
+        {"PADDLE_TRAINER_ENDPOINTS", StrJoin(trainers, ",")},
+        {"KEEL_JOB_TOKEN", plan.token}};
+    if (server) {
+      set.push_back({"POD_IP", ip});
+      set.push_back({"PADDLE_PORT", servers[local].substr(servers[local].rfind(':') + 1)});
+    } else {
+      set.push_back({"PADDLE_TRAINER_ID", std::to_string(local - S)});
+      set.push_back({"POD_IP", ip});
+    }
+    if (!plan.cpu_math_threads.empty())
+      set.push_back({"FLAGS_cpu_math_threads", plan.cpu_math_threads});
+    std::vector<std::string> names;
+    for (const auto& [name, value] : plan.worker_flags) {
+      set.push_back({"FLAGS_" + name, value});
+      names.push_back(name);
+    }
+    if (!names.empty()) set.push_back({"KEEL_LAUNCH_FLAGS", StrJoin(names, ",")});
+    LaunchWorker w;
+    w.local = local;
+    w.rank = local;
+    w.role = server ? StrCat("server ", local) : StrCat("trainer ", local - S);
+    for (const std::string& e : in.env) {
+      const size_t eq = e.find('=');
+      if (eq == std::string::npos || !drop.count(e.substr(0, eq))) w.env.push_back(e);
+    }
+    for (const auto& kv : set) w.env.push_back(kv.first + "=" + kv.second);
+    w.log_path =
+        (std::filesystem::path(plan.log_dir) /
+         ((server ? "serverlog." : "workerlog.") + std::to_string(server ? local : local - S)))
+            .string();
+    plan.workers.push_back(std::move(w));
+  }
+  return plan;
+}
+
 }  // namespace
 
 LaunchPlan MakeLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
+  if (in.server_num != 0 || in.worker_num != 0) return MakePsLaunchPlan(in, host);
   auto flag_set = [&](const char* name) { return in.set_flags.count(name) > 0; };
   KEEL_ENFORCE(!in.command.empty(),
                "no command to launch; usage: keel launch [flags] COMMAND [ARGS...], "

@@ -25,6 +25,9 @@ struct LaunchInput {
   std::string gpu_comm_backend = "auto";
   int started_port = 0, nproc_per_node = 1, nnodes = 1, node_rank = 0, master_port = 0;
   int grace_period_s = 5, max_restarts = 0, stopped_timeout_s = 0, comm_timeout_s = 300;
+  // Parameter-server mode (docs/parameter-server.md): server_num servers and worker_num trainers
+  // on this node, with Paddle's parameter-server variables; 0 and 0: a collective job.
+  int server_num = 0, worker_num = 0;
   // The names of those flags that are set (on the command line or by FLAGS_ variables) rather
   // than left at their defaults: "--nnodes=1" and no --nnodes mean different things.
   std::set<std::string> set_flags;
@@ -59,7 +62,9 @@ struct LaunchWorker {
   // supervisor adds the restart count of each attempt, the status pipe and, for rank 0, the
   // store's listening socket (launch_supervisor.cc).
   std::vector<std::string> env;
-  std::string log_path;  // LOG_DIR/workerlog.<local>
+  std::string role;      // parameter-server mode: "server 1", "trainer 0" (how errors name it)
+  std::string log_path;  // LOG_DIR/workerlog.<local> (parameter-server mode: serverlog.<i> for
+                         // server i, workerlog.<j> for trainer j)
 };
 
 struct LaunchPlan {
@@ -79,6 +84,8 @@ struct LaunchPlan {
   int max_restarts = 0;
   double stopped_limit_s = 300;       // a worker stopped (state T) this long fails the job
   std::vector<LaunchWorker> workers;  // local rank order
+  int console_local = 0;              // whose output is copied to the console (trainer 0 in
+                                      // parameter-server mode)
   int world() const { return nnodes * nproc_per_node; }
   int rank(int local) const { return node_rank * nproc_per_node + local; }
 };

@@ -66,6 +66,7 @@ struct Worker {
   int status = 0;
   bool reaped_after_kill = false;  // it may have died of the launcher's own SIGKILL
   std::string log_path;
+  std::string role;  // parameter-server mode: "server 1", "trainer 0"
   int log_fd = -1;
   // When a process of its group was first seen stopped (state T or t), if it still is.
   bool stopped = false, stopped_logged = false;
@@ -106,6 +107,7 @@ class Supervisor {
       w.local = planned.local;
       w.rank = planned.rank;
       w.log_path = planned.log_path;
+      w.role = planned.role;
       w.log_fd = OpenHigh(w.log_path, O_WRONLY | O_CREAT | O_TRUNC);
       workers_.push_back(w);
     }
@@ -185,7 +187,7 @@ class Supervisor {
     std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
 
     int out_fd = w->log_fd;  // rank 0 (local 0) writes to a pipe that the launcher tees
-    if (w->local == 0) {
+    if (w->local == plan_.console_local) {
       int fds[2];
       PCHECK(pipe2(fds, O_CLOEXEC) == 0);
       pipe_fd_ = fds[0];
@@ -229,7 +231,7 @@ class Supervisor {
     sentinel_.Watch(pid);
     close(null_fd);
     close(status[1]);
-    if (w->local == 0) close(out_fd);
+    if (w->local == plan_.console_local) close(out_fd);
     w->pid = pid;
     w->alive = true;
   }
@@ -399,7 +401,8 @@ class Supervisor {
     }
   }
 
-  // Copies what rank 0 wrote to its log and to the console; false at end of file.
+  // Copies what rank 0 (the console worker: trainer 0 in parameter-server mode) wrote to its log
+  // and to the console; false at end of file.
   bool PumpRank0() {
     char buf[65536];
     ssize_t n = read(pipe_fd_, buf, sizeof(buf));
@@ -409,7 +412,7 @@ class Supervisor {
       pipe_fd_ = -1;
       return false;
     }
-    WriteAll(workers_[0].log_fd, buf, static_cast<size_t>(n));
+    WriteAll(workers_[plan_.console_local].log_fd, buf, static_cast<size_t>(n));
     if (console_ok_) console_ok_ = WriteAll(STDOUT_FILENO, buf, static_cast<size_t>(n));
     return true;
   }
@@ -510,7 +513,8 @@ class Supervisor {
 
   // "worker rank 1 (local 1, pid 123) was killed by signal SIGKILL (9)"
   std::string Describe(const Worker& w) const {
-    std::string who = StrCat("worker rank ", w.rank, " (local ", w.local, ", pid ", w.pid, ")");
+    std::string who = StrCat(w.role.empty() ? "worker" : w.role, " rank ", w.rank, " (local ",
+                             w.local, ", pid ", w.pid, ")");
     if (w.left_early)
       return StrCat(who, " exited with code 0 before joining the job's rendezvous, while rank(s) ",
                     w.waiting,

@@ -380,6 +380,13 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"logdir", "TrainTensorboard.LossRateAndAccuracyReadBackWithTensorboard"},
       {"logdir_all_ranks", "TrainTensorboard.EveryRankWritesItsOwnFolderWhenAsked"},
       {"progress", "TrainOptimizerFlags.*, TrainScheduleFlags.* (bar vs lines)"},
+      {"server_num", "ParameterServer.*, LaunchPlan.ParameterServerModeGivesServersAndTrainers..."},
+      {"worker_num", "ParameterServer.*, LaunchPlan.ParameterServerModeGivesServersAndTrainers..."},
+      {"ps", "InspectStrategy.ParameterServerGoldens"},
+      {"nservers", "InspectStrategy.ParameterServerGoldens"},
+      {"nworkers", "InspectStrategy.ParameterServerGoldens"},
+      {"ps_mode", "InspectStrategy.ParameterServerGoldens (async, geo: refused)"},
+      {"geo_k", "InspectStrategy.ParameterServerGoldens (refused)"},
       {"safetensors_allow_unverified", "IoTest.AnEditedHeaderOrADeletedChecksumIsCaught"},
   };
   auto list = RunCommand(Keel() + " flags");

@@ -152,6 +152,46 @@ TEST(InspectStrategy, ShardingGolden) {
 
 // Every "+" line of --diff is a line of the full transpiled text, every "-" line one of the
 // untranspiled (one-rank) text, and a one-rank job changes nothing.
+// --ps: a parameter-server job of --nservers servers (ranks 0..) and --nworkers trainers; the MLP
+// at --mlp_hidden=128 has a first weight of 784 x 128, cut into blocks on both servers.
+TEST(InspectStrategy, ParameterServerGoldens) {
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --nservers=2 --nworkers=2 --rank=" + std::to_string(rank) +
+                     " --model=mlp --mlp_hidden=128 --optimizer=adam");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync=false"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(rank == 0 ? "listen_and_serv(" : "send_barrier("), std::string::npos)
+        << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_rank" + std::to_string(rank) + ".txt");
+  }
+  // Asynchronous mode: the server applies one trainer's gradient at a time (mode=1, no sum).
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --ps_mode=async --nservers=2 --nworkers=2 --rank=" +
+                     std::to_string(rank) + " --model=mlp --mlp_hidden=128 --optimizer=sgd");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync=true"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("mode=1"), std::string::npos) << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_async_rank" + std::to_string(rank) + ".txt");
+  }
+  // GEO every 4 steps: the trainer keeps its optimizer and exchanges deltas (geo_communicate).
+  for (int rank : {0, 2}) {
+    auto r = Inspect("--strategy --ps --ps_mode=geo --geo_k=4 --nservers=2 --nworkers=2 --rank=" +
+                     std::to_string(rank) + " --model=mlp --mlp_hidden=128 --optimizer=sgd");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("a_sync_configs={k_steps=4}"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(rank == 0 ? "@GEO_DELTA" : "geo_communicate("), std::string::npos)
+        << r.output;
+    ExpectGolden(r.output, "inspect_strategy_ps_geo_rank" + std::to_string(rank) + ".txt");
+  }
+  auto bad = InspectAll("--strategy --ps --ps_mode=geo" + std::string(kSmallMlp));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--ps_mode=geo needs --geo_k >= 1"), std::string::npos) << bad.output;
+  auto collective = InspectAll("--strategy --ps_mode=sync" + std::string(kSmallMlp));
+  EXPECT_NE(collective.output.find("--ps_mode goes with inspect --strategy --ps"),
+            std::string::npos)
+      << collective.output;
+}
+
 TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {
   const std::string flags = " --nranks=2" + std::string(kSmallMlp);
   auto full = Inspect("--strategy" + flags);

@@ -419,5 +419,49 @@ TEST(LaunchPlan, AnExecutableThatCannotBeFoundIsTheHostsError) {
             std::string::npos);
 }
 
+// --server_num / --worker_num: servers first (ranks 0..S-1), then trainers, each with Paddle's
+// parameter-server variables; logs serverlog.N / workerlog.N; trainer 0 on the console.
+TEST(LaunchPlan, ParameterServerModeGivesServersAndTrainersPaddlesVariables) {
+  FakeHost fake;
+  LaunchInput in = Input();
+  in.server_num = 2;
+  in.worker_num = 2;
+  in.env.push_back("RANK=7");  // another launcher's: dropped
+  LaunchPlan plan = MakeLaunchPlan(in, fake.Host());
+  ASSERT_EQ(plan.workers.size(), 4u);
+  EXPECT_EQ(plan.master, "127.0.0.1:41000");
+  EXPECT_EQ(plan.console_local, 2);
+  const std::vector<std::string> logs = {"log/serverlog.0", "log/serverlog.1", "log/workerlog.0",
+                                         "log/workerlog.1"};
+  for (int local = 0; local < 4; ++local) {
+    SCOPED_TRACE(local);
+    const LaunchWorker& w = plan.workers[local];
+    EXPECT_EQ(w.rank, local);
+    EXPECT_EQ(w.log_path, logs[local]);
+    auto env = EnvOf(w);
+    EXPECT_EQ(env["TRAINING_ROLE"], local < 2 ? "PSERVER" : "TRAINER");
+    EXPECT_EQ(env["PADDLE_PSERVERS_IP_PORT_LIST"], "127.0.0.1:41000,127.0.0.1:41001");
+    EXPECT_EQ(env["PADDLE_TRAINER_ENDPOINTS"], "127.0.0.1:41002,127.0.0.1:41003");
+    EXPECT_EQ(env["PADDLE_TRAINERS_NUM"], "2");
+    EXPECT_EQ(env["POD_IP"], "127.0.0.1");
+    EXPECT_EQ(env["KEEL_JOB_TOKEN"], "feedc0de");
+    EXPECT_EQ(env.count("RANK"), 0u);
+    if (local < 2) {
+      EXPECT_EQ(env["PADDLE_PORT"], std::to_string(41000 + local));
+      EXPECT_EQ(env.count("PADDLE_TRAINER_ID"), 0u);
+    } else {
+      EXPECT_EQ(env["PADDLE_TRAINER_ID"], std::to_string(local - 2));
+      EXPECT_EQ(env.count("PADDLE_PORT"), 0u);
+    }
+  }
+  // What is not built is refused naming the flag.
+  in.worker_num = 0;
+  EXPECT_NE(PlanError(in).find("--worker_num=0"), std::string::npos);
+  in.worker_num = 2;
+  in.nnodes = 2;
+  in.set_flags.insert("nnodes");
+  EXPECT_NE(PlanError(in).find("--nnodes does not combine with --server_num"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace keel::cli

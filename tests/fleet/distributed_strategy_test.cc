@@ -72,7 +72,75 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
-      "schedule_mode=1F1B}}");
+      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}}");
+}
+
+// Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
+// collective settings are refused naming them; in a collective job the PS fields are refused.
+TEST(ParameterServerStrategy, ModesAndRefusals) {
+  Role ps;
+  ps.training_role = "TRAINER";
+  ps.server_num = 2;
+  ps.trainer_num = 2;
+  ps.world_size = 4;
+  ps.rank = 2;
+  ps.master_port = 1;
+  auto error = [&](const std::function<void(DistributedStrategy*)>& set, const Role& role) {
+    DistributedStrategy s;
+    set(&s);
+    try {
+      s.Validate(role);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error([](auto* s) { s->a_sync = false; }, ps), "");
+  // Paddle's default (a_sync=true) is asynchronous mode; k_steps > 0 with it is GEO.
+  EXPECT_EQ(error([](auto*) {}, ps), "");
+  EXPECT_EQ(error([](auto* s) { s->a_sync_configs.k_steps = 4; }, ps), "");
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->a_sync_configs.k_steps = 4;
+                },
+                ps)
+                .find("a_sync_configs.k_steps=4 asks for GEO but"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->fuse_all_reduce_ops = true;
+                },
+                ps)
+                .find("fuse_all_reduce_ops=true is a collective"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->nccl_comm_num = 2;
+                },
+                ps)
+                .find("nccl_comm_num=2"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->use_local_sgd = true;
+                },
+                ps)
+                .find("use_local_sgd=true"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync = false;
+                  s->amp = true;
+                },
+                ps)
+                .find("amp=true"),
+            std::string::npos);
+  EXPECT_NE(error([](auto* s) { s->a_sync = false; }, Role()).find("a_sync=false"),
+            std::string::npos);
 }
 
 TEST(DistributedStrategy, DefaultsFollowTheFlagsWhenConstructed) {
@@ -516,6 +584,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->pipeline_configs.micro_batch_size = 2; }},
       {"pipeline_configs.schedule_mode", kRefused, none,
        [](auto* s) { s->pipeline_configs.schedule_mode = "F-then-B"; }},
+      // Parameter-server mode only: refused in a collective job (the parameter-server tests pin
+      // them: ParameterServerStrategy.*).
+      {"a_sync", kRefused, none, [](auto* s) { s->a_sync = false; }},
+      {"a_sync_configs.k_steps", kRefused, none, [](auto* s) { s->a_sync_configs.k_steps = 2; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;

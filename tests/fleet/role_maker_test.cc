@@ -434,11 +434,48 @@ TEST(CloudRoleMaker, DerivesLocalRanksFromPaddleEndpointsAcrossTwoHosts) {
   }
 }
 
-TEST(CloudRoleMaker, ParameterServerModeIsRefused) {
-  EXPECT_NO_THROW(CloudRoleMaker(true));
-  std::string e = ErrorOf([] { CloudRoleMaker(false); });
-  EXPECT_NE(e.find("is_collective=false"), std::string::npos) << e;
-  EXPECT_NE(e.find("refused"), std::string::npos) << e;
+// Parameter-server mode reads Paddle's parameter-server variables: servers are ranks 0..S-1 (by
+// their place in PADDLE_PSERVERS_IP_PORT_LIST), trainers follow; the store is on server 0.
+TEST(CloudRoleMaker, ParameterServerRolesFromPaddlesVariables) {
+  const Env common = {{"PADDLE_PSERVERS_IP_PORT_LIST", "127.0.0.1:6001,127.0.0.1:6002"},
+                      {"PADDLE_TRAINERS_NUM", "3"}};
+  Env server = common;
+  server["TRAINING_ROLE"] = "PSERVER";
+  server["POD_IP"] = "127.0.0.1";
+  server["PADDLE_PORT"] = "6002";
+  Role r = CloudRoleMaker::FromPsEnv(server);
+  EXPECT_TRUE(r.is_ps());
+  EXPECT_TRUE(r.is_server());
+  EXPECT_EQ(r.rank, 1);
+  EXPECT_EQ(r.world_size, 5);
+  EXPECT_EQ(r.server_num, 2);
+  EXPECT_EQ(r.trainer_num, 3);
+  EXPECT_EQ(r.store_endpoint(), "127.0.0.1:6001");
+  Env trainer = common;
+  trainer["TRAINING_ROLE"] = "TRAINER";
+  trainer["PADDLE_TRAINER_ID"] = "2";
+  r = CloudRoleMaker::FromPsEnv(trainer);
+  EXPECT_FALSE(r.is_server());
+  EXPECT_EQ(r.rank, 4);
+  EXPECT_EQ(r.trainer_id(), 2);
+  // Refusals name the variable.
+  Env bad = server;
+  bad["PADDLE_PORT"] = "7000";
+  EXPECT_NE(
+      ErrorOf([&] { CloudRoleMaker::FromPsEnv(bad); }).find("not in PADDLE_PSERVERS_IP_PORT_LIST"),
+      std::string::npos);
+  bad = trainer;
+  bad["TRAINING_ROLE"] = "HETER_TRAINER";
+  EXPECT_NE(ErrorOf([&] { CloudRoleMaker::FromPsEnv(bad); }).find("TRAINING_ROLE=HETER_TRAINER"),
+            std::string::npos);
+  bad = trainer;
+  bad["PADDLE_TRAINER_ID"] = "3";
+  EXPECT_NE(ErrorOf([&] { CloudRoleMaker::FromPsEnv(bad); }).find("PADDLE_TRAINER_ID=3"),
+            std::string::npos);
+  bad = trainer;
+  bad.erase("PADDLE_PSERVERS_IP_PORT_LIST");
+  EXPECT_NE(ErrorOf([&] { CloudRoleMaker::FromPsEnv(bad); }).find("PADDLE_PSERVERS_IP_PORT_LIST"),
+            std::string::npos);
 }
 
 TEST(CloudRoleMaker, GenerateReadsTheProcessEnvironment) {

@@ -30,7 +30,11 @@ bool ElsewhereInIssue7(const std::string& type) {
 // CPU-only ops that refuse CUDA with a keel::Error naming them: sync_batch_norm (the strategy
 // refuses it on GPUs, the op refuses a CUDA ring; docs/sync-batch-norm.md).
 [[maybe_unused]] bool CpuOnly(const std::string& type) {
-  return type == "sync_batch_norm" || type == "sync_batch_norm_grad";
+  // Parameter-server ops (ops/ps_ops.cc): servers and trainers run on CPU; a CUDA place finds no
+  // kernel and is refused naming the op (the strategy refuses GPUs first).
+  return type == "sync_batch_norm" || type == "sync_batch_norm_grad" || type == "send" ||
+         type == "recv" || type == "send_barrier" || type == "fetch_barrier" ||
+         type == "listen_and_serv" || type == "geo_communicate";
 }
 
 [[maybe_unused]] void CollectMissing(const Program& p, const std::string& what,

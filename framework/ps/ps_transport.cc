@@ -1,0 +1,293 @@
+#include "framework/ps/ps_transport.h"
+
+#include <glog/logging.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cstring>
+
+#include "framework/comm/comm_context.h"
+#include "framework/comm/store.h"
+#include "framework/error.h"
+
+namespace keel {
+namespace ps {
+
+namespace {
+
+const char kAbortKey[] = "keel/ps/abort";
+
+// Gloo's rendezvous on keel's store, every wait bounded by the comm timeout (the collective rings
+// have an adapter of their own in gloo_communicator.cc).
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(StoreClient& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.Set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = store_.Get(prefix_ + key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> full;
+    for (auto& k : keys) full.push_back(prefix_ + k);
+    store_.Wait(full, t);
+  }
+
+ private:
+  StoreClient& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+uint64_t Slot(Kind kind, int block, int64_t step) {
+  KEEL_ENFORCE(block >= 0 && block < (1 << 24), "parameter-server block index ", block,
+               " outside [0, 2^24)");
+  return static_cast<uint64_t>(kind) << 56 | static_cast<uint64_t>(block) << 32 |
+         (static_cast<uint64_t>(step) & 0xffffffffu);
+}
+
+Transport::Transfer::Transfer() = default;
+Transport::Transfer::~Transfer() = default;
+
+Transport& Transport::Get() {
+  static Transport* t = new Transport;
+  return *t;
+}
+
+std::string Transport::PeerName(int rank) const {
+  if (rank < nservers_) return StrCat("server ", rank, " (rank ", rank, ")");
+  return StrCat("trainer ", rank - nservers_, " (rank ", rank, ")");
+}
+
+void Transport::Connect(int rank, int nranks, int nservers) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (context_) {
+    KEEL_ENFORCE(rank == rank_ && nranks == nranks_ && nservers == nservers_,
+                 "parameter-server transport: already connected as rank ", rank_, " of ", nranks_,
+                 " with ", nservers_, " servers");
+    return;
+  }
+  KEEL_ENFORCE(nservers >= 1 && nranks > nservers && rank >= 0 && rank < nranks,
+               "parameter-server transport: rank ", rank, " of ", nranks, " with ", nservers,
+               " servers needs at least one server and one trainer");
+  CommContext& cc = CommContext::Get();
+  StoreClient& store = cc.store("parameter-server transport");
+  rank_ = rank;
+  nranks_ = nranks;
+  nservers_ = nservers;
+  timeout_ = cc.config().timeout;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = cc.config().my_host;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, nranks);
+    context->setTimeout(timeout_);
+    StoreAdapter adapter(store, "keel/ps/mesh/", timeout_);
+    context->connectFullMesh(adapter, device);
+    device_ = device;
+    context_ = context;
+  } catch (const std::exception& e) {
+    KEEL_THROW("parameter-server transport: ", PeerName(rank), " could not connect to the ", nranks,
+               " processes of the job within ", timeout_.count() / 1000.0,
+               " s (--comm_timeout_s): ", e.what());
+  }
+  LOG(INFO) << "parameter-server transport: " << PeerName(rank) << " connected to " << nranks - 1
+            << " peers in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
+}
+
+std::unique_ptr<Transport::Transfer> Transport::PostSend(int peer, uint64_t slot, const void* data,
+                                                         size_t bytes, const std::string& what) {
+  KEEL_ENFORCE(context_ != nullptr, what, ": the parameter-server transport is not connected");
+  auto t = std::make_unique<Transfer>();
+  t->owned.resize(std::max<size_t>(bytes, 1));
+  if (bytes > 0) std::memcpy(t->owned.data(), data, bytes);
+  t->peers = {peer};
+  t->what = what;
+  t->is_send = true;
+  try {
+    std::lock_guard<std::mutex> lk(post_mu_);
+    t->buf = context_->createUnboundBuffer(t->owned.data(), t->owned.size());
+    t->buf->send(peer, slot, 0, t->owned.size());
+  } catch (const std::exception& e) {
+    KEEL_THROW(what, ": sending to ", PeerName(peer), " failed: ", e.what(), AbortNote());
+  }
+  return t;
+}
+
+std::unique_ptr<Transport::Transfer> Transport::PostRecv(const std::vector<int>& peers,
+                                                         uint64_t slot, void* data, size_t bytes,
+                                                         const std::string& what) {
+  KEEL_ENFORCE(context_ != nullptr, what, ": the parameter-server transport is not connected");
+  auto t = std::make_unique<Transfer>();
+  t->peers = peers;
+  t->what = what;
+  // Gloo needs a non-empty buffer: an empty block receives one byte of padding.
+  if (bytes == 0) {
+    t->owned.resize(1);
+    data = t->owned.data();
+    bytes = 1;
+  }
+  try {
+    std::lock_guard<std::mutex> lk(post_mu_);
+    t->buf = context_->createUnboundBuffer(data, bytes);
+    if (peers.size() == 1) {
+      t->buf->recv(peers[0], slot, 0, bytes);
+    } else {
+      t->buf->recv(peers, slot, 0, bytes);
+    }
+  } catch (const std::exception& e) {
+    KEEL_THROW(what, ": receiving failed: ", e.what(), AbortNote());
+  }
+  return t;
+}
+
+int Transport::Wait(Transfer& t) {
+  int peer = -1;
+  std::string names;
+  for (int p : t.peers) names += (names.empty() ? "" : " or ") + PeerName(p);
+  try {
+    const bool ok = t.is_send ? t.buf->waitSend(&peer, timeout_) : t.buf->waitRecv(&peer, timeout_);
+    KEEL_ENFORCE(ok, t.what, ": aborted while ", t.is_send ? "sending to " : "receiving from ",
+                 names, AbortNote());
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    const bool timed_out = msg.find("imed out") != std::string::npos;
+    if (timed_out)
+      KEEL_THROW(t.what, ": ", names, " did not ", t.is_send ? "take it" : "send it", " within ",
+                 timeout_.count() / 1000.0,
+                 " s (--comm_timeout_s): it stopped, hangs, or runs a different program",
+                 AbortNote(), " [", msg, "]");
+    KEEL_THROW(t.what, ": the connection with ", names, " broke (it exited or was killed?): ", msg,
+               AbortNote());
+  }
+  return peer;
+}
+
+void Transport::BeginStepOnce() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (in_step_) return;
+  KEEL_ENFORCE(!finished_, "send: this trainer already stopped (fleet::stop_worker)");
+  in_step_ = true;
+  ++step_;
+  Header h{step_, step_ - 1};
+  for (int s = 0; s < nservers_; ++s)
+    sends_.push_back(PostSend(
+        s, HeaderSlot(step_), &h, sizeof(h),
+        StrCat("trainer ", rank_ - nservers_, ": step ", step_, "'s header to server ", s)));
+}
+
+void Transport::SetAsync(bool async, const std::string& op) {
+  std::lock_guard<std::mutex> lk(mu_);
+  KEEL_ENFORCE(async_set_ < 0 || async_set_ == static_cast<int>(async), "op ", op,
+               ": mode=", async ? "async" : "sync",
+               " but an earlier parameter-server op of this process ran ",
+               async_ ? "async" : "sync", " (programs from different strategies?)");
+  async_set_ = static_cast<int>(async);
+  async_ = async;
+}
+
+void Transport::KeepSend(std::unique_ptr<Transfer> t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  sends_.push_back(std::move(t));
+}
+
+void Transport::KeepRecv(std::unique_ptr<Transfer> t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  recvs_.push_back(std::move(t));
+}
+
+void Transport::WaitSends() {
+  std::vector<std::unique_ptr<Transfer>> sends;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    sends.swap(sends_);
+    in_step_ = false;
+  }
+  for (auto& t : sends) Wait(*t);
+}
+
+void Transport::WaitRecvs() {
+  std::vector<std::unique_ptr<Transfer>> recvs;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    recvs.swap(recvs_);
+  }
+  for (auto& t : recvs) Wait(*t);
+}
+
+void Transport::RequestState() {
+  KEEL_ENFORCE(context_ && rank_ >= nservers_ && !finished_,
+               "parameter-server checkpoint: only a running trainer can ask the servers");
+  WaitSends();
+  WaitRecvs();
+  Header h{kSave, step_};
+  std::vector<std::unique_ptr<Transfer>> asks;
+  for (int s = 0; s < nservers_; ++s)
+    asks.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
+                            StrCat("trainer ", rank_ - nservers_, ": asking server ", s,
+                                   " for its state (checkpoint)")));
+  for (auto& t : asks) Wait(*t);
+}
+
+void Transport::FinishTrainer() {
+  if (!context_ || finished_ || rank_ < nservers_) return;
+  WaitSends();
+  WaitRecvs();
+  finished_ = true;
+  Header h{kDone, step_};
+  std::vector<std::unique_ptr<Transfer>> done;
+  for (int s = 0; s < nservers_; ++s)
+    done.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
+                            StrCat("trainer ", rank_ - nservers_, ": telling server ", s,
+                                   " that it stopped after ", step_, " steps")));
+  for (auto& t : done) Wait(*t);
+}
+
+void Transport::PostAbort(const std::string& why) {
+  try {
+    CommContext::Get().store("parameter-server transport").Set(kAbortKey, why);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "parameter-server transport: could not post the abort: " << e.what();
+  }
+}
+
+std::string Transport::AbortNote() const {
+  try {
+    StoreClient& s = CommContext::Get().store("parameter-server transport");
+    if (s.Check(kAbortKey)) return "; the job was stopped: " + s.Get(kAbortKey);
+  } catch (const std::exception&) {
+    // The store went with the process that served it: nothing to quote.
+  }
+  return "";
+}
+
+void Transport::Reset() {
+  std::lock_guard<std::mutex> lk(mu_);
+  sends_.clear();
+  recvs_.clear();
+  context_.reset();
+  device_.reset();
+  rank_ = -1;
+  nranks_ = nservers_ = 0;
+  step_ = 0;
+  in_step_ = finished_ = false;
+  async_set_ = -1;
+  async_ = false;
+  geo_runs_ = 0;
+}
+
+}  // namespace ps
+}  // namespace keel

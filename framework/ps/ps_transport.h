@@ -1,0 +1,143 @@
+// The parameter-server transport (docs/parameter-server.md): one Gloo context over every process of
+// a parameter-server job (servers first, then trainers: the global ranks of fleet's Role), made
+// through the job's rendezvous store, and point-to-point transfers on its TCP pairs with Gloo's
+// unbound buffers. No wire protocol of its own: a transfer is one Gloo send or receive of a tensor
+// block's bytes, matched by its slot:
+//
+//   slot = kind << 56 | block << 32 | step (low 32 bits)
+//
+// kind: kHeader (a trainer tells every server that step `step` starts, that it is done, or that
+// it asks for the server's state for a checkpoint: kState, `block` indexing the server's list),
+// kGrad (a trainer's gradient block for `step`), kParam (a server's parameter block after `step`;
+// step 0: the initial values). `block` is the block's index in the transpiler's plan
+// (transpiler/ps_pass.h), the same in every process. Gloo's TCP pairs hand data over only once
+// the receiver has posted its receive, so nothing is buffered without bound.
+//
+// Failures: every wait is bounded by the comm timeout (CommContext's, --comm_timeout_s); a peer
+// that dies closes its pairs, which fails the transfers with it at once. The error names the peer
+// ("server 1 (rank 1)", "trainer 0 (rank 2)") and what was transferred. A process that stops the
+// job on purpose (a server that finds unequal step counts) posts why to the store first
+// (PostAbort), and the others' errors quote it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gloo {
+namespace transport {
+class UnboundBuffer;
+}
+namespace rendezvous {
+class Context;
+}
+}  // namespace gloo
+
+namespace keel {
+namespace ps {
+
+enum class Kind : uint64_t { kHeader = 1, kGrad = 2, kParam = 3, kState = 4 };
+uint64_t Slot(Kind kind, int block, int64_t step);
+
+// A header: step >= 1 starts that step; kDone says the trainer finished after `steps` steps.
+struct Header {
+  int64_t step = 0;
+  int64_t steps = 0;  // steps completed before this header
+};
+constexpr int64_t kDone = -1;
+constexpr int64_t kSave = -2;  // a trainer asks for the server's state (a checkpoint)
+
+class Transport {
+ public:
+  // One posted send or receive.
+  struct Transfer {
+    Transfer();
+    ~Transfer();
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    std::vector<char> owned;  // a send's copy of its bytes
+    std::vector<int> peers;   // the receive's possible sources, or the send's destination
+    std::string what;
+    bool is_send = false;
+  };
+
+  static Transport& Get();
+
+  // Joins the job's parameter-server context: this process is `rank` of `nranks`, ranks
+  // 0..nservers-1 are the servers. Every process of the job calls it (the first PS op does).
+  // Idempotent for the same arguments.
+  void Connect(int rank, int nranks, int nservers);
+  bool connected() const { return context_ != nullptr; }
+  int rank() const { return rank_; }
+  int nservers() const { return nservers_; }
+  int ntrainers() const { return nranks_ - nservers_; }
+  // "server 1 (rank 1)", "trainer 0 (rank 2)".
+  std::string PeerName(int rank) const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Posts a send of a copy of `bytes` bytes at `data` to `peer`.
+  std::unique_ptr<Transfer> PostSend(int peer, uint64_t slot, const void* data, size_t bytes,
+                                     const std::string& what);
+  // Posts a receive of exactly `bytes` bytes into `data` from any of `peers`.
+  std::unique_ptr<Transfer> PostRecv(const std::vector<int>& peers, uint64_t slot, void* data,
+                                     size_t bytes, const std::string& what);
+  // Waits for it (at most the comm timeout); returns the peer it went to or came from. A
+  // keel::Error names the peer(s) and `what` on timeout or a broken connection.
+  int Wait(Transfer& t);
+
+  // Asynchronous mode (the ops' attr mode = 1): every header goes under step 0 of its slot, since
+  // a server receives the next header from whichever trainer sends one (trainers' steps differ).
+  // Set by the first PS op; every op of the job must agree.
+  void SetAsync(bool async, const std::string& op);
+  bool async() const { return async_; }
+  uint64_t HeaderSlot(int64_t step) const { return Slot(Kind::kHeader, 0, async_ ? 0 : step); }
+
+  // GEO: counts geo_communicate's runs (1, 2, ...); it exchanges on multiples of k.
+  int64_t NextGeoRun() { return ++geo_runs_; }
+
+  // Trainer side: the step the trainer is in (0: startup, before its first send).
+  int64_t step() const { return step_; }
+  // On a step's first send: starts step step()+1, telling every server (a header).
+  void BeginStepOnce();
+  // Keeps a posted transfer until WaitSends / WaitRecvs.
+  void KeepSend(std::unique_ptr<Transfer> t);
+  void KeepRecv(std::unique_ptr<Transfer> t);
+  // send_barrier: waits for the step's sends (the servers have every gradient block); the step's
+  // sends are then over. fetch_barrier: waits for the posted receives.
+  void WaitSends();
+  void WaitRecvs();
+  // Between steps: asks every server for its state (kSave headers); the servers then send their
+  // state lists under Slot(kState, i, step() + 1).
+  void RequestState();
+  // The trainer is done (fleet::stop_worker): tells every server, waits until they took it.
+  void FinishTrainer();
+  bool finished() const { return finished_; }
+
+  // Stops the job on purpose: posts `why` to the store (quoted in the others' errors), then the
+  // caller throws it.
+  void PostAbort(const std::string& why);
+
+  // Drops the context (tests; a process connects once).
+  void Reset();
+
+ private:
+  std::string AbortNote() const;
+
+  int rank_ = -1, nranks_ = 0, nservers_ = 0;
+  std::chrono::milliseconds timeout_{300000};
+  std::shared_ptr<void> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::mutex mu_;       // step state and the kept transfers
+  std::mutex post_mu_;  // posting to the context (ops post from the executor's threads)
+  int64_t step_ = 0;
+  bool in_step_ = false, finished_ = false;
+  int async_set_ = -1;  // -1: not yet set
+  int64_t geo_runs_ = 0;
+  bool async_ = false;
+  std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
+};
+
+}  // namespace ps
+}  // namespace keel
