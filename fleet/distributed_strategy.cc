@@ -149,12 +149,11 @@ std::string DistributedStrategy::ToString() const {
       tensor_parallel_configs.tensor_parallel_degree, "}",
       ", sync_batch_norm=", Bool(sync_batch_norm), ", fp16_allreduce=", Bool(fp16_allreduce),
       ", fp16_allreduce_configs={dtype=", DTypeName(fp16_allreduce_configs.dtype), "}",
-      ", pipeline=", Bool(pipeline),
-      ", pipeline_configs={pp_degree=", pipeline_configs.pp_degree,
+      ", pipeline=", Bool(pipeline), ", pipeline_configs={pp_degree=", pipeline_configs.pp_degree,
       ", accumulate_steps=", pipeline_configs.accumulate_steps,
       ", micro_batch_size=", pipeline_configs.micro_batch_size,
-      ", schedule_mode=", pipeline_configs.schedule_mode, "}",
-      ", a_sync=", Bool(a_sync), ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}}");
+      ", schedule_mode=", pipeline_configs.schedule_mode, "}", ", a_sync=", Bool(a_sync),
+      ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
