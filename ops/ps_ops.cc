@@ -66,7 +66,7 @@ void CheckBlocks(const OpDesc& op, size_t n) {
 }
 
 template <typename T>
-class SendKernel : public OpKernel {
+class PsSendKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const OpDesc& op = ctx.op();
@@ -95,7 +95,7 @@ class SendKernel : public OpKernel {
 };
 
 template <typename T>
-class RecvKernel : public OpKernel {
+class PsRecvKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const OpDesc& op = ctx.op();
@@ -410,7 +410,7 @@ OpSchema& BlockAttrs(OpSchema& s) {
              "first send of a step tells every server the step starts")
         .Input("X", "the gradient")
         .Attr<std::vector<std::string>>("send_varnames", {}, "the blocks' names on the servers"));
-KEEL_REGISTER_CPU_KERNEL(send, SendKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(send, PsSendKernel, float, double);
 
 [[maybe_unused]] static OpSchema& keel_schema_recv =
     BlockAttrs(OpRegistry::Register("recv")
@@ -429,7 +429,7 @@ KEEL_REGISTER_CPU_KERNEL(send, SendKernel, float, double);
                        ctx.SetOutputDim("Out", DDim(d), i);
                      }
                    }));
-KEEL_REGISTER_CPU_KERNEL(recv, RecvKernel, float, double);
+KEEL_REGISTER_CPU_KERNEL(recv, PsRecvKernel, float, double);
 
 KEEL_REGISTER_OP(geo_communicate)
     .Doc(

@@ -131,7 +131,7 @@ Around AroundAxis(const DDim& d, int a) {
 }
 
 template <typename T>
-class SplitKernel : public OpKernel {
+class CSplitKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
@@ -156,7 +156,7 @@ class SplitKernel : public OpKernel {
 };
 
 template <typename T>
-class ConcatKernel : public OpKernel {
+class CConcatKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     const Tensor& x = ctx.Input("X");
@@ -339,7 +339,7 @@ KEEL_REGISTER_TP_KERNEL(mp_allreduce_sum, MpAllReduceKernel, float, double, int3
             "gradient (c_concat). X [4, 6], nranks 2, rank 1, axis -1 -> Out = X[:, 3:6].")
         .Shape(SplitShape)
         .Grad([](const OpDesc& fwd) { return SplitConcatGrad(fwd, "c_concat"); });
-KEEL_REGISTER_CPU_KERNEL(c_split, SplitKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(c_split, CSplitKernel, float, double, int32_t, int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_concat =
     SliceOp("c_concat",
@@ -348,7 +348,7 @@ KEEL_REGISTER_CPU_KERNEL(c_split, SplitKernel, float, double, int32_t, int64_t);
         .RunsOnRing()
         .Shape(ConcatShape)
         .Grad([](const OpDesc& fwd) { return SplitConcatGrad(fwd, "c_split"); });
-KEEL_REGISTER_CPU_KERNEL(c_concat, ConcatKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(c_concat, CConcatKernel, float, double, int32_t, int64_t);
 
 KEEL_REGISTER_OP(c_embedding)
     .Doc(

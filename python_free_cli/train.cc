@@ -17,9 +17,7 @@
 #include "python_free_cli/train_flags.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(model, "mlp",
-              "Built-in model to train (keel train) or time (keel bench): mlp, lenet, resnet, "
-              "transformer, ctr.");
+DEFINE_string(model, "mlp", "Built-in model: mlp, lenet, resnet, transformer or ctr.");
 DEFINE_int32(steps, 100, "Training steps.");
 DEFINE_int32(batch_size, 128, "Samples per step.");
 DEFINE_string(data, "", "The model's dataset, e.g. mnist:DIR for lenet.");

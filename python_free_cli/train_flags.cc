@@ -54,8 +54,7 @@ DEFINE_string(pp_schedule, "1f1b",
 
 // ---- the built-in models' settings
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
-DEFINE_int32(vocab, 10,
-             "transformer: vocabulary size; ctr: rows of the embedding table (default 1000001).");
+DEFINE_int32(vocab, 10, "transformer: vocabulary size; ctr: table rows (unset: 1000001).");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");
