@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -42,11 +43,20 @@ class Squatter {
     thread_ = std::thread([this] { Record(); });
     return true;
   }
-  // Tries to take the port every few milliseconds until it has it or Stop() is called.
-  void KeepTrying() {
-    thread_ = std::thread([this] {
-      while (!stop_ && !bound_) {
+  // Tries to take the port every few milliseconds until it has it or Stop() is called, or
+  // job_over() says the job has ended (its port is then free, of course). A port taken just as
+  // the job ends (job_over() false before the bind, true half a second after it) is handed back
+  // and does not count: a squat during the job leaves the job unable to finish that soon.
+  void KeepTrying(std::function<bool()> job_over) {
+    thread_ = std::thread([this, job_over] {
+      while (!stop_ && !bound_ && !job_over()) {
         if (Bind()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          if (job_over()) {
+            ::close(fd_);
+            fd_ = -1;
+            return;
+          }
           bound_ = true;
           Record();
           return;
@@ -147,7 +157,7 @@ TEST_F(LaunchSecurityTest, NobodyCanTakeRankZerosPortBetweenRestarts) {
   ASSERT_TRUE(WaitForText(job.output_path, "keel launch: 2 worker(s)", 30))
       << ReadText(job.output_path);
   Squatter squatter(port);
-  squatter.KeepTrying();
+  squatter.KeepTrying([&] { return Contains(ReadText(job.output_path), "rank 0 of 2 done"); });
   // Until the last attempt has trained (after the job the port is free again, of course).
   const bool trained = WaitForText(job.output_path, "rank 0 of 2 done", 120);
   squatter.Stop();
