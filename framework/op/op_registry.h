@@ -222,7 +222,7 @@ class OpSchema {
   friend class OpRegistry;
   OpSchema& AddArg(std::vector<ArgDef>* v, const std::string& name, const std::string& doc,
                    bool dup, bool disp) {
-    v->push_back(ArgDef{name, doc, dup, disp});
+    v->push_back(ArgDef{name, doc, dup, disp, false, ""});
     return *this;
   }
   std::string type_, doc_;
