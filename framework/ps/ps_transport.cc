@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "framework/comm/comm_context.h"
+#include "framework/comm/gloo_store.h"
 #include "framework/comm/store.h"
 #include "framework/error.h"
 
@@ -19,32 +20,6 @@ namespace ps {
 namespace {
 
 const char kAbortKey[] = "keel/ps/abort";
-
-// Gloo's rendezvous on keel's store, every wait bounded by the comm timeout (the collective rings
-// have an adapter of their own in gloo_communicator.cc).
-class StoreAdapter : public gloo::rendezvous::Store {
- public:
-  StoreAdapter(StoreClient& store, std::string prefix, std::chrono::milliseconds timeout)
-      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_.Set(prefix_ + key, std::string(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    std::string v = store_.Get(prefix_ + key, timeout_);
-    return std::vector<char>(v.begin(), v.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
-    std::vector<std::string> full;
-    for (auto& k : keys) full.push_back(prefix_ + k);
-    store_.Wait(full, t);
-  }
-
- private:
-  StoreClient& store_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
-};
 
 }  // namespace
 
@@ -92,7 +67,7 @@ void Transport::Connect(int rank, int nranks, int nservers) {
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, nranks);
     context->setTimeout(timeout_);
-    StoreAdapter adapter(store, "keel/ps/mesh/", timeout_);
+    GlooStoreAdapter adapter(store, "keel/ps/mesh/", timeout_);
     context->connectFullMesh(adapter, device);
     device_ = device;
     context_ = context;
