@@ -7,6 +7,9 @@
 // transfers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/executor_io.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -133,6 +137,43 @@ TEST(KeelTrainModelParallel, AProfileOfAPipelineShowsItsTransfers) {
     EXPECT_TRUE(Contains(t0, s)) << s << "\n" << t0.substr(0, 2000);
   for (const char* s : {"\"detail\": \"to rank 0 tag ", "\"detail\": \"from rank 0 tag "})
     EXPECT_TRUE(Contains(t1, s)) << s << "\n" << t1.substr(0, 2000);
+  RunCommand("rm -rf " + dir);
+}
+
+// --save_inference_dir under --pp_degree: rank 0 gathers the stages and writes the single-device
+// forward program with every stage's parameters; loaded in this process, it predicts what one
+// process's inference model predicts (trained alike, to float rounding).
+TEST(KeelTrainModelParallel, APipelineSavesTheWholeInferenceModel) {
+  const std::string dir = MakeTempDir();
+  const std::string train = " train --model=mlp --mlp_hidden=16 --seed=5 --batch_size=8 --steps=3 ";
+  auto one = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + train +
+                        "--save_inference_dir=" + dir + "/one 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 " +
+                        "--log_dir=" + dir + "/log " + Keel() + train +
+                        "--pp_degree=2 --micro_batches=4 --save_inference_dir=" + dir + "/pp 2>&1");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  std::vector<float> x(4 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) / 7.0f - 0.4f;
+  std::vector<std::vector<float>> predicted;
+  for (const std::string which : {"one", "pp"}) {
+    Executor exe(CPUPlace());
+    InferenceModel m = load_inference_model(dir + "/" + which, exe);
+    ASSERT_EQ(m.feeds.size(), 1u);
+    ASSERT_EQ(m.targets.size(), 1u);
+    for (const auto& op : m.program->global_block().ops())
+      EXPECT_NE(op->type(), "send_v2") << which;
+    std::vector<Tensor> out =
+        exe.Run(*m.program, {{m.feeds[0], Tensor::FromVector(x, {4, 32})}}, m.targets);
+    const float* p = out[0].data<float>();
+    predicted.emplace_back(p, p + out[0].numel());
+  }
+  ASSERT_EQ(predicted[0].size(), predicted[1].size());
+  double worst = 0;
+  for (size_t i = 0; i < predicted[0].size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(predicted[0][i] - predicted[1][i])));
+  std::printf("inference models of one process and PP=2: max |prediction diff| %.3g\n", worst);
+  EXPECT_LT(worst, 1e-5);
   RunCommand("rm -rf " + dir);
 }
 
