@@ -9,6 +9,7 @@
 #include "fleet/transpile.h"
 #include "framework/dsl/tensor_parallel.h"
 #include "framework/error.h"
+#include "framework/op/op_registry.h"
 #include "transpiler/pipeline_pass.h"
 
 namespace keel {
@@ -48,6 +49,18 @@ std::vector<std::string> Persistables(const Program& p, const std::set<std::stri
   for (const VarDesc* v : p.global_block().AllVars())
     if (v->persistable() && !skip.count(v->name())) names.push_back(v->name());
   return names;
+}
+
+// A model-parallel program whose layout minimize did not record (a stage or shards made by hand):
+// which rank holds which part is unknown, so no checkpoint of it can be complete.
+void RefuseUnknownLayout(const Program& p) {
+  for (int b = 0; b < p.num_blocks(); ++b)
+    for (const auto& op : p.block(b).ops())
+      KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model,
+                   "checkpoint: the program is model-parallel (op ", op->type(),
+                   ", DistributedStrategy.pipeline or .tensor_parallel) but fleet's "
+                   "distributed_optimizer(...).minimize did not make it, so where each rank's "
+                   "part belongs is unknown: a checkpoint of it would hold this rank's part only");
 }
 
 // Bytes of the dims before `axis` (outer count) and of one slice from `axis` on, for `dims`.
@@ -186,7 +199,10 @@ CheckpointOnRankZero::CheckpointOnRankZero(Executor& exe, const Program& main)
       scope_(&exe.scope()),
       skip_(pass_made_vars(main)) {
   const Layout* l = Find(main);
-  if (l == nullptr) return;
+  if (l == nullptr) {
+    RefuseUnknownLayout(main);
+    return;
+  }
   const int rank = role().rank;
   program_ = l->whole.get();
   skip_ = pass_made_vars(*l->whole);
@@ -240,6 +256,7 @@ void LoadThisRanksPart(Executor& exe, const Program& main,
                        const std::function<void(Scope&, const Place&, const Program&,
                                                 const std::set<std::string>&)>& load) {
   const Layout* l = Find(main);
+  if (l == nullptr) RefuseUnknownLayout(main);
   if (l == nullptr || l->split_axis.empty()) {
     // A pipeline stage's program names the persistables it holds: it loads those (the other
     // stages' are skipped, not reported as unknown).
