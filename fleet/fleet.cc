@@ -569,8 +569,8 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
       State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
     // Model-parallel checkpoints hold the programs before the passes (model_parallel_checkpoint.h).
     const bool model_parallel = strategy_.pipeline || strategy_.tensor_parallel;
-    std::unique_ptr<Program> whole_main = model_parallel ? main.Clone() : nullptr;
-    std::unique_ptr<Program> whole_startup = model_parallel ? startup->Clone() : nullptr;
+    std::unique_ptr<Program> whole_main = model_parallel ? main.Clone() : nullptr,
+                             whole_startup = model_parallel ? startup->Clone() : nullptr;
     fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
     if (model_parallel)
       RecordModelParallelLayout(main, std::move(whole_main), *whole_startup, strategy_, r);
@@ -650,17 +650,17 @@ void DropUnownedState(Scope& scope, const Program& program) {
     if (owner != role().rank) scope.EraseVar(name);
 }
 
-// The inference program of a tensor-parallel model would hold its collectives: one process could
-// not run it (docs/tensor-parallel.md, "What is refused").
+// The inference program of a tensor-parallel model would hold its collectives, one process could
+// not run it; a stage made without fleet cannot be gathered (docs/tensor-parallel.md).
 void RefuseTensorParallel(const Program& p, const char* api) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (const auto& op : p.block(b).ops())
       KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model, "fleet::", api,
-                   ": the program is tensor-parallel (op ", op->type(),
-                   ", under DistributedStrategy.tensor_parallel): an inference model of it would "
-                   "hold the tensor-parallel collectives, and one without them is not built (save "
-                   "a checkpoint with save_persistables and load it into the single-device "
-                   "program instead)");
+                   ": the program is model-parallel (op ", op->type(),
+                   ", under DistributedStrategy.tensor_parallel or .pipeline), and its inference "
+                   "model is built for pipelines that fleet's minimize made only (a "
+                   "tensor-parallel one would hold the collectives: save a checkpoint with "
+                   "save_persistables and load it into the single-device program instead)");
 }
 
 namespace {
@@ -733,11 +733,10 @@ void SaveFromServers(Executor& exe, const std::string& dirname, const Program& p
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
   if (initialized() && role().is_ps()) return SaveFromServers(exe, dirname, p);
-  // Under sharding, pipeline and tensor parallelism every rank calls this: the state of other
-  // owners, the other stages' persistables, the other ranks' shards reach rank 0 first.
+  // Under sharding, pipelines and tensor parallelism every rank calls this (rank 0 gathers the
+  // rest); otherwise rank 0 alone may, as in Paddle's collective fleet: there is no barrier, and
+  // the others' next collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   CheckpointOnRankZero gathered(exe, p);
-  // No barrier, as in Paddle's collective fleet: otherwise rank 0 alone may call this. The
-  // others' next collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
   if (!initialized() || role().rank == 0)
     keel::save_persistables(gathered.scope(), dirname, gathered.program(), gathered.skip());
 }
@@ -778,10 +777,15 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  // A pipeline's stages are gathered into the single-device program (every rank calls this).
+  // A pipeline minimize made is gathered into the single-device program (every rank calls this).
   RefuseTensorParallel(WholeProgram(p), "save_inference_model");
+  if (!IsModelParallel(p)) {
+    if (!initialized() || role().rank == 0)
+      keel::save_inference_model(dirname, feeds, targets, exe, p);
+    return;
+  }
   CheckpointOnRankZero gathered(exe, p);
-  if (!initialized() || role().rank == 0)
+  if (role().rank == 0)
     keel::save_inference_model(dirname, feeds, targets, gathered.scope(), gathered.program());
 }
 
