@@ -188,7 +188,8 @@ std::vector<std::string> EvalLines(const std::string& text) {
 
 // --eval_every under --pp_degree: the stages evaluate the test batches together (forward only,
 // in inference mode), the last stage computes the accuracy, and rank 0 prints what one process
-// prints, once. With two replicas (PP=2 x DP=2) each evaluates its shard and the counts add up.
+// prints, once, and writes it to TensorBoard beside the loss. With two replicas (PP=2 x DP=2) each
+// evaluates its shard and the counts add up.
 TEST(KeelTrainModelParallel, APipelineEvaluatesAsOneProcessDoes) {
   const std::string dir = MakeTempDir();
   const std::string train =
@@ -199,11 +200,18 @@ TEST(KeelTrainModelParallel, APipelineEvaluatesAsOneProcessDoes) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const std::vector<std::string> want = EvalLines(one.output);
   ASSERT_EQ(want.size(), 2u) << one.output;
-  auto two = RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/l2 " +
-                        Keel() + train + " --pp_degree=2 --micro_batches=2 2>&1");
+  auto two =
+      RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/l2 " + Keel() +
+                 train + " --pp_degree=2 --micro_batches=2 --logdir=" + dir + "/tb 2>&1");
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_EQ(EvalLines(ReadFile(dir + "/l2/workerlog.0")), want) << two.output;
   EXPECT_TRUE(EvalLines(ReadFile(dir + "/l2/workerlog.1")).empty());
+  // TensorBoard (rank 0's logdir): the pipeline's loss every step and the test accuracy.
+  if (HaveTensorboard()) {
+    auto scalars = ReadTensorboardScalars(dir + "/tb");
+    EXPECT_EQ(scalars["train/loss"].size(), 4u);
+    EXPECT_EQ(scalars["eval/accuracy"].size(), 2u);
+  }
   auto four = RunCommand(env + Keel() + " launch --nproc_per_node=4 --log_dir=" + dir + "/l4 " +
                          Keel() + train + " --pp_degree=2 --micro_batches=2 2>&1");
   ASSERT_EQ(four.exit_code, 0) << four.output;
