@@ -49,11 +49,11 @@ std::string ReadFile(const std::string& path) {
 // `parallel`: the flags that make the job model-parallel on 2 workers (one process drops them).
 // `exact_one_process`: whether one process prints the job's losses to the digit (the pipeline
 // sums in the same order; tensor parallelism's all-reduces round differently).
-void ExpectCheckpointsWork(const std::string& parallel, bool exact_one_process) {
+void ExpectCheckpointsWork(const std::string& model, const std::string& parallel,
+                           bool exact_one_process) {
   const std::string dir = MakeTempDir();
   const std::string train =
-      " train --model=mlp --mlp_hidden=16 --optimizer=adam --seed=5 "
-      "--batch_size=8 --progress=lines ";
+      " train " + model + " --optimizer=adam --seed=5 --batch_size=8 --progress=lines ";
   const std::string env = "FLAGS_cpu_math_threads=1 ";
   auto launch = [&](const std::string& log, const std::string& flags) {
     return RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/" + log +
@@ -113,11 +113,25 @@ void ExpectCheckpointsWork(const std::string& parallel, bool exact_one_process) 
 }
 
 TEST(KeelTrainModelParallel, PipelineCheckpointsResumeAndRestartExactly) {
-  ExpectCheckpointsWork("--pp_degree=2 --micro_batches=4", /*exact_one_process=*/true);
+  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--pp_degree=2 --micro_batches=4",
+                        /*exact_one_process=*/true);
+}
+
+// The transformer's stages hold embeddings, attention, layer norms and the output layer.
+TEST(KeelTrainModelParallel, TransformerPipelineCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=transformer", "--pp_degree=2 --micro_batches=4",
+                        /*exact_one_process=*/false);
 }
 
 TEST(KeelTrainModelParallel, TensorParallelCheckpointsResumeAndRestartExactly) {
-  ExpectCheckpointsWork("--tp_degree=2", /*exact_one_process=*/false);
+  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--tp_degree=2",
+                        /*exact_one_process=*/false);
+}
+
+// The transformer's tensor-parallel variant: column and row layers, a vocabulary-parallel
+// embedding (rows split), replicated layer norms.
+TEST(KeelTrainModelParallel, TransformerTensorParallelCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", /*exact_one_process=*/false);
 }
 
 // A profile of a pipeline job holds each stage's transfers as comm spans naming the peer: stage 0
