@@ -178,7 +178,8 @@ TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
 // rank 0 gathers the other stages' persistables, under the single-device names. Resuming the
 // pipeline from it (each stage loads its own) continues exactly: 2k steps equal k, save, resume,
 // k more, bit for bit, on PP=2 and PP=2 x DP=2; one process loads it and holds the pipeline's
-// parameters, and trains on from it to the pipeline's parameters (float rounding).
+// parameters, and trains on from it to the pipeline's parameters (float rounding); the pipeline
+// loads one process's checkpoint.
 TEST(PipelineParallel, ACheckpointHoldsEveryStageAndResumesExactly) {
   const std::string dir = MakeTempDir();
   for (const int nproc : {2, 4}) {
@@ -228,6 +229,12 @@ TEST(PipelineParallel, ACheckpointHoldsEveryStageAndResumesExactly) {
         "from the checkpoint, 2 steps: max |param - pipeline| = %.3g\n",
         nproc, nproc == 4 ? " x DP=2" : "", compared, diff);
     EXPECT_LT(diff, 2e-6);
+    // The other way: the pipeline loads one process's checkpoint, each stage its own part.
+    const PpRun one_saved =
+        Train(1, "--pp=1 --opt=adam --steps=2 --save_dir=" + d + "/one_ckpt", d + "/one_saved");
+    const PpRun from_one = Train(
+        nproc, "--steps=2 --first_step=2 --load_dir=" + d + "/one_ckpt" + args, d + "/from_one");
+    EXPECT_EQ(MaxParamDifference(one_saved, from_one, 2), 0.0);
   }
   RunCommand("rm -rf " + dir);
 }

@@ -207,7 +207,8 @@ double LossAt(const std::string& output, int rank, int step) {
 // (parameters and Adam's moments) along their split axes into one checkpoint of whole tensors;
 // each rank loads its part back. 2k steps equal k, save, resume, k more, bit for bit, on TP=2
 // and TP=2 x DP=2. One process (TP=1) loads the checkpoint: it holds the joined shards exactly,
-// gives the job's loss, and trains on to the job's parameters.
+// gives the job's loss, and trains on to the job's parameters; and the job loads one process's
+// checkpoint, each rank keeping exactly its shards.
 TEST(TensorParallel, ACheckpointJoinsTheShardsAndResumesExactly) {
   const std::string dir = MakeTempDir();
   for (const int nproc : {2, 4}) {
@@ -254,6 +255,15 @@ TEST(TensorParallel, ACheckpointJoinsTheShardsAndResumesExactly) {
     const TpRun as_saved = Train(1, 1, "--steps=2 --first_step=2 --load_dir=" + d + "/ckpt" + args,
                                  d + "/one_as_saved");
     EXPECT_EQ(MaxParamDiff(as_saved.params[0], half, 0, 2), 0.0);
+    // The other way: the job loads one process's checkpoint, each rank cutting its shards.
+    const TpRun one_saved =
+        Train(1, 1, "--steps=2 --save_dir=" + d + "/one_ckpt" + args, d + "/one_saved");
+    const TpRun from_one = Train(
+        nproc, 2, "--steps=2 --first_step=2 --load_dir=" + d + "/one_ckpt" + args, d + "/from_one");
+    EXPECT_EQ(MaxParamDiff(one_saved.params[0], from_one, 0, 2), 0.0);
+    if (nproc == 4) {
+      EXPECT_EQ(MaxParamDiff(one_saved.params[0], from_one, 2, 2), 0.0);
+    }
   }
   RunCommand("rm -rf " + dir);
 }
