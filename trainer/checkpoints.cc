@@ -8,6 +8,7 @@
 
 #include "executor/executor_io.h"
 #include "fleet/fleet.h"
+#include "fleet/model_parallel_checkpoint.h"
 #include "fleet/role_maker.h"
 #include "framework/base/strings.h"
 #include "framework/comm/store.h"
@@ -155,8 +156,14 @@ int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
                                  const std::function<void(int64_t)>& replay, bool quiet) {
   KEEL_ENFORCE(agreed_checkpoint_->error.empty(), agreed_checkpoint_->error);
   if (!agreed_checkpoint_->file) return 0;
-  std::optional<TrainingState> st = load_checkpoint(
-      exe.scope(), exe.place(), *agreed_checkpoint_->file, main, fleet::pass_made_vars(main));
+  // A model-parallel rank keeps its part of the complete checkpoint (its stage, its shards).
+  std::optional<TrainingState> st;
+  fleet::LoadThisRanksPart(exe, main,
+                           [&](Scope& scope, const Place& place, const Program& program,
+                               const std::set<std::string>& skip) {
+                             st = load_checkpoint(scope, place, *agreed_checkpoint_->file, program,
+                                                  skip);
+                           });
   if (st) exe.SetRunCount(main, st->step);
   agreed_checkpoint_->file->bytes = std::string();  // loaded: the memory goes back
   try {
@@ -205,11 +212,12 @@ bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t s
   // Rank 0 alone writes, without a barrier: its scope is its own, and in synchronous training
   // every rank holds the same values after the step. A rank killed mid-save leaves the previous
   // checkpoint in place (the file is replaced atomically). Under sharding every rank first sends
-  // rank 0 the optimizer state it owns, so the checkpoint is complete.
-  fleet::ShardedStateOnRankZero gathered(exe, main);
+  // rank 0 the optimizer state it owns, under pipeline and tensor parallelism its stage's
+  // persistables and its shards, so the checkpoint is complete.
+  fleet::CheckpointOnRankZero gathered(exe, main);
   if (rank0)
-    save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
-                    fleet::pass_made_vars(main));
+    save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), State(steps_done),
+                    gathered.skip());
   last_saved_step_ = steps_done;
   if (!quiet) {
     std::printf("checkpoint at step %lld in %s\n", static_cast<long long>(steps_done),
@@ -230,12 +238,12 @@ bool TrainerCheckpoints::SaveFinal(Executor& exe, const Program& main, int64_t s
                  "and resuming training from it is refused\n",
                  options_.name.c_str(), static_cast<long long>(steps_done));
   {
-    // A collective under sharding, entered by every rank whatever its last_saved_step_ (a rank
-    // that received its checkpoint from rank 0 does not know that step).
-    fleet::ShardedStateOnRankZero gathered(exe, main);
+    // A collective under sharding and model parallelism, entered by every rank whatever its
+    // last_saved_step_ (a rank that received its checkpoint from rank 0 does not know that step).
+    fleet::CheckpointOnRankZero gathered(exe, main);
     if (rank0 && last_saved_step_ != steps_done)
-      save_checkpoint(exe.scope(), options_.save_dir, main, State(steps_done),
-                      fleet::pass_made_vars(main));
+      save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), State(steps_done),
+                      gathered.skip());
   }
   if (!quiet)
     std::printf("saved persistables to %s/%s\n", options_.save_dir.c_str(),
