@@ -84,6 +84,10 @@ struct PsPlan {
     std::vector<int> blocks;         // indices into PsPlan::blocks
     std::vector<std::string> state;  // persistable vars of its update ops (not the rate)
     std::vector<size_t> ops;         // its update ops, indices into main's block 0
+    bool sparse = false;             // its gradient is row-sparse (an is_sparse embedding)
+    // An is_distributed embedding table: it lives on the servers only, id on server id % S (one
+    // block per server, each named after the table, rows = -1: created on first touch).
+    bool distributed = false;
     bool split() const { return blocks.size() > 1; }
   };
   std::vector<Param> params;
@@ -117,6 +121,9 @@ struct PsOptions {
   int ntrainers = 1;
   int server_index = -1;  // -1: a trainer's programs; else that server's
   int64_t min_block_size = 8192;
+  // A trainer's budget (MiB; 0: none) for its persistable vars: a trainer program that needs
+  // more is refused naming the largest (DistributedStrategy::ps_worker_memory_mb).
+  int64_t worker_memory_mb = 0;
 };
 
 class ParameterServerPass : public Pass {
