@@ -125,6 +125,18 @@ TEST(ParameterServerSparse, SparseTableAsyncOneTrainerEqualsOneProcessAndTwoTrai
   RunCommand("rm -rf " + dir);
 }
 
+// "server S holds N rows of table" lines, by server.
+std::vector<long> ServerRowsOf(const std::string& output) {
+  std::vector<long> n;
+  const std::regex re("server (\\d+) holds (\\d+) rows of table");
+  std::map<int, long> by;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it)
+    by[std::stoi((*it)[1])] = std::stol((*it)[2]);
+  for (const auto& kv : by) n.push_back(kv.second);
+  return n;
+}
+
 // Rows of a distributed table: id -> values, from the servers' rows.bin files.
 std::map<int64_t, std::vector<float>> Rows(const std::string& save, int servers, int64_t dim) {
   std::map<int64_t, std::vector<float>> rows;
@@ -209,16 +221,22 @@ TEST(ParameterServerSparse, DistributedTableAsyncOneTrainerLazyAdamEqualsOneProc
   ExpectDistributedEqualsOneProcess(2, "async", "adam");
 }
 
-// "server S holds N rows of table" lines.
-std::vector<long> ServerRows(const std::string& output) {
-  std::vector<long> n;
-  const std::regex re("server (\\d+) holds (\\d+) rows of table");
-  std::map<int, long> by;
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
-       it != std::sregex_iterator(); ++it)
-    by[std::stoi((*it)[1])] = std::stol((*it)[2]);
-  for (const auto& kv : by) n.push_back(kv.second);
-  return n;
+// Two async trainers fetch and push rows of a distributed table while the servers serve them in
+// arrival order (prefetches between steps, no cycle between two servers); every row a trainer
+// touched exists on its server. And GEO with an is_sparse table: the trainers' local lazy Adam
+// updates rows, the exchanges move the whole table (dense deltas).
+TEST(ParameterServerSparse, DistributedTableAsyncTwoTrainersAndSparseTableGeoTrain) {
+  const std::string dir = MakeTempDir();
+  Job async = Launch(2, 2, dir + "/async",
+                     " --table=distributed --optimizer=adam --rows=16 --steps=6 --mode=async");
+  ASSERT_EQ(async.exit_code, 0) << async.output;
+  const std::vector<long> rows = ServerRowsOf(async.output);
+  ASSERT_EQ(rows.size(), 2u) << async.output;
+  EXPECT_GT(rows[0] + rows[1], 100) << async.output;
+  Job geo = Launch(2, 2, dir + "/geo",
+                   " --table=sparse --optimizer=adam --rows=16 --steps=6 --mode=geo --geo_k=2");
+  EXPECT_EQ(geo.exit_code, 0) << geo.output;
+  RunCommand("rm -rf " + dir);
 }
 
 // A 10 M x 8 table (305 MiB) against a trainer budget of 64 MiB: as is_sparse every trainer
@@ -234,7 +252,7 @@ TEST(ParameterServerSparse, TenMillionRowTableTrainsOnlyOnTheServers) {
       << refused.output;
   Job ok = Launch(2, 2, dir + "/ok", " --table=distributed --rows=512 --steps=5" + big);
   ASSERT_EQ(ok.exit_code, 0) << ok.output;
-  const std::vector<long> rows = ServerRows(ok.output);
+  const std::vector<long> rows = ServerRowsOf(ok.output);
   ASSERT_EQ(rows.size(), 2u) << ok.output;
   const double mean = (rows[0] + rows[1]) / 2.0;
   std::printf("10 M x 8 distributed table, 2 servers x 2 trainers, 5 steps of 512 x 4 ids: %ld and "
