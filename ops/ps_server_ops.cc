@@ -70,8 +70,8 @@ class ListenAndServKernel : public OpKernel {
       const size_t got_d = Count(op, "Grads");
       const size_t got_s = Count(op, "RowGrads");
       KEEL_ENFORCE(got_d == nd * per && got_s >= ns * per, "op listen_and_serv: ", nd,
-                   " dense and ", ns, " row-sparse blocks need ", nd * per, " Grads and ",
-                   ns * per, " RowGrads (", per, " each), got ", got_d, " and ", got_s);
+                   " dense and ", ns, " row-sparse blocks need ", nd * per, " Grads and ", ns * per,
+                   " RowGrads (", per, " each), got ", got_d, " and ", got_s);
       for (size_t k = 0; k < got_d; ++k) dense_.push_back(ctx.OutputVar("Grads", k));
       for (size_t k = 0; k < ns * per; ++k) rows_.push_back(ctx.OutputVar("RowGrads", k));
     }
@@ -122,17 +122,16 @@ class ListenAndServKernel : public OpKernel {
       size_t nstate = 0;
       for (int c : counts) nstate += static_cast<size_t>(c);
       KEEL_ENFORCE(blocks_.size() == n && heights.size() == n && widths.size() == n &&
-                       counts.size() == n && dist.size() == n && a.size() == n &&
-                       b.size() == n && seeds.size() == n &&
-                       Count(op, "TableVars") == 2 * n + nstate &&
-                       Count(op, "RowGrads") == sparse_grads + n * per &&
-                       values.size() == nstate,
+                       counts.size() == n && dist.size() == n && a.size() == n && b.size() == n &&
+                       seeds.size() == n && Count(op, "TableVars") == 2 * n + nstate &&
+                       Count(op, "RowGrads") == sparse_grads + n * per && values.size() == nstate,
                    "op listen_and_serv: ", n,
                    " distributed tables need one entry each in table_slots, table_blocks, "
                    "table_heights, table_widths, table_state_counts, table_dists, table_as, "
                    "table_bs and table_seeds; TableVars (per table: the shard, its ids, its "
                    "state), ",
-                   per, " RowGrads each after the row-sparse blocks'; table_state_values as "
+                   per,
+                   " RowGrads each after the row-sparse blocks'; table_state_values as "
                    "counted");
       size_t at = 0, value = 0;
       for (size_t k = 0; k < n; ++k) {
@@ -155,8 +154,7 @@ class ListenAndServKernel : public OpKernel {
         heights_.push_back(heights[k]);
         widths_.push_back(widths[k]);
         for (int r = 0; r < per; ++r)
-          grads_.push_back(
-              ctx.OutputVar("RowGrads", static_cast<int>(sparse_grads + k * per + r)));
+          grads_.push_back(ctx.OutputVar("RowGrads", static_cast<int>(sparse_grads + k * per + r)));
       }
     }
 
@@ -169,8 +167,8 @@ class ListenAndServKernel : public OpKernel {
       KEEL_ENFORCE(h.count >= 0 && h.count <= heights_[k], what, ": a request of ", h.count,
                    " rows from a table of ", heights_[k]);
       std::vector<int64_t> ids(static_cast<size_t>(h.count));
-      auto in = t.PostRecv({trainer}, Slot(Kind::kIds, static_cast<int>(h.table), h.steps), ids.data(),
-                           ids.size() * sizeof(int64_t), what);
+      auto in = t.PostRecv({trainer}, Slot(Kind::kIds, static_cast<int>(h.table), h.steps),
+                           ids.data(), ids.size() * sizeof(int64_t), what);
       t.Wait(*in);
       const int64_t D = widths_[k];
       std::vector<T> rows(ids.size() * D);
@@ -178,8 +176,8 @@ class ListenAndServKernel : public OpKernel {
         const int64_t r = Own(sh, ids[i], t, what);
         std::memcpy(rows.data() + i * D, sh.table()->tensor().data<T>() + r * D, D * sizeof(T));
       }
-      auto reply = t.PostSend(trainer, Slot(Kind::kPrefetch, static_cast<int>(h.table), h.steps), rows.data(),
-                              rows.size() * sizeof(T), what);
+      auto reply = t.PostSend(trainer, Slot(Kind::kPrefetch, static_cast<int>(h.table), h.steps),
+                              rows.data(), rows.size() * sizeof(T), what);
       t.Wait(*reply);
     }
 
@@ -233,8 +231,8 @@ class ListenAndServKernel : public OpKernel {
     size_t Index(int64_t slot, Transport& t, int trainer) const {
       for (size_t k = 0; k < slots_.size(); ++k)
         if (slots_[k] == slot) return k;
-      KEEL_THROW(t.PeerName(me_), ": ", t.PeerName(trainer), " asked for rows of table slot ",
-                 slot, ", which this server does not hold");
+      KEEL_THROW(t.PeerName(me_), ": ", t.PeerName(trainer), " asked for rows of table slot ", slot,
+                 ", which this server does not hold");
     }
     // Row id's number in `sh`, created if new; the id must be this server's.
     int64_t Own(ps::SparseShard& sh, int64_t id, Transport& t, const std::string& what) {
@@ -292,7 +290,6 @@ class ListenAndServKernel : public OpKernel {
       jobs[j].var->SetRows(height, std::move(rows));
     }
   }
-
 
  public:
   void Compute(ExecutionContext& ctx) override {
@@ -446,8 +443,8 @@ class ListenAndServKernel : public OpKernel {
       for (size_t i = 0; i < params.size(); ++i) {
         if (grads.sparse(i)) {
           sparse.push_back({from, slots[i], grads.Var(i, 0), params[i]->dims(),
-                            StrCat(me, ": ", t.PeerName(from), "'s gradient of ",
-                                   op.Input("X")[i], " (its step ", h.step, ")")});
+                            StrCat(me, ": ", t.PeerName(from), "'s gradient of ", op.Input("X")[i],
+                                   " (its step ", h.step, ")")});
           continue;
         }
         Tensor* g = grads.Var(i, 0)->mutable_tensor();
@@ -537,7 +534,8 @@ KEEL_REGISTER_OP(listen_and_serv)
     .Attr<std::vector<int>>("table_blocks", {}, "the block updating each table")
     .Attr<std::vector<int64_t>>("table_heights", {}, "each table's rows (V)")
     .Attr<std::vector<int64_t>>("table_widths", {}, "each table's row width (D)")
-    .Attr<std::vector<int>>("table_state_counts", {}, "how many state vars each table has in TableVars")
+    .Attr<std::vector<int>>("table_state_counts", {},
+                            "how many state vars each table has in TableVars")
     .Attr<std::vector<float>>("table_state_values", {}, "each table state var's value in a new row")
     .Attr<std::vector<int>>("table_dists", {},
                             "each table's row initializer (row_seeded_random's dist)")

@@ -131,8 +131,7 @@ class DistributedLookupTableKernel : public OpKernel {
     ps::Transport& t = PsConnected(op);
     const int S = t.nservers();
     KEEL_ENFORCE(S == op.Attr<int>("pserver_num"), "op distributed_lookup_table of ", name,
-                 ": pserver_num=", op.Attr<int>("pserver_num"), " but the job has ", S,
-                 " servers");
+                 ": pserver_num=", op.Attr<int>("pserver_num"), " but the job has ", S, " servers");
     // Per server, its ids (id % S) and, once they arrive, their rows.
     std::vector<std::vector<int64_t>> asked(static_cast<size_t>(S));
     for (int64_t id : distinct) asked[id % S].push_back(id);
@@ -141,8 +140,8 @@ class DistributedLookupTableKernel : public OpKernel {
     const int64_t done = t.step();  // the steps this trainer completed (the server echoes it)
     for (int s = 0; s < S; ++s) {
       rows[s].resize(asked[s].size() * D);
-      const std::string what = StrCat("op distributed_lookup_table: ", asked[s].size(),
-                                      " rows of ", name, " from ", t.PeerName(s));
+      const std::string what = StrCat("op distributed_lookup_table: ", asked[s].size(), " rows of ",
+                                      name, " from ", t.PeerName(s));
       recvs.push_back(t.PostRecv({s}, ps::Slot(ps::Kind::kPrefetch, table, done), rows[s].data(),
                                  rows[s].size() * sizeof(T), what));
       ps::Header h;
@@ -168,8 +167,7 @@ class DistributedLookupTableKernel : public OpKernel {
         continue;
       }
       const int s = static_cast<int>(p[r] % S);
-      const int64_t k =
-          std::lower_bound(asked[s].begin(), asked[s].end(), p[r]) - asked[s].begin();
+      const int64_t k = std::lower_bound(asked[s].begin(), asked[s].end(), p[r]) - asked[s].begin();
       std::copy_n(rows[s].data() + k * D, D, o + r * D);
     }
   }
@@ -288,8 +286,7 @@ KEEL_REGISTER_CPU_KERNEL(distributed_lookup_table, DistributedLookupTableKernel,
         .Attr<bool>("row_sparse", true, "WGrad is row-sparse", MustBeTrue)
         .KernelDTypeFrom("OutGrad")
         .Shape([](InferShapeContext& ctx) {
-          ctx.SetOutputDim("WGrad",
-                           DDim({ctx.Attr<int64_t>("height"), ctx.Attr<int64_t>("dim")}));
+          ctx.SetOutputDim("WGrad", DDim({ctx.Attr<int64_t>("height"), ctx.Attr<int64_t>("dim")}));
           ctx.SetOutputDType("WGrad", ctx.GetInputDType("OutGrad"));
         })
         .WritesRowSparseWhen("WGrad", "row_sparse"));

@@ -57,7 +57,8 @@ void ReplaceDistributedLookup(Block& b, const PsPlan::Param& p, int nservers, in
     const OpDesc& op = *b.op(i);
     const bool fwd = op.type() == "lookup_table", bwd = op.type() == "lookup_table_grad";
     if ((!fwd && !bwd) || op.Input("W").empty() || op.Input("W")[0] != p.name) continue;
-    auto d = std::make_unique<OpDesc>(fwd ? "distributed_lookup_table" : "distributed_lookup_table_grad");
+    auto d = std::make_unique<OpDesc>(fwd ? "distributed_lookup_table"
+                                          : "distributed_lookup_table_grad");
     d->SetInput("Ids", op.Input("Ids"));
     if (fwd) {
       d->SetOutput("Out", op.Output("Out"));
@@ -81,7 +82,6 @@ void ReplaceDistributedLookup(Block& b, const PsPlan::Param& p, int nservers, in
   }
 }
 
-
 // Server: distributed table p's shard. Startup: the table's initializer and those of its state
 // with the table's shape keep their places (so later initializers draw what they draw in one
 // process) but fill [0, D] (the shard grows row by row); the rest of its state (Adam's beta
@@ -103,13 +103,16 @@ void AddServerTable(const PsPlan::Param& p, const Block& om, Program& main, Prog
                        ": ", n, " has two initializers");
           w = sb.op(i);
         }
-    KEEL_ENFORCE(w != nullptr, "parameter-server transpiler: the startup program does not "
-                 "initialize ", n);
+    KEEL_ENFORCE(w != nullptr,
+                 "parameter-server transpiler: the startup program does not "
+                 "initialize ",
+                 n);
     return *w;
   };
   OpDesc& init = writer(p.name);
-  KEEL_ENFORCE(init.type() == "row_seeded_random", "parameter-server transpiler: distributed table ",
-               p.name, " is initialized by ", init.type(),
+  KEEL_ENFORCE(init.type() == "row_seeded_random",
+               "parameter-server transpiler: distributed table ", p.name, " is initialized by ",
+               init.type(),
                "; its rows are created one by one, so it needs row_seeded_random (build it "
                "with layers::embedding(..., is_distributed=true))");
   t->dists.push_back(init.Attr<int>("dist"));

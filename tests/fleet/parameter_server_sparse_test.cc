@@ -111,8 +111,9 @@ TEST(ParameterServerSparse, SparseTableAsyncOneTrainerEqualsOneProcessAndTwoTrai
   const std::string flags = " --table=sparse --optimizer=adam --rows=8 --steps=4";
   Job one = Launch(0, 1, dir + "/one", flags);
   Job ps = Launch(2, 1, dir + "/ps", flags + " --mode=async");
-  Job two = Launch(2, 2, dir + "/two", " --table=sparse --optimizer=adam --rows=16 --steps=4 "
-                                       "--mode=async");
+  Job two = Launch(2, 2, dir + "/two",
+                   " --table=sparse --optimizer=adam --rows=16 --steps=4 "
+                   "--mode=async");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(ps.exit_code, 0) << ps.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
@@ -167,8 +168,8 @@ void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
   SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s), " + mode);
   const std::string dir = MakeTempDir();
   const int trainers = mode == "async" ? 1 : 2;
-  const std::string flags = " --table=distributed --optimizer=" + optimizer +
-                            " --rows=16 --steps=4 --mode=" + mode;
+  const std::string flags =
+      " --table=distributed --optimizer=" + optimizer + " --rows=16 --steps=4 --mode=" + mode;
   Job one = Launch(0, 1, dir + "/one", flags);
   Job ps = Launch(servers, trainers, dir + "/ps", flags);
   Job none = Launch(0, 1, dir + "/none", " --table=distributed --steps=0");
@@ -255,9 +256,10 @@ TEST(ParameterServerSparse, TenMillionRowTableTrainsOnlyOnTheServers) {
   const std::vector<long> rows = ServerRowsOf(ok.output);
   ASSERT_EQ(rows.size(), 2u) << ok.output;
   const double mean = (rows[0] + rows[1]) / 2.0;
-  std::printf("10 M x 8 distributed table, 2 servers x 2 trainers, 5 steps of 512 x 4 ids: %ld and "
-              "%ld rows on the servers (%.1f %% apart)\n",
-              rows[0], rows[1], 100.0 * std::abs(rows[0] - rows[1]) / mean);
+  std::printf(
+      "10 M x 8 distributed table, 2 servers x 2 trainers, 5 steps of 512 x 4 ids: %ld and "
+      "%ld rows on the servers (%.1f %% apart)\n",
+      rows[0], rows[1], 100.0 * std::abs(rows[0] - rows[1]) / mean);
   EXPECT_GT(mean, 4000);
   EXPECT_LT(std::abs(rows[0] - rows[1]), 0.1 * mean) << ok.output;
   // Trainer 0's peak resident memory: far below the 305 MiB table.

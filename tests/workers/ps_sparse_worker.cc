@@ -153,11 +153,10 @@ int main(int argc, char** argv) {
       const int64_t first = id * local;
       std::vector<int64_t> li(gi.begin() + first * slots, gi.begin() + (first + local) * slots);
       std::vector<int64_t> ly(gy.begin() + first, gy.begin() + first + local);
-      const std::vector<Tensor> loss =
-          exe.Run(train,
-                  {{"ids", Tensor::FromVector(li, {local, slots, 1})},
-                   {"y", Tensor::FromVector(ly, {local, 1})}},
-                  {loss_name});
+      const std::vector<Tensor> loss = exe.Run(train,
+                                               {{"ids", Tensor::FromVector(li, {local, slots, 1})},
+                                                {"y", Tensor::FromVector(ly, {local, 1})}},
+                                               {loss_name});
       if (step == 0 || step == FLAGS_steps - 1)
         std::printf("trainer %d step %d loss %.6f\n", id, step, loss[0].data<float>()[0]);
     }
