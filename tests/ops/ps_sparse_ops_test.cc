@@ -113,11 +113,9 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
     }
     Executor exe;
     exe.Run(startup);
-    const std::vector<Tensor> out =
-        exe.Run(main,
-                {{"ids", Tensor::FromVector(ids, {6, 1})},
-                 {"dy", Tensor::FromVector(dy, {6, 3})}},
-                {grad});
+    const std::vector<Tensor> out = exe.Run(
+        main, {{"ids", Tensor::FromVector(ids, {6, 1})}, {"dy", Tensor::FromVector(dy, {6, 3})}},
+        {grad});
     *rows = exe.scope().FindVar(grad)->rows();
     return testing::ToDouble(out[0]);
   };
@@ -133,7 +131,8 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
   Declare(b, "dy", {-1, 3}, DType::kFloat32);
   Declare(b, "g", {10, 3}, DType::kFloat32)->set_row_sparse(true);
   Add(b, "distributed_lookup_table_grad", {{"Ids", {"ids"}}, {"OutGrad", {"dy"}}},
-      {{"WGrad", {"g"}}}, {{"table", std::string("emb")}, {"height", int64_t{10}}, {"dim", int64_t{3}}});
+      {{"WGrad", {"g"}}},
+      {{"table", std::string("emb")}, {"height", int64_t{10}}, {"dim", int64_t{3}}});
   Executor exe;
   const std::string e = ErrorOf([&] {
     exe.Run(p, {{"ids", Tensor::FromVector<int64_t>({3, 12}, {2, 1})},
@@ -147,7 +146,8 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
 TEST(PsSparseOps, MergeSparseGradAddsRowsInOrderThenScales) {
   Program p;
   Block& b = p.global_block();
-  for (const char* n : {"a", "b"}) Declare(b, n, {6, 2}, DType::kFloat32, true)->set_row_sparse(true);
+  for (const char* n : {"a", "b"})
+    Declare(b, n, {6, 2}, DType::kFloat32, true)->set_row_sparse(true);
   Declare(b, "out", {6, 2}, DType::kFloat32, true)->set_row_sparse(true);
   Add(b, "merge_sparse_grad", {{"X", {"a", "b"}}}, {{"Out", {"out"}}}, {{"scale", 0.5f}});
   Executor exe;
