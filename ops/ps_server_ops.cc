@@ -173,6 +173,8 @@ class ListenAndServKernel : public OpKernel {
       const int64_t D = widths_[k];
       std::vector<T> rows(ids.size() * D);
       for (size_t i = 0; i < ids.size(); ++i) {
+        KEEL_ENFORCE(ids[i] < heights_[k], what, ": id ", ids[i], " is outside [0, ", heights_[k],
+                     ")");
         const int64_t r = Own(sh, ids[i], t, what);
         std::memcpy(rows.data() + i * D, sh.table()->tensor().data<T>() + r * D, D * sizeof(T));
       }

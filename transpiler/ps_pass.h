@@ -50,6 +50,24 @@
 //     server holds its parameter blocks only (no optimizer state, no learning rate); its optimize
 //     blocks add a trainer's delta "<block>@GEO_DELTA" to the block (sum), served as in async
 //     mode (mode=2).
+//   Sparse embedding tables (docs/sparse-embeddings.md): a parameter whose gradient is
+//     row-sparse (is_sparse) is cut and dealt as any other, its send says is_sparse (per block:
+//     the row count, then rows + values), and a server's sync optimize block merges the
+//     trainers' parts with merge_sparse_grad (row by row in trainer order, then 1/ntrainers)
+//     instead of sum and scale; listen_and_serv lists them in RowGrads (sparse_blocks). A table
+//     every lookup_table of which says is_distributed (one lookup; needs is_sparse; not in GEO
+//     mode) gets one plan block per server (block k on server k, named after the table, rows
+//     -1; its slot is its first block's): the trainer's lookup_table and lookup_table_grad become
+//     distributed_lookup_table and distributed_lookup_table_grad, its send says is_distributed
+//     (row id to server id % nservers), and the table, its row-shaped state and their
+//     initializers leave the trainer. Each server lists its shard in listen_and_serv's TableVars
+//     (table, "<table>@IDS", row-shaped state), the trainers' row gradients after the sparse
+//     blocks' in RowGrads, and the table's optimize block (merge, then its update ops) in
+//     table_blocks; its startup keeps the table's row_seeded_random and the row-shaped state's
+//     fill_constant in place but of [0, D] (later initializers draw what they draw in one
+//     process). PsServerState leaves distributed tables out.
+//   Trainers (options.worker_memory_mb > 0): a trainer program whose persistable vars exceed the
+//     budget is refused naming the largest.
 //   So a sync step of W trainers on b rows each updates the parameters as one process on the
 //   W x b rows (the mean of the trainers' mean gradients is the mean gradient of all rows).
 // Leaves alone: forward and backward ops (the trainer's), sub-blocks of the trainer's program, the

@@ -72,7 +72,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
-      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}}");
+      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}, ps_worker_memory_mb=0}");
 }
 
 // Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
