@@ -104,6 +104,26 @@ TEST(ParameterServerSparse, SparseTableSyncOneServerLazyAdamEqualsOneProcess) {
   ExpectSparseSyncEqualsOneProcess(1, "adam");
 }
 
+// Trainer 0's checkpoint of an is_sparse table with lazy Adam holds what one process's holds: the
+// table and its moments reassembled from both servers' blocks, the beta powers, the rate.
+TEST(ParameterServerSparse, SparseTableCheckpointEqualsOneProcess) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = " --table=sparse --optimizer=adam --rows=16 --steps=3 --checkpoint";
+  Job one = Launch(0, 1, dir + "/one", flags);
+  Job ps = Launch(2, 2, dir + "/ps", flags);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(ps.exit_code, 0) << ps.output;
+  const auto ref = Params(dir + "/one");
+  const double diff = MaxDiff(Params(dir + "/ps"), ref, ref.size());
+  std::printf(
+      "is_sparse table checkpoint, 2 servers x 2 trainers, lazy adam, 3 steps: %zu vars, "
+      "max abs difference %.3g\n",
+      ref.size(), diff);
+  EXPECT_EQ(ref.size(), 5u * 5 + 1);  // 5 x (param, 2 moments, 2 powers), the rate
+  EXPECT_LT(diff, 1e-5) << ps.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // Async with one trainer applies its steps in order: exactly one process's run. Two async
 // trainers train too (every row gradient applied once, in arrival order).
 TEST(ParameterServerSparse, SparseTableAsyncOneTrainerEqualsOneProcessAndTwoTrainersTrain) {

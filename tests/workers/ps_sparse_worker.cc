@@ -32,6 +32,9 @@ DEFINE_int64(vocab, 2048, "Table rows.");
 DEFINE_int32(dim, 8, "Table width.");
 DEFINE_int64(id_range, 0, "Ids are drawn from [0, id_range) (0: the whole table).");
 DEFINE_bool(uniform_ids, false, "Ids uniform in the range instead of skewed.");
+DEFINE_bool(checkpoint, false,
+            "Write a whole checkpoint instead (parameters, optimizer state, learning rate): "
+            "fleet::save_persistables in parameter-server mode, which pulls the servers' state.");
 DEFINE_string(out, "", "Directory for the parameters.");
 DEFINE_int64(worker_memory_mb, 0,
              "DistributedStrategy::ps_worker_memory_mb (0: no limit): a trainer whose own "
@@ -160,8 +163,15 @@ int main(int argc, char** argv) {
       if (step == 0 || step == FLAGS_steps - 1)
         std::printf("trainer %d step %d loss %.6f\n", id, step, loss[0].data<float>()[0]);
     }
+    if (FLAGS_checkpoint) {
+      if (ps) {
+        fleet::save_persistables(exe, FLAGS_out);  // trainer 0 writes, before the servers stop
+      } else {
+        keel::save_persistables(exe.scope(), FLAGS_out, main);
+      }
+    }
     if (ps) fleet::stop_worker();
-    if (id == 0 && !FLAGS_out.empty()) {
+    if (!FLAGS_checkpoint && id == 0 && !FLAGS_out.empty()) {
       Program params;
       for (VarDesc* v : train.global_block().AllVars())
         if (v->is_parameter()) *params.global_block().Var(v->name()) = *v;
