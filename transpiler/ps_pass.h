@@ -128,6 +128,12 @@ struct PsStateBlock {
 };
 std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server);
 
+// A trainer's forward-only program (an evaluation program: clone_for_test of the single-device
+// main) under the same plan: each lookup_table of a distributed table becomes
+// distributed_lookup_table (the table's rows from the servers, as the trainer's main program
+// fetches them) and the table leaves the program. `mode` and `nservers` as the job's.
+void RewriteDistributedLookups(Program& program, const PsPlan& plan, int nservers, int mode);
+
 // Paddle's modes (DistributedStrategy.a_sync / a_sync_configs.k_steps): the attr "mode" of send,
 // recv and listen_and_serv.
 enum class PsMode : int { kSync = 0, kAsync = 1, kGeo = 2 };

@@ -206,5 +206,20 @@ bool IsDistributedTable(const Block& b, const PsPlan::Param& p) {
 }
 
 }  // namespace ps_internal
+
+void RewriteDistributedLookups(Program& program, const PsPlan& plan, int nservers, int mode) {
+  Block& b = program.global_block();
+  for (const PsPlan::Param& p : plan.params) {
+    if (!p.distributed || b.FindVar(p.name) == nullptr) continue;
+    ps_internal::ReplaceDistributedLookup(b, p, nservers, mode);
+    for (size_t i = 0; i < b.num_ops(); ++i)
+      for (const std::string& a : ps_internal::Args(*b.op(i)))
+        KEEL_ENFORCE(a != p.name, "parameter-server transpiler: op ", b.op(i)->type(),
+                     " of the evaluation program reads distributed table ", p.name,
+                     ", which lives on the servers only");
+    b.RemoveVar(p.name);
+  }
+}
+
 }  // namespace transpiler
 }  // namespace keel

@@ -207,6 +207,17 @@ TEST(CtrModel, DistributedTableLivesOnTheServersOnly) {
       EXPECT_EQ(serv.Output("TableVars")[0], "SparseFeatFactors");
     }
   }
+  // The evaluation program, under the same plan: its lookup fetches rows too.
+  const transpiler::PsPlan plan = transpiler::PlanParameterServer(*m.main, 2);
+  std::unique_ptr<Program> test = m.test->Clone();
+  transpiler::RewriteDistributedLookups(*test, plan, 2, 0);
+  EXPECT_EQ(test->global_block().FindVar("SparseFeatFactors"), nullptr);
+  int fetches = 0;
+  for (const auto& op : test->global_block().ops()) {
+    fetches += op->type() == "distributed_lookup_table";
+    EXPECT_NE(op->type(), "lookup_table");
+  }
+  EXPECT_EQ(fetches, 1);
 }
 
 }  // namespace
