@@ -9,9 +9,12 @@
 // the CPU, one block per row on CUDA.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/half_convert.h"
 #include "ops/axis_layout.h"
 #include "ops/device.h"
 #include "ops/functors/activation_functors.h"
@@ -62,14 +65,42 @@ struct ActivationAttrs<fn::ClipGrad<T>> {
 
 // out[i] = f(x[i]); dx[i] = f(a[i], dout[i]), f over Acc<T> (the 16-bit types widened to float32,
 // the result rounded once). Memory-bound work, so the CPU's pieces are kElementwiseGrain long.
+// On the CPU the 16-bit types go through float32 chunks (the vectorized conversions, then f over
+// float32 values in a loop the compiler can vectorize): the same values as one element at a time.
 template <typename D, typename T, typename F>
 struct ActivationMath {
+  static constexpr int64_t kChunk = 1024;
   static void Forward(const ExecutionContext& ctx, int64_t n, const T* x, T* out, F f) {
+    if constexpr (std::is_same_v<D, CPUDevice> && kIsHalf<T>) {
+      cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+        alignas(64) float xb[kChunk];
+        for (int64_t i = b; i < e; i += kChunk) {
+          const int64_t len = std::min(kChunk, e - i);
+          WidenN(x + i, xb, len);
+          for (int64_t j = 0; j < len; ++j) xb[j] = f(xb[j]);
+          NarrowN(xb, out + i, len);
+        }
+      });
+      return;
+    }
     Device<D>::ForEachInPieces(
         ctx, n, cpu_threads::kElementwiseGrain,
         [=] KEEL_HD_LAMBDA(int64_t i) { out[i] = Narrow<T>(f(Widen(x[i]))); });
   }
   static void Grad(const ExecutionContext& ctx, int64_t n, const T* a, const T* dout, T* dx, F f) {
+    if constexpr (std::is_same_v<D, CPUDevice> && kIsHalf<T>) {
+      cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+        alignas(64) float ab[kChunk], gb[kChunk];
+        for (int64_t i = b; i < e; i += kChunk) {
+          const int64_t len = std::min(kChunk, e - i);
+          WidenN(a + i, ab, len);
+          WidenN(dout + i, gb, len);
+          for (int64_t j = 0; j < len; ++j) ab[j] = f(ab[j], gb[j]);
+          NarrowN(ab, dx + i, len);
+        }
+      });
+      return;
+    }
     Device<D>::ForEachInPieces(
         ctx, n, cpu_threads::kElementwiseGrain,
         [=] KEEL_HD_LAMBDA(int64_t i) { dx[i] = Narrow<T>(f(Widen(a[i]), Widen(dout[i]))); });

@@ -30,11 +30,21 @@ bool ElsewhereInIssue7(const std::string& type) {
 // CPU-only ops that refuse CUDA with a keel::Error naming them: sync_batch_norm (the strategy
 // refuses it on GPUs, the op refuses a CUDA ring; docs/sync-batch-norm.md).
 [[maybe_unused]] bool CpuOnly(const std::string& type) {
-  // Parameter-server ops (ops/ps_ops.cc): servers and trainers run on CPU; a CUDA place finds no
-  // kernel and is refused naming the op (the strategy refuses GPUs first).
-  return type == "sync_batch_norm" || type == "sync_batch_norm_grad" || type == "send" ||
-         type == "recv" || type == "send_barrier" || type == "fetch_barrier" ||
-         type == "listen_and_serv" || type == "geo_communicate";
+  // Parameter-server ops (ops/ps_*.cc, sparse tables included): servers and trainers run on CPU;
+  // a CUDA place finds no kernel and is refused naming the op (the strategy refuses GPUs first).
+  static const std::set<std::string> ops = {"sync_batch_norm",
+                                            "sync_batch_norm_grad",
+                                            "send",
+                                            "recv",
+                                            "send_barrier",
+                                            "fetch_barrier",
+                                            "listen_and_serv",
+                                            "geo_communicate",
+                                            "distributed_lookup_table",
+                                            "merge_sparse_grad",
+                                            "distributed_lookup_table_grad",
+                                            "row_seeded_random"};
+  return ops.count(type) > 0;
 }
 
 [[maybe_unused]] void CollectMissing(const Program& p, const std::string& what,
