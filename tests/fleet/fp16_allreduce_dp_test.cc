@@ -111,8 +111,9 @@ TEST(Fp16AllReduce, TwoWorkersStayWithin16BitRoundingOfFloat32AndHalveTheBytes) 
     const long long bf16_bytes = AllReduceBytes(out);
     // On shm rings the 16-bit copies are cast straight into memory the peers map: every
     // all-reduce runs without copies (3 steps; fused: a group of 2 of the 6 gradients).
-    if (std::string(c.backend) == "shm")
+    if (std::string(c.backend) == "shm") {
       EXPECT_EQ(ZeroCopyAllReduces(out), 3 * (c.fuse[0] ? 3 : 6)) << out;
+    }
     const NamedTensors fp16 =
         Train(d + "/fp16", c.backend, c.fuse + std::string(" --fp16_allreduce=fp16"), &out);
     const long long fp16_bytes = AllReduceBytes(out);
