@@ -3,7 +3,8 @@
 // mode trains the mlp to the end with the servers stopped by the trainers; the CTR model's AUC is
 // summed over the trainers; refusals name the flag; a sync run resumed from its checkpoint (under
 // another number of servers) ends where the uninterrupted run ends, bit for bit; a GEO checkpoint
-// is complete (one process loads it) and resumes exactly where the exchange makes that possible.
+// is complete (one process loads it) and resumes exactly where the exchange makes that possible;
+// killing a server or a trainer ends the job at once, naming it (tools/ps_kill_trials.sh).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -46,7 +47,9 @@ void ExpectTrainsAndStops(const std::string& mode) {
   RunCommand("rm -rf " + dir);
 }
 
-TEST(ParameterServerCli, SyncTrainsTheMlpAndStopsTheServers) { ExpectTrainsAndStops("--ps_mode=sync"); }
+TEST(ParameterServerCli, SyncTrainsTheMlpAndStopsTheServers) {
+  ExpectTrainsAndStops("--ps_mode=sync");
+}
 
 TEST(ParameterServerCli, AsyncTrainsTheMlpAndStopsTheServers) {
   ExpectTrainsAndStops("--ps_mode=async");
@@ -61,8 +64,8 @@ TEST(ParameterServerCli, GeoTrainsTheMlpAndStopsTheServers) {
 TEST(ParameterServerCli, CtrEvaluatesOverTheTrainers) {
   const std::string dir = MakeTempDir();
   JobRun r = Launch(2, 2, dir,
-                 "train --model=ctr --vocab=1000 --batch_size=64 --steps=4 --eval_every=4 "
-                 "--progress=lines --seed=3 --ps_mode=async");
+                    "train --model=ctr --vocab=1000 --batch_size=64 --steps=4 --eval_every=4 "
+                    "--progress=lines --seed=3 --ps_mode=async");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "test_auc")) << r.output;
   EXPECT_TRUE(Contains(r.output, "(4096 test samples)")) << r.output;
@@ -74,8 +77,8 @@ TEST(ParameterServerCli, CtrEvaluatesOverTheTrainers) {
 TEST(ParameterServerCli, BenchPrintsOneJsonLineOfEveryTrainer) {
   const std::string dir = MakeTempDir();
   JobRun r = Launch(2, 2, dir,
-                 "bench mlp --mlp_hidden=32 --batch_size=16 --bench_steps=5 --bench_warmup=1 "
-                 "--ps_mode=async");
+                    "bench mlp --mlp_hidden=32 --batch_size=16 --bench_steps=5 --bench_warmup=1 "
+                    "--ps_mode=async");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "\"samples_per_s\": ")) << r.output;
   EXPECT_TRUE(Contains(r.output, "\"ps_mode\": \"async\", \"servers\": 2")) << r.output;
@@ -115,8 +118,8 @@ TEST(ParameterServerCli, SyncResumeUnderAnotherServerCountIsExact) {
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   JobRun first = Launch(2, 2, dir, flags + " --steps=3 --save_dir=" + dir + "/half");
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  JobRun second = Launch(1, 2, dir,
-                      flags + " --steps=6 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
+  JobRun second = Launch(
+      1, 2, dir, flags + " --steps=6 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_TRUE(Contains(second.output, "resumed from " + dir + "/half at step 3")) << second.output;
   const auto want = CheckpointTensorBytes(dir + "/whole");
@@ -130,9 +133,10 @@ TEST(ParameterServerCli, SyncResumeUnderAnotherServerCountIsExact) {
     if (it->second != bytes) ++differ;
     EXPECT_EQ(it->second, bytes) << name << " differs";
   }
-  std::printf("sync resume (2 servers x 2 trainers, 3 steps + 3 on 1 server): %d of %zu "
-              "checkpoint tensors differ from 6 uninterrupted steps\n",
-              differ, want.size());
+  std::printf(
+      "sync resume (2 servers x 2 trainers, 3 steps + 3 on 1 server): %d of %zu "
+      "checkpoint tensors differ from 6 uninterrupted steps\n",
+      differ, want.size());
   // The half-way checkpoint really differs from the end (the resumed run trained).
   EXPECT_NE(CheckpointTensorBytes(dir + "/half"), want);
   RunCommand("rm -rf " + dir);
@@ -150,8 +154,8 @@ TEST(ParameterServerCli, GeoCheckpointIsCompleteAndResumesAtAnExchange) {
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   JobRun first = Launch(2, 1, dir, flags + " --steps=4 --save_dir=" + dir + "/half");
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  JobRun second = Launch(2, 1, dir,
-                      flags + " --steps=8 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
+  JobRun second = Launch(
+      2, 1, dir, flags + " --steps=8 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
   ASSERT_EQ(second.exit_code, 0) << second.output;
   const auto want = CheckpointTensorBytes(dir + "/whole");
   const auto got = CheckpointTensorBytes(dir + "/end");
@@ -159,12 +163,27 @@ TEST(ParameterServerCli, GeoCheckpointIsCompleteAndResumesAtAnExchange) {
   EXPECT_TRUE(want.count("fc_0.w_0_moment1_0")) << "no Adam state in the GEO checkpoint";
   EXPECT_EQ(got, want);
   // One process resumes from it: the single-device program's persistables are all there.
-  CommandResult one = RunCommand("cd " + dir + " && FLAGS_cpu_math_threads=1 " + Keel() + " train" +
-                                 kMlp + " --optimizer=adam --steps=9 --load_dir=" + dir +
-                                 "/end 2>&1");
+  CommandResult one =
+      RunCommand("cd " + dir + " && FLAGS_cpu_math_threads=1 " + Keel() + " train" + kMlp +
+                 " --optimizer=adam --steps=9 --load_dir=" + dir + "/end 2>&1");
   EXPECT_EQ(one.exit_code, 0) << one.output;
   EXPECT_TRUE(Contains(one.output, "at step 8")) << one.output;
   RunCommand("rm -rf " + dir);
+}
+
+// tools/ps_kill_trials.sh, 2 trials of each kind: kill -9 a random server, then a random trainer,
+// of a sync 2 x 2 job at a random step; each job ends within the comm timeout + 5 s with the
+// launcher naming the killed process, nothing left running (the script checks; 20 trials each
+// are in the docs).
+TEST(ParameterServerCli, KillTrialsEndTheJobNamingTheDeadProcess) {
+  const std::string cmd = std::string(KEEL_SOURCE_DIR) +
+                          "/tools/ps_kill_trials.sh --trials=2 --comm_timeout_s=10 " + Keel() +
+                          " 2>&1";
+  CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_TRUE(Contains(r.output, "summary server kills")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "summary trainer kills")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed checks: 0")) << r.output;
 }
 
 }  // namespace
