@@ -20,7 +20,9 @@
 // (PostAbort), and the others' errors quote it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -37,6 +39,7 @@ class Context;
 }  // namespace gloo
 
 namespace keel {
+class StoreClient;
 namespace ps {
 
 enum class Kind : uint64_t { kHeader = 1, kGrad = 2, kParam = 3, kState = 4 };
@@ -84,7 +87,10 @@ class Transport {
   std::unique_ptr<Transfer> PostRecv(const std::vector<int>& peers, uint64_t slot, void* data,
                                      size_t bytes, const std::string& what);
   // Waits for it (at most the comm timeout); returns the peer it went to or came from. A
-  // keel::Error names the peer(s) and `what` on timeout or a broken connection.
+  // keel::Error names the peer(s) and `what` on timeout or a broken connection. A receive from any
+  // of several peers is watched through the job's store (Gloo fails it on no closed connection):
+  // when one of the peers exits, or the store does (it lives in server 0), the wait ends at once
+  // naming it.
   int Wait(Transfer& t);
 
   // Asynchronous mode (the ops' attr mode = 1): every header goes under step 0 of its slot, since
@@ -124,6 +130,20 @@ class Transport {
 
  private:
   std::string AbortNote() const;
+  // For a receive from several peers: why to stop waiting (a peer or the store is gone), asked
+  // every 100 ms until `stop` says done (its condition variable wakes it at once); empty when the
+  // wait should go on. Aborts `t` when it finds a reason.
+  struct WatchStop {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  std::string WatchPeers(Transfer& t, WatchStop& stop);
+  // Which of `peers` have exited, by the job's store ("trainer 1 (rank 3) exited ..."), or that
+  // the store itself is gone; empty when none is.
+  std::string GonePeers(const std::vector<int>& peers);
+  // For an error of a transfer with several peers: "; " and GonePeers, asked for up to 0.5 s.
+  std::string WhoIsGone(const std::vector<int>& peers);
 
   int rank_ = -1, nranks_ = 0, nservers_ = 0;
   std::chrono::milliseconds timeout_{300000};
@@ -137,6 +157,9 @@ class Transport {
   int64_t geo_runs_ = 0;
   bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
+  std::mutex watch_mu_;                         // WatchPeers' store connection
+  std::unique_ptr<StoreClient> watch_store_;    // its own: the main one may be in a long wait
+  std::atomic<int64_t> last_gone_check_ms_{0};  // when Wait last asked GonePeers (steady clock)
 };
 
 }  // namespace ps

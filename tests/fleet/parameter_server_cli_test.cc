@@ -186,5 +186,19 @@ TEST(ParameterServerCli, KillTrialsEndTheJobNamingTheDeadProcess) {
   EXPECT_TRUE(Contains(r.output, "failed checks: 0")) << r.output;
 }
 
+// The same without keel launch (--direct: nobody stops the survivors), asynchronous mode, a
+// trainer killed: the servers wait for the next header from any live trainer, a Gloo receive that
+// no closed connection fails; the transport's store watch ends it at once, naming the trainer
+// (without it the other trainer trained on and the job did not end).
+TEST(ParameterServerCli, DirectKillOfAnAsyncTrainerIsFoundByTheServers) {
+  const std::string cmd = std::string(KEEL_SOURCE_DIR) +
+                          "/tools/ps_kill_trials.sh --trials=2 --kind=trainer --mode=async "
+                          "--direct --comm_timeout_s=10 " +
+                          Keel() + " 2>&1";
+  CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed checks: 0")) << r.output;
+}
+
 }  // namespace
 }  // namespace keel::testing
