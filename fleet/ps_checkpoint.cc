@@ -98,8 +98,9 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
   for (const VarDesc* v : ob.AllVars()) {
     if (!v->persistable() || params.count(v->name()) == (geo ? 1u : 0u)) continue;
     const Variable* var = exe.scope().FindVar(v->name());
-    KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "fleet::save_persistables: ",
-                 v->name(), " is not in the trainer's scope (run the startup program first)");
+    KEEL_ENFORCE(var != nullptr && var->tensor().initialized(),
+                 "fleet::save_persistables: ", v->name(),
+                 " is not in the trainer's scope (run the startup program first)");
     out.Var(v->name())->mutable_tensor()->ShareDataWith(var->tensor());
   }
   for (int s = 0; s < r.server_num; ++s) {
@@ -163,12 +164,12 @@ std::optional<TrainingState> LoadPsServerState(Executor& exe, const std::string&
     KEEL_ENFORCE(to != nullptr, "server ", r.rank, ": ", e.name,
                  " is not in the server's scope (run its startup program first)");
     const Tensor src = e.rows < 0 ? from->tensor() : from->tensor().Slice(e.row0, e.row0 + e.rows);
-    KEEL_ENFORCE(src.dims() == DDim(e.dims), "server ", r.rank, ": ", e.name, " is ",
-                 DDim(e.dims), " but the checkpoint's ", e.var, " gives ", src.dims());
+    KEEL_ENFORCE(src.dims() == DDim(e.dims), "server ", r.rank, ": ", e.name, " is ", DDim(e.dims),
+                 " but the checkpoint's ", e.var, " gives ", src.dims());
     to->mutable_tensor()->CopyFrom(src);
   }
-  LOG(INFO) << "server " << r.rank << ": loaded " << entries.size() << " block(s) from "
-            << dirname << (st ? StrCat(" (step ", st->step, ")") : std::string());
+  LOG(INFO) << "server " << r.rank << ": loaded " << entries.size() << " block(s) from " << dirname
+            << (st ? StrCat(" (step ", st->step, ")") : std::string());
   return st;
 }
 
