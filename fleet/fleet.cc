@@ -729,7 +729,11 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
   RefuseTensorParallel(p, "save_inference_model");
-  if (!initialized() || role().rank == 0)
+  KEEL_ENFORCE(!initialized() || !role().is_server(),
+               "fleet::save_inference_model on a parameter server: trainer 0 saves (call it on "
+               "the trainers)");
+  // Rank 0, or in parameter-server mode trainer 0 (its parameters are the servers' values).
+  if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0))
     keel::save_inference_model(dirname, feeds, targets, exe, p);
 }
 

@@ -90,6 +90,7 @@ void Transport::Connect(int rank, int nranks, int nservers) {
         cfg.store_host, cfg.store_port, cfg.token, std::min(timeout_, kWatchConnect),
         StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
   }
+  watcher_ = std::thread([this] { WatchLoop(); });
   LOG(INFO) << "parameter-server transport: " << PeerName(rank) << " connected to " << nranks - 1
             << " peers in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
@@ -153,7 +154,17 @@ std::string Transport::GonePeers(const std::vector<int>& peers) {
     const size_t at = msg.find(": rank "), end = msg.find(" closed its store connection");
     if (at == std::string::npos || end == std::string::npos || end < at) {
       if (msg.find("did not appear") != std::string::npos) return "";
-      return "the job's store (served by " + PeerName(0) + ") is gone: " + msg;
+      // The store went with server 0. A transfer with it fails now; another one after 2 s (a
+      // server whose server 0 ended normally may still be taking the trainers' last headers,
+      // which the trainers posted to every server at once).
+      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      if (store_gone_since_ms_ < 0) store_gone_since_ms_ = now;
+      if (std::find(peers.begin(), peers.end(), 0) == peers.end() &&
+          now - store_gone_since_ms_ < 2000)
+        return "";
+      return PeerName(0) + " is gone (the job's store it served is): " + msg;
     }
     std::string list = msg.substr(at + 7, end - at - 7), gone;
     for (char& c : list)
@@ -167,17 +178,26 @@ std::string Transport::GonePeers(const std::vector<int>& peers) {
   return "";
 }
 
-std::string Transport::WatchPeers(Transfer& t, WatchStop& stop) {
+void Transport::WatchLoop() {
   for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<int> peers;
     {
-      std::unique_lock<std::mutex> wait(stop.mu);
-      if (stop.cv.wait_for(wait, std::chrono::milliseconds(100), [&] { return stop.done; }))
-        return "";
+      std::lock_guard<std::mutex> lk(active_mu_);
+      if (!watch_store_) return;  // Reset
+      for (const Watched* w : active_)
+        peers.insert(peers.end(), w->t->peers.begin(), w->t->peers.end());
     }
-    const std::string why = GonePeers(t.peers);
-    if (!why.empty()) {
-      t.buf->abortWaitRecv();
-      return why;
+    if (peers.empty()) continue;
+    std::lock_guard<std::mutex> lk(active_mu_);
+    for (Watched* w : active_) {
+      if (!w->why.empty()) continue;
+      w->why = GonePeers(w->t->peers);
+      if (w->why.empty()) continue;
+      if (w->t->is_send)
+        w->t->buf->abortWaitSend();
+      else
+        w->t->buf->abortWaitRecv();
     }
   }
 }
@@ -199,15 +219,10 @@ int Transport::Wait(Transfer& t) {
   for (int p : t.peers) names += (names.empty() ? "" : " or ") + PeerName(p);
   try {
     bool ok = false;
-    if (t.is_send) {
-      ok = t.buf->waitSend(&peer, timeout_);
-    } else if (t.peers.size() == 1 || !CommContext::Get().initialized()) {
-      ok = t.buf->waitRecv(&peer, timeout_);
-    } else {
+    if (t.peers.size() > 1 && CommContext::Get().initialized()) {
       // Gloo fails a receive bound to one connection when it closes, not one from any of several:
       // such a receive may keep completing from the live peers while a dead one goes unnoticed,
-      // so every 200 ms one asks the store before it waits, and a watcher ends a wait when one of
-      // those peers exits.
+      // so every 200 ms one asks the store before it waits.
       const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::steady_clock::now().time_since_epoch())
                               .count();
@@ -216,26 +231,27 @@ int Transport::Wait(Transfer& t) {
         const std::string gone = GonePeers(t.peers);
         KEEL_ENFORCE(gone.empty(), t.what, ": ", gone, AbortNote());
       }
-      WatchStop stop;
-      std::string why;
-      std::thread watcher([&] { why = WatchPeers(t, stop); });
-      auto end_watch = [&] {
-        {
-          std::lock_guard<std::mutex> lk(stop.mu);
-          stop.done = true;
-        }
-        stop.cv.notify_all();
-        watcher.join();
-      };
-      try {
-        ok = t.buf->waitRecv(&peer, timeout_);
-      } catch (...) {
-        end_watch();
-        throw;
-      }
-      end_watch();
-      KEEL_ENFORCE(ok, t.what, ": stopped receiving from ", names, ": ", why, AbortNote());
     }
+    // The watcher (WatchLoop) aborts the wait when a peer of it exits.
+    Watched w{&t, ""};
+    {
+      std::lock_guard<std::mutex> lk(active_mu_);
+      active_.push_back(&w);
+    }
+    struct Unwatch {
+      Transport* self;
+      Watched* w;
+      ~Unwatch() {
+        std::lock_guard<std::mutex> lk(self->active_mu_);
+        self->active_.erase(std::find(self->active_.begin(), self->active_.end(), w));
+      }
+    };
+    {
+      Unwatch unwatch{this, &w};
+      ok = t.is_send ? t.buf->waitSend(&peer, timeout_) : t.buf->waitRecv(&peer, timeout_);
+    }
+    KEEL_ENFORCE(ok || w.why.empty(), t.what, ": stopped ",
+                 t.is_send ? "sending to " : "receiving from ", names, ": ", w.why, AbortNote());
     KEEL_ENFORCE(ok, t.what, ": aborted while ", t.is_send ? "sending to " : "receiving from ",
                  names, AbortNote());
   } catch (const Error&) {
@@ -365,8 +381,12 @@ void Transport::Reset() {
   async_set_ = -1;
   async_ = false;
   geo_runs_ = 0;
-  std::lock_guard<std::mutex> wl(watch_mu_);
-  watch_store_.reset();
+  {
+    std::lock_guard<std::mutex> al(active_mu_);
+    std::lock_guard<std::mutex> wl(watch_mu_);
+    watch_store_.reset();  // the watcher sees it and returns
+  }
+  if (watcher_.joinable()) watcher_.join();
 }
 
 }  // namespace ps

@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gloo {
@@ -130,15 +131,15 @@ class Transport {
 
  private:
   std::string AbortNote() const;
-  // For a receive from several peers: why to stop waiting (a peer or the store is gone), asked
-  // every 100 ms until `stop` says done (its condition variable wakes it at once); empty when the
-  // wait should go on. Aborts `t` when it finds a reason.
-  struct WatchStop {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
+  // The watcher: while transfers are waited for, every 100 ms it asks the job's store which
+  // processes exited and aborts the waits that involve one (Gloo leaves some of them pending
+  // until the timeout: a receive from any of several peers, a send posted as the peer died),
+  // recording why.
+  struct Watched {
+    Transfer* t;
+    std::string why;
   };
-  std::string WatchPeers(Transfer& t, WatchStop& stop);
+  void WatchLoop();
   // Which of `peers` have exited, by the job's store ("trainer 1 (rank 3) exited ..."), or that
   // the store itself is gone; empty when none is.
   std::string GonePeers(const std::vector<int>& peers);
@@ -157,9 +158,13 @@ class Transport {
   int64_t geo_runs_ = 0;
   bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
-  std::mutex watch_mu_;                         // WatchPeers' store connection
+  std::mutex watch_mu_;                         // GonePeers' store connection
   std::unique_ptr<StoreClient> watch_store_;    // its own: the main one may be in a long wait
+  int64_t store_gone_since_ms_ = -1;            // when GonePeers first found the store gone
   std::atomic<int64_t> last_gone_check_ms_{0};  // when Wait last asked GonePeers (steady clock)
+  std::mutex active_mu_;                        // the waits in progress, for the watcher
+  std::vector<Watched*> active_;
+  std::thread watcher_;
 };
 
 }  // namespace ps

@@ -51,6 +51,21 @@ TEST(ParameterServerCli, SyncTrainsTheMlpAndStopsTheServers) {
   ExpectTrainsAndStops("--ps_mode=sync");
 }
 
+// Trainer 0 (not rank 0, a server) writes the inference model after training.
+TEST(ParameterServerCli, TrainerZeroSavesTheInferenceModel) {
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir,
+                    std::string("train") + kMlp +
+                        " --steps=2 --ps_mode=sync --save_inference_dir=" + dir + "/infer");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(RunCommand("test -s " + dir + "/infer/__model__ && test -s " + dir +
+                       "/infer/params.safetensors")
+                .exit_code,
+            0)
+      << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(ParameterServerCli, AsyncTrainsTheMlpAndStopsTheServers) {
   ExpectTrainsAndStops("--ps_mode=async");
 }
