@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "executor/executor_io.h"
+#include "fleet/model_parallel_checkpoint.h"
 #include "fleet/ps_checkpoint.h"
 #include "fleet/transpile.h"
 #include "framework/base/endpoint.h"
@@ -496,6 +497,18 @@ double FusionGroupBytes(const DistributedStrategy& s, const Role& r) {
 
 void all_reduce(Tensor* tensor, ReduceOp op) { AllReduceAs(tensor, op, "fleet::all_reduce"); }
 
+void internal::EagerBroadcast(Tensor* tensor, int root, const std::string& api) {
+  KEEL_ENFORCE(tensor != nullptr && tensor->initialized() && tensor->place().is_cpu(), api,
+               ": a broadcast needs a CPU tensor holding data");
+  if (role().world_size <= 1) return;
+  FleetCall call(api);
+  try {
+    EagerRing(api).Broadcast(tensor, root);
+  } catch (const Error& e) {
+    call.Rethrow(e, api + ": ");
+  }
+}
+
 namespace metrics {
 namespace {
 double Reduce(double local, ReduceOp op, const char* api) {
@@ -581,7 +594,13 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     }
     if (sharding)
       State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
+    // Model-parallel checkpoints hold the programs before the passes (model_parallel_checkpoint.h).
+    const bool model_parallel = strategy_.pipeline || strategy_.tensor_parallel;
+    std::unique_ptr<Program> whole_main = model_parallel ? main.Clone() : nullptr,
+                             whole_startup = model_parallel ? startup->Clone() : nullptr;
     fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
+    if (model_parallel)
+      RecordModelParallelLayout(main, std::move(whole_main), *whole_startup, strategy_, r);
     RecordPassMadeVars(before, main, *startup);
     if (!compare_before) {
       CheckProgramsMatch(*ForComparison(main, false), "main program");
@@ -658,37 +677,40 @@ void DropUnownedState(Scope& scope, const Program& program) {
     if (owner != role().rank) scope.EraseVar(name);
 }
 
-// Tensor-parallel programs hold each rank's shards: a checkpoint written by rank 0 alone would
-// miss the others' (docs/tensor-parallel.md, "What is refused").
+// The inference program of a tensor-parallel model would hold its collectives, one process could
+// not run it; a stage made without fleet cannot be gathered (docs/tensor-parallel.md).
 void RefuseTensorParallel(const Program& p, const char* api) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (const auto& op : p.block(b).ops())
       KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model, "fleet::", api,
                    ": the program is model-parallel (op ", op->type(),
-                   ", under DistributedStrategy.tensor_parallel or .pipeline), and checkpoints of "
-                   "model-parallel shards are not built: rank 0 holds "
-                   "only its own shards");
+                   ", under DistributedStrategy.tensor_parallel or .pipeline), and its inference "
+                   "model is built for pipelines that fleet's minimize made only (a "
+                   "tensor-parallel one would hold the collectives: save a checkpoint with "
+                   "save_persistables and load it into the single-device program instead)");
 }
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
   if (initialized() && role().is_ps()) return SavePsCheckpoint(exe, dirname, p);
-  // Under sharding every rank calls this: the state of other owners reaches rank 0 first.
-  ShardedStateOnRankZero gathered(exe, p);
-  RefuseTensorParallel(p, "save_persistables");
-  // No barrier, as in Paddle's collective fleet: rank 0 alone may call this. The others' next
-  // collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
+  // Under sharding, pipelines and tensor parallelism every rank calls this (rank 0 gathers the
+  // rest); otherwise rank 0 alone may, as in Paddle's collective fleet: there is no barrier, and
+  // the others' next collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
+  CheckpointOnRankZero gathered(exe, p);
   if (!initialized() || role().rank == 0)
-    keel::save_persistables(exe, dirname, p, PassMadeVarsOf(p));
+    keel::save_persistables(gathered.scope(), dirname, gathered.program(), gathered.skip());
 }
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  RefuseTensorParallel(p, "load_persistables");
   KEEL_ENFORCE(!initialized() || !role().is_server(),
                "fleet::load_persistables on a parameter server: a server loads its blocks of a "
                "checkpoint with fleet::run_server(exe, dir)");
-  keel::load_persistables(exe, dirname, p, PassMadeVarsOf(p));
+  LoadThisRanksPart(exe, p,
+                    [&](Scope& scope, const Place& place, const Program& prog,
+                        const std::set<std::string>& skip) {
+                      keel::load_persistables(scope, place, dirname, prog, skip);
+                    });
   rebuild_pass_made_vars(exe, p);
 }
 
@@ -728,16 +750,24 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  RefuseTensorParallel(p, "save_inference_model");
+  // A pipeline minimize made is gathered into the single-device program (every rank calls this).
+  RefuseTensorParallel(WholeProgram(p), "save_inference_model");
   KEEL_ENFORCE(!initialized() || !role().is_server(),
                "fleet::save_inference_model on a parameter server: trainer 0 saves (call it on "
                "the trainers)");
-  // Rank 0, or in parameter-server mode trainer 0 (its parameters are the servers' values).
-  if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0))
-    keel::save_inference_model(dirname, feeds, targets, exe, p);
+  if (!IsModelParallel(p)) {
+    // Rank 0, or in parameter-server mode trainer 0 (its parameters are the servers' values).
+    if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0))
+      keel::save_inference_model(dirname, feeds, targets, exe, p);
+    return;
+  }
+  CheckpointOnRankZero gathered(exe, p);
+  if (role().rank == 0)
+    keel::save_inference_model(dirname, feeds, targets, gathered.scope(), gathered.program());
 }
 
 void reset() {
+  ForgetModelParallelLayouts();
   CommContext::Get().Reset();
   State() = FleetState();
 }

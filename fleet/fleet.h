@@ -132,7 +132,11 @@ Program& startup_program();
 // parameters and trainer 0's own optimizer state (fleet/ps_checkpoint.h).
 // Under DistributedStrategy::sharding every rank must call it (the optimizer state of other
 // owners is gathered to rank 0, ShardedStateOnRankZero), and the checkpoint is complete: one
-// process, or a job of another world size, loads it.
+// process, or a job of another world size, loads it. Likewise under pipeline and tensor
+// parallelism: every rank calls it, rank 0 gathers the other stages' persistables and the other
+// ranks' shards, and writes the single-device program's persistables (whole tensors, the names
+// one process has), fleet/model_parallel_checkpoint.h; load_persistables gives each stage its
+// own and each tensor-parallel rank its part.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
 // Under sharding, for the lifetime of this object rank 0's scope also holds the optimizer state of
 // the parameters other ranks own (gathered from the owners: a collective every rank enters, in the

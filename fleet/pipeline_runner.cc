@@ -40,6 +40,26 @@ std::set<std::string> Writes(const Program& p) {
   return w;
 }
 
+// The element-wise mean of equally shaped float tensors (a fetch over the micro-batches).
+Tensor MeanOf(const std::vector<const Tensor*>& parts, const std::string& name) {
+  Tensor mean = parts[0]->Clone(CPUPlace());
+  KEEL_ENFORCE(mean.dtype() == DType::kFloat32 || mean.dtype() == DType::kFloat64,
+               "PipelineRunner: fetch '", name, "' is ", DTypeName(mean.dtype()),
+               "; the mean over micro-batches is built for float32 and float64");
+  auto average = [&](auto* acc) {
+    using T = std::remove_pointer_t<decltype(acc)>;
+    for (size_t m = 1; m < parts.size(); ++m)
+      for (int64_t i = 0; i < mean.numel(); ++i) acc[i] += parts[m]->data<T>()[i];
+    for (int64_t i = 0; i < mean.numel(); ++i) acc[i] /= static_cast<T>(parts.size());
+  };
+  if (mean.dtype() == DType::kFloat32) {
+    average(mean.data<float>());
+  } else {
+    average(mean.data<double>());
+  }
+  return mean;
+}
+
 }  // namespace
 
 PipelineRunOptions PipelineRunOptionsFor(const DistributedStrategy& strategy, const Role& role) {
@@ -107,6 +127,9 @@ PipelineRunner::PipelineRunner(Executor& exe, const Program& stage_program,
     const VarDesc* d = b.FindVar(v);
     if (d != nullptr && d->is_data() && !d->persistable()) fwd_data_.insert(v);
   }
+  test_ = fwd_->clone_for_test();
+  for (const std::string& v : Reads(*test_))
+    if (fwd_data_.count(v)) test_data_.insert(v);
 }
 
 void PipelineRunner::Forward(MicroBatch& mb, const std::vector<std::string>& fetch) {
@@ -189,24 +212,46 @@ std::vector<Tensor> PipelineRunner::Step(const FeedMap& feed,
       results.push_back(v->tensor().Clone(CPUPlace()));
       continue;
     }
-    Tensor mean = mbs[0].stash.at("@FETCH@" + f).Clone(CPUPlace());
-    KEEL_ENFORCE(mean.dtype() == DType::kFloat32 || mean.dtype() == DType::kFloat64,
-                 "PipelineRunner: fetch '", f, "' is ", DTypeName(mean.dtype()),
-                 "; the mean over micro-batches is built for float32 and float64");
-    auto average = [&](auto* acc) {
-      using T = std::remove_pointer_t<decltype(acc)>;
-      for (int m = 1; m < M; ++m) {
-        const Tensor& t = mbs[m].stash.at("@FETCH@" + f);
-        for (int64_t i = 0; i < mean.numel(); ++i) acc[i] += t.data<T>()[i];
-      }
-      for (int64_t i = 0; i < mean.numel(); ++i) acc[i] /= static_cast<T>(M);
-    };
-    if (mean.dtype() == DType::kFloat32) {
-      average(mean.data<float>());
-    } else {
-      average(mean.data<double>());
-    }
-    results.push_back(std::move(mean));
+    std::vector<const Tensor*> parts;
+    for (int m = 0; m < M; ++m) parts.push_back(&mbs[m].stash.at("@FETCH@" + f));
+    results.push_back(MeanOf(parts, f));
+  }
+  return results;
+}
+
+std::vector<Tensor> PipelineRunner::Evaluate(const FeedMap& feed,
+                                             const std::vector<std::string>& fetch) {
+  for (const std::string& f : fetch)
+    KEEL_ENFORCE(Writes(*test_).count(f), "PipelineRunner::Evaluate: fetch '", f,
+                 "' is not computed by the forward section of stage ", o_.stage, " of ", o_.stages);
+  int64_t rows = -1;
+  for (const std::string& v : test_data_) {
+    auto it = feed.find(v);
+    KEEL_ENFORCE(it != feed.end() && it->second.dims().size() >= 1, "PipelineRunner: stage ",
+                 o_.stage, " evaluates on data var '", v,
+                 "', which the feed does not hold (with rows)");
+    KEEL_ENFORCE(rows < 0 || rows == it->second.dims()[0], "PipelineRunner::Evaluate: feed '", v,
+                 "' has ", it->second.dims()[0], " rows, another data var ", rows);
+    rows = it->second.dims()[0];
+  }
+  // Every stage sees the same batch, so every stage splits it alike.
+  const int M = rows > 0 && rows % o_.micro_batches == 0 ? o_.micro_batches : 1;
+  const int64_t per = rows > 0 ? rows / M : 0;
+  KEEL_ENFORCE(o_.micro_batch_size == 0 || per == o_.micro_batch_size,
+               "PipelineRunner::Evaluate: a batch of ", rows,
+               " rows, but DistributedStrategy.pipeline_configs.micro_batch_size=",
+               o_.micro_batch_size, " fixes the rows a stage receives");
+  std::vector<std::vector<Tensor>> outs;
+  for (int m = 0; m < M; ++m) {
+    FeedMap mb;
+    for (const std::string& v : test_data_) mb[v] = feed.at(v).Slice(m * per, (m + 1) * per);
+    outs.push_back(exe_.Run(*test_, mb, fetch));
+  }
+  std::vector<Tensor> results;
+  for (size_t i = 0; i < fetch.size(); ++i) {
+    std::vector<const Tensor*> parts;
+    for (const auto& out : outs) parts.push_back(&out[i]);
+    results.push_back(MeanOf(parts, fetch[i]));
   }
   return results;
 }

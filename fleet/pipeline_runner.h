@@ -54,6 +54,13 @@ class PipelineRunner {
   // compute.
   std::vector<Tensor> Step(const FeedMap& feed, const std::vector<std::string>& fetch = {});
 
+  // Evaluation: forward only, in inference mode (the forward section as clone_for_test makes it:
+  // dropout and batch norm switched to test), over `feed`'s rows split into M micro-batches when
+  // they divide (else one). Every stage of the pipeline calls it with the same batch; `fetch`
+  // (vars this stage's forward computes: the last stage's metrics) comes back as the mean over
+  // the micro-batches. Nothing is stashed or accumulated, and no parameter changes.
+  std::vector<Tensor> Evaluate(const FeedMap& feed, const std::vector<std::string>& fetch);
+
   // The most micro-batches this stage held in flight during the last Step.
   int peak_in_flight() const { return peak_; }
   const Program& forward_section() const { return *fwd_; }
@@ -67,9 +74,9 @@ class PipelineRunner {
 
   Executor& exe_;
   PipelineRunOptions o_;
-  std::unique_ptr<Program> fwd_, bwd_, opt_;
-  std::vector<std::string> stash_;             // written by forward, read by backward
-  std::set<std::string> fwd_data_, bwd_data_;  // data vars each section reads
+  std::unique_ptr<Program> fwd_, bwd_, opt_, test_;
+  std::vector<std::string> stash_;                         // written by forward, read by backward
+  std::set<std::string> fwd_data_, bwd_data_, test_data_;  // data vars each section reads
   std::set<std::string> fwd_written_, persistables_;
   int in_flight_ = 0, peak_ = 0;
 };

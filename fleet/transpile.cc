@@ -86,6 +86,7 @@ transpiler::GradAllReduceOptions GradAllReduceOptionsFor(const DistributedStrate
   o.hierarchical = strategy.use_hierarchical_allreduce;
   o.ranks_per_node = strategy.HierarchicalInterNranks(role);
   if (strategy.fp16_allreduce) o.comm_dtype = strategy.fp16_allreduce_configs.dtype;
+  o.amp_low_precision_grads = strategy.amp;
   return o;
 }
 

@@ -60,6 +60,13 @@ struct ModelConfig {
   // Sums each value over the ranks in place (fleet::all_reduce). Set with nranks > 1: evaluation
   // then runs this rank's shard of the test data and evaluate() returns the global metric.
   std::function<void(std::vector<double>* values)> all_reduce_sum;
+  // Runs the test program on one batch (default: exe.Run(test, feed, fetch)). A pipeline stage
+  // runs its part instead (keel train --pp_degree); an empty result means this rank computes no
+  // metric (a stage before the last): its counts stay zero, and the stage that computes the
+  // metric counts the batch.
+  std::function<std::vector<Tensor>(Executor& exe, const Program& test, const FeedMap& feed,
+                                    const std::vector<std::string>& fetch)>
+      run_test;
 };
 
 struct Evaluation {

@@ -57,7 +57,7 @@ inline void SumPieces(const ScratchVector<double>& partial, int64_t pieces, int6
   }
 }
 
-// The 16-bit types widen X (and dY) to float32, run the float32 math and round Y (dX) once.
+// The 16-bit types run the float32 math on X (and dY) widened plane by plane and round Y (dX) once.
 // Training: Y = Scale * (X - mean) / sqrt(var + epsilon) + Bias with the batch's per-channel mean
 // and biased variance (divided by m, as Paddle does), and the moving stats become momentum * moving
 // + (1 - momentum) * batch, using the same biased batch variance (Paddle's convention; PyTorch
@@ -78,41 +78,46 @@ class BatchNormMath<CPUDevice, T> {
   void set_sync(BatchNormSync sync) { sync_ = std::move(sync); }
 
   void Forward(const ExecutionContext&, const DDim& x, const BatchNormIO<T>& io) {
-    if constexpr (kIsHalf<T>) {  // float32 over widened X, Y rounded once
-      const int64_t n = x.numel();
-      xw_.resize(static_cast<size_t>(n));
-      yw_.resize(static_cast<size_t>(n));
-      WidenInPieces(io.x, xw_.data(), n);
-      ForwardP(x, {xw_.data(), io.scale, io.bias, io.mean_in, io.var_in, yw_.data(), io.mean_out,
-                   io.var_out, io.saved_mean, io.saved_inv_std});
-      NarrowInPieces(yw_.data(), io.y, n);
-    } else {
-      ForwardP(x, io);
-    }
+    ForwardP(x, io);
   }
 
   void Backward(const ExecutionContext&, const DDim& x, const BatchNormGradIO<T>& io) {
-    if constexpr (kIsHalf<T>) {  // float32 over widened X and dY, dX rounded once
-      const int64_t n = x.numel();
-      xw_.resize(static_cast<size_t>(n));
-      yw_.resize(static_cast<size_t>(n));
-      WidenInPieces(io.x, xw_.data(), n);
-      WidenInPieces(io.dy, yw_.data(), n);
-      if (io.dx) dxw_.resize(static_cast<size_t>(n));
-      BackwardP(x, {xw_.data(), yw_.data(), io.scale, io.saved_mean, io.saved_inv_std,
-                    io.dx ? dxw_.data() : nullptr, io.dscale, io.dbias});
-      if (io.dx) NarrowInPieces(dxw_.data(), io.dx, n);
-    } else {
-      BackwardP(x, io);
-    }
+    BackwardP(x, io);
   }
 
  private:
   using P = Acc<T>;
 
-  void ForwardP(const DDim& x, const BatchNormIO<P>& io) {
+  // One (sample, channel) plane of S values, as math reads and writes it: float32 and float64
+  // in place; the 16-bit types widened into `buf` (S floats of the calling piece's own) and the
+  // result narrowed from it, so each value is rounded once, as the float32 math on widened
+  // tensors would, without a float32 copy of the whole tensor.
+  static ConstVec<P> In(const T* p, int64_t S, float* buf) {
+    if constexpr (kIsHalf<T>) {
+      WidenN(p, buf, S);
+      return ConstVec<P>(buf, S);
+    } else {
+      return ConstVec<P>(p, S);
+    }
+  }
+  template <typename E>
+  static void Out(T* p, int64_t S, float* buf, const E& e) {
+    if constexpr (kIsHalf<T>) {
+      Vec<P>(buf, S) = e;
+      NarrowN(buf, p, S);
+    } else {
+      Vec<P>(p, S) = e;
+    }
+  }
+  // A piece's plane buffers: `k` planes of S floats (none for float32 and float64), aligned as
+  // Eigen's packets are, so that a plane's sum adds in the same order wherever the buffer lies.
+  static ScratchVector<float> Buffers(int64_t k, int64_t S) {
+    return ScratchVector<float>(kIsHalf<T> ? static_cast<size_t>(k * S) : 0);
+  }
+
+  void ForwardP(const DDim& x, const BatchNormIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
-    const P* xd = io.x;
+    const T* xd = io.x;
     const P* scale = io.scale;
     const P* bias = io.bias;
     const P* mean_in = io.mean_in;
@@ -121,7 +126,7 @@ class BatchNormMath<CPUDevice, T> {
     P* var_out = io.var_out;
     P* saved_mean = io.saved_mean;
     P* saved_inv_std = io.saved_inv_std;
-    P* yd = io.y;
+    T* yd = io.y;
     mean_.assign(C, 0.0);
     var_.assign(C, 0.0);
     if (is_test_) {
@@ -141,18 +146,20 @@ class BatchNormMath<CPUDevice, T> {
       partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
       pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
         double* acc = partial_.data() + p * C;
+        ScratchVector<float> buf = Buffers(1, S);
         for (int64_t n = n0; n < n1; ++n)
-          for (int64_t c = 0; c < C; ++c) acc[c] += ConstVec<P>(xd + (n * C + c) * S, S).sum();
+          for (int64_t c = 0; c < C; ++c) acc[c] += In(xd + (n * C + c) * S, S, buf.data()).sum();
       });
       SumPieces(partial_, pieces.count, C, mean_.data());
       for (int64_t c = 0; c < C; ++c) mean_[c] = m > 0 ? mean_[c] / m : 0.0;
       partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
       pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
         double* acc = partial_.data() + p * C;
+        ScratchVector<float> buf = Buffers(1, S);
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t c = 0; c < C; ++c)
             acc[c] +=
-                (ConstVec<P>(xd + (n * C + c) * S, S) - static_cast<P>(mean_[c])).square().sum();
+                (In(xd + (n * C + c) * S, S, buf.data()) - static_cast<P>(mean_[c])).square().sum();
       });
       SumPieces(partial_, pieces.count, C, var_.data());
       const double mom = momentum_;
@@ -171,11 +178,12 @@ class BatchNormMath<CPUDevice, T> {
       var_[c] = bias[c] - saved_mean[c] * mean_[c];
     }
     SamplePieces(N, C, S).Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      ScratchVector<float> buf = Buffers(2, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Vec<P>(yd + off, S) =
-              ConstVec<P>(xd + off, S) * static_cast<P>(mean_[c]) + static_cast<P>(var_[c]);
+          Out(yd + off, S, buf.data() + S,
+              In(xd + off, S, buf.data()) * static_cast<P>(mean_[c]) + static_cast<P>(var_[c]));
         }
     });
   }
@@ -183,16 +191,17 @@ class BatchNormMath<CPUDevice, T> {
   // Training under BatchNormSync: mean_ and var_ (biased) of every rank's values together, in
   // one pass and one all-reduce of [sum(x), sum(x^2), m]; the moving variance takes the unbiased
   // variance. An empty global batch (M = 0) has mean 0 and variance 0, as batch_norm's.
-  void SyncedStats(int64_t N, int64_t C, int64_t S, const P* xd, const P* mean_in, const P* var_in,
+  void SyncedStats(int64_t N, int64_t C, int64_t S, const T* xd, const P* mean_in, const P* var_in,
                    P* mean_out, P* var_out) {
     const SamplePieces pieces(N, C, S);
     partial_.assign(static_cast<size_t>(2 * pieces.count * C), 0.0);
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
       double* sx = partial_.data() + p * C;
       double* sxx = partial_.data() + (pieces.count + p) * C;
+      ScratchVector<float> buf = Buffers(1, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
-          ConstVec<P> v(xd + (n * C + c) * S, S);
+          ConstVec<P> v = In(xd + (n * C + c) * S, S, buf.data());
           sx[c] += v.template cast<double>().sum();
           sxx[c] += v.template cast<double>().square().sum();
         }
@@ -214,10 +223,10 @@ class BatchNormMath<CPUDevice, T> {
     }
   }
 
-  void BackwardP(const DDim& x, const BatchNormGradIO<P>& io) {
+  void BackwardP(const DDim& x, const BatchNormGradIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
-    const P* xd = io.x;
-    const P* gd = io.dy;
+    const T* xd = io.x;
+    const T* gd = io.dy;
     const P* scale = io.scale;
     const P* mean = io.saved_mean;
     const P* inv_std = io.saved_inv_std;
@@ -228,12 +237,13 @@ class BatchNormMath<CPUDevice, T> {
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
       double* dy_acc = partial_.data() + p * C;
       double* dyxc_acc = partial_.data() + (pieces.count + p) * C;
+      ScratchVector<float> buf = Buffers(2, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          ConstVec<P> g(gd + off, S);
+          ConstVec<P> g = In(gd + off, S, buf.data());
           dy_acc[c] += g.sum();
-          dyxc_acc[c] += (g * (ConstVec<P>(xd + off, S) - mean[c])).sum();
+          dyxc_acc[c] += (g * (In(xd + off, S, buf.data() + S) - mean[c])).sum();
         }
     });
     for (int64_t c = 0; c < C; ++c) {
@@ -246,7 +256,7 @@ class BatchNormMath<CPUDevice, T> {
       for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_[c]);
     if (P* p = io.dscale)
       for (int64_t c = 0; c < C; ++c) p[c] = static_cast<P>(sum_dy_xc_[c] * inv_std[c]);
-    P* dxd = io.dx;
+    T* dxd = io.dx;
     if (dxd == nullptr) return;
     // dx = A * dy + B * x + D per channel: the training formula expanded in x.
     double m = static_cast<double>(N * S);
@@ -269,11 +279,13 @@ class BatchNormMath<CPUDevice, T> {
       coef_d_[c] = static_cast<P>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
     }
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      ScratchVector<float> buf = Buffers(3, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Vec<P>(dxd + off, S) = ConstVec<P>(gd + off, S) * coef_a_[c] +
-                                 ConstVec<P>(xd + off, S) * coef_b_[c] + coef_d_[c];
+          Out(dxd + off, S, buf.data() + 2 * S,
+              In(gd + off, S, buf.data()) * coef_a_[c] +
+                  In(xd + off, S, buf.data() + S) * coef_b_[c] + coef_d_[c]);
         }
     });
   }
@@ -288,7 +300,6 @@ class BatchNormMath<CPUDevice, T> {
   // Backward.
   ScratchVector<double> sum_dy_, sum_dy_xc_;   // per channel
   ScratchVector<P> coef_a_, coef_b_, coef_d_;  // per channel
-  ScratchVector<float> xw_, yw_, dxw_;         // the 16-bit types' float32 X, Y (or dY), dX
 };
 
 }  // namespace keel

@@ -5,7 +5,8 @@
 // the compute side (a receive waits there for its peer's send) and trace a "comm" span each.
 //
 // A program holding them is one stage of a pipeline: its parameters are that stage's only, so
-// they declare ShardsModel (fleet refuses a rank-0 checkpoint of it, naming the setting).
+// they declare ShardsModel (fleet gathers the stages for a checkpoint of a pipeline its minimize
+// made, fleet/model_parallel_checkpoint.h, and refuses one of a stage made otherwise).
 #include "framework/comm/communicator.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"

@@ -94,6 +94,25 @@ ExecutionStrategy CliExecutionStrategy() {
   return s;
 }
 
+namespace {
+
+// --pp_degree: this rank's stage runner (training steps and evaluation share it), made on first
+// use from fleet's minimized program.
+const fleet::PipelineRunOptions& StageRunOptions() {
+  static const fleet::PipelineRunOptions o =
+      fleet::PipelineRunOptionsFor(StrategyFromFlags(), fleet::role());
+  return o;
+}
+
+fleet::PipelineRunner& StageRunner(Executor& exe) {
+  static std::unique_ptr<fleet::PipelineRunner> runner;
+  if (!runner)
+    runner = std::make_unique<fleet::PipelineRunner>(exe, fleet::main_program(), StageRunOptions());
+  return *runner;
+}
+
+}  // namespace
+
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
   // One worker unless a launcher's environment says otherwise; a parameter-server job's when it
   // lists the servers (keel launch --server_num, Paddle's PADDLE_PSERVERS_IP_PORT_LIST).
@@ -137,13 +156,13 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.rank = replica;
   cfg.nranks = fleet::worker_num() / (tp * pp);
   ModelSettingsFromFlags(&cfg);
-  if (tp > 1 || pp > 1)
-    for (const char* f :
-         {"save_dir", "save_every", "auto_resume", "load_dir", "save_inference_dir"})
-      KEEL_ENFORCE(!Given(f), "--", f, " does not combine with --", tp > 1 ? "tp" : "pp",
-                   "_degree=", tp > 1 ? tp : pp,
-                   ": checkpoints of model-parallel shards are not built (rank 0 holds only "
-                   "its own shards)");
+  // Checkpoints of pipelines and tensor-parallel groups are complete (rank 0 gathers the stages
+  // and shards, fleet/model_parallel_checkpoint.h); an inference model of a tensor-parallel
+  // program would hold its collectives.
+  KEEL_ENFORCE(tp == 1 || !Given("save_inference_dir"),
+               "--save_inference_dir does not combine with --tp_degree=", tp,
+               ": the inference program would hold the tensor-parallel collectives (save a "
+               "checkpoint with --save_dir and load it into one process instead)");
   // Every replica draws its own synthetic data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(replica);
   // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without
@@ -213,6 +232,16 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.minimize = [strategy](Var loss, Program* startup, const optimizer::Optimizer& opt) {
     fleet::DistributedOptimizer(opt.Clone(), strategy).minimize(loss, startup);
   };
+  // A pipeline evaluates stage by stage: the last computes the metric (and alone counts it).
+  if (pp > 1)
+    cfg.run_test = [](Executor& exe, const Program&, const FeedMap& feed,
+                      const std::vector<std::string>& fetch) {
+      fleet::PipelineRunner& runner = StageRunner(exe);
+      const fleet::PipelineRunOptions& o = StageRunOptions();
+      if (o.stage == o.stages - 1) return runner.Evaluate(feed, fetch);
+      runner.Evaluate(feed, {});
+      return std::vector<Tensor>();
+    };
   TensorParallelGuard tp_group(fleet::tensor_parallel_config(strategy));
   models::TrainableModel m = models::BuildModel(cfg);
   m.optimizer = *described;
@@ -235,28 +264,17 @@ namespace {
 // gets the global batch's mean loss through an all-reduce (each fetching step, on every rank).
 std::function<std::vector<Tensor>(Executor&, const FeedMap&, const std::vector<std::string>&)>
 PipelineStep(const models::TrainableModel& m) {
-  KEEL_ENFORCE(FLAGS_eval_every == 0 || !m.evaluate,
-               "--eval_every does not combine with "
-               "--pp_degree=",
-               FLAGS_pp_degree, ": evaluating a pipeline is not built");
-  KEEL_ENFORCE(FLAGS_epochs == 0 || !m.evaluate, "--epochs evaluates model ", FLAGS_model,
-               " after each epoch, which does not combine with --pp_degree=", FLAGS_pp_degree,
-               ": evaluating a pipeline is not built; give --steps");
   KEEL_ENFORCE(FLAGS_batch_size % FLAGS_micro_batches == 0, "--batch_size=", FLAGS_batch_size,
                " must divide by --micro_batches=", FLAGS_micro_batches);
-  const fleet::PipelineRunOptions o =
-      fleet::PipelineRunOptionsFor(StrategyFromFlags(), fleet::role());
+  const fleet::PipelineRunOptions o = StageRunOptions();
   const int replicas = fleet::worker_num() / (FLAGS_tp_degree * FLAGS_pp_degree);
-  auto runner = std::make_shared<std::unique_ptr<fleet::PipelineRunner>>();
-  Program* main = m.main.get();
   const std::string loss = m.loss;
   return [=](Executor& exe, const FeedMap& feed, const std::vector<std::string>& fetch) {
-    if (!*runner) *runner = std::make_unique<fleet::PipelineRunner>(exe, *main, o);
     const bool last = o.stage == o.stages - 1;
     std::vector<std::string> mine;
     for (const std::string& f : fetch)
       if (f != loss || last) mine.push_back(f);
-    std::vector<Tensor> got = (*runner)->Step(feed, mine);
+    std::vector<Tensor> got = StageRunner(exe).Step(feed, mine);
     std::vector<Tensor> out;
     size_t k = 0;
     for (const std::string& f : fetch) {

@@ -9,6 +9,7 @@
 
 #include "executor/executor_io.h"
 #include "fleet/fleet.h"
+#include "fleet/model_parallel_checkpoint.h"
 #include "fleet/ps_checkpoint.h"
 #include "fleet/role_maker.h"
 #include "framework/base/strings.h"
@@ -177,8 +178,14 @@ int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
   // A parameter-server trainer received its parameters from the servers, which loaded the same
   // checkpoint (fleet::run_server): they must agree, or the servers started from elsewhere.
   const std::vector<std::pair<std::string, Tensor>> received = ReceivedParameters(exe, main);
-  std::optional<TrainingState> st = load_checkpoint(
-      exe.scope(), exe.place(), *agreed_checkpoint_->file, main, fleet::pass_made_vars(main));
+  // A model-parallel rank keeps its part of the complete checkpoint (its stage, its shards).
+  std::optional<TrainingState> st;
+  fleet::LoadThisRanksPart(exe, main,
+                           [&](Scope& scope, const Place& place, const Program& program,
+                               const std::set<std::string>& skip) {
+                             st = load_checkpoint(scope, place, *agreed_checkpoint_->file, program,
+                                                  skip);
+                           });
   for (const auto& [name, got] : received) {
     const Tensor& loaded = exe.scope().FindVar(name)->tensor();
     KEEL_ENFORCE(loaded.nbytes() == got.nbytes() &&
@@ -230,13 +237,17 @@ TrainingState TrainerCheckpoints::State(int64_t steps_done) const {
   return st;
 }
 
-void TrainerCheckpoints::Write(Executor& exe, const Program& main, int64_t steps_done) const {
+void TrainerCheckpoints::Write(Executor& exe, const Program& main, int64_t steps_done,
+                               bool write) const {
   const TrainingState st = State(steps_done);
   // Parameter-server mode: trainer 0 pulls what the servers hold (fleet/ps_checkpoint.h).
-  if (ParameterServerJob())
-    fleet::SavePsCheckpoint(exe, options_.save_dir, main, &st);
-  else
-    save_checkpoint(exe.scope(), options_.save_dir, main, st, fleet::pass_made_vars(main));
+  if (ParameterServerJob()) {
+    if (write) fleet::SavePsCheckpoint(exe, options_.save_dir, main, &st);
+    return;
+  }
+  fleet::CheckpointOnRankZero gathered(exe, main);
+  if (write)
+    save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), st, gathered.skip());
 }
 
 bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t steps_done,
@@ -245,9 +256,9 @@ bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t s
   // Rank 0 alone writes, without a barrier: its scope is its own, and in synchronous training
   // every rank holds the same values after the step. A rank killed mid-save leaves the previous
   // checkpoint in place (the file is replaced atomically). Under sharding every rank first sends
-  // rank 0 the optimizer state it owns, so the checkpoint is complete.
-  fleet::ShardedStateOnRankZero gathered(exe, main);
-  if (rank0) Write(exe, main, steps_done);
+  // rank 0 the optimizer state it owns, under pipeline and tensor parallelism its stage's
+  // persistables and its shards, so the checkpoint is complete.
+  Write(exe, main, steps_done, rank0);
   last_saved_step_ = steps_done;
   if (!quiet) {
     std::printf("checkpoint at step %lld in %s\n", static_cast<long long>(steps_done),
@@ -268,10 +279,9 @@ bool TrainerCheckpoints::SaveFinal(Executor& exe, const Program& main, int64_t s
                  "and resuming training from it is refused\n",
                  options_.name.c_str(), static_cast<long long>(steps_done));
   {
-    // A collective under sharding, entered by every rank whatever its last_saved_step_ (a rank
-    // that received its checkpoint from rank 0 does not know that step).
-    fleet::ShardedStateOnRankZero gathered(exe, main);
-    if (rank0 && last_saved_step_ != steps_done) Write(exe, main, steps_done);
+    // A collective under sharding and model parallelism, entered by every rank whatever its
+    // last_saved_step_ (a rank that received its checkpoint from rank 0 does not know that step).
+    Write(exe, main, steps_done, rank0 && last_saved_step_ != steps_done);
   }
   if (!quiet)
     std::printf("saved persistables to %s/%s\n", options_.save_dir.c_str(),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -126,38 +127,47 @@ void AddToGroup(const Block& mb, const Grad& g, Group* grp) {
   grp->last_writer = std::max(grp->last_writer, g.writer);
 }
 
-// keel's grouping (fuse_grad_size_in_MB / _num): consecutive gradients of one dtype up to
-// `limit_bytes` and `limit_num` tensors; a gradient bigger than the size limit is a group alone.
+// keel's grouping (fuse_grad_size_in_MB / _num): each dtype's gradients, in order, in groups of up
+// to `limit_bytes` and `limit_num` tensors (a gradient of another dtype between two does not close
+// a group); a gradient bigger than the size limit is a group alone.
 std::vector<Group> GroupBySize(const Block& mb, const std::vector<Grad>& grads, double limit_bytes,
                                size_t limit_num) {
   std::vector<Group> groups;
+  std::map<DType, size_t> open;  // the group each dtype fills
   for (const Grad& g : grads) {
     const VarDesc& v = KnownGrad(mb, g.name);
     const double bytes = static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
-    if (groups.empty() || groups.back().dtype != v.dtype() ||
-        groups.back().names.size() >= limit_num || groups.back().bytes + bytes > limit_bytes)
+    auto it = open.find(v.dtype());
+    if (it == open.end() || groups[it->second].names.size() >= limit_num ||
+        groups[it->second].bytes + bytes > limit_bytes) {
+      it = open.insert_or_assign(v.dtype(), groups.size()).first;
       groups.emplace_back();
-    AddToGroup(mb, g, &groups.back());
+    }
+    AddToGroup(mb, g, &groups[it->second]);
   }
   return groups;
 }
 
-// Grouping from the ring's cost model: consecutive gradients of one dtype until the group holds
+// Grouping from the ring's cost model: each dtype's gradients, in order, until the group holds
 // `enough_bytes` (where the all-reduce's fixed cost stops mattering), never past `limit_bytes` and
 // `limit_num` tensors. Small gradients share an all-reduce; a large one leaves on its own as soon
 // as backward writes it.
 std::vector<Group> GroupUntil(const Block& mb, const std::vector<Grad>& grads, double enough_bytes,
                               double limit_bytes, size_t limit_num) {
   std::vector<Group> groups;
-  bool closed = true;
+  std::map<DType, size_t> open;  // the group each dtype fills, while not enough
   for (const Grad& g : grads) {
     const VarDesc& v = KnownGrad(mb, g.name);
     const double bytes = static_cast<double>(v.dims().numel()) * SizeOf(v.dtype());
-    if (closed || groups.back().dtype != v.dtype() || groups.back().names.size() >= limit_num ||
-        groups.back().bytes + bytes > limit_bytes)
+    auto it = open.find(v.dtype());
+    if (it == open.end() || groups[it->second].names.size() >= limit_num ||
+        groups[it->second].bytes + bytes > limit_bytes) {
+      it = open.insert_or_assign(v.dtype(), groups.size()).first;
       groups.emplace_back();
-    AddToGroup(mb, g, &groups.back());
-    closed = groups.back().bytes >= enough_bytes;
+    }
+    Group& grp = groups[it->second];
+    AddToGroup(mb, g, &grp);
+    if (grp.bytes >= enough_bytes) open.erase(it);
   }
   return groups;
 }
@@ -211,6 +221,93 @@ std::vector<Group> GroupLikePaddle(const Block& mb, const std::vector<Grad>& gra
     }
   }
   return groups;
+}
+
+// A cast that AMP put after backward's 16-bit gradient of a parameter, out of the block until
+// that gradient's all-reduce is placed.
+struct DeferredCast {
+  std::unique_ptr<OpDesc> op;
+  std::string low;  // the 16-bit gradient it reads
+};
+
+bool IsSixteenBit(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
+// AMP (Paddle's update_role_var_grad): each gradient in `grads` whose last writer is a cast (cast
+// or cast_grad) to float32 of a 16-bit var that no other op reads becomes that 16-bit var, written
+// by the op that last wrote it (which takes over the op_role_var pair). The casts leave the block
+// and are returned, to go back after the all-reduces. `grads` stays in writer order.
+std::vector<DeferredCast> AllReduceSixteenBitSources(Block& mb, std::vector<Grad>* grads) {
+  std::vector<DeferredCast> deferred;
+  for (Grad& g : *grads) {
+    const OpDesc& cast = *mb.op(g.writer);
+    if (cast.type() != "cast" && cast.type() != "cast_grad") continue;
+    const std::vector<std::string> in = cast.InputArgumentNames();
+    const std::vector<std::string> out = cast.OutputArgumentNames();
+    if (in.size() != 1 || out.size() != 1 || out[0] != g.name) continue;
+    const VarDesc* lv = mb.FindVar(in[0]);
+    const VarDesc* gv = mb.FindVar(g.name);
+    if (lv == nullptr || gv == nullptr || !IsSixteenBit(lv->dtype()) ||
+        gv->dtype() != DType::kFloat32)
+      continue;
+    std::optional<size_t> source;  // the op that last writes the 16-bit gradient before the cast
+    bool read_elsewhere = false;
+    for (size_t i = 0; i < mb.num_ops(); ++i) {
+      if (i == g.writer) continue;
+      const OpDesc& op = *mb.op(i);
+      for (const std::string& a : op.InputArgumentNames()) read_elsewhere |= a == in[0];
+      if (i < g.writer)
+        for (const std::string& a : op.OutputArgumentNames())
+          if (a == in[0]) source = i;
+    }
+    if (read_elsewhere || !source) continue;
+    OpDesc& src = *mb.op(*source);
+    std::vector<std::string> pairs;
+    if (src.HasAttr(kOpRoleVarAttr)) pairs = src.Attr<std::vector<std::string>>(kOpRoleVarAttr);
+    pairs.push_back(g.param);
+    pairs.push_back(in[0]);
+    src.SetAttr(kOpRoleVarAttr, pairs);
+    DeferredCast d{std::make_unique<OpDesc>(cast), in[0]};
+    // Named as derived from the 16-bit gradient, as weight decay's ops are
+    // (merge_optimizer_pass.h).
+    d.op->SetAttr(kOpRoleVarAttr, std::vector<std::string>{g.param, in[0]});
+    const size_t removed = g.writer;
+    mb.RemoveOp(removed);
+    for (Grad& other : *grads)
+      if (other.writer > removed) --other.writer;
+    g.name = d.low;
+    g.writer = *source;
+    deferred.push_back(std::move(d));
+  }
+  std::stable_sort(grads->begin(), grads->end(),
+                   [](const Grad& a, const Grad& b) { return a.writer < b.writer; });
+  return deferred;
+}
+
+// Puts each deferred cast back right after the last collective that writes its 16-bit gradient
+// or the fused buffer that holds it (its all-reduce, or a hierarchical all-gather).
+void PlaceDeferredCasts(Block& mb, std::vector<DeferredCast> deferred) {
+  std::map<std::string, std::string> buffer_of;  // a fused gradient -> its buffer
+  for (size_t i = 0; i < mb.num_ops(); ++i) {
+    const OpDesc& op = *mb.op(i);
+    if (op.type() != "coalesce_tensor") continue;
+    for (const std::string& a : op.Output("Output")) buffer_of[a] = op.Output("FusedOutput")[0];
+  }
+  // From the last, each right after its collective: casts of one collective keep their order.
+  for (size_t d = deferred.size(); d-- > 0;) {
+    auto it = buffer_of.find(deferred[d].low);
+    const std::string& target = it == buffer_of.end() ? deferred[d].low : it->second;
+    std::optional<size_t> at;
+    for (size_t i = 0; i < mb.num_ops(); ++i) {
+      const OpDesc& op = *mb.op(i);
+      if (!op.HasAttr("ring_id") || op.type() == "c_sync_calc_stream" ||
+          op.type() == "c_sync_comm_stream")
+        continue;
+      for (const std::string& a : op.OutputArgumentNames())
+        if (a == target) at = i + 1;
+    }
+    CHECK(at.has_value()) << "no collective writes " << target;
+    mb.InsertOp(*at, std::move(deferred[d].op));
+  }
 }
 
 // Splits each backward op that writes parameter gradients (op_role_var) and other outputs too,
@@ -503,6 +600,9 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     for (size_t k = 0; k < pairs.size(); k += 2) grads.push_back({pairs[k], pairs[k + 1], i});
   }
 
+  std::vector<DeferredCast> deferred;
+  if (options_.amp_low_precision_grads && !low) deferred = AllReduceSixteenBitSources(mb, &grads);
+
   std::set<int> rings_used;
   if (!options_.fuse && !hierarchical) {
     // All-reduce each gradient right after its last writer (from the back, so that the writer
@@ -525,6 +625,7 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
   }
 
   SplitParamGradWriters(mb);
+  PlaceDeferredCasts(mb, std::move(deferred));
 
   // Wait for the rings before the first optimizer op.
   for (size_t i = 0; i < mb.num_ops(); ++i) {

@@ -17,11 +17,11 @@
 //     (i % nrings), i counting gradients in the order backward produces them; one
 //     c_sync_comm_stream per ring before the first optimizer op;
 //   with options.fuse: gradients, in the order backward produces them, are
-//     grouped (same dtype, up to fuse_mb megabytes and fuse_num tensors; a gradient over
-//     the size limit alone; with group_bytes, a group also closes once it holds that many bytes),
-//     or, with options.paddle_fuse (Paddle's fusion flags), as Paddle
-//     groups them: a layer's W and b together, layers merged
-//     up to FLAGS_fuse_parameter_memory_size MB (0: one group); before the first backward op a
+//     grouped per dtype (a gradient of another dtype between two does not close a group; up to
+//     fuse_mb megabytes and fuse_num tensors; a gradient over the size limit alone; with
+//     group_bytes, a group also closes once it holds that many bytes), or, with options.paddle_fuse
+//     (Paddle's fusion flags), as Paddle groups them: a layer's W and b together, layers merged up
+//     to FLAGS_fuse_parameter_memory_size MB (0: one group); before the first backward op a
 //     coalesce_tensor per group makes its gradients slices of a new var "@FUSED_GRAD@k", and
 //     right after the group's last gradient is written, c_sync_calc_stream then one
 //     c_allreduce_sum of that buffer on ring (k % nrings);
@@ -34,6 +34,10 @@
 //     its c_sync_calc_stream, that var is all-reduced, then cast back into <var> and scaled by
 //     1/nranks in float32 right after the all-reduce. A gradient of another dtype is a keel::Error
 //     naming it. With gradient merge or hierarchy it is a keel::Error (not built).
+//   with options.amp_low_precision_grads: a parameter gradient whose last writer is a cast (cast
+//     or cast_grad) from a float16/bfloat16 var that no other op reads is replaced, for all of the
+//     above, by that 16-bit var (its writer takes the op_role_var pair), and the cast moves to
+//     right after the collective that completes it (its own all-reduce, or its fused buffer's);
 //   after GradientMergePass (FindGradientMerge finds its conditional_block): nothing per run in
 //     block 0 but the loss-gradient scale; first in the merge sub-block, c_sync_calc_stream then
 //     c_allreduce_sum of each merged buffer on ring (i % nrings), then one c_sync_comm_stream per
@@ -78,6 +82,10 @@ struct GradAllReduceOptions {
   // fp16_allreduce: kFloat16 or kBFloat16 all-reduces the float32 gradients in that type;
   // kFloat32: as they are.
   DType comm_dtype = DType::kFloat32;
+  // AMP (Paddle's update_role_var_grad): a float32 parameter gradient that a cast makes from a
+  // 16-bit gradient nothing else reads (AMP O1's weights) is all-reduced as that 16-bit gradient,
+  // and the cast runs after the all-reduce: half the bytes.
+  bool amp_low_precision_grads = false;
   // false: a pipeline stage before the last (transpiler/pipeline_pass.h), whose program has no
   // loss-gradient op: its gradients come from the last stage, where the 1/nranks scale is.
   bool has_loss = true;

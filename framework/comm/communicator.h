@@ -19,6 +19,7 @@
 
 #include "framework/comm/collective_watch.h"
 #include "framework/runtime/float16.h"
+#include "framework/runtime/half_convert.h"
 #include "framework/runtime/tensor.h"
 
 namespace keel {
@@ -53,6 +54,21 @@ T ReduceElem(ReduceOp op, T x, T y) {
       default:
         return static_cast<T>(x + y);
     }
+  }
+}
+// dst[i] = a[i] + b[i] for the 16-bit floats: each sum in float32 rounded once, as ReduceElem's,
+// a chunk at a time through the vectorized conversions (half_convert.h). dst may be a or b.
+template <typename T>
+void SumHalfInto(T* dst, const T* a, const T* b, size_t n) {
+  static_assert(kIsHalf<T>, "SumHalfInto adds float16 or bfloat16");
+  constexpr size_t kChunk = 1024;
+  alignas(64) float fa[kChunk], fb[kChunk];
+  for (size_t i = 0; i < n; i += kChunk) {
+    const size_t len = std::min(kChunk, n - i);
+    WidenN(a + i, fa, static_cast<int64_t>(len));
+    WidenN(b + i, fb, static_cast<int64_t>(len));
+    for (size_t j = 0; j < len; ++j) fa[j] += fb[j];
+    NarrowN(fa, dst + i, static_cast<int64_t>(len));
   }
 }
 // x / n (ReduceOp::kAvg's last step), in float32 for the 16-bit floats.

@@ -50,7 +50,11 @@ void HalfReduce(void* c, const void* a, const void* b, size_t n) {
   T* out = static_cast<T*>(c);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) out[i] = ReduceElem(kOp, x[i], y[i]);
+  if constexpr (kOp == ReduceOp::kSum) {
+    SumHalfInto(out, x, y, n);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = ReduceElem(kOp, x[i], y[i]);
+  }
 }
 
 template <typename T>

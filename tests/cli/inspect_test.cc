@@ -316,6 +316,26 @@ TEST(InspectStrategy, AmpO2AndFp16AllReduceGoldens) {
       << bad.output;
 }
 
+// --amp=bf16 (O1) on two ranks (fused, the CLI's default): the bfloat16 gradients that backward
+// makes for the weights' casts are what the rings all-reduce (bfloat16 buffers), and their casts
+// to float32 run after the all-reduce (Paddle's update_role_var_grad); float32 gradients (batch
+// and layer norm parameters) are fused apart, per dtype.
+TEST(InspectStrategy, AmpO1DataParallelAllReducesTheSixteenBitGradients) {
+  for (std::string model : {"mlp", "resnet", "transformer"}) {
+    const std::string size = model == "mlp" ? " --mlp_hidden=8" : "";
+    auto r = Inspect("--strategy --nranks=2 --program=main --amp=bf16 --model=" + model + size);
+    ASSERT_EQ(r.exit_code, 0) << model << "\n" << r.output;
+    EXPECT_NE(r.output.find("var @FUSED_GRAD@0 : bfloat16["), std::string::npos) << model;
+    // A weight's cast of its gradient follows the first all-reduce.
+    const size_t reduce = r.output.find("c_allreduce_sum(X: @FUSED_GRAD@");
+    const size_t cast = r.output.find(".w_0.cast_bf16@GRAD) -> (X@GRAD: ");
+    ASSERT_NE(reduce, std::string::npos) << model;
+    ASSERT_NE(cast, std::string::npos) << model;
+    EXPECT_LT(reduce, cast) << model;
+    ExpectGolden(r.output, "inspect_strategy_amp_o1_dp2_bf16_" + model + ".txt");
+  }
+}
+
 TEST(InspectStrategy, BadJobsAreErrorsNamingTheFlag) {
   struct Case {
     std::string flags, expect;

@@ -69,9 +69,8 @@ const Tensor* Find(const NamedTensors& t, const std::string& name) {
 }
 
 // Every parameter of the one-process run is held by exactly one stage of every data-parallel
-// replica (ranks r*pp .. r*pp+pp-1), equal to float rounding; the losses too. Returns the
-// largest parameter difference.
-double ExpectEqualsOneProcess(const PpRun& one, const PpRun& pp, int stages, const char* what) {
+// replica (ranks r*pp .. r*pp+pp-1): the largest difference.
+double MaxParamDifference(const PpRun& one, const PpRun& pp, int stages) {
   double worst = 0;
   const int replicas = static_cast<int>(pp.params.size()) / stages;
   for (const auto& [name, want] : one.params[0]) {
@@ -90,6 +89,13 @@ double ExpectEqualsOneProcess(const PpRun& one, const PpRun& pp, int stages, con
       EXPECT_EQ(holders, 1) << name << " is held by " << holders << " stages of replica " << r;
     }
   }
+  return worst;
+}
+
+// As MaxParamDifference, within float rounding; the losses too. Returns the largest parameter
+// difference.
+double ExpectEqualsOneProcess(const PpRun& one, const PpRun& pp, int stages, const char* what) {
+  const double worst = MaxParamDifference(one, pp, stages);
   const std::vector<double> l1 = Series(one.output, 0, "loss");
   const std::vector<double> lp = Series(pp.output, stages - 1, "loss");
   EXPECT_EQ(l1.size(), lp.size()) << pp.output;
@@ -165,6 +171,71 @@ TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
       ASSERT_NE(b, nullptr) << name;
       EXPECT_EQ(0, std::memcmp(a.raw_data(), b->raw_data(), a.nbytes())) << name;
     }
+  RunCommand("rm -rf " + dir);
+}
+
+// fleet::save_persistables of a pipeline (every rank calls it) writes one complete checkpoint:
+// rank 0 gathers the other stages' persistables, under the single-device names. Resuming the
+// pipeline from it (each stage loads its own) continues exactly: 2k steps equal k, save, resume,
+// k more, bit for bit, on PP=2 and PP=2 x DP=2; one process loads it and holds the pipeline's
+// parameters, and trains on from it to the pipeline's parameters (float rounding); the pipeline
+// loads one process's checkpoint.
+TEST(PipelineParallel, ACheckpointHoldsEveryStageAndResumesExactly) {
+  const std::string dir = MakeTempDir();
+  for (const int nproc : {2, 4}) {
+    const std::string d = dir + "/n" + std::to_string(nproc);
+    const std::string args = " --pp=2 --micro=4 --opt=adam";
+    const PpRun full = Train(nproc, "--steps=4" + args, d + "/full");
+    const PpRun half = Train(nproc, "--steps=2 --save_dir=" + d + "/ckpt" + args, d + "/half");
+    const PpRun resumed =
+        Train(nproc, "--steps=4 --first_step=2 --load_dir=" + d + "/ckpt" + args, d + "/resumed");
+    ASSERT_EQ(full.params.size(), resumed.params.size());
+    size_t compared = 0;
+    for (size_t k = 0; k < full.params.size(); ++k)
+      for (const auto& [name, want] : full.params[k]) {
+        const Tensor* got = Find(resumed.params[k], name);
+        ASSERT_NE(got, nullptr) << name << " on rank " << k;
+        ASSERT_EQ(got->dims(), want.dims()) << name;
+        EXPECT_EQ(0, std::memcmp(got->raw_data(), want.raw_data(), want.nbytes()))
+            << name << " on rank " << k << " differs after the resume (" << nproc << " ranks)";
+        ++compared;
+      }
+    EXPECT_GT(compared, 0u);
+    const std::vector<double> lf = Series(full.output, 1, "loss");
+    // The resumed run prints steps 2 and 3 only (Series takes a run's lines from step 0).
+    std::vector<double> tail;
+    std::istringstream in(resumed.output);
+    for (std::string line; std::getline(in, line);)
+      for (int step : {2, 3})
+        if (line.rfind("rank 1 step " + std::to_string(step) + " loss ", 0) == 0 &&
+            static_cast<int>(tail.size()) == step - 2)
+          tail.push_back(std::stod(line.substr(line.rfind(' ') + 1)));
+    ASSERT_EQ(lf.size(), 4u) << full.output;
+    ASSERT_EQ(tail.size(), 2u) << resumed.output;
+    EXPECT_EQ(lf[2], tail[0]);
+    EXPECT_EQ(lf[3], tail[1]);
+    // One process: the checkpoint names every persistable of the single-device program (Adam's
+    // moments and beta powers too, else the load fails); loaded, it holds the pipeline's
+    // parameters bit for bit, and two more steps end where the pipeline's do.
+    const PpRun one_loaded =
+        Train(1, "--pp=1 --opt=adam --steps=2 --first_step=2 --load_dir=" + d + "/ckpt",
+              d + "/one_loaded");
+    EXPECT_EQ(MaxParamDifference(one_loaded, half, 2), 0.0) << nproc << " ranks";
+    const PpRun one_on = Train(
+        1, "--pp=1 --opt=adam --steps=4 --first_step=2 --load_dir=" + d + "/ckpt", d + "/one_on");
+    const double diff = MaxParamDifference(one_on, full, 2);
+    std::printf(
+        "%d ranks (PP=2%s): resumed == uninterrupted bit for bit over %zu tensors; one process "
+        "from the checkpoint, 2 steps: max |param - pipeline| = %.3g\n",
+        nproc, nproc == 4 ? " x DP=2" : "", compared, diff);
+    EXPECT_LT(diff, 2e-6);
+    // The other way: the pipeline loads one process's checkpoint, each stage its own part.
+    const PpRun one_saved =
+        Train(1, "--pp=1 --opt=adam --steps=2 --save_dir=" + d + "/one_ckpt", d + "/one_saved");
+    const PpRun from_one = Train(
+        nproc, "--steps=2 --first_step=2 --load_dir=" + d + "/one_ckpt" + args, d + "/from_one");
+    EXPECT_EQ(MaxParamDifference(one_saved, from_one, 2), 0.0);
+  }
   RunCommand("rm -rf " + dir);
 }
 
@@ -265,6 +336,32 @@ TEST(PipelineParallel, AHungStageFailsItsNeighbourWithinTheCommTimeoutNamingTheS
     testing::ExpectContainsAll(
         log0, {"recv_v2 of", "from stage 1", "receive from rank 1", "no send arrived",
                " 2 s (--comm_timeout_s; did rank 1 stop"});
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// A stage whose process disappears (its connections closed) fails its neighbour at once, well
+// within the comm timeout, naming the transfer, the stage and the rank it waited for.
+TEST(PipelineParallel, AStageWhoseProcessDiesFailsItsNeighbourAtOnceNamingRankAndStage) {
+  const std::string dir = MakeTempDir();
+  for (const std::string backend : {"shm", "gloo"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const PpRun gone = Train(2,
+                             "--pp=2 --micro=2 --steps=3 --vanish_stage=1 --comm_timeout_s=60 "
+                             "--cpu_comm_backend=" +
+                                 backend,
+                             dir + "/gone_" + backend, /*expect_ok=*/false);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s rings: stage 1's process vanished; stage 0 failed after %.1f s (timeout 60)\n",
+                backend.c_str(), secs);
+    EXPECT_NE(gone.exit_code, 0) << backend << "\n" << gone.output;
+    EXPECT_LT(secs, 30) << backend << "\n" << gone.output;
+    const std::string log0 =
+        RunCommand("cat " + dir + "/gone_" + backend + "/log/workerlog.0").output;
+    testing::ExpectContainsAll(log0, {"rank 1", "stage 1"});
+    const size_t at = log0.find("error: ");
+    if (at != std::string::npos) std::printf("  %s", log0.substr(at).c_str());
   }
   RunCommand("rm -rf " + dir);
 }

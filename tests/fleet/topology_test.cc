@@ -235,9 +235,10 @@ TEST(TensorParallelPass, RefusesAModelBuiltForAnotherDegree) {
   EXPECT_NE(e.find("nranks=2 but tensor_parallel_degree=4"), std::string::npos) << e;
 }
 
-// A program with an op that shards the model (OpTraits::shards_model: the tensor-parallel ops) is
-// refused by fleet's checkpoint calls, which rank 0 alone would write with only its shards; the
-// same program without it saves.
+// A program with an op that shards the model (OpTraits::shards_model: the tensor-parallel ops)
+// that fleet's minimize did not make is refused by fleet's checkpoint calls: without the layout
+// minimize records, rank 0 could not gather the other ranks' shards (with it, they are:
+// TensorParallel.ACheckpointJoinsTheShardsAndResumesExactly). The same program without it saves.
 TEST(TensorParallelCheckpoints, AProgramWithAModelShardingOpIsRefusedNamingIt) {
   for (const char* type : {"c_identity", "mp_allreduce_sum", "c_split", "c_concat", "c_embedding"})
     EXPECT_TRUE(OpRegistry::Traits(type).shards_model) << type;
@@ -257,10 +258,13 @@ TEST(TensorParallelCheckpoints, AProgramWithAModelShardingOpIsRefusedNamingIt) {
   op->SetOutput("Out", {b.AllVars().front()->name()});
   testing::ExpectErrorContainsAll(
       testing::ErrorOf([&] { fleet::save_persistables(exe, dir + "2", &main); }),
-      {"fleet::save_persistables", "model-parallel (op c_identity"});
+      {"checkpoint", "model-parallel (op c_identity", "minimize did not make it"});
   testing::ExpectErrorContainsAll(
       testing::ErrorOf([&] { fleet::load_persistables(exe, dir, &main); }),
-      {"fleet::load_persistables", "model-parallel (op c_identity"});
+      {"checkpoint", "model-parallel (op c_identity", "minimize did not make it"});
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { fleet::save_inference_model(exe, dir + "3", {"x"}, {}, &main); }),
+      {"fleet::save_inference_model", "model-parallel (op c_identity", "tensor-parallel one"});
 }
 
 }  // namespace

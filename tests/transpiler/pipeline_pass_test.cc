@@ -75,17 +75,24 @@ TEST(PipelinePass, Pp2MlpStagesMatchGolden) {
   }
 }
 
-// A stage holds part of the model: fleet refuses a checkpoint of it, naming the setting (the
-// transfers declare ShardsModel).
-TEST(PipelinePass, AStageProgramsCheckpointIsRefusedNamingThePipeline) {
+// A stage holds part of the model: fleet gathers a complete checkpoint of the programs its
+// minimize made (tests/fleet/pipeline_parallel_test.cc) and refuses a stage made by hand, whose
+// place in the pipeline it does not know, naming the setting (the transfers declare ShardsModel),
+// for saving and loading alike.
+TEST(PipelinePass, AHandMadeStageProgramsCheckpointIsRefusedNamingThePipeline) {
   Program main, startup;
   BuildTwoStageMlp(main, startup);
   transpiler::PipelinePass(Stage(0)).Apply(main, startup);
   Executor exe;
-  testing::ExpectErrorContainsAll(
-      testing::ErrorOf([&] { fleet::save_persistables(exe, "/nonexistent/ck", &main); }),
-      {"fleet::save_persistables", "model-parallel", "op send_v2", "DistributedStrategy.",
-       ".pipeline"});
+  for (const bool save : {true, false})
+    testing::ExpectErrorContainsAll(testing::ErrorOf([&] {
+                                      if (save)
+                                        fleet::save_persistables(exe, "/nonexistent/ck", &main);
+                                      else
+                                        fleet::load_persistables(exe, "/nonexistent/ck", &main);
+                                    }),
+                                    {"checkpoint", "model-parallel", "op send_v2",
+                                     "DistributedStrategy.pipeline", "minimize did not make it"});
 }
 
 TEST(PipelinePass, ScalesTheLossGradientByOneOverMicroBatches) {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <thread>
@@ -29,11 +30,24 @@ DEFINE_int32(global_batch, 16, "Rows per step over all data-parallel replicas.")
 DEFINE_int32(steps, 4, "Training steps.");
 DEFINE_string(opt, "sgd", "sgd | adam.");
 DEFINE_string(out, "", "Directory every rank writes its parameters to.");
+DEFINE_string(save_dir, "",
+              "After the last step every rank calls fleet::save_persistables(SAVE_DIR): rank 0 "
+              "writes the complete checkpoint.");
+DEFINE_string(load_dir, "",
+              "After startup every rank calls fleet::load_persistables(LOAD_DIR) (a checkpoint of "
+              "any layout: one process, or the same model-parallel job).");
+DEFINE_int32(first_step, 0,
+             "Resume: the data stream skips the batches of the steps before this one, and training "
+             "runs steps first_step .. steps-1.");
 DEFINE_int32(hidden, 16, "Width of the first layer (its activations dominate the memory).");
 DEFINE_int32(stall_stage, -1,
              "Fault test: the process of this stage sleeps --stall_s seconds before step 1, as a "
              "hung peer would.");
 DEFINE_int32(stall_s, 30, "With --stall_stage: seconds to sleep.");
+DEFINE_int32(vanish_stage, -1,
+             "Fault test: the process of this stage disappears before step 1 (_Exit(0): no "
+             "destructors, its connections closed by the kernel, as a crashed peer's are; exit "
+             "status 0 so that keel launch leaves its neighbours running).");
 DEFINE_bool(unordered_recv, false,
             "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
             "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
@@ -131,6 +145,7 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
+    if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::unique_ptr<fleet::PipelineRunner> runner;
     const bool last = FLAGS_pp == 1 || rank % FLAGS_pp == FLAGS_pp - 1;
     if (FLAGS_pp > 1)
@@ -142,6 +157,11 @@ int main(int argc, char** argv) {
     for (int step = 0; step < FLAGS_steps; ++step) {
       if (step == 1 && rank % FLAGS_pp == FLAGS_stall_stage)
         std::this_thread::sleep_for(std::chrono::seconds(FLAGS_stall_s));
+      if (step == 1 && rank % FLAGS_pp == FLAGS_vanish_stage) {
+        std::printf("rank %d vanishes\n", rank);
+        std::fflush(stdout);
+        std::_Exit(0);
+      }
       CpuAllocatorResetPeak();
       std::vector<float> gx(FLAGS_global_batch * 8);
       std::vector<int64_t> gy(FLAGS_global_batch);
@@ -158,6 +178,7 @@ int main(int argc, char** argv) {
         feed = {{"ids", ids.Slice(dp_rank * local, (dp_rank + 1) * local)},
                 {"labels", labels.Slice(dp_rank * local, (dp_rank + 1) * local)}};
       }
+      if (step < FLAGS_first_step) continue;  // a resumed run: this step's data was trained on
       std::vector<Tensor> out;
       if (runner) {
         out = runner->Step(
@@ -174,6 +195,7 @@ int main(int argc, char** argv) {
       std::printf("rank %d step %d peak_bytes %zu\n", rank, step,
                   CpuAllocatorStats().peak_in_use_bytes);
     }
+    if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
       NamedTensors params;
       for (VarDesc* v : fleet::main_program().global_block().AllVars())

@@ -22,6 +22,15 @@ DEFINE_int32(global_batch, 8, "Rows per step over all data-parallel replicas.");
 DEFINE_int32(steps, 6, "Training steps.");
 DEFINE_string(opt, "sgd", "sgd | adam.");
 DEFINE_string(out, "", "Directory every rank writes its parameters to.");
+DEFINE_string(save_dir, "",
+              "After the last step every rank calls fleet::save_persistables(SAVE_DIR): rank 0 "
+              "writes the complete checkpoint.");
+DEFINE_string(load_dir, "",
+              "After startup every rank calls fleet::load_persistables(LOAD_DIR) (a checkpoint of "
+              "any layout: one process, or the same model-parallel job).");
+DEFINE_int32(first_step, 0,
+             "Resume: the data stream skips the batches of the steps before this one, and training "
+             "runs steps first_step .. steps-1.");
 DEFINE_bool(drop_identity_allreduce, false,
             "Negative test: replace the all-reduce of c_identity's gradient by a copy, as if the "
             "backward collective were forgotten.");
@@ -113,6 +122,7 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
+    if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
     const models::TransformerConfig tc = SmallTransformer();
@@ -140,9 +150,11 @@ int main(int argc, char** argv) {
         feed = {{"ids", Tensor::FromVector(li, {local, L, 1})},
                 {"labels", Tensor::FromVector(ll, {local, L, 1})}};
       }
+      if (step < FLAGS_first_step) continue;  // a resumed run: this step's data was trained on
       auto out = exe.Run(fleet::main_program(), feed, {loss.name()});
       std::printf("rank %d step %d loss %.9g\n", rank, step, out[0].item<double>());
     }
+    if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
       NamedTensors params;
       for (VarDesc* v : fleet::main_program().global_block().AllVars())

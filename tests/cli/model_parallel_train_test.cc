@@ -1,0 +1,242 @@
+// keel train under pipeline and tensor parallelism (--pp_degree, --tp_degree) keeps everything
+// else working, end to end through keel launch with real processes: the checkpoint is complete
+// (one process resumes from it, and it holds the single-device names), --auto_resume continues
+// exactly (the final checkpoint equals an uninterrupted run's, bit for bit), a worker killed under
+// --max_restarts restarts the job from its last checkpoint to the same end, a pipeline evaluates
+// (--eval_every) as one process does, and a profile of a pipeline shows its point-to-point
+// transfers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "executor/executor_io.h"
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+// "step N loss X" lines of keel train's console, by step.
+std::map<int, std::string> LossLines(const std::string& text) {
+  std::map<int, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("step ", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w, loss;
+    int step = -1;
+    words >> w >> step >> w >> loss;
+    if (step >= 0 && w == "loss") out[step] = loss;
+  }
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// `parallel`: the flags that make the job model-parallel on 2 workers (one process drops them).
+// `exact_one_process`: whether one process prints the job's losses to the digit (the pipeline
+// sums in the same order; tensor parallelism's all-reduces round differently).
+void ExpectCheckpointsWork(const std::string& model, const std::string& parallel,
+                           bool exact_one_process) {
+  const std::string dir = MakeTempDir();
+  const std::string train =
+      " train " + model + " --optimizer=adam --seed=5 --batch_size=8 --progress=lines ";
+  const std::string env = "FLAGS_cpu_math_threads=1 ";
+  auto launch = [&](const std::string& log, const std::string& flags) {
+    return RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/" + log +
+                      " " + Keel() + train + parallel + " " + flags + " 2>&1");
+  };
+  auto straight = launch("l1", "--steps=10 --save_dir=" + dir + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::map<int, std::string> want = LossLines(straight.output);
+  ASSERT_EQ(want.size(), 10u) << straight.output;
+
+  // Six steps, then the rest from the checkpoint: the end is the uninterrupted run's.
+  auto half = launch("l2", "--steps=6 --save_dir=" + dir + "/resumed");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  // One process loads the job's checkpoint (single-device names, whole tensors) and trains on
+  // from step 6 on the same data.
+  auto one = RunCommand(env + Keel() + train + "--steps=10 --load_dir=" + dir +
+                        "/resumed --save_dir=" + dir + "/one 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(Contains(one.output, "resumed from " + dir + "/resumed at step 6")) << one.output;
+  const std::map<int, std::string> got_one = LossLines(one.output);
+  for (int s = 6; s < 10; ++s) {
+    ASSERT_TRUE(got_one.count(s)) << one.output;
+    if (exact_one_process)
+      EXPECT_EQ(got_one.at(s), want.at(s)) << "step " << s;
+    else
+      EXPECT_NEAR(std::atof(got_one.at(s).c_str()), std::atof(want.at(s).c_str()), 1e-4)
+          << "step " << s;
+  }
+  std::map<std::string, std::string> job = CheckpointTensorBytes(dir + "/straight"),
+                                     single = CheckpointTensorBytes(dir + "/one");
+  ASSERT_EQ(job.size(), single.size());
+  for (auto a = job.begin(), b = single.begin(); a != job.end(); ++a, ++b) {
+    EXPECT_EQ(a->first, b->first);
+    EXPECT_EQ(a->second.size(), b->second.size()) << a->first;
+  }
+  auto resumed = launch("l3", "--steps=10 --auto_resume --save_dir=" + dir + "/resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(Contains(resumed.output, "resumed from " + dir + "/resumed at step 6"))
+      << resumed.output;
+  const std::map<int, std::string> got = LossLines(resumed.output);
+  for (int s = 6; s < 10; ++s) EXPECT_EQ(got.count(s) ? got.at(s) : "", want.at(s)) << s;
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/resumed"), job);
+
+  // Rank 1 killed during step 7: keel launch restarts both, they resume from step 6's checkpoint
+  // and end where the uninterrupted run ends.
+  auto restarted = RunCommand(env + "KEEL_FAULT_POINT=trainer_step_7@1 " + Keel() +
+                              " launch --nproc_per_node=2 --max_restarts=1 --log_dir=" + dir +
+                              "/l4 " + Keel() + train + parallel +
+                              " --steps=10 --save_every=2 --save_dir=" + dir + "/restarted 2>&1");
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_TRUE(Contains(restarted.output, "keel launch: restart 1 of 1: worker rank 1"))
+      << restarted.output;
+  EXPECT_TRUE(Contains(restarted.output, "resumed from " + dir + "/restarted at step 6"))
+      << restarted.output;
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/restarted"), job);
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelTrainModelParallel, PipelineCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--pp_degree=2 --micro_batches=4",
+                        /*exact_one_process=*/true);
+}
+
+// The transformer's stages hold embeddings, attention, layer norms and the output layer.
+TEST(KeelTrainModelParallel, TransformerPipelineCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=transformer", "--pp_degree=2 --micro_batches=4",
+                        /*exact_one_process=*/false);
+}
+
+TEST(KeelTrainModelParallel, TensorParallelCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--tp_degree=2",
+                        /*exact_one_process=*/false);
+}
+
+// The transformer's tensor-parallel variant: column and row layers, a vocabulary-parallel
+// embedding (rows split), replicated layer norms.
+TEST(KeelTrainModelParallel, TransformerTensorParallelCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", /*exact_one_process=*/false);
+}
+
+// A profile of a pipeline job holds each stage's transfers as comm spans naming the peer: stage 0
+// sends activations to rank 1 and receives their gradients from it, stage 1 the reverse.
+TEST(KeelTrainModelParallel, AProfileOfAPipelineShowsItsTransfers) {
+  const std::string dir = MakeTempDir();
+  auto r = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() +
+                      " launch --nproc_per_node=2 --log_dir=" + dir + "/log --profile=" + dir +
+                      "/t.json " + Keel() +
+                      " train --model=mlp --mlp_hidden=16 --steps=2 --batch_size=8 --pp_degree=2 "
+                      "--micro_batches=2 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string t0 = ReadFile(dir + "/t.json.rank0"), t1 = ReadFile(dir + "/t.json.rank1");
+  for (const char* s :
+       {"{\"name\": \"send_v2\", \"cat\": \"comm\"", "\"detail\": \"to rank 1 tag ",
+        "{\"name\": \"recv_v2\", \"cat\": \"comm\"", "\"detail\": \"from rank 1 tag "})
+    EXPECT_TRUE(Contains(t0, s)) << s << "\n" << t0.substr(0, 2000);
+  for (const char* s : {"\"detail\": \"to rank 0 tag ", "\"detail\": \"from rank 0 tag "})
+    EXPECT_TRUE(Contains(t1, s)) << s << "\n" << t1.substr(0, 2000);
+  RunCommand("rm -rf " + dir);
+}
+
+// --save_inference_dir under --pp_degree: rank 0 gathers the stages and writes the single-device
+// forward program with every stage's parameters; loaded in this process, it predicts what one
+// process's inference model predicts (trained alike, to float rounding).
+TEST(KeelTrainModelParallel, APipelineSavesTheWholeInferenceModel) {
+  const std::string dir = MakeTempDir();
+  const std::string train = " train --model=mlp --mlp_hidden=16 --seed=5 --batch_size=8 --steps=3 ";
+  auto one = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + train +
+                        "--save_inference_dir=" + dir + "/one 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 " +
+                        "--log_dir=" + dir + "/log " + Keel() + train +
+                        "--pp_degree=2 --micro_batches=4 --save_inference_dir=" + dir + "/pp 2>&1");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  std::vector<float> x(4 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) / 7.0f - 0.4f;
+  std::vector<std::vector<float>> predicted;
+  for (const std::string which : {"one", "pp"}) {
+    Executor exe(CPUPlace());
+    InferenceModel m = load_inference_model(dir + "/" + which, exe);
+    ASSERT_EQ(m.feeds.size(), 1u);
+    ASSERT_EQ(m.targets.size(), 1u);
+    for (const auto& op : m.program->global_block().ops())
+      EXPECT_NE(op->type(), "send_v2") << which;
+    std::vector<Tensor> out =
+        exe.Run(*m.program, {{m.feeds[0], Tensor::FromVector(x, {4, 32})}}, m.targets);
+    const float* p = out[0].data<float>();
+    predicted.emplace_back(p, p + out[0].numel());
+  }
+  ASSERT_EQ(predicted[0].size(), predicted[1].size());
+  double worst = 0;
+  for (size_t i = 0; i < predicted[0].size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(predicted[0][i] - predicted[1][i])));
+  std::printf("inference models of one process and PP=2: max |prediction diff| %.3g\n", worst);
+  EXPECT_LT(worst, 1e-5);
+  RunCommand("rm -rf " + dir);
+}
+
+// "step N test_accuracy A (S test samples)" lines.
+std::vector<std::string> EvalLines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("step ", 0) == 0 && Contains(line, " test_accuracy ")) out.push_back(line);
+  return out;
+}
+
+// --eval_every under --pp_degree: the stages evaluate the test batches together (forward only,
+// in inference mode), the last stage computes the accuracy, and rank 0 prints what one process
+// prints, once, and writes it to TensorBoard beside the loss. With two replicas (PP=2 x DP=2) each
+// evaluates its shard and the counts add up.
+TEST(KeelTrainModelParallel, APipelineEvaluatesAsOneProcessDoes) {
+  const std::string dir = MakeTempDir();
+  const std::string train =
+      " train --model=transformer --steps=4 --eval_every=2 --seed=3 "
+      "--batch_size=8 --dropout=0 --optimizer=sgd --progress=lines";
+  const std::string env = "FLAGS_cpu_math_threads=1 ";
+  auto one = RunCommand(env + Keel() + train + " 2>&1");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<std::string> want = EvalLines(one.output);
+  ASSERT_EQ(want.size(), 2u) << one.output;
+  auto two =
+      RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/l2 " + Keel() +
+                 train + " --pp_degree=2 --micro_batches=2 --logdir=" + dir + "/tb 2>&1");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(EvalLines(ReadFile(dir + "/l2/workerlog.0")), want) << two.output;
+  EXPECT_TRUE(EvalLines(ReadFile(dir + "/l2/workerlog.1")).empty());
+  // TensorBoard (rank 0's logdir): the pipeline's loss every step and the test accuracy.
+  if (HaveTensorboard()) {
+    auto scalars = ReadTensorboardScalars(dir + "/tb");
+    EXPECT_EQ(scalars["train/loss"].size(), 4u);
+    EXPECT_EQ(scalars["eval/accuracy"].size(), 2u);
+  }
+  auto four = RunCommand(env + Keel() + " launch --nproc_per_node=4 --log_dir=" + dir + "/l4 " +
+                         Keel() + train + " --pp_degree=2 --micro_batches=2 2>&1");
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  const std::vector<std::string> got = EvalLines(ReadFile(dir + "/l4/workerlog.0"));
+  ASSERT_EQ(got.size(), 2u) << four.output;
+  const std::string samples = want[0].substr(want[0].find(" ("));
+  for (const std::string& line : got) EXPECT_TRUE(Contains(line, samples)) << line;
+  for (int r = 1; r < 4; ++r)
+    EXPECT_TRUE(EvalLines(ReadFile(dir + "/l4/workerlog." + std::to_string(r))).empty()) << r;
+  RunCommand("rm -rf " + dir);
+}
+
+}  // namespace
+}  // namespace keel::testing
