@@ -153,7 +153,8 @@ std::string DistributedStrategy::ToString() const {
       ", accumulate_steps=", pipeline_configs.accumulate_steps,
       ", micro_batch_size=", pipeline_configs.micro_batch_size,
       ", schedule_mode=", pipeline_configs.schedule_mode, "}", ", a_sync=", Bool(a_sync),
-      ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}}");
+      ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}",
+      ", ps_worker_memory_mb=", ps_worker_memory_mb, "}");
 }
 
 void DistributedStrategy::Validate(const Role& role) const {
@@ -519,6 +520,8 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
   const DistributedStrategy d;
   const int k = a_sync_configs.k_steps;
   if (!role.is_ps()) {
+    KEEL_ENFORCE(ps_worker_memory_mb == 0, s, "ps_worker_memory_mb=", ps_worker_memory_mb,
+                 " bounds parameter-server trainers, but this is a collective job; leave it 0");
     KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps, s, "a_sync=", Bool(a_sync),
                  " / a_sync_configs.k_steps=", k,
                  " choose the parameter-server mode, but this is a collective job "
@@ -526,6 +529,8 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
                  "CloudRoleMaker(false)");
     return;
   }
+  KEEL_ENFORCE(ps_worker_memory_mb >= 0, s, "ps_worker_memory_mb=", ps_worker_memory_mb,
+               " must be >= 0 (0: no budget)");
   KEEL_ENFORCE(k >= -1, s, "a_sync_configs.k_steps=", k,
                " must be >= 0 (0: async, > 0: GEO every k steps; -1: unset)");
   KEEL_ENFORCE(a_sync || k <= 0, s, "a_sync_configs.k_steps=", k, " asks for GEO but ", s,

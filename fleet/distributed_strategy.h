@@ -169,6 +169,10 @@ struct DistributedStrategy {
   struct ASyncConfigs {
     int k_steps = -1;
   } a_sync_configs;
+  // Parameter-server trainers' memory budget in MiB (0: none; docs/sparse-embeddings.md): a
+  // trainer whose own parameters and optimizer state (after the transpiler moved what lives on the
+  // servers) exceed it is refused at minimize, naming the largest var. Parameter-server mode only.
+  int64_t ps_worker_memory_mb = 0;
 
   // hierarchical_allreduce_inter_nranks with 0 resolved to role.local_world_size.
   int HierarchicalInterNranks(const Role& role) const;

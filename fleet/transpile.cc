@@ -132,6 +132,7 @@ void TranspileParameterServer(Program& main, Program& startup, const Distributed
   o.nservers = role.server_num;
   o.ntrainers = role.trainer_num;
   o.server_index = role.is_server() ? role.rank : -1;
+  o.worker_memory_mb = strategy.ps_worker_memory_mb;
   transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 

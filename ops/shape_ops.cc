@@ -352,6 +352,10 @@ KEEL_REGISTER_OP(lookup_table)
                 "W's gradient holds only the rows the ids touch (row-sparse, each row once, "
                 "sorted), which sgd, momentum and adam (lazy_mode) update; false: a dense [V, D] "
                 "gradient")
+    .Attr<bool>("is_distributed", false,
+                "W is a distributed table (needs is_sparse): in parameter-server training it "
+                "lives on the servers (the transpiler turns this op into "
+                "distributed_lookup_table); elsewhere a lookup like any other")
     .Shape(LookupTableShape)
     .Grad(GradMaker("lookup_table_grad", {"W", "Ids"}, {"Out"}, {"W"}));
 // W only for W@GRAD's shape: a dense [V, D] tensor, or with is_sparse its touched rows.

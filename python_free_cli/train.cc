@@ -132,15 +132,6 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   // Parameter-server jobs train the mlp and the CTR model (docs/parameter-server.md).
   KEEL_ENFORCE(!ps || name == "mlp" || name == "ctr", "--model=", name,
                " in parameter-server training (--ps_mode) is not built: the mlp and ctr are");
-  if (ps && name == "ctr") {
-    // Row-sparse gradients do not travel to the servers yet (send takes dense ones): the table
-    // trains dense, its whole gradient sent each step.
-    cfg.ctr.is_sparse = false;
-    if (!fleet::is_server() && fleet::worker_index() == 0)
-      std::fprintf(stderr,
-                   "note: --model=ctr in parameter-server mode: its embedding table trains dense "
-                   "(row-sparse gradients are not sent to servers yet)\n");
-  }
   KEEL_ENFORCE(fleet::worker_num() % FLAGS_tp_degree == 0, "--tp_degree=", FLAGS_tp_degree,
                " does not divide the ", fleet::worker_num(),
                " workers (data parallelism fills workers / tp_degree)");

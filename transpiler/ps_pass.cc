@@ -8,13 +8,29 @@
 
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
+#include "transpiler/ps_pass_internal.h"
 
 namespace keel {
 namespace transpiler {
 
+using ps_internal::AddServerTable;
+using ps_internal::Append;
+using ps_internal::AppendCopy;
+using ps_internal::Args;
+using ps_internal::Declare;
+using ps_internal::IsDistributedTable;
+using ps_internal::ReplaceDistributedLookup;
+using ps_internal::ServerTables;
+
 namespace {
 
 constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
+
+std::vector<int64_t> WithRows(std::vector<int64_t> shape, int64_t rows) {
+  if (shape.empty()) return {rows};
+  shape[0] = rows;
+  return shape;
+}
 
 bool IsOptimize(const OpDesc& op) {
   if (!op.HasAttr(kOpRoleAttr)) return false;
@@ -25,45 +41,6 @@ bool IsOptimize(const OpDesc& op) {
 std::vector<std::string> RoleVar(const OpDesc& op) {
   if (!op.HasAttr(kOpRoleVarAttr)) return {};
   return op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
-}
-
-std::vector<std::string> Args(const OpDesc& op) {
-  std::vector<std::string> all = op.InputArgumentNames();
-  for (const std::string& o : op.OutputArgumentNames()) all.push_back(o);
-  return all;
-}
-
-// Declares `name` in `b` as a copy of `like` with dims `shape` (and `persistable`).
-VarDesc* Declare(Block& b, const std::string& name, const VarDesc& like,
-                 const std::vector<int64_t>& shape, bool persistable) {
-  VarDesc* v = b.Var(name);
-  v->set_dtype(like.dtype());
-  v->set_shape(shape);
-  v->set_persistable(persistable);
-  v->set_stop_gradient(true);
-  v->set_is_parameter(like.is_parameter() && persistable);
-  return v;
-}
-
-std::vector<int64_t> WithRows(std::vector<int64_t> shape, int64_t rows) {
-  if (shape.empty()) return {rows};
-  shape[0] = rows;
-  return shape;
-}
-
-OpDesc* Append(Block& b, const std::string& type, const OpDesc::VarMap& ins,
-               const OpDesc::VarMap& outs, const std::map<std::string, Attribute>& attrs) {
-  OpDesc* op = b.AppendOp(type);
-  for (const auto& [slot, args] : ins) op->SetInput(slot, args);
-  for (const auto& [slot, args] : outs) op->SetOutput(slot, args);
-  for (const auto& [name, value] : attrs) op->SetAttr(name, value);
-  op->SetAttr(kOpRoleAttr, kOptimize);
-  OpRegistry::Get(type).Complete(op);
-  return op;
-}
-
-OpDesc* AppendCopy(Block& b, const OpDesc& op) {
-  return b.InsertOp(b.num_ops(), std::make_unique<OpDesc>(op));
 }
 
 // The rows of each block of parameter `p` and the servers they go to, as attrs of send / recv.
@@ -83,6 +60,30 @@ BlockAttrs AttrsOf(const PsPlan& plan, const PsPlan::Param& p) {
     a.grad_names.push_back(b.grad_name);
   }
   return a;
+}
+
+// The trainer's persistable vars (what it holds for the whole run) against its budget.
+void CheckWorkerMemory(const Program& main, int64_t budget_mb) {
+  double total = 0, largest = 0;
+  const VarDesc* big = nullptr;
+  for (const VarDesc* v : main.global_block().AllVars()) {
+    if (!v->persistable()) continue;
+    double bytes = static_cast<double>(SizeOf(v->dtype()));
+    for (int64_t d : v->shape()) bytes *= std::max<int64_t>(d, 1);
+    total += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      big = v;
+    }
+  }
+  const double mib = 1024.0 * 1024.0;
+  KEEL_ENFORCE(
+      total <= static_cast<double>(budget_mb) * mib,
+      "parameter-server transpiler: this trainer would hold ", total / mib,
+      " MiB of parameters and state, over DistributedStrategy.ps_worker_memory_mb=", budget_mb,
+      "; the largest is ", big->name(), " ", DDim(big->shape()), " (", largest / mib,
+      " MiB): make an embedding table that large is_distributed=true, so that its rows "
+      "live on the servers only");
 }
 
 }  // namespace
@@ -140,6 +141,8 @@ PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_
       p.grad = rv[1];
       const VarDesc* v = b.MustFindVar(p.name);
       p.shape = v->shape();
+      const VarDesc* g = b.FindVar(p.grad);
+      p.sparse = g != nullptr && g->row_sparse();
       plan.params.push_back(p);
     }
     plan.params[it->second].ops.push_back(i);
@@ -168,6 +171,20 @@ PsPlan PlanParameterServer(const Program& main, int nservers, int64_t min_block_
         KEEL_ENFORCE(&q == &p || std::find(q.state.begin(), q.state.end(), s) == q.state.end(),
                      "parameter-server transpiler: ", s, " is state of both ", q.name, " and ",
                      p.name);
+    p.distributed = IsDistributedTable(b, p);
+    if (p.distributed) {
+      for (int k = 0; k < nservers; ++k) {
+        PsPlan::Block blk;
+        blk.param = blk.name = p.name;
+        blk.grad = blk.grad_name = p.grad;
+        blk.index = k;
+        blk.rows = -1;
+        blk.server = k;
+        p.blocks.push_back(static_cast<int>(plan.blocks.size()));
+        plan.blocks.push_back(blk);
+      }
+      continue;
+    }
     const std::vector<int64_t> rows = SliceRows(p.shape, nservers, min_block_size);
     int64_t row0 = 0;
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -194,7 +211,7 @@ std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main,
   for (const std::string& n : plan.lr_vars)
     if (b.MustFindVar(n)->persistable()) out.push_back({n, n, 0, -1, b.MustFindVar(n)->shape()});
   for (const PsPlan::Param& p : plan.params)
-    for (const std::string& s : p.state) {
+    for (const std::string& s : p.distributed ? std::vector<std::string>{} : p.state) {
       const std::vector<int64_t>& shape = b.MustFindVar(s)->shape();
       const bool rows = p.split() && shape == p.shape;
       for (int k : p.blocks) {
@@ -221,6 +238,11 @@ void ParameterServerPass::Apply(Program& main, Program& startup) const {
   KEEL_ENFORCE(options_.mode != PsMode::kGeo || options_.geo_k >= 1,
                "parameter-server transpiler: GEO needs geo_k >= 1, got ", options_.geo_k);
   const PsPlan plan = PlanParameterServer(main, options_.nservers, options_.min_block_size);
+  for (const PsPlan::Param& p : plan.params)
+    KEEL_ENFORCE(!p.distributed || options_.mode != PsMode::kGeo,
+                 "parameter-server transpiler: distributed table ", p.name,
+                 " (is_distributed=true) in GEO mode is not built (GEO trainers keep whole "
+                 "parameters); use sync or async mode, or is_distributed=false");
   if (options_.server_index < 0 && options_.mode == PsMode::kGeo) {
     ApplyGeoTrainer(plan, main, startup);
   } else if (options_.server_index < 0) {
@@ -228,6 +250,8 @@ void ParameterServerPass::Apply(Program& main, Program& startup) const {
   } else {
     ApplyServer(plan, main, startup);
   }
+  if (options_.server_index < 0 && options_.worker_memory_mb > 0)
+    CheckWorkerMemory(main, options_.worker_memory_mb);
 }
 
 void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Program& startup) const {
@@ -256,7 +280,12 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   std::sort(at.rbegin(), at.rend());
   for (const auto& [writer, k] : at) {
     const PsPlan::Param& p = plan.params[k];
-    const BlockAttrs a = AttrsOf(plan, p);
+    BlockAttrs a = AttrsOf(plan, p);
+    if (p.distributed) {
+      // Row id to server id % S, under the table's slot (its first block's).
+      a.sections.assign(a.sections.size(), 0);
+      a.slots.assign(a.slots.size(), p.blocks[0]);
+    }
     OpDesc* send = mb.InsertOp(writer + 1, "send");
     send->SetInput("X", {p.grad});
     send->SetAttr("epmap", a.epmap);
@@ -265,6 +294,8 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
     send->SetAttr("pserver_num", S);
     send->SetAttr("mode", mode);
     send->SetAttr("send_varnames", a.grad_names);
+    if (p.sparse) send->SetAttr("is_sparse", true);
+    if (p.distributed) send->SetAttr("is_distributed", true);
     send->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward));
     OpRegistry::Get("send").Complete(send);
   }
@@ -275,6 +306,7 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   auto receive = [&](Block& b) {
     std::vector<std::string> all;
     for (const auto& p : plan.params) {
+      if (p.distributed) continue;  // its rows come with each batch (distributed_lookup_table)
       const BlockAttrs a = AttrsOf(plan, p);
       const VarDesc* pv = b.MustFindVar(p.name);
       for (size_t i = 0; p.split() && i < a.names.size(); ++i)
@@ -288,13 +320,20 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
               {"mode", mode}});
       all.insert(all.end(), a.names.begin(), a.names.end());
     }
-    Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
+    if (!all.empty()) Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
     for (const auto& p : plan.params)
-      if (p.split()) {
+      if (p.split() && !p.distributed) {
         Append(b, "concat", {{"X", AttrsOf(plan, p).names}}, {{"Out", {p.name}}}, {{"axis", 0}});
       }
   };
   receive(mb);
+  // Distributed tables: lookups fetch the batch's rows from the servers; the trainer never
+  // holds the table.
+  for (const auto& p : plan.params)
+    if (p.distributed) {
+      ReplaceDistributedLookup(mb, p, S, mode);
+      mb.RemoveVar(p.name);
+    }
   std::set<std::string> used;
   for (size_t i = 0; i < mb.num_ops(); ++i)
     for (const std::string& a : Args(*mb.op(i))) used.insert(a);
@@ -317,6 +356,8 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   }
   for (const std::string& n : gone)
     if (sb.FindVar(n)) sb.RemoveVar(n);
+  for (const auto& p : plan.params)
+    if (p.distributed && sb.FindVar(p.name)) sb.RemoveVar(p.name);
   receive(sb);
 }
 
@@ -424,9 +465,14 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
     }
   }
   const std::set<std::string> lr(plan.lr_vars.begin(), plan.lr_vars.end());
-  std::vector<std::string> xs, trainer_grads;
-  std::vector<int> slots, blocks;
+  std::vector<std::string> xs, trainer_grads, sparse_grads;
+  std::vector<int> slots, blocks, sparse_blocks;
+  ServerTables tables;
   for (const PsPlan::Param& p : plan.params) {
+    if (p.distributed) {
+      AddServerTable(p, om, main, startup, W, async, &tables);
+      continue;
+    }
     std::vector<const PsPlan::Block*> mine;
     for (int k : p.blocks)
       if (plan.blocks[k].server == me) mine.push_back(&plan.blocks[k]);
@@ -490,17 +536,23 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
         blocks.push_back(ob.idx());
         continue;
       }
-      Declare(mb, blk->grad_name, pv, shape, false);
+      Declare(mb, blk->grad_name, pv, shape, false)->set_row_sparse(p.sparse);
       if (async) {
         copies.push_back(blk->grad_name);  // one trainer's gradient, applied as it is
       } else {
         for (int t = 0; t < W; ++t) {
           copies.push_back(StrCat(blk->grad_name, ".trainer_", t));
-          Declare(mb, copies.back(), pv, shape, false);
+          Declare(mb, copies.back(), pv, shape, false)->set_row_sparse(p.sparse);
         }
-        Append(ob, "sum", {{"X", copies}}, {{"Out", {blk->grad_name}}}, {});
-        Append(ob, "scale", {{"X", {blk->grad_name}}}, {{"Out", {blk->grad_name}}},
-               {{"scale", 1.0f / static_cast<float>(W)}});
+        if (p.sparse) {
+          // The trainers' rows, each summed in trainer order, then 1/W (as sum and scale).
+          Append(ob, "merge_sparse_grad", {{"X", copies}}, {{"Out", {blk->grad_name}}},
+                 {{"scale", 1.0f / static_cast<float>(W)}});
+        } else {
+          Append(ob, "sum", {{"X", copies}}, {{"Out", {blk->grad_name}}}, {});
+          Append(ob, "scale", {{"X", {blk->grad_name}}}, {{"Out", {blk->grad_name}}},
+                 {{"scale", 1.0f / static_cast<float>(W)}});
+        }
       }
       std::map<std::string, std::string> rename = {{p.name, blk->name}, {p.grad, blk->grad_name}};
       for (const auto& [s, names] : state_blocks) rename[s] = names[blk->index];
@@ -524,8 +576,10 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
         for (const std::string& out : c->OutputArgumentNames()) c->RenameOutput(out, renamed(out));
         c->SetAttr(kOpRoleVarAttr, std::vector<std::string>{blk->name, blk->grad_name});
       }
+      if (p.sparse) sparse_blocks.push_back(static_cast<int>(xs.size()));
       xs.push_back(blk->name);
-      trainer_grads.insert(trainer_grads.end(), copies.begin(), copies.end());
+      std::vector<std::string>& into = p.sparse ? sparse_grads : trainer_grads;
+      into.insert(into.end(), copies.begin(), copies.end());
       slots.push_back(p.blocks[blk->index]);
       blocks.push_back(ob.idx());
     }
@@ -541,7 +595,34 @@ void ParameterServerPass::ApplyServer(const PsPlan& plan, Program& main, Program
   OpDesc* serv = mb.AppendOp("listen_and_serv");
   serv->SetInput("X", xs);
   serv->SetInput("State", state);
-  serv->SetOutput("Grads", trainer_grads);
+  // Unused lists hold @EMPTY@ (the op's slots are all required).
+  auto list = [](std::vector<std::string> v) {
+    return v.empty() ? std::vector<std::string>{kEmptyVarName} : v;
+  };
+  serv->SetOutput("Grads", list(trainer_grads));
+  std::vector<std::string> row_grads = sparse_grads, table_vars;
+  row_grads.insert(row_grads.end(), tables.grads.begin(), tables.grads.end());
+  serv->SetOutput("RowGrads", list(row_grads));
+  for (size_t k = 0, at = 0; k < tables.names.size(); ++k) {
+    table_vars.push_back(tables.names[k]);
+    table_vars.push_back(tables.ids[k]);
+    for (int j = 0; j < tables.state_counts[k]; ++j) table_vars.push_back(tables.state[at++]);
+  }
+  serv->SetOutput("TableVars", list(table_vars));
+  if (!sparse_blocks.empty()) serv->SetAttr("sparse_blocks", sparse_blocks);
+  if (!row_grads.empty()) serv->SetAttr("row_sparse", true);
+  if (!tables.names.empty()) {
+    serv->SetAttr("table_slots", tables.slots);
+    serv->SetAttr("table_blocks", tables.blocks);
+    serv->SetAttr("table_heights", tables.heights);
+    serv->SetAttr("table_widths", tables.widths);
+    serv->SetAttr("table_state_counts", tables.state_counts);
+    serv->SetAttr("table_state_values", tables.state_values);
+    serv->SetAttr("table_dists", tables.dists);
+    serv->SetAttr("table_as", tables.as);
+    serv->SetAttr("table_bs", tables.bs);
+    serv->SetAttr("table_seeds", tables.seeds);
+  }
   serv->SetAttr("slots", slots);
   serv->SetAttr("optimize_blocks", blocks);
   serv->SetAttr("lr_decay_block_id", lr_block);

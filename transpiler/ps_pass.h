@@ -50,6 +50,24 @@
 //     server holds its parameter blocks only (no optimizer state, no learning rate); its optimize
 //     blocks add a trainer's delta "<block>@GEO_DELTA" to the block (sum), served as in async
 //     mode (mode=2).
+//   Sparse embedding tables (docs/sparse-embeddings.md): a parameter whose gradient is
+//     row-sparse (is_sparse) is cut and dealt as any other, its send says is_sparse (per block:
+//     the row count, then rows + values), and a server's sync optimize block merges the
+//     trainers' parts with merge_sparse_grad (row by row in trainer order, then 1/ntrainers)
+//     instead of sum and scale; listen_and_serv lists them in RowGrads (sparse_blocks). A table
+//     every lookup_table of which says is_distributed (one lookup; needs is_sparse; not in GEO
+//     mode) gets one plan block per server (block k on server k, named after the table, rows
+//     -1; its slot is its first block's): the trainer's lookup_table and lookup_table_grad become
+//     distributed_lookup_table and distributed_lookup_table_grad, its send says is_distributed
+//     (row id to server id % nservers), and the table, its row-shaped state and their
+//     initializers leave the trainer. Each server lists its shard in listen_and_serv's TableVars
+//     (table, "<table>@IDS", row-shaped state), the trainers' row gradients after the sparse
+//     blocks' in RowGrads, and the table's optimize block (merge, then its update ops) in
+//     table_blocks; its startup keeps the table's row_seeded_random and the row-shaped state's
+//     fill_constant in place but of [0, D] (later initializers draw what they draw in one
+//     process). PsServerState leaves distributed tables out.
+//   Trainers (options.worker_memory_mb > 0): a trainer program whose persistable vars exceed the
+//     budget is refused naming the largest.
 //   So a sync step of W trainers on b rows each updates the parameters as one process on the
 //   W x b rows (the mean of the trainers' mean gradients is the mean gradient of all rows).
 // Leaves alone: forward and backward ops (the trainer's), sub-blocks of the trainer's program, the
@@ -84,6 +102,10 @@ struct PsPlan {
     std::vector<int> blocks;         // indices into PsPlan::blocks
     std::vector<std::string> state;  // persistable vars of its update ops (not the rate)
     std::vector<size_t> ops;         // its update ops, indices into main's block 0
+    bool sparse = false;             // its gradient is row-sparse (an is_sparse embedding)
+    // An is_distributed embedding table: it lives on the servers only, id on server id % S (one
+    // block per server, each named after the table, rows = -1: created on first touch).
+    bool distributed = false;
     bool split() const { return blocks.size() > 1; }
   };
   std::vector<Param> params;
@@ -106,6 +128,12 @@ struct PsStateBlock {
 };
 std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main, int server);
 
+// A trainer's forward-only program (an evaluation program: clone_for_test of the single-device
+// main) under the same plan: each lookup_table of a distributed table becomes
+// distributed_lookup_table (the table's rows from the servers, as the trainer's main program
+// fetches them) and the table leaves the program. `mode` and `nservers` as the job's.
+void RewriteDistributedLookups(Program& program, const PsPlan& plan, int nservers, int mode);
+
 // Paddle's modes (DistributedStrategy.a_sync / a_sync_configs.k_steps): the attr "mode" of send,
 // recv and listen_and_serv.
 enum class PsMode : int { kSync = 0, kAsync = 1, kGeo = 2 };
@@ -117,6 +145,9 @@ struct PsOptions {
   int ntrainers = 1;
   int server_index = -1;  // -1: a trainer's programs; else that server's
   int64_t min_block_size = 8192;
+  // A trainer's budget (MiB; 0: none) for its persistable vars: a trainer program that needs
+  // more is refused naming the largest (DistributedStrategy::ps_worker_memory_mb).
+  int64_t worker_memory_mb = 0;
 };
 
 class ParameterServerPass : public Pass {

@@ -1,6 +1,8 @@
 #include "framework/dsl/tensor_layers.h"
 
+#include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 
 namespace keel {
@@ -44,14 +46,74 @@ std::vector<Var> SplitOp(Var x, int num, const std::vector<int>& sections, int d
 
 }  // namespace
 
+namespace {
+
+// The startup op that initializes table `w` (uniform_random, gaussian_random or fill_constant)
+// becomes row_seeded_random with the same distribution: row r drawn from (seed, r) alone. A seed
+// of 0 becomes a hash of the table's name (FNV-1a), so that it does not depend on the op's place
+// in the startup program.
+void RowSeededInitializer(Block& startup, const std::string& w) {
+  for (size_t i = startup.num_ops(); i-- > 0;) {
+    OpDesc& op = *startup.op(i);
+    const auto outs = op.OutputArgumentNames();
+    if (std::find(outs.begin(), outs.end(), w) == outs.end()) continue;
+    if (op.type() == "row_seeded_random") return;  // a table looked up again
+    int dist = 0;
+    float a = 0, b = 0;
+    int64_t seed = 0;
+    if (op.type() == "uniform_random") {
+      a = op.Attr<float>("min");
+      b = op.Attr<float>("max");
+      seed = op.Attr<int>("seed");
+    } else if (op.type() == "gaussian_random") {
+      dist = 1;
+      a = op.Attr<float>("mean");
+      b = op.Attr<float>("std");
+      seed = op.Attr<int>("seed");
+    } else {
+      KEEL_ENFORCE(op.type() == "fill_constant", "layers::embedding: table ", w,
+                   " is_distributed=true needs a Uniform, Normal or Constant initializer (its "
+                   "rows are created one by one on the servers), got ",
+                   op.type());
+      dist = 2;
+      a = op.Attr<float>("value");
+    }
+    if (seed == 0) {
+      uint64_t h = 1469598103934665603ull;
+      for (char c : w) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+      seed = static_cast<int64_t>(h >> 1);
+    }
+    std::unique_ptr<OpDesc> init = std::make_unique<OpDesc>("row_seeded_random");
+    init->SetOutput("Out", {w});
+    init->SetAttr("shape", startup.MustFindVar(w)->shape());
+    init->SetAttr("dtype", static_cast<int>(startup.MustFindVar(w)->dtype()));
+    init->SetAttr("dist", dist);
+    init->SetAttr("a", a);
+    init->SetAttr("b", b);
+    init->SetAttr("row_seed", seed);
+    if (op.HasAttr(kOpRoleAttr)) init->SetAttr(kOpRoleAttr, op.Attr<int>(kOpRoleAttr));
+    startup.RemoveOp(i);
+    startup.InsertOp(i, std::move(init));
+    return;
+  }
+  KEEL_THROW("layers::embedding: no startup op initializes table ", w);
+}
+
+}  // namespace
+
 Var embedding(Var ids, const std::vector<int64_t>& size, int64_t padding_idx,
-              const ParamAttr& param_attr, DType dtype, bool is_sparse) {
+              const ParamAttr& param_attr, DType dtype, bool is_sparse, bool is_distributed) {
   KEEL_ENFORCE(size.size() == 2, "layers::embedding(", ids.name(),
                "): size must be {vocab, dim}, got ", DDim(size).str());
+  KEEL_ENFORCE(!is_distributed || is_sparse, "layers::embedding(", ids.name(),
+               "): is_distributed=true needs is_sparse=true (a distributed table's gradient is "
+               "its rows)");
   const std::string layer = default_main_program().UniqueName("embedding");
   Var w = create_parameter(size, dtype, layer, "w_0", param_attr, initializer::Xavier());
+  if (is_distributed) RowSeededInitializer(default_startup_program().global_block(), w.name());
   std::map<std::string, Attribute> attrs{{"padding_idx", padding_idx}};
   if (is_sparse) attrs["is_sparse"] = true;
+  if (is_distributed) attrs["is_distributed"] = true;
   return AppendWithOutputs("lookup_table", {{"W", {w.name()}}, {"Ids", {ids.name()}}}, {{"Out", 1}},
                            attrs)[0];
 }

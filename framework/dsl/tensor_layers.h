@@ -18,9 +18,14 @@ namespace layers {
 // holds only the rows the batch's ids touch (row-sparse; sgd, momentum and adam update them, and
 // Adam(..., lazy_mode=true) touches nothing else), as Paddle's is_sparse; ops that need dense
 // gradients (weight decay, clipping, collectives, mixed precision) refuse it by name.
+// is_distributed (Paddle's; needs is_sparse): in parameter-server training the table lives on the
+// servers only, row id on server id % servers, created when first looked up; trainers fetch the
+// rows of each batch and push row gradients (docs/sparse-embeddings.md). Its initializer
+// (Uniform, Normal or Constant) becomes row_seeded_random: row r's values depend on the seed and
+// r alone, so one process holds the same rows as the servers create.
 Var embedding(Var ids, const std::vector<int64_t>& size, int64_t padding_idx = -1,
               const ParamAttr& param_attr = {}, DType dtype = DType::kFloat32,
-              bool is_sparse = false);
+              bool is_sparse = false, bool is_distributed = false);
 
 // xs joined along `axis`; the other dims must agree.
 Var concat(const std::vector<Var>& xs, int axis = 0);

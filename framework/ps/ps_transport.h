@@ -9,7 +9,10 @@
 // kind: kHeader (a trainer tells every server that step `step` starts, that it is done, or that
 // it asks for the server's state for a checkpoint: kState, `block` indexing the server's list),
 // kGrad (a trainer's gradient block for `step`), kParam (a server's parameter block after `step`;
-// step 0: the initial values). `block` is the block's index in the transpiler's plan
+// step 0: the initial values), kRows (a row-sparse gradient block's rows and values, after its
+// row count under kGrad; docs/sparse-embeddings.md), kIds / kPrefetch (a trainer's request for
+// rows of a distributed table and the server's reply). `block` is the block's index in the
+// transpiler's plan
 // (transpiler/ps_pass.h), the same in every process. Gloo's TCP pairs hand data over only once
 // the receiver has posted its receive, so nothing is buffered without bound.
 //
@@ -43,16 +46,27 @@ namespace keel {
 class StoreClient;
 namespace ps {
 
-enum class Kind : uint64_t { kHeader = 1, kGrad = 2, kParam = 3, kState = 4 };
+enum class Kind : uint64_t {
+  kHeader = 1,
+  kGrad = 2,
+  kParam = 3,
+  kState = 4,
+  kRows = 5,
+  kIds = 6,
+  kPrefetch = 7
+};
 uint64_t Slot(Kind kind, int block, int64_t step);
 
 // A header: step >= 1 starts that step; kDone says the trainer finished after `steps` steps.
 struct Header {
   int64_t step = 0;
   int64_t steps = 0;  // steps completed before this header
+  int64_t table = 0;  // kPrefetch: the distributed table's slot
+  int64_t count = 0;  // kPrefetch: how many ids follow (under Slot(kIds, table, steps))
 };
 constexpr int64_t kDone = -1;
-constexpr int64_t kSave = -2;  // a trainer asks for the server's state (a checkpoint)
+constexpr int64_t kSave = -2;      // a trainer asks for the server's state (a checkpoint)
+constexpr int64_t kPrefetch = -3;  // a trainer asks for rows of a distributed table
 
 class Transport {
  public:

@@ -15,7 +15,7 @@ namespace models {
 CtrOutputs ctr_dnn(Var ids, Var dense, Var label, const CtrConfig& c) {
   Var emb = layers::embedding(ids, {c.vocab, c.embed_dim}, -1,
                               ParamAttr("SparseFeatFactors", initializer::Uniform(-1.0f, 1.0f)),
-                              DType::kFloat32, c.is_sparse);    // [B, slots, D]
+                              DType::kFloat32, c.is_sparse, c.is_distributed);  // [B, slots, D]
   Var x = layers::concat({layers::flatten(emb, 1), dense}, 1);  // [B, slots * D + dense]
   int fan_in = c.slots * c.embed_dim + c.dense;
   int k = 0;

@@ -27,6 +27,11 @@ struct CtrConfig {
   int dense = 13;
   std::vector<int> hidden = {400, 400, 400};
   bool is_sparse = true;  // the table's gradient holds only the batch's rows
+  // The table lives on the parameter servers only (is_distributed; needs is_sparse): under
+  // parameter-server training trainers fetch each batch's rows (docs/sparse-embeddings.md). Its
+  // U(-1, 1) initializer becomes per-row (row_seeded_random), so in one process it draws other
+  // rows than with is_distributed = false, the same in every process and under any servers.
+  bool is_distributed = false;
 };
 
 struct CtrOutputs {

@@ -72,7 +72,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
-      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}}");
+      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}, ps_worker_memory_mb=0}");
 }
 
 // Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
@@ -588,6 +588,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       // them: ParameterServerStrategy.*).
       {"a_sync", kRefused, none, [](auto* s) { s->a_sync = false; }},
       {"a_sync_configs.k_steps", kRefused, none, [](auto* s) { s->a_sync_configs.k_steps = 2; }},
+      {"ps_worker_memory_mb", kRefused, none, [](auto* s) { s->ps_worker_memory_mb = 1; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
   std::vector<std::string> table;
@@ -595,7 +596,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 408u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 416u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -16,6 +16,7 @@
 #include "models/model_zoo.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
+#include "transpiler/ps_pass.h"
 
 namespace keel {
 namespace models {
@@ -168,6 +169,55 @@ TEST(CtrModel, LearnsTheSyntheticRuleThroughItsSparseTable) {
               before.auc, after.auc, after.accuracy);
   EXPECT_GT(after.auc, 0.70) << "before " << before.auc;
   EXPECT_GT(after.auc, before.auc + 0.1);
+}
+
+// CtrConfig::is_distributed: the table's initializer becomes per-row (row_seeded_random, U(-1,
+// 1)); under the parameter-server pass the trainer holds no table (its lookup fetches rows) and
+// each server holds a shard of it (listen_and_serv's TableVars), the dense layers as before.
+TEST(CtrModel, DistributedTableLivesOnTheServersOnly) {
+  ModelConfig cfg;
+  cfg.name = "ctr";
+  cfg.ctr.vocab = 1000001;
+  cfg.ctr.is_distributed = true;
+  TrainableModel m = BuildModel(cfg);
+  bool row_seeded = false;
+  for (const auto& op : m.startup->global_block().ops())
+    row_seeded |= op->type() == "row_seeded_random" &&
+                  op->Output("Out")[0] == "SparseFeatFactors" && op->Attr<float>("a") == -1.0f &&
+                  op->Attr<float>("b") == 1.0f;
+  EXPECT_TRUE(row_seeded);
+  for (int index : {-1, 0}) {
+    std::unique_ptr<Program> main = m.main->Clone(), startup = m.startup->Clone();
+    transpiler::PsOptions o;
+    o.nservers = 2;
+    o.ntrainers = 2;
+    o.server_index = index;
+    o.worker_memory_mb = 16;  // the dense layers fit; the 38 MiB table would not
+    transpiler::ParameterServerPass(o).Apply(*main, *startup);
+    const Block& b = main->global_block();
+    if (index < 0) {
+      EXPECT_EQ(b.FindVar("SparseFeatFactors"), nullptr);
+      EXPECT_EQ(startup->global_block().FindVar("SparseFeatFactors"), nullptr);
+      bool fetches = false;
+      for (const auto& op : b.ops()) fetches |= op->type() == "distributed_lookup_table";
+      EXPECT_TRUE(fetches);
+    } else {
+      const OpDesc& serv = *b.op(b.num_ops() - 1);
+      ASSERT_EQ(serv.type(), "listen_and_serv");
+      EXPECT_EQ(serv.Output("TableVars")[0], "SparseFeatFactors");
+    }
+  }
+  // The evaluation program, under the same plan: its lookup fetches rows too.
+  const transpiler::PsPlan plan = transpiler::PlanParameterServer(*m.main, 2);
+  std::unique_ptr<Program> test = m.test->Clone();
+  transpiler::RewriteDistributedLookups(*test, plan, 2, 0);
+  EXPECT_EQ(test->global_block().FindVar("SparseFeatFactors"), nullptr);
+  int fetches = 0;
+  for (const auto& op : test->global_block().ops()) {
+    fetches += op->type() == "distributed_lookup_table";
+    EXPECT_NE(op->type(), "lookup_table");
+  }
+  EXPECT_EQ(fetches, 1);
 }
 
 }  // namespace

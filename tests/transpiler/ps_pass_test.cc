@@ -7,6 +7,7 @@
 
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
+#include "framework/dsl/tensor_layers.h"
 #include "tests/util/golden.h"
 #include "transpiler/ps_pass.h"
 
@@ -144,6 +145,65 @@ TEST(ParameterServerPass, TwoServersAdamGeoMatchGolden) {
   }
 }
 
+// ids [-1, 4, 1] -> embedding [2048, 8] (is_sparse; is_distributed when asked) -> fc(2) ->
+// softmax_with_cross_entropy -> mean, with Adam (lazy_mode) or SGD: the table is 16384 elements,
+// two blocks on two servers.
+void BuildSparse(Program& main, Program& startup, const std::string& opt_type, bool distributed) {
+  ProgramGuard guard(main, startup);
+  Var ids = layers::data("ids", {-1, 4, 1}, DType::kInt64);
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var emb =
+      layers::embedding(ids, {2048, 8}, -1, ParamAttr("table", initializer::Uniform(-0.5f, 0.5f)),
+                        DType::kFloat32, /*is_sparse=*/true, distributed);
+  Var logits = layers::fc(layers::reshape(emb, {-1, 32}), 2);
+  Var cost = layers::mean(layers::softmax_with_cross_entropy(logits, y));
+  if (opt_type == "adam") {
+    optimizer::Adam(0.01f, 0.9f, 0.999f, 1e-8f, /*lazy_mode=*/true).minimize(cost, &startup);
+  } else {
+    optimizer::SGD(0.1f).minimize(cost, &startup);
+  }
+}
+
+// An is_sparse table under sync PS with lazy Adam: the trainer's send of the table's gradient
+// says is_sparse (rows + values per row block); each server merges the trainers' row-sparse
+// parts of its block (merge_sparse_grad: row by row in trainer order, 1/2) into RowGrads-fed
+// vars, and lazy Adam updates those rows of its block.
+TEST(ParameterServerPass, SparseTableTwoServersLazyAdamMatchGolden) {
+  for (int index : {-1, 0, 1}) {
+    Program main, startup;
+    BuildSparse(main, startup, "adam", false);
+    Transpile(main, startup, 2, 2, index);
+    const std::string who = index < 0 ? "trainer" : "server" + std::to_string(index);
+    testing::ExpectGolden(main.ToText(), "ps_sparse_2servers_adam_" + who + "_main.txt");
+    testing::ExpectGolden(startup.ToText(), "ps_sparse_2servers_adam_" + who + "_startup.txt");
+  }
+}
+
+// An is_distributed table under sync PS with SGD: the trainer holds no table (its lookups are
+// distributed_lookup_table and its grad; the send is is_distributed, one part per server; no recv
+// of the table, nothing initializes it); each server holds its shard in TableVars, its startup
+// fills [0, 8] in the table initializer's place, and its table block merges the row gradients.
+TEST(ParameterServerPass, DistributedTableTwoServersSgdMatchGolden) {
+  for (int index : {-1, 0, 1}) {
+    Program main, startup;
+    BuildSparse(main, startup, "sgd", true);
+    Transpile(main, startup, 2, 2, index);
+    const std::string who = index < 0 ? "trainer" : "server" + std::to_string(index);
+    testing::ExpectGolden(main.ToText(), "ps_distributed_2servers_sgd_" + who + "_main.txt");
+    testing::ExpectGolden(startup.ToText(), "ps_distributed_2servers_sgd_" + who + "_startup.txt");
+  }
+}
+
+// The distributed table's lazy Adam on the server: its moments are shard state (TableVars, a
+// zero row each when a row is created), its beta powers ordinary state.
+TEST(ParameterServerPass, DistributedTableOneServerLazyAdamMatchesGolden) {
+  Program main, startup;
+  BuildSparse(main, startup, "adam", true);
+  Transpile(main, startup, 1, 2, 0, transpiler::PsMode::kAsync);
+  testing::ExpectGolden(main.ToText(), "ps_distributed_async_1server_adam_server0_main.txt");
+  testing::ExpectGolden(startup.ToText(), "ps_distributed_async_1server_adam_server0_startup.txt");
+}
+
 std::string ErrorOf(const std::function<void()>& f) {
   try {
     f();
@@ -168,6 +228,60 @@ TEST(ParameterServerPass, RefusesWhatIsNotBuilt) {
   Program m3, s3;
   const std::string e3 = ErrorOf([&] { Transpile(m3, s3, 1, 1, -1); });
   EXPECT_NE(e3.find("updates no parameter"), std::string::npos) << e3;
+  // A distributed table in GEO mode.
+  Program m4, s4;
+  BuildSparse(m4, s4, "sgd", true);
+  transpiler::PsOptions o;
+  o.mode = transpiler::PsMode::kGeo;
+  o.geo_k = 2;
+  const std::string e4 = ErrorOf([&] { transpiler::ParameterServerPass(o).Apply(m4, s4); });
+  EXPECT_NE(e4.find("distributed table table (is_distributed=true) in GEO mode is not built"),
+            std::string::npos)
+      << e4;
+  // A trainer over its memory budget, naming the largest var and the setting: a 100000 x 8
+  // table (3.05 MiB) against 1 MiB; as is_distributed the trainer holds no table and passes.
+  for (bool distributed : {false, true}) {
+    Program m, st;
+    {
+      ProgramGuard guard(m, st);
+      Var ids = layers::data("ids", {-1, 1}, DType::kInt64);
+      Var e = layers::embedding(ids, {100000, 8}, -1, ParamAttr("big"), DType::kFloat32, true,
+                                distributed);
+      optimizer::SGD(0.1f).minimize(layers::mean(e), &st);
+    }
+    transpiler::PsOptions ob;
+    ob.nservers = 2;
+    ob.ntrainers = 2;
+    ob.worker_memory_mb = 1;
+    const std::string eb = ErrorOf([&] { transpiler::ParameterServerPass(ob).Apply(m, st); });
+    if (distributed) {
+      EXPECT_EQ(eb, "");
+    } else {
+      EXPECT_NE(eb.find("over DistributedStrategy.ps_worker_memory_mb=1; the largest is big "
+                        "[100000, 8]"),
+                std::string::npos)
+          << eb;
+    }
+  }
+  // Both forms of the embedding: one lookup per distributed table is built.
+  Program m8, s8;
+  {
+    ProgramGuard guard(m8, s8);
+    Var ids = layers::data("ids", {-1, 1}, DType::kInt64);
+    Var a = layers::embedding(ids, {2048, 8}, -1, ParamAttr("t"), DType::kFloat32, true, true);
+    Var b = layers::embedding(ids, {2048, 8}, -1, ParamAttr("t"), DType::kFloat32, true, true);
+    optimizer::SGD(0.1f).minimize(layers::mean(layers::elementwise_add(a, b)), &s8);
+  }
+  const std::string e8 = ErrorOf([&] { Transpile(m8, s8, 2, 2, -1); });
+  EXPECT_NE(e8.find("distributed table t has 2 lookup_table ops"), std::string::npos) << e8;
+  // is_distributed without is_sparse.
+  Program m9, s9;
+  const std::string e9 = ErrorOf([&] {
+    ProgramGuard guard(m9, s9);
+    Var ids = layers::data("ids", {-1, 1}, DType::kInt64);
+    layers::embedding(ids, {16, 8}, -1, {}, DType::kFloat32, false, true);
+  });
+  EXPECT_NE(e9.find("is_distributed=true needs is_sparse=true"), std::string::npos) << e9;
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// A distributed embedding table's shard on one parameter server (docs/sparse-embeddings.md,
+// is_distributed): the rows of the ids this server owns (id % servers) that trainers touched,
+// each created on first touch. The rows live in ordinary variables of the server's scope, row k
+// of each for the k-th id created: the table [n, D], the optimizer state with the table's shape
+// (Adam's moments, [n, D] each) and the ids themselves (int64 [n]); so the optimizer ops run on
+// them unchanged, given a row-sparse gradient whose rows are those row numbers. The variables
+// keep spare capacity (doubling), so that creating a row moves nothing in general.
+//
+// Row initialization (RowInit) is deterministic per id: the values of row `id` are drawn from a
+// generator seeded with (seed, id) alone, so they depend neither on the number of servers nor on
+// the order of the touches, and one process that initializes the whole table with the same rule
+// (op row_seeded_random) holds the same rows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "framework/runtime/scope.h"
+
+namespace keel {
+namespace ps {
+
+// How a distributed table's rows start: kUniform in [a, b), kNormal (mean a, std b), kConstant a.
+struct RowInitRule {
+  enum Dist : int { kUniform = 0, kNormal = 1, kConstant = 2 };
+  int dist = kUniform;
+  float a = 0, b = 0;
+  int64_t seed = 0;
+};
+// Writes row `id`'s `width` initial values (float or double) to `out`.
+template <typename T>
+void RowInit(const RowInitRule& rule, int64_t id, int64_t width, T* out);
+
+class SparseShard {
+ public:
+  // `table`, `state` (each with the table's rows; `state_init` its value in a new row) and `ids`
+  // are the server's variables; `width` the table's row width.
+  SparseShard(std::string name, Variable* table, std::vector<Variable*> state,
+              std::vector<float> state_init, Variable* ids, int64_t width, RowInitRule rule,
+              DType dtype);
+
+  // The row number of `id`, created (initialized) if it is new.
+  int64_t Row(int64_t id);
+  int64_t rows() const { return static_cast<int64_t>(row_of_.size()); }
+  const std::string& name() const { return name_; }
+  const Variable* table() const { return table_; }
+
+ private:
+  void Grow();
+
+  std::string name_;
+  Variable* table_;
+  std::vector<Variable*> state_;
+  std::vector<float> state_init_;
+  Variable* ids_;
+  int64_t width_;
+  RowInitRule rule_;
+  DType dtype_;
+  int64_t capacity_ = 0;
+  std::unordered_map<int64_t, int64_t> row_of_;
+};
+
+}  // namespace ps
+}  // namespace keel
