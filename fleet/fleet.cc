@@ -18,6 +18,7 @@
 
 #include "executor/executor_io.h"
 #include "fleet/model_parallel_checkpoint.h"
+#include "fleet/ps_checkpoint.h"
 #include "fleet/transpile.h"
 #include "framework/base/endpoint.h"
 #include "framework/comm/collective_watch.h"
@@ -175,6 +176,15 @@ void RecordPassMadeVars(const std::set<std::string>& before, const Program& main
 
 std::set<std::string> PassMadeVarsOf(const Program& p) {
   std::set<std::string> skip;
+  // A parameter-server program's checkpoint holds the single-device program's persistables: the
+  // others (a trainer's blocks, GEO's snapshots; a server's blocks) are made by the pass.
+  auto ps = State().ps_programs.find(p.id());
+  if (ps != State().ps_programs.end()) {
+    const Block& original = ps->second.first->global_block();
+    for (const std::string& n : PersistableNames(p))
+      if (!original.FindVar(n) || !original.FindVar(n)->persistable()) skip.insert(n);
+    return skip;
+  }
   for (const std::string& n : State().pass_made)
     if (p.global_block().FindVar(n)) skip.insert(n);
   return skip;
@@ -355,10 +365,11 @@ int server_index() {
   return role().rank;
 }
 
-void run_server(Executor& exe) {
+void run_server(Executor& exe, const std::string& load_dir) {
   KEEL_ENFORCE(initialized() && role().is_server(),
                "fleet::run_server: this process is not a parameter server (TRAINING_ROLE=PSERVER)");
   exe.Run(startup_program());
+  if (!load_dir.empty()) LoadPsServerState(exe, load_dir, main_program());
   exe.Run(main_program());  // listen_and_serv: returns when every trainer stopped
 }
 
@@ -378,22 +389,39 @@ Place worker_place() {
   return r.selected_gpus.empty() ? CPUPlace() : CUDAPlace(r.selected_gpus[0]);
 }
 
+namespace {
+void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api);
+}  // namespace
+
 void barrier_worker() {
-  KEEL_ENFORCE(!role().is_ps(),
-               "fleet::barrier_worker in parameter-server mode is not built yet (the trainers "
-               "would have to meet without the servers)");
+  if (role().is_ps()) {
+    // The trainers meet on their own ring (the servers are in listen_and_serv).
+    KEEL_ENFORCE(!role().is_server(),
+                 "fleet::barrier_worker on a parameter server: the trainers meet (call it on "
+                 "the trainers)");
+    Tensor t(DType::kFloat64, DDim({1}));
+    *t.data<double>() = 0;
+    AllReduceAs(&t, ReduceOp::kSum, "fleet::barrier_worker");
+    return;
+  }
   StoreBarrier("barrier_worker");
 }
 
 namespace {
 
-// Fleet's eager ring, a CPU ring over every rank, set up on first use (inside a FleetCall).
+// Fleet's eager ring, a CPU ring over every rank, set up on first use (inside a FleetCall). In
+// parameter-server mode it spans the trainers only (group "trainers"): the servers are in their
+// loop, and the trainers' metrics are theirs.
 Communicator& EagerRing(const std::string& api) {
   const Role& r = role();
   FleetState& st = State();
   if (!st.eager_ring) {
-    CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0, "",
-                                  "fleet's eager ring");
+    if (r.is_ps())
+      CommContext::Get().CreateRing(kEagerRingId, r.trainer_num, r.trainer_id(), /*cuda=*/false, 0,
+                                    "trainers", "fleet's eager ring of the trainers");
+    else
+      CommContext::Get().CreateRing(kEagerRingId, r.world_size, r.rank, /*cuda=*/false, 0, "",
+                                    "fleet's eager ring");
     st.eager_ring = true;
   }
   return RingRegistry::Get().At(kEagerRingId, api);
@@ -403,10 +431,9 @@ Communicator& EagerRing(const std::string& api) {
 void AllReduceAs(Tensor* tensor, ReduceOp op, const std::string& api) {
   KEEL_ENFORCE(tensor != nullptr && tensor->initialized(), api, ": the tensor holds no data");
   const Role& r = role();
-  KEEL_ENFORCE(!r.is_ps(), api,
-               " in parameter-server mode is not built yet (a collective over the trainers "
-               "alone)");
-  if (r.world_size <= 1) return;
+  KEEL_ENFORCE(!r.is_server(), api,
+               " on a parameter server: it reduces over the trainers (call it on the trainers)");
+  if ((r.is_ps() ? r.trainer_num : r.world_size) <= 1) return;
   FleetCall call(api);
   try {
     Communicator& comm = EagerRing(api);
@@ -663,76 +690,9 @@ void RefuseTensorParallel(const Program& p, const char* api) {
                    "save_persistables and load it into the single-device program instead)");
 }
 
-namespace {
-
-// Parameter-server mode: trainer 0 writes the single-device program's persistables: the
-// parameters it holds (the servers' values after its last step) and the optimizer state and
-// learning rate pulled from every server, reassembled from their blocks.
-void SaveFromServers(Executor& exe, const std::string& dirname, const Program& program) {
-  const Role& r = role();
-  KEEL_ENFORCE(!r.is_server(),
-               "fleet::save_persistables on a parameter server: trainer 0 saves, pulling the "
-               "servers' state (call it on the trainers)");
-  for (size_t i = 0; i < program.global_block().num_ops(); ++i)
-    KEEL_ENFORCE(program.global_block().op(i)->type() != "geo_communicate",
-                 "fleet::save_persistables in GEO parameter-server mode (a_sync_configs.k_steps > "
-                 "0) is not built yet: each trainer holds its own optimizer state, and the "
-                 "servers' parameters differ from any trainer's between exchanges");
-  if (r.trainer_id() != 0) return;
-  auto it = State().ps_programs.find(program.id());
-  KEEL_ENFORCE(it != State().ps_programs.end(),
-               "fleet::save_persistables: the program is not a parameter-server trainer's "
-               "program that minimize made");
-  const Program& original = *it->second.first;
-  const transpiler::PsPlan& plan = it->second.second;
-  const Block& ob = original.global_block();
-  ps::Transport& t = ps::Transport::Get();
-  t.RequestState();
-  const int64_t step = t.step() + 1;
-  Scope out;
-  for (const auto& p : plan.params) {
-    const Variable* v = exe.scope().FindVar(p.name);
-    KEEL_ENFORCE(v != nullptr && v->tensor().initialized(), "fleet::save_persistables: ", p.name,
-                 " is not in the trainer's scope (run the startup program first)");
-    out.Var(p.name)->mutable_tensor()->ShareDataWith(v->tensor());
-  }
-  for (int s = 0; s < r.server_num; ++s) {
-    const std::vector<transpiler::PsStateBlock> entries =
-        transpiler::PsServerState(plan, original, s);
-    std::vector<Tensor> got(entries.size());
-    std::vector<std::unique_ptr<ps::Transport::Transfer>> pending;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const transpiler::PsStateBlock& e = entries[i];
-      got[i].Resize(DDim(e.dims));
-      got[i].mutable_data(ob.MustFindVar(e.var)->dtype(), CPUPlace());
-      pending.push_back(t.PostRecv({s}, ps::Slot(ps::Kind::kState, static_cast<int>(i), step),
-                                   got[i].raw_data(), got[i].nbytes(),
-                                   StrCat("checkpoint: ", e.name, " from ", t.PeerName(s))));
-    }
-    for (auto& p : pending) t.Wait(*p);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const transpiler::PsStateBlock& e = entries[i];
-      Tensor* whole = out.Var(e.var)->mutable_tensor();
-      if (!whole->initialized()) {
-        whole->Resize(ob.MustFindVar(e.var)->dims());
-        whole->mutable_data(got[i].dtype(), CPUPlace());
-      }
-      if (e.rows < 0) {
-        whole->CopyFrom(got[i]);
-      } else {
-        Tensor rows = whole->Slice(e.row0, e.row0 + e.rows);
-        rows.CopyFrom(got[i]);
-      }
-    }
-  }
-  keel::save_persistables(out, dirname, original);
-}
-
-}  // namespace
-
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
-  if (initialized() && role().is_ps()) return SaveFromServers(exe, dirname, p);
+  if (initialized() && role().is_ps()) return SavePsCheckpoint(exe, dirname, p);
   // Under sharding, pipelines and tensor parallelism every rank calls this (rank 0 gathers the
   // rest); otherwise rank 0 alone may, as in Paddle's collective fleet: there is no barrier, and
   // the others' next collective waits for rank 0 (at most FLAGS_comm_timeout_s) while it writes.
@@ -743,6 +703,9 @@ void save_persistables(Executor& exe, const std::string& dirname, const Program*
 
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program) {
   const Program& p = program ? *program : main_program();
+  KEEL_ENFORCE(!initialized() || !role().is_server(),
+               "fleet::load_persistables on a parameter server: a server loads its blocks of a "
+               "checkpoint with fleet::run_server(exe, dir)");
   LoadThisRanksPart(exe, p,
                     [&](Scope& scope, const Place& place, const Program& prog,
                         const std::set<std::string>& skip) {
@@ -752,6 +715,16 @@ void load_persistables(Executor& exe, const std::string& dirname, const Program*
 }
 
 std::set<std::string> pass_made_vars(const Program& program) { return PassMadeVarsOf(program); }
+
+const Program* ps_single_device_program(const Program& program) {
+  auto it = State().ps_programs.find(program.id());
+  return it == State().ps_programs.end() ? nullptr : it->second.first.get();
+}
+
+const transpiler::PsPlan* ps_plan(const Program& program) {
+  auto it = State().ps_programs.find(program.id());
+  return it == State().ps_programs.end() ? nullptr : &it->second.second;
+}
 
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done) {
   // Between two merge steps each rank's merge buffers hold its own gradients, and a checkpoint
@@ -779,8 +752,12 @@ void save_inference_model(Executor& exe, const std::string& dirname,
   const Program& p = program ? *program : main_program();
   // A pipeline minimize made is gathered into the single-device program (every rank calls this).
   RefuseTensorParallel(WholeProgram(p), "save_inference_model");
+  KEEL_ENFORCE(!initialized() || !role().is_server(),
+               "fleet::save_inference_model on a parameter server: trainer 0 saves (call it on "
+               "the trainers)");
   if (!IsModelParallel(p)) {
-    if (!initialized() || role().rank == 0)
+    // Rank 0, or in parameter-server mode trainer 0 (its parameters are the servers' values).
+    if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0))
       keel::save_inference_model(dirname, feeds, targets, exe, p);
     return;
   }

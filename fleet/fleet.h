@@ -24,6 +24,9 @@
 #include "framework/dsl/tensor_parallel.h"
 
 namespace keel {
+namespace transpiler {
+struct PsPlan;
+}
 namespace fleet {
 
 // Reads the role; with more than one worker, starts (rank 0) and joins the rendezvous store, then
@@ -42,8 +45,11 @@ bool is_worker();
 int server_num();
 int server_index();
 // Runs startup_program() (the server's blocks and optimizer state) and main_program()
-// (listen_and_serv) until every trainer has called stop_worker.
-void run_server(Executor& exe);
+// (listen_and_serv) until every trainer has called stop_worker. With `load_dir`, between the two
+// the server takes its blocks (and their optimizer state, the learning rate) from the checkpoint
+// there, one a parameter-server job of any shape saved (fleet/ps_checkpoint.h): the trainers'
+// startup then receives the checkpoint's parameters.
+void run_server(Executor& exe, const std::string& load_dir = "");
 // Tells every server this trainer is done (after its last step); in sync mode every trainer
 // must have run the same number of steps, or the servers end the job naming the two trainers.
 void stop_worker();
@@ -56,8 +62,12 @@ TensorParallelConfig tensor_parallel_config(const DistributedStrategy& strategy)
 // Waits until every worker arrives (through the store; works before any ring exists). Arrival is
 // bounded by FLAGS_comm_timeout_s (the error names the ranks that did not arrive); a peer whose
 // process exits or is killed fails the wait at once, naming its rank.
+// In parameter-server mode the trainers meet (on fleet's ring of the trainers); a server may not
+// call it.
 void barrier_worker();
 
+// In parameter-server mode all_reduce and the metrics reduce over the trainers only, on a ring of
+// theirs (a server may not call them).
 // `tensor` reduced over all workers, in place on every worker (paddle.distributed.all_reduce):
 // a collective outside any program, for metrics and other host-side values. Every worker must
 // call it in the same order with the same dtype and shape. It runs on a ring of its own, created
@@ -118,7 +128,8 @@ Program& startup_program();
 // In parameter-server mode trainer 0 writes (the others return at once), between two steps: the
 // single-device program's persistables, its parameters and the optimizer state and learning rate
 // pulled from every server (the servers answer while they wait for the next step), so one process
-// loads it with load_persistables on the program it built before fleet.
+// loads it with load_persistables on the program it built before fleet. In GEO mode: the servers'
+// parameters and trainer 0's own optimizer state (fleet/ps_checkpoint.h).
 // Under DistributedStrategy::sharding every rank must call it (the optimizer state of other
 // owners is gathered to rank 0, ShardedStateOnRankZero), and the checkpoint is complete: one
 // process, or a job of another world size, loads it. Likewise under pipeline and tensor
@@ -149,7 +160,13 @@ class ShardedStateOnRankZero {
 void load_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
 // The persistables the transpiler added to `program` (LocalSGD snapshots and counters): checkpoints
 // leave them out, and rebuild_pass_made_vars recreates them from the loaded user variables.
+// In parameter-server mode: the persistables of a trainer's or server's program that the
+// single-device program lacks (blocks, GEO's snapshots).
 std::set<std::string> pass_made_vars(const Program& program);
+// Parameter-server mode: the single-device main program minimize split into `program` (a
+// trainer's or a server's main) and its plan; nullptr when `program` is no such program.
+const Program* ps_single_device_program(const Program& program);
+const transpiler::PsPlan* ps_plan(const Program& program);
 // With `steps_done` >= 0 (a checkpoint's training step): also sets the state that counts steps
 // (LocalSGD's step and since-average counters) to where the interrupted run was, and refuses a
 // LocalSGD checkpoint taken between two averages (keel::Error). With several workers it also

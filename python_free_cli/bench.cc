@@ -20,6 +20,7 @@
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/train_flags.h"
 
 DECLARE_int32(batch_size);
 DECLARE_double(lr);
@@ -179,6 +180,9 @@ int Bench(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_bench_steps > 0, "--bench_steps must be positive");
   models::TrainableModel m =
       BuildDistributedModel(args[0], static_cast<float>(FLAGS_lr), FLAGS_seed ? FLAGS_seed : 1);
+  // Parameter-server jobs (keel launch --server_num): a server serves until the trainers stop.
+  if (fleet::is_server()) return RunParameterServer("");
+  const bool ps = fleet::role().is_ps();
   const int world = fleet::worker_num();
   Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
@@ -212,6 +216,16 @@ int Bench(const std::vector<std::string>& args) {
   float loss = exe.Run(*m.main, feed, {m.loss})[0].item<float>();
   double median = Median(ms);
   double mean = total * 1e3 / FLAGS_bench_steps;
+  // Samples per second of every worker together. In parameter-server mode the trainers' own rates
+  // summed (asynchronous trainers run at their own pace), then the servers are told they stop.
+  double samples_per_s = world * FLAGS_batch_size / (median / 1e3);
+  std::string ps_fields;
+  if (ps) {
+    samples_per_s = fleet::metrics::sum(FLAGS_batch_size / (median / 1e3));
+    fleet::stop_worker();
+    ps_fields = StrCat(", \"ps_mode\": \"", FLAGS_ps_mode, "\", \"servers\": ", fleet::server_num(),
+                       FLAGS_ps_mode == "geo" ? StrCat(", \"geo_k\": ", FLAGS_geo_k) : "");
+  }
   if (fleet::worker_index() != 0) return 0;
   // On a GPU: the caching allocator's peak over the timed steps (torch.cuda.max_memory_allocated's
   // counterpart) and whether the steps replayed a CUDA graph.
@@ -227,10 +241,10 @@ int Bench(const std::vector<std::string>& args) {
       "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"allreduce_bytes_per_step\": %.0f, "
-      "\"loss\": %.5f%s}\n",
+      "\"loss\": %.5f%s%s}\n",
       args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(),
-      FLAGS_batch_size, FLAGS_bench_steps, median, mean, world * FLAGS_batch_size / (median / 1e3),
-      allreduce_bytes, loss, gpu.c_str());
+      FLAGS_batch_size, FLAGS_bench_steps, median, mean, samples_per_s, allreduce_bytes, loss,
+      ps_fields.c_str(), gpu.c_str());
   return 0;
 }
 

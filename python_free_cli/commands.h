@@ -20,6 +20,9 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
 // --profile: writes this rank's Chrome trace and prints the per-op summary to stderr.
 // Does nothing when the profiler is off.
 void FinishProfile();
+// On a parameter server of keel train or bench (after BuildDistributedModel): its startup, then
+// (with `load_dir`) its blocks of that checkpoint, then its loop until every trainer stopped.
+int RunParameterServer(const std::string& load_dir);
 int Inspect(const std::vector<std::string>& args);
 int Bench(const std::vector<std::string>& args);
 // `keel launch [flags] COMMAND [ARGS...]`; `command` is COMMAND ARGS..., cut off before gflags

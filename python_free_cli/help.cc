@@ -50,7 +50,7 @@ const std::vector<Command>& Commands() {
           "fuse_parameter_groups_size", "hierarchical_allreduce_inter_nranks", "local_sgd_steps",
           "local_sgd_warmup_steps", "sharding_stage", "tp_degree", "pp_degree", "micro_batches",
           "pp_schedule", "cpu_comm_backend", "gpu_comm_backend", "comm_timeout_s",
-          "sync_batch_norm", "fp16_allreduce"}},
+          "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k"}},
         {"performance",
          {"num_iteration_per_drop_scope", "num_threads", "cpu_math_threads", "conv_onednn",
           "cuda_graph"}}},
@@ -70,7 +70,7 @@ const std::vector<Command>& Commands() {
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
        {{"bench",
          {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",
-          "cuda_graph", "sync_batch_norm", "fp16_allreduce"}}},
+          "cuda_graph", "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k"}}},
        {"python_free_cli/bench.cc"}},
       {"launch",
        "usage: keel launch [flags] COMMAND [ARGS...]\n"

@@ -37,10 +37,8 @@ DEFINE_bool(ps, false,
             "0..nservers-1) and --nworkers trainers, in --ps_mode (docs/parameter-server.md).");
 DEFINE_int32(nservers, 1, "keel inspect --strategy --ps: parameter servers.");
 DEFINE_int32(nworkers, 2, "keel inspect --strategy --ps: trainers.");
-DEFINE_string(ps_mode, "sync",
-              "keel inspect --strategy --ps: sync (a_sync=false), async (a_sync=true) or geo "
-              "(a_sync=true, a_sync_configs.k_steps=--geo_k).");
-DEFINE_int32(geo_k, 0, "keel inspect --strategy --ps --ps_mode=geo: push every k steps.");
+DECLARE_string(ps_mode);  // train_flags.cc
+DECLARE_int32(geo_k);
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
 DEFINE_string(program, "all", "keel inspect --strategy: main | startup | all.");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -11,6 +12,8 @@
 #include "executor/executor.h"
 #include "fleet/fleet.h"
 #include "fleet/pipeline_runner.h"
+#include "framework/comm/store.h"
+#include "framework/io/checkpoint.h"
 #include "framework/profiler/profiler.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
@@ -111,7 +114,10 @@ fleet::PipelineRunner& StageRunner(Executor& exe) {
 }  // namespace
 
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed) {
-  fleet::init();  // one worker unless a launcher's environment says otherwise
+  // One worker unless a launcher's environment says otherwise; a parameter-server job's when it
+  // lists the servers (keel launch --server_num, Paddle's PADDLE_PSERVERS_IP_PORT_LIST).
+  const char* servers = std::getenv("PADDLE_PSERVERS_IP_PORT_LIST");
+  fleet::init(fleet::CloudRoleMaker(/*is_collective=*/servers == nullptr || *servers == '\0'));
   models::ModelConfig cfg;
   cfg.name = name;
   cfg.lr = lr;
@@ -121,6 +127,11 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;
   fleet::DistributedStrategy strategy = StrategyFromFlags();
+  PsStrategyFromFlags(fleet::role(), &strategy);
+  const bool ps = fleet::role().is_ps();
+  // Parameter-server jobs train the mlp and the CTR model (docs/parameter-server.md).
+  KEEL_ENFORCE(!ps || name == "mlp" || name == "ctr", "--model=", name,
+               " in parameter-server training (--ps_mode) is not built: the mlp and ctr are");
   KEEL_ENFORCE(fleet::worker_num() % FLAGS_tp_degree == 0, "--tp_degree=", FLAGS_tp_degree,
                " does not divide the ", fleet::worker_num(),
                " workers (data parallelism fills workers / tp_degree)");
@@ -131,7 +142,8 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   // With tensor or pipeline parallelism the ranks of a group are one data-parallel replica: they
   // read the same data, and the replicas shard it.
   const int tp = FLAGS_tp_degree, pp = FLAGS_pp_degree;
-  const int replica = fleet::worker_index() / (tp * pp);
+  // (A parameter server reads no data.)
+  const int replica = fleet::is_server() ? 0 : fleet::worker_index() / (tp * pp);
   cfg.rank = replica;
   cfg.nranks = fleet::worker_num() / (tp * pp);
   ModelSettingsFromFlags(&cfg);
@@ -147,7 +159,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without
   // --seed the ranks agree on the largest of their random draws.
   cfg.shuffle_seed = seed;
-  if (!seed && fleet::worker_num() > 1)
+  if (!seed && fleet::worker_num() > 1 && !fleet::is_server())
     cfg.shuffle_seed = static_cast<uint64_t>(
         fleet::metrics::max(static_cast<double>(std::random_device{}() & ((1u << 31) - 1)) + 1));
   if (FLAGS_log_sample_ids)
@@ -159,7 +171,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
     };
   // Evaluation: each rank its shard of the test data, the counts summed over the ranks.
   // (The ranks of a tensor-parallel group evaluate the same shard: each count is theirs / tp.)
-  if (fleet::worker_num() > 1)
+  if (fleet::worker_num() > 1 && !fleet::is_server())
     cfg.all_reduce_sum = [tp](std::vector<double>* v) {
       Tensor t(DType::kFloat64, DDim({static_cast<int64_t>(v->size())}));
       std::copy(v->begin(), v->end(), t.data<double>());
@@ -229,6 +241,13 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
 
 void FinishProfile() { profiler::FinishFromFlags(); }
 
+int RunParameterServer(const std::string& load_dir) {
+  Executor exe(CPUPlace());
+  fleet::run_server(exe, load_dir);
+  LOG(INFO) << "server " << fleet::server_index() << ": every trainer stopped";
+  return 0;
+}
+
 namespace {
 
 // A training step of this rank's pipeline stage (docs/pipeline.md): the mini-batch as
@@ -260,6 +279,16 @@ PipelineStep(const models::TrainableModel& m) {
     }
     return out;
   };
+}
+
+// Where a parameter server resumes from: as the Trainer picks it on the trainers (a restart or
+// --auto_resume: --save_dir's checkpoint when it holds one; else --load_dir). Parameter-server
+// jobs run on one node (keel launch --server_num), so every process reads the same folder.
+std::string ServerLoadDir() {
+  if ((RestartGenerationFromEnvironment() > 0 || FLAGS_auto_resume) && !FLAGS_save_dir.empty() &&
+      HasCheckpoint(FLAGS_save_dir))
+    return FLAGS_save_dir;
+  return FLAGS_load_dir;
 }
 
 // The Trainer's options from keel train's flags; its messages then name the flags ("--" and the
@@ -302,6 +331,7 @@ int Train(const std::vector<std::string>& args) {
   // A run without --seed resuming a checkpoint builds its model with the checkpoint's seed.
   models::TrainableModel m =
       BuildDistributedModel(FLAGS_model, static_cast<float>(FLAGS_lr), trainer.seed());
+  if (fleet::is_server()) return RunParameterServer(ServerLoadDir());
   const bool quiet = fleet::worker_index() != 0 && !FLAGS_log_all_ranks;
 
   KEEL_ENFORCE(FLAGS_epochs == 0 || m.batches_per_epoch == 0 || !Given("steps"),
@@ -347,6 +377,8 @@ int Train(const std::vector<std::string>& args) {
   };
   trainer.add_callback(header);
   trainer.fit(model);
+  // A parameter-server trainer tells the servers it is done (they stop once every trainer is).
+  if (fleet::role().is_ps()) fleet::stop_worker();
   return 0;
 }
 

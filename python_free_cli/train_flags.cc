@@ -37,6 +37,11 @@ DEFINE_int32(sharding_stage, 0,
              "reduce-scattered to their owners, parameters broadcast back); 0: off "
              "(docs/sharding.md).");
 
+// ---- parameter-server training (docs/parameter-server.md), under keel launch --server_num
+DEFINE_string(ps_mode, "sync",
+              "Parameter-server jobs: sync | async | geo (docs/parameter-server.md).");
+DEFINE_int32(geo_k, 100, "--ps_mode=geo: exchange with the servers every this many steps.");
+
 DEFINE_int32(tp_degree, 1,
              "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
              "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
@@ -253,6 +258,35 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg) {
     divides(c.vocab, "vocab");
   }
   models::ValidateTransformerConfig(c, tp);  // the model's own checks, after the flags'
+}
+
+void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* strategy) {
+  if (!role.is_ps()) {
+    for (const char* f : {"ps_mode", "geo_k"})
+      KEEL_ENFORCE(!FlagIsSet(f), "--", f,
+                   " is a setting of parameter-server training: run under keel launch "
+                   "--server_num=S --worker_num=W");
+    return;
+  }
+  KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
+               "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
+  KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+  KEEL_ENFORCE(FLAGS_ps_mode != "geo" || FLAGS_geo_k >= 1, "--ps_mode=geo needs --geo_k >= 1, got ",
+               FLAGS_geo_k);
+  // Collective settings have no place in a parameter-server job: refused by flag name (the
+  // strategy would name its field).
+  for (const char* f :
+       {"nccl_comm_num", "fuse_all_reduce_ops", "hierarchical_allreduce_inter_nranks",
+        "local_sgd_steps", "local_sgd_warmup_steps", "gradient_merge_k", "sharding_stage",
+        "tp_degree", "pp_degree", "amp", "fp16_allreduce", "recompute", "sync_batch_norm",
+        "clip_global_norm"})
+    KEEL_ENFORCE(!FlagIsSet(f), "--", f,
+                 " does not combine with parameter-server training (--ps_mode=", FLAGS_ps_mode,
+                 ", keel launch --server_num)");
+  // Trainers send gradients to servers: fusion (on by default for collectives) steps aside.
+  strategy->fuse_all_reduce_ops = false;
+  strategy->a_sync = FLAGS_ps_mode != "sync";
+  strategy->a_sync_configs.k_steps = FLAGS_ps_mode == "geo" ? FLAGS_geo_k : 0;
 }
 
 std::unique_ptr<optimizer::Optimizer> OptimizerFromFlags(const std::string& default_name,

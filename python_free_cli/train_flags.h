@@ -17,6 +17,8 @@ DECLARE_double(lr);
 DECLARE_int32(tp_degree);
 DECLARE_int32(pp_degree);
 DECLARE_int32(micro_batches);
+DECLARE_string(ps_mode);
+DECLARE_int32(geo_k);
 
 namespace keel {
 namespace cli {
@@ -24,6 +26,11 @@ namespace cli {
 // --nccl_comm_num, --fuse_all_reduce_ops, --hierarchical_allreduce_inter_nranks,
 // --local_sgd_steps, --local_sgd_warmup_steps, --tp_degree (not yet validated against a role).
 fleet::DistributedStrategy StrategyFromFlags();
+
+// Parameter-server training: --ps_mode and --geo_k into `strategy` (a_sync,
+// a_sync_configs.k_steps) when `role` is a parameter-server job's; collective flags set there are
+// refused by name. Outside such a job, setting --ps_mode or --geo_k is a keel::Error naming it.
+void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* strategy);
 
 // The built-in models' settings into cfg (whose name is set): --tp_degree's divisibility
 // (--mlp_hidden; --heads, --d_ff, --vocab) and, for the transformer, --vocab --seq_len --d_model

@@ -3,12 +3,14 @@
 #include <glog/logging.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "executor/executor_io.h"
 #include "fleet/fleet.h"
 #include "fleet/model_parallel_checkpoint.h"
+#include "fleet/ps_checkpoint.h"
 #include "fleet/role_maker.h"
 #include "framework/base/strings.h"
 #include "framework/comm/store.h"
@@ -29,6 +31,23 @@ int WorkersOfThisJob() {
   } catch (const Error&) {
     return 1;
   }
+}
+
+bool ParameterServerJob() { return fleet::initialized() && fleet::role().is_ps(); }
+
+// A parameter-server trainer's parameters as it received them from the servers (its startup).
+std::vector<std::pair<std::string, Tensor>> ReceivedParameters(Executor& exe, const Program& main) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (!ParameterServerJob()) return out;
+  const Program* original = fleet::ps_single_device_program(main);
+  if (!original) return out;
+  for (const VarDesc* v : original->global_block().AllVars()) {
+    if (!v->is_parameter()) continue;
+    const Variable* var = exe.scope().FindVar(v->name());
+    if (var && var->tensor().initialized())
+      out.emplace_back(v->name(), var->tensor().Clone(CPUPlace()));
+  }
+  return out;
 }
 
 }  // namespace
@@ -156,6 +175,9 @@ int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
                                  const std::function<void(int64_t)>& replay, bool quiet) {
   KEEL_ENFORCE(agreed_checkpoint_->error.empty(), agreed_checkpoint_->error);
   if (!agreed_checkpoint_->file) return 0;
+  // A parameter-server trainer received its parameters from the servers, which loaded the same
+  // checkpoint (fleet::run_server): they must agree, or the servers started from elsewhere.
+  const std::vector<std::pair<std::string, Tensor>> received = ReceivedParameters(exe, main);
   // A model-parallel rank keeps its part of the complete checkpoint (its stage, its shards).
   std::optional<TrainingState> st;
   fleet::LoadThisRanksPart(exe, main,
@@ -164,6 +186,15 @@ int64_t TrainerCheckpoints::Load(Executor& exe, const Program& main,
                              st = load_checkpoint(scope, place, *agreed_checkpoint_->file, program,
                                                   skip);
                            });
+  for (const auto& [name, got] : received) {
+    const Tensor& loaded = exe.scope().FindVar(name)->tensor();
+    KEEL_ENFORCE(loaded.nbytes() == got.nbytes() &&
+                     std::memcmp(loaded.raw_data(), got.raw_data(), got.nbytes()) == 0,
+                 "resuming from ", resume_from_, ": parameter ", name,
+                 " as the servers hold it differs from the checkpoint's; the servers did not "
+                 "load this checkpoint (give every process of the job the same ",
+                 Opt("load_dir"), " / ", Opt("save_dir"), ")");
+  }
   if (st) exe.SetRunCount(main, st->step);
   agreed_checkpoint_->file->bytes = std::string();  // loaded: the memory goes back
   try {
@@ -206,6 +237,19 @@ TrainingState TrainerCheckpoints::State(int64_t steps_done) const {
   return st;
 }
 
+void TrainerCheckpoints::Write(Executor& exe, const Program& main, int64_t steps_done,
+                               bool write) const {
+  const TrainingState st = State(steps_done);
+  // Parameter-server mode: trainer 0 pulls what the servers hold (fleet/ps_checkpoint.h).
+  if (ParameterServerJob()) {
+    if (write) fleet::SavePsCheckpoint(exe, options_.save_dir, main, &st);
+    return;
+  }
+  fleet::CheckpointOnRankZero gathered(exe, main);
+  if (write)
+    save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), st, gathered.skip());
+}
+
 bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t steps_done,
                                    bool rank0, bool quiet) {
   if (options_.save_every <= 0 || steps_done % options_.save_every != 0) return false;
@@ -214,10 +258,7 @@ bool TrainerCheckpoints::AfterStep(Executor& exe, const Program& main, int64_t s
   // checkpoint in place (the file is replaced atomically). Under sharding every rank first sends
   // rank 0 the optimizer state it owns, under pipeline and tensor parallelism its stage's
   // persistables and its shards, so the checkpoint is complete.
-  fleet::CheckpointOnRankZero gathered(exe, main);
-  if (rank0)
-    save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), State(steps_done),
-                    gathered.skip());
+  Write(exe, main, steps_done, rank0);
   last_saved_step_ = steps_done;
   if (!quiet) {
     std::printf("checkpoint at step %lld in %s\n", static_cast<long long>(steps_done),
@@ -240,10 +281,7 @@ bool TrainerCheckpoints::SaveFinal(Executor& exe, const Program& main, int64_t s
   {
     // A collective under sharding and model parallelism, entered by every rank whatever its
     // last_saved_step_ (a rank that received its checkpoint from rank 0 does not know that step).
-    fleet::CheckpointOnRankZero gathered(exe, main);
-    if (rank0 && last_saved_step_ != steps_done)
-      save_checkpoint(gathered.scope(), options_.save_dir, gathered.program(), State(steps_done),
-                      gathered.skip());
+    Write(exe, main, steps_done, rank0 && last_saved_step_ != steps_done);
   }
   if (!quiet)
     std::printf("saved persistables to %s/%s\n", options_.save_dir.c_str(),

@@ -61,6 +61,9 @@ class TrainerCheckpoints {
  private:
   std::string Opt(const std::string& field) const { return options_.option_prefix + field; }
   TrainingState State(int64_t steps_done) const;
+  // save_dir's checkpoint after `steps_done` steps: every rank gathers (a collective under
+  // sharding and model parallelism), and the one with `write` (rank 0) writes it.
+  void Write(Executor& exe, const Program& main, int64_t steps_done, bool write) const;
   // Reads this rank's checkpoint and, in a job that may resume, agrees with the other ranks on
   // the one to load (once; fleet must be initialized).
   void Agree();

@@ -7,7 +7,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <cstring>
+#include <sstream>
+#include <thread>
 
 #include "framework/comm/comm_context.h"
 #include "framework/comm/gloo_store.h"
@@ -20,6 +23,8 @@ namespace ps {
 namespace {
 
 const char kAbortKey[] = "keel/ps/abort";
+// How long the peer watcher's store connection may take to open.
+constexpr std::chrono::milliseconds kWatchConnect{10000};
 
 }  // namespace
 
@@ -76,6 +81,16 @@ void Transport::Connect(int rank, int nranks, int nservers) {
                " processes of the job within ", timeout_.count() / 1000.0,
                " s (--comm_timeout_s): ", e.what());
   }
+  // The store connection that tells which peers exited (GonePeers), opened while the store is
+  // surely up.
+  {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    const CommConfig& cfg = cc.config();
+    watch_store_ = std::make_unique<StoreClient>(
+        cfg.store_host, cfg.store_port, cfg.token, std::min(timeout_, kWatchConnect),
+        StoreIdentity{cfg.rank, cfg.nranks, cfg.generation});
+  }
+  watcher_ = std::thread([this] { WatchLoop(); });
   LOG(INFO) << "parameter-server transport: " << PeerName(rank) << " connected to " << nranks - 1
             << " peers in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
@@ -122,9 +137,80 @@ std::unique_ptr<Transport::Transfer> Transport::PostRecv(const std::vector<int>&
       t->buf->recv(peers, slot, 0, bytes);
     }
   } catch (const std::exception& e) {
-    KEEL_THROW(what, ": receiving failed: ", e.what(), AbortNote());
+    KEEL_THROW(what, ": receiving failed: ", e.what(), WhoIsGone(peers), AbortNote());
   }
   return t;
+}
+
+std::string Transport::GonePeers(const std::vector<int>& peers) {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  if (!watch_store_) return "";
+  try {
+    // A key nobody sets: the store answers at once that ranks are gone, or after 1 ms that it is
+    // not there ("rank 2, 3 closed its store connection (exited)").
+    watch_store_->GetUnlessPeerGone("keel/ps/watch/never", std::chrono::milliseconds(1));
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const size_t at = msg.find(": rank "), end = msg.find(" closed its store connection");
+    if (at == std::string::npos || end == std::string::npos || end < at) {
+      if (msg.find("did not appear") != std::string::npos) return "";
+      // The store went with server 0. A transfer with it fails now; another one after 2 s (a
+      // server whose server 0 ended normally may still be taking the trainers' last headers,
+      // which the trainers posted to every server at once).
+      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      if (store_gone_since_ms_ < 0) store_gone_since_ms_ = now;
+      if (std::find(peers.begin(), peers.end(), 0) == peers.end() &&
+          now - store_gone_since_ms_ < 2000)
+        return "";
+      return PeerName(0) + " is gone (the job's store it served is): " + msg;
+    }
+    std::string list = msg.substr(at + 7, end - at - 7), gone;
+    for (char& c : list)
+      if (c == ',') c = ' ';
+    std::istringstream ranks(list);
+    for (int r; ranks >> r;)
+      if (std::find(peers.begin(), peers.end(), r) != peers.end())
+        gone += (gone.empty() ? "" : ", ") + PeerName(r);
+    if (!gone.empty()) return gone + " exited (its store connections closed)";
+  }
+  return "";
+}
+
+void Transport::WatchLoop() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::vector<int> peers;
+    {
+      std::lock_guard<std::mutex> lk(active_mu_);
+      if (!watch_store_) return;  // Reset
+      for (const Watched* w : active_)
+        peers.insert(peers.end(), w->t->peers.begin(), w->t->peers.end());
+    }
+    if (peers.empty()) continue;
+    std::lock_guard<std::mutex> lk(active_mu_);
+    for (Watched* w : active_) {
+      if (!w->why.empty()) continue;
+      w->why = GonePeers(w->t->peers);
+      if (w->why.empty()) continue;
+      if (w->t->is_send)
+        w->t->buf->abortWaitSend();
+      else
+        w->t->buf->abortWaitRecv();
+    }
+  }
+}
+
+std::string Transport::WhoIsGone(const std::vector<int>& peers) {
+  if (peers.size() < 2 || !CommContext::Get().initialized()) return "";
+  // The store learns of a closed connection a moment after the peers do.
+  for (int i = 0; i < 10; ++i) {
+    const std::string why = GonePeers(peers);
+    if (!why.empty()) return "; " + why;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
 }
 
 int Transport::Wait(Transfer& t) {
@@ -132,7 +218,40 @@ int Transport::Wait(Transfer& t) {
   std::string names;
   for (int p : t.peers) names += (names.empty() ? "" : " or ") + PeerName(p);
   try {
-    const bool ok = t.is_send ? t.buf->waitSend(&peer, timeout_) : t.buf->waitRecv(&peer, timeout_);
+    bool ok = false;
+    if (t.peers.size() > 1 && CommContext::Get().initialized()) {
+      // Gloo fails a receive bound to one connection when it closes, not one from any of several:
+      // such a receive may keep completing from the live peers while a dead one goes unnoticed,
+      // so every 200 ms one asks the store before it waits.
+      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      if (now - last_gone_check_ms_.load() >= 200) {
+        last_gone_check_ms_ = now;
+        const std::string gone = GonePeers(t.peers);
+        KEEL_ENFORCE(gone.empty(), t.what, ": ", gone, AbortNote());
+      }
+    }
+    // The watcher (WatchLoop) aborts the wait when a peer of it exits.
+    Watched w{&t, ""};
+    {
+      std::lock_guard<std::mutex> lk(active_mu_);
+      active_.push_back(&w);
+    }
+    struct Unwatch {
+      Transport* self;
+      Watched* w;
+      ~Unwatch() {
+        std::lock_guard<std::mutex> lk(self->active_mu_);
+        self->active_.erase(std::find(self->active_.begin(), self->active_.end(), w));
+      }
+    };
+    {
+      Unwatch unwatch{this, &w};
+      ok = t.is_send ? t.buf->waitSend(&peer, timeout_) : t.buf->waitRecv(&peer, timeout_);
+    }
+    KEEL_ENFORCE(ok || w.why.empty(), t.what, ": stopped ",
+                 t.is_send ? "sending to " : "receiving from ", names, ": ", w.why, AbortNote());
     KEEL_ENFORCE(ok, t.what, ": aborted while ", t.is_send ? "sending to " : "receiving from ",
                  names, AbortNote());
   } catch (const Error&) {
@@ -146,7 +265,7 @@ int Transport::Wait(Transfer& t) {
                  " s (--comm_timeout_s): it stopped, hangs, or runs a different program",
                  AbortNote(), " [", msg, "]");
     KEEL_THROW(t.what, ": the connection with ", names, " broke (it exited or was killed?): ", msg,
-               AbortNote());
+               WhoIsGone(t.peers), AbortNote());
   }
   return peer;
 }
@@ -262,6 +381,12 @@ void Transport::Reset() {
   async_set_ = -1;
   async_ = false;
   geo_runs_ = 0;
+  {
+    std::lock_guard<std::mutex> al(active_mu_);
+    std::lock_guard<std::mutex> wl(watch_mu_);
+    watch_store_.reset();  // the watcher sees it and returns
+  }
+  if (watcher_.joinable()) watcher_.join();
 }
 
 }  // namespace ps

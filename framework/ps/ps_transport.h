@@ -23,11 +23,14 @@
 // (PostAbort), and the others' errors quote it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gloo {
@@ -40,6 +43,7 @@ class Context;
 }  // namespace gloo
 
 namespace keel {
+class StoreClient;
 namespace ps {
 
 enum class Kind : uint64_t {
@@ -98,7 +102,10 @@ class Transport {
   std::unique_ptr<Transfer> PostRecv(const std::vector<int>& peers, uint64_t slot, void* data,
                                      size_t bytes, const std::string& what);
   // Waits for it (at most the comm timeout); returns the peer it went to or came from. A
-  // keel::Error names the peer(s) and `what` on timeout or a broken connection.
+  // keel::Error names the peer(s) and `what` on timeout or a broken connection. A receive from any
+  // of several peers is watched through the job's store (Gloo fails it on no closed connection):
+  // when one of the peers exits, or the store does (it lives in server 0), the wait ends at once
+  // naming it.
   int Wait(Transfer& t);
 
   // Asynchronous mode (the ops' attr mode = 1): every header goes under step 0 of its slot, since
@@ -138,6 +145,20 @@ class Transport {
 
  private:
   std::string AbortNote() const;
+  // The watcher: while transfers are waited for, every 100 ms it asks the job's store which
+  // processes exited and aborts the waits that involve one (Gloo leaves some of them pending
+  // until the timeout: a receive from any of several peers, a send posted as the peer died),
+  // recording why.
+  struct Watched {
+    Transfer* t;
+    std::string why;
+  };
+  void WatchLoop();
+  // Which of `peers` have exited, by the job's store ("trainer 1 (rank 3) exited ..."), or that
+  // the store itself is gone; empty when none is.
+  std::string GonePeers(const std::vector<int>& peers);
+  // For an error of a transfer with several peers: "; " and GonePeers, asked for up to 0.5 s.
+  std::string WhoIsGone(const std::vector<int>& peers);
 
   int rank_ = -1, nranks_ = 0, nservers_ = 0;
   std::chrono::milliseconds timeout_{300000};
@@ -151,6 +172,13 @@ class Transport {
   int64_t geo_runs_ = 0;
   bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
+  std::mutex watch_mu_;                         // GonePeers' store connection
+  std::unique_ptr<StoreClient> watch_store_;    // its own: the main one may be in a long wait
+  int64_t store_gone_since_ms_ = -1;            // when GonePeers first found the store gone
+  std::atomic<int64_t> last_gone_check_ms_{0};  // when Wait last asked GonePeers (steady clock)
+  std::mutex active_mu_;                        // the waits in progress, for the watcher
+  std::vector<Watched*> active_;
+  std::thread watcher_;
 };
 
 }  // namespace ps

@@ -183,7 +183,7 @@ TEST(InspectStrategy, ParameterServerGoldens) {
         << r.output;
     ExpectGolden(r.output, "inspect_strategy_ps_geo_rank" + std::to_string(rank) + ".txt");
   }
-  auto bad = InspectAll("--strategy --ps --ps_mode=geo" + std::string(kSmallMlp));
+  auto bad = InspectAll("--strategy --ps --ps_mode=geo --geo_k=0" + std::string(kSmallMlp));
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--ps_mode=geo needs --geo_k >= 1"), std::string::npos) << bad.output;
   auto collective = InspectAll("--strategy --ps_mode=sync" + std::string(kSmallMlp));

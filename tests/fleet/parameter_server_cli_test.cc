@@ -1,0 +1,219 @@
+// keel train and keel bench in parameter-server mode, real processes on loopback under
+// `keel launch --server_num=2 --worker_num=2` (docs/parameter-server.md, "keel train"): each
+// mode trains the mlp to the end with the servers stopped by the trainers; the CTR model's AUC is
+// summed over the trainers; refusals name the flag; a sync run resumed from its checkpoint (under
+// another number of servers) ends where the uninterrupted run ends, bit for bit; a GEO checkpoint
+// is complete (one process loads it) and resumes exactly where the exchange makes that possible;
+// killing a server or a trainer ends the job at once, naming it (tools/ps_kill_trials.sh).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/util/subprocess.h"
+
+namespace keel::testing {
+namespace {
+
+struct JobRun {
+  std::string output;
+  int exit_code = -1;
+};
+
+// `keel launch --server_num=S --worker_num=W keel ARGS` in DIR; the output with the logs' tails.
+JobRun Launch(int servers, int trainers, const std::string& dir, const std::string& args) {
+  const std::string cmd = "cd " + dir + " && FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 " +
+                          Keel() + " launch --server_num=" + std::to_string(servers) +
+                          " --worker_num=" + std::to_string(trainers) + " --log_dir=log " + Keel() +
+                          " " + args + " 2>&1; rc=$?; tail -n 4 log/*; exit $rc";
+  CommandResult r = RunCommand(cmd);
+  return {cmd + "\n" + r.output, r.exit_code};
+}
+
+constexpr const char* kMlp =
+    " --model=mlp --mlp_hidden=32 --batch_size=16 --progress=lines --seed=7";
+
+void ExpectTrainsAndStops(const std::string& mode) {
+  SCOPED_TRACE(mode);
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir, std::string("train") + kMlp + " --steps=6 " + mode);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "2 worker(s)")) << r.output;  // the trainers, not the servers
+  for (int step : {0, 5})
+    EXPECT_TRUE(Contains(r.output, "step " + std::to_string(step) + " loss ")) << r.output;
+  // Both servers left their loop because every trainer stopped (fleet::stop_worker).
+  const CommandResult stopped = RunCommand("grep -l 'every trainer stopped' " + dir + "/log/*");
+  EXPECT_TRUE(Contains(stopped.output, "serverlog.0")) << r.output;
+  EXPECT_TRUE(Contains(stopped.output, "serverlog.1")) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(ParameterServerCli, SyncTrainsTheMlpAndStopsTheServers) {
+  ExpectTrainsAndStops("--ps_mode=sync");
+}
+
+// Trainer 0 (not rank 0, a server) writes the inference model after training.
+TEST(ParameterServerCli, TrainerZeroSavesTheInferenceModel) {
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir,
+                    std::string("train") + kMlp +
+                        " --steps=2 --ps_mode=sync --save_inference_dir=" + dir + "/infer");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(RunCommand("test -s " + dir + "/infer/__model__ && test -s " + dir +
+                       "/infer/params.safetensors")
+                .exit_code,
+            0)
+      << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(ParameterServerCli, AsyncTrainsTheMlpAndStopsTheServers) {
+  ExpectTrainsAndStops("--ps_mode=async");
+}
+
+TEST(ParameterServerCli, GeoTrainsTheMlpAndStopsTheServers) {
+  ExpectTrainsAndStops("--ps_mode=geo --geo_k=2");
+}
+
+// The CTR model evaluates on every trainer's shard, the AUC buckets summed over the trainers on
+// their own ring: 4096 test samples, each trainer's 2048 together.
+TEST(ParameterServerCli, CtrEvaluatesOverTheTrainers) {
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir,
+                    "train --model=ctr --vocab=1000 --batch_size=64 --steps=4 --eval_every=4 "
+                    "--progress=lines --seed=3 --ps_mode=async");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "test_auc")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "(4096 test samples)")) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// keel bench in a parameter-server job prints one JSON line with the trainers' samples/s summed
+// (what ../shared/anchors/compare_ps.sh reads) and the mode.
+TEST(ParameterServerCli, BenchPrintsOneJsonLineOfEveryTrainer) {
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir,
+                    "bench mlp --mlp_hidden=32 --batch_size=16 --bench_steps=5 --bench_warmup=1 "
+                    "--ps_mode=async");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "\"samples_per_s\": ")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "\"ps_mode\": \"async\", \"servers\": 2")) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
+TEST(ParameterServerCli, RefusalsNameTheFlag) {
+  const std::string dir = MakeTempDir();
+  // Without a parameter-server job.
+  CommandResult alone =
+      RunCommand(Keel() + " train --model=mlp --mlp_hidden=8 --steps=1 --ps_mode=async 2>&1");
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_TRUE(Contains(alone.output, "--ps_mode is a setting of parameter-server training"))
+      << alone.output;
+  // A model not built for it, a collective setting, a GEO setting in another mode.
+  JobRun lenet = Launch(1, 1, dir, "train --model=lenet --steps=1");
+  EXPECT_NE(lenet.exit_code, 0);
+  EXPECT_TRUE(Contains(lenet.output, "--model=lenet in parameter-server training")) << lenet.output;
+  JobRun tp = Launch(1, 1, dir, std::string("train") + kMlp + " --steps=1 --local_sgd_steps=2");
+  EXPECT_NE(tp.exit_code, 0);
+  EXPECT_TRUE(Contains(tp.output, "--local_sgd_steps does not combine with parameter-server"))
+      << tp.output;
+  JobRun geo = Launch(1, 1, dir, std::string("train") + kMlp + " --steps=1 --geo_k=3");
+  EXPECT_NE(geo.exit_code, 0);
+  EXPECT_TRUE(Contains(geo.output, "--geo_k goes with --ps_mode=geo")) << geo.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// Sync, Adam: 6 steps in one go equal 3 steps, a checkpoint, and 3 more resumed from it, with
+// the resumed job on one server instead of two (its blocks cut anew from the checkpoint): the
+// parameters, Adam's moments and powers all bit for bit. The servers' optimizer state comes back
+// from the checkpoint: a resume that restarted it (fresh moments, powers at 1) would differ.
+TEST(ParameterServerCli, SyncResumeUnderAnotherServerCountIsExact) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = std::string("train") + kMlp + " --optimizer=adam --ps_mode=sync";
+  JobRun whole = Launch(2, 2, dir, flags + " --steps=6 --save_dir=" + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  JobRun first = Launch(2, 2, dir, flags + " --steps=3 --save_dir=" + dir + "/half");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  JobRun second = Launch(
+      1, 2, dir, flags + " --steps=6 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_TRUE(Contains(second.output, "resumed from " + dir + "/half at step 3")) << second.output;
+  const auto want = CheckpointTensorBytes(dir + "/whole");
+  const auto got = CheckpointTensorBytes(dir + "/end");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(got.size(), want.size());
+  int differ = 0;
+  for (const auto& [name, bytes] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    if (it->second != bytes) ++differ;
+    EXPECT_EQ(it->second, bytes) << name << " differs";
+  }
+  std::printf(
+      "sync resume (2 servers x 2 trainers, 3 steps + 3 on 1 server): %d of %zu "
+      "checkpoint tensors differ from 6 uninterrupted steps\n",
+      differ, want.size());
+  // The half-way checkpoint really differs from the end (the resumed run trained).
+  EXPECT_NE(CheckpointTensorBytes(dir + "/half"), want);
+  RunCommand("rm -rf " + dir);
+}
+
+// GEO (k = 2) with one trainer: a checkpoint at an exchange holds the servers' parameters (which
+// equal the trainer's there) and the trainer's Adam state, so resuming is exact; one process
+// loads it (keel inspect reads it against nothing else: every tensor is there under its
+// single-device name, including the optimizer state the GEO servers do not hold).
+TEST(ParameterServerCli, GeoCheckpointIsCompleteAndResumesAtAnExchange) {
+  const std::string dir = MakeTempDir();
+  const std::string flags =
+      std::string("train") + kMlp + " --optimizer=adam --ps_mode=geo --geo_k=2";
+  JobRun whole = Launch(2, 1, dir, flags + " --steps=8 --save_dir=" + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  JobRun first = Launch(2, 1, dir, flags + " --steps=4 --save_dir=" + dir + "/half");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  JobRun second = Launch(
+      2, 1, dir, flags + " --steps=8 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const auto want = CheckpointTensorBytes(dir + "/whole");
+  const auto got = CheckpointTensorBytes(dir + "/end");
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(want.count("fc_0.w_0_moment1_0")) << "no Adam state in the GEO checkpoint";
+  EXPECT_EQ(got, want);
+  // One process resumes from it: the single-device program's persistables are all there.
+  CommandResult one =
+      RunCommand("cd " + dir + " && FLAGS_cpu_math_threads=1 " + Keel() + " train" + kMlp +
+                 " --optimizer=adam --steps=9 --load_dir=" + dir + "/end 2>&1");
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(Contains(one.output, "at step 8")) << one.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// tools/ps_kill_trials.sh, 2 trials of each kind: kill -9 a random server, then a random trainer,
+// of a sync 2 x 2 job at a random step; each job ends within the comm timeout + 5 s with the
+// launcher naming the killed process, nothing left running (the script checks; 20 trials each
+// are in the docs).
+TEST(ParameterServerCli, KillTrialsEndTheJobNamingTheDeadProcess) {
+  const std::string cmd = std::string(KEEL_SOURCE_DIR) +
+                          "/tools/ps_kill_trials.sh --trials=2 --comm_timeout_s=10 " + Keel() +
+                          " 2>&1";
+  CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_TRUE(Contains(r.output, "summary server kills")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "summary trainer kills")) << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed checks: 0")) << r.output;
+}
+
+// The same without keel launch (--direct: nobody stops the survivors), asynchronous mode, a
+// trainer killed: the servers wait for the next header from any live trainer, a Gloo receive that
+// no closed connection fails; the transport's store watch ends it at once, naming the trainer
+// (without it the other trainer trained on and the job did not end).
+TEST(ParameterServerCli, DirectKillOfAnAsyncTrainerIsFoundByTheServers) {
+  const std::string cmd = std::string(KEEL_SOURCE_DIR) +
+                          "/tools/ps_kill_trials.sh --trials=2 --kind=trainer --mode=async "
+                          "--direct --comm_timeout_s=10 " +
+                          Keel() + " 2>&1";
+  CommandResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  EXPECT_TRUE(Contains(r.output, "failed checks: 0")) << r.output;
+}
+
+}  // namespace
+}  // namespace keel::testing
