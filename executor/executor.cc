@@ -340,8 +340,8 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     plan->ops.push_back(std::move(p));
   }
-  // A fused buffer (or another output its op's traits offer) that a ring all-reduces is allocated
-  // where that ring can read and write it without copies (the first all-reduce of it decides).
+  // A fused buffer that a ring all-reduces is allocated where that ring can read and write it
+  // without copies (the first all-reduce of it decides).
   if (place_.is_cpu()) {
     std::map<std::string, int> ring_of;
     for (auto it = plan->ops.rbegin(); it != plan->ops.rend(); ++it) {
@@ -352,11 +352,9 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     for (auto& op : plan->ops) {
       const OpTraits& traits = OpRegistry::Traits(op.desc->type());
-      const std::string& slot =
-          !traits.fused_slot.empty() ? traits.fused_slot : traits.ring_output_slot;
-      if (slot.empty() || op.desc->Output(slot).empty()) continue;
-      auto it = ring_of.find(op.desc->Output(slot)[0]);
-      if (it != ring_of.end()) op.ctx->set_output_ring(it->second);
+      if (traits.fused_slot.empty() || op.desc->Output(traits.fused_slot).empty()) continue;
+      auto it = ring_of.find(op.desc->Output(traits.fused_slot)[0]);
+      if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
     }
   }
   plan->deps = std::make_unique<DependencyGraph>(access, slice_of);

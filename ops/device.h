@@ -83,12 +83,6 @@ inline Tensor* GradOutput(const ExecutionContext& ctx, const std::string& slot, 
   return ctx.OutputOrNull(GradVarName(slot), i);
 }
 
-// For an op the executor gave an output ring (ExecutionContext::output_ring, CPU places): gives
-// `t` a block of `bytes` in the memory that ring's peers map (shm rings), unless it has one, so
-// the ring all-reduces it without copies. Otherwise, and elsewhere, it does nothing (the kernel's
-// mutable_data allocates as usual). Defined in ops/fuse_ops.cc.
-void PlaceForOutputRing(const ExecutionContext& ctx, Tensor* t, size_t bytes);
-
 namespace detail {
 // K<D, T> as a template of T alone, for the registry.
 template <typename D, template <typename, typename> class K>

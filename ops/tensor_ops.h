@@ -117,11 +117,7 @@ class CastKernel : public OpKernel {
   explicit CastKernel(const OpDesc& op)
       : out_dtype_(static_cast<DType>(op.Attr<int>("out_dtype"))) {}
   void Compute(ExecutionContext& ctx) override {
-    Tensor* out = ctx.Output("Out");
-    if (ctx.output_ring() >= 0)  // fp16_allreduce's copy of a gradient, all-reduced next
-      PlaceForOutputRing(ctx, out,
-                         static_cast<size_t>(ctx.Input("X").numel()) * SizeOf(out_dtype_));
-    CastInto<D, In>(ctx, ctx.Input("X"), out_dtype_, out);
+    CastInto<D, In>(ctx, ctx.Input("X"), out_dtype_, ctx.Output("Out"));
   }
 
  private:

@@ -79,10 +79,6 @@ struct OpTraits {
   // Outputs that are views into one buffer: each var of `slices_slot` is a slice of the var of
   // `fused_slot` ("" : none).
   std::string slices_slot, fused_slot;
-  // An output that a ring may all-reduce in place right after the op (fp16_allreduce's cast of a
-  // gradient): on a CPU place the op's kernel puts it where that ring's peers map it, as a fused
-  // buffer ("" : none).
-  std::string ring_output_slot;
   // Why a CUDA graph cannot capture it ("" : it can).
   std::string not_capturable;
   // Each output is computed from the inputs alone, the same whichever other outputs are asked
@@ -174,10 +170,6 @@ class OpSchema {
   OpSchema& FusesOutputs(std::string slices_slot, std::string fused_slot) {
     traits_.slices_slot = std::move(slices_slot);
     traits_.fused_slot = std::move(fused_slot);
-    return *this;
-  }
-  OpSchema& PlacesOutputForRing(std::string slot) {
-    traits_.ring_output_slot = std::move(slot);
     return *this;
   }
   OpSchema& NotCapturable(std::string why) {
