@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,9 +58,10 @@ T ReduceElem(ReduceOp op, T x, T y) {
   }
 }
 // dst[i] = a[i] + b[i] for the 16-bit floats: each sum in float32 rounded once, as ReduceElem's,
-// a chunk at a time through the vectorized conversions (half_convert.h). dst may be a or b.
+// a chunk at a time through the vectorized conversions (half_convert.h). dst may be a or b; a
+// non-null dst2 gets a copy of dst.
 template <typename T>
-void SumHalfInto(T* dst, const T* a, const T* b, size_t n) {
+void SumHalfInto(T* dst, const T* a, const T* b, size_t n, T* dst2 = nullptr) {
   static_assert(kIsHalf<T>, "SumHalfInto adds float16 or bfloat16");
   constexpr size_t kChunk = 1024;
   alignas(64) float fa[kChunk], fb[kChunk];
@@ -69,6 +71,7 @@ void SumHalfInto(T* dst, const T* a, const T* b, size_t n) {
     WidenN(b + i, fb, static_cast<int64_t>(len));
     for (size_t j = 0; j < len; ++j) fa[j] += fb[j];
     NarrowN(fa, dst + i, static_cast<int64_t>(len));
+    if (dst2 != nullptr) std::memcpy(dst2 + i, dst + i, len * sizeof(T));
   }
 }
 // x / n (ReduceOp::kAvg's last step), in float32 for the 16-bit floats.

@@ -151,13 +151,8 @@ void Combine(T* dst, T* dst2, const T* a, const T* b, size_t n, F f) {
 
 template <typename T>
 void ReduceInto(T* dst, const T* a, const T* b, size_t n, ReduceOp op, T* dst2 = nullptr) {
-  if constexpr (kIsHalf<T>) {
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
-      SumHalfInto(dst, a, b, n);
-      if (dst2 != nullptr) std::memcpy(dst2, dst, n * sizeof(T));
-      return;
-    }
-  }
+  if constexpr (kIsHalf<T>)
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return SumHalfInto(dst, a, b, n, dst2);
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
