@@ -33,7 +33,14 @@ class SendKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
     profiler::RecordEvent span("comm", "send_v2", Detail(ctx, "to"));
-    AsOp(ctx, [&] { Ring(ctx).Send(ctx.Input("X"), ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+    try {
+      AsOp(ctx,
+           [&] { Ring(ctx).Send(ctx.Input("X"), ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+    } catch (const Error& e) {
+      // On a pipeline ring a rank's index is its stage (as recv_v2 says it).
+      KEEL_THROW("send_v2 of ", ctx.op().Input("X")[0], " to stage ", ctx.Attr<int>("peer"),
+                 " (tag ", ctx.Attr<int>("tag"), "): ", e.what());
+    }
   }
 };
 
