@@ -109,6 +109,10 @@ class BatchNormMath<CPUDevice, T> {
       Vec<P>(p, S) = e;
     }
   }
+  // Plane k of a piece's buffers (null for float32 and float64, which have none).
+  static float* Plane(ScratchVector<float>& buf, int64_t k, int64_t S) {
+    return buf.empty() ? nullptr : buf.data() + k * S;
+  }
   // A piece's plane buffers: `k` planes of S floats (none for float32 and float64), aligned as
   // Eigen's packets are, so that a plane's sum adds in the same order wherever the buffer lies.
   static ScratchVector<float> Buffers(int64_t k, int64_t S) {
@@ -182,7 +186,7 @@ class BatchNormMath<CPUDevice, T> {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Out(yd + off, S, buf.data() + S,
+          Out(yd + off, S, Plane(buf, 1, S),
               In(xd + off, S, buf.data()) * static_cast<P>(mean_[c]) + static_cast<P>(var_[c]));
         }
     });
@@ -243,7 +247,7 @@ class BatchNormMath<CPUDevice, T> {
           const int64_t off = (n * C + c) * S;
           ConstVec<P> g = In(gd + off, S, buf.data());
           dy_acc[c] += g.sum();
-          dyxc_acc[c] += (g * (In(xd + off, S, buf.data() + S) - mean[c])).sum();
+          dyxc_acc[c] += (g * (In(xd + off, S, Plane(buf, 1, S)) - mean[c])).sum();
         }
     });
     for (int64_t c = 0; c < C; ++c) {
@@ -283,9 +287,9 @@ class BatchNormMath<CPUDevice, T> {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const int64_t off = (n * C + c) * S;
-          Out(dxd + off, S, buf.data() + 2 * S,
+          Out(dxd + off, S, Plane(buf, 2, S),
               In(gd + off, S, buf.data()) * coef_a_[c] +
-                  In(xd + off, S, buf.data() + S) * coef_b_[c] + coef_d_[c]);
+                  In(xd + off, S, Plane(buf, 1, S)) * coef_b_[c] + coef_d_[c]);
         }
     });
   }
