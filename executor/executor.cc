@@ -2,9 +2,11 @@
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -42,6 +44,11 @@ DEFINE_double(eager_delete_tensor_gb, 0.0,
               "< 0: off, temporaries keep their memory until the scope drop (for code that reads "
               "them from the scope after a run instead of fetching them). CUDA places keep their "
               "temporaries until the scope drop and refuse a value given explicitly.");
+DEFINE_bool(profile_sync_ops, false,
+            "CUDA places: wait for the device after every op, so that a profile's op spans "
+            "(--profile) hold each op's device time rather than its launch time (Paddle's "
+            "FLAGS_benchmark). Slows training; for finding slow kernels. CPU ops are timed "
+            "exactly without it.");
 DEFINE_bool(comm_overlap, true,
             "Let collectives run on their ring's thread (and, on CUDA, the ring's stream) while "
             "compute goes on; false: every collective waits for all earlier ops and all later ops "
@@ -204,12 +211,17 @@ void Executor::SetRunCount(const Program& program, int64_t runs) {
 int Executor::WorkersFor(const Program& program) {
   const int asked = StrategyFor(program).num_threads;
   if (place_.is_cuda()) {
-    // Kernels run asynchronously on the device's stream, and its cuBLAS/cuDNN handles serve one
-    // thread at a time: one thread enqueues (collectives go to their rings' threads).
-    KEEL_ENFORCE(
-        asked <= 1, "ExecutionStrategy::num_threads=", asked, " on ", place_.str(),
-        ": one thread enqueues a CUDA place's ops (they run asynchronously on its stream); "
-        "use 0 or 1");
+    // One thread enqueues a CUDA place's ops, whatever num_threads allows (docs/gpu.md, "One
+    // launching thread"): the kernels run asynchronously on the place's stream, so more host
+    // threads could only share the enqueueing, and handing a chain of ops from thread to thread
+    // made each op slower on an H200 (tests/bench/cuda_launch_bench.cu). Collectives still go
+    // to their rings' threads.
+    static std::atomic<bool> told{false};  // once per process
+    if (asked > 1 && !told.exchange(true)) {
+      LOG(INFO) << "ExecutionStrategy::num_threads=" << asked << " on " << place_.str()
+                << ": one thread enqueues the ops of a CUDA place (they run asynchronously on "
+                   "its stream; docs/gpu.md)";
+    }
     return 1;
   }
   if (asked > 0) return asked;
@@ -480,6 +492,9 @@ void Executor::CheckGraphable(const Program& program) {
                "ExecutionStrategy::use_cuda_graph: FLAGS_check_nan_inf "
                "reads every output on the host after its op, which a CUDA graph cannot do; turn "
                "one of them off");
+  KEEL_ENFORCE(!FLAGS_profile_sync_ops,
+               "ExecutionStrategy::use_cuda_graph: FLAGS_profile_sync_ops waits for the device "
+               "after every op, which a captured CUDA graph cannot do; turn one of them off");
 }
 
 void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& feed) {
@@ -576,6 +591,7 @@ void Executor::RunOp(Plan& plan, int i) {
       DeviceStreamWaitEvent(place_, ring_stream, op.calc_in);
     }
     op.kernel->Compute(*op.ctx);
+    if (FLAGS_profile_sync_ops && place_.is_cuda()) DeviceSynchronize(place_);
     if (op.calc_out) {
       DeviceEventRecord(place_, op.calc_out, ring_stream);
       DeviceStreamWaitEvent(place_, nullptr, op.calc_out);

@@ -1,5 +1,6 @@
 // layer_norm on CUDA: the kernels are layer_norm_ops.h's; here is the math, one block per row and
-// the parameter gradients one thread per column, summing the rows in order (deterministic).
+// the parameter gradients a block per 32 columns, summing the rows in a fixed order
+// (deterministic).
 #include "ops/cuda_util.cuh"
 #include "ops/layer_norm_ops.h"
 
@@ -61,22 +62,37 @@ __global__ void LayerNormGradRows(const T* x, const T* dy, const P* scale, const
   }
 }
 
-// dScale[j] = sum over rows of dy * xhat, dBias[j] = sum over rows of dy: one thread per column,
-// rows summed in order (deterministic).
+// dScale[j] = sum over rows of dy * xhat, dBias[j] = sum over rows of dy. A block of
+// kParamCols x kParamGroups threads per kParamCols columns: thread (c, g) sums rows g, g +
+// kParamGroups, ... of its column in order, then thread (c, 0) adds the groups' sums in order
+// (deterministic). (One thread per column summing every row took 141 us for the transformer's
+// 512 rows of 32 on an H200: 32 threads for the whole GPU.)
+constexpr int kParamCols = 32, kParamGroups = 16;
+
 template <typename T, typename P>
 __global__ void LayerNormParamGrads(const T* x, const T* dy, const P* mean, const P* var, P* dscale,
                                     P* dbias, int64_t rows, int64_t R, P eps) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < R;
-       j += int64_t(blockDim.x) * gridDim.x) {
-    P ds = 0, db = 0;
-    for (int64_t i = 0; i < rows; ++i) {
-      const P g = Widen(dy[i * R + j]);
-      ds += g * (Widen(x[i * R + j]) - mean[i]) * (P(1) / fn::Sqrt(var[i] + eps));
-      db += g;
+  __shared__ P s_ds[kParamGroups][kParamCols + 1], s_db[kParamGroups][kParamCols + 1];
+  const int c = threadIdx.x, g = threadIdx.y;
+  const int64_t j = blockIdx.x * int64_t(kParamCols) + c;
+  P ds = 0, db = 0;
+  if (j < R) {
+    for (int64_t i = g; i < rows; i += kParamGroups) {
+      const P d = Widen(dy[i * R + j]);
+      ds += d * (Widen(x[i * R + j]) - mean[i]) * (P(1) / fn::Sqrt(var[i] + eps));
+      db += d;
     }
-    if (dscale) dscale[j] = ds;
-    if (dbias) dbias[j] = db;
   }
+  s_ds[g][c] = ds;
+  s_db[g][c] = db;
+  __syncthreads();
+  if (g != 0 || j >= R) return;
+  for (int k = 1; k < kParamGroups; ++k) {
+    ds += s_ds[k][c];
+    db += s_db[k][c];
+  }
+  if (dscale) dscale[j] = ds;
+  if (dbias) dbias[j] = db;
 }
 
 inline int RowThreads(int64_t n) { return n >= 256 ? 256 : n > 64 ? 128 : 32; }
@@ -97,8 +113,12 @@ class LayerNormMath<CUDADevice, T> {
   void Backward(const ExecutionContext& ctx, const LayerNormGradIO<T>& io) {
     if (io.R == 0) return;
     if (io.dscale || io.dbias) {
-      LayerNormParamGrads<T, Acc<T>><<<GridFor(io.R), 256, 0, Cuda(ctx).stream()>>>(
-          io.x, io.dy, io.mean, io.var, io.dscale, io.dbias, io.rows, io.R, io.epsilon);
+      const int64_t blocks = (io.R + kParamCols - 1) / kParamCols;
+      KEEL_ENFORCE(blocks < (int64_t(1) << 31), "layer_norm_grad: ", io.R,
+                   " columns exceed the grid");
+      LayerNormParamGrads<T, Acc<T>>
+          <<<blocks, dim3(kParamCols, kParamGroups), 0, Cuda(ctx).stream()>>>(
+              io.x, io.dy, io.mean, io.var, io.dscale, io.dbias, io.rows, io.R, io.epsilon);
       KEEL_CUDA_LAUNCH_CHECK();
     }
     if (io.dx && io.rows > 0) {

@@ -19,12 +19,14 @@
 #
 # The bundle should come from a portable build (cmake -DKEEL_NATIVE=OFF): the GPU machine's CPU
 # is not this one. CUDA's own libraries (cudart, cuBLAS, cuDNN, NCCL) are the GPU machine's: the
-# toolkit's, or PyTorch's nvidia-* wheels found through python3. GPU_CHECK_ONLY=tests|bench limits
-# a run to one half (a rerun after a fix).
+# toolkit's, or PyTorch's nvidia-* wheels found through python3. GPU_CHECK_ONLY=tests|bench|profile
+# limits a run to one part (a rerun after a fix).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-GPU_TESTS=(cuda_kernels_test cuda_kernels2_test cudnn_ops_test cuda_graph_test gpu_data_parallel_test)
+# Test binaries, each NAME or NAME:GTEST_FILTER (the GPU half of a test that also runs on the CPU).
+GPU_TESTS=(cuda_test cuda_kernels_test cuda_kernels2_test cudnn_ops_test cuda_graph_test
+  gpu_data_parallel_test lowp_kernels_test "amp_convergence_test:AmpConvergenceGpu.*")
 log() { echo "== gpu_check: $*"; }
 
 DEB_PACKAGES=(libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler libgflags-dev libgflags2.2
@@ -52,7 +54,7 @@ if [ "$mode" = bundle ]; then
   cp -a "$B"/bin/* "$S/build/bin/"
   LIBREL=$(dirname "${LIBKEEL#$B/}")     # where libkeel sits in the build folder: . or lib
   mkdir -p "$S/build/$LIBREL" && cp -a "$(dirname "$LIBKEEL")"/libkeel.so* "$(dirname "$LIBKEEL")"/libkeel_cuda.so* "$S/build/$LIBREL/"
-  for t in "${GPU_TESTS[@]}"; do cp -a "$B/tests/$t" "$S/build/tests/" || exit 1; done
+  for t in "${GPU_TESTS[@]}"; do cp -a "$B/tests/${t%%:*}" "$S/build/tests/" || exit 1; done
   # Every shared library they load, except CUDA's (the GPU machine's own) and the C runtime.
   for f in "$S"/build/bin/* "$S"/build/tests/* "$S"/build/$LIBREL/libkeel.so "$S"/build/$LIBREL/libkeel_cuda.so; do ldd "$f"; done 2>/dev/null |
     awk '$3 ~ /^\// {print $3}' | sort -u |
@@ -151,12 +153,14 @@ export KEEL_BIN=$B/bin/keel
 
 if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
   ONLY=${GPU_CHECK_ONLY:-all}
-  if [ "$ONLY" != bench ]; then
+  if [ "$ONLY" = all ] || [ "$ONLY" = tests ]; then
     # The test binaries run at once (small kernels; the GPU has room), memcheck beside them.
     log "GPU tests and compute-sanitizer memcheck"
-    for t in "${GPU_TESTS[@]}"; do
+    for spec in "${GPU_TESTS[@]}"; do
+      t=${spec%%:*}; filter=${GPU_TEST_FILTER:-}
+      [ "$spec" != "$t" ] && filter=${filter:-${spec#*:}}
       timeout -k 5 "${GPU_TEST_TIMEOUT:-170}" "$B/tests/$t" --gtest_color=no \
-        ${GPU_TEST_FILTER:+--gtest_filter=$GPU_TEST_FILTER} >"$OUT/test_$t.log" 2>&1 &
+        ${filter:+--gtest_filter=$filter} >"$OUT/test_$t.log" 2>&1 &
     done
     SAN=$(command -v compute-sanitizer || echo "$(dirname "$NVCC")/compute-sanitizer")
     if [ -x "$SAN" ] && [ "${GPU_CHECK_MEMCHECK:-1}" = 1 ]; then
@@ -165,7 +169,8 @@ if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
         # (Not the out-of-memory test: its refused cudaMalloc is an API error memcheck counts.)
         for spec in "cuda_kernels_test:CudaModels.*:CudaRuntime.*-CudaRuntime.OutOfMemory*" \
                     "cudnn_ops_test:CudnnOps.*:CudnnModels.LenetAndResnet*" \
-                    "cuda_graph_test:CudaGraph.BuiltInModels*:CudaGraph.Replayed*"; do
+                    "cuda_graph_test:CudaGraph.BuiltInModels*:CudaGraph.Replayed*" \
+                    "lowp_kernels_test:LowpKernels.EveryCase*"; do
           t=${spec%%:*}
           timeout -k 5 "${GPU_MEMCHECK_TIMEOUT:-160}" "$SAN" --tool memcheck --error-exitcode 3 \
             "$B/tests/$t" --gtest_filter="${spec#*:}" >>"$OUT/memcheck.log" 2>&1 || rc=$?
@@ -176,7 +181,8 @@ if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
     fi
     wait_tests() { for p in $(jobs -p); do [ "$p" = "${SAN_PID:-}" ] || wait "$p"; done; }
     wait_tests
-    for t in "${GPU_TESTS[@]}"; do
+    for spec in "${GPU_TESTS[@]}"; do
+      t=${spec%%:*}
       f=$OUT/test_$t.log
       passed=$(grep -c '^\[       OK \]' "$f"); failed=$(grep -c '^\[  FAILED  \] [A-Za-z].*(' "$f")
       skipped=$(grep -c "^\[  SKIPPED \] .*ms)" "$f")
@@ -192,7 +198,22 @@ if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
       RESULT[memcheck]="not run"
     fi
   fi
-  if [ "$ONLY" != tests ]; then
+  if [ "$ONLY" = all ] || [ "$ONLY" = profile ]; then
+    # Where each model's device time goes: every op waited for (FLAGS_profile_sync_ops), its span
+    # in the per-op summary (profile_MODEL_AMP.txt); the table keeps the three largest ops.
+    log "profiles: device time per op"
+    for m in mlp resnet transformer; do
+      b=128; [ $m = transformer ] && b=64
+      for a in off fp16; do
+        f=$OUT/profile_${m}_$a
+        FLAGS_profile_sync_ops=true FLAGS_selected_gpus=0 timeout -k 5 "${GPU_BENCH_TIMEOUT:-45}" "$KEEL_BIN" bench $m \
+          --batch_size=$b --amp=$a --bench_steps=50 --profile="$f.trace.json" >"$f.txt" 2>&1
+        rm -f "$f.trace.json"*
+        RESULT[profile_${m}_$a]=$(awk '$1 == "op" || $1 == "comm" {printf "%s %sms %s; ", $2, $4, $6}' "$f.txt" | cut -d';' -f1-3)
+      done
+    done
+  fi
+  if [ "$ONLY" = all ] || [ "$ONLY" = bench ]; then
     log "benchmarks: keel (FLAGS_selected_gpus=0) and PyTorch on the same GPU"
     for m in mlp resnet transformer; do
       b=128; [ $m = transformer ] && b=64
@@ -203,11 +224,51 @@ if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
         [ -n "${RESULT[keel_$m$g]}" ] || RESULT[keel_$m$g]="failed: $(grep -m1 -iE 'error|fault|abort' "$OUT/keel_$m$g.log" | cut -c1-200)"
       done
     done
+    # Mixed precision: step_ms of each --amp run (float32's above, same GPU, same run).
+    for m in mlp resnet transformer; do
+      b=128; [ $m = transformer ] && b=64
+      row=""
+      for a in fp16:O1 fp16:O2 bf16:O1 bf16:O2 fp16:O1:graph; do
+        IFS=: read -r dt lvl g <<<"$a"
+        f=$OUT/keel_${m}_${dt}_$lvl${g:+_graph}
+        FLAGS_selected_gpus=0 timeout -k 5 "${GPU_BENCH_TIMEOUT:-45}" "$KEEL_BIN" bench $m --batch_size=$b \
+          --amp=$dt --amp_level=$lvl ${g:+--cuda_graph} >"$f.json" 2>"$f.log"
+        ms=$(grep -o '"step_ms": [0-9.]*' "$f.json" | tail -1 | cut -d' ' -f2)
+        row="$row $a=${ms:-failed($(grep -m1 -iE 'error|fault|abort' "$f.log" | cut -c1-120))}"
+      done
+      RESULT[keel_${m}_amp]="step_ms$row"
+    done
+    # ResNet-20 with cuDNN's timed algorithm search, and with TF32 convolutions (PyTorch's
+    # default for cuDNN: torch.backends.cudnn.allow_tf32).
+    row=""
+    for a in off:search off:search,tf32 fp16:search fp16:search,graph; do
+      IFS=: read -r dt opts <<<"$a"
+      f=$OUT/keel_resnet_${dt}_${opts//,/_}
+      FLAGS_cudnn_exhaustive_search=true FLAGS_allow_tf32=$([[ $opts == *tf32* ]] && echo true || echo false) \
+        FLAGS_selected_gpus=0 timeout -k 5 "${GPU_BENCH_TIMEOUT:-45}" "$KEEL_BIN" bench resnet --batch_size=128 \
+        --amp=$dt $([[ $opts == *graph* ]] && echo --cuda_graph) >"$f.json" 2>"$f.log"
+      ms=$(grep -o '"step_ms": [0-9.]*' "$f.json" | tail -1 | cut -d' ' -f2)
+      row="$row $a=${ms:-failed($(grep -m1 -iE 'error|fault|abort' "$f.log" | cut -c1-120))}"
+    done
+    RESULT[keel_resnet_tuned]="step_ms$row"
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
       PYTHONUNBUFFERED=1 timeout -k 5 "${GPU_TORCH_TIMEOUT:-120}" python3 tests/bench/gpu_torch_bench.py >"$OUT/torch.json" 2>"$OUT/torch.log"
       RESULT[torch]=$(tr '\n' ' ' <"$OUT/torch.json")
+      PYTHONUNBUFFERED=1 timeout -k 5 "${GPU_TORCH_TIMEOUT:-120}" python3 tests/bench/gpu_torch_bench.py amp >"$OUT/torch_amp.json" 2>"$OUT/torch_amp.log"
+      RESULT[torch_amp]=$(grep -o '"run": "[a-z0-9_]*", "batch": [0-9]*, "step_ms": [0-9.]*' "$OUT/torch_amp.json" |
+        sed 's/"run": "\([^"]*\)".*"step_ms": /\1=/' | tr '\n' ' ')
     else
       RESULT[torch]="no torch with CUDA"
+    fi
+    # How fast one or several host threads issue kernels (docs/gpu.md, "One launching thread").
+    if [ -x "$NVCC" ] && "$NVCC" -O2 -std=c++17 -o "$OUT/cuda_launch_bench" tests/bench/cuda_launch_bench.cu \
+        >"$OUT/cuda_launch_bench.log" 2>&1; then
+      timeout -k 5 60 "$OUT/cuda_launch_bench" 10000 >"$OUT/launch.json" 2>>"$OUT/cuda_launch_bench.log"
+      RESULT[launch]=$(sed 's/.*"case": "\([^"]*\)", "T": \([0-9]*\), "floats": \([0-9]*\).*"us_per_op": \([0-9.]*\).*/\1(T=\2,n=\3)=\4us/' \
+        "$OUT/launch.json" | tr '\n' ' ')
+      rm -f "$OUT/cuda_launch_bench"
+    else
+      RESULT[launch]="not built: $(head -c 200 "$OUT/cuda_launch_bench.log")"
     fi
   fi
 fi
@@ -215,7 +276,11 @@ fi
 echo
 echo "| check | result |"
 echo "| --- | --- |"
-for k in build "${GPU_TESTS[@]/#/test_}" memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
-    keel_transformer keel_transformer_graph torch; do
+TEST_KEYS=()
+for spec in "${GPU_TESTS[@]}"; do TEST_KEYS+=("test_${spec%%:*}"); done
+for k in build "${TEST_KEYS[@]}" memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
+    keel_transformer keel_transformer_graph keel_mlp_amp keel_resnet_amp keel_transformer_amp keel_resnet_tuned torch \
+    torch_amp launch profile_mlp_off profile_mlp_fp16 profile_resnet_off profile_resnet_fp16 \
+    profile_transformer_off profile_transformer_fp16; do
   echo "| $k | ${RESULT[$k]:-not run} |"
 done | tee "$OUT/summary.md"

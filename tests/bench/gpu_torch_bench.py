@@ -2,7 +2,9 @@
 """PyTorch anchors for tools/gpu_check.sh on the same GPU: the seed MLP at batch 128 (eager and
 torch.compile(mode="reduce-overhead")), ResNet-20 at batch 128 and keel's small Transformer at
 batch 64 (eager). One JSON line per run
-with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated."""
+with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated.
+With the argument `amp`: the same three models eager under torch.autocast, float16 (with a
+GradScaler, as keel's fp16 loss scaling) and bfloat16."""
 import json, os, statistics, sys, time
 
 import torch
@@ -18,7 +20,7 @@ def mlp():
                          nn.Linear(1280, 2))
 
 
-def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False):
+def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False, amp=None):
     dev = torch.device("cuda")
     model = model.to(dev)
     optim = opt(model.parameters())
@@ -29,11 +31,24 @@ def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens
         x = torch.rand(*shape, device=dev)
         y = torch.randint(0, classes, (shape[0],), device=dev)
 
+    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+
     def step():
         optim.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optim.step()
+        if amp is None:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optim.step()
+            return loss
+        with torch.autocast("cuda", dtype=amp):
+            loss = F.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            optim.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optim)
+            scaler.update()
         return loss
 
     fn = torch.compile(step, mode=compile_mode) if compile_mode else step
@@ -56,6 +71,15 @@ def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens
 def main():
     torch.manual_seed(0)
     sgd = lambda lr, m=0.0: (lambda p: torch.optim.SGD(p, lr=lr, momentum=m))  # noqa: E731
+    adam = lambda lr: (lambda p: torch.optim.Adam(p, lr=lr))  # noqa: E731
+    if sys.argv[1:] == ["amp"]:
+        for tag, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+            bench("mlp_eager_" + tag, mlp(), (128, 32), 2, sgd(0.01), amp=dt)
+            bench("resnet20_eager_" + tag, ResNet20(), (128, 3, 32, 32), 10, sgd(0.05, 0.9),
+                  steps=50, amp=dt)
+            bench("transformer_eager_" + tag, TinyTransformer(), (64, 8), 10, adam(0.003),
+                  tokens=True, amp=dt)
+        return
     bench("mlp_eager", mlp(), (128, 32), 2, sgd(0.01))
     try:
         bench("mlp_compile_reduce_overhead", mlp(), (128, 32), 2, sgd(0.01),
@@ -63,7 +87,6 @@ def main():
     except Exception as e:  # a missing compiler toolchain must not hide the other numbers
         print(json.dumps({"run": "mlp_compile_reduce_overhead", "error": str(e)[:200]}))
     bench("resnet20_eager", ResNet20(), (128, 3, 32, 32), 10, sgd(0.05, 0.9), steps=50)
-    adam = lambda lr: (lambda p: torch.optim.Adam(p, lr=lr))  # noqa: E731
     bench("transformer_eager", TinyTransformer(), (64, 8), 10, adam(0.003), tokens=True)
 
 

@@ -129,6 +129,11 @@ std::vector<GpuCase> Cases() {
           {"Bias", {R({300}, -1, 1, 3)}}},
          {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 2}}),
       1e-4);
+  // Many rows (not a multiple of the 16 row groups) over columns not a multiple of 32.
+  add(Op("layer_norm_many_rows", "layer_norm",
+         {{"X", {R({300, 40})}}, {"Scale", {R({40}, 0.5, 1.5, 2)}}, {"Bias", {R({40}, -1, 1, 3)}}},
+         {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 1}}),
+      1e-4);
   add(Op("layer_norm_no_affine", "layer_norm", {{"X", {R({5, 2, 3})}}},
          {{"Y", 1}, {"Mean", 1}, {"Variance", 1}}, {{"begin_norm_axis", 1}}),
       1e-4);

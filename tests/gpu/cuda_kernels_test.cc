@@ -75,6 +75,14 @@ std::vector<GpuCase> Cases() {
            {{"Out", 1}}, {{"axis", 1}}),
         1e-4);
   }
+  // The bias gradient's three shapes of sum: few terms per element of Y (above), many terms
+  // with Y in the middle (a block per element), and a Y large enough for a thread each.
+  add(Op("elementwise_add_channel_bias", "elementwise_add",
+         {{"X", {R({4, 3, 50})}}, {"Y", {R({3}, -1, 1, 2)}}}, {{"Out", 1}}, {{"axis", 1}}),
+      1e-4);
+  add(Op("elementwise_add_wide_bias", "elementwise_add",
+         {{"X", {R({70, 16400})}}, {"Y", {R({16400}, -1, 1, 2)}}}),
+      1e-4);
   add(Op("elementwise_div", "elementwise_div", {{"X", {R({7, 9})}}, {"Y", {R({9}, 0.5, 2, 2)}}}),
       1e-4);
   add(Op("sum", "sum", {{"X", {R({5, 6}), R({5, 6}, -1, 1, 2), R({5, 6}, -1, 1, 3)}}}));
