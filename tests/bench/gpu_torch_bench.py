@@ -4,7 +4,8 @@ torch.compile(mode="reduce-overhead")), ResNet-20 at batch 128 and keel's small 
 batch 64 (eager). One JSON line per run
 with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated.
 With the argument `amp`: the same three models eager under torch.autocast, float16 (with a
-GradScaler, as keel's fp16 loss scaling) and bfloat16."""
+GradScaler, as keel's fp16 loss scaling) and bfloat16. With `large`: ResNet-20 at batch 1024 and
+the MLP 8192 wide at batch 4096, float32 and autocast float16 (compute-bound sizes)."""
 import json, os, statistics, sys, time
 
 import torch
@@ -15,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_models import ResNet20, TinyTransformer  # noqa: E402
 
 
-def mlp():
-    return nn.Sequential(nn.Linear(32, 1280), nn.Tanh(), nn.Linear(1280, 1280), nn.Tanh(),
-                         nn.Linear(1280, 2))
+def mlp(hidden=1280):
+    return nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                         nn.Linear(hidden, 2))
 
 
 def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False, amp=None):
@@ -72,6 +73,12 @@ def main():
     torch.manual_seed(0)
     sgd = lambda lr, m=0.0: (lambda p: torch.optim.SGD(p, lr=lr, momentum=m))  # noqa: E731
     adam = lambda lr: (lambda p: torch.optim.Adam(p, lr=lr))  # noqa: E731
+    if sys.argv[1:] == ["large"]:
+        for tag, dt in (("f32", None), ("fp16", torch.float16)):
+            bench("mlp8192_b4096_" + tag, mlp(8192), (4096, 32), 2, sgd(0.01), steps=30, amp=dt)
+            bench("resnet20_b1024_" + tag, ResNet20(), (1024, 3, 32, 32), 10, sgd(0.05, 0.9),
+                  steps=30, amp=dt)
+        return
     if sys.argv[1:] == ["amp"]:
         for tag, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
             bench("mlp_eager_" + tag, mlp(), (128, 32), 2, sgd(0.01), amp=dt)
