@@ -24,18 +24,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,               \
-                   cudaGetErrorString(e_));                                        \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 __global__ void Axpy(float* y, const float* x, float a, int n) {
@@ -57,8 +56,7 @@ struct Setup {
 };
 
 double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double OneThread(const Setup& s, const std::vector<cudaStream_t>& streams, int streams_used,
@@ -81,8 +79,7 @@ double Threads(const Setup& s, const std::vector<cudaStream_t>& streams, int thr
         if (chain) {
           while (launched.load(std::memory_order_acquire) != i) {
           }
-          if (i > 0 && !one_stream)
-            CK(cudaStreamWaitEvent(st, events[(i - 1) % events.size()], 0));
+          if (i > 0 && !one_stream) CK(cudaStreamWaitEvent(st, events[(i - 1) % events.size()], 0));
         }
         s.Launch(i, st);
         if (chain) {
@@ -121,18 +118,20 @@ int main(int argc, char** argv) {
         const char* name;
         int t;
       };
-      for (Case c : {Case{"one_thread_one_stream", 1}, Case{"one_thread_T_streams", 1},
-                     Case{"T_threads_T_streams_indep", threads},
-                     Case{"T_threads_T_streams_chain", threads},
-                     Case{"T_threads_one_stream_indep", threads},
-                     Case{"T_threads_one_stream_chain", threads}}) {
+      for (Case c :
+           {Case{"one_thread_one_stream", 1}, Case{"one_thread_T_streams", 1},
+            Case{"T_threads_T_streams_indep", threads}, Case{"T_threads_T_streams_chain", threads},
+            Case{"T_threads_one_stream_indep", threads},
+            Case{"T_threads_one_stream_chain", threads}}) {
         if (threads > 2 && c.name == std::string("one_thread_one_stream")) continue;
         std::vector<double> us;
         for (int rep = 0; rep < 6; ++rep) {
           double sec;
           std::string name = c.name;
-          if (name == "one_thread_one_stream") sec = OneThread(s, streams, 1, ops);
-          else if (name == "one_thread_T_streams") sec = OneThread(s, streams, threads, ops);
+          if (name == "one_thread_one_stream")
+            sec = OneThread(s, streams, 1, ops);
+          else if (name == "one_thread_T_streams")
+            sec = OneThread(s, streams, threads, ops);
           else
             sec = Threads(s, streams, threads, ops, name.find("chain") != std::string::npos,
                           name.find("one_stream") != std::string::npos, events);
@@ -142,8 +141,9 @@ int main(int argc, char** argv) {
         std::printf(
             "{\"gpu\": \"%s\", \"case\": \"%s\", \"T\": %d, \"floats\": %d, \"ops\": %d, "
             "\"us_per_op\": %.3f}\n",
-            prop.name, c.name, c.t == 1 && std::string(c.name) == "one_thread_one_stream" ? 1 : threads,
-            n, ops, us[us.size() / 2]);
+            prop.name, c.name,
+            c.t == 1 && std::string(c.name) == "one_thread_one_stream" ? 1 : threads, n, ops,
+            us[us.size() / 2]);
         std::fflush(stdout);
       }
       for (auto& e : events) CK(cudaEventDestroy(e));

@@ -18,8 +18,11 @@
 #include <map>
 #include <regex>
 
+#include <unistd.h>
+
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
+#include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -121,6 +124,19 @@ TEST(ParameterServerSparse, SparseTableCheckpointEqualsOneProcess) {
       ref.size(), diff);
   EXPECT_EQ(ref.size(), 5u * 5 + 1);  // 5 x (param, 2 moments, 2 powers), the rate
   EXPECT_LT(diff, 1e-5) << ps.output;
+  RunCommand("rm -rf " + dir);
+}
+
+// A checkpoint of an is_distributed table is refused at once, naming the table, and writes
+// nothing (its rows live only on the servers; no checkpoint format holds them yet).
+TEST(ParameterServerSparse, CheckpointOfADistributedTableIsRefusedNamingItAndWritesNothing) {
+  const std::string dir = MakeTempDir();
+  Job ps = Launch(1, 1, dir + "/ps", " --table=distributed --rows=16 --steps=2 --checkpoint");
+  EXPECT_NE(ps.exit_code, 0) << ps.output;
+  ExpectContainsAll(ps.output,
+                    {"fleet::save_persistables", "'table'", "is_distributed", "is_sparse=true"});
+  EXPECT_EQ(ps.output.find("is not in the trainer's scope"), std::string::npos) << ps.output;
+  EXPECT_NE(::access((dir + "/ps/save/" + kPersistablesFile).c_str(), F_OK), 0) << ps.output;
   RunCommand("rm -rf " + dir);
 }
 
