@@ -20,6 +20,7 @@
 #include "ops/functors/activation_functors.h"
 #include "ops/functors/elementwise_functors.h"
 #include "ops/matmul_plan.h"
+#include "ops/row_sparse_sum.h"
 
 namespace keel {
 
@@ -371,42 +372,7 @@ class SumKernel : public OpKernel {
     KEEL_ENFORCE(ctx.place().is_cpu(), "sum: row-sparse addends on ", ctx.place().str(),
                  " (is_sparse embeddings train on the CPU only)");
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const int n = ctx.NumInputs("X");
-      std::vector<int64_t> rows;
-      int64_t height = -1, width = -1;
-      for (int i = 0; i < n; ++i) {
-        const Variable* v = ctx.InputVar("X", i);
-        KEEL_ENFORCE(v != nullptr && v->is_row_sparse(), "sum: row_sparse is set but X[", i, "] ('",
-                     ctx.op().Input("X")[i], "') holds a dense tensor");
-        const Tensor& t = ctx.Input("X", i);
-        const int64_t w = t.dims()[0] > 0 ? t.numel() / t.dims()[0] : -1;
-        KEEL_ENFORCE(height < 0 || v->height() == height, "sum: X[", i, "] has height ",
-                     v->height(), ", X[0] ", height);
-        KEEL_ENFORCE(w < 0 || width < 0 || w == width, "sum: X[", i, "] rows are ", w,
-                     " wide, earlier ones ", width);
-        height = v->height();
-        if (w >= 0) width = w;
-        rows.insert(rows.end(), v->rows().begin(), v->rows().end());
-      }
-      std::sort(rows.begin(), rows.end());
-      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-      if (width < 0) width = 0;
-      std::vector<T> sum(rows.size() * width, T(0));
-      for (int i = 0; i < n; ++i) {
-        const Variable* v = ctx.InputVar("X", i);
-        const T* x = ctx.Input("X", i).data<T>();
-        for (size_t k = 0; k < v->rows().size(); ++k) {
-          const int64_t at =
-              std::lower_bound(rows.begin(), rows.end(), v->rows()[k]) - rows.begin();
-          for (int64_t j = 0; j < width; ++j) sum[at * width + j] += x[k * width + j];
-        }
-      }
-      Tensor* out = ctx.Output("Out");
-      DDim dims = ctx.Input("X", 0).dims();
-      dims[0] = static_cast<int64_t>(rows.size());
-      out->Resize(dims);
-      std::copy(sum.begin(), sum.end(), out->mutable_data<T>(ctx.place()));
-      ctx.OutputVar("Out")->SetRows(height, std::move(rows));
+      SumRowSparseInputs<T>(ctx, T(1));
     } else {
       KEEL_THROW("sum: row-sparse addends of ", DTypeName(ctx.Input("X", 0).dtype()),
                  " (float32 and float64 only)");

@@ -23,6 +23,7 @@
 #include "framework/op/shape_inference.h"
 #include "framework/ps/sparse_shard.h"
 #include "ops/ps_ops.h"
+#include "ops/row_sparse_sum.h"
 
 namespace keel {
 
@@ -32,46 +33,7 @@ template <typename T>
 class MergeSparseGradKernel : public OpKernel {
  public:
   void Compute(ExecutionContext& ctx) override {
-    const OpDesc& op = ctx.op();
-    const int n = ctx.NumInputs("X");
-    std::vector<int64_t> rows;
-    int64_t height = -1, width = -1;
-    for (int i = 0; i < n; ++i) {
-      const Variable* v = ctx.InputVar("X", i);
-      KEEL_ENFORCE(v != nullptr && v->is_row_sparse(), "op merge_sparse_grad: X[", i, "] ('",
-                   op.Input("X")[i], "') holds a dense tensor, not rows");
-      const Tensor& t = ctx.Input("X", i);
-      KEEL_ENFORCE(height < 0 || v->height() == height, "op merge_sparse_grad: X[", i,
-                   "] stands for ", v->height(), " rows, X[0] for ", height);
-      height = v->height();
-      if (t.dims()[0] > 0) {
-        const int64_t w = t.numel() / t.dims()[0];
-        KEEL_ENFORCE(width < 0 || w == width, "op merge_sparse_grad: X[", i, "]'s rows are ", w,
-                     " wide, earlier ones ", width);
-        width = w;
-      }
-      rows.insert(rows.end(), v->rows().begin(), v->rows().end());
-    }
-    std::sort(rows.begin(), rows.end());
-    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-    if (width < 0) width = 0;
-    std::vector<T> sum(rows.size() * width, T(0));
-    for (int i = 0; i < n; ++i) {
-      const Variable* v = ctx.InputVar("X", i);
-      const T* x = ctx.Input("X", i).data<T>();
-      for (size_t k = 0; k < v->rows().size(); ++k) {
-        const int64_t at = std::lower_bound(rows.begin(), rows.end(), v->rows()[k]) - rows.begin();
-        for (int64_t j = 0; j < width; ++j) sum[at * width + j] += x[k * width + j];
-      }
-    }
-    const T scale = static_cast<T>(op.Attr<float>("scale"));
-    Tensor* out = ctx.Output("Out");
-    DDim dims = ctx.Input("X", 0).dims();
-    dims[0] = static_cast<int64_t>(rows.size());
-    out->Resize(dims);
-    T* o = out->mutable_data<T>(ctx.place());
-    for (size_t k = 0; k < sum.size(); ++k) o[k] = sum[k] * scale;
-    ctx.OutputVar("Out")->SetRows(height, std::move(rows));
+    SumRowSparseInputs<T>(ctx, static_cast<T>(ctx.op().Attr<float>("scale")));
   }
 };
 
