@@ -165,13 +165,15 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
   KEEL_ENFORCE(in.selected_gpus.empty(),
                "--selected_gpus does not combine with --server_num/"
                "--worker_num: parameter-server training runs on CPU in keel");
-  KEEL_ENFORCE(in.max_restarts == 0, "--max_restarts=", in.max_restarts,
-               " does not combine with --server_num/--worker_num (restarting a parameter-server "
-               "job is not built yet)");
+  KEEL_ENFORCE(in.max_restarts >= 0, "--max_restarts must be >= 0, got ", in.max_restarts);
   LaunchPlan plan;
   const int S = in.server_num, W = in.worker_num;
   plan.nproc_per_node = S + W;
   plan.grace_period_s = in.grace_period_s;
+  // A failed server or trainer stops the job and, under --max_restarts, starts all of it again:
+  // keel train's servers and trainers resume from --save_dir's checkpoint (trainer 0 saved it,
+  // pulling the servers' state; the servers load their blocks of it).
+  plan.max_restarts = in.max_restarts;
   plan.stopped_limit_s =
       in.stopped_timeout_s > 0 ? in.stopped_timeout_s : std::max(1, in.comm_timeout_s);
   const std::string ip = in.node_ip.empty() ? "127.0.0.1" : in.node_ip;

@@ -461,6 +461,14 @@ TEST(LaunchPlan, ParameterServerModeGivesServersAndTrainersPaddlesVariables) {
   in.nnodes = 2;
   in.set_flags.insert("nnodes");
   EXPECT_NE(PlanError(in).find("--nnodes does not combine with --server_num"), std::string::npos);
+  // --max_restarts restarts a parameter-server job as any other.
+  in.nnodes = 1;
+  in.set_flags.erase("nnodes");
+  EXPECT_EQ(MakeLaunchPlan(in, fake.Host()).max_restarts, 0);
+  in.max_restarts = 2;
+  EXPECT_EQ(MakeLaunchPlan(in, fake.Host()).max_restarts, 2);
+  in.max_restarts = -1;
+  EXPECT_NE(PlanError(in).find("--max_restarts must be >= 0"), std::string::npos);
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // summed over the trainers; refusals name the flag; a sync run resumed from its checkpoint (under
 // another number of servers) ends where the uninterrupted run ends, bit for bit; a GEO checkpoint
 // is complete (one process loads it) and resumes exactly where the exchange makes that possible;
-// killing a server or a trainer ends the job at once, naming it (tools/ps_kill_trials.sh).
+// killing a server or a trainer ends the job at once, naming it (tools/ps_kill_trials.sh), and
+// under --max_restarts restarts it, ending where the uninterrupted run ends.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -19,10 +20,13 @@ struct JobRun {
   int exit_code = -1;
 };
 
-// `keel launch --server_num=S --worker_num=W keel ARGS` in DIR; the output with the logs' tails.
-JobRun Launch(int servers, int trainers, const std::string& dir, const std::string& args) {
-  const std::string cmd = "cd " + dir + " && FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 " +
-                          Keel() + " launch --server_num=" + std::to_string(servers) +
+// `keel launch --server_num=S --worker_num=W LAUNCH_FLAGS keel ARGS` in DIR (with ENV); the
+// output with the logs' tails.
+JobRun Launch(int servers, int trainers, const std::string& dir, const std::string& args,
+              const std::string& launch_flags = "", const std::string& env = "") {
+  const std::string cmd = "cd " + dir + " && " + env +
+                          " FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=20 " + Keel() +
+                          " launch " + launch_flags + " --server_num=" + std::to_string(servers) +
                           " --worker_num=" + std::to_string(trainers) + " --log_dir=log " + Keel() +
                           " " + args + " 2>&1; rc=$?; tail -n 4 log/*; exit $rc";
   CommandResult r = RunCommand(cmd);
@@ -154,6 +158,31 @@ TEST(ParameterServerCli, SyncResumeUnderAnotherServerCountIsExact) {
       differ, want.size());
   // The half-way checkpoint really differs from the end (the resumed run trained).
   EXPECT_NE(CheckpointTensorBytes(dir + "/half"), want);
+  RunCommand("rm -rf " + dir);
+}
+
+// Under --max_restarts a trainer killed after step 4 restarts the whole job, servers too; they
+// resume from trainer 0's last checkpoint (the servers load their blocks of it) and end where the
+// uninterrupted run ends, bit for bit (sync, Adam). (A killed server restarts the job the same
+// way; tools/ps_kill_trials.sh kills at random without restarts.)
+TEST(ParameterServerCli, MaxRestartsRestartsTheJobAfterAKilledTrainerAndEndsLikeTheWholeRun) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = std::string("train") + kMlp +
+                            " --optimizer=adam --ps_mode=sync --steps=8 --save_every=2 --save_dir=";
+  JobRun whole = Launch(2, 2, dir, flags + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  JobRun restarted = Launch(2, 2, dir, flags + dir + "/restarted", "--max_restarts=1",
+                            "KEEL_FAULT_POINT=trainer_step_4@1");
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_TRUE(
+      Contains(restarted.output, "keel launch: restart 1 of 1: trainer 1 rank 3 (local 3, pid"))
+      << restarted.output;
+  EXPECT_TRUE(Contains(restarted.output, "restarting all 4 worker(s)")) << restarted.output;
+  EXPECT_TRUE(Contains(restarted.output, "resumed from " + dir + "/restarted at step"))
+      << restarted.output;
+  const auto want = CheckpointTensorBytes(dir + "/whole");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/restarted"), want);
   RunCommand("rm -rf " + dir);
 }
 
