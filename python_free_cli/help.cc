@@ -34,6 +34,7 @@ const std::vector<Command>& Commands() {
        {{"model and data",
          {"model", "data", "mlp_hidden", "batch_size", "steps", "epochs", "seed"}},
         {"transformer", {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"}},
+        {"ctr", {"ctr_table"}},
         {"optimizer",
          {"optimizer", "lr", "momentum", "nesterov", "beta1", "beta2", "epsilon", "weight_decay",
           "clip_global_norm", "gradient_merge_k", "amp", "amp_level", "recompute"}},
@@ -70,7 +71,7 @@ const std::vector<Command>& Commands() {
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
        {{"bench",
          {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",
-          "cuda_graph", "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k"}}},
+          "cuda_graph", "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k", "ctr_table"}}},
        {"python_free_cli/bench.cc"}},
       {"launch",
        "usage: keel launch [flags] COMMAND [ARGS...]\n"

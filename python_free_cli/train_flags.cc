@@ -60,6 +60,11 @@ DEFINE_string(pp_schedule, "1f1b",
 // ---- the built-in models' settings
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
 DEFINE_int32(vocab, 10, "transformer: vocabulary size; ctr: table rows (unset: 1000001).");
+DEFINE_string(ctr_table, "sparse",
+              "ctr: how its embedding table trains: sparse (is_sparse: the batch's rows' "
+              "gradient) | dense (the whole table's gradient) | distributed (is_distributed: "
+              "rows only on the parameter servers, fetched per batch; --ps_mode sync or async; "
+              "docs/sparse-embeddings.md).");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");
@@ -226,6 +231,17 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg) {
                " places no pipeline stages (mlp and transformer do)");
   cfg->pp_degree = FLAGS_pp_degree;
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
+  KEEL_ENFORCE(!FlagIsSet("ctr_table") || model == "ctr",
+               "--ctr_table is a setting of the ctr "
+               "model; model ",
+               model, " has no such setting");
+  if (model == "ctr") {
+    KEEL_ENFORCE(FLAGS_ctr_table == "sparse" || FLAGS_ctr_table == "dense" ||
+                     FLAGS_ctr_table == "distributed",
+                 "--ctr_table=", FLAGS_ctr_table, ": sparse, dense or distributed");
+    cfg->ctr.is_sparse = FLAGS_ctr_table != "dense";
+    cfg->ctr.is_distributed = FLAGS_ctr_table == "distributed";
+  }
   if (model == "ctr" && FlagIsSet("vocab")) {  // the rows of the CTR model's table
     KEEL_ENFORCE(FLAGS_vocab >= 1, "--vocab=", FLAGS_vocab, " must be >= 1");
     cfg->ctr.vocab = FLAGS_vocab;

@@ -91,6 +91,29 @@ TEST(ParameterServerCli, CtrEvaluatesOverTheTrainers) {
   RunCommand("rm -rf " + dir);
 }
 
+// --ctr_table=distributed: the CTR table's rows live on the servers only (the trainers run
+// distributed_lookup_table); it trains, synchronously and asynchronously.
+TEST(ParameterServerCli, CtrWithADistributedTableTrains) {
+  const std::string dir = MakeTempDir();
+  for (const char* mode : {"sync", "async"}) {
+    SCOPED_TRACE(mode);
+    JobRun r = Launch(2, 2, dir,
+                      std::string("train --model=ctr --ctr_table=distributed --vocab=100000 "
+                                  "--batch_size=64 --steps=4 --progress=lines --seed=3 "
+                                  "--ps_mode=") +
+                          mode);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "step 3 loss ")) << r.output;
+  }
+  CommandResult program = RunCommand(
+      Keel() +
+      " inspect --strategy --ps --nservers=2 --nworkers=2 --rank=2 --program=main --model=ctr "
+      "--ctr_table=distributed 2>&1");
+  EXPECT_EQ(program.exit_code, 0) << program.output;
+  EXPECT_TRUE(Contains(program.output, "distributed_lookup_table")) << program.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // keel bench in a parameter-server job prints one JSON line with the trainers' samples/s summed
 // (what ../shared/anchors/compare_ps.sh reads) and the mode.
 TEST(ParameterServerCli, BenchPrintsOneJsonLineOfEveryTrainer) {
@@ -123,6 +146,13 @@ TEST(ParameterServerCli, RefusalsNameTheFlag) {
   JobRun geo = Launch(1, 1, dir, std::string("train") + kMlp + " --steps=1 --geo_k=3");
   EXPECT_NE(geo.exit_code, 0);
   EXPECT_TRUE(Contains(geo.output, "--geo_k goes with --ps_mode=geo")) << geo.output;
+  CommandResult table = RunCommand(Keel() + " train" + kMlp + " --steps=1 --ctr_table=dense 2>&1");
+  EXPECT_NE(table.exit_code, 0);
+  EXPECT_TRUE(Contains(table.output, "--ctr_table is a setting of the ctr model")) << table.output;
+  table = RunCommand(Keel() + " train --model=ctr --vocab=100 --steps=1 --ctr_table=rows 2>&1");
+  EXPECT_NE(table.exit_code, 0);
+  EXPECT_TRUE(Contains(table.output, "--ctr_table=rows: sparse, dense or distributed"))
+      << table.output;
   RunCommand("rm -rf " + dir);
 }
 
