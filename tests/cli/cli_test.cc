@@ -299,6 +299,8 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"pp_schedule", "KeelTrain.PipelineFlags"},
       {"dropout", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"vocab", "KeelTrain.TransformerSizeFlagsReachTheModel"},
+      {"ctr_table",
+       "ParameterServerCli.CtrWithADistributedTableTrains, ParameterServerCli.RefusalsNameTheFlag"},
       {"seq_len", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"d_model", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"heads", "KeelTrain.TransformerSizeFlagsReachTheModel"},
@@ -329,6 +331,9 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"seed", "KeelTrain.SameSeedPrintsIdenticalLosses"},
       {"steps", "KeelFlags.EnvironmentSetsFlagsAndUnknownNamesOnlyWarn"},
       {"check_nan_inf", "CheckNanInf.StopsAtTheFirstOpProducingInfAndNamesIt"},
+      {"profile_sync_ops",
+       "CudaGraph.ProgramsThatCannotBeCapturedAreRefusedNamingTheOpOrFlag; device-time profiles "
+       "of tools/gpu_check.sh (GPU)"},
       {"comm_overlap",
        "ProfilerCli.TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks"},
       {"straggler_factor", "FaultTest.AStragglerIsLoggedByRankWithHowFarBehind"},

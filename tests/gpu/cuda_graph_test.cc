@@ -22,6 +22,7 @@
 #include "tests/util/subprocess.h"
 
 DECLARE_bool(check_nan_inf);
+DECLARE_bool(profile_sync_ops);
 DECLARE_bool(cudnn_deterministic);
 
 namespace keel::testing {
@@ -229,6 +230,15 @@ TEST(CudaGraph, ProgramsThatCannotBeCapturedAreRefusedNamingTheOpOrFlag) {
     const std::string e = ErrorOf([&] { exe.Run(m.main, {{"x", Batch(4, 0)}}); });
     FLAGS_check_nan_inf = false;
     ExpectContainsAll(e, {"use_cuda_graph", "FLAGS_check_nan_inf"});
+  }
+  {
+    DropoutMlp m;
+    Executor exe(CUDAPlace(0), s);
+    exe.Run(m.startup);
+    FLAGS_profile_sync_ops = true;
+    const std::string e = ErrorOf([&] { exe.Run(m.main, {{"x", Batch(4, 0)}}); });
+    FLAGS_profile_sync_ops = false;
+    ExpectContainsAll(e, {"use_cuda_graph", "FLAGS_profile_sync_ops"});
   }
   {
     // A random fill in the main program would repeat its host draws on every replay.
