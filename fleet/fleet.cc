@@ -677,17 +677,16 @@ void DropUnownedState(Scope& scope, const Program& program) {
     if (owner != role().rank) scope.EraseVar(name);
 }
 
-// The inference program of a tensor-parallel model would hold its collectives, one process could
-// not run it; a stage made without fleet cannot be gathered (docs/tensor-parallel.md).
+// A model-parallel program fleet's minimize did not make has no recorded layout: its stages or
+// shards cannot be gathered into one process's inference model (docs/tensor-parallel.md).
 void RefuseTensorParallel(const Program& p, const char* api) {
   for (int b = 0; b < p.num_blocks(); ++b)
     for (const auto& op : p.block(b).ops())
       KEEL_ENFORCE(!OpRegistry::Traits(op->type()).shards_model, "fleet::", api,
                    ": the program is model-parallel (op ", op->type(),
-                   ", under DistributedStrategy.tensor_parallel or .pipeline), and its inference "
-                   "model is built for pipelines that fleet's minimize made only (a "
-                   "tensor-parallel one would hold the collectives: save a checkpoint with "
-                   "save_persistables and load it into the single-device program instead)");
+                   ") but fleet's minimize did not make it, so its stages or tensor-parallel "
+                   "shards cannot be gathered into one process's model (train it under "
+                   "DistributedStrategy.tensor_parallel or .pipeline through fleet)");
 }
 
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program) {
@@ -750,8 +749,9 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                           const std::vector<std::string>& feeds,
                           const std::vector<std::string>& targets, const Program* program) {
   const Program& p = program ? *program : main_program();
-  // A pipeline minimize made is gathered into the single-device program (every rank calls this).
-  RefuseTensorParallel(WholeProgram(p), "save_inference_model");
+  // A pipeline or tensor-parallel program minimize made is gathered into the single-device
+  // program (every rank calls this); one made otherwise cannot be.
+  if (!IsModelParallel(p)) RefuseTensorParallel(p, "save_inference_model");
   KEEL_ENFORCE(!initialized() || !role().is_server(),
                "fleet::save_inference_model on a parameter server: trainer 0 saves (call it on "
                "the trainers)");
@@ -762,8 +762,9 @@ void save_inference_model(Executor& exe, const std::string& dirname,
     return;
   }
   CheckpointOnRankZero gathered(exe, p);
-  if (role().rank == 0)
-    keel::save_inference_model(dirname, feeds, targets, gathered.scope(), gathered.program());
+  if (role().rank != 0) return;
+  keel::save_inference_model(dirname, feeds, targets, gathered.scope(),
+                             *OneProcessInferenceProgram(gathered.program(), feeds, targets));
 }
 
 void reset() {

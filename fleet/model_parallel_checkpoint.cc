@@ -9,6 +9,7 @@
 #include "fleet/transpile.h"
 #include "framework/dsl/tensor_parallel.h"
 #include "framework/error.h"
+#include "framework/io/prune.h"
 #include "framework/op/op_registry.h"
 #include "transpiler/pipeline_pass.h"
 
@@ -191,6 +192,37 @@ bool IsModelParallel(const Program& main) { return Find(main) != nullptr; }
 const Program& WholeProgram(const Program& main) {
   const Layout* l = Find(main);
   return l ? *l->whole : main;
+}
+
+std::unique_ptr<Program> OneProcessInferenceProgram(const Program& whole,
+                                                    const std::vector<std::string>& feeds,
+                                                    const std::vector<std::string>& targets) {
+  std::unique_ptr<Program> p = PruneForInference(whole, feeds, targets);
+  Block& b = p->global_block();
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    const OpDesc& op = *b.op(i);
+    const std::string type = op.type();
+    if (type == "c_identity" || type == "mp_allreduce_sum" || type == "c_split" ||
+        type == "c_concat") {
+      const std::string x = op.Input("X")[0], out = op.Output("Out")[0];
+      b.RemoveOp(i);
+      OpDesc* copy = b.InsertOp(i, "assign");
+      copy->SetInput("X", {x});
+      copy->SetOutput("Out", {out});
+    } else if (type == "c_embedding") {
+      const std::string w = op.Input("W")[0], ids = op.Input("Ids")[0], out = op.Output("Out")[0];
+      b.RemoveOp(i);
+      OpDesc* lookup = b.InsertOp(i, "lookup_table");
+      lookup->SetInput("W", {w});
+      lookup->SetInput("Ids", {ids});
+      lookup->SetOutput("Out", {out});
+    } else {
+      KEEL_ENFORCE(!OpRegistry::Traits(type).shards_model, "save_inference_model: op ", type,
+                   " of the model-parallel program has no one-process form");
+    }
+    InferShapeAtBuild(b.op(i), &b);
+  }
+  return p;
 }
 
 CheckpointOnRankZero::CheckpointOnRankZero(Executor& exe, const Program& main)

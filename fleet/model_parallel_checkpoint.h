@@ -50,6 +50,15 @@ bool IsModelParallel(const Program& main);
 // The program a checkpoint of `main` holds: the recorded single-device one, else `main`.
 const Program& WholeProgram(const Program& main);
 
+// The inference program of a tensor-parallel model for one process holding the whole tensors
+// (what CheckpointOnRankZero gathers): `whole` pruned to feeds -> targets, each tensor-parallel op
+// made what it is on one rank of one (c_identity, mp_allreduce_sum, c_split and c_concat copy
+// their input; c_embedding looks the ids up in the whole table: lookup_table), every op's output
+// shapes inferred anew from the whole parameters. Another model-parallel op is an error naming it.
+std::unique_ptr<Program> OneProcessInferenceProgram(const Program& whole,
+                                                    const std::vector<std::string>& feeds,
+                                                    const std::vector<std::string>& targets);
+
 // For a checkpoint of `main`: every rank of the job constructs it at the same point (under
 // model parallelism and sharding it gathers to rank 0 through collectives), then rank 0 saves
 // scope()'s persistables of program() but skip(). For a program that is neither model-parallel

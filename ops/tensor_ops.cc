@@ -116,7 +116,7 @@ void CastGradShape(InferShapeContext& ctx) {
 // ---------------------------------------------------------------- reshape
 
 // Out's shape from attr `shape`: 0 copies X's dim at that index, one -1 takes what is left.
-// At build time X's unknown (-1) dims make the inferred dim unknown too.
+// At build time X's unknown (-1) dims make the inferred dim unknown too, unless each is copied.
 DDim InferReshape(const DDim& in, const std::vector<int>& shape) {
   DDim out;
   int infer_at = -1;
@@ -146,7 +146,24 @@ DDim InferReshape(const DDim& in, const std::vector<int>& shape) {
     }
   }
   const int64_t in_numel = in.numel();  // -1 when unknown (build time)
-  if (in_numel < 0 || copies_unknown) return out;
+  if (in_numel < 0 || copies_unknown) {
+    // Build time: when each unknown dim of X is copied (a 0 at its index), the -1 is still
+    // known: X's known dims over Out's ([-1, L, D] to {0, 0, -1, E}: D / E).
+    if (infer_at < 0) return out;
+    int64_t in_known = 1;
+    for (int i = 0; i < in.size(); ++i) {
+      if (in[i] >= 0) {
+        in_known *= in[i];
+      } else if (i >= static_cast<int>(shape.size()) || shape[i] != 0) {
+        return out;
+      }
+    }
+    KEEL_SHAPE_CHECK(known > 0 && in_known % known == 0, "cannot reshape X ", in.str(),
+                     " to shape ", ListStr(shape), ": its known dims (", in_known,
+                     " elements per copied index) are not a multiple of ", known);
+    out[infer_at] = in_known / known;
+    return out;
+  }
   if (infer_at >= 0) {
     KEEL_SHAPE_CHECK(known > 0 && in_numel % known == 0, "cannot reshape X ", in.str(), " (",
                      in_numel, " elements) to shape ", ListStr(shape), ": ", in_numel,

@@ -147,13 +147,8 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.rank = replica;
   cfg.nranks = fleet::worker_num() / (tp * pp);
   ModelSettingsFromFlags(&cfg);
-  // Checkpoints of pipelines and tensor-parallel groups are complete (rank 0 gathers the stages
-  // and shards, fleet/model_parallel_checkpoint.h); an inference model of a tensor-parallel
-  // program would hold its collectives.
-  KEEL_ENFORCE(tp == 1 || !Given("save_inference_dir"),
-               "--save_inference_dir does not combine with --tp_degree=", tp,
-               ": the inference program would hold the tensor-parallel collectives (save a "
-               "checkpoint with --save_dir and load it into one process instead)");
+  // Checkpoints and inference models of pipelines and tensor-parallel groups are complete (rank 0
+  // gathers the stages and shards, fleet/model_parallel_checkpoint.h).
   // Every replica draws its own synthetic data; initialization comes from rank 0 by broadcast.
   if (seed) cfg.data_seed = seed + 1000003ull * static_cast<uint64_t>(replica);
   // A finite training set is shuffled alike on every rank, each taking a disjoint shard; without

@@ -61,10 +61,8 @@ DEFINE_string(pp_schedule, "1f1b",
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
 DEFINE_int32(vocab, 10, "transformer: vocabulary size; ctr: table rows (unset: 1000001).");
 DEFINE_string(ctr_table, "sparse",
-              "ctr: how its embedding table trains: sparse (is_sparse: the batch's rows' "
-              "gradient) | dense (the whole table's gradient) | distributed (is_distributed: "
-              "rows only on the parameter servers, fetched per batch; --ps_mode sync or async; "
-              "docs/sparse-embeddings.md).");
+              "ctr: its table's gradient: sparse (the batch's rows) | dense | distributed (rows "
+              "only on the parameter servers; --ps_mode sync or async).");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");

@@ -21,18 +21,20 @@ constexpr layers::Parallel kRow = layers::Parallel::kRow;
 // Megatron's split: Q, K and V column-parallel (each rank computes H / T whole heads), the output
 // projection row-parallel (one all-reduce after it).
 Var SelfAttention(Var x, const TransformerConfig& c) {
-  const int T = current_tensor_parallel().degree;
-  const int E = c.d_model / c.heads, H = c.heads / T;
+  const int E = c.d_model / c.heads;
+  // The reshapes leave the head count to -1, so that the program holds no per-shard size: with
+  // the whole parameters it is the single-device model (a tensor-parallel job's inference model,
+  // fleet/model_parallel_checkpoint.h).
   auto heads = [&](Var t) {  // [N, L, D / T] -> [N, H / T, L, E]
-    return layers::transpose(layers::reshape(t, {0, 0, H, E}), {0, 2, 1, 3});
+    return layers::transpose(layers::reshape(t, {0, 0, -1, E}), {0, 2, 1, 3});
   };
   Var q = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
   Var k = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
   Var v = heads(layers::fc(x, c.d_model, "", 2, {}, {}, true, kCol));
   // scores = q k' / sqrt(E): [N, H / T, L, L]
   Var scores = layers::matmul(q, k, false, true, 1.0f / std::sqrt(static_cast<float>(E)));
-  Var ctx = layers::matmul(layers::softmax(scores), v);  // [N, H / T, L, E]
-  ctx = layers::reshape(layers::transpose(ctx, {0, 2, 1, 3}), {0, 0, H * E});
+  Var ctx = layers::matmul(layers::softmax(scores), v);                     // [N, H / T, L, E]
+  ctx = layers::reshape(layers::transpose(ctx, {0, 2, 1, 3}), {0, 0, -1});  // [N, L, H / T * E]
   return layers::fc(ctx, c.d_model, "", 2, {}, {}, true, kRow);
 }
 

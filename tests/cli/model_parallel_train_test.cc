@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "executor/executor_io.h"
+#include "framework/op/op_registry.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -154,31 +155,37 @@ TEST(KeelTrainModelParallel, AProfileOfAPipelineShowsItsTransfers) {
   RunCommand("rm -rf " + dir);
 }
 
-// --save_inference_dir under --pp_degree: rank 0 gathers the stages and writes the single-device
-// forward program with every stage's parameters; loaded in this process, it predicts what one
-// process's inference model predicts (trained alike, to float rounding).
-TEST(KeelTrainModelParallel, APipelineSavesTheWholeInferenceModel) {
+// --save_inference_dir under --pp_degree or --tp_degree: rank 0 gathers the stages or joins the
+// shards and writes the single-device forward program with the whole parameters (a
+// tensor-parallel program's collectives become copies); loaded in this process, it predicts what
+// one process's inference model predicts (trained alike, to float rounding).
+void ExpectWholeInferenceModel(const std::string& model, const std::string& parallel,
+                               const std::string& tag) {
   const std::string dir = MakeTempDir();
-  const std::string train = " train --model=mlp --mlp_hidden=16 --seed=5 --batch_size=8 --steps=3 ";
+  const std::string train = " train " + model + " --seed=5 --batch_size=8 --steps=3 ";
   auto one = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + train +
                         "--save_inference_dir=" + dir + "/one 2>&1");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   auto two = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 " +
-                        "--log_dir=" + dir + "/log " + Keel() + train +
-                        "--pp_degree=2 --micro_batches=4 --save_inference_dir=" + dir + "/pp 2>&1");
+                        "--log_dir=" + dir + "/log " + Keel() + train + parallel +
+                        " --save_inference_dir=" + dir + "/two 2>&1");
   ASSERT_EQ(two.exit_code, 0) << two.output;
+  // The mlp's features [4, 32], or the transformer's token ids [4, 8, 1] in [0, 10).
+  const bool tokens = Contains(model, "transformer");
   std::vector<float> x(4 * 32);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) / 7.0f - 0.4f;
+  std::vector<int64_t> ids(4 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7) % 10);
+  const Tensor feed = tokens ? Tensor::FromVector(ids, {4, 8, 1}) : Tensor::FromVector(x, {4, 32});
   std::vector<std::vector<float>> predicted;
-  for (const std::string which : {"one", "pp"}) {
+  for (const std::string which : {"one", "two"}) {
     Executor exe(CPUPlace());
     InferenceModel m = load_inference_model(dir + "/" + which, exe);
     ASSERT_EQ(m.feeds.size(), 1u);
     ASSERT_EQ(m.targets.size(), 1u);
     for (const auto& op : m.program->global_block().ops())
-      EXPECT_NE(op->type(), "send_v2") << which;
-    std::vector<Tensor> out =
-        exe.Run(*m.program, {{m.feeds[0], Tensor::FromVector(x, {4, 32})}}, m.targets);
+      EXPECT_FALSE(OpRegistry::Traits(op->type()).shards_model) << which << ": " << op->type();
+    std::vector<Tensor> out = exe.Run(*m.program, {{m.feeds[0], feed}}, m.targets);
     const float* p = out[0].data<float>();
     predicted.emplace_back(p, p + out[0].numel());
   }
@@ -186,9 +193,25 @@ TEST(KeelTrainModelParallel, APipelineSavesTheWholeInferenceModel) {
   double worst = 0;
   for (size_t i = 0; i < predicted[0].size(); ++i)
     worst = std::max(worst, static_cast<double>(std::abs(predicted[0][i] - predicted[1][i])));
-  std::printf("inference models of one process and PP=2: max |prediction diff| %.3g\n", worst);
+  std::printf("inference models of one process and %s: max |prediction diff| %.3g\n", tag.c_str(),
+              worst);
   EXPECT_LT(worst, 1e-5);
   RunCommand("rm -rf " + dir);
+}
+
+TEST(KeelTrainModelParallel, APipelineSavesTheWholeInferenceModel) {
+  ExpectWholeInferenceModel("--model=mlp --mlp_hidden=16", "--pp_degree=2 --micro_batches=4",
+                            "PP=2");
+}
+
+TEST(KeelTrainModelParallel, TensorParallelSavesTheWholeInferenceModel) {
+  ExpectWholeInferenceModel("--model=mlp --mlp_hidden=16", "--tp_degree=2", "TP=2");
+}
+
+// The transformer's shards: column- and row-parallel layers, the vocabulary-parallel embedding
+// (c_embedding becomes lookup_table on the whole table).
+TEST(KeelTrainModelParallel, TensorParallelTransformerSavesTheWholeInferenceModel) {
+  ExpectWholeInferenceModel("--model=transformer", "--tp_degree=2", "transformer TP=2");
 }
 
 // "step N test_accuracy A (S test samples)" lines.

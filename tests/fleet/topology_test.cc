@@ -264,7 +264,7 @@ TEST(TensorParallelCheckpoints, AProgramWithAModelShardingOpIsRefusedNamingIt) {
       {"checkpoint", "model-parallel (op c_identity", "minimize did not make it"});
   testing::ExpectErrorContainsAll(
       testing::ErrorOf([&] { fleet::save_inference_model(exe, dir + "3", {"x"}, {}, &main); }),
-      {"fleet::save_inference_model", "model-parallel (op c_identity", "tensor-parallel one"});
+      {"fleet::save_inference_model", "model-parallel (op c_identity", "minimize did not make it"});
 }
 
 }  // namespace

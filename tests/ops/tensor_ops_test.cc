@@ -419,5 +419,33 @@ TEST(ReshapeOp, UnknownBatchDimAtBuildTimeIsCheckedAtRunTime) {
     ExpectErrorContainsAll(e.what(), {"reshape", "[3, 6]", "[4, -1]"});
   }
 }
+
+// An unknown batch dim copied by a 0 leaves the -1 known at build time: X's known dims over
+// Out's (the attention heads of [-1, L, D] by {0, 0, -1, E}, whatever the tensor-parallel shard).
+TEST(ReshapeOp, ACopiedUnknownDimLeavesTheInferredDimKnownAtBuildTime) {
+  Program prog;
+  Block& block = prog.global_block();
+  VarDesc* x = block.Var("x");
+  x->set_shape({-1, 8, 12});
+  x->set_is_data(true);
+  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"heads"}}},
+           {{"shape", std::vector<int>{0, 0, -1, 4}}});
+  AppendOp(block, "reshape", {{"X", {"heads"}}}, {{"Out", {"back"}}},
+           {{"shape", std::vector<int>{0, 0, -1}}});
+  AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"flat"}}},
+           {{"shape", std::vector<int>{-1, 12}}});  // the unknown dim not copied: unknown
+  EXPECT_EQ(block.FindVar("heads")->dims(), DDim({-1, 8, 3, 4}));
+  EXPECT_EQ(block.FindVar("back")->dims(), DDim({-1, 8, 12}));
+  EXPECT_EQ(block.FindVar("flat")->dims(), DDim({-1, 12}));
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(block, "reshape", {{"X", {"x"}}}, {{"Out", {"bad"}}},
+                                    {{"shape", std::vector<int>{0, 0, -1, 5}}});
+                         }),
+                         {"reshape", "[-1, 8, 12]", "not a multiple of 40"});
+  Executor exe;
+  auto got = exe.Run(prog, {{"x", RandomTensor({2, 8, 12}, DType::kFloat32)}}, {"heads", "back"});
+  EXPECT_EQ(got[0].dims(), DDim({2, 8, 3, 4}));
+  EXPECT_EQ(got[1].dims(), DDim({2, 8, 12}));
+}
 }  // namespace
 }  // namespace keel::testing
