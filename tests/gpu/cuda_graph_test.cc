@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 
 #include "executor/executor.h"
 #include "executor/executor_io.h"
@@ -222,23 +223,16 @@ TEST(CudaGraph, ProgramsThatCannotBeCapturedAreRefusedNamingTheOpOrFlag) {
   SKIP_WITHOUT_GPU();
   ExecutionStrategy s;
   s.use_cuda_graph = true;
-  {
+  // Flags that wait for or read the device after each op.
+  for (auto [flag, name] : {std::pair{&FLAGS_check_nan_inf, "FLAGS_check_nan_inf"},
+                            std::pair{&FLAGS_profile_sync_ops, "FLAGS_profile_sync_ops"}}) {
     DropoutMlp m;
     Executor exe(CUDAPlace(0), s);
     exe.Run(m.startup);
-    FLAGS_check_nan_inf = true;
+    *flag = true;
     const std::string e = ErrorOf([&] { exe.Run(m.main, {{"x", Batch(4, 0)}}); });
-    FLAGS_check_nan_inf = false;
-    ExpectContainsAll(e, {"use_cuda_graph", "FLAGS_check_nan_inf"});
-  }
-  {
-    DropoutMlp m;
-    Executor exe(CUDAPlace(0), s);
-    exe.Run(m.startup);
-    FLAGS_profile_sync_ops = true;
-    const std::string e = ErrorOf([&] { exe.Run(m.main, {{"x", Batch(4, 0)}}); });
-    FLAGS_profile_sync_ops = false;
-    ExpectContainsAll(e, {"use_cuda_graph", "FLAGS_profile_sync_ops"});
+    *flag = false;
+    ExpectContainsAll(e, {"use_cuda_graph", name});
   }
   {
     // A random fill in the main program would repeat its host draws on every replay.
