@@ -186,9 +186,10 @@ int Bench(const std::vector<std::string>& args) {
   const int world = fleet::worker_num();
   Executor exe(fleet::worker_place(), CliExecutionStrategy());
   exe.Run(*m.startup);
+  const TrainingStepFn step = TrainingStep(m);  // a pipeline stage: its micro-batches
   FeedMap feed;
   m.next_batch(FLAGS_batch_size, &feed);  // one batch, reused, as the torch anchor does
-  for (int i = 0; i < FLAGS_bench_warmup; ++i) exe.Run(*m.main, feed);
+  for (int i = 0; i < FLAGS_bench_warmup; ++i) step(exe, feed, {});
   // A CUDA place's run returns once its work is queued: each timed step waits for the device, as
   // the PyTorch anchor synchronises (a no-op on the CPU).
   const Place place = exe.place();
@@ -202,7 +203,7 @@ int Bench(const std::vector<std::string>& args) {
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < FLAGS_bench_steps; ++i) {
     auto a = std::chrono::steady_clock::now();
-    exe.Run(*m.main, feed);
+    step(exe, feed, {});
     DeviceSynchronize(place);
     ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
@@ -213,12 +214,15 @@ int Bench(const std::vector<std::string>& args) {
       static_cast<double>(RingRegistry::Get().TotalAllReduceBytes() - bytes0) / FLAGS_bench_steps;
   FinishProfile();
   fleet::barrier_worker();
-  float loss = exe.Run(*m.main, feed, {m.loss})[0].item<float>();
+  float loss = step(exe, feed, {m.loss})[0].item<float>();
   double median = Median(ms);
   double mean = total * 1e3 / FLAGS_bench_steps;
-  // Samples per second of every worker together. In parameter-server mode the trainers' own rates
-  // summed (asynchronous trainers run at their own pace), then the servers are told they stop.
-  double samples_per_s = world * FLAGS_batch_size / (median / 1e3);
+  // Samples per second of every worker together: of each data-parallel replica (a pipeline's
+  // stages and a tensor-parallel group's ranks share one batch). In parameter-server mode the
+  // trainers' own rates summed (asynchronous trainers run at their own pace), then the servers
+  // are told they stop.
+  const int replicas = std::max(1, world / (FLAGS_tp_degree * FLAGS_pp_degree));
+  double samples_per_s = replicas * FLAGS_batch_size / (median / 1e3);
   std::string ps_fields;
   if (ps) {
     samples_per_s = fleet::metrics::sum(FLAGS_batch_size / (median / 1e3));

@@ -2,6 +2,7 @@
 // parsed by gflags) and returns the process exit code; keel::Error escapes to main.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,12 @@ int Train(const std::vector<std::string>& args);
 ExecutionStrategy CliExecutionStrategy();
 // fleet::init, then the named model with a distributed SGD (plain SGD for one worker).
 models::TrainableModel BuildDistributedModel(const std::string& name, float lr, uint64_t seed);
+// How one training step of `m` runs under keel train's flags (keel train and keel bench): the
+// main program, or with --pp_degree > 1 this rank's pipeline stage as --micro_batches
+// micro-batches; a fetched loss is then the global batch's mean on every rank.
+using TrainingStepFn = std::function<std::vector<Tensor>(Executor& exe, const FeedMap& feed,
+                                                         const std::vector<std::string>& fetch)>;
+TrainingStepFn TrainingStep(const models::TrainableModel& m);
 // --profile: writes this rank's Chrome trace and prints the per-op summary to stderr.
 // Does nothing when the profiler is off.
 void FinishProfile();

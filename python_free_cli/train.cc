@@ -276,6 +276,18 @@ PipelineStep(const models::TrainableModel& m) {
   };
 }
 
+}  // namespace
+
+TrainingStepFn TrainingStep(const models::TrainableModel& m) {
+  if (FLAGS_pp_degree > 1) return PipelineStep(m);
+  const Program* main = m.main.get();  // m outlives the step
+  return [main](Executor& exe, const FeedMap& feed, const std::vector<std::string>& fetch) {
+    return exe.Run(*main, feed, fetch);
+  };
+}
+
+namespace {
+
 // Where a parameter server resumes from: as the Trainer picks it on the trainers (a restart or
 // --auto_resume: --save_dir's checkpoint when it holds one; else --load_dir). Parameter-server
 // jobs run on one node (keel launch --server_num), so every process reads the same folder.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -258,6 +259,35 @@ TEST(KeelTrainModelParallel, APipelineEvaluatesAsOneProcessDoes) {
   for (const std::string& line : got) EXPECT_TRUE(Contains(line, samples)) << line;
   for (int r = 1; r < 4; ++r)
     EXPECT_TRUE(EvalLines(ReadFile(dir + "/l4/workerlog." + std::to_string(r))).empty()) << r;
+  RunCommand("rm -rf " + dir);
+}
+
+// keel bench under --pp_degree runs each step as the stage's micro-batches (it fed the whole
+// program's data to a stage before) and under --pp_degree or --tp_degree counts one replica's
+// samples: the loss is one process's, samples/s the batch over the median step.
+TEST(KeelTrainModelParallel, BenchRunsPipelineAndTensorParallelSteps) {
+  const std::string dir = MakeTempDir();
+  const std::string bench =
+      " bench transformer --batch_size=16 --bench_steps=3 --bench_warmup=1 --seed=1";
+  const std::string env = "FLAGS_cpu_math_threads=1 ";
+  auto one = RunCommand(env + Keel() + bench + " 2>/dev/null");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::regex loss_re("\"loss\": ([0-9.]+)");
+  const std::regex ms_re("\"step_ms\": ([0-9.]+), .*\"samples_per_s\": ([0-9.]+)");
+  std::smatch want;
+  ASSERT_TRUE(std::regex_search(one.output, want, loss_re)) << one.output;
+  for (const std::string parallel : {"--pp_degree=2 --micro_batches=4", "--tp_degree=2"}) {
+    SCOPED_TRACE(parallel);
+    auto two = RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/l " +
+                          Keel() + bench + " " + parallel + " 2>/dev/null");
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    std::smatch got, ms;
+    ASSERT_TRUE(std::regex_search(two.output, got, loss_re)) << two.output;
+    EXPECT_EQ(got[1].str(), want[1].str()) << two.output;
+    ASSERT_TRUE(std::regex_search(two.output, ms, ms_re)) << two.output;
+    const double per_s = 16 / (std::stod(ms[1].str()) / 1e3);
+    EXPECT_NEAR(std::stod(ms[2].str()), per_s, 0.01 * per_s) << two.output;
+  }
   RunCommand("rm -rf " + dir);
 }
 
