@@ -18,6 +18,7 @@ DECLARE_int32(tp_degree);
 DECLARE_int32(pp_degree);
 DECLARE_int32(micro_batches);
 DECLARE_string(ps_mode);
+DECLARE_string(ctr_table);
 DECLARE_int32(geo_k);
 
 namespace keel {

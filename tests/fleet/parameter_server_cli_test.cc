@@ -105,6 +105,12 @@ TEST(ParameterServerCli, CtrWithADistributedTableTrains) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(Contains(r.output, "step 3 loss ")) << r.output;
   }
+  // Its evaluation is not built: refused at start, naming both flags.
+  JobRun eval = Launch(1, 1, dir,
+                       "train --model=ctr --ctr_table=distributed --vocab=1000 --steps=2 "
+                       "--eval_every=2 --ps_mode=sync");
+  EXPECT_NE(eval.exit_code, 0);
+  EXPECT_TRUE(Contains(eval.output, "--ctr_table=distributed with --eval_every")) << eval.output;
   CommandResult program = RunCommand(
       Keel() +
       " inspect --strategy --ps --nservers=2 --nworkers=2 --rank=2 --program=main --model=ctr "
