@@ -200,25 +200,15 @@ std::unique_ptr<Program> OneProcessInferenceProgram(const Program& whole,
   std::unique_ptr<Program> p = PruneForInference(whole, feeds, targets);
   Block& b = p->global_block();
   for (size_t i = 0; i < b.num_ops(); ++i) {
-    const OpDesc& op = *b.op(i);
-    const std::string type = op.type();
-    if (type == "c_identity" || type == "mp_allreduce_sum" || type == "c_split" ||
-        type == "c_concat") {
-      const std::string x = op.Input("X")[0], out = op.Output("Out")[0];
-      b.RemoveOp(i);
-      OpDesc* copy = b.InsertOp(i, "assign");
-      copy->SetInput("X", {x});
-      copy->SetOutput("Out", {out});
-    } else if (type == "c_embedding") {
-      const std::string w = op.Input("W")[0], ids = op.Input("Ids")[0], out = op.Output("Out")[0];
-      b.RemoveOp(i);
-      OpDesc* lookup = b.InsertOp(i, "lookup_table");
-      lookup->SetInput("W", {w});
-      lookup->SetInput("Ids", {ids});
-      lookup->SetOutput("Out", {out});
-    } else {
-      KEEL_ENFORCE(!OpRegistry::Traits(type).shards_model, "save_inference_model: op ", type,
+    const OpTraits& traits = OpRegistry::Traits(b.op(i)->type());
+    if (traits.shards_model) {
+      KEEL_ENFORCE(!traits.one_process_form.empty(), "save_inference_model: op ", b.op(i)->type(),
                    " of the model-parallel program has no one-process form");
+      const OpDesc::VarMap ins = b.op(i)->inputs(), outs = b.op(i)->outputs();
+      b.RemoveOp(i);
+      OpDesc* one = b.InsertOp(i, traits.one_process_form);
+      for (const auto& [slot, args] : ins) one->SetInput(slot, args);
+      for (const auto& [slot, args] : outs) one->SetOutput(slot, args);
     }
     InferShapeAtBuild(b.op(i), &b);
   }

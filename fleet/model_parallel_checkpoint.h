@@ -51,10 +51,11 @@ bool IsModelParallel(const Program& main);
 const Program& WholeProgram(const Program& main);
 
 // The inference program of a tensor-parallel model for one process holding the whole tensors
-// (what CheckpointOnRankZero gathers): `whole` pruned to feeds -> targets, each tensor-parallel op
-// made what it is on one rank of one (c_identity, mp_allreduce_sum, c_split and c_concat copy
-// their input; c_embedding looks the ids up in the whole table: lookup_table), every op's output
-// shapes inferred anew from the whole parameters. Another model-parallel op is an error naming it.
+// (what CheckpointOnRankZero gathers): `whole` pruned to feeds -> targets, each model-parallel op
+// replaced by its registered one-process form (OpTraits::one_process_form: c_identity,
+// mp_allreduce_sum, c_split and c_concat copy their input; c_embedding looks the ids up in the
+// whole table), every op's output shapes inferred anew from the whole parameters. A
+// model-parallel op without one is an error naming it.
 std::unique_ptr<Program> OneProcessInferenceProgram(const Program& whole,
                                                     const std::vector<std::string>& feeds,
                                                     const std::vector<std::string>& targets);

@@ -294,6 +294,7 @@ OpSchema& TpOp(const std::string& type, const std::string& doc) {
   return OpRegistry::Register(type)
       .Doc(doc)
       .ShardsModel()
+      .OneProcessForm("assign")  // on one rank of one, each passes X through
       .Input("X", "the tensor")
       .Output("Out", "the result")
       .Attr<int>("ring_id", 0, "the tensor-parallel ring", NonNegative)
@@ -357,6 +358,7 @@ KEEL_REGISTER_OP(c_embedding)
         "ranks' outputs mp_allreduce_sum adds. W [4, D], start_index 4, Ids {1, 5} -> Out "
         "{0, W[1]}.")
     .ShardsModel()
+    .OneProcessForm("lookup_table")  // the whole table: every id is this rank's
     .Input("W", "this rank's rows of the table, [V / n, D]")
     .Input("Ids", "int64 [..., 1], ids of the whole vocabulary")
     .Output("Out", "Ids' shape with the last dim D, W's dtype")

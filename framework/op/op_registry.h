@@ -89,6 +89,11 @@ struct OpTraits {
   // A program holding it is model-parallel: each rank's parameters are its own shards of the
   // model, so what one rank holds is not the whole model (fleet refuses rank-0 checkpoints).
   bool shards_model = false;
+  // What the op is in one process holding the whole tensors: an op of this type with the same
+  // input and output slots and its default attributes (a tensor-parallel collective: assign;
+  // a vocabulary-parallel lookup: lookup_table). "": none (fleet's one-process inference model
+  // refuses it).
+  std::string one_process_form;
 };
 
 class OpSchema {
@@ -182,6 +187,10 @@ class OpSchema {
   }
   OpSchema& ShardsModel() {
     traits_.shards_model = true;
+    return *this;
+  }
+  OpSchema& OneProcessForm(std::string type) {
+    traits_.one_process_form = std::move(type);
     return *this;
   }
 

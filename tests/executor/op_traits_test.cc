@@ -43,6 +43,38 @@ TEST(OpTraits, CollectivesFusedBuffersAndHostDrawsDeclareThemselves) {
   }
 }
 
+// Every model-parallel op but the pipeline's transfers has a one-process form (what fleet's
+// one-process inference model makes of it), a registered op that takes the same slots.
+TEST(OpTraits, ModelParallelOpsDeclareTheirOneProcessForm) {
+  int forms = 0;
+  for (const std::string& t : OpRegistry::OpTypes()) {
+    const OpTraits& tr = OpRegistry::Traits(t);
+    if (!tr.shards_model) {
+      EXPECT_TRUE(tr.one_process_form.empty()) << t;
+      continue;
+    }
+    if (t == "send_v2" || t == "recv_v2") {  // a pipeline's whole program holds none
+      EXPECT_TRUE(tr.one_process_form.empty()) << t;
+      continue;
+    }
+    SCOPED_TRACE(t + " -> " + tr.one_process_form);
+    const OpSchema* one = OpRegistry::Find(tr.one_process_form);
+    ASSERT_NE(one, nullptr);
+    const OpSchema* op = OpRegistry::Find(t);
+    auto names = [](const std::vector<ArgDef>& args) {
+      std::set<std::string> n;
+      for (const ArgDef& a : args) n.insert(a.name);
+      return n;
+    };
+    EXPECT_EQ(names(one->inputs()), names(op->inputs()));
+    EXPECT_EQ(names(one->outputs()), names(op->outputs()));
+    ++forms;
+  }
+  EXPECT_EQ(forms, 5);  // c_identity, mp_allreduce_sum, c_split, c_concat, c_embedding
+  EXPECT_EQ(OpRegistry::Traits("c_embedding").one_process_form, "lookup_table");
+  EXPECT_EQ(OpRegistry::Traits("c_identity").one_process_form, "assign");
+}
+
 // No string literal in executor/ is an op type (or the start of one, like "c_allreduce_").
 TEST(OpTraits, TheExecutorNamesNoOpType) {
   const std::vector<std::string> types = OpRegistry::OpTypes();
