@@ -36,7 +36,9 @@ uint64_t Slot(Kind kind, int block, int64_t step) {
 }
 
 Transport::Transfer::Transfer() = default;
-Transport::Transfer::~Transfer() = default;
+// The buffer before the bytes: Gloo's thread may still be sending a copy a peer asked for after
+// the server that posted it gave up (it read freed memory: ASan, a trainer killed under async).
+Transport::Transfer::~Transfer() { buf.reset(); }
 
 Transport& Transport::Get() {
   static Transport* t = new Transport;

@@ -71,12 +71,15 @@ constexpr int64_t kPrefetch = -3;  // a trainer asks for rows of a distributed t
 class Transport {
  public:
   // One posted send or receive.
+  // Destroying a Transfer whose transfer is still pending (an error left it unwaited) first
+  // destroys the Gloo buffer, which waits until Gloo's thread is done with it, then frees its
+  // bytes; `owned` is declared before `buf` so that the members go in that order too.
   struct Transfer {
     Transfer();
     ~Transfer();
-    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
     std::vector<char> owned;  // a send's copy of its bytes
-    std::vector<int> peers;   // the receive's possible sources, or the send's destination
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    std::vector<int> peers;  // the receive's possible sources, or the send's destination
     std::string what;
     bool is_send = false;
   };
