@@ -725,6 +725,19 @@ const transpiler::PsPlan* ps_plan(const Program& program) {
   return it == State().ps_programs.end() ? nullptr : &it->second.second;
 }
 
+void ps_program_for_test(const Program& main, Program* test) {
+  const transpiler::PsPlan* plan = ps_plan(main);
+  if (plan == nullptr) return;
+  const Block& b = main.global_block();
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    const OpDesc& op = *b.op(i);
+    if (op.type() != "distributed_lookup_table") continue;
+    transpiler::RewriteDistributedLookups(*test, *plan, op.Attr<int>("pserver_num"),
+                                          op.Attr<int>("mode"));
+    return;
+  }
+}
+
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done) {
   // Between two merge steps each rank's merge buffers hold its own gradients, and a checkpoint
   // rank 0's: no rank of a multi-worker job could continue from it.

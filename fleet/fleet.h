@@ -167,6 +167,11 @@ std::set<std::string> pass_made_vars(const Program& program);
 // trainer's or a server's main) and its plan; nullptr when `program` is no such program.
 const Program* ps_single_device_program(const Program& program);
 const transpiler::PsPlan* ps_plan(const Program& program);
+// Parameter-server mode: makes `test`, a forward-only program cloned from the single-device main
+// before minimize (an evaluation program), run on a trainer of `main`: each lookup of a
+// distributed table fetches the batch's rows from the servers as `main`'s lookup does
+// (transpiler::RewriteDistributedLookups). Nothing to do (a no-op) when `main` has no such table.
+void ps_program_for_test(const Program& main, Program* test);
 // With `steps_done` >= 0 (a checkpoint's training step): also sets the state that counts steps
 // (LocalSGD's step and since-average counters) to where the interrupted run was, and refuses a
 // LocalSGD checkpoint taken between two averages (keel::Error). With several workers it also

@@ -2,6 +2,9 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <vector>
@@ -40,7 +43,7 @@ std::vector<transpiler::PsStateBlock> GeoServerBlocks(const transpiler::PsPlan& 
   for (const transpiler::PsPlan::Param& p : plan.params)
     for (int k : p.blocks) {
       const transpiler::PsPlan::Block& blk = plan.blocks[k];
-      if (blk.server != server) continue;
+      if (blk.server != server || p.distributed) continue;
       std::vector<int64_t> dims = ob.MustFindVar(p.name)->shape();
       if (!p.split()) {
         out.push_back({blk.name, p.name, 0, -1, dims});
@@ -74,17 +77,149 @@ const Program& Original(const Program& program, const char* api) {
   return *original;
 }
 
-// Checkpoints of is_distributed tables are not implemented: their rows exist only on the servers,
-// created on first touch, and no checkpoint format holds them yet. Refused before anything is
-// pulled or written, naming the table (it used to fail later, saying the table was missing from
-// the trainer's scope).
-void RefuseDistributedTables(const transpiler::PsPlan& plan, const char* api) {
-  for (const transpiler::PsPlan::Param& p : plan.params)
-    KEEL_ENFORCE(!p.distributed, api, ": '", p.name,
-                 "' is an is_distributed embedding table (its rows live only on the parameter "
-                 "servers, created on first touch), and checkpoints of such tables are not "
-                 "supported yet; save and resume with is_sparse=true (rows on every trainer) or "
-                 "train without checkpoints");
+// A distributed table's vars in a checkpoint: the table, then its row-shaped optimizer state in
+// the order the server's listen_and_serv lists them (TableVars; transpiler/ps_tables.cc).
+std::vector<std::string> TableVars(const transpiler::PsPlan::Param& p, const Program& original) {
+  std::vector<std::string> vars = {p.name};
+  for (const std::string& s : p.state)
+    if (original.global_block().MustFindVar(s)->shape() == p.shape) vars.push_back(s);
+  return vars;
+}
+
+float FloatOf(int64_t bits) {
+  const int32_t i = static_cast<int32_t>(bits);
+  float f;
+  std::memcpy(&f, &i, sizeof(f));
+  return f;
+}
+
+// Receives server s's shards of the distributed tables (listen_and_serv's PostShards, from State
+// slot `first` on) and adds their rows to `rows` (per var: ids and values, unsorted yet).
+void PullShards(ps::Transport& t, const transpiler::PsPlan& plan, const Program& original, int s,
+                int first, int64_t step, RowsByVar* rows,
+                std::map<std::string, std::vector<Tensor>>* parts) {
+  int at = first;
+  for (const transpiler::PsPlan::Param& p : plan.params) {
+    if (!p.distributed) continue;
+    const std::vector<std::string> vars = TableVars(p, original);
+    const std::string what = StrCat("checkpoint: the rows of ", p.name, " from ", t.PeerName(s));
+    std::vector<int64_t> meta(5 + vars.size() - 1);
+    auto head = t.PostRecv({s}, ps::Slot(ps::Kind::kState, at++, step), meta.data(),
+                           meta.size() * sizeof(int64_t), what);
+    t.Wait(*head);
+    const int64_t n = meta[0];
+    KEEL_ENFORCE(n >= 0 && n <= p.shape[0], what, ": ", n, " rows announced for a table of ",
+                 p.shape[0]);
+    RowInitRule rule;
+    rule.dist = static_cast<int>(meta[1]);
+    rule.a = FloatOf(meta[2]);
+    rule.b = FloatOf(meta[3]);
+    rule.seed = meta[4];
+    const DType dtype = original.global_block().MustFindVar(p.name)->dtype();
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    std::vector<Tensor> values(vars.size());
+    std::vector<std::unique_ptr<ps::Transport::Transfer>> pending;
+    pending.push_back(t.PostRecv({s}, ps::Slot(ps::Kind::kState, at++, step), ids.data(),
+                                 ids.size() * sizeof(int64_t), what));
+    for (Tensor& v : values) {
+      void* data = v.Alloc(dtype, DDim({n, p.shape[1]}));
+      pending.push_back(
+          t.PostRecv({s}, ps::Slot(ps::Kind::kState, at++, step), data, v.nbytes(), what));
+    }
+    for (auto& x : pending) t.Wait(*x);
+    for (size_t j = 0; j < vars.size(); ++j) {
+      StoredRows& r = (*rows)[vars[j]];
+      r.init = j == 0 ? rule : ConstantRows(FloatOf(meta[4 + j]));
+      r.ids.insert(r.ids.end(), ids.begin(), ids.end());
+      (*parts)[vars[j]].push_back(values[j]);
+    }
+  }
+}
+
+// Each var's rows sorted by id (the parts are the servers' shards, in creation order).
+void SortRows(RowsByVar* rows, std::map<std::string, std::vector<Tensor>>* parts) {
+  for (auto& [name, r] : *rows) {
+    const std::vector<Tensor>& got = (*parts)[name];
+    const DType dtype = got[0].dtype();
+    const int64_t width = got[0].dims()[1];
+    const size_t row_bytes = SizeOf(dtype) * static_cast<size_t>(width);
+    std::vector<const char*> row_at;  // each id's row, in r.ids' order
+    for (const Tensor& x : got)
+      for (int64_t k = 0; k < x.dims()[0]; ++k)
+        row_at.push_back(static_cast<const char*>(x.raw_data()) + k * row_bytes);
+    std::vector<size_t> order(r.ids.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.ids[a] < r.ids[b]; });
+    const int64_t n = static_cast<int64_t>(order.size());
+    std::vector<int64_t> ids(order.size());
+    char* out = static_cast<char*>(r.values.Alloc(dtype, DDim({n, width})));
+    for (size_t k = 0; k < order.size(); ++k) {
+      ids[k] = r.ids[order[k]];
+      std::memcpy(out + k * row_bytes, row_at[order[k]], row_bytes);
+    }
+    r.ids = std::move(ids);
+  }
+}
+
+// The rows of distributed table p that this server (of `nservers`) owns, as `stored` (the
+// checkpoint's, per TableVars) holds them, into the server's shard variables: the table,
+// "<table>@IDS" and the row-shaped state. From a whole tensor (a one-process checkpoint) only the
+// rows that differ from their initial values (`inits`: the table's rule, each state var's constant)
+// are taken: the others are what the shard would create anyway.
+void PutShard(Scope& scope, const transpiler::PsPlan::Param& p,
+              const std::vector<std::string>& vars, const std::vector<RowInitRule>& inits,
+              RowsByVar& stored, int me, int nservers, const std::string& dirname) {
+  const StoredRows& table = stored.at(p.name);
+  for (size_t j = 0; j < vars.size(); ++j) {
+    const StoredRows& r = stored.at(vars[j]);
+    KEEL_ENFORCE(r.whole == table.whole && r.ids == table.ids, "server ", me, ": ", dirname,
+                 " holds ", vars[j], " and the distributed table ", p.name,
+                 " by different rows; they must have the same ones");
+    KEEL_ENFORCE(r.whole || r.init == inits[j], "server ", me, ": ", dirname, " holds ", vars[j],
+                 " (of distributed table ", p.name, ") by rows that start as '",
+                 RowInitText(r.init), "', but this program's start as '", RowInitText(inits[j]),
+                 "'; resume with the initializer the checkpoint was trained with");
+  }
+  const int64_t D = p.shape[1];
+  const DType dtype = table.values.dtype();
+  const size_t row_bytes = SizeOf(dtype) * static_cast<size_t>(D);
+  std::vector<size_t> keep;
+  std::vector<char> init(row_bytes);
+  for (size_t k = 0; k < table.ids.size(); ++k) {
+    const int64_t id = table.ids[k];
+    if (id % nservers != me) continue;
+    bool differs = !table.whole;
+    for (size_t j = 0; j < vars.size() && !differs; ++j) {
+      if (dtype == DType::kFloat32) {
+        RowInit(inits[j], id, D, reinterpret_cast<float*>(init.data()));
+      } else {
+        RowInit(inits[j], id, D, reinterpret_cast<double*>(init.data()));
+      }
+      const char* row =
+          static_cast<const char*>(stored.at(vars[j]).values.raw_data()) + k * row_bytes;
+      differs = std::memcmp(row, init.data(), row_bytes) != 0;
+    }
+    if (differs) keep.push_back(k);
+  }
+  const int64_t n = static_cast<int64_t>(keep.size());
+  Tensor* ids = scope.Var(p.name + "@IDS")->mutable_tensor();
+  int64_t* ip = static_cast<int64_t*>(ids->Alloc(DType::kInt64, DDim({n})));
+  for (int64_t i = 0; i < n; ++i) ip[i] = table.ids[keep[i]];
+  for (const std::string& v : vars) {
+    Tensor* to = scope.Var(v)->mutable_tensor();
+    char* out = static_cast<char*>(to->Alloc(dtype, DDim({n, D})));
+    const char* src = static_cast<const char*>(stored.at(v).values.raw_data());
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out + i * row_bytes, src + keep[i] * row_bytes, row_bytes);
+  }
+}
+
+// The server's listen_and_serv (its rules for the distributed tables' rows).
+const OpDesc& ServeOp(const Program& program) {
+  const Block& b = program.global_block();
+  for (size_t i = 0; i < b.num_ops(); ++i)
+    if (b.op(i)->type() == "listen_and_serv") return *b.op(i);
+  KEEL_THROW("fleet::run_server: the server's program has no listen_and_serv");
 }
 
 }  // namespace
@@ -97,7 +232,6 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
                "servers' state (call it on the trainers)");
   const Program& original = Original(program, "fleet::save_persistables");
   const transpiler::PsPlan& plan = *ps_plan(program);
-  RefuseDistributedTables(plan, "fleet::save_persistables");
   if (r.trainer_id() != 0) return;
   const bool geo = IsGeoTrainer(program);
   const Block& ob = original.global_block();
@@ -105,18 +239,27 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
   t.RequestState();
   const int64_t step = t.step() + 1;
   Scope out;
-  std::set<std::string> params;
-  for (const auto& p : plan.params) params.insert(p.name);
+  std::set<std::string> params, on_servers;
+  for (const auto& p : plan.params) {
+    params.insert(p.name);
+    if (!p.distributed) continue;
+    on_servers.insert(p.name);
+    for (const std::string& s : p.state) on_servers.insert(s);
+  }
   // Sync, async: the parameters as this trainer received them after its last step. GEO: what the
   // trainer holds locally but its parameters (its optimizer state, learning rate, ...).
   for (const VarDesc* v : ob.AllVars()) {
-    if (!v->persistable() || params.count(v->name()) == (geo ? 1u : 0u)) continue;
+    if (!v->persistable() || params.count(v->name()) == (geo ? 1u : 0u) ||
+        on_servers.count(v->name()))
+      continue;
     const Variable* var = exe.scope().FindVar(v->name());
     KEEL_ENFORCE(var != nullptr && var->tensor().initialized(),
                  "fleet::save_persistables: ", v->name(),
                  " is not in the trainer's scope (run the startup program first)");
     out.Var(v->name())->mutable_tensor()->ShareDataWith(var->tensor());
   }
+  RowsByVar rows;
+  std::map<std::string, std::vector<Tensor>> parts;
   for (int s = 0; s < r.server_num; ++s) {
     const std::vector<transpiler::PsStateBlock> entries = ServerState(plan, original, s, geo);
     std::vector<Tensor> got(entries.size());
@@ -130,6 +273,8 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
                                    StrCat("checkpoint: ", e.name, " from ", t.PeerName(s))));
     }
     for (auto& p : pending) t.Wait(*p);
+    if (!geo)
+      PullShards(t, plan, original, s, static_cast<int>(entries.size()), step, &rows, &parts);
     for (size_t i = 0; i < entries.size(); ++i) {
       const transpiler::PsStateBlock& e = entries[i];
       Tensor* whole = out.Var(e.var)->mutable_tensor();
@@ -145,10 +290,11 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
       }
     }
   }
+  SortRows(&rows, &parts);
   if (state)
-    keel::save_checkpoint(out, dirname, original, *state);
+    keel::save_checkpoint(out, dirname, original, *state, {}, rows);
   else
-    keel::save_persistables(out, dirname, original);
+    keel::save_persistables(out, dirname, original, {}, rows);
 }
 
 std::optional<TrainingState> LoadPsServerState(Executor& exe, const std::string& dirname,
@@ -157,12 +303,15 @@ std::optional<TrainingState> LoadPsServerState(Executor& exe, const std::string&
   KEEL_ENFORCE(r.is_server(), "fleet::run_server: this process is not a parameter server");
   const Program& original = Original(program, "fleet::run_server (loading a checkpoint)");
   const transpiler::PsPlan& plan = *ps_plan(program);
-  RefuseDistributedTables(plan, "fleet::run_server (loading a checkpoint)");
   const bool geo = IsGeoServer(program);
   Scope whole;
   std::optional<TrainingState> st;
+  RowsByVar rows;
+  for (const transpiler::PsPlan::Param& p : plan.params)
+    if (p.distributed)
+      for (const std::string& v : TableVars(p, original)) rows[v];
   try {
-    st = keel::load_checkpoint(whole, CPUPlace(), dirname, original);
+    st = keel::load_checkpoint(whole, CPUPlace(), dirname, original, {}, &rows);
   } catch (const Error& e) {
     KEEL_THROW("server ", r.rank, " loading the checkpoint in ", dirname, ": ", e.what());
   }
@@ -182,6 +331,30 @@ std::optional<TrainingState> LoadPsServerState(Executor& exe, const std::string&
     KEEL_ENFORCE(src.dims() == DDim(e.dims), "server ", r.rank, ": ", e.name, " is ", DDim(e.dims),
                  " but the checkpoint's ", e.var, " gives ", src.dims());
     to->mutable_tensor()->CopyFrom(src);
+  }
+  // The distributed tables: this server's rows, with the rules its listen_and_serv creates rows by.
+  if (!rows.empty()) {
+    const OpDesc& serv = ServeOp(program);
+    const auto& dists = serv.Attr<std::vector<int>>("table_dists");
+    const auto& as = serv.Attr<std::vector<float>>("table_as");
+    const auto& bs = serv.Attr<std::vector<float>>("table_bs");
+    const auto& seeds = serv.Attr<std::vector<int64_t>>("table_seeds");
+    const auto& values = serv.Attr<std::vector<float>>("table_state_values");
+    size_t k = 0, value = 0;
+    for (const transpiler::PsPlan::Param& p : plan.params) {
+      if (!p.distributed) continue;
+      const std::vector<std::string> vars = TableVars(p, original);
+      KEEL_ENFORCE(k < dists.size() && value + vars.size() - 1 <= values.size(), "server ", r.rank,
+                   ": listen_and_serv lists fewer distributed tables than the plan");
+      std::vector<RowInitRule> inits(1);
+      inits[0].dist = dists[k];
+      inits[0].a = as[k];
+      inits[0].b = bs[k];
+      inits[0].seed = seeds[k];
+      for (size_t j = 1; j < vars.size(); ++j) inits.push_back(ConstantRows(values[value++]));
+      PutShard(exe.scope(), p, vars, inits, rows, r.rank, r.server_num, dirname);
+      ++k;
+    }
   }
   LOG(INFO) << "server " << r.rank << ": loaded " << entries.size() << " block(s) from " << dirname
             << (st ? StrCat(" (step ", st->step, ")") : std::string());

@@ -8,6 +8,11 @@
 //   sync, async  the parameters trainer 0 holds (the servers' values after its last step) and
 //                the optimizer state and learning rate pulled from every server, reassembled
 //                from their blocks.
+//   distributed  an is_distributed table (its rows live only on the servers, created on first
+//   tables       touch): the rows every server created and their row-shaped optimizer state, by
+//                id, with the rule the other rows start from (framework/io/checkpoint.h,
+//                StoredRows); one process loading it fills the whole table, a server keeps the
+//                rows it owns under this job's server count (id % servers).
 //   GEO          the servers' parameters (pulled: the trainers' common model, every delta pushed
 //                so far added) and trainer 0's own optimizer state and learning rate (GEO
 //                servers hold no optimizer state; each trainer has its own).
@@ -32,7 +37,9 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
 
 // On a server, after its startup program and before its main program: its parameter blocks and
 // (sync, async) the optimizer state of its blocks and the learning rate, cut from DIR's
-// checkpoint along this job's plan (any number of servers and trainers). Returns the checkpoint's
+// checkpoint along this job's plan (any number of servers and trainers), and the rows of the
+// distributed tables it owns (from a one-process checkpoint: those that differ from their
+// initial values). Returns the checkpoint's
 // training state, if it has one. A var the checkpoint lacks, or of another shape, is a keel::Error
 // naming it.
 std::optional<TrainingState> LoadPsServerState(Executor& exe, const std::string& dirname,

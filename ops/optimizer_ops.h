@@ -353,6 +353,10 @@ class AdamKernel : public OpKernel {
  private:
   // lazy_mode: only the rows of a row-sparse Grad change (their moments and values); the others
   // keep theirs, as if that step had not happened for them. The beta powers advance once.
+  // Each row is updated in a 64-byte aligned copy: the CPU math's vector code takes a scalar path
+  // for the elements before the first aligned one, which rounds differently, so a row updated in
+  // place would round by its address (its row number), and a parameter server's shard, whose row
+  // numbers are not the table's, would drift from one process's table in the last bits.
   void UpdateRows(ExecutionContext& ctx, AdamIO<D, T> io, const Variable& sparse) {
     const int64_t n = io.n, width = n / std::max<int64_t>(ctx.Input("Param").dims()[0], 1);
     if (io.p != io.po) std::copy_n(io.p, n, io.po);
@@ -363,17 +367,26 @@ class AdamKernel : public OpKernel {
     row.n = 0;
     row.g = g;
     AdamMath<D, T>::Update(ctx, row, beta1_, beta2_, epsilon_, coeff_);  // the beta powers alone
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
+    const int64_t stride = (width + kLine - 1) / kLine * kLine;
+    Tensor scratch;
+    T* s = static_cast<T*>(scratch.Alloc(DTypeOf<T>::value, DDim({4 * stride})));
+    T *sp = s, *sm1 = s + stride, *sm2 = s + 2 * stride, *sg = s + 3 * stride;
+    row.n = width;
+    row.p = row.po = sp;
+    row.m1 = row.m1o = sm1;
+    row.m2 = row.m2o = sm2;
+    row.g = sg;
     for (size_t k = 0; k < sparse.rows().size(); ++k) {
       const int64_t at = sparse.rows()[k] * width;
-      row.n = width;
-      row.g = g + k * width;
-      row.p = io.po + at;  // in place: the copies above already hold the inputs
-      row.m1 = io.m1o + at;
-      row.m2 = io.m2o + at;
-      row.po = io.po + at;
-      row.m1o = io.m1o + at;
-      row.m2o = io.m2o + at;
+      std::copy_n(io.po + at, width, sp);  // the copies above already hold the inputs
+      std::copy_n(io.m1o + at, width, sm1);
+      std::copy_n(io.m2o + at, width, sm2);
+      std::copy_n(g + k * width, width, sg);
       AdamMath<D, T>::Update(ctx, row, beta1_, beta2_, epsilon_, coeff_);
+      std::copy_n(sp, width, io.po + at);
+      std::copy_n(sm1, width, io.m1o + at);
+      std::copy_n(sm2, width, io.m2o + at);
     }
   }
 

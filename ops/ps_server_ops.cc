@@ -143,7 +143,7 @@ class ListenAndServKernel : public OpKernel {
           state.push_back(ctx.OutputVar("TableVars", static_cast<int>(at++)));
           init.push_back(values[value++]);
         }
-        ps::RowInitRule rule;
+        RowInitRule rule;
         rule.dist = dist[k];
         rule.a = a[k];
         rule.b = b[k];
@@ -227,6 +227,37 @@ class ListenAndServKernel : public OpKernel {
 
     void RunBlocks(ExecutionContext& ctx) {
       for (int b : blocks_) ctx.RunBlock(b);
+    }
+
+    // For a checkpoint, after the State list (slots from `first` on): per shard, its row count
+    // and rule (int64: rows, dist, a, b, seed, then each state var's value in a new row; floats
+    // as their bits), then its ids, its rows and each state var's rows (fleet/ps_checkpoint.cc
+    // takes them in that order).
+    void PostShards(Transport& t, int trainer, int64_t step, int first,
+                    std::vector<std::unique_ptr<Transport::Transfer>>* sends) const {
+      int at = first;
+      auto bits = [](float f) {
+        int32_t i;
+        std::memcpy(&i, &f, sizeof(i));
+        return static_cast<int64_t>(i);
+      };
+      for (const auto& sh : shards_) {
+        const std::string what = StrCat(t.PeerName(me_), ": the rows of ", sh->name(),
+                                        " for a checkpoint to ", t.PeerName(trainer));
+        const RowInitRule& rule = sh->rule();
+        std::vector<int64_t> meta = {sh->rows(), rule.dist, bits(rule.a), bits(rule.b), rule.seed};
+        for (float v : sh->state_init()) meta.push_back(bits(v));
+        sends->push_back(t.PostSend(trainer, Slot(Kind::kState, at++, step), meta.data(),
+                                    meta.size() * sizeof(int64_t), what));
+        std::vector<const Variable*> vars = {sh->ids(), sh->table()};
+        for (const Variable* v : sh->state()) vars.push_back(v);
+        for (const Variable* v : vars) {
+          const Tensor& x = v->tensor();
+          const size_t bytes = sh->rows() == 0 ? 0 : x.nbytes();
+          sends->push_back(t.PostSend(trainer, Slot(Kind::kState, at++, step),
+                                      bytes == 0 ? nullptr : x.raw_data(), bytes, what));
+        }
+      }
     }
 
    private:
@@ -319,30 +350,39 @@ class ListenAndServKernel : public OpKernel {
     std::vector<std::vector<char>> staging(static_cast<size_t>(fanin));
     for (int64_t step = 1;; ++step) {
       if (step == 3) FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
-      // Headers: who starts this step, who is done.
+      // Headers: who starts this step, who is done, from whichever trainer sends next. A trainer
+      // may first ask for a checkpoint (between two steps: it gets State) or for rows of a
+      // distributed table (before its step, or while it evaluates): served at once, whatever the
+      // other trainers are doing (waiting for one trainer's header first would hang a trainer
+      // that evaluates while the other waits for it in the evaluation's all-reduce).
       std::vector<ps::Header> h(static_cast<size_t>(fanin));
-      std::vector<std::unique_ptr<Transport::Transfer>> pending;
-      for (int r = 0; r < fanin; ++r)
-        pending.push_back(
-            t.PostRecv({trainers[r]}, t.HeaderSlot(step), &h[r], sizeof(ps::Header),
-                       StrCat(me, ": waiting for ", t.PeerName(trainers[r]), " to start step ",
-                              step, " or stop (fleet::stop_worker)")));
-      for (int r = 0; r < fanin; ++r) {
-        t.Wait(*pending[r]);
-        // A trainer asking for a checkpoint (between two steps): send it State, then wait for
-        // its next header of this step. One asking for rows of a distributed table: send them.
-        while (h[r].step == ps::kSave || h[r].step == ps::kPrefetch) {
-          if (h[r].step == ps::kSave) {
-            SendState(t, ctx, trainers[r], step);
-          } else {
-            tables.Prefetch(t, trainers[r], h[r]);
+      std::vector<bool> have(static_cast<size_t>(fanin), false);
+      for (int missing = fanin; missing > 0;) {
+        std::vector<int> owe;
+        std::string names;
+        for (int r = 0; r < fanin; ++r)
+          if (!have[r]) {
+            owe.push_back(trainers[r]);
+            names += (names.empty() ? "" : ", ") + t.PeerName(trainers[r]);
           }
-          auto again = t.PostRecv({trainers[r]}, t.HeaderSlot(step), &h[r], sizeof(ps::Header),
-                                  StrCat(me, ": waiting for ", t.PeerName(trainers[r]),
-                                         " to start step ", step, " after its request"));
-          t.Wait(*again);
+        ps::Header got;
+        auto head = t.PostRecv(owe, t.HeaderSlot(step), &got, sizeof(got),
+                               StrCat(me, ": waiting for ", names, " to start step ", step,
+                                      " or stop (fleet::stop_worker)"));
+        const int r = t.Wait(*head) - first;
+        KEEL_ENFORCE(r >= 0 && r < fanin && !have[r], me, ": step ", step,
+                     ": a second header from trainer ", r);
+        if (got.step == ps::kSave) {
+          SendState(t, ctx, tables, trainers[r], step);
+        } else if (got.step == ps::kPrefetch) {
+          tables.Prefetch(t, trainers[r], got);
+        } else {
+          h[r] = got;
+          have[r] = true;
+          --missing;
         }
       }
+      std::vector<std::unique_ptr<Transport::Transfer>> pending;
       std::vector<int> done, running;
       for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
       if (running.empty()) return;
@@ -433,7 +473,7 @@ class ListenAndServKernel : public OpKernel {
         continue;
       }
       if (h.step == ps::kSave) {
-        replies[from] = PostState(t, ctx, from, h.steps + 1);
+        replies[from] = PostState(t, ctx, tables, from, h.steps + 1);
         continue;
       }
       if (h.step == ps::kPrefetch) {
@@ -468,12 +508,15 @@ class ListenAndServKernel : public OpKernel {
     }
   }
 
-  static void SendState(Transport& t, ExecutionContext& ctx, int trainer, int64_t step) {
-    for (auto& s : PostState(t, ctx, trainer, step)) t.Wait(*s);
+  static void SendState(Transport& t, ExecutionContext& ctx, const Tables& tables, int trainer,
+                        int64_t step) {
+    for (auto& s : PostState(t, ctx, tables, trainer, step)) t.Wait(*s);
   }
 
+  // The State list, then the distributed tables' shards (Tables::PostShards).
   static std::vector<std::unique_ptr<Transport::Transfer>> PostState(Transport& t,
                                                                      ExecutionContext& ctx,
+                                                                     const Tables& tables,
                                                                      int trainer, int64_t step) {
     const std::vector<const Tensor*> state = ctx.MultiInput("State");
     std::vector<std::unique_ptr<Transport::Transfer>> sends;
@@ -482,6 +525,7 @@ class ListenAndServKernel : public OpKernel {
                                  state[i]->raw_data(), state[i]->nbytes(),
                                  StrCat(t.PeerName(t.rank()), ": ", ctx.op().Input("State")[i],
                                         " for a checkpoint to ", t.PeerName(trainer))));
+    tables.PostShards(t, trainer, step, static_cast<int>(state.size()), &sends);
     return sends;
   }
 

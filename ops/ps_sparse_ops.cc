@@ -37,8 +37,8 @@ class MergeSparseGradKernel : public OpKernel {
   }
 };
 
-ps::RowInitRule RuleOf(const OpDesc& op) {
-  ps::RowInitRule r;
+RowInitRule RuleOf(const OpDesc& op) {
+  RowInitRule r;
   r.dist = op.Attr<int>("dist");
   r.a = op.Attr<float>("a");
   r.b = op.Attr<float>("b");
@@ -56,8 +56,8 @@ class RowSeededRandomKernel : public OpKernel {
     T* o = out->mutable_data<T>(ctx.place());
     const int64_t rows = shape.empty() ? 1 : shape[0];
     const int64_t width = rows == 0 ? 0 : out->numel() / rows;
-    const ps::RowInitRule rule = RuleOf(ctx.op());
-    for (int64_t r = 0; r < rows; ++r) ps::RowInit(rule, r, width, o + r * width);
+    const RowInitRule rule = RuleOf(ctx.op());
+    for (int64_t r = 0; r < rows; ++r) RowInit(rule, r, width, o + r * width);
   }
 };
 

@@ -350,13 +350,8 @@ int Train(const std::vector<std::string>& args) {
   KEEL_ENFORCE(FLAGS_eval_every >= 0, "--eval_every must be >= 0, got ", FLAGS_eval_every);
   KEEL_ENFORCE(FLAGS_eval_every == 0 || m.evaluate, "--eval_every: model ", FLAGS_model,
                " has no test data to evaluate on");
-  // The test program reads the table with lookup_table, and a distributed table's rows live on
-  // the servers: evaluating it is not built.
-  KEEL_ENFORCE(!fleet::role().is_ps() || FLAGS_ctr_table != "distributed" ||
-                   (FLAGS_eval_every == 0 && FLAGS_epochs == 0),
-               "--ctr_table=distributed with ", FLAGS_eval_every > 0 ? "--eval_every" : "--epochs",
-               ": evaluating a table whose rows live only on the parameter servers is not built "
-               "(evaluate with --ctr_table=sparse)");
+  // A distributed table's rows live on the servers: the test program fetches them as training does.
+  if (m.test && fleet::role().is_ps()) fleet::ps_program_for_test(*m.main, m.test.get());
   TrainerModel model;
   if (FLAGS_pp_degree > 1) model.run_step = PipelineStep(m);
   model.main = m.main.get();

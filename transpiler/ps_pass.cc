@@ -210,8 +210,20 @@ std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main,
   std::vector<PsStateBlock> out;
   for (const std::string& n : plan.lr_vars)
     if (b.MustFindVar(n)->persistable()) out.push_back({n, n, 0, -1, b.MustFindVar(n)->shape()});
-  for (const PsPlan::Param& p : plan.params)
-    for (const std::string& s : p.distributed ? std::vector<std::string>{} : p.state) {
+  for (const PsPlan::Param& p : plan.params) {
+    // A distributed table: every server holds a shard, with its own copy of the table's state
+    // that is not row-shaped (Adam's beta powers); the row-shaped state goes with the shard's
+    // rows (listen_and_serv's TableVars).
+    if (p.distributed) {
+      for (const std::string& s : p.state) {
+        const std::vector<int64_t>& shape = b.MustFindVar(s)->shape();
+        if (shape == p.shape) continue;
+        for (int k : p.blocks)
+          if (plan.blocks[k].server == server) out.push_back({s, s, 0, -1, shape});
+      }
+      continue;
+    }
+    for (const std::string& s : p.state) {
       const std::vector<int64_t>& shape = b.MustFindVar(s)->shape();
       const bool rows = p.split() && shape == p.shape;
       for (int k : p.blocks) {
@@ -225,6 +237,7 @@ std::vector<PsStateBlock> PsServerState(const PsPlan& plan, const Program& main,
         }
       }
     }
+  }
   return out;
 }
 

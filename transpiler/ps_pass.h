@@ -65,7 +65,9 @@
 //     blocks' in RowGrads, and the table's optimize block (merge, then its update ops) in
 //     table_blocks; its startup keeps the table's row_seeded_random and the row-shaped state's
 //     fill_constant in place but of [0, D] (later initializers draw what they draw in one
-//     process). PsServerState leaves distributed tables out.
+//     process). PsServerState lists a table's state that is not row-shaped (Adam's beta powers,
+//     a copy on each server); the shard's rows and row-shaped state go to a checkpoint after it
+//     (fleet/ps_checkpoint.h).
 //   Trainers (options.worker_memory_mb > 0): a trainer program whose persistable vars exceed the
 //     budget is refused naming the largest.
 //   So a sync step of W trainers on b rows each updates the parameters as one process on the

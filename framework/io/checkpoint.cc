@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -35,6 +36,9 @@ const std::string kFeedsKey = "keel.feeds";
 const std::string kTargetsKey = "keel.targets";
 const std::string kModelChecksumKey = "keel.model_crc32";
 const std::string kTrainPrefix = "keel.train.";
+const std::string kRowsPrefix = "keel.rows.";
+const std::string kRowIdsSuffix = "@ROWS.ids";
+const std::string kRowValuesSuffix = "@ROWS.values";
 const std::string kPublishMarker = ".publishing";
 const std::string kStagingPrefix = ".staging.";
 
@@ -112,28 +116,123 @@ bool ShapeMatches(const std::vector<int64_t>& declared, const DDim& actual) {
   return true;
 }
 
-// Checks `loaded` (read from `path`) against the persistables of `program`, then (and only then)
-// stores them in `scope`, on `place` when given.
+// The ids of stored rows, checked: sorted, distinct, each in [0, height).
+void CheckRowIds(const std::vector<int64_t>& ids, int64_t height, const std::string& what) {
+  for (size_t k = 0; k < ids.size(); ++k)
+    KEEL_ENFORCE(ids[k] >= 0 && ids[k] < height && (k == 0 || ids[k - 1] < ids[k]), what,
+                 ": stored row ids must be sorted, distinct and in [0, ", height, "); entry ", k,
+                 " is ", ids[k]);
+}
+
+// `name`'s rows as the file holds them (tensors NAME@ROWS.*, metadata keel.rows.NAME), checked
+// against `v`; nullopt when the file does not hold it by rows.
+std::optional<StoredRows> FindStoredRows(const std::map<std::string, Tensor*>& by_name,
+                                         const std::map<std::string, std::string>& metadata,
+                                         const VarDesc& v, const std::string& path,
+                                         const char* caller) {
+  auto rule = metadata.find(kRowsPrefix + v.name());
+  if (rule == metadata.end()) return std::nullopt;
+  const std::string what = StrCat(caller, ": var '", v.name(), "' stored by rows in ", path);
+  auto ids = by_name.find(v.name() + kRowIdsSuffix);
+  auto values = by_name.find(v.name() + kRowValuesSuffix);
+  KEEL_ENFORCE(ids != by_name.end() && values != by_name.end(), what, ": the file lacks ", v.name(),
+               kRowIdsSuffix, " or ", v.name(), kRowValuesSuffix);
+  StoredRows r;
+  r.init = ParseRowInit(rule->second, what);
+  const Tensor& it = *ids->second;
+  const Tensor& vt = *values->second;
+  KEEL_ENFORCE(it.dtype() == DType::kInt64 && it.dims().size() == 1, what, ": its ids are ",
+               DTypeName(it.dtype()), " ", it.dims().str(), ", not int64 [n]");
+  const std::vector<int64_t>& shape = v.shape();
+  KEEL_ENFORCE(
+      !shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 0; }),
+      what, ": the program declares it ", v.dims().str(),
+      ", and rows fill only a var of known dims");
+  DDim want(shape);
+  want[0] = it.numel();
+  KEEL_ENFORCE(vt.dtype() == v.dtype() && vt.dims() == want, what, ": its values are ",
+               DTypeName(vt.dtype()), " ", vt.dims().str(), ", the program wants ",
+               DTypeName(v.dtype()), " ", want.str());
+  r.ids.assign(it.data<int64_t>(), it.data<int64_t>() + it.numel());
+  CheckRowIds(r.ids, shape[0], what);
+  r.values = vt;
+  return r;
+}
+
+// The whole tensor of dims `dims` (a float type) the rows stand for.
+Tensor ExpandRows(const StoredRows& r, const DDim& dims, DType dtype, const std::string& what) {
+  Tensor t;
+  const int64_t height = dims[0], width = height == 0 ? 0 : dims.numel() / height;
+  char* out = static_cast<char*>(t.Alloc(dtype, dims));
+  const size_t row_bytes = SizeOf(dtype) * static_cast<size_t>(width);
+  for (int64_t i = 0; i < height; ++i) {
+    if (dtype == DType::kFloat32) {
+      RowInit(r.init, i, width, reinterpret_cast<float*>(out) + i * width);
+    } else {
+      KEEL_ENFORCE(dtype == DType::kFloat64, what, ": rows of ", DTypeName(dtype),
+                   " cannot be filled by a row initializer (float32 or float64 only)");
+      RowInit(r.init, i, width, reinterpret_cast<double*>(out) + i * width);
+    }
+  }
+  const char* src = static_cast<const char*>(r.values.raw_data());
+  for (size_t k = 0; k < r.ids.size(); ++k)
+    std::memcpy(out + r.ids[k] * row_bytes, src + k * row_bytes, row_bytes);
+  return t;
+}
+
+// Checks `loaded` (read from `path`, with its `metadata`) against the persistables of `program`,
+// then (and only then) stores them in `scope`, on `place` when given. A var the file holds by
+// rows is filled whole; the vars named in `*as_rows` come back there instead.
 void ValidateAndAssign(Scope& scope, const Place* place, NamedTensors loaded,
-                       const std::string& path, const Program& program, const char* caller,
-                       const std::set<std::string>& skip = {}) {
+                       const std::map<std::string, std::string>& metadata, const std::string& path,
+                       const Program& program, const char* caller,
+                       const std::set<std::string>& skip = {}, RowsByVar* as_rows = nullptr) {
   std::map<std::string, Tensor*> by_name;
   for (auto& nt : loaded) by_name[nt.first] = &nt.second;
 
   std::vector<std::pair<std::string, Tensor*>> plan;
+  std::vector<Tensor> expanded;
+  expanded.reserve(PersistableVars(program, skip).size());
+  RowsByVar rows_out;
   std::set<std::string> declared = skip;
   for (const VarDesc* v : PersistableVars(program, skip)) {
     declared.insert(v->name());
+    declared.insert(v->name() + kRowIdsSuffix);
+    declared.insert(v->name() + kRowValuesSuffix);
+    const bool want_rows = as_rows != nullptr && as_rows->count(v->name());
     auto it = by_name.find(v->name());
-    KEEL_ENFORCE(it != by_name.end(), caller, ": persistable var '", v->name(), "' is not in ",
-                 path);
+    if (it == by_name.end()) {
+      std::optional<StoredRows> r = FindStoredRows(by_name, metadata, *v, path, caller);
+      KEEL_ENFORCE(r.has_value(), caller, ": persistable var '", v->name(), "' is not in ", path);
+      if (want_rows) {
+        rows_out[v->name()] = std::move(*r);
+        continue;
+      }
+      expanded.push_back(ExpandRows(*r, v->dims(), v->dtype(), StrCat(caller, ": ", v->name())));
+      plan.emplace_back(v->name(), &expanded.back());
+      continue;
+    }
     const Tensor& t = *it->second;
     KEEL_ENFORCE(t.dtype() == v->dtype(), caller, ": var '", v->name(), "' in ", path, " is ",
                  DTypeName(t.dtype()), ", the program declares ", DTypeName(v->dtype()));
     KEEL_ENFORCE(ShapeMatches(v->shape(), t.dims()), caller, ": var '", v->name(), "' in ", path,
                  " has shape ", t.dims().str(), ", the program declares ", v->dims().str());
+    if (want_rows) {
+      StoredRows r;
+      r.whole = true;
+      r.values = t;
+      const int64_t height = t.dims().size() == 0 ? 1 : t.dims()[0];
+      r.ids.resize(static_cast<size_t>(height));
+      for (int64_t i = 0; i < height; ++i) r.ids[i] = i;
+      rows_out[v->name()] = std::move(r);
+      continue;
+    }
     plan.emplace_back(v->name(), it->second);
   }
+  if (as_rows != nullptr)
+    for (const auto& [name, unused] : *as_rows)
+      KEEL_ENFORCE(rows_out.count(name), caller, ": '", name,
+                   "' is not a persistable var of the program (asked for by rows)");
   for (const auto& nt : loaded)
     if (!declared.count(nt.first))
       LOG(WARNING) << caller << ": " << path << " holds '" << nt.first
@@ -150,6 +249,38 @@ void ValidateAndAssign(Scope& scope, const Place* place, NamedTensors loaded,
     } else {
       *dst = std::move(*src);
     }
+  }
+  if (as_rows != nullptr) *as_rows = std::move(rows_out);
+}
+
+// Adds `rows` to `tensors` and `metadata` after checking them against `program`.
+void AddStoredRows(const RowsByVar& rows, const Program& program, const char* caller,
+                   NamedTensors* tensors, std::map<std::string, std::string>* metadata) {
+  for (const auto& [name, r] : rows) {
+    const VarDesc* v = program.global_block().FindVar(name);
+    KEEL_ENFORCE(v != nullptr && v->persistable(), caller, ": '", name,
+                 "' (given by rows) is not a persistable var of the program; nothing was written");
+    const std::string what = StrCat(caller, ": rows of '", name, "'");
+    const std::vector<int64_t>& shape = v->shape();
+    KEEL_ENFORCE(!shape.empty() && shape[0] >= 0, what, ": the program declares it ",
+                 v->dims().str(), "; nothing was written");
+    CheckRowIds(r.ids, shape[0], what);
+    DDim want(shape);
+    want[0] = static_cast<int64_t>(r.ids.size());
+    KEEL_ENFORCE(r.values.initialized() && r.values.dtype() == v->dtype() &&
+                     ShapeMatches(want.vec(), r.values.dims()),
+                 what, ": values are ",
+                 r.values.initialized() ? r.values.dims().str() : std::string("missing"),
+                 ", the program wants ", DTypeName(v->dtype()), " ", want.str(),
+                 "; nothing was written");
+    Tensor ids;
+    int64_t* p =
+        static_cast<int64_t*>(ids.Alloc(DType::kInt64, DDim({static_cast<int64_t>(r.ids.size())})));
+    std::copy(r.ids.begin(), r.ids.end(), p);
+    tensors->emplace_back(name + kRowIdsSuffix, ids);
+    tensors->emplace_back(name + kRowValuesSuffix,
+                          r.values.place().is_cpu() ? r.values : r.values.Clone(CPUPlace()));
+    (*metadata)[kRowsPrefix + name] = RowInitText(r.init);
   }
 }
 
@@ -173,16 +304,24 @@ std::unique_ptr<Program> LoadProgram(const std::string& path) {
 // ---------------------------------------------------------------- checkpoints
 
 void save_persistables(const Scope& scope, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip) {
-  NamedTensors tensors = CollectPersistables(scope, program, "save_persistables", skip);
+                       const std::set<std::string>& skip, const RowsByVar& by_rows) {
+  std::set<std::string> not_from_scope = skip;
+  for (const auto& [name, unused] : by_rows) not_from_scope.insert(name);
+  NamedTensors tensors = CollectPersistables(scope, program, "save_persistables", not_from_scope);
+  std::map<std::string, std::string> metadata = kFormatMetadata;
+  AddStoredRows(by_rows, program, "save_persistables", &tensors, &metadata);
   MakeDirs(dirname);
-  SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, kFormatMetadata);
+  SaveSafetensors(JoinPath(dirname, kPersistablesFile), tensors, metadata);
 }
 
 void save_checkpoint(const Scope& scope, const std::string& dirname, const Program& program,
-                     const TrainingState& state, const std::set<std::string>& skip) {
-  NamedTensors tensors = CollectPersistables(scope, program, "save_checkpoint", skip);
+                     const TrainingState& state, const std::set<std::string>& skip,
+                     const RowsByVar& by_rows) {
+  std::set<std::string> not_from_scope = skip;
+  for (const auto& [name, unused] : by_rows) not_from_scope.insert(name);
+  NamedTensors tensors = CollectPersistables(scope, program, "save_checkpoint", not_from_scope);
   std::map<std::string, std::string> metadata = kFormatMetadata;
+  AddStoredRows(by_rows, program, "save_checkpoint", &tensors, &metadata);
   for (const auto& [k, v] : state.extra) metadata[kTrainPrefix + k] = v;
   metadata[kTrainPrefix + "step"] = std::to_string(state.step);
   metadata[kTrainPrefix + "seed"] = std::to_string(state.seed);
@@ -293,10 +432,17 @@ void SetAsideDamaged(const std::string& dirname, const ChosenFile& f) {
 std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
                                              const std::string& dirname, const Program& program,
                                              const std::set<std::string>& skip) {
+  return load_checkpoint(scope, place, dirname, program, skip, nullptr);
+}
+
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const std::string& dirname, const Program& program,
+                                             const std::set<std::string>& skip, RowsByVar* rows) {
   ChosenFile f = ReadChosen(dirname, /*keep_bytes=*/false);
   SetAsideDamaged(dirname, f);
   std::optional<TrainingState> state = StateFromMetadata(f.metadata, f.path);
-  ValidateAndAssign(scope, &place, std::move(f.tensors), f.path, program, "load_checkpoint", skip);
+  ValidateAndAssign(scope, &place, std::move(f.tensors), f.metadata, f.path, program,
+                    "load_checkpoint", skip, rows);
   return state;
 }
 
@@ -337,7 +483,8 @@ std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
   std::map<std::string, std::string> metadata;
   NamedTensors tensors = DecodeSafetensors(file.bytes, file.path, &metadata);
   std::optional<TrainingState> state = StateFromMetadata(metadata, file.path);
-  ValidateAndAssign(scope, &place, std::move(tensors), file.path, program, "load_checkpoint", skip);
+  ValidateAndAssign(scope, &place, std::move(tensors), metadata, file.path, program,
+                    "load_checkpoint", skip);
   return state;
 }
 
@@ -350,14 +497,19 @@ bool HasCheckpoint(const std::string& dirname) {
 void load_persistables(Scope& scope, const std::string& dirname, const Program& program,
                        const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
-  ValidateAndAssign(scope, nullptr, LoadSafetensors(path), path, program, "load_persistables",
-                    skip);
+  std::map<std::string, std::string> metadata;
+  NamedTensors tensors = LoadSafetensors(path, &metadata);
+  ValidateAndAssign(scope, nullptr, std::move(tensors), metadata, path, program,
+                    "load_persistables", skip);
 }
 
 void load_persistables(Scope& scope, const Place& place, const std::string& dirname,
                        const Program& program, const std::set<std::string>& skip) {
   const std::string path = JoinPath(dirname, kPersistablesFile);
-  ValidateAndAssign(scope, &place, LoadSafetensors(path), path, program, "load_persistables", skip);
+  std::map<std::string, std::string> metadata;
+  NamedTensors tensors = LoadSafetensors(path, &metadata);
+  ValidateAndAssign(scope, &place, std::move(tensors), metadata, path, program, "load_persistables",
+                    skip);
 }
 
 // ---------------------------------------------------------------- inference models
@@ -493,7 +645,7 @@ InferenceModel load_inference_model(const std::string& dirname, Scope& scope, co
     for (const auto& n : *names)
       KEEL_ENFORCE(model.program->global_block().HasVar(n), params_path, ": feed/target var '", n,
                    "' is not defined in ", model_path);
-  ValidateAndAssign(scope, &place, std::move(params), params_path, *model.program,
+  ValidateAndAssign(scope, &place, std::move(params), metadata, params_path, *model.program,
                     "load_inference_model");
   return model;
 }

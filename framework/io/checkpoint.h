@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/ir/program.h"
+#include "framework/runtime/row_init.h"
 #include "framework/runtime/scope.h"
 
 namespace keel {
@@ -22,6 +23,23 @@ namespace keel {
 void SaveProgram(const Program& program, const std::string& path);
 // Parses and validates (ValidateProgram: ops, slots, attributes, vars, blocks, shapes).
 std::unique_ptr<Program> LoadProgram(const std::string& path);
+
+// ---- persistables stored by rows
+// A table that lives only on parameter servers (an is_distributed embedding, and its optimizer
+// state of the table's shape) is written by the rows that exist, each created on first touch, and
+// the rule every other row starts from. In the file: tensors "NAME@ROWS.ids" (int64 [n], sorted,
+// distinct, each in [0, V)) and "NAME@ROWS.values" ([n, ...]: those rows), and metadata
+// "keel.rows.NAME" (the rule, RowInitText). Loading it into a program that declares NAME [V, ...]
+// (one process) fills the whole tensor: every row by the rule, then the stored rows.
+struct StoredRows {
+  RowInitRule init;
+  std::vector<int64_t> ids;
+  Tensor values;
+  // Set when read from a file that holds the var whole (a one-process checkpoint): `ids` are then
+  // 0..V-1, `values` the tensor, and `init` unknown.
+  bool whole = false;
+};
+using RowsByVar = std::map<std::string, StoredRows>;
 
 // ---- checkpoints
 // File name of the persistables inside a checkpoint directory.
@@ -35,7 +53,7 @@ inline const std::string kParamsFile = "params.safetensors";
 // DIR/persistables.safetensors (creating DIR). Vars the scope lacks are an error naming them;
 // nothing is written then.
 void save_persistables(const Scope& scope, const std::string& dirname, const Program& program,
-                       const std::set<std::string>& skip = {});
+                       const std::set<std::string>& skip = {}, const RowsByVar& by_rows = {});
 // Loads them back into `scope`; each persistable of `program` but those in `skip` must be in the
 // file with the same dtype and shape (a keel::Error names the var, file and both shapes
 // otherwise). Vars in `skip` are neither required nor read. With `place`, each tensor is put
@@ -54,8 +72,12 @@ struct TrainingState {
   int world_size = 1;  // ranks that trained it (data shards depend on it)
   std::map<std::string, std::string> extra;  // further entries, stored as keel.train.<key>
 };
+// `by_rows`: persistables written by rows (not read from the scope); each must be a persistable of
+// `program`, its ids sorted, distinct and below the var's first dim, its values [n, ...] of its
+// dtype, or nothing is written.
 void save_checkpoint(const Scope& scope, const std::string& dirname, const Program& program,
-                     const TrainingState& state, const std::set<std::string>& skip = {});
+                     const TrainingState& state, const std::set<std::string>& skip = {},
+                     const RowsByVar& by_rows = {});
 // save_checkpoint keeps the checkpoint it replaces as DIR/persistables.prev.safetensors (a hard
 // link when the filesystem has them), so that a damaged latest one does not lose the run.
 // load_checkpoint loads the persistables (as load_persistables) and returns the state (the
@@ -68,6 +90,12 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
 std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
                                              const std::string& dirname, const Program& program,
                                              const std::set<std::string>& skip = {});
+// As load_checkpoint, but each var named in `*rows` (a persistable of `program`, not in `skip`)
+// is not put in the scope: it comes back in `*rows` as the file holds it, by rows or whole
+// (StoredRows::whole). A parameter server takes its share of a distributed table this way.
+std::optional<TrainingState> load_checkpoint(Scope& scope, const Place& place,
+                                             const std::string& dirname, const Program& program,
+                                             const std::set<std::string>& skip, RowsByVar* rows);
 // The training state in DIR's checkpoint without loading its tensors (the previous checkpoint's
 // when the latest is damaged, as load_checkpoint); nullopt when DIR has no checkpoint file or the
 // file no state. A corrupt file, with no sound previous one, is a keel::Error.

@@ -1,51 +1,12 @@
 #include "framework/ps/sparse_shard.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "framework/error.h"
 
 namespace keel {
 namespace ps {
-
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// A uniform double in [0, 1) from 53 random bits.
-double Unit(uint64_t& state) {
-  state = SplitMix64(state);
-  return static_cast<double>(state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-}  // namespace
-
-template <typename T>
-void RowInit(const RowInitRule& rule, int64_t id, int64_t width, T* out) {
-  // The generator: SplitMix64 over a state seeded by (seed, id); fixed arithmetic, so every
-  // process and compiler draws the same values.
-  uint64_t state = SplitMix64(static_cast<uint64_t>(rule.seed)) ^ static_cast<uint64_t>(id);
-  state = SplitMix64(state);
-  for (int64_t j = 0; j < width; ++j) {
-    double v = rule.a;
-    if (rule.dist == RowInitRule::kUniform) {
-      v = rule.a + (static_cast<double>(rule.b) - rule.a) * Unit(state);
-    } else if (rule.dist == RowInitRule::kNormal) {
-      // Box-Muller, one value per pair of draws.
-      const double u1 = 1.0 - Unit(state), u2 = Unit(state);
-      v = rule.a + rule.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-    }
-    out[j] = static_cast<T>(v);
-  }
-}
-template void RowInit<float>(const RowInitRule&, int64_t, int64_t, float*);
-template void RowInit<double>(const RowInitRule&, int64_t, int64_t, double*);
 
 SparseShard::SparseShard(std::string name, Variable* table, std::vector<Variable*> state,
                          std::vector<float> state_init, Variable* ids, int64_t width,
@@ -62,12 +23,32 @@ SparseShard::SparseShard(std::string name, Variable* table, std::vector<Variable
                ": float32 or float64 rows only, got ", DTypeName(dtype));
   KEEL_ENFORCE(state_.size() == state_init_.size(), "distributed table ", name_, ": ",
                state_.size(), " state vars but ", state_init_.size(), " initial values");
+  // Rows already there (a checkpoint's, put in the variables before the server's loop starts)
+  // are adopted: row k of each variable belongs to ids_[k].
+  const Tensor& ids_in = ids_->tensor();
+  const int64_t n = ids_in.initialized() ? ids_in.numel() : 0;
+  for (Variable* v : state_) CheckAdopted(v, n);
+  CheckAdopted(table_, n);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t id = ids_in.data<int64_t>()[k];
+    KEEL_ENFORCE(row_of_.emplace(id, k).second, "distributed table ", name_, ": id ", id,
+                 " is held twice");
+  }
   Grow();
+}
+
+void SparseShard::CheckAdopted(const Variable* v, int64_t n) const {
+  const Tensor& t = v->tensor();
+  const bool ok = n == 0 ? !t.initialized() || t.numel() == 0
+                         : t.initialized() && t.dtype() == dtype_ && t.dims() == DDim({n, width_});
+  KEEL_ENFORCE(ok, "distributed table ", name_, ": ", n, " ids but a variable of ",
+               t.initialized() ? t.dims().str() : std::string("no value"), " (want [", n, ", ",
+               width_, "] ", DTypeName(dtype_), ")");
 }
 
 void SparseShard::Grow() {
   const int64_t n = rows();
-  const int64_t cap = std::max<int64_t>(1024, 2 * capacity_);
+  const int64_t cap = std::max<int64_t>({1024, 2 * capacity_, 2 * n});
   auto regrow = [&](Variable* v, DType dtype, int64_t width) {
     Tensor fresh;
     const size_t row = SizeOf(dtype) * static_cast<size_t>(width);

@@ -6,10 +6,9 @@
 // them unchanged, given a row-sparse gradient whose rows are those row numbers. The variables
 // keep spare capacity (doubling), so that creating a row moves nothing in general.
 //
-// Row initialization (RowInit) is deterministic per id: the values of row `id` are drawn from a
-// generator seeded with (seed, id) alone, so they depend neither on the number of servers nor on
-// the order of the touches, and one process that initializes the whole table with the same rule
-// (op row_seeded_random) holds the same rows.
+// Row initialization (framework/runtime/row_init.h) is deterministic per id, so rows depend
+// neither on the number of servers nor on the order of the touches, and one process that
+// initializes the whole table with the same rule (op row_seeded_random) holds the same rows.
 #pragma once
 
 #include <cstdint>
@@ -17,26 +16,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "framework/runtime/row_init.h"
 #include "framework/runtime/scope.h"
 
 namespace keel {
 namespace ps {
 
-// How a distributed table's rows start: kUniform in [a, b), kNormal (mean a, std b), kConstant a.
-struct RowInitRule {
-  enum Dist : int { kUniform = 0, kNormal = 1, kConstant = 2 };
-  int dist = kUniform;
-  float a = 0, b = 0;
-  int64_t seed = 0;
-};
-// Writes row `id`'s `width` initial values (float or double) to `out`.
-template <typename T>
-void RowInit(const RowInitRule& rule, int64_t id, int64_t width, T* out);
-
 class SparseShard {
  public:
   // `table`, `state` (each with the table's rows; `state_init` its value in a new row) and `ids`
-  // are the server's variables; `width` the table's row width.
+  // are the server's variables; `width` the table's row width. Rows the variables already hold
+  // (n ids, [n, width] each; a checkpoint's) are the shard's first rows.
   SparseShard(std::string name, Variable* table, std::vector<Variable*> state,
               std::vector<float> state_init, Variable* ids, int64_t width, RowInitRule rule,
               DType dtype);
@@ -46,9 +36,14 @@ class SparseShard {
   int64_t rows() const { return static_cast<int64_t>(row_of_.size()); }
   const std::string& name() const { return name_; }
   const Variable* table() const { return table_; }
+  const Variable* ids() const { return ids_; }
+  const std::vector<Variable*>& state() const { return state_; }
+  const std::vector<float>& state_init() const { return state_init_; }
+  const RowInitRule& rule() const { return rule_; }
 
  private:
   void Grow();
+  void CheckAdopted(const Variable* v, int64_t n) const;
 
   std::string name_;
   Variable* table_;

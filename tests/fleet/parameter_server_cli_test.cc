@@ -92,7 +92,7 @@ TEST(ParameterServerCli, CtrEvaluatesOverTheTrainers) {
 }
 
 // --ctr_table=distributed: the CTR table's rows live on the servers only (the trainers run
-// distributed_lookup_table); it trains, synchronously and asynchronously.
+// distributed_lookup_table); it trains, synchronously and asynchronously, and evaluates.
 TEST(ParameterServerCli, CtrWithADistributedTableTrains) {
   const std::string dir = MakeTempDir();
   for (const char* mode : {"sync", "async"}) {
@@ -105,12 +105,14 @@ TEST(ParameterServerCli, CtrWithADistributedTableTrains) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(Contains(r.output, "step 3 loss ")) << r.output;
   }
-  // Its evaluation is not built: refused at start, naming both flags.
-  JobRun eval = Launch(1, 1, dir,
-                       "train --model=ctr --ctr_table=distributed --vocab=1000 --steps=2 "
-                       "--eval_every=2 --ps_mode=sync");
-  EXPECT_NE(eval.exit_code, 0);
-  EXPECT_TRUE(Contains(eval.output, "--ctr_table=distributed with --eval_every")) << eval.output;
+  // It evaluates: the test program's lookup fetches the held-out batches' rows from the servers
+  // too (rows no trainer touched are created there, as their initial values).
+  JobRun eval = Launch(2, 2, dir,
+                       "train --model=ctr --ctr_table=distributed --vocab=1000 --batch_size=64 "
+                       "--steps=4 --eval_every=2 --progress=lines --seed=3 --ps_mode=sync");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  EXPECT_TRUE(Contains(eval.output, "test_auc")) << eval.output;
+  EXPECT_TRUE(Contains(eval.output, "(4096 test samples)")) << eval.output;
   CommandResult program = RunCommand(
       Keel() +
       " inspect --strategy --ps --nservers=2 --nworkers=2 --rank=2 --program=main --model=ctr "
@@ -194,6 +196,51 @@ TEST(ParameterServerCli, SyncResumeUnderAnotherServerCountIsExact) {
       differ, want.size());
   // The half-way checkpoint really differs from the end (the resumed run trained).
   EXPECT_NE(CheckpointTensorBytes(dir + "/half"), want);
+  RunCommand("rm -rf " + dir);
+}
+
+// A checkpoint of a distributed table (its rows pulled from the servers, stored by id) resumes
+// exactly under another server count: 3 steps on 2 servers and 3 more on 1 end bit for bit where
+// 6 steps on 2 servers end (the table's rows, their Adam moments, the dense layers). One process
+// loads it (the whole table: the stored rows, the others as the rule makes them), and a job of
+// servers resumes from one process's checkpoint, each server keeping the rows it owns that moved:
+// 3 steps in one process and 3 on 1 server x 1 trainer equal 6 in one process.
+TEST(ParameterServerCli, DistributedTableCheckpointResumesExactlyUnderAnotherServerCount) {
+  const std::string dir = MakeTempDir();
+  const std::string ctr =
+      "train --model=ctr --ctr_table=distributed --vocab=100000 --batch_size=64 "
+      "--progress=lines --seed=3 --optimizer=adam";
+  const std::string sync = ctr + " --ps_mode=sync";
+  JobRun whole = Launch(2, 2, dir, sync + " --steps=6 --save_dir=" + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  JobRun half = Launch(2, 2, dir, sync + " --steps=3 --save_dir=" + dir + "/half");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  JobRun rest =
+      Launch(1, 2, dir, sync + " --steps=6 --load_dir=" + dir + "/half --save_dir=" + dir + "/end");
+  ASSERT_EQ(rest.exit_code, 0) << rest.output;
+  EXPECT_TRUE(Contains(rest.output, "resumed from " + dir + "/half at step 3")) << rest.output;
+  const auto want = CheckpointTensorBytes(dir + "/whole");
+  ASSERT_TRUE(want.count("SparseFeatFactors@ROWS.values")) << whole.output;
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/end"), want);
+  EXPECT_NE(CheckpointTensorBytes(dir + "/half"), want);
+
+  // One process: from the job's checkpoint, and 6 steps its own way, then one more step each.
+  const std::string one = "cd " + dir + " && FLAGS_cpu_math_threads=1 " + Keel() + " " + ctr;
+  CommandResult w = RunCommand(one + " --steps=6 --save_dir=" + dir + "/one6 2>&1");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  CommandResult h = RunCommand(one + " --steps=3 --save_dir=" + dir + "/one3 2>&1");
+  ASSERT_EQ(h.exit_code, 0) << h.output;
+  JobRun from_one = Launch(
+      1, 1, dir, sync + " --steps=6 --load_dir=" + dir + "/one3 --save_dir=" + dir + "/from_one");
+  ASSERT_EQ(from_one.exit_code, 0) << from_one.output;
+  CommandResult a =
+      RunCommand(one + " --steps=7 --load_dir=" + dir + "/from_one --save_dir=" + dir + "/a 2>&1");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_TRUE(Contains(a.output, "resumed from " + dir + "/from_one at step 6")) << a.output;
+  CommandResult b =
+      RunCommand(one + " --steps=7 --load_dir=" + dir + "/one6 --save_dir=" + dir + "/b 2>&1");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(CheckpointTensorBytes(dir + "/a"), CheckpointTensorBytes(dir + "/b"));
   RunCommand("rm -rf " + dir);
 }
 

@@ -22,6 +22,7 @@
 
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
+#include "tests/util/files.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
@@ -127,16 +128,76 @@ TEST(ParameterServerSparse, SparseTableCheckpointEqualsOneProcess) {
   RunCommand("rm -rf " + dir);
 }
 
-// A checkpoint of an is_distributed table is refused at once, naming the table, and writes
-// nothing (its rows live only on the servers; no checkpoint format holds them yet).
-TEST(ParameterServerSparse, CheckpointOfADistributedTableIsRefusedNamingItAndWritesNothing) {
+// Trainer 0's checkpoint of an is_distributed table holds the rows the servers created, by id,
+// with their lazy-Adam moments, and the rule the other rows start from (framework/io/checkpoint.h,
+// StoredRows): what one process's checkpoint holds, whose table is whole. The stored rows are its
+// rows, its other rows are still their initial values, and every other var matches.
+TEST(ParameterServerSparse, DistributedTableCheckpointHoldsTheServersRowsAsOneProcessHasThem) {
   const std::string dir = MakeTempDir();
-  Job ps = Launch(1, 1, dir + "/ps", " --table=distributed --rows=16 --steps=2 --checkpoint");
-  EXPECT_NE(ps.exit_code, 0) << ps.output;
-  ExpectContainsAll(ps.output,
-                    {"fleet::save_persistables", "'table'", "is_distributed", "is_sparse=true"});
-  EXPECT_EQ(ps.output.find("is not in the trainer's scope"), std::string::npos) << ps.output;
-  EXPECT_NE(::access((dir + "/ps/save/" + kPersistablesFile).c_str(), F_OK), 0) << ps.output;
+  const std::string flags =
+      " --table=distributed --optimizer=adam --rows=16 --steps=3 --checkpoint --vocab=512";
+  Job one = Launch(0, 1, dir + "/one", flags);
+  Job ps = Launch(2, 2, dir + "/ps", flags);
+  Job none = Launch(0, 1, dir + "/none",
+                    " --table=distributed --optimizer=adam --steps=0 --checkpoint --vocab=512");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(ps.exit_code, 0) << ps.output;
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  std::map<std::string, std::string> meta;
+  std::map<std::string, Tensor> got;
+  for (auto& [name, t] : LoadSafetensors(dir + "/ps/save/" + kPersistablesFile, &meta))
+    got[name] = t;
+  const auto ref = Params(dir + "/one"), init = Params(dir + "/none");
+  EXPECT_EQ(meta["keel.rows.table"].rfind("uniform -0.5 0.5 ", 0), 0u) << meta["keel.rows.table"];
+  ASSERT_TRUE(got.count("table@ROWS.ids")) << ps.output;
+  const Tensor& ids = got.at("table@ROWS.ids");
+  const int64_t n = ids.numel(), D = 8;
+  ASSERT_GT(n, 0);
+  EXPECT_LT(n, 3 * 16 * 4 + 1);  // at most the ids of 3 steps of 16 samples x 4 slots
+  std::vector<bool> stored(512, false);
+  double worst = 0;
+  for (const std::string var : {"table", "table_moment1_0", "table_moment2_0"}) {
+    SCOPED_TRACE(var);
+    ASSERT_TRUE(got.count(var + "@ROWS.values"));
+    const Tensor& v = got.at(var + "@ROWS.values");
+    ASSERT_EQ(v.dims(), DDim({n, D}));
+    EXPECT_EQ(TensorBytes(got.at(var + "@ROWS.ids")), TensorBytes(ids));
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t id = ids.data<int64_t>()[k];
+      ASSERT_TRUE(id >= 0 && id < 512 && (k == 0 || ids.data<int64_t>()[k - 1] < id));
+      stored[id] = true;
+      for (int64_t j = 0; j < D; ++j)
+        worst = std::max(worst, std::abs(static_cast<double>(v.data<float>()[k * D + j]) -
+                                         ref.at(var)[id * D + j]));
+    }
+  }
+  // Rows no trainer touched: one process's are their initial values, as the rule makes them.
+  int64_t untouched = 0;
+  for (int64_t id = 0; id < 512; ++id) {
+    if (stored[id]) continue;
+    ++untouched;
+    for (int64_t j = 0; j < D; ++j) {
+      ASSERT_EQ(ref.at("table")[id * D + j], init.at("table")[id * D + j]) << id;
+      ASSERT_EQ(ref.at("table_moment1_0")[id * D + j], 0.0f) << id;
+    }
+  }
+  EXPECT_GT(untouched, 0);
+  // Everything else (the dense layers, their moments, the beta powers, the rate) is whole.
+  size_t others = 0;
+  for (const auto& [name, r] : ref) {
+    if (name.rfind("table", 0) == 0 && name.find("pow") == std::string::npos) continue;
+    ASSERT_TRUE(got.count(name)) << name;
+    const Tensor& t = got.at(name);
+    worst = std::max(worst,
+                     MaxDiff(std::vector<float>(t.data<float>(), t.data<float>() + t.numel()), r));
+    ++others;
+  }
+  EXPECT_EQ(others, ref.size() - 3);
+  std::printf(
+      "is_distributed table checkpoint, 2 servers x 2 trainers vs 1 process, lazy adam, 3 steps: "
+      "%lld stored rows of 512, max abs difference %.3g\n",
+      static_cast<long long>(n), worst);
+  EXPECT_LT(worst, 1e-5);
   RunCommand("rm -rf " + dir);
 }
 

@@ -210,6 +210,97 @@ TEST_F(IoTest, LoadPersistablesMismatchNamesVarAndShapesAndChangesNothing) {
   EXPECT_EQ(TensorBytes(target.FindVar("step")->tensor()), step_before);
 }
 
+// A var stored by rows (a parameter server's distributed table): only the rows given are in the
+// file, with the rule the others start from. One process loading it gets the whole tensor (each
+// row by the rule, then the stored rows); a loader that asks gets the rows back as stored; a bad
+// set of rows is refused naming the var, and writes nothing.
+TEST_F(IoTest, VarStoredByRowsLoadsWholeOrAsRows) {
+  auto p = CheckpointProgram({5, 3});
+  Scope scope;
+  FillCheckpointScope(&scope, 1.f);
+  scope.EraseVar("w");
+  RowInitRule rule;
+  rule.dist = RowInitRule::kUniform;
+  rule.a = -0.25f;
+  rule.b = 0.75f;
+  rule.seed = 42;
+  StoredRows rows;
+  rows.init = rule;
+  rows.ids = {1, 4};
+  rows.values = MakeTensor<float>(DType::kFloat32, {2, 3}, {10, 11, 12, 40, 41, 42});
+  TrainingState st;
+  st.step = 3;
+  save_checkpoint(scope, dir_, *p, st, {}, {{"w", rows}});
+  std::map<std::string, std::string> meta;
+  NamedTensors file = LoadSafetensors(dir_ + "/" + kPersistablesFile, &meta);
+  EXPECT_EQ(meta.at("keel.rows.w"), "uniform -0.25 0.75 42");
+  EXPECT_EQ(file.size(), 4u);  // b, step, w@ROWS.ids, w@ROWS.values
+
+  // Whole: rows 0, 2, 3 from the rule (as op row_seeded_random draws them), 1 and 4 stored.
+  Scope whole;
+  ASSERT_EQ(load_checkpoint(whole, CPUPlace(), dir_, *p)->step, 3);
+  const Tensor& w = whole.FindVar("w")->tensor();
+  ASSERT_EQ(w.dims(), DDim({5, 3}));
+  std::vector<float> want(15);
+  for (int64_t r = 0; r < 5; ++r) RowInit(rule, r, 3, want.data() + r * 3);
+  for (int j = 0; j < 3; ++j) {
+    want[3 + j] = 10.f + j;
+    want[12 + j] = 40.f + j;
+  }
+  EXPECT_EQ(std::vector<float>(w.data<float>(), w.data<float>() + 15), want);
+  EXPECT_GE(want[0], -0.25f);
+  EXPECT_LT(want[0], 0.75f);
+
+  // As rows: what was stored, and nothing put in the scope for it.
+  Scope server;
+  RowsByVar asked = {{"w", {}}};
+  load_checkpoint(server, CPUPlace(), dir_, *p, {}, &asked);
+  EXPECT_EQ(server.FindVar("w"), nullptr);
+  EXPECT_FALSE(asked.at("w").whole);
+  EXPECT_EQ(asked.at("w").ids, (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(asked.at("w").init, rule);
+  EXPECT_EQ(TensorBytes(asked.at("w").values), TensorBytes(rows.values));
+  // A file holding it whole gives every row, marked whole.
+  Scope dense;
+  FillCheckpointScope(&dense, 1.f);
+  *dense.Var("w")->mutable_tensor() = w;
+  save_checkpoint(dense, Path("dense"), *p, st);
+  RowsByVar again = {{"w", {}}};
+  load_checkpoint(server, CPUPlace(), Path("dense"), *p, {}, &again);
+  EXPECT_TRUE(again.at("w").whole);
+  EXPECT_EQ(again.at("w").ids, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(TensorBytes(again.at("w").values), TensorBytes(w));
+
+  // Rows out of order, or values of another width: refused naming the var; nothing written.
+  for (const auto& [ids, width] : std::vector<std::pair<std::vector<int64_t>, int64_t>>{
+           {{4, 1}, 3}, {{1, 5}, 3}, {{1, 4}, 2}}) {
+    StoredRows bad = rows;
+    bad.ids = ids;
+    bad.values = Tensor(DType::kFloat32, DDim({2, width}));
+    try {
+      save_checkpoint(scope, Path("bad"), *p, st, {}, {{"w", bad}});
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rows of 'w'"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(Path("bad")));
+  }
+  // A file whose rule cannot be read: an error naming the var and the file.
+  std::map<std::string, std::string> broken = meta;
+  broken["keel.rows.w"] = "uniform -0.25 zero 42";
+  SaveSafetensors(Path("broken.safetensors"), file, broken);
+  fs::create_directories(Path("broken"));
+  fs::rename(Path("broken.safetensors"), Path("broken/") + kPersistablesFile);
+  Scope none;
+  try {
+    load_checkpoint(none, CPUPlace(), Path("broken"), *p);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("var 'w' stored by rows"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(none.FindVar("b"), nullptr);
+}
+
 // ---------------------------------------------------------------- pruning and inference models
 
 // y = relu(x * w + b); loss = mse(y, label); its backward and sgd ops; an unrelated branch.

@@ -17,6 +17,8 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_layers.h"
 #include "framework/error.h"
+#include "framework/op/op_registry.h"
+#include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
 namespace keel {
@@ -186,6 +188,76 @@ TEST(SparseEmbedding, LazyAdamLeavesUntouchedRowsAlone) {
   ASSERT_FALSE(m1.empty());
   const std::vector<double> mom = ToDouble(el.scope().FindVar(m1)->tensor());
   for (int64_t j = 0; j < kDim; ++j) EXPECT_EQ(mom[15 * kDim + j], 0.0);
+}
+
+// Lazy Adam updates a row to the same bits wherever the row lies in the table: a parameter
+// server's shard numbers a table's rows in the order they were created, not by id, and must end
+// where one process's table ends. Rows of 10 floats (40 bytes) start at every alignment; the
+// same values at rows 1 and 3 of one table and rows 2 and 0 of another must update alike.
+TEST(SparseEmbedding, LazyAdamUpdatesARowAlikeAtAnyRowNumber) {
+  constexpr int64_t kRows = 4, kWidth = 10;
+  // Small parameters and a rate of 1: the step is most of the result, so its rounding shows.
+  const Tensor p0 = testing::RandomTensor(DDim({kRows, kWidth}), DType::kFloat32, -1e-3, 1e-3, 1);
+  const Tensor m10 = testing::RandomTensor(DDim({kRows, kWidth}), DType::kFloat32, -1, 1, 2);
+  const Tensor m20 = testing::RandomTensor(DDim({kRows, kWidth}), DType::kFloat32, 0, 1, 3);
+  const Tensor g = testing::RandomTensor(DDim({2, kWidth}), DType::kFloat32, -1, 1, 4);
+  Tensor g_swapped(DType::kFloat32, g.dims());
+  std::copy_n(g.data<float>() + kWidth, kWidth, g_swapped.data<float>());
+  std::copy_n(g.data<float>(), kWidth, g_swapped.data<float>() + kWidth);
+  // Runs lazy Adam with the gradient's rows at `rows`, the table's rows permuted by `from`
+  // (row r of the table holds row from[r] of p0, m10, m20); returns the table.
+  auto run = [&](const std::vector<int64_t>& rows, const std::vector<int64_t>& from,
+                 const Tensor& grad) {
+    Program prog;
+    Block& b = prog.global_block();
+    for (const char* n : {"p", "m1", "m2", "g"}) b.Var(n)->set_shape({kRows, kWidth});
+    for (const char* n : {"lr", "b1p", "b2p"}) b.Var(n)->set_shape({1});
+    for (const char* n : {"p", "m1", "m2", "g", "lr", "b1p", "b2p"})
+      b.FindVar(n)->set_persistable(true);
+    b.FindVar("g")->set_row_sparse(true);
+    OpDesc* op = b.AppendOp("adam");
+    op->SetInput("Param", {"p"});
+    op->SetInput("Grad", {"g"});
+    op->SetInput("Moment1", {"m1"});
+    op->SetInput("Moment2", {"m2"});
+    op->SetInput("LearningRate", {"lr"});
+    op->SetInput("Beta1Pow", {"b1p"});
+    op->SetInput("Beta2Pow", {"b2p"});
+    op->SetOutput("ParamOut", {"p"});
+    op->SetOutput("Moment1Out", {"m1"});
+    op->SetOutput("Moment2Out", {"m2"});
+    op->SetOutput("Beta1PowOut", {"b1p"});
+    op->SetOutput("Beta2PowOut", {"b2p"});
+    op->SetAttr("lazy_mode", true);
+    OpRegistry::Get("adam").Complete(op);
+    Executor exe;
+    Scope& sc = exe.scope();
+    auto permuted = [&](const Tensor& t) {
+      Tensor out(DType::kFloat32, t.dims());
+      for (int64_t r = 0; r < kRows; ++r)
+        std::copy_n(t.data<float>() + from[r] * kWidth, kWidth, out.data<float>() + r * kWidth);
+      return out;
+    };
+    *sc.Var("p")->mutable_tensor() = permuted(p0);
+    *sc.Var("m1")->mutable_tensor() = permuted(m10);
+    *sc.Var("m2")->mutable_tensor() = permuted(m20);
+    *sc.Var("g")->mutable_tensor() = grad.Clone(CPUPlace());
+    sc.Var("g")->SetRows(kRows, rows);
+    *sc.Var("lr")->mutable_tensor() = Tensor::FromVector<float>({1.0f}, {1});
+    *sc.Var("b1p")->mutable_tensor() = Tensor::FromVector<float>({0.9f}, {1});
+    *sc.Var("b2p")->mutable_tensor() = Tensor::FromVector<float>({0.999f}, {1});
+    exe.Run(prog);
+    return ToDouble(sc.FindVar("p")->tensor());
+  };
+  // Table A: p0 as it is, gradient rows 1 and 3. Table B: p0's rows reversed, so p0's rows 1 and
+  // 3 are at 2 and 0, and the gradient's rows (sorted ids) come swapped.
+  const std::vector<double> a = run({1, 3}, {0, 1, 2, 3}, g);
+  const std::vector<double> b = run({0, 2}, {3, 2, 1, 0}, g_swapped);
+  for (int64_t j = 0; j < kWidth; ++j) {
+    EXPECT_EQ(a[1 * kWidth + j], b[2 * kWidth + j]) << "row 1, column " << j;
+    EXPECT_EQ(a[3 * kWidth + j], b[0 * kWidth + j]) << "row 3, column " << j;
+    EXPECT_NE(a[1 * kWidth + j], static_cast<double>(p0.data<float>()[1 * kWidth + j]));
+  }
 }
 
 // What cannot read a row-sparse gradient says so before the first step, naming the op and the
