@@ -138,8 +138,10 @@ void PullShards(ps::Transport& t, const transpiler::PsPlan& plan, const Program&
 
 // Each var's rows sorted by id (the parts are the servers' shards, in creation order).
 void SortRows(RowsByVar* rows, std::map<std::string, std::vector<Tensor>>* parts) {
-  for (auto& [name, r] : *rows) {
-    const std::vector<Tensor>& got = (*parts)[name];
+  for (auto& entry : *rows) {
+    // (Not a structured binding: clang 14 cannot capture one in the lambda below.)
+    StoredRows& r = entry.second;
+    const std::vector<Tensor>& got = (*parts)[entry.first];
     const DType dtype = got[0].dtype();
     const int64_t width = got[0].dims()[1];
     const size_t row_bytes = SizeOf(dtype) * static_cast<size_t>(width);
