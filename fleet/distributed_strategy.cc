@@ -153,7 +153,9 @@ std::string DistributedStrategy::ToString() const {
       ", accumulate_steps=", pipeline_configs.accumulate_steps,
       ", micro_batch_size=", pipeline_configs.micro_batch_size,
       ", schedule_mode=", pipeline_configs.schedule_mode, "}", ", a_sync=", Bool(a_sync),
-      ", a_sync_configs={k_steps=", a_sync_configs.k_steps, "}",
+      ", a_sync_configs={k_steps=", a_sync_configs.k_steps,
+      ", send_queue_size=", a_sync_configs.send_queue_size,
+      ", max_merge_var_num=", a_sync_configs.max_merge_var_num, "}",
       ", ps_worker_memory_mb=", ps_worker_memory_mb, "}");
 }
 
@@ -522,8 +524,12 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
   if (!role.is_ps()) {
     KEEL_ENFORCE(ps_worker_memory_mb == 0, s, "ps_worker_memory_mb=", ps_worker_memory_mb,
                  " bounds parameter-server trainers, but this is a collective job; leave it 0");
-    KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps, s, "a_sync=", Bool(a_sync),
-                 " / a_sync_configs.k_steps=", k,
+    KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps &&
+                     a_sync_configs.send_queue_size == d.a_sync_configs.send_queue_size &&
+                     a_sync_configs.max_merge_var_num == d.a_sync_configs.max_merge_var_num,
+                 s, "a_sync=", Bool(a_sync), " / a_sync_configs.k_steps=", k,
+                 " / a_sync_configs.send_queue_size=", a_sync_configs.send_queue_size,
+                 " / a_sync_configs.max_merge_var_num=", a_sync_configs.max_merge_var_num,
                  " choose the parameter-server mode, but this is a collective job "
                  "(fleet::init(CloudRoleMaker(true))); leave them at their defaults or use "
                  "CloudRoleMaker(false)");
@@ -536,6 +542,17 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
   KEEL_ENFORCE(a_sync || k <= 0, s, "a_sync_configs.k_steps=", k, " asks for GEO but ", s,
                "a_sync=false asks for synchronous training; set a_sync=true for GEO or leave "
                "k_steps unset");
+  const ASyncConfigs& c = a_sync_configs;
+  KEEL_ENFORCE(c.send_queue_size >= 0 && c.max_merge_var_num >= 1, s,
+               "a_sync_configs.send_queue_size=", c.send_queue_size,
+               " must be >= 0 (0: no communicator) and max_merge_var_num=", c.max_merge_var_num,
+               " >= 1");
+  KEEL_ENFORCE((a_sync && k <= 0) || (c.send_queue_size == d.a_sync_configs.send_queue_size &&
+                                      c.max_merge_var_num == d.a_sync_configs.max_merge_var_num),
+               s, "a_sync_configs.send_queue_size=", c.send_queue_size,
+               " / max_merge_var_num=", c.max_merge_var_num,
+               " configure the asynchronous communicator, but this job is ",
+               a_sync ? "GEO" : "synchronous", "; leave them at their defaults");
   auto refuse = [&](bool set, const std::string& field) {
     KEEL_ENFORCE(!set, s, field,
                  " is a collective (all-reduce) setting and has no meaning in parameter-server "

@@ -168,6 +168,13 @@ struct DistributedStrategy {
   bool a_sync = true;
   struct ASyncConfigs {
     int k_steps = -1;
+    // Asynchronous mode (framework/ps/async_communicator.h): steps of gradients that may wait in
+    // a trainer's communicator before the trainer blocks (Paddle's default 16); 0 (keel's): no
+    // communicator, the trainer pushes and pulls in each step itself (one trainer then trains
+    // exactly as one process). max_merge_var_num: the most queued steps merged into one push
+    // (Paddle's default 1: none merged).
+    int send_queue_size = 16;
+    int max_merge_var_num = 1;
   } a_sync_configs;
   // Parameter-server trainers' memory budget in MiB (0: none; docs/sparse-embeddings.md): a
   // trainer whose own parameters and optimizer state (after the transpiler moved what lives on the

@@ -12,6 +12,7 @@
 #include "executor/executor_io.h"
 #include "fleet/fleet.h"
 #include "framework/base/strings.h"
+#include "framework/ps/async_communicator.h"
 #include "framework/ps/ps_transport.h"
 #include "transpiler/ps_pass.h"
 
@@ -260,6 +261,31 @@ void SavePsCheckpoint(Executor& exe, const std::string& dirname, const Program& 
                  " is not in the trainer's scope (run the startup program first)");
     out.Var(v->name())->mutable_tensor()->ShareDataWith(var->tensor());
   }
+  // Asynchronous mode: the trainer's own parameters may predate its last push; the checkpoint
+  // takes the blocks its communicator pulled after it (RequestState pushed what was queued).
+  if (!geo && t.communicating())
+    for (const transpiler::PsPlan::Param& p : plan.params) {
+      if (p.distributed) continue;
+      Tensor fresh;
+      fresh.Resize(ob.MustFindVar(p.name)->dims());
+      char* dst =
+          static_cast<char*>(fresh.mutable_data(ob.MustFindVar(p.name)->dtype(), CPUPlace()));
+      const size_t row =
+          fresh.numel() == 0 ? 0 : fresh.nbytes() / std::max<int64_t>(fresh.dims()[0], 1);
+      bool all = true;
+      std::vector<char> got;
+      for (int k : p.blocks) {
+        const transpiler::PsPlan::Block& blk = plan.blocks[k];
+        all = all && t.communicator().Latest(blk.server, k, &got);
+        if (!all) break;
+        const size_t at = p.split() ? static_cast<size_t>(blk.row0) * row : 0;
+        KEEL_ENFORCE(at + got.size() <= fresh.nbytes(),
+                     "fleet::save_persistables: the pulled block ", blk.name, " does not fit ",
+                     p.name);
+        std::memcpy(dst + at, got.data(), got.size());
+      }
+      if (all) *out.Var(p.name)->mutable_tensor() = fresh;
+    }
   RowsByVar rows;
   std::map<std::string, std::vector<Tensor>> parts;
   for (int s = 0; s < r.server_num; ++s) {

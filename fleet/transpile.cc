@@ -133,6 +133,8 @@ void TranspileParameterServer(Program& main, Program& startup, const Distributed
   o.ntrainers = role.trainer_num;
   o.server_index = role.is_server() ? role.rank : -1;
   o.worker_memory_mb = strategy.ps_worker_memory_mb;
+  o.send_queue_size = strategy.a_sync_configs.send_queue_size;
+  o.max_merge_var_num = strategy.a_sync_configs.max_merge_var_num;
   transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 

@@ -14,6 +14,7 @@
 #include "framework/comm/comm_context.h"
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/ps/async_communicator.h"
 #include "framework/ps/ps_transport.h"
 #include "ops/ps_ops.h"
 
@@ -87,9 +88,19 @@ class PsSendKernel : public OpKernel {
     KEEL_ENFORCE(rows == (x.dims().size() == 0 ? 1 : x.dims()[0]), "op send of ", name,
                  ": the sections hold ", rows, " rows but ", name, " is ", x.dims());
     Transport& t = Connected(op);
-    t.BeginStepOnce();
     const int64_t row_bytes = RowBytes(x.dims(), x.nbytes());
     const char* p = static_cast<const char*>(x.raw_data());
+    if (t.communicating()) {  // async mode after the first step: the communicator pushes
+      for (size_t i = 0; i < epmap.size(); ++i) {
+        const size_t bytes = static_cast<size_t>(sections[i] * row_bytes);
+        t.communicator().AddDense(
+            epmap[i], slots[i], x.dtype(), p, bytes, op.Attr<bool>("merge_sum"),
+            StrCat("send of ", name, " block ", i, " to ", t.PeerName(epmap[i])));
+        p += bytes;
+      }
+      return;
+    }
+    t.BeginStepOnce();
     for (size_t i = 0; i < epmap.size(); ++i) {
       const size_t bytes = static_cast<size_t>(sections[i] * row_bytes);
       t.KeepSend(t.PostSend(epmap[i], Slot(Kind::kGrad, slots[i], t.step()), p, bytes,
@@ -144,6 +155,14 @@ class PsSendKernel : public OpKernel {
       values[b].insert(values[b].end(), xd + k * width, xd + (k + 1) * width);
     }
     Transport& t = Connected(op);
+    if (t.communicating()) {
+      for (int i = 0; i < S; ++i)
+        t.communicator().AddRows(
+            epmap[i], slots[i], DTypeOf<T>::value, std::move(rows[i]), values[i].data(), width,
+            op.Attr<bool>("merge_sum"),
+            StrCat("send of ", name, " block ", i, " to ", t.PeerName(epmap[i])));
+      return;
+    }
     t.BeginStepOnce();
     for (int i = 0; i < S; ++i) {
       const int64_t count = static_cast<int64_t>(rows[i].size());
@@ -173,11 +192,21 @@ class PsRecvKernel : public OpKernel {
     const std::vector<Tensor*> outs = ctx.MultiOutput("Out");
     CheckBlocks(op, outs.size());
     Transport& t = Connected(op);
+    // Async mode: a trainer's first step says which blocks the communicator pulls; later steps
+    // take the latest it pulled.
+    const bool pulls = op.Attr<int>("mode") == 1 && t.step() >= 1;
     for (size_t i = 0; i < outs.size(); ++i) {
       std::vector<int64_t> dims = shape;
       if (!dims.empty()) dims[0] = sections[i];
       outs[i]->Resize(DDim(dims));
       T* data = outs[i]->mutable_data<T>(ctx.place());
+      const std::string what =
+          StrCat("recv of ", op.Output("Out")[i], " from ", t.PeerName(epmap[i]));
+      if (pulls) t.communicator().AddPull(epmap[i], slots[i], outs[i]->nbytes(), what);
+      if (t.communicating()) {
+        t.communicator().CopyLatest(epmap[i], slots[i], data, outs[i]->nbytes(), what);
+        continue;
+      }
       t.KeepRecv(t.PostRecv({epmap[i]}, Slot(Kind::kParam, slots[i], t.step()), data,
                             outs[i]->nbytes(),
                             StrCat("recv of ", op.Output("Out")[i], " (after step ", t.step(),
@@ -189,13 +218,26 @@ class PsRecvKernel : public OpKernel {
 template <typename T>
 class SendBarrierKernel : public OpKernel {
  public:
-  void Compute(ExecutionContext& ctx) override { Connected(ctx.op()).WaitSends(); }
+  void Compute(ExecutionContext& ctx) override {
+    Transport& t = Connected(ctx.op());
+    if (t.communicating()) return t.communicator().Submit();
+    t.WaitSends();
+  }
 };
 
 template <typename T>
 class FetchBarrierKernel : public OpKernel {
  public:
-  void Compute(ExecutionContext& ctx) override { Connected(ctx.op()).WaitRecvs(); }
+  void Compute(ExecutionContext& ctx) override {
+    Transport& t = Connected(ctx.op());
+    if (t.communicating()) return t.communicator().Check();
+    t.WaitRecvs();
+    // Async mode: after a trainer's first step the communicator takes over (its recv ops have
+    // registered every block to pull).
+    const OpDesc& op = ctx.op();
+    if (op.Attr<int>("send_queue_size") > 0 && t.async() && t.step() >= 1 && t.has_communicator())
+      t.StartCommunicating(op.Attr<int>("send_queue_size"), op.Attr<int>("max_merge_var_num"));
+  }
 };
 
 // GEO (Paddle's GeoCommunicator; transpiler/ps_pass.h): every k_steps-th run, for each block of
@@ -290,6 +332,9 @@ OpSchema& BlockAttrs(OpSchema& s) {
         .Attr<bool>("is_distributed", false,
                     "X is a distributed table's row-sparse gradient: row id goes to server id % "
                     "pserver_num (epmap [0, ..., pserver_num - 1]), under its id")
+        .Attr<bool>("merge_sum", false,
+                    "asynchronous mode: when several steps of X wait in the communicator's queue "
+                    "they merge by sum (the parameter's update is SGD) instead of the average")
         .AcceptsRowSparse("X", "is_sparse"));
 KEEL_REGISTER_CPU_KERNEL(send, PsSendKernel, float, double);
 
@@ -343,9 +388,17 @@ KEEL_REGISTER_OP(send_barrier)
 KEEL_REGISTER_CPU_KERNEL(send_barrier, SendBarrierKernel, float);
 
 KEEL_REGISTER_OP(fetch_barrier)
-    .Doc("Waits until every block the recv ops posted has arrived")
+    .Doc(
+        "Waits until every block the recv ops posted has arrived; in an asynchronous "
+        "trainer's main program with send_queue_size > 0, after the first step hands the "
+        "pushes and pulls to the trainer's communicator (framework/ps/async_communicator.h)")
     .InputList("X", "the received blocks (documentation)")
     .Attr<int>("pserver_num", 1, "servers in the job", Positive)
+    .Attr<int>("send_queue_size", 0,
+               "asynchronous mode: steps that may wait in the communicator (0: no communicator)",
+               [](const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; })
+    .Attr<int>("max_merge_var_num", 1, "asynchronous mode: the most queued steps merged in a push",
+               Positive)
     .Barrier("the received blocks are read only after it")
     .NotCapturable("waits for the network");
 KEEL_REGISTER_CPU_KERNEL(fetch_barrier, FetchBarrierKernel, float);

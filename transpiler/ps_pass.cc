@@ -271,6 +271,12 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   Block& mb = main.global_block();
   const int S = options_.nservers;
   const int mode = static_cast<int>(options_.mode);
+  // Which parameters SGD updates (before their update ops leave).
+  std::vector<bool> sgd(plan.params.size(), false);
+  for (size_t k = 0; k < plan.params.size(); ++k) {
+    sgd[k] = !plan.params[k].ops.empty();
+    for (size_t i : plan.params[k].ops) sgd[k] = sgd[k] && mb.op(i)->type() == "sgd";
+  }
   // The optimizer section goes to the servers, with the vars only it used.
   std::set<size_t> moved(plan.lr_ops.begin(), plan.lr_ops.end());
   for (const auto& p : plan.params) moved.insert(p.ops.begin(), p.ops.end());
@@ -309,6 +315,9 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
     send->SetAttr("send_varnames", a.grad_names);
     if (p.sparse) send->SetAttr("is_sparse", true);
     if (p.distributed) send->SetAttr("is_distributed", true);
+    // Async: queued steps of an SGD parameter's gradient merge by sum (framework/ps/
+    // async_communicator.h).
+    if (mode == static_cast<int>(PsMode::kAsync) && sgd[k]) send->SetAttr("merge_sum", true);
     send->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kBackward));
     OpRegistry::Get("send").Complete(send);
   }
@@ -333,7 +342,13 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
               {"mode", mode}});
       all.insert(all.end(), a.names.begin(), a.names.end());
     }
-    if (!all.empty()) Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
+    if (!all.empty()) {
+      OpDesc* fb = Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
+      if (mode == static_cast<int>(PsMode::kAsync) && &b == &mb) {
+        fb->SetAttr("send_queue_size", options_.send_queue_size);
+        fb->SetAttr("max_merge_var_num", options_.max_merge_var_num);
+      }
+    }
     for (const auto& p : plan.params)
       if (p.split() && !p.distributed) {
         Append(b, "concat", {{"X", AttrsOf(plan, p).names}}, {{"Out", {p.name}}}, {{"axis", 0}});

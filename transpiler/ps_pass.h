@@ -150,6 +150,9 @@ struct PsOptions {
   // A trainer's budget (MiB; 0: none) for its persistable vars: a trainer program that needs
   // more is refused naming the largest (DistributedStrategy::ps_worker_memory_mb).
   int64_t worker_memory_mb = 0;
+  // kAsync: the trainer's communicator (fetch_barrier's attrs; DistributedStrategy.a_sync_configs).
+  int send_queue_size = 16;
+  int max_merge_var_num = 1;
 };
 
 class ParameterServerPass : public Pass {

@@ -1,5 +1,7 @@
 #include "framework/ps/ps_transport.h"
 
+#include "framework/ps/async_communicator.h"
+
 #include <glog/logging.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -324,9 +326,36 @@ void Transport::WaitRecvs() {
   for (auto& t : recvs) Wait(*t);
 }
 
+AsyncCommunicator& Transport::communicator() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!communicator_) communicator_ = std::make_unique<AsyncCommunicator>(this);
+  return *communicator_;
+}
+
+void Transport::StartCommunicating(int queue_steps, int max_merge) {
+  communicator().Start(queue_steps, max_merge);
+  communicating_ = true;
+}
+
+int64_t Transport::NextPushStep(std::vector<std::unique_ptr<Transfer>>* headers) {
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    KEEL_ENFORCE(!finished_, "send: this trainer already stopped (fleet::stop_worker)");
+    step = ++step_;
+  }
+  Header h{step, step - 1};
+  for (int s = 0; s < nservers_; ++s)
+    headers->push_back(PostSend(
+        s, HeaderSlot(step), &h, sizeof(h),
+        StrCat("trainer ", rank_ - nservers_, ": push ", step, "'s header to server ", s)));
+  return step;
+}
+
 void Transport::RequestState() {
   KEEL_ENFORCE(context_ && rank_ >= nservers_ && !finished_,
                "parameter-server checkpoint: only a running trainer can ask the servers");
+  if (communicating_) communicator().Flush();
   WaitSends();
   WaitRecvs();
   Header h{kSave, step_};
@@ -340,6 +369,12 @@ void Transport::RequestState() {
 
 void Transport::FinishTrainer() {
   if (!context_ || finished_ || rank_ < nservers_) return;
+  if (communicating_) {
+    AsyncCommunicator& c = communicator();
+    c.Flush();
+    LOG(INFO) << PeerName(rank_) << ": the communicator pushed " << c.submitted() << " step(s) in "
+              << c.pushes() << " push(es)";
+  }
   WaitSends();
   WaitRecvs();
   finished_ = true;
@@ -371,6 +406,13 @@ std::string Transport::AbortNote() const {
 }
 
 void Transport::Reset() {
+  std::unique_ptr<AsyncCommunicator> communicator;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    communicator.swap(communicator_);
+    communicating_ = false;
+  }
+  communicator.reset();  // its thread ends before the context goes
   std::lock_guard<std::mutex> lk(mu_);
   sends_.clear();
   recvs_.clear();

@@ -46,6 +46,8 @@ namespace keel {
 class StoreClient;
 namespace ps {
 
+class AsyncCommunicator;
+
 enum class Kind : uint64_t {
   kHeader = 1,
   kGrad = 2,
@@ -132,8 +134,21 @@ class Transport {
   // sends are then over. fetch_barrier: waits for the posted receives.
   void WaitSends();
   void WaitRecvs();
+  // Asynchronous mode, a trainer (framework/ps/async_communicator.h): the communicator, made on
+  // first use; it takes the pushes once a trainer's first step is over (the send, recv and
+  // barrier ops ask communicating()), that step's recv ops having said which blocks to pull.
+  AsyncCommunicator& communicator();
+  bool communicating() const { return communicating_.load(); }
+  bool has_communicator() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return communicator_ != nullptr;
+  }
+  void StartCommunicating(int queue_steps, int max_merge);
+  // The communicator's push: starts step step() + 1, posting its header to every server into
+  // `headers`; returns the step.
+  int64_t NextPushStep(std::vector<std::unique_ptr<Transfer>>* headers);
   // Between steps: asks every server for its state (kSave headers); the servers then send their
-  // state lists under Slot(kState, i, step() + 1).
+  // state lists under Slot(kState, i, step() + 1). The communicator pushes what it holds first.
   void RequestState();
   // The trainer is done (fleet::stop_worker): tells every server, waits until they took it.
   void FinishTrainer();
@@ -175,6 +190,8 @@ class Transport {
   int64_t geo_runs_ = 0;
   bool async_ = false;
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
+  std::unique_ptr<AsyncCommunicator> communicator_;
+  std::atomic<bool> communicating_{false};
   std::mutex watch_mu_;                         // GonePeers' store connection
   std::unique_ptr<StoreClient> watch_store_;    // its own: the main one may be in a long wait
   int64_t store_gone_since_ms_ = -1;            // when GonePeers first found the store gone

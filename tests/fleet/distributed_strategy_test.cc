@@ -72,7 +72,8 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
-      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1}, ps_worker_memory_mb=0}");
+      "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1, send_queue_size=16, "
+      "max_merge_var_num=1}, ps_worker_memory_mb=0}");
 }
 
 // Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
@@ -99,6 +100,31 @@ TEST(ParameterServerStrategy, ModesAndRefusals) {
   // Paddle's default (a_sync=true) is asynchronous mode; k_steps > 0 with it is GEO.
   EXPECT_EQ(error([](auto*) {}, ps), "");
   EXPECT_EQ(error([](auto* s) { s->a_sync_configs.k_steps = 4; }, ps), "");
+  // The asynchronous communicator's queue and merging: async mode only, in range.
+  EXPECT_EQ(error(
+                [](auto* s) {
+                  s->a_sync_configs.send_queue_size = 0;
+                  s->a_sync_configs.max_merge_var_num = 4;
+                },
+                ps),
+            "");
+  EXPECT_NE(error([](auto* s) { s->a_sync_configs.send_queue_size = -1; }, ps)
+                .find("a_sync_configs.send_queue_size=-1 must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error([](auto* s) { s->a_sync_configs.max_merge_var_num = 0; }, ps)
+                .find("max_merge_var_num=0 >= 1"),
+            std::string::npos);
+  for (bool geo : {false, true})
+    EXPECT_NE(error(
+                  [geo](auto* s) {
+                    s->a_sync = geo;
+                    if (geo) s->a_sync_configs.k_steps = 4;
+                    s->a_sync_configs.send_queue_size = 2;
+                  },
+                  ps)
+                  .find(std::string("configure the asynchronous communicator, but this job is ") +
+                        (geo ? "GEO" : "synchronous")),
+              std::string::npos);
   EXPECT_NE(error(
                 [](auto* s) {
                   s->a_sync = false;
@@ -588,6 +614,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       // them: ParameterServerStrategy.*).
       {"a_sync", kRefused, none, [](auto* s) { s->a_sync = false; }},
       {"a_sync_configs.k_steps", kRefused, none, [](auto* s) { s->a_sync_configs.k_steps = 2; }},
+      {"a_sync_configs.send_queue_size", kRefused, none,
+       [](auto* s) { s->a_sync_configs.send_queue_size = 2; }},
+      {"a_sync_configs.max_merge_var_num", kRefused, none,
+       [](auto* s) { s->a_sync_configs.max_merge_var_num = 2; }},
       {"ps_worker_memory_mb", kRefused, none, [](auto* s) { s->ps_worker_memory_mb = 1; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
@@ -596,7 +626,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 416u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 424u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -201,13 +201,14 @@ TEST(ParameterServerSparse, DistributedTableCheckpointHoldsTheServersRowsAsOnePr
   RunCommand("rm -rf " + dir);
 }
 
-// Async with one trainer applies its steps in order: exactly one process's run. Two async
-// trainers train too (every row gradient applied once, in arrival order).
+// Async with one trainer and no communicator (send_queue_size=0: the trainer pushes and pulls in
+// each step) applies its steps in order: exactly one process's run. Two async trainers with the
+// communicator train too (every row gradient applied once, in arrival order).
 TEST(ParameterServerSparse, SparseTableAsyncOneTrainerEqualsOneProcessAndTwoTrainersTrain) {
   const std::string dir = MakeTempDir();
   const std::string flags = " --table=sparse --optimizer=adam --rows=8 --steps=4";
   Job one = Launch(0, 1, dir + "/one", flags);
-  Job ps = Launch(2, 1, dir + "/ps", flags + " --mode=async");
+  Job ps = Launch(2, 1, dir + "/ps", flags + " --mode=async --send_queue_size=0");
   Job two = Launch(2, 2, dir + "/two",
                    " --table=sparse --optimizer=adam --rows=16 --steps=4 "
                    "--mode=async");
@@ -268,7 +269,9 @@ void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
   const std::string flags =
       " --table=distributed --optimizer=" + optimizer + " --rows=16 --steps=4 --mode=" + mode;
   Job one = Launch(0, 1, dir + "/one", flags);
-  Job ps = Launch(servers, trainers, dir + "/ps", flags);
+  // Async: one trainer without a communicator (send_queue_size=0) is exact.
+  Job ps = Launch(servers, trainers, dir + "/ps",
+                  flags + (mode == "async" ? " --send_queue_size=0" : ""));
   Job none = Launch(0, 1, dir + "/none", " --table=distributed --steps=0");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(ps.exit_code, 0) << ps.output;

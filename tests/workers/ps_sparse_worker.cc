@@ -26,6 +26,9 @@ DEFINE_string(table, "sparse", "sparse (is_sparse) or distributed (is_distribute
 DEFINE_string(optimizer, "sgd", "sgd or adam (lazy_mode).");
 DEFINE_string(mode, "sync", "sync, async or geo.");
 DEFINE_int32(geo_k, 2, "--mode=geo: push every k steps.");
+DEFINE_int32(send_queue_size, 16,
+             "--mode=async: a_sync_configs.send_queue_size (0: no communicator, exact).");
+DEFINE_int32(max_merge_var_num, 1, "--mode=async: a_sync_configs.max_merge_var_num.");
 DEFINE_int32(rows, 16, "Rows per step over all trainers.");
 DEFINE_int32(steps, 4, "Steps to train.");
 DEFINE_int64(vocab, 2048, "Table rows.");
@@ -114,6 +117,10 @@ int main(int argc, char** argv) {
                      "--mode=", FLAGS_mode);
         strategy.a_sync = FLAGS_mode != "sync";
         if (FLAGS_mode == "geo") strategy.a_sync_configs.k_steps = FLAGS_geo_k;
+        if (FLAGS_mode == "async") {
+          strategy.a_sync_configs.send_queue_size = FLAGS_send_queue_size;
+          strategy.a_sync_configs.max_merge_var_num = FLAGS_max_merge_var_num;
+        }
         strategy.ps_worker_memory_mb = FLAGS_worker_memory_mb;
         fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
       } else {

@@ -32,6 +32,9 @@ DEFINE_int32(die_trainer, -1, "This trainer exits (code 3) after 2 steps, withou
 DEFINE_string(mode, "sync",
               "sync (a_sync=false), async (a_sync=true) or geo (a_sync=true, k_steps=--geo_k).");
 DEFINE_int32(geo_k, 2, "--mode=geo: push every k steps.");
+DEFINE_int32(send_queue_size, 16,
+             "--mode=async: a_sync_configs.send_queue_size (0: no communicator, exact).");
+DEFINE_int32(max_merge_var_num, 1, "--mode=async: a_sync_configs.max_merge_var_num.");
 DEFINE_bool(linear, false,
             "The model is mean(fc(x, 256)) instead of the MLP: its gradients do not depend on the "
             "parameters, so SGD's result does not depend on the order the updates come in.");
@@ -81,6 +84,10 @@ int main(int argc, char** argv) {
                      "--mode=", FLAGS_mode);
         strategy.a_sync = FLAGS_mode != "sync";
         if (FLAGS_mode == "geo") strategy.a_sync_configs.k_steps = FLAGS_geo_k;
+        if (FLAGS_mode == "async") {
+          strategy.a_sync_configs.send_queue_size = FLAGS_send_queue_size;
+          strategy.a_sync_configs.max_merge_var_num = FLAGS_max_merge_var_num;
+        }
         fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
       } else {
         opt->minimize(loss, &startup);

@@ -1,0 +1,105 @@
+// A trainer's asynchronous communicator (Paddle's AsyncCommunicator; docs/parameter-server.md,
+// "Asynchronous mode"): in async mode the trainer's `send` ops hand their gradient blocks to it,
+// `send_barrier` queues the step's blocks, and a thread of its own pushes them to the servers and
+// pulls the parameters back, while the trainer goes on with its next steps. `recv` takes the
+// latest parameters pulled; the trainer never waits for the network but when the queue is full.
+//
+// Merging: when several steps wait in the queue, the thread pushes up to max_merge_var_num of
+// them as one step, each block merged over those steps: summed when its parameter's update is SGD (the sum of the steps'
+// updates), else averaged (Paddle's rule). Row-sparse blocks merge row by row (the union of the
+// rows, each summed in queue order). One push is one server step: a header, the blocks (as the
+// synchronous path sends them), then every parameter block back.
+//
+// Errors of the thread (a dead server, a timeout) are kept and thrown by the trainer's next call.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "framework/runtime/dtype.h"
+
+namespace keel {
+namespace ps {
+
+class Transport;
+
+class AsyncCommunicator {
+ public:
+  explicit AsyncCommunicator(Transport* t);
+  ~AsyncCommunicator();
+
+  // One gradient block of the step being built: dense bytes, or rows (sorted, distinct, numbered
+  // as the server wants them) with their values, `width` elements each. `sum`: merge by sum.
+  void AddDense(int server, int slot, DType dtype, const void* data, size_t bytes, bool sum,
+                const std::string& what);
+  void AddRows(int server, int slot, DType dtype, std::vector<int64_t> rows, const void* values,
+               int64_t width, bool sum, const std::string& what);
+  // The step's blocks are complete (send_barrier): queues them; waits while the queue is full.
+  void Submit();
+  // A parameter block to pull after every push (recv ops, the first step), and its latest value
+  // into `dst` (`bytes`). The first call of a step waits until one pull has arrived.
+  void AddPull(int server, int slot, size_t bytes, const std::string& what);
+  void CopyLatest(int server, int slot, void* dst, size_t bytes, const std::string& what);
+  // The pulls of a step are all registered (fetch_barrier's first run): pushes may start. At most
+  // `queue_steps` steps wait in the queue (Submit blocks while it is full); a push merges at most
+  // `max_merge` of them.
+  void Start(int queue_steps, int max_merge);
+  // Pushes what is queued and waits until the thread is idle (before a checkpoint or the end).
+  void Flush();
+  // Throws the thread's error, if any.
+  void Check();
+  // The latest pulled value of a block, if one was pulled (a checkpoint's parameters).
+  bool Latest(int server, int slot, std::vector<char>* out);
+  // Pushes done by the thread, and steps handed to it (Submit).
+  int64_t pushes() const;
+  int64_t submitted() const;
+
+ private:
+  struct Block {
+    int server = 0, slot = 0;
+    bool rows = false, sum = false;
+    DType dtype = DType::kFloat32;
+    std::vector<char> dense;      // dense bytes
+    std::vector<int64_t> ids;     // rows
+    std::vector<char> values;     // rows' values
+    int64_t width = 0;
+    int merged = 1;               // steps summed into it
+    std::string what;
+  };
+  using Key = std::tuple<int, int>;  // (server, slot)
+  using Step = std::map<Key, Block>;
+
+  void Loop();
+  static void Merge(Block* into, Block&& from);
+  static void Average(Block* b);
+  void Push(Step& step);
+
+  Transport* t_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Step building_;
+  std::deque<Step> queue_;
+  bool busy_ = false, stop_ = false, pulls_complete_ = false;
+  size_t queue_steps_ = 1, max_merge_ = 1;
+  std::string error_;
+  struct Pull {
+    size_t bytes = 0;
+    std::string what;
+    std::vector<char> latest;
+    bool have = false;
+  };
+  std::map<Key, Pull> pulls_;
+  int64_t pushes_ = 0, submitted_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ps
+}  // namespace keel
