@@ -102,7 +102,7 @@ models::TrainableModel BuildLocal(models::MinimizeFn minimize,
   cfg.name = FLAGS_model;
   cfg.seed = 1;  // program text does not depend on it but for the seeds it records
   cfg.hidden = FLAGS_mlp_hidden;
-  ModelSettingsFromFlags(&cfg);
+  ModelSettingsFromFlags(&cfg, FLAGS_ps);
   TensorParallelGuard tp_group(tp);  // --tp_degree: this rank's shards
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;

@@ -146,7 +146,7 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   const int replica = fleet::is_server() ? 0 : fleet::worker_index() / (tp * pp);
   cfg.rank = replica;
   cfg.nranks = fleet::worker_num() / (tp * pp);
-  ModelSettingsFromFlags(&cfg);
+  ModelSettingsFromFlags(&cfg, ps);
   // Checkpoints and inference models of pipelines and tensor-parallel groups are complete (rank 0
   // gathers the stages and shards, fleet/model_parallel_checkpoint.h).
   // Every replica draws its own synthetic data; initialization comes from rank 0 by broadcast.

@@ -60,9 +60,11 @@ DEFINE_string(pp_schedule, "1f1b",
 // ---- the built-in models' settings
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
 DEFINE_int32(vocab, 10, "transformer: vocabulary size; ctr: table rows (unset: 1000001).");
-DEFINE_string(ctr_table, "sparse",
-              "ctr: its table's gradient: sparse (the batch's rows) | dense | distributed (rows "
-              "only on the parameter servers; --ps_mode sync or async).");
+DEFINE_string(ctr_table, "",
+              "ctr: its table: sparse (a gradient of the batch's rows) | dense | distributed "
+              "(rows only on the parameter servers; --ps_mode sync or async). Unset: "
+              "distributed under --ps_mode sync or async (as Paddle's servers keep the table), "
+              "else sparse.");
 DEFINE_int32(seq_len, 8, "transformer: tokens per sequence.");
 DEFINE_int32(d_model, 32, "transformer: model width (a multiple of --heads).");
 DEFINE_int32(heads, 2, "transformer: attention heads.");
@@ -214,7 +216,7 @@ fleet::DistributedStrategy StrategyFromFlags() {
   return strategy;
 }
 
-void ModelSettingsFromFlags(models::ModelConfig* cfg) {
+void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
   const std::string& model = cfg->name;
   const int tp = FLAGS_tp_degree;
   auto divides = [&](int value, const char* flag) {
@@ -234,11 +236,14 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg) {
                "model; model ",
                model, " has no such setting");
   if (model == "ctr") {
-    KEEL_ENFORCE(FLAGS_ctr_table == "sparse" || FLAGS_ctr_table == "dense" ||
-                     FLAGS_ctr_table == "distributed",
-                 "--ctr_table=", FLAGS_ctr_table, ": sparse, dense or distributed");
-    cfg->ctr.is_sparse = FLAGS_ctr_table != "dense";
-    cfg->ctr.is_distributed = FLAGS_ctr_table == "distributed";
+    // Unset: the table lives on the servers in a parameter-server job that can hold it there.
+    const std::string table = FlagIsSet("ctr_table")                       ? FLAGS_ctr_table
+                              : parameter_server && FLAGS_ps_mode != "geo" ? "distributed"
+                                                                           : "sparse";
+    KEEL_ENFORCE(table == "sparse" || table == "dense" || table == "distributed",
+                 "--ctr_table=", table, ": sparse, dense or distributed");
+    cfg->ctr.is_sparse = table != "dense";
+    cfg->ctr.is_distributed = table == "distributed";
   }
   if (model == "ctr" && FlagIsSet("vocab")) {  // the rows of the CTR model's table
     KEEL_ENFORCE(FLAGS_vocab >= 1, "--vocab=", FLAGS_vocab, " must be >= 1");

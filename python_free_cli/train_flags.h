@@ -37,7 +37,7 @@ void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* st
 // (--mlp_hidden; --heads, --d_ff, --vocab) and, for the transformer, --vocab --seq_len --d_model
 // --heads --d_ff --layers --dropout. A setting the model does not have, or a value that cannot
 // work, is a keel::Error naming the flag.
-void ModelSettingsFromFlags(models::ModelConfig* cfg);
+void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server = false);
 
 // --optimizer (empty: default_name), --lr (0: default_lr), --momentum, --nesterov, --beta1,
 // --beta2, --epsilon, --weight_decay, --clip_global_norm, --lr_schedule and its flags.

@@ -60,8 +60,8 @@ void AsyncCommunicator::Check() {
   KEEL_ENFORCE(error_.empty(), error_);
 }
 
-void AsyncCommunicator::AddDense(int server, int slot, DType dtype, const void* data,
-                                 size_t bytes, bool sum, const std::string& what) {
+void AsyncCommunicator::AddDense(int server, int slot, DType dtype, const void* data, size_t bytes,
+                                 bool sum, const std::string& what) {
   Block b;
   b.server = server;
   b.slot = slot;
@@ -173,8 +173,10 @@ void AsyncCommunicator::Merge(Block* into, Block&& from) {
     std::vector<char> values;
     size_t a = 0, b = 0;
     while (a < into->ids.size() || b < from.ids.size()) {
-      const bool take_a = b == from.ids.size() || (a < into->ids.size() && into->ids[a] <= from.ids[b]);
-      const bool take_b = a == into->ids.size() || (b < from.ids.size() && from.ids[b] <= into->ids[a]);
+      const bool take_a =
+          b == from.ids.size() || (a < into->ids.size() && into->ids[a] <= from.ids[b]);
+      const bool take_b =
+          a == into->ids.size() || (b < from.ids.size() && from.ids[b] <= into->ids[a]);
       const size_t at = values.size();
       if (take_a) {
         ids.push_back(into->ids[a]);
@@ -281,8 +283,7 @@ void AsyncCommunicator::Push(Step& step) {
   for (auto& [key, p] : want) {
     p.latest.resize(p.bytes);
     recvs.push_back(t.PostRecv({std::get<0>(key)}, Slot(Kind::kParam, std::get<1>(key), n),
-                               p.latest.data(), p.bytes,
-                               StrCat(p.what, " (after push ", n, ")")));
+                               p.latest.data(), p.bytes, StrCat(p.what, " (after push ", n, ")")));
   }
   for (auto& r : recvs) t.Wait(*r);
   std::lock_guard<std::mutex> lk(mu_);

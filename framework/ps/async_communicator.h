@@ -5,10 +5,10 @@
 // latest parameters pulled; the trainer never waits for the network but when the queue is full.
 //
 // Merging: when several steps wait in the queue, the thread pushes up to max_merge_var_num of
-// them as one step, each block merged over those steps: summed when its parameter's update is SGD (the sum of the steps'
-// updates), else averaged (Paddle's rule). Row-sparse blocks merge row by row (the union of the
-// rows, each summed in queue order). One push is one server step: a header, the blocks (as the
-// synchronous path sends them), then every parameter block back.
+// them as one step, each block merged over those steps: summed when its parameter's update is SGD
+// (the sum of the steps' updates), else averaged (Paddle's rule). Row-sparse blocks merge row by
+// row (the union of the rows, each summed in queue order). One push is one server step: a header,
+// the blocks (as the synchronous path sends them), then every parameter block back.
 //
 // Errors of the thread (a dead server, a timeout) are kept and thrown by the trainer's next call.
 #pragma once
@@ -67,11 +67,11 @@ class AsyncCommunicator {
     int server = 0, slot = 0;
     bool rows = false, sum = false;
     DType dtype = DType::kFloat32;
-    std::vector<char> dense;      // dense bytes
-    std::vector<int64_t> ids;     // rows
-    std::vector<char> values;     // rows' values
+    std::vector<char> dense;   // dense bytes
+    std::vector<int64_t> ids;  // rows
+    std::vector<char> values;  // rows' values
     int64_t width = 0;
-    int merged = 1;               // steps summed into it
+    int merged = 1;  // steps summed into it
     std::string what;
   };
   using Key = std::tuple<int, int>;  // (server, slot)
