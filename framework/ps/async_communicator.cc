@@ -256,7 +256,7 @@ void AsyncCommunicator::Push(Step& step) {
   for (auto& [key, b] : step) {
     const uint64_t grad = Slot(Kind::kGrad, b.slot, n);
     if (!b.rows) {
-      sends.push_back(t.PostSend(b.server, grad, b.dense.data(), b.dense.size(), b.what));
+      sends.push_back(t.PostSend(b.server, grad, std::move(b.dense), b.what));
       continue;
     }
     // As the synchronous send: the row count, then the rows and their values.
@@ -266,8 +266,7 @@ void AsyncCommunicator::Push(Step& step) {
     std::memcpy(payload.data(), b.ids.data(), count * sizeof(int64_t));
     if (!b.values.empty())
       std::memcpy(payload.data() + count * sizeof(int64_t), b.values.data(), b.values.size());
-    sends.push_back(
-        t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), payload.data(), payload.size(), b.what));
+    sends.push_back(t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), std::move(payload), b.what));
   }
   for (auto& s : sends) t.Wait(*s);
   // Every parameter block back (the server posts them after its step), once the trainer has said

@@ -102,10 +102,18 @@ void Transport::Connect(int rank, int nranks, int nservers) {
 
 std::unique_ptr<Transport::Transfer> Transport::PostSend(int peer, uint64_t slot, const void* data,
                                                          size_t bytes, const std::string& what) {
+  std::vector<char> copy(bytes);
+  if (bytes > 0) std::memcpy(copy.data(), data, bytes);
+  return PostSend(peer, slot, std::move(copy), what);
+}
+
+std::unique_ptr<Transport::Transfer> Transport::PostSend(int peer, uint64_t slot,
+                                                         std::vector<char>&& bytes,
+                                                         const std::string& what) {
   KEEL_ENFORCE(context_ != nullptr, what, ": the parameter-server transport is not connected");
   auto t = std::make_unique<Transfer>();
-  t->owned.resize(std::max<size_t>(bytes, 1));
-  if (bytes > 0) std::memcpy(t->owned.data(), data, bytes);
+  t->owned = std::move(bytes);
+  if (t->owned.empty()) t->owned.resize(1);  // Gloo needs a non-empty buffer
   t->peers = {peer};
   t->what = what;
   t->is_send = true;

@@ -103,6 +103,9 @@ class Transport {
   // Posts a send of a copy of `bytes` bytes at `data` to `peer`.
   std::unique_ptr<Transfer> PostSend(int peer, uint64_t slot, const void* data, size_t bytes,
                                      const std::string& what);
+  // Posts a send of `bytes` (taken, not copied) to `peer`.
+  std::unique_ptr<Transfer> PostSend(int peer, uint64_t slot, std::vector<char>&& bytes,
+                                     const std::string& what);
   // Posts a receive of exactly `bytes` bytes into `data` from any of `peers`.
   std::unique_ptr<Transfer> PostRecv(const std::vector<int>& peers, uint64_t slot, void* data,
                                      size_t bytes, const std::string& what);

@@ -86,7 +86,7 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
   const std::vector<int64_t> ids = {5, 2, 5, 9, 2, 0};  // 0 is padding_idx
   std::vector<float> dy(ids.size() * 3);
   for (size_t i = 0; i < dy.size(); ++i) dy[i] = 0.1f * static_cast<float>(i) - 0.7f;
-  auto run = [&](bool distributed, std::vector<int64_t>* rows) {
+  auto run = [&](bool distributed, std::vector<int64_t>* rows, int64_t height = 10) {
     Program main, startup;
     std::string grad;
     {
@@ -103,10 +103,7 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
     if (distributed) {
       Add(b, "distributed_lookup_table_grad", {{"Ids", {"ids"}}, {"OutGrad", {"dy"}}},
           {{"WGrad", {grad}}},
-          {{"table", table},
-           {"height", int64_t{10}},
-           {"dim", int64_t{3}},
-           {"padding_idx", int64_t{0}}});
+          {{"table", table}, {"height", height}, {"dim", int64_t{3}}, {"padding_idx", int64_t{0}}});
     } else {
       Add(b, "lookup_table_grad", {{"W", {table}}, {"Ids", {"ids"}}, {"Out@GRAD", {"dy"}}},
           {{"W@GRAD", {grad}}}, {{"padding_idx", int64_t{0}}, {"is_sparse", true}});
@@ -124,6 +121,11 @@ TEST(PsSparseOps, DistributedLookupTableGradIsTheRowSparseGradient) {
   EXPECT_EQ(d, s);
   EXPECT_EQ(rows_d, (std::vector<int64_t>{2, 5, 9}));
   EXPECT_EQ(rows_d, rows_s);
+  // The distinct ids come from a bitmap of the table's rows when it is not much larger than the
+  // batch, else from a sort: the same rows and sums either way.
+  std::vector<int64_t> rows_big;
+  EXPECT_EQ(run(true, &rows_big, int64_t{1} << 40), d);
+  EXPECT_EQ(rows_big, rows_d);
   // Out of range: named with the op and the table.
   Program p;
   Block& b = p.global_block();
