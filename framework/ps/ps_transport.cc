@@ -287,12 +287,12 @@ void Transport::BeginStepOnce() {
   if (in_step_) return;
   KEEL_ENFORCE(!finished_, "send: this trainer already stopped (fleet::stop_worker)");
   in_step_ = true;
-  ++step_;
-  Header h{step_, step_ - 1};
+  const int64_t step = ++step_;
+  Header h{step, step - 1};
   for (int s = 0; s < nservers_; ++s)
     sends_.push_back(PostSend(
-        s, HeaderSlot(step_), &h, sizeof(h),
-        StrCat("trainer ", rank_ - nservers_, ": step ", step_, "'s header to server ", s)));
+        s, HeaderSlot(step), &h, sizeof(h),
+        StrCat("trainer ", rank_ - nservers_, ": step ", step, "'s header to server ", s)));
 }
 
 void Transport::SetAsync(bool async, const std::string& op) {
@@ -366,7 +366,7 @@ void Transport::RequestState() {
   if (communicating_) communicator().Flush();
   WaitSends();
   WaitRecvs();
-  Header h{kSave, step_};
+  Header h{kSave, step_.load()};
   std::vector<std::unique_ptr<Transfer>> asks;
   for (int s = 0; s < nservers_; ++s)
     asks.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
@@ -386,12 +386,12 @@ void Transport::FinishTrainer() {
   WaitSends();
   WaitRecvs();
   finished_ = true;
-  Header h{kDone, step_};
+  Header h{kDone, step_.load()};
   std::vector<std::unique_ptr<Transfer>> done;
   for (int s = 0; s < nservers_; ++s)
     done.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
                             StrCat("trainer ", rank_ - nservers_, ": telling server ", s,
-                                   " that it stopped after ", step_, " steps")));
+                                   " that it stopped after ", step_.load(), " steps")));
   for (auto& t : done) Wait(*t);
 }
 

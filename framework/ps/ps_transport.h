@@ -127,7 +127,7 @@ class Transport {
   int64_t NextGeoRun() { return ++geo_runs_; }
 
   // Trainer side: the step the trainer is in (0: startup, before its first send).
-  int64_t step() const { return step_; }
+  int64_t step() const { return step_.load(); }
   // On a step's first send: starts step step()+1, telling every server (a header).
   void BeginStepOnce();
   // Keeps a posted transfer until WaitSends / WaitRecvs.
@@ -185,9 +185,9 @@ class Transport {
   std::chrono::milliseconds timeout_{300000};
   std::shared_ptr<void> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
-  std::mutex mu_;       // step state and the kept transfers
-  std::mutex post_mu_;  // posting to the context (ops post from the executor's threads)
-  int64_t step_ = 0;
+  std::mutex mu_;                 // step state and the kept transfers
+  std::mutex post_mu_;            // posting to the context (ops post from the executor's threads)
+  std::atomic<int64_t> step_{0};  // the communicator's thread advances it, ops read it
   bool in_step_ = false, finished_ = false;
   int async_set_ = -1;  // -1: not yet set
   int64_t geo_runs_ = 0;
