@@ -33,6 +33,7 @@
 #include "framework/runtime/cuda_backend.h"
 #include "framework/runtime/cuda_graph.h"
 #include "framework/runtime/device.h"
+#include "framework/runtime/row_init.h"
 
 DEFINE_bool(check_nan_inf, false,
             "Check every float output of every op for NaN and Inf after it runs, and stop at "
@@ -57,14 +58,6 @@ DEFINE_bool(comm_overlap, true,
 namespace keel {
 
 namespace {
-
-// splitmix64: derives well-spread per-op seeds from (program seed, op index).
-uint64_t MixSeed(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::string SlotsText(const OpDesc::VarMap& m) {
   std::string s;
@@ -346,7 +339,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       int attr_seed = op->Attr<int>("seed");
       uint64_t seed = attr_seed != 0 ? static_cast<uint64_t>(attr_seed)
                       : program.random_seed() != 0
-                          ? MixSeed(static_cast<uint64_t>(program.random_seed()) * 1000003u + i)
+                          ? SplitMix64(static_cast<uint64_t>(program.random_seed()) * 1000003u + i)
                           : (static_cast<uint64_t>(rd()) << 32) ^ rd();
       p.ctx->set_seed(seed);
     }

@@ -60,39 +60,42 @@ void AsyncCommunicator::Check() {
   KEEL_ENFORCE(error_.empty(), error_);
 }
 
-void AsyncCommunicator::AddDense(int server, int slot, DType dtype, const void* data, size_t bytes,
-                                 bool sum, const std::string& what) {
+AsyncCommunicator::Block AsyncCommunicator::NewBlock(int server, int slot, DType dtype, bool sum,
+                                                     const std::string& what) {
   Block b;
   b.server = server;
   b.slot = slot;
   b.dtype = dtype;
   b.sum = sum;
-  b.dense.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
   b.what = what;
+  return b;
+}
+
+void AsyncCommunicator::Add(Block&& b) {
   std::lock_guard<std::mutex> lk(mu_);
   KEEL_ENFORCE(error_.empty(), error_);
-  KEEL_ENFORCE(building_.emplace(Key{server, slot}, std::move(b)).second, what,
+  const std::string what = b.what;
+  KEEL_ENFORCE(building_.emplace(Key{b.server, b.slot}, std::move(b)).second, what,
                ": a second gradient of the same block in one step");
+}
+
+void AsyncCommunicator::AddDense(int server, int slot, DType dtype, const void* data, size_t bytes,
+                                 bool sum, const std::string& what) {
+  Block b = NewBlock(server, slot, dtype, sum, what);
+  b.dense.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  Add(std::move(b));
 }
 
 void AsyncCommunicator::AddRows(int server, int slot, DType dtype, std::vector<int64_t> rows,
                                 const void* values, int64_t width, bool sum,
                                 const std::string& what) {
-  Block b;
-  b.server = server;
-  b.slot = slot;
-  b.dtype = dtype;
-  b.sum = sum;
+  Block b = NewBlock(server, slot, dtype, sum, what);
   b.rows = true;
   b.width = width;
   const size_t bytes = rows.size() * static_cast<size_t>(width) * SizeOf(dtype);
   b.values.assign(static_cast<const char*>(values), static_cast<const char*>(values) + bytes);
   b.ids = std::move(rows);
-  b.what = what;
-  std::lock_guard<std::mutex> lk(mu_);
-  KEEL_ENFORCE(error_.empty(), error_);
-  KEEL_ENFORCE(building_.emplace(Key{server, slot}, std::move(b)).second, what,
-               ": a second gradient of the same block in one step");
+  Add(std::move(b));
 }
 
 void AsyncCommunicator::Submit() {

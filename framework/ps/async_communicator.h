@@ -77,6 +77,8 @@ class AsyncCommunicator {
   using Key = std::tuple<int, int>;  // (server, slot)
   using Step = std::map<Key, Block>;
 
+  static Block NewBlock(int server, int slot, DType dtype, bool sum, const std::string& what);
+  void Add(Block&& b);
   void Loop();
   static void Merge(Block* into, Block&& from);
   static void Average(Block* b);

@@ -9,14 +9,14 @@
 
 namespace keel {
 
-namespace {
-
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+namespace {
 
 // A uniform double in [0, 1) from 53 random bits.
 double Unit(uint64_t& state) {

@@ -30,6 +30,10 @@ inline RowInitRule ConstantRows(float value) {
   return r;
 }
 
+// SplitMix64's step (Steele, Lea and Flood): a well-spread 64-bit value from `x`; the generator
+// of RowInit, and the executor's per-op seeds.
+uint64_t SplitMix64(uint64_t x);
+
 // Writes row `id`'s `width` initial values (float or double) to `out`.
 template <typename T>
 void RowInit(const RowInitRule& rule, int64_t id, int64_t width, T* out);
