@@ -14,6 +14,7 @@
 #include "framework/base/strings.h"
 #include "framework/ps/async_communicator.h"
 #include "framework/ps/ps_transport.h"
+#include "framework/ps/sparse_shard.h"
 #include "transpiler/ps_pass.h"
 
 namespace keel {
@@ -28,12 +29,16 @@ bool IsGeoTrainer(const Program& program) {
   return false;
 }
 
-bool IsGeoServer(const Program& program) {
+// The server's listen_and_serv (its mode; its rules for the distributed tables' rows).
+const OpDesc& ServeOp(const Program& program) {
   const Block& b = program.global_block();
   for (size_t i = 0; i < b.num_ops(); ++i)
-    if (b.op(i)->type() == "listen_and_serv")
-      return b.op(i)->Attr<int>("mode") == static_cast<int>(transpiler::PsMode::kGeo);
-  return false;
+    if (b.op(i)->type() == "listen_and_serv") return *b.op(i);
+  KEEL_THROW("fleet::run_server: the server's program has no listen_and_serv");
+}
+
+bool IsGeoServer(const Program& program) {
+  return ServeOp(program).Attr<int>("mode") == static_cast<int>(transpiler::PsMode::kGeo);
 }
 
 // A GEO server's state list (its listen_and_serv State, in X's order): its parameter blocks.
@@ -87,13 +92,6 @@ std::vector<std::string> TableVars(const transpiler::PsPlan::Param& p, const Pro
   return vars;
 }
 
-float FloatOf(int64_t bits) {
-  const int32_t i = static_cast<int32_t>(bits);
-  float f;
-  std::memcpy(&f, &i, sizeof(f));
-  return f;
-}
-
 // Receives server s's shards of the distributed tables (listen_and_serv's PostShards, from State
 // slot `first` on) and adds their rows to `rows` (per var: ids and values, unsorted yet).
 void PullShards(ps::Transport& t, const transpiler::PsPlan& plan, const Program& original, int s,
@@ -104,18 +102,14 @@ void PullShards(ps::Transport& t, const transpiler::PsPlan& plan, const Program&
     if (!p.distributed) continue;
     const std::vector<std::string> vars = TableVars(p, original);
     const std::string what = StrCat("checkpoint: the rows of ", p.name, " from ", t.PeerName(s));
-    std::vector<int64_t> meta(5 + vars.size() - 1);
+    std::vector<int64_t> meta(ps::ShardHeader::Words(vars.size() - 1));
     auto head = t.PostRecv({s}, ps::Slot(ps::Kind::kState, at++, step), meta.data(),
                            meta.size() * sizeof(int64_t), what);
     t.Wait(*head);
-    const int64_t n = meta[0];
+    const ps::ShardHeader header = ps::ShardHeader::Decode(meta);
+    const int64_t n = header.rows;
     KEEL_ENFORCE(n >= 0 && n <= p.shape[0], what, ": ", n, " rows announced for a table of ",
                  p.shape[0]);
-    RowInitRule rule;
-    rule.dist = static_cast<int>(meta[1]);
-    rule.a = FloatOf(meta[2]);
-    rule.b = FloatOf(meta[3]);
-    rule.seed = meta[4];
     const DType dtype = original.global_block().MustFindVar(p.name)->dtype();
     std::vector<int64_t> ids(static_cast<size_t>(n));
     std::vector<Tensor> values(vars.size());
@@ -130,7 +124,7 @@ void PullShards(ps::Transport& t, const transpiler::PsPlan& plan, const Program&
     for (auto& x : pending) t.Wait(*x);
     for (size_t j = 0; j < vars.size(); ++j) {
       StoredRows& r = (*rows)[vars[j]];
-      r.init = j == 0 ? rule : ConstantRows(FloatOf(meta[4 + j]));
+      r.init = j == 0 ? header.rule : ConstantRows(header.state_init[j - 1]);
       r.ids.insert(r.ids.end(), ids.begin(), ids.end());
       (*parts)[vars[j]].push_back(values[j]);
     }
@@ -215,14 +209,6 @@ void PutShard(Scope& scope, const transpiler::PsPlan::Param& p,
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * row_bytes, src + keep[i] * row_bytes, row_bytes);
   }
-}
-
-// The server's listen_and_serv (its rules for the distributed tables' rows).
-const OpDesc& ServeOp(const Program& program) {
-  const Block& b = program.global_block();
-  for (size_t i = 0; i < b.num_ops(); ++i)
-    if (b.op(i)->type() == "listen_and_serv") return *b.op(i);
-  KEEL_THROW("fleet::run_server: the server's program has no listen_and_serv");
 }
 
 }  // namespace

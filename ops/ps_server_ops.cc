@@ -229,24 +229,17 @@ class ListenAndServKernel : public OpKernel {
       for (int b : blocks_) ctx.RunBlock(b);
     }
 
-    // For a checkpoint, after the State list (slots from `first` on): per shard, its row count
-    // and rule (int64: rows, dist, a, b, seed, then each state var's value in a new row; floats
-    // as their bits), then its ids, its rows and each state var's rows (fleet/ps_checkpoint.cc
-    // takes them in that order).
+    // For a checkpoint, after the State list (slots from `first` on): per shard, its header
+    // (ps::ShardHeader: row count, rule, state vars' initial values), then its ids, its rows and
+    // each state var's rows (fleet/ps_checkpoint.cc takes them in that order).
     void PostShards(Transport& t, int trainer, int64_t step, int first,
                     std::vector<std::unique_ptr<Transport::Transfer>>* sends) const {
       int at = first;
-      auto bits = [](float f) {
-        int32_t i;
-        std::memcpy(&i, &f, sizeof(i));
-        return static_cast<int64_t>(i);
-      };
       for (const auto& sh : shards_) {
         const std::string what = StrCat(t.PeerName(me_), ": the rows of ", sh->name(),
                                         " for a checkpoint to ", t.PeerName(trainer));
-        const RowInitRule& rule = sh->rule();
-        std::vector<int64_t> meta = {sh->rows(), rule.dist, bits(rule.a), bits(rule.b), rule.seed};
-        for (float v : sh->state_init()) meta.push_back(bits(v));
+        const std::vector<int64_t> meta =
+            ps::ShardHeader{sh->rows(), sh->rule(), sh->state_init()}.Encode();
         sends->push_back(t.PostSend(trainer, Slot(Kind::kState, at++, step), meta.data(),
                                     meta.size() * sizeof(int64_t), what));
         std::vector<const Variable*> vars = {sh->ids(), sh->table()};

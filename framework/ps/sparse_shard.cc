@@ -8,6 +8,42 @@
 namespace keel {
 namespace ps {
 
+namespace {
+
+int64_t BitsOf(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof(i));
+  return i;
+}
+
+float FloatOf(int64_t bits) {
+  const int32_t i = static_cast<int32_t>(bits);
+  float f;
+  std::memcpy(&f, &i, sizeof(f));
+  return f;
+}
+
+}  // namespace
+
+std::vector<int64_t> ShardHeader::Encode() const {
+  std::vector<int64_t> w = {rows, rule.dist, BitsOf(rule.a), BitsOf(rule.b), rule.seed};
+  for (float v : state_init) w.push_back(BitsOf(v));
+  return w;
+}
+
+ShardHeader ShardHeader::Decode(const std::vector<int64_t>& words) {
+  KEEL_ENFORCE(words.size() >= 5, "a distributed table's shard header has ", words.size(),
+               " words, fewer than 5");
+  ShardHeader h;
+  h.rows = words[0];
+  h.rule.dist = static_cast<int>(words[1]);
+  h.rule.a = FloatOf(words[2]);
+  h.rule.b = FloatOf(words[3]);
+  h.rule.seed = words[4];
+  for (size_t i = 5; i < words.size(); ++i) h.state_init.push_back(FloatOf(words[i]));
+  return h;
+}
+
 SparseShard::SparseShard(std::string name, Variable* table, std::vector<Variable*> state,
                          std::vector<float> state_init, Variable* ids, int64_t width,
                          RowInitRule rule, DType dtype)

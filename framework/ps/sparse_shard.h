@@ -22,6 +22,18 @@
 namespace keel {
 namespace ps {
 
+// A shard described in a checkpoint transfer (listen_and_serv sends it, fleet's checkpoint reads
+// it): its row count, its rule and each state var's value in a new row, as int64s (floats as
+// their bits). `states` state vars: 5 + states entries.
+struct ShardHeader {
+  int64_t rows = 0;
+  RowInitRule rule;
+  std::vector<float> state_init;
+  std::vector<int64_t> Encode() const;
+  static ShardHeader Decode(const std::vector<int64_t>& words);
+  static size_t Words(size_t states) { return 5 + states; }
+};
+
 class SparseShard {
  public:
   // `table`, `state` (each with the table's rows; `state_init` its value in a new row) and `ids`
