@@ -231,19 +231,6 @@ int Transport::Wait(Transfer& t) {
   for (int p : t.peers) names += (names.empty() ? "" : " or ") + PeerName(p);
   try {
     bool ok = false;
-    if (t.peers.size() > 1 && CommContext::Get().initialized()) {
-      // Gloo fails a receive bound to one connection when it closes, not one from any of several:
-      // such a receive may keep completing from the live peers while a dead one goes unnoticed,
-      // so every 200 ms one asks the store before it waits.
-      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch())
-                              .count();
-      if (now - last_gone_check_ms_.load() >= 200) {
-        last_gone_check_ms_ = now;
-        const std::string gone = GonePeers(t.peers);
-        KEEL_ENFORCE(gone.empty(), t.what, ": ", gone, AbortNote());
-      }
-    }
     // The watcher (WatchLoop) aborts the wait when a peer of it exits.
     Watched w{&t, ""};
     {
@@ -266,6 +253,24 @@ int Transport::Wait(Transfer& t) {
                  t.is_send ? "sending to " : "receiving from ", names, ": ", w.why, AbortNote());
     KEEL_ENFORCE(ok, t.what, ": aborted while ", t.is_send ? "sending to " : "receiving from ",
                  names, AbortNote());
+    if (t.peers.size() > 1 && CommContext::Get().initialized()) {
+      // Gloo fails a receive bound to one connection when it closes, not one from any of several:
+      // such a receive may keep completing from the live peers while a dead one goes unnoticed,
+      // so every 200 ms one asks the store after a wait which of the others exited. (After, and
+      // not counting the peer it came from: a peer that sent its last message, say that it is
+      // done, and exited has delivered it; asked before the wait, it would fail the receive.)
+      const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      if (now - last_gone_check_ms_.load() >= 200) {
+        last_gone_check_ms_ = now;
+        std::vector<int> others;
+        for (int p : t.peers)
+          if (p != peer) others.push_back(p);
+        const std::string gone = GonePeers(others);
+        KEEL_ENFORCE(gone.empty(), t.what, ": ", gone, AbortNote());
+      }
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
