@@ -338,7 +338,11 @@ void save_checkpoint(const Scope& scope, const std::string& dirname, const Progr
     const std::string tmp = JoinPath(dirname, TempNameFor(kPreviousPersistablesFile));
     if (::link(latest.c_str(), tmp.c_str()) == 0) {
       FaultPoint("checkpoint_keep_previous");
-      if (::rename(tmp.c_str(), prev.c_str()) != 0) ::unlink(tmp.c_str());
+      // rename() of one hard link over another of the same file does nothing and succeeds: a
+      // save killed after this rename but before the latest's left the two names on one file,
+      // and the temp name would stay. It is unlinked whatever rename did.
+      ::rename(tmp.c_str(), prev.c_str());
+      ::unlink(tmp.c_str());
     } else {
       WriteFileAtomic(prev, ReadFile(latest));  // no hard links here: a copy
     }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,6 +175,29 @@ TEST_F(CrashTest, ASaveKilledWhileKeepingThePreviousLeavesNothingForGood) {
   }));
   ASSERT_EQ(DirEntries(dir).size(), 2u) << "no temp name was left to clean up";
   EXPECT_EQ(ReadTrainingState(dir)->step, 5);
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
+  EXPECT_EQ(DirEntries(dir),
+            (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
+  EXPECT_EQ(ReadTrainingState(dir)->step, 10);
+}
+
+// A save killed while writing the latest leaves the previous and the latest as two names of one
+// file (the link is renamed, the new latest is not). The next save's link-and-rename of the
+// previous then renames a name over itself, which succeeds and does nothing: the temp name must
+// still go, though its writer (this process) is alive.
+TEST_F(CrashTest, ASaveAfterOneKilledWritingTheLatestLeavesNoTempName) {
+  Model m = SmallModel();
+  Executor exe;
+  exe.Run(*m.startup);
+  const std::string dir = Path("ckpt");
+  save_checkpoint(exe.scope(), dir, *m.main, TrainingState{5, 7, 1, {}});
+  ASSERT_TRUE(KilledAt("write_file_atomic", [&] {
+    save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
+  }));
+  struct stat a, b;
+  ASSERT_EQ(::stat((dir + "/" + kPersistablesFile).c_str(), &a), 0);
+  ASSERT_EQ(::stat((dir + "/" + kPreviousPersistablesFile).c_str(), &b), 0);
+  ASSERT_EQ(a.st_ino, b.st_ino) << "the killed save did not leave one file under both names";
   save_checkpoint(exe.scope(), dir, *m.main, TrainingState{10, 7, 1, {}});
   EXPECT_EQ(DirEntries(dir),
             (std::vector<std::string>{kPreviousPersistablesFile, kPersistablesFile}));
