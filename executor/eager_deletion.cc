@@ -8,10 +8,11 @@ namespace keel {
 
 EagerDeletionPlan::EagerDeletionPlan(const std::vector<DependencyGraph::OpAccess>& ops,
                                      const std::map<std::string, Variable*>& owned,
-                                     const std::map<std::string, std::string>& slice_of) {
+                                     const std::map<std::string, std::string>& slice_of,
+                                     const std::set<std::string>& kept) {
   for (const auto& op : ops)
     if (op.hidden_accesses) return;
-  std::set<std::string> fused;
+  std::set<std::string> fused = kept;
   for (const auto& kv : slice_of) {
     fused.insert(kv.first);
     fused.insert(kv.second);

@@ -9,7 +9,9 @@
 //   - a temporary of the plan's block (not persistable, not an ancestor block's);
 //   - written before it is read: the first op that touches it writes it without reading it (a feed,
 //     or a value left by an earlier run or another program, is read first and kept);
-//   - not a fused gradient buffer nor a slice of one (the all-reduce and the optimizer use them);
+//   - not a fused gradient buffer nor a slice of one (the all-reduce and the optimizer use them),
+//     nor a buffer a ring all-reduces in place from the memory its peers map (`kept`: freeing it
+//     would give back shared pages the next step faults in again);
 //   - in a block without ops that run sub-blocks, whose accesses the plan cannot see.
 // At run time each candidate counts down the ops that touch it, in whatever order the scheduler
 // runs them, and is freed by the thread that finishes the last one; fetched variables are kept.
@@ -34,10 +36,11 @@ class EagerDeletionPlan {
  public:
   EagerDeletionPlan() = default;
   // ops: each op's reads and writes (as for the DependencyGraph); `owned`: the plan's temporaries
-  // by name; `slice_of`: fused-buffer slices to their buffer.
+  // by name; `slice_of`: fused-buffer slices to their buffer; `kept`: other names not to collect.
   EagerDeletionPlan(const std::vector<DependencyGraph::OpAccess>& ops,
                     const std::map<std::string, Variable*>& owned,
-                    const std::map<std::string, std::string>& slice_of);
+                    const std::map<std::string, std::string>& slice_of,
+                    const std::set<std::string>& kept = {});
 
   bool empty() const { return vars_.empty(); }
   size_t size() const { return vars_.size(); }

@@ -116,6 +116,28 @@ const ExecutionStrategy* AttachedExecutionStrategy(const Program& program) {
   return it == Attached().end() ? nullptr : &it->second;
 }
 
+namespace {
+
+bool Reads(const OpDesc& op, const std::string& name) {
+  for (const auto& [slot, names] : op.inputs())
+    if (std::find(names.begin(), names.end(), name) != names.end()) return true;
+  return false;
+}
+
+// Gives `t` memory of `bytes` that ring `ring`'s peers map, unless it has such memory already or
+// the ring has none to give (then the op allocates as usual and the ring copies). The op's
+// kernel keeps the memory: an output's allocation is kept when it is large enough.
+void PlaceForRing(Tensor* t, int ring, size_t bytes, const std::string& op_type) {
+  if (!RingRegistry::Get().Has(ring)) return;
+  Communicator& comm = RingRegistry::Get().At(ring, op_type);
+  if (t->holder() != nullptr && t->holder()->size() >= bytes &&
+      comm.IsShared(t->holder()->ptr(), bytes))
+    return;
+  if (auto shared = comm.AllocateShared(bytes)) t->ResetHolder(std::move(shared));
+}
+
+}  // namespace
+
 struct Executor::Plan {
   struct Op {
     const OpDesc* desc;
@@ -130,6 +152,14 @@ struct Executor::Plan {
     // for the ring after it (calc_out).
     void* calc_in = nullptr;
     void* calc_out = nullptr;
+    // CPU: outputs that a ring then all-reduces in place, with that ring and their bytes (known
+    // at build time): allocated where the ring's peers read them (PlaceForRing).
+    struct RingOutput {
+      Variable* var;
+      int ring;
+      size_t bytes;
+    };
+    std::vector<RingOutput> ring_outputs;
   };
   ~Plan() {
     captured.reset();  // waits for its last replay
@@ -345,8 +375,11 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     }
     plan->ops.push_back(std::move(p));
   }
-  // A fused buffer that a ring all-reduces is allocated where that ring can read and write it
-  // without copies (the first all-reduce of it decides).
+  // A tensor that a ring all-reduces in place (a fused buffer, a 16-bit copy of a gradient) is
+  // allocated by the op that makes it where that ring reads and writes it without copies (the
+  // first all-reduce of it decides), and is kept from step to step: freeing it would give its
+  // shared pages back, to be faulted in again at the next step.
+  std::set<std::string> ring_buffers;
   if (place_.is_cpu()) {
     std::map<std::string, int> ring_of;
     for (auto it = plan->ops.rbegin(); it != plan->ops.rend(); ++it) {
@@ -356,16 +389,25 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
         ring_of[d.Input("X")[0]] = d.Attr<int>("ring_id");
     }
     for (auto& op : plan->ops) {
-      const OpTraits& traits = OpRegistry::Traits(op.desc->type());
-      if (traits.fused_slot.empty() || op.desc->Output(traits.fused_slot).empty()) continue;
-      auto it = ring_of.find(op.desc->Output(traits.fused_slot)[0]);
-      if (it != ring_of.end()) op.ctx->set_fused_output_ring(it->second);
+      if (OpRegistry::Traits(op.desc->type()).on_ring) continue;
+      for (const auto& [slot, names] : op.desc->outputs())
+        for (const std::string& name : names) {
+          auto ring = ring_of.find(name);
+          auto var = plan->vars.find(name);
+          if (ring == ring_of.end() || var == plan->vars.end() || Reads(*op.desc, name)) continue;
+          const VarDesc* vd = var->second.second;
+          const DDim dims(vd->shape());
+          if (!dims.known()) continue;
+          op.ring_outputs.push_back({var->second.first, ring->second,
+                                     static_cast<size_t>(dims.numel()) * SizeOf(vd->dtype())});
+          ring_buffers.insert(name);
+        }
     }
   }
   plan->deps = std::make_unique<DependencyGraph>(access, slice_of);
   plan->width = plan->deps->MaxWidth();
   if (place_.is_cpu()) {
-    plan->collect = EagerDeletionPlan(access, owned, slice_of);
+    plan->collect = EagerDeletionPlan(access, owned, slice_of, ring_buffers);
   } else {
     KEEL_ENFORCE(gflags::GetCommandLineFlagInfoOrDie("eager_delete_tensor_gb").is_default ||
                      FLAGS_eager_delete_tensor_gb < 0,
@@ -583,6 +625,8 @@ void Executor::RunOp(Plan& plan, int i) {
       DeviceEventRecord(place_, op.calc_in, nullptr);
       DeviceStreamWaitEvent(place_, ring_stream, op.calc_in);
     }
+    for (const auto& out : op.ring_outputs)
+      PlaceForRing(out.var->mutable_tensor(), out.ring, out.bytes, op.desc->type());
     op.kernel->Compute(*op.ctx);
     if (FLAGS_profile_sync_ops && place_.is_cuda()) DeviceSynchronize(place_);
     if (op.calc_out) {

@@ -52,20 +52,6 @@ void CoalesceShape(InferShapeContext& ctx) {
 
 template <>
 struct CoalesceMath<CPUDevice> {
-  // A buffer that a ring all-reduces goes into memory that the ring's peers map, when the ring
-  // has some (shm rings), so the all-reduce moves no data through the ring's own buffers. Once
-  // placed it stays: the next runs find it large enough.
-  static void Place(ExecutionContext& ctx, Tensor* fused, DType dtype) {
-    const int ring = ctx.fused_output_ring();
-    if (ring < 0 || !RingRegistry::Get().Has(ring)) return;
-    Communicator& comm = RingRegistry::Get().At(ring, "coalesce_tensor");
-    const size_t bytes = static_cast<size_t>(fused->numel()) * SizeOf(dtype);
-    if (fused->initialized() && fused->holder()->size() >= bytes &&
-        comm.IsShared(fused->holder()->ptr(), bytes))
-      return;
-    if (auto shared = comm.AllocateShared(bytes)) fused->ResetHolder(std::move(shared));
-  }
-
   static void CopyIn(const ExecutionContext&, size_t, const Tensor& in, char* slot, size_t bytes) {
     if (in.raw_data() != slot) std::memmove(slot, in.raw_data(), bytes);
   }

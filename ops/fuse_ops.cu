@@ -8,8 +8,6 @@ namespace keel {
 
 template <>
 struct CoalesceMath<CUDADevice> {
-  static void Place(const ExecutionContext&, Tensor*, DType) {}
-
   static void CopyIn(const ExecutionContext& ctx, size_t i, const Tensor& in, char* slot,
                      size_t bytes) {
     KEEL_ENFORCE(in.place() == ctx.place(), "copy_data: Input[", i, "] '",

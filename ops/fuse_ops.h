@@ -19,7 +19,6 @@ inline int64_t CoalescedLength(const std::vector<int64_t>& numels, int64_t multi
 }
 
 // The device math:
-//   Place(ctx, fused, dtype)         puts the buffer where its all-reduce reads it (CPU rings)
 //   CopyIn(ctx, i, in, slot, bytes)  copies Input[i] into its slot of the buffer; it may already
 //                                    lie in the buffer, overlapping the slot
 template <typename D>
@@ -39,7 +38,6 @@ class CoalesceKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     Tensor* fused = ctx.Output("FusedOutput");
     fused->Resize(DDim{CoalescedLength(numels_, multiple_)});
-    CoalesceMath<D>::Place(ctx, fused, dtype_);
     char* base = static_cast<char*>(fused->mutable_data(dtype_, ctx.place()));
     const size_t esize = SizeOf(dtype_);
     if (set_constant_) {

@@ -17,7 +17,8 @@
 //
 // Zero-copy all-reduce (--shm_zero_copy_mb): every rank also creates a memfd of its own that all
 // its peers map (sparse: a block's pages are reserved when AllocateShared gives it and punched out
-// when it comes back). The executor places the fused gradient buffers there. When every rank's
+// when it comes back). The executor places there what a ring all-reduces in place (fused gradient
+// buffers, the 16-bit copies of fp16_allreduce), and keeps it from step to step. When every rank's
 // tensor lies in its shared memory, each rank's intent says where, and rank r reduces the r-th
 // 1/N slice straight from the ranks' buffers (in rank order, through a small block on its stack)
 // and writes the result into all of them; a second barrier ends it. That moves half the bytes of

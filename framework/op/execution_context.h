@@ -25,10 +25,6 @@ class ExecutionContext {
   const Place& place() const { return place_; }
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
-  // coalesce_tensor on a CPU place: the ring whose all-reduce reads its FusedOutput (-1: none),
-  // so the buffer can live in memory that ring's peers map; set by the executor.
-  int fused_output_ring() const { return fused_output_ring_; }
-  void set_fused_output_ring(int ring) { fused_output_ring_ = ring; }
   // How many runs of the program came before this one (the executor's RunCount): random ops
   // derive each run's stream from (seed, run index), so a run's draws depend only on its index
   // and a resumed executor (Executor::SetRunCount) draws what the uninterrupted one would have.
@@ -95,7 +91,6 @@ class ExecutionContext {
   const OpDesc* op_;
   Place place_;
   uint64_t seed_ = 0;
-  int fused_output_ring_ = -1;
   const int64_t* run_index_ = nullptr;
   const int64_t* device_run_index_ = nullptr;
   std::vector<Slot> ins_, outs_;

@@ -33,13 +33,14 @@ NamedTensors Train(const std::string& dir, const std::string& backend, const std
   return LoadSafetensors(dir + "/rank0/" + kPersistablesFile);
 }
 
-// "rank R allreduce_bytes B" of rank 0.
-long long AllReduceBytes(const std::string& out) {
-  const std::string key = "rank 0 allreduce_bytes ";
-  const size_t at = out.find(key);
+// The number N of rank 0's line "rank 0 KEY N".
+long long RankZero(const std::string& out, const std::string& key) {
+  const std::string text = "rank 0 " + key + " ";
+  const size_t at = out.find(text);
   EXPECT_NE(at, std::string::npos) << out;
-  return at == std::string::npos ? -1 : std::stoll(out.substr(at + key.size()));
+  return at == std::string::npos ? -1 : std::stoll(out.substr(at + text.size()));
 }
+long long AllReduceBytes(const std::string& out) { return RankZero(out, "allreduce_bytes"); }
 
 const Tensor& Get(const NamedTensors& t, const std::string& name) {
   for (auto& kv : t)
@@ -79,7 +80,8 @@ double WorstRelativeGap(const NamedTensors& got, const NamedTensors& ref,
 // about 2.7e-3 and 3.8e-4.) Over many steps a nonlinear model's trajectories drift apart further
 // (20 steps reach ~8% here for both types), which is no longer a statement about rounding. The
 // parameters must differ at all (the cast is really there), float16 less than bfloat16 (3 more
-// mantissa bits).
+// mantissa bits). On shared-memory rings the 16-bit copies, as float32's gradients, lie in the
+// memory the peers map: every all-reduce runs without copies.
 TEST(Fp16AllReduce, TwoWorkersStayWithin16BitRoundingOfFloat32AndHalveTheBytes) {
   const std::string dir = MakeTempDir();
   std::string out;
@@ -98,12 +100,19 @@ TEST(Fp16AllReduce, TwoWorkersStayWithin16BitRoundingOfFloat32AndHalveTheBytes) 
     const std::string d = dir + "/" + c.backend + (c.fuse[0] ? "_fused" : "");
     const NamedTensors ref = Train(d + "/f32", c.backend, c.fuse, &out);
     const long long f32_bytes = AllReduceBytes(out);
+    const long long f32_zero_copy = RankZero(out, "zero_copy_allreduces");
     const NamedTensors bf16 =
         Train(d + "/bf16", c.backend, c.fuse + std::string(" --fp16_allreduce=bf16"), &out);
     const long long bf16_bytes = AllReduceBytes(out);
+    const long long bf16_zero_copy = RankZero(out, "zero_copy_allreduces");
     const NamedTensors fp16 =
         Train(d + "/fp16", c.backend, c.fuse + std::string(" --fp16_allreduce=fp16"), &out);
     const long long fp16_bytes = AllReduceBytes(out);
+    if (std::string(c.backend) == "shm") {
+      EXPECT_GT(f32_zero_copy, 0);
+      EXPECT_EQ(bf16_zero_copy, f32_zero_copy);
+      EXPECT_EQ(RankZero(out, "zero_copy_allreduces"), f32_zero_copy);
+    }
     // Same all-reduces of the same element counts, 2 bytes an element instead of 4.
     EXPECT_GT(f32_bytes, 0);
     EXPECT_EQ(bf16_bytes * 2, f32_bytes);
