@@ -58,19 +58,15 @@ T ReduceElem(ReduceOp op, T x, T y) {
   }
 }
 // dst[i] = a[i] + b[i] for the 16-bit floats: each sum in float32 rounded once, as ReduceElem's,
-// a chunk at a time through the vectorized conversions (half_convert.h). dst may be a or b; a
-// non-null dst2 gets a copy of dst.
+// by the vectorized conversions (half_convert.h's AddN). dst may be a or b; a non-null dst2 gets
+// a copy of dst.
 template <typename T>
 void SumHalfInto(T* dst, const T* a, const T* b, size_t n, T* dst2 = nullptr) {
   static_assert(kIsHalf<T>, "SumHalfInto adds float16 or bfloat16");
-  constexpr size_t kChunk = 1024;
-  alignas(64) float fa[kChunk], fb[kChunk];
+  constexpr size_t kChunk = 4096;  // the copy reads what was just written, from the cache
   for (size_t i = 0; i < n; i += kChunk) {
     const size_t len = std::min(kChunk, n - i);
-    WidenN(a + i, fa, static_cast<int64_t>(len));
-    WidenN(b + i, fb, static_cast<int64_t>(len));
-    for (size_t j = 0; j < len; ++j) fa[j] += fb[j];
-    NarrowN(fa, dst + i, static_cast<int64_t>(len));
+    AddN(a + i, b + i, dst + i, static_cast<int64_t>(len));
     if (dst2 != nullptr) std::memcpy(dst2 + i, dst + i, len * sizeof(T));
   }
 }

@@ -57,8 +57,70 @@ __attribute__((target("avx,f16c"))) void NarrowF16C(const float* s, float16* d, 
   for (; i < n; ++i) d[i] = float16(s[i]);
 }
 
+// AVX-512: 16 values a vector, the tail by masked loads and stores. bfloat16 is narrowed by
+// AVX512-BF16's vcvtneps2bf16 (round to nearest even; a NaN comes out quiet, as ours), which
+// however reads float32 subnormals as zeros: a vector holding one is rounded by the integer rule
+// instead, so the bits are the scalar conversion's.
+#define KEEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+KEEL_AVX512 inline __mmask16 TailMask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
+}
+KEEL_AVX512 inline __m512 LoadBf16(const Bits16* s, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, s);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+KEEL_AVX512 inline __m256i NarrowBf16Int(__m512i u) {
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                         _mm512_and_si512(_mm512_srli_epi32(u, 16), one)),
+                        16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+KEEL_AVX512BF16 inline __m256i NarrowBf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 subnormal = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
+                              _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+  if (subnormal != 0) return NarrowBf16Int(u);
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+}
+KEEL_AVX512 void WidenBf16Avx512(const Bits16* s, Bits32* d, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(d + i), m, LoadBf16(s + i, m));
+  }
+}
+KEEL_AVX512BF16 void NarrowBf16Avx512(const Bits32* s, Bits16* d, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    _mm256_mask_storeu_epi16(d + i, m, NarrowBf16(_mm512_maskz_loadu_ps(m, s + i)));
+  }
+}
+KEEL_AVX512BF16 void AddBf16Avx512(const Bits16* a, const Bits16* b, Bits16* d, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    _mm256_mask_storeu_epi16(d + i, m,
+                             NarrowBf16(_mm512_add_ps(LoadBf16(a + i, m), LoadBf16(b + i, m))));
+  }
+}
+KEEL_AVX512 void AddF16Avx512(const float16* a, const float16* b, float16* d, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
+    const __m512 y = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + i));
+    _mm256_mask_storeu_epi16(
+        d + i, m,
+        _mm512_cvtps_ph(_mm512_add_ps(x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
 struct Isa {
-  bool avx2 = false, f16c = false;
+  bool avx2 = false, f16c = false, avx512 = false, avx512bf16 = false;
   Isa() {
     __builtin_cpu_init();
     avx2 = __builtin_cpu_supports("avx2");
@@ -66,6 +128,11 @@ struct Isa {
     // 256-bit forms need AVX, which the OS enabled when __builtin_cpu_supports says so.
     unsigned a = 0, b = 0, c = 0, d = 0;
     f16c = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    // AVX-512 F, BW and VL (the OS's support included); BF16 is CPUID leaf 7 subleaf 1, EAX
+    // bit 5.
+    avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+    avx512bf16 = avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
   }
 };
 const Isa& Cpu() {
@@ -81,6 +148,7 @@ void WidenN(const bfloat16* src, float* dst, int64_t n) {
   const auto* s = reinterpret_cast<const Bits16*>(src);
   auto* d = reinterpret_cast<Bits32*>(dst);
 #ifdef KEEL_X86
+  if (Cpu().avx512) return WidenBf16Avx512(s, d, n);
   if (Cpu().avx2) return WidenBf16Avx2(s, d, n);
 #endif
   WidenBf16Loop(s, d, n);
@@ -90,6 +158,7 @@ void NarrowN(const float* src, bfloat16* dst, int64_t n) {
   const auto* s = reinterpret_cast<const Bits32*>(src);
   auto* d = reinterpret_cast<Bits16*>(dst);
 #ifdef KEEL_X86
+  if (Cpu().avx512bf16) return NarrowBf16Avx512(s, d, n);
   if (Cpu().avx2) return NarrowBf16Avx2(s, d, n);
 #endif
   NarrowBf16Loop(s, d, n);
@@ -109,8 +178,40 @@ void NarrowN(const float* src, float16* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = float16(src[i]);
 }
 
+// Through float32 a block at a time where no vector code adds in registers.
+template <typename T>
+void AddThroughFloat(const T* a, const T* b, T* dst, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  alignas(64) float fa[kChunk], fb[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t len = n - i < kChunk ? n - i : kChunk;
+    WidenN(a + i, fa, len);
+    WidenN(b + i, fb, len);
+    for (int64_t j = 0; j < len; ++j) fa[j] += fb[j];
+    NarrowN(fa, dst + i, len);
+  }
+}
+
+void AddN(const bfloat16* a, const bfloat16* b, bfloat16* dst, int64_t n) {
+#ifdef KEEL_X86
+  if (Cpu().avx512bf16)
+    return AddBf16Avx512(reinterpret_cast<const Bits16*>(a), reinterpret_cast<const Bits16*>(b),
+                         reinterpret_cast<Bits16*>(dst), n);
+#endif
+  AddThroughFloat(a, b, dst, n);
+}
+
+void AddN(const float16* a, const float16* b, float16* dst, int64_t n) {
+#ifdef KEEL_X86
+  if (Cpu().avx512) return AddF16Avx512(a, b, dst, n);
+#endif
+  AddThroughFloat(a, b, dst, n);
+}
+
 const char* HalfConvertIsa() {
 #ifdef KEEL_X86
+  if (Cpu().avx512bf16) return "avx512-bf16";
+  if (Cpu().avx512) return "avx512";
   if (Cpu().f16c && Cpu().avx2) return "f16c+avx2";
   if (Cpu().f16c) return "f16c";
   if (Cpu().avx2) return "avx2";

@@ -3,7 +3,8 @@
 // Each rounds exactly as float16.h's scalar conversions do (round to nearest even, float16's
 // subnormals, overflow to infinity; a NaN stays a NaN) and is vectorized: float16 by the CPU's
 // F16C instructions where it has them (checked at run time; keel is built for any x86-64),
-// bfloat16 by integer loops the compiler vectorizes, in an AVX2 build picked at run time.
+// bfloat16 by integer loops the compiler vectorizes, in an AVX2 build picked at run time; with
+// AVX-512 (F, BW, VL) 16 values a vector, bfloat16 narrowed by AVX512-BF16's instruction.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,11 @@ void WidenN(const float16* src, float* dst, int64_t n);
 void WidenN(const bfloat16* src, float* dst, int64_t n);
 void NarrowN(const float* src, float16* dst, int64_t n);
 void NarrowN(const float* src, bfloat16* dst, int64_t n);
+
+// dst[i] = a[i] + b[i], the sum in float32 rounded once (as widening, adding and narrowing);
+// dst may be a or b.
+void AddN(const bfloat16* a, const bfloat16* b, bfloat16* dst, int64_t n);
+void AddN(const float16* a, const float16* b, float16* dst, int64_t n);
 
 // Which instructions the conversions use on this CPU ("f16c+avx2", "scalar", ...), for logs.
 const char* HalfConvertIsa();

@@ -144,26 +144,58 @@ TEST(LowpCast, NarrowingRoundsExactlyAsFloat16H) {
   }
 }
 
-// The bulk conversions directly, at every length up to a few vectors (each tail).
+// The bulk conversions and sums directly, at every length up to a few vectors (each tail), with
+// subnormals, ties and NaNs among the values (a vector holding one takes another path).
 TEST(LowpCast, BulkConversionsMatchFloat16HAtEveryTail) {
   std::mt19937 rng(3);
-  for (int64_t n = 0; n <= 40; ++n) {
+  for (int64_t n = 0; n <= 80; ++n) {
     std::vector<float> x(n), back(n);
-    for (float& f : x)
+    for (float& f : x) {
       f = std::ldexp(static_cast<float>(rng()) / 4294967296.0f - 0.5f,
                      static_cast<int>(rng() % 40) - 20);
+      const uint32_t pick = static_cast<uint32_t>(rng() % 16);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if (pick == 0) u &= 0x807fffffu;                 // a float32 subnormal
+      if (pick == 1) u = (u & 0xffff0000u) | 0x8000u;  // a bfloat16 tie
+      if (pick == 2) u |= 0x7f800001u;                 // a NaN
+      std::memcpy(&f, &u, 4);
+    }
     std::vector<float16> h(n);
     std::vector<bfloat16> b(n);
     NarrowN(x.data(), h.data(), n);
     NarrowN(x.data(), b.data(), n);
+    // float16's NaN payloads may differ (F16C's): a NaN is all that is asked; bfloat16's are bits.
+    auto same_h = [](float16 got, float16 want) {
+      return got.bits == want.bits ||
+             (std::isnan(static_cast<float>(got)) && std::isnan(static_cast<float>(want)));
+    };
+    auto same_f = [](float got, float want) { return std::memcmp(&got, &want, 4) == 0; };
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(h[i].bits, float16(x[i]).bits) << n << " " << i;
+      ASSERT_TRUE(same_h(h[i], float16(x[i]))) << n << " " << i;
       ASSERT_EQ(b[i].bits, bfloat16(x[i]).bits) << n << " " << i;
     }
     WidenN(h.data(), back.data(), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], static_cast<float>(h[i]));
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(same_f(back[i], static_cast<float>(h[i])));
     WidenN(b.data(), back.data(), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], static_cast<float>(b[i]));
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(same_f(back[i], static_cast<float>(b[i])));
+    // Sums: each pair in float32, rounded once; into one of the inputs too.
+    std::vector<float16> h2(h.rbegin(), h.rend()), hs(n);
+    std::vector<bfloat16> b2(b.rbegin(), b.rend()), bs(n);
+    AddN(h.data(), h2.data(), hs.data(), n);
+    AddN(b.data(), b2.data(), bs.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float16 want_h(static_cast<float>(h[i]) + static_cast<float>(h2[i]));
+      const bfloat16 want_b(static_cast<float>(b[i]) + static_cast<float>(b2[i]));
+      ASSERT_TRUE(same_h(hs[i], want_h)) << n << " " << i;
+      if (std::isnan(static_cast<float>(want_b))) {  // which NaN a sum of two keeps may differ
+        ASSERT_TRUE(std::isnan(static_cast<float>(bs[i]))) << n << " " << i;
+      } else {
+        ASSERT_EQ(bs[i].bits, want_b.bits) << n << " " << i;
+      }
+    }
+    AddN(b.data(), b2.data(), b.data(), n);  // in place: the same sums
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(b[i].bits, bs[i].bits) << n << " " << i;
   }
   std::printf("half conversions: %s\n", HalfConvertIsa());
 }
