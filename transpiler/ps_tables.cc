@@ -182,7 +182,8 @@ void AddServerTable(const PsPlan::Param& p, const Block& om, Program& main, Prog
 }
 
 // Whether `p` is an is_distributed embedding table: every lookup_table of it says so (a mix is a
-// keel::Error), and there is one (more lookups of one distributed table are not built).
+// keel::Error). Each lookup fetches its own ids' rows; their row-sparse gradients are summed by
+// backward's `sum` into the table's one gradient, which is pushed as one table's.
 bool IsDistributedTable(const Block& b, const PsPlan::Param& p) {
   int lookups = 0, distributed = 0;
   for (size_t i = 0; i < b.num_ops(); ++i) {
@@ -196,10 +197,6 @@ bool IsDistributedTable(const Block& b, const PsPlan::Param& p) {
   KEEL_ENFORCE(distributed == lookups, "parameter-server transpiler: table ", p.name, " has ",
                distributed, " lookup_table ops with is_distributed=true and ",
                lookups - distributed, " without; look it up one way");
-  KEEL_ENFORCE(lookups == 1, "parameter-server transpiler: distributed table ", p.name, " has ",
-               lookups,
-               " lookup_table ops; one lookup per distributed table is built (look up all its "
-               "slots at once, ids [B, slots, 1])");
   KEEL_ENFORCE(p.sparse && p.shape.size() == 2, "parameter-server transpiler: distributed table ",
                p.name, " needs is_sparse=true and dims [V, D], got ", DDim(p.shape));
   return true;

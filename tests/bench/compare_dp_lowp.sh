@@ -5,10 +5,13 @@
 #   f32       2 workers (`keel launch --nproc_per_node=2`), float32 all-reduce;
 #   bf16      2 workers, --fp16_allreduce=bf16 (half the bytes);
 #   fp16      2 workers, --fp16_allreduce=fp16;
-#   gm4       2 workers, --gradient_merge_k=4 (an all-reduce and an update every 4th step).
+#   gm4       2 workers, --gradient_merge_k=4 (an all-reduce and an update every 4th step);
+#   gloo_f32, gloo_bf16  f32 and bf16 on Gloo rings (TCP over loopback, as across hosts).
 # The 2-worker rows run with --profile: rank 0's per-step all-reduce time (c_allreduce_sum's total
 # over the timed steps, divided by the steps; it includes waiting for the other rank) is read from
-# the profile summary keel prints.
+# the profile summary keel prints; `own` is the all-reduces' own time, without that wait: per
+# all-reduce, the shorter of the two ranks' spans (the rank that arrives last does not wait for the
+# other to start), summed and divided by the steps.
 # Prints every row, `uptime` before each round, then medians and the ratios the goals are stated in:
 # scaling = 2-worker samples/s / one worker's, bf16 all-reduce ms / float32's, gm4 / f32 samples/s.
 #   tests/bench/compare_dp_lowp.sh KEEL_BINARY [ROUNDS] [STEPS]
@@ -25,10 +28,25 @@ two() {  # TAG flags...: a 2-worker bench row with rank 0's all-reduce ms per st
   shift
   "$keel" launch --nproc_per_node=2 --log_dir="$tmp/log" "$keel" bench mlp --bench_steps="$steps" \
     --profile="$tmp/prof.json" "$@" >"$tmp/run.txt" 2>&1
-  local ar
+  local ar own
   ar=$(awk -v s="$steps" '$1 == "comm" && $2 == "c_allreduce_sum" {print $4 / s; exit}' "$tmp/run.txt")
+  own=$(python3 - "$tmp/prof.json" "$steps" <<'PY'
+import json, sys
+def spans(path):  # c_allreduce_sum durations (us) by all-reduce, in the order they ran
+    d = json.load(open(path))
+    out = {}
+    for e in d["traceEvents"] if isinstance(d, dict) else d:
+        if e.get("name") == "c_allreduce_sum" and "dur" in e:
+            out.setdefault(e.get("args", {}).get("detail", ""), []).append((e["ts"], e["dur"]))
+    return out
+a, b = spans(sys.argv[1] + ".rank0"), spans(sys.argv[1] + ".rank1")
+own = sum(min(x[1], y[1]) for k in a for x, y in zip(sorted(a[k]), sorted(b.get(k, []))))
+print(round(own / 1000 / int(sys.argv[2]), 4))
+PY
+)
   grep '^{' "$tmp/run.txt" | tail -1 |
-    sed "s/^{/$tag {\"allreduce_ms_per_step\": ${ar:-0}, /" | tee -a "$out"
+    sed "s/^{/$tag {\"allreduce_ms_per_step\": ${ar:-0}, \"allreduce_own_ms_per_step\": ${own:-0}, /" |
+    tee -a "$out"
 }
 for r in $(seq "$rounds"); do
   echo "# round $r: $(uptime)"
@@ -37,6 +55,8 @@ for r in $(seq "$rounds"); do
   two bf16 --fp16_allreduce=bf16
   two fp16 --fp16_allreduce=fp16
   two gm4 --gradient_merge_k=4
+  FLAGS_cpu_comm_backend=gloo two gloo_f32
+  FLAGS_cpu_comm_backend=gloo two gloo_bf16 --fp16_allreduce=bf16
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
@@ -47,10 +67,16 @@ for line in open(sys.argv[1]):
 med = lambda t, f: statistics.median(r[f] for r in rows[t])
 sps = {t: med(t, "samples_per_s") for t in rows}
 ar = {t: round(med(t, "allreduce_ms_per_step"), 3) for t in rows if t != "w1"}
+own = {t: round(med(t, "allreduce_own_ms_per_step"), 3) for t in rows if t != "w1"}
+ratio = lambda d, a, b: round(d[a] / d[b], 3) if d[b] else None
 print(json.dumps({
     "rounds": len(rows["w1"]), "samples_per_s": sps, "allreduce_ms_per_step": ar,
+    "allreduce_own_ms_per_step": own,
     "scaling": {t: round(sps[t] / sps["w1"], 3) for t in rows if t != "w1"},
-    "bf16_over_f32_allreduce_ms": round(ar["bf16"] / ar["f32"], 3) if ar["f32"] else None,
-    "fp16_over_f32_allreduce_ms": round(ar["fp16"] / ar["f32"], 3) if ar["f32"] else None,
+    "bf16_over_f32_allreduce_ms": ratio(ar, "bf16", "f32"),
+    "fp16_over_f32_allreduce_ms": ratio(ar, "fp16", "f32"),
+    "bf16_over_f32_allreduce_own_ms": ratio(own, "bf16", "f32"),
+    "gloo_bf16_over_f32_allreduce_ms": ratio(ar, "gloo_bf16", "gloo_f32"),
+    "gloo_bf16_over_f32_samples_per_s": round(sps["gloo_bf16"] / sps["gloo_f32"], 3),
     "gm4_over_f32_samples_per_s": round(sps["gm4"] / sps["f32"], 3)}))
 PY

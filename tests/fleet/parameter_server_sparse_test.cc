@@ -262,12 +262,13 @@ std::map<int64_t, std::vector<float>> Rows(const std::string& save, int servers,
 }
 
 void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
-                                       const std::string& optimizer) {
-  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s), " + mode);
+                                       const std::string& optimizer,
+                                       const std::string& extra = "") {
+  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s), " + mode + extra);
   const std::string dir = MakeTempDir();
   const int trainers = mode == "async" ? 1 : 2;
-  const std::string flags =
-      " --table=distributed --optimizer=" + optimizer + " --rows=16 --steps=4 --mode=" + mode;
+  const std::string flags = " --table=distributed --optimizer=" + optimizer +
+                            " --rows=16 --steps=4 --mode=" + mode + extra;
   Job one = Launch(0, 1, dir + "/one", flags);
   // Async: one trainer without a communicator (send_queue_size=0) is exact.
   Job ps = Launch(servers, trainers, dir + "/ps",
@@ -312,6 +313,13 @@ TEST(ParameterServerSparse, DistributedTableSyncTwoServersSgdEqualsOneProcess) {
 
 TEST(ParameterServerSparse, DistributedTableSyncTwoServersLazyAdamEqualsOneProcess) {
   ExpectDistributedEqualsOneProcess(2, "sync", "adam");
+}
+
+// One table looked up twice (2 slots each, as Paddle's Fluid CTR model looks each slot up): each
+// lookup fetches its rows, backward sums the two row-sparse gradients, the table is pushed once.
+TEST(ParameterServerSparse, DistributedTableLookedUpTwiceEqualsOneProcess) {
+  ExpectDistributedEqualsOneProcess(2, "sync", "adam", " --lookups=2");
+  ExpectDistributedEqualsOneProcess(2, "async", "adam", " --lookups=2");
 }
 
 TEST(ParameterServerSparse, DistributedTableSyncOneServerSgdEqualsOneProcess) {

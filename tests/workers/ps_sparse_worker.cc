@@ -29,6 +29,7 @@ DEFINE_int32(geo_k, 2, "--mode=geo: push every k steps.");
 DEFINE_int32(send_queue_size, 16,
              "--mode=async: a_sync_configs.send_queue_size (0: no communicator, exact).");
 DEFINE_int32(max_merge_var_num, 1, "--mode=async: a_sync_configs.max_merge_var_num.");
+DEFINE_int32(lookups, 1, "Lookups of the table: 1 (all 4 slots at once) or 2 (2 slots each).");
 DEFINE_int32(rows, 16, "Rows per step over all trainers.");
 DEFINE_int32(steps, 4, "Steps to train.");
 DEFINE_int64(vocab, 2048, "Table rows.");
@@ -98,9 +99,19 @@ int main(int argc, char** argv) {
       ProgramGuard g(main, startup);
       Var ids = layers::data("ids", {-1, slots, 1}, DType::kInt64);
       Var y = layers::data("y", {-1, 1}, DType::kInt64);
-      Var emb = layers::embedding(ids, {FLAGS_vocab, D}, -1,
-                                  ParamAttr("table", initializer::Uniform(-0.5f, 0.5f)),
-                                  DType::kFloat32, /*is_sparse=*/true, distributed);
+      KEEL_ENFORCE(FLAGS_lookups == 1 || FLAGS_lookups == 2, "--lookups=", FLAGS_lookups);
+      auto lookup = [&](Var part) {
+        return layers::embedding(part, {FLAGS_vocab, D}, -1,
+                                 ParamAttr("table", initializer::Uniform(-0.5f, 0.5f)),
+                                 DType::kFloat32, /*is_sparse=*/true, distributed);
+      };
+      Var emb = ids;
+      if (FLAGS_lookups == 1) {
+        emb = lookup(ids);
+      } else {  // one table, looked up twice (2 slots each)
+        std::vector<Var> parts = layers::split(ids, {2, 2}, 1);
+        emb = layers::concat({lookup(parts[0]), lookup(parts[1])}, 1);
+      }
       Var h = layers::fc(layers::reshape(emb, {-1, static_cast<int>(slots * D)}), 16, "tanh");
       Var loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 2), y));
       loss_name = loss.name();
