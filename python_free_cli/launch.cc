@@ -50,6 +50,11 @@ DEFINE_int32(stopped_timeout_s, 0,
 DECLARE_int32(comm_timeout_s);
 DEFINE_int32(server_num, 0, "Parameter servers on this node (docs/parameter-server.md).");
 DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
+DEFINE_string(servers, "",
+              "Parameter servers of a job on one or more nodes, ip:port,... (Paddle fleetrun's "
+              "--servers); with --workers, the same on every node: each starts those at its "
+              "--node_ip (or POD_IP).");
+DEFINE_string(workers, "", "Trainers of such a job, ip:port,... (fleetrun's --workers).");
 
 namespace keel {
 namespace cli {
@@ -113,6 +118,8 @@ LaunchInput InputFromFlags(const std::vector<std::string>& command,
   in.comm_timeout_s = FLAGS_comm_timeout_s;
   in.server_num = FLAGS_server_num;
   in.worker_num = FLAGS_worker_num;
+  in.servers = FLAGS_servers;
+  in.workers = FLAGS_workers;
   for (const char* name : {"server_num", "worker_num", "nproc_per_node", "nnodes", "node_rank",
                            "started_port", "master_port", "log_dir"}) {
     gflags::CommandLineFlagInfo info;

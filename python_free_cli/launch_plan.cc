@@ -14,10 +14,10 @@ namespace cli {
 
 bool IsLaunchFlag(const std::string& name) {
   static const std::set<std::string> own = {
-      "cluster_node_ips", "node_ip",           "started_port",  "nproc_per_node",
-      "nnodes",           "node_rank",         "master_addr",   "master_port",
-      "grace_period_s",   "log_dir",           "selected_gpus", "cpu_math_threads",
-      "max_restarts",     "stopped_timeout_s", "server_num",    "worker_num"};
+      "cluster_node_ips", "node_ip",          "started_port", "nproc_per_node",    "nnodes",
+      "node_rank",        "master_addr",      "master_port",  "grace_period_s",    "log_dir",
+      "selected_gpus",    "cpu_math_threads", "max_restarts", "stopped_timeout_s", "server_num",
+      "worker_num",       "servers",          "workers"};
   return own.count(name) > 0;
 }
 
@@ -146,29 +146,97 @@ std::vector<std::string> WorkerEnv(const LaunchPlan& plan, const std::vector<std
   return env;
 }
 
-// Parameter-server mode: server_num servers (ranks 0..S-1) and worker_num trainers on this node,
-// each told its role by Paddle's variables (fleet/role_maker.h, CloudRoleMaker(false)); the store
-// is on server 0's endpoint.
+// Parameter-server mode, each process told its role by Paddle's variables (fleet/role_maker.h,
+// CloudRoleMaker(false)); the store is on server 0's endpoint. Either server_num servers (ranks
+// 0..S-1) and worker_num trainers on this node, on free ports; or --servers/--workers list every
+// endpoint of the job (Paddle fleetrun's flags, given alike on every node) and this node starts
+// the servers and trainers at its address: --node_ip, else POD_IP, else the one address they all
+// share.
 LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
   auto flag_set = [&](const char* name) { return in.set_flags.count(name) > 0; };
-  KEEL_ENFORCE(in.server_num >= 1 && in.worker_num >= 1,
-               "parameter-server launch: --server_num=", in.server_num,
-               " and --worker_num=", in.worker_num, " must both be >= 1");
+  const bool listed = !in.servers.empty() || !in.workers.empty();
+  if (listed) {
+    KEEL_ENFORCE(!in.servers.empty() && !in.workers.empty(),
+                 "--servers and --workers go together (every server's and every trainer's "
+                 "ip:port), got only --",
+                 in.servers.empty() ? "workers" : "servers");
+    KEEL_ENFORCE(!flag_set("server_num") && !flag_set("worker_num"),
+                 "--server_num/--worker_num do not combine with --servers/--workers (the lists "
+                 "give the counts)");
+  } else {
+    KEEL_ENFORCE(in.server_num >= 1 && in.worker_num >= 1,
+                 "parameter-server launch: --server_num=", in.server_num,
+                 " and --worker_num=", in.worker_num, " must both be >= 1");
+  }
   for (const char* flag : {"nproc_per_node", "nnodes", "node_rank", "started_port", "master_port"})
     KEEL_ENFORCE(!flag_set(flag), "--", flag,
-                 " does not combine with --server_num/--worker_num: "
-                 "a parameter-server launch runs its servers and trainers on this node "
-                 "(multi-node parameter-server launch is not built yet)");
+                 " does not combine with a parameter-server launch: --server_num/--worker_num "
+                 "run this node's servers and trainers, --servers/--workers place them on nodes");
   KEEL_ENFORCE(in.cluster_node_ips.empty() && in.master_addr.empty(),
-               "--cluster_node_ips / --master_addr do not combine with --server_num/--worker_num "
-               "(multi-node parameter-server launch is not built yet)");
+               "--cluster_node_ips / --master_addr do not combine with a parameter-server launch "
+               "(--servers/--workers list the nodes' endpoints)");
   KEEL_ENFORCE(in.selected_gpus.empty(),
-               "--selected_gpus does not combine with --server_num/"
-               "--worker_num: parameter-server training runs on CPU in keel");
+               "--selected_gpus does not combine with a parameter-server launch: "
+               "parameter-server training runs on CPU in keel");
   KEEL_ENFORCE(in.max_restarts >= 0, "--max_restarts must be >= 0, got ", in.max_restarts);
   LaunchPlan plan;
-  const int S = in.server_num, W = in.worker_num;
-  plan.nproc_per_node = S + W;
+  std::vector<std::string> servers, trainers;
+  std::string ip;
+  if (listed) {
+    servers = SplitList("--servers", in.servers);
+    trainers = SplitList("--workers", in.workers);
+    std::set<std::string> seen, ips;
+    for (const auto& [flag, list] : {std::pair{"--servers", &servers}, {"--workers", &trainers}})
+      for (const std::string& e : *list) {
+        ips.insert(ParseEndpoint(flag, e).host);
+        KEEL_ENFORCE(seen.insert(e).second, flag, ": endpoint ", e, " is listed twice");
+      }
+    const char* pod_ip = Getenv(in.env, "POD_IP");
+    if (!in.node_ip.empty()) {
+      CheckHost("--node_ip", in.node_ip);
+      ip = in.node_ip;
+    } else if (pod_ip != nullptr && *pod_ip != '\0') {
+      CheckHost("POD_IP", pod_ip);
+      ip = pod_ip;
+    } else {
+      KEEL_ENFORCE(ips.size() == 1, "--servers/--workers name ", ips.size(),
+                   " addresses: give each node's own as --node_ip (or POD_IP) so that it starts "
+                   "the servers and trainers listed there");
+      ip = *ips.begin();
+    }
+    KEEL_ENFORCE(ips.count(ip), "this node's address ", ip, " (",
+                 in.node_ip.empty() ? "POD_IP" : "--node_ip",
+                 ") is none of --servers/--workers': it would start nothing");
+    plan.nnodes = static_cast<int>(ips.size());
+    // A restart needs every node's launcher to stop and start together, which they do not
+    // arrange among themselves yet.
+    KEEL_ENFORCE(in.max_restarts == 0 || plan.nnodes == 1, "--max_restarts=", in.max_restarts,
+                 " with --servers/--workers on ", plan.nnodes,
+                 " nodes is not built (restarts are per node; a single-node job restarts)");
+    // The node of server 0 serves the store (node rank 0); the others in order of first mention.
+    std::vector<std::string> order;
+    for (const auto* list : {&servers, &trainers})
+      for (const std::string& e : *list) {
+        const std::string h = ParseEndpoint("--servers/--workers", e).host;
+        if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
+      }
+    plan.node_rank = static_cast<int>(std::find(order.begin(), order.end(), ip) - order.begin());
+  } else {
+    ip = in.node_ip.empty() ? "127.0.0.1" : in.node_ip;
+    if (!in.node_ip.empty()) CheckHost("--node_ip", in.node_ip);
+    const std::vector<int> ports = host.free_ports(in.server_num + in.worker_num, 0);
+    for (int i = 0; i < in.server_num + in.worker_num; ++i)
+      (i < in.server_num ? servers : trainers).push_back(ip + ":" + std::to_string(ports[i]));
+  }
+  const int S = static_cast<int>(servers.size()), W = static_cast<int>(trainers.size());
+  plan.endpoints = servers;
+  plan.endpoints.insert(plan.endpoints.end(), trainers.begin(), trainers.end());
+  plan.master = servers[0];
+  // This node's processes: their global ranks (servers 0..S-1, then the trainers).
+  std::vector<int> mine;
+  for (int r = 0; r < S + W; ++r)
+    if (ParseEndpoint("--servers/--workers", plan.endpoints[r]).host == ip) mine.push_back(r);
+  plan.nproc_per_node = static_cast<int>(mine.size());
   plan.grace_period_s = in.grace_period_s;
   // A failed server or trainer stops the job and, under --max_restarts, starts all of it again:
   // keel train's servers and trainers resume from --save_dir's checkpoint (trainer 0 saved it,
@@ -176,26 +244,29 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
   plan.max_restarts = in.max_restarts;
   plan.stopped_limit_s =
       in.stopped_timeout_s > 0 ? in.stopped_timeout_s : std::max(1, in.comm_timeout_s);
-  const std::string ip = in.node_ip.empty() ? "127.0.0.1" : in.node_ip;
-  if (!in.node_ip.empty()) CheckHost("--node_ip", in.node_ip);
-  for (int port : host.free_ports(S + W, 0))
-    plan.endpoints.push_back(ip + ":" + std::to_string(port));
-  plan.master = plan.endpoints[0];
-  const std::vector<std::string> servers(plan.endpoints.begin(), plan.endpoints.begin() + S);
-  const std::vector<std::string> trainers(plan.endpoints.begin() + S, plan.endpoints.end());
   const char* token = Getenv(in.env, "KEEL_JOB_TOKEN");
+  KEEL_ENFORCE(!listed || plan.nnodes == 1 || (token != nullptr && *token != '\0'),
+               "a parameter-server job on ", plan.nnodes,
+               " nodes needs KEEL_JOB_TOKEN set alike on every node (its processes prove with it "
+               "that they belong to the job)");
   plan.token = token != nullptr && *token != '\0' ? token : host.random_token();
   if (in.given.count("cpu_math_threads")) {
     plan.cpu_math_threads = in.given.at("cpu_math_threads");
   } else if (Getenv(in.env, "FLAGS_cpu_math_threads") == nullptr) {
-    plan.cpu_math_threads = std::to_string(std::max(1, host.cpu_count() / (S + W)));
+    plan.cpu_math_threads = std::to_string(std::max(1, host.cpu_count() / plan.nproc_per_node));
   }
   plan.worker_flags = WorkerFlags(in, host);
   plan.log_dir = flag_set("log_dir") ? in.log_dir : "log";
   KEEL_ENFORCE(!plan.log_dir.empty(), "--log_dir must not be empty");
   plan.command = in.command;
   plan.executable = host.resolve_executable(in.command[0], Getenv(in.env, "PATH"));
-  plan.console_local = S;  // trainer 0
+  // Trainer 0's output goes to the console, else this node's first trainer's (or server's).
+  plan.console_local = 0;
+  for (int local = 0; local < plan.nproc_per_node; ++local)
+    if (mine[local] >= S) {
+      plan.console_local = local;
+      break;
+    }
   std::set<std::string> drop = {"OMPI_COMM_WORLD_RANK",
                                 "OMPI_COMM_WORLD_SIZE",
                                 "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -216,9 +287,11 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
                                 "TRAINING_ROLE",
                                 "PADDLE_PSERVERS_IP_PORT_LIST",
                                 "PADDLE_PORT",
-                                "POD_IP"};
-  for (int local = 0; local < S + W; ++local) {
-    const bool server = local < S;
+                                "POD_IP",
+                                "KEEL_JOB_TOKEN"};
+  for (int local = 0; local < plan.nproc_per_node; ++local) {
+    const int rank = mine[local];
+    const bool server = rank < S;
     std::vector<std::pair<std::string, std::string>> set = {
         {"TRAINING_ROLE", server ? "PSERVER" : "TRAINER"},
         {"PADDLE_PSERVERS_IP_PORT_LIST", StrJoin(servers, ",")},
@@ -227,9 +300,9 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
         {"KEEL_JOB_TOKEN", plan.token}};
     if (server) {
       set.push_back({"POD_IP", ip});
-      set.push_back({"PADDLE_PORT", servers[local].substr(servers[local].rfind(':') + 1)});
+      set.push_back({"PADDLE_PORT", servers[rank].substr(servers[rank].rfind(':') + 1)});
     } else {
-      set.push_back({"PADDLE_TRAINER_ID", std::to_string(local - S)});
+      set.push_back({"PADDLE_TRAINER_ID", std::to_string(rank - S)});
       set.push_back({"POD_IP", ip});
     }
     if (!plan.cpu_math_threads.empty())
@@ -242,17 +315,16 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
     if (!names.empty()) set.push_back({"KEEL_LAUNCH_FLAGS", StrJoin(names, ",")});
     LaunchWorker w;
     w.local = local;
-    w.rank = local;
-    w.role = server ? StrCat("server ", local) : StrCat("trainer ", local - S);
+    w.rank = rank;
+    w.role = server ? StrCat("server ", rank) : StrCat("trainer ", rank - S);
     for (const std::string& e : in.env) {
       const size_t eq = e.find('=');
       if (eq == std::string::npos || !drop.count(e.substr(0, eq))) w.env.push_back(e);
     }
     for (const auto& kv : set) w.env.push_back(kv.first + "=" + kv.second);
-    w.log_path =
-        (std::filesystem::path(plan.log_dir) /
-         ((server ? "serverlog." : "workerlog.") + std::to_string(server ? local : local - S)))
-            .string();
+    w.log_path = (std::filesystem::path(plan.log_dir) / ((server ? "serverlog." : "workerlog.") +
+                                                         std::to_string(server ? rank : rank - S)))
+                     .string();
     plan.workers.push_back(std::move(w));
   }
   return plan;
@@ -261,7 +333,8 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
 }  // namespace
 
 LaunchPlan MakeLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
-  if (in.server_num != 0 || in.worker_num != 0) return MakePsLaunchPlan(in, host);
+  if (in.server_num != 0 || in.worker_num != 0 || !in.servers.empty() || !in.workers.empty())
+    return MakePsLaunchPlan(in, host);
   auto flag_set = [&](const char* name) { return in.set_flags.count(name) > 0; };
   KEEL_ENFORCE(!in.command.empty(),
                "no command to launch; usage: keel launch [flags] COMMAND [ARGS...], "

@@ -28,6 +28,9 @@ struct LaunchInput {
   // Parameter-server mode (docs/parameter-server.md): server_num servers and worker_num trainers
   // on this node, with Paddle's parameter-server variables; 0 and 0: a collective job.
   int server_num = 0, worker_num = 0;
+  // Or every server's and trainer's endpoint ("ip:port,..."; Paddle fleetrun's --servers and
+  // --workers): the same on every node, each node starting those at its --node_ip (or POD_IP).
+  std::string servers, workers;
   // The names of those flags that are set (on the command line or by FLAGS_ variables) rather
   // than left at their defaults: "--nnodes=1" and no --nnodes mean different things.
   std::set<std::string> set_flags;
@@ -86,7 +89,9 @@ struct LaunchPlan {
   std::vector<LaunchWorker> workers;  // local rank order
   int console_local = 0;              // whose output is copied to the console (trainer 0 in
                                       // parameter-server mode)
-  int world() const { return nnodes * nproc_per_node; }
+  int world() const {
+    return endpoints.empty() ? nnodes * nproc_per_node : static_cast<int>(endpoints.size());
+  }
   int rank(int local) const { return node_rank * nproc_per_node + local; }
 };
 

@@ -89,7 +89,7 @@ class Supervisor {
 
   int Run() {
     // Rank 0's port is the job's from now on (see the top of this file).
-    if (plan_.rank(0) == 0) {
+    if (!plan_.workers.empty() && plan_.workers[0].rank == 0) {
       const size_t colon = plan_.master.rfind(':');
       const std::string host = plan_.master.substr(0, colon);
       store_fd_ = ListenOn(host, std::atoi(plan_.master.c_str() + colon + 1),
@@ -115,7 +115,7 @@ class Supervisor {
     std::fprintf(
         stderr,
         "keel launch: %d worker(s), ranks %d..%d of %d, rank 0 at %s; logs in %s/workerlog.N\n",
-        plan_.nproc_per_node, plan_.rank(0), plan_.rank(plan_.nproc_per_node - 1), plan_.world(),
+        plan_.nproc_per_node, plan_.workers.front().rank, plan_.workers.back().rank, plan_.world(),
         plan_.master.c_str(), plan_.log_dir.c_str());
     for (int attempt = 0;; ++attempt) {
       restart_ = attempt;

@@ -460,7 +460,8 @@ TEST(LaunchPlan, ParameterServerModeGivesServersAndTrainersPaddlesVariables) {
   in.worker_num = 2;
   in.nnodes = 2;
   in.set_flags.insert("nnodes");
-  EXPECT_NE(PlanError(in).find("--nnodes does not combine with --server_num"), std::string::npos);
+  EXPECT_NE(PlanError(in).find("--nnodes does not combine with a parameter-server launch"),
+            std::string::npos);
   // --max_restarts restarts a parameter-server job as any other.
   in.nnodes = 1;
   in.set_flags.erase("nnodes");
@@ -469,6 +470,94 @@ TEST(LaunchPlan, ParameterServerModeGivesServersAndTrainersPaddlesVariables) {
   EXPECT_EQ(MakeLaunchPlan(in, fake.Host()).max_restarts, 2);
   in.max_restarts = -1;
   EXPECT_NE(PlanError(in).find("--max_restarts must be >= 0"), std::string::npos);
+}
+
+// --servers/--workers (Paddle fleetrun's): the same lists on every node; each node starts the
+// processes at its address with their global ranks and Paddle's variables; the node of server 0
+// serves the store. Contradictions are refused naming the flags.
+TEST(LaunchPlan, ServersAndWorkersListsPlaceEachProcessOnItsNode) {
+  FakeHost fake;
+  LaunchInput in = Input();
+  in.servers = "10.0.0.1:6170,10.0.0.2:6170";
+  in.workers = "10.0.0.1:6171,10.0.0.2:6171,10.0.0.2:6172";
+  in.env.push_back("KEEL_JOB_TOKEN=abc");
+  in.node_ip = "10.0.0.2";
+  LaunchPlan b = MakeLaunchPlan(in, fake.Host());
+  EXPECT_TRUE(fake.free_port_calls.empty()) << "the ports are given";
+  EXPECT_EQ(b.nnodes, 2);
+  EXPECT_EQ(b.node_rank, 1);
+  EXPECT_EQ(b.master, "10.0.0.1:6170");
+  EXPECT_EQ(b.world(), 5);
+  ASSERT_EQ(b.workers.size(), 3u);  // server 1, trainers 1 and 2
+  const std::vector<int> ranks = {1, 3, 4};
+  const std::vector<std::string> logs = {"log/serverlog.1", "log/workerlog.1", "log/workerlog.2"};
+  for (int local = 0; local < 3; ++local) {
+    SCOPED_TRACE(local);
+    const LaunchWorker& w = b.workers[local];
+    EXPECT_EQ(w.rank, ranks[local]);
+    EXPECT_EQ(w.log_path, logs[local]);
+    auto env = EnvOf(w);
+    EXPECT_EQ(env["PADDLE_PSERVERS_IP_PORT_LIST"], in.servers);
+    EXPECT_EQ(env["PADDLE_TRAINER_ENDPOINTS"], in.workers);
+    EXPECT_EQ(env["PADDLE_TRAINERS_NUM"], "3");
+    EXPECT_EQ(env["POD_IP"], "10.0.0.2");
+    EXPECT_EQ(env["KEEL_JOB_TOKEN"], "abc");
+    EXPECT_EQ(env["TRAINING_ROLE"], local == 0 ? "PSERVER" : "TRAINER");
+    if (local > 0) EXPECT_EQ(env["PADDLE_TRAINER_ID"], std::to_string(local));
+  }
+  EXPECT_EQ(EnvOf(b.workers[0])["PADDLE_PORT"], "6170");
+  EXPECT_EQ(b.console_local, 1);  // no trainer 0 here: its first trainer
+  // Node 0 by POD_IP (Paddle's variable): server 0 (rank 0, the store) and trainer 0.
+  in.node_ip.clear();
+  in.env.push_back("POD_IP=10.0.0.1");
+  LaunchPlan a = MakeLaunchPlan(in, fake.Host());
+  EXPECT_EQ(a.node_rank, 0);
+  ASSERT_EQ(a.workers.size(), 2u);
+  EXPECT_EQ(a.workers[0].rank, 0);
+  EXPECT_EQ(a.workers[1].rank, 2);
+  EXPECT_EQ(a.console_local, 1);
+  in.env.pop_back();
+  // One address for all: that node starts them all, no --node_ip needed, no token either.
+  LaunchInput one = Input();
+  one.servers = "127.0.0.1:7000";
+  one.workers = "127.0.0.1:7001,127.0.0.1:7002";
+  LaunchPlan o = MakeLaunchPlan(one, fake.Host());
+  EXPECT_EQ(o.workers.size(), 3u);
+  EXPECT_EQ(o.nnodes, 1);
+  // Refusals.
+  auto refused = [&](LaunchInput x, const std::string& text) {
+    const std::string e = PlanError(x);
+    EXPECT_NE(e.find(text), std::string::npos) << "want '" << text << "' in: " << e;
+  };
+  refused(in, "give each node's own as --node_ip (or POD_IP)");
+  LaunchInput x = in;
+  x.node_ip = "10.0.0.9";
+  refused(x, "this node's address 10.0.0.9 (--node_ip) is none of --servers/--workers'");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.workers.clear();
+  refused(x, "--servers and --workers go together");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.workers = "10.0.0.1:6170";
+  refused(x, "--workers: endpoint 10.0.0.1:6170 is listed twice");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.servers = "10.0.0.1";
+  refused(x, "--servers");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.server_num = 2;
+  x.set_flags.insert("server_num");
+  refused(x, "--server_num/--worker_num do not combine with --servers/--workers");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.max_restarts = 1;
+  refused(x, "--max_restarts=1 with --servers/--workers on 2 nodes is not built");
+  x = in;
+  x.node_ip = "10.0.0.1";
+  x.env = {"PATH=/usr/bin"};
+  refused(x, "needs KEEL_JOB_TOKEN set alike on every node");
 }
 
 }  // namespace

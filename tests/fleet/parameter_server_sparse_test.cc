@@ -261,18 +261,43 @@ std::map<int64_t, std::vector<float>> Rows(const std::string& save, int servers,
   return rows;
 }
 
+// A job of 2 servers and 2 trainers on two "nodes", the loopback addresses 127.0.0.1 and
+// 127.0.0.2, each with a server and a trainer: one `keel launch --servers --workers` per node.
+Job LaunchTwoNodes(const std::string& dir, const std::string& flags) {
+  const std::string servers =
+      "127.0.0.1:" + std::to_string(FreePort()) + ",127.0.0.2:" + std::to_string(FreePort());
+  const std::string workers =
+      "127.0.0.1:" + std::to_string(FreePort()) + ",127.0.0.2:" + std::to_string(FreePort());
+  const std::string worker = BinPath("ps_sparse_worker") + " --out=" + dir + "/save" + flags;
+  auto node = [&](const std::string& ip, const std::string& name) {
+    return Keel() + " launch --servers=" + servers + " --workers=" + workers + " --node_ip=" + ip +
+           " --log_dir=" + dir + "/log" + name + " " + worker + " > " + dir + "/" + name +
+           ".txt 2>&1";
+  };
+  const std::string cmd = "mkdir -p " + dir +
+                          " && export KEEL_JOB_TOKEN=two-nodes FLAGS_cpu_math_threads=1 "
+                          "FLAGS_comm_timeout_s=30; (" +
+                          node("127.0.0.2", "b") + ") & " + node("127.0.0.1", "a") +
+                          "; a=$?; wait $!; b=$?; cat " + dir + "/a.txt " + dir +
+                          "/b.txt; tail -n 8 " + dir + "/log*/*; exit $((a || b))";
+  CommandResult r = RunCommand(cmd);
+  return {cmd + "\n" + r.output, r.exit_code};
+}
+
 void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
-                                       const std::string& optimizer,
-                                       const std::string& extra = "") {
-  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s), " + mode + extra);
+                                       const std::string& optimizer, const std::string& extra = "",
+                                       bool two_nodes = false) {
+  SCOPED_TRACE(optimizer + " on " + std::to_string(servers) + " server(s), " + mode + extra +
+               (two_nodes ? " on two nodes" : ""));
   const std::string dir = MakeTempDir();
   const int trainers = mode == "async" ? 1 : 2;
   const std::string flags = " --table=distributed --optimizer=" + optimizer +
                             " --rows=16 --steps=4 --mode=" + mode + extra;
   Job one = Launch(0, 1, dir + "/one", flags);
   // Async: one trainer without a communicator (send_queue_size=0) is exact.
-  Job ps = Launch(servers, trainers, dir + "/ps",
-                  flags + (mode == "async" ? " --send_queue_size=0" : ""));
+  Job ps = two_nodes ? LaunchTwoNodes(dir + "/ps", flags)
+                     : Launch(servers, trainers, dir + "/ps",
+                              flags + (mode == "async" ? " --send_queue_size=0" : ""));
   Job none = Launch(0, 1, dir + "/none", " --table=distributed --steps=0");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(ps.exit_code, 0) << ps.output;
@@ -320,6 +345,12 @@ TEST(ParameterServerSparse, DistributedTableSyncTwoServersLazyAdamEqualsOneProce
 TEST(ParameterServerSparse, DistributedTableLookedUpTwiceEqualsOneProcess) {
   ExpectDistributedEqualsOneProcess(2, "sync", "adam", " --lookups=2");
   ExpectDistributedEqualsOneProcess(2, "async", "adam", " --lookups=2");
+}
+
+// keel launch --servers/--workers on two nodes (two loopback addresses of this machine): server 0
+// and trainer 0 on one, server 1 and trainer 1 on the other; the job equals one process.
+TEST(ParameterServerSparse, TwoNodeLaunchWithServersAndWorkersListsEqualsOneProcess) {
+  ExpectDistributedEqualsOneProcess(2, "sync", "adam", "", /*two_nodes=*/true);
 }
 
 TEST(ParameterServerSparse, DistributedTableSyncOneServerSgdEqualsOneProcess) {
