@@ -50,11 +50,8 @@ DEFINE_int32(stopped_timeout_s, 0,
 DECLARE_int32(comm_timeout_s);
 DEFINE_int32(server_num, 0, "Parameter servers on this node (docs/parameter-server.md).");
 DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
-DEFINE_string(servers, "",
-              "Parameter servers of a job on one or more nodes, ip:port,... (Paddle fleetrun's "
-              "--servers); with --workers, the same on every node: each starts those at its "
-              "--node_ip (or POD_IP).");
-DEFINE_string(workers, "", "Trainers of such a job, ip:port,... (fleetrun's --workers).");
+DEFINE_string(servers, "", "Every parameter server, ip:port,... (fleetrun's; any node count).");
+DEFINE_string(workers, "", "Every trainer, ip:port,...; a node starts those at its --node_ip.");
 
 namespace keel {
 namespace cli {

@@ -46,10 +46,16 @@ OpDesc* InsertInPlace(Block& block, size_t index, const std::string& type, const
   return InsertCollective(block, index, type, var, var, ring, role, std::move(attrs));
 }
 
+// Whether the gradients are divided by the ranks after their all-reduce (float16's: a gradient
+// divided first may fall below float16's smallest normal, 6e-5, and lose bits) rather than
+// through the loss gradient (float32's and bfloat16's, which has float32's range: dividing by a
+// power of two first gives the same bits, and saves a pass over every gradient).
+bool ScalesAfterAllReduce(DType comm) { return comm == DType::kFloat16; }
+
 // The all-reduce of float32 `var` on `ring` at `index`: c_sync_calc_stream then c_allreduce_sum
 // in place; with a 16-bit `comm` (fp16_allreduce) a cast to "<var>.cast_<comm>" first, the
-// copy all-reduced, then a cast back into `var` and its scale by 1/nranks in float32 (the loss
-// gradient is not scaled then). Returns the number of ops inserted.
+// copy all-reduced, then a cast back into `var`, and for float16 its scale by 1/nranks in float32
+// (the loss gradient is not scaled then). Returns the number of ops inserted.
 size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring, DType comm,
                        int nranks) {
   if (comm == DType::kFloat32) {
@@ -80,6 +86,7 @@ size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring
   InsertInPlace(mb, index + 1, "c_sync_calc_stream", low, ring, kBackward);
   InsertInPlace(mb, index + 2, "c_allreduce_sum", low, ring, kBackward);
   cast(index + 3, low, var, comm, DType::kFloat32);
+  if (!ScalesAfterAllReduce(comm)) return 4;
   OpDesc* s = mb.InsertOp(index + 4, "scale");
   s->SetInput("X", {var});
   s->SetOutput("Out", {var});
@@ -543,14 +550,14 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
   KEEL_ENFORCE(!low || !hierarchical,
                "grad_allreduce: fp16_allreduce and use_hierarchical_allreduce are both set: the "
                "two-level all-reduce in 16 bits is not built");
-  // Scale the loss gradient by 1/nranks where it is filled (fp16_allreduce: each gradient after
-  // its all-reduce instead, in float32).
+  // Scale the loss gradient by 1/nranks where it is filled (fp16_allreduce in float16: each
+  // gradient after its all-reduce instead, in float32).
   bool scaled = false;
   for (size_t i = 0; i < mb.num_ops() && !scaled; ++i) {
     const OpDesc& op = *mb.op(i);
     if (Role(op) != (kBackward | kLoss)) continue;
     scaled = true;
-    if (low) break;
+    if (low && ScalesAfterAllReduce(options_.comm_dtype)) break;
     const std::string& g = op.Output("Out")[0];
     OpDesc* s = mb.InsertOp(i + 1, "scale");
     s->SetInput("X", {g});
