@@ -503,7 +503,9 @@ TEST(LaunchPlan, ServersAndWorkersListsPlaceEachProcessOnItsNode) {
     EXPECT_EQ(env["POD_IP"], "10.0.0.2");
     EXPECT_EQ(env["KEEL_JOB_TOKEN"], "abc");
     EXPECT_EQ(env["TRAINING_ROLE"], local == 0 ? "PSERVER" : "TRAINER");
-    if (local > 0) EXPECT_EQ(env["PADDLE_TRAINER_ID"], std::to_string(local));
+    if (local > 0) {
+      EXPECT_EQ(env["PADDLE_TRAINER_ID"], std::to_string(local));
+    }
   }
   EXPECT_EQ(EnvOf(b.workers[0])["PADDLE_PORT"], "6170");
   EXPECT_EQ(b.console_local, 1);  // no trainer 0 here: its first trainer
