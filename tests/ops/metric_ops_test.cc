@@ -29,8 +29,9 @@ struct TopKParams {
 };
 
 const TopKParams kTopKCases[] = {
-    {"rows", {5, 7}, 3},     {"all", {4, 6}, 6}, {"one", {3, 10}, 1},
-    {"rank3", {2, 3, 5}, 2}, {"rank1", {9}, 4},  {"wide", {4, 1000}, 5},
+    {"rows", {5, 7}, 3},          {"all", {4, 6}, 6}, {"one", {3, 10}, 1},
+    {"rank3", {2, 3, 5}, 2},      {"rank1", {9}, 4},  {"wide", {4, 1000}, 5},
+    {"wide_one", {300, 1000}, 1},  // k = 1 scans each row, rows in pieces
 };
 
 OpCase TopKCase(const TopKParams& p, DType dt) {
@@ -76,6 +77,10 @@ TEST(TopKOp, NaNRanksFirst) {
   c.outputs = {{"Out", 1}, {"Indices", 1}};
   auto out = RunForward(c);
   EXPECT_EQ(ToDouble(out["Indices"][0]), (std::vector<double>{1, 2}));
+  OpCase one =
+      UnaryCase("nan1", "top_k", Tensor::FromVector<double>({1, 3, nan, nan}, {1, 4}), {{"k", 1}});
+  one.outputs = {{"Out", 1}, {"Indices", 1}};
+  EXPECT_EQ(ToDouble(RunForward(one)["Indices"][0]), (std::vector<double>{2}));
 }
 
 TEST(TopKOp, KOutOfRangeIsABuildError) {
