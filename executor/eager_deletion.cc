@@ -12,10 +12,10 @@ EagerDeletionPlan::EagerDeletionPlan(const std::vector<DependencyGraph::OpAccess
                                      const std::set<std::string>& kept) {
   for (const auto& op : ops)
     if (op.hidden_accesses) return;
-  std::set<std::string> fused = kept;
+  std::set<std::string> never = kept;  // fused buffers, their slices, and `kept`
   for (const auto& kv : slice_of) {
-    fused.insert(kv.first);
-    fused.insert(kv.second);
+    never.insert(kv.first);
+    never.insert(kv.second);
   }
   // Per name: whether its first toucher wrote it without reading it, and the ops touching it.
   struct Seen {
@@ -35,7 +35,7 @@ EagerDeletionPlan::EagerDeletionPlan(const std::vector<DependencyGraph::OpAccess
   touched_by_op_.resize(ops.size());
   for (const auto& [name, s] : seen) {
     auto it = owned.find(name);
-    if (it == owned.end() || !s.written_first || fused.count(name)) continue;
+    if (it == owned.end() || !s.written_first || never.count(name)) continue;
     const int idx = static_cast<int>(vars_.size());
     vars_.push_back({name, it->second, static_cast<int>(s.ops.size())});
     for (int i : s.ops) touched_by_op_[i].push_back(idx);

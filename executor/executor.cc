@@ -118,12 +118,6 @@ const ExecutionStrategy* AttachedExecutionStrategy(const Program& program) {
 
 namespace {
 
-bool Reads(const OpDesc& op, const std::string& name) {
-  for (const auto& [slot, names] : op.inputs())
-    if (std::find(names.begin(), names.end(), name) != names.end()) return true;
-  return false;
-}
-
 // Gives `t` memory of `bytes` that ring `ring`'s peers map, unless it has such memory already or
 // the ring has none to give (then the op allocates as usual and the ring copies). The op's
 // kernel keeps the memory: an output's allocation is kept when it is large enough.
@@ -388,20 +382,23 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
           d.HasAttr("ring_id"))
         ring_of[d.Input("X")[0]] = d.Attr<int>("ring_id");
     }
-    for (auto& op : plan->ops) {
+    for (size_t i = 0; i < plan->ops.size(); ++i) {
+      Plan::Op& op = plan->ops[i];
       if (OpRegistry::Traits(op.desc->type()).on_ring) continue;
-      for (const auto& [slot, names] : op.desc->outputs())
-        for (const std::string& name : names) {
-          auto ring = ring_of.find(name);
-          auto var = plan->vars.find(name);
-          if (ring == ring_of.end() || var == plan->vars.end() || Reads(*op.desc, name)) continue;
-          const VarDesc* vd = var->second.second;
-          const DDim dims(vd->shape());
-          if (!dims.known()) continue;
-          op.ring_outputs.push_back({var->second.first, ring->second,
-                                     static_cast<size_t>(dims.numel()) * SizeOf(vd->dtype())});
-          ring_buffers.insert(name);
-        }
+      const std::vector<std::string>& reads = access[i].reads;
+      for (const std::string& name : access[i].writes) {
+        auto ring = ring_of.find(name);
+        auto var = plan->vars.find(name);
+        if (ring == ring_of.end() || var == plan->vars.end() ||
+            std::find(reads.begin(), reads.end(), name) != reads.end())
+          continue;
+        const VarDesc* vd = var->second.second;
+        const DDim dims(vd->shape());
+        if (!dims.known()) continue;
+        op.ring_outputs.push_back({var->second.first, ring->second,
+                                   static_cast<size_t>(dims.numel()) * SizeOf(vd->dtype())});
+        ring_buffers.insert(name);
+      }
     }
   }
   plan->deps = std::make_unique<DependencyGraph>(access, slice_of);

@@ -180,17 +180,20 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
                "parameter-server training runs on CPU in keel");
   KEEL_ENFORCE(in.max_restarts >= 0, "--max_restarts must be >= 0, got ", in.max_restarts);
   LaunchPlan plan;
-  std::vector<std::string> servers, trainers;
+  std::vector<std::string> servers, trainers, hosts;
   std::string ip;
   if (listed) {
     servers = SplitList("--servers", in.servers);
     trainers = SplitList("--workers", in.workers);
-    std::set<std::string> seen, ips;
+    std::set<std::string> seen;
     for (const auto& [flag, list] : {std::pair{"--servers", &servers}, {"--workers", &trainers}})
       for (const std::string& e : *list) {
-        ips.insert(ParseEndpoint(flag, e).host);
+        const std::string h = ParseEndpoint(flag, e).host;
+        // The nodes in order of first mention: server 0's first (node rank 0, the store's).
+        if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
         KEEL_ENFORCE(seen.insert(e).second, flag, ": endpoint ", e, " is listed twice");
       }
+    const std::set<std::string> ips(hosts.begin(), hosts.end());
     const char* pod_ip = Getenv(in.env, "POD_IP");
     if (!in.node_ip.empty()) {
       CheckHost("--node_ip", in.node_ip);
@@ -213,14 +216,7 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
     KEEL_ENFORCE(in.max_restarts == 0 || plan.nnodes == 1, "--max_restarts=", in.max_restarts,
                  " with --servers/--workers on ", plan.nnodes,
                  " nodes is not built (restarts are per node; a single-node job restarts)");
-    // The node of server 0 serves the store (node rank 0); the others in order of first mention.
-    std::vector<std::string> order;
-    for (const auto* list : {&servers, &trainers})
-      for (const std::string& e : *list) {
-        const std::string h = ParseEndpoint("--servers/--workers", e).host;
-        if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
-      }
-    plan.node_rank = static_cast<int>(std::find(order.begin(), order.end(), ip) - order.begin());
+    plan.node_rank = static_cast<int>(std::find(hosts.begin(), hosts.end(), ip) - hosts.begin());
   } else {
     ip = in.node_ip.empty() ? "127.0.0.1" : in.node_ip;
     if (!in.node_ip.empty()) CheckHost("--node_ip", in.node_ip);
