@@ -118,5 +118,38 @@ Var vocab_parallel_embedding(Var ids, const std::vector<int64_t>& size, const Pa
   return mp_allreduce_sum(Var(&block, out));
 }
 
+Var vocab_parallel_cross_entropy(Var logits, Var label, int ignore_index) {
+  const TensorParallelConfig& c = Current();
+  if (c.degree == 1) return softmax_with_cross_entropy(logits, label, false, ignore_index);
+  Program& prog = default_main_program();
+  Block& block = prog.global_block();
+  const std::string sm = prog.UniqueName("c_softmax_with_cross_entropy.tmp");
+  const std::string loss = prog.UniqueName("c_softmax_with_cross_entropy.tmp");
+  AppendOp(block, "c_softmax_with_cross_entropy",
+           {{"Logits", {logits.name()}}, {"Label", {label.name()}}},
+           {{"Softmax", {sm}}, {"Loss", {loss}}},
+           {{"ring_id", c.ring_id},
+            {"nranks", c.degree},
+            {"rank", c.rank},
+            {"ignore_index", ignore_index}});
+  return Var(&block, loss);
+}
+
+Var vocab_parallel_accuracy(Var logits, Var label) {
+  const TensorParallelConfig& c = Current();
+  if (c.degree == 1) return accuracy(logits, label, 1);
+  Program& prog = default_main_program();
+  Block& block = prog.global_block();
+  const std::string top = prog.UniqueName("c_top1.tmp"), idx = prog.UniqueName("c_top1.tmp");
+  AppendOp(block, "c_top1", {{"X", {logits.name()}}}, {{"Out", {top}}, {"Indices", {idx}}},
+           {{"ring_id", c.ring_id}, {"nranks", c.degree}, {"rank", c.rank}});
+  const std::string acc = prog.UniqueName("accuracy.tmp"),
+                    correct = prog.UniqueName("accuracy.tmp"),
+                    total = prog.UniqueName("accuracy.tmp");
+  AppendOp(block, "accuracy", {{"Out", {top}}, {"Indices", {idx}}, {"Label", {label.name()}}},
+           {{"Accuracy", {acc}}, {"Correct", {correct}}, {"Total", {total}}}, {});
+  return Var(&block, acc);
+}
+
 }  // namespace layers
 }  // namespace keel

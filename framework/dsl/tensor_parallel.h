@@ -66,5 +66,15 @@ Var create_sharded_parameter(const std::vector<int64_t>& full_shape, int axis, D
 Var vocab_parallel_embedding(Var ids, const std::vector<int64_t>& size,
                              const ParamAttr& param_attr = {}, DType dtype = DType::kFloat32);
 
+// The loss of a vocabulary-parallel output layer (Megatron's parallel cross-entropy): `logits`
+// [..., V / n] holds this rank's classes (a column-parallel fc over the classes: rank r's are
+// [r * V / n, (r + 1) * V / n)), `label` int64 [..., 1] a class in [0, V). Returns Loss [..., 1]
+// (op c_softmax_with_cross_entropy); no rank gathers a whole row of logits. Degree 1:
+// softmax_with_cross_entropy.
+Var vocab_parallel_cross_entropy(Var logits, Var label, int ignore_index = -100);
+// Top-1 accuracy of such logits over all classes (op c_top1, then accuracy). Degree 1:
+// accuracy(logits, label, 1).
+Var vocab_parallel_accuracy(Var logits, Var label);
+
 }  // namespace layers
 }  // namespace keel

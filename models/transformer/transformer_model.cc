@@ -71,10 +71,13 @@ ClassifierOutputs transformer_encoder(Var ids, Var labels, const TransformerConf
     x = layers::layer_norm(layers::elementwise_add(x, MaybeDropout(ff, c)), 2);
     recompute_checkpoint(x);  // the layer's output: recompute keeps these sublayer outputs alone
   }
-  Var logits = layers::reshape(layers::fc(x, c.vocab, "", 2), {-1, c.vocab});  // [N*L, V]
+  // The output layer is column-parallel over the vocabulary (each rank its V / T classes), with
+  // the vocabulary-parallel loss and top-1: no rank holds a whole row of logits.
+  Var logits = layers::fc(layers::reshape(x, {-1, c.d_model}), c.vocab, "", 1, {}, {}, true,
+                          kCol);  // [N*L, V / T]
   Var flat_labels = layers::reshape(labels, {-1, 1});
-  Var loss = layers::mean(layers::softmax_with_cross_entropy(logits, flat_labels));
-  Var acc = layers::accuracy(layers::softmax(logits), flat_labels, 1);
+  Var loss = layers::mean(layers::vocab_parallel_cross_entropy(logits, flat_labels));
+  Var acc = layers::vocab_parallel_accuracy(logits, flat_labels);
   return {logits, loss, acc};
 }
 

@@ -97,6 +97,22 @@ TEST(InspectStrategy, TensorParallelGolden) {
       << bad.output;
 }
 
+// The transformer at TP=2, rank 1: its output layer holds classes 6..11 of 12 (a column-parallel
+// fc), and the loss and the top-1 are the vocabulary-parallel ops on the tensor-parallel ring; no
+// var of the main program is a whole row of logits [-1, 12].
+TEST(InspectStrategy, TensorParallelTransformerGolden) {
+  auto r = Inspect(
+      "--strategy --program=main --nranks=2 --rank=1 --tp_degree=2 --model=transformer "
+      "--vocab=12 --seq_len=4 --d_model=8 --heads=2 --d_ff=8 --layers=1 --dropout=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("c_softmax_with_cross_entropy(Logits: fc_6.tmp_1, Label: "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("c_top1(X: fc_6.tmp_1)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(", 12]"), std::string::npos) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_tensor_parallel_transformer.txt");
+}
+
 // --pp_degree: each rank holds one stage of the mlp (layers 0-1, then layer 2 and the loss), with
 // the send_v2 / recv_v2 between them, its gradient accumulators and the pipeline ring (id 33).
 TEST(InspectStrategy, PipelineGolden) {

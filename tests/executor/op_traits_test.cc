@@ -70,8 +70,13 @@ TEST(OpTraits, ModelParallelOpsDeclareTheirOneProcessForm) {
     EXPECT_EQ(names(one->outputs()), names(op->outputs()));
     ++forms;
   }
-  EXPECT_EQ(forms, 5);  // c_identity, mp_allreduce_sum, c_split, c_concat, c_embedding
+  // c_identity, mp_allreduce_sum, c_split, c_concat, c_embedding, c_softmax_with_cross_entropy,
+  // c_top1
+  EXPECT_EQ(forms, 7);
   EXPECT_EQ(OpRegistry::Traits("c_embedding").one_process_form, "lookup_table");
+  EXPECT_EQ(OpRegistry::Traits("c_softmax_with_cross_entropy").one_process_form,
+            "softmax_with_cross_entropy");
+  EXPECT_EQ(OpRegistry::Traits("c_top1").one_process_form, "top_k");
   EXPECT_EQ(OpRegistry::Traits("c_identity").one_process_form, "assign");
 }
 

@@ -44,18 +44,24 @@ TpRun Train(int nproc, int tp, const std::string& args, const std::string& dir) 
   return run;
 }
 
-std::vector<double> Losses(const std::string& output, int rank) {
-  std::vector<double> losses;
+// The value after " KEY " on each of rank R's "rank R step S ..." lines (loss, accuracy).
+std::vector<double> Values(const std::string& output, int rank, const std::string& key) {
+  std::vector<double> values;
   std::istringstream in(output);
   std::string line;
   const std::string prefix = "rank " + std::to_string(rank) + " step ";
+  const std::string tag = " " + key + " ";
   while (std::getline(in, line)) {
     // rank 0's lines also reach keel launch's console: count each step once.
-    if (line.rfind(prefix, 0) != 0 || line.find(" loss ") == std::string::npos) continue;
-    if (static_cast<int>(losses.size()) != std::stoi(line.substr(prefix.size()))) continue;
-    losses.push_back(std::stod(line.substr(line.find(" loss ") + 6)));
+    if (line.rfind(prefix, 0) != 0 || line.find(tag) == std::string::npos) continue;
+    if (static_cast<int>(values.size()) != std::stoi(line.substr(prefix.size()))) continue;
+    values.push_back(std::stod(line.substr(line.find(tag) + tag.size())));
   }
-  return losses;
+  return values;
+}
+
+std::vector<double> Losses(const std::string& output, int rank) {
+  return Values(output, rank, "loss");
 }
 
 const Tensor* Find(const NamedTensors& t, const std::string& name) {
@@ -129,13 +135,25 @@ double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
   return worst;
 }
 
-void ExpectTp2EqualsTp1(const std::string& args, const std::string& what) {
+// with_accuracy: the workers print an accuracy (the transformer's vocabulary-parallel top-1),
+// which must be the same number on both ranks and as TP=1's.
+void ExpectTp2EqualsTp1(const std::string& args, const std::string& what,
+                        bool with_accuracy = false) {
   const std::string dir = MakeTempDir();
   const TpRun one = Train(1, 1, args, dir + "/tp1");
   const TpRun two = Train(2, 2, args, dir + "/tp2");
   ASSERT_EQ(Losses(one.output, 0).size(), 6u) << one.output;
   const double loss_diff = MaxDiff(Losses(two.output, 0), Losses(one.output, 0));
   EXPECT_EQ(Losses(two.output, 0), Losses(two.output, 1)) << "the ranks' losses differ";
+  if (with_accuracy) {
+    const std::vector<double> acc = Values(one.output, 0, "accuracy");
+    ASSERT_EQ(acc.size(), 6u) << one.output;
+    EXPECT_EQ(Values(two.output, 0, "accuracy"), acc) << two.output;
+    EXPECT_EQ(Values(two.output, 1, "accuracy"), acc) << two.output;
+    std::printf("%s: accuracy of each step (TP=1 and TP=2 alike):", what.c_str());
+    for (double a : acc) std::printf(" %.4g", a);
+    std::printf("\n");
+  }
   const double param_diff = MaxParamDiff(one.params[0], two, 0, 2);
   std::printf("%s: TP=2 vs TP=1 after 6 steps: max |loss diff| %.3g, max |param diff| %.3g\n",
               what.c_str(), loss_diff, param_diff);
@@ -157,7 +175,7 @@ TEST(TensorParallel, Tp2EqualsTp1OnAModelUsingEveryTensorParallelOpWithAdam) {
 // the runs would differ by lr-sized amounts in those biases alone, for a reason that is not tensor
 // parallelism (seen: 4e-3 in fc_7.b_0, every other parameter within 1e-5).
 TEST(TensorParallel, Tp2EqualsTp1OnTheTransformer) {
-  ExpectTp2EqualsTp1("--model=transformer --opt=sgd", "transformer, SGD");
+  ExpectTp2EqualsTp1("--model=transformer --opt=sgd", "transformer, SGD", true);
 }
 
 // 4 processes: tensor-parallel groups {0,1} and {2,3}, data-parallel groups {0,2} and {1,3}, each

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     Program main, startup;
     main.set_random_seed(7);
     startup.set_random_seed(7);
-    Var loss;
+    Var loss, accuracy;  // accuracy: the transformer's (vocabulary-parallel top-1)
     {
       ProgramGuard g(main, startup);
       TensorParallelGuard tp(tpc);
@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
         const models::TransformerConfig c = SmallTransformer();
         Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
         Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
-        loss = models::transformer_encoder(ids, labels, c).loss;
+        const models::ClassifierOutputs out = models::transformer_encoder(ids, labels, c);
+        loss = out.loss;
+        accuracy = out.accuracy;
       }
       std::unique_ptr<optimizer::Optimizer> opt;
       if (FLAGS_opt == "adam")
@@ -151,8 +153,12 @@ int main(int argc, char** argv) {
                 {"labels", Tensor::FromVector(ll, {local, L, 1})}};
       }
       if (step < FLAGS_first_step) continue;  // a resumed run: this step's data was trained on
-      auto out = exe.Run(fleet::main_program(), feed, {loss.name()});
-      std::printf("rank %d step %d loss %.9g\n", rank, step, out[0].item<double>());
+      std::vector<std::string> fetch = {loss.name()};
+      if (accuracy.valid()) fetch.push_back(accuracy.name());
+      auto out = exe.Run(fleet::main_program(), feed, fetch);
+      std::printf("rank %d step %d loss %.9g", rank, step, out[0].item<double>());
+      if (accuracy.valid()) std::printf(" accuracy %.9g", out[1].item<double>());
+      std::printf("\n");
     }
     if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
