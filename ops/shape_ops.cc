@@ -312,23 +312,36 @@ struct LookupTableMath<CPUDevice, T> {
   }
 };
 
-// Walks out in order, stepping through in with in's stride of dim perm[d] (an odometer).
+// Walks out in order, stepping through in with in's stride of dim perm[d] (an odometer). The
+// trailing dims that stay in place (perm[d] == d from some d on: the attention's [N, L, H, E] ->
+// [N, H, L, E]) are one contiguous run in both, copied whole at each step.
 template <typename T>
 struct TransposeMath<CPUDevice, T> {
   static void Run(const ExecutionContext&, const DDim& id, const std::vector<int>& perm,
                   const T* src, T* dst) {
     const int rank = id.size();
     const int64_t n = id.numel();
-    std::vector<int64_t> in_stride(rank, 1), step(rank), size(rank), idx(rank, 0);
+    int t = rank;  // dims [t, rank) stay in place
+    while (t > 0 && perm[t - 1] == t - 1) --t;
+    if (t == 0) {
+      std::copy_n(src, n, dst);
+      return;
+    }
+    int64_t run = 1;
+    for (int d = t; d < rank; ++d) run *= id[d];
+    std::vector<int64_t> in_stride(rank, 1), step(t), size(t), idx(t, 0);
     for (int d = rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * id[d + 1];
-    for (int d = 0; d < rank; ++d) {
+    for (int d = 0; d < t; ++d) {
       step[d] = in_stride[perm[d]];
       size[d] = id[perm[d]];
     }
     int64_t off = 0;
-    for (int64_t o = 0; o < n; ++o) {
-      dst[o] = src[off];
-      for (int d = rank - 1; d >= 0; --d) {
+    for (int64_t o = 0; o < n; o += run) {
+      if (run == 1)
+        dst[o] = src[off];
+      else
+        std::copy_n(src + off, run, dst + o);
+      for (int d = t - 1; d >= 0; --d) {
         off += step[d];
         if (++idx[d] < size[d]) break;
         off -= step[d] * size[d];

@@ -4,12 +4,16 @@
 // a whole row of logits (docs/tensor-parallel.md).
 //
 //   op                                   forward (on ring_id)                          backward
-//   c_softmax_with_cross_entropy         Softmax = this rank's columns of the row's    local: Softmax
-//     Logits [..., C], Label [..., 1]    softmax over all V; Loss = log(sum_V exp(x    minus one-hot
+//   c_softmax_with_cross_entropy         Softmax = this rank's columns of the row's    local:
+//   Softmax
+//     Logits [..., C], Label [..., 1]    softmax over all V; Loss = log(sum_V exp(x    minus
+//     one-hot
 //     -> Softmax [..., C], Loss [..., 1] - max)) - (x[label] - max). Two all-reduces:  (on the rank
 //                                        max of the rows' maxima, then the sums and    holding the
-//                                        the label's logit together                    label) times dLoss
-//   c_top1                               the row's largest logit over all V and its    none (a metric)
+//                                        the label's logit together                    label) times
+//                                        dLoss
+//   c_top1                               the row's largest logit over all V and its    none (a
+//   metric)
 //     X [..., C] -> Out [..., 1],        index in [0, V): top_k's k = 1 (ties: lower
 //     Indices int64 [..., 1]             index; NaN first), one all-gather
 //

@@ -295,6 +295,10 @@ const TransposeParams kTransposeCases[] = {
     {"rank3_swap_last", {2, 3, 4}, {0, 2, 1}},
     {"rank4", {2, 3, 1, 4}, {3, 1, 0, 2}},
     {"rank1", {5}, {0}},
+    // Trailing dims that stay in place (copied as contiguous runs): the attention's heads split.
+    {"heads", {2, 3, 4, 5}, {0, 2, 1, 3}},
+    {"two_kept_dims", {3, 2, 4, 5}, {1, 0, 2, 3}},
+    {"all_kept_rank3", {2, 3, 4}, {0, 1, 2}},
 };
 
 OpCase TransposeCase(const TransposeParams& p, DType dt) {

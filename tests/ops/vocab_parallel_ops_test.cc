@@ -54,8 +54,8 @@ TEST(CSoftmaxWithCrossEntropyOp, OnAGroupOfOneEqualsSoftmaxWithCrossEntropy) {
 }
 
 TEST(CSoftmaxWithCrossEntropyOp, GradMatchesFiniteDifferences) {
-  CheckGrad(LossCase("c_softmax_with_cross_entropy", RandomTensor({4, 5}, DType::kFloat64, -2, 2, 7),
-                     Labels({1, 4, -100, 0})),
+  CheckGrad(LossCase("c_softmax_with_cross_entropy",
+                     RandomTensor({4, 5}, DType::kFloat64, -2, 2, 7), Labels({1, 4, -100, 0})),
             1e-6, 1e-4, 1e-6, {"Loss"});
 }
 
@@ -74,9 +74,9 @@ TEST(CSoftmaxWithCrossEntropyOp, BackwardSubtractsTheLabelOnlyOnTheRankHoldingIt
   c.outputs = {{"Logits@GRAD", 1}};
   c.attrs = {{"nranks", 2}, {"rank", 1}};
   ExpectForward(c, "Logits@GRAD", {3, 3},
-                {0.2, 0.4 - 2.0, 0.6,    // label 4: column 1 here
-                 0.15, 0.15, 0.3,        // label 1: rank 0's
-                 0, 0, 0});              // ignored
+                {0.2, 0.4 - 2.0, 0.6,  // label 4: column 1 here
+                 0.15, 0.15, 0.3,      // label 1: rank 0's
+                 0, 0, 0});            // ignored
 }
 
 TEST(CSoftmaxWithCrossEntropyOp, BadLabelsShapesAndAMissingRingAreNamed) {
@@ -108,7 +108,7 @@ TEST(CTop1Op, OnAGroupOfOneEqualsTopKOfOne) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   for (DType dt : kFloatTypes) {
     Tensor x(dt, {4, 4});
-    const std::vector<double> v = {1, 3, 3, 2,  5, nan, 7, nan,  -1, -1, -1, -1,  0, 4, 9, 8};
+    const std::vector<double> v = {1, 3, 3, 2, 5, nan, 7, nan, -1, -1, -1, -1, 0, 4, 9, 8};
     for (int i = 0; i < 16; ++i) {
       if (dt == DType::kFloat32)
         x.data<float>()[i] = static_cast<float>(v[i]);
