@@ -3,7 +3,9 @@
 #include <memory>
 #include <utility>
 
+#include "framework/dsl/pipeline.h"
 #include "framework/dsl/tensor_layers.h"
+#include "framework/ir/op_device.h"
 
 namespace keel {
 
@@ -46,7 +48,24 @@ const TensorParallelConfig& current_tensor_parallel() { return Current(); }
 
 namespace layers {
 
-Var c_identity(Var x) { return Collective("c_identity", x, {}); }
+Var c_identity(Var x) {
+  const TensorParallelConfig& c = Group("c_identity");
+  // One entry per input (and stage): the column layers that read the same x share it, so their
+  // gradients of x are summed before one all-reduce (Megatron's one backward all-reduce per
+  // block: attention's Q, K and V projections are one block).
+  Block& block = default_main_program().global_block();
+  const std::string device =
+      current_pipeline_stage() < 0 ? std::string() : PipelineStageName(current_pipeline_stage());
+  for (const auto& op : block.ops()) {
+    if (op->type() != "c_identity" || op->Input("X") != std::vector<std::string>{x.name()} ||
+        op->Attr<int>("ring_id") != c.ring_id)
+      continue;
+    const std::string op_device =
+        op->HasAttr(kOpDeviceAttr) ? op->Attr<std::string>(kOpDeviceAttr) : std::string();
+    if (op_device == device) return Var(&block, op->Output("Out")[0]);
+  }
+  return Collective("c_identity", x, {});
+}
 Var mp_allreduce_sum(Var x) { return Collective("mp_allreduce_sum", x, {}); }
 Var c_split(Var x, int axis) {
   const TensorParallelConfig& c = Group("c_split");

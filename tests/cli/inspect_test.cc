@@ -99,7 +99,9 @@ TEST(InspectStrategy, TensorParallelGolden) {
 
 // The transformer at TP=2, rank 1: its output layer holds classes 6..11 of 12 (a column-parallel
 // fc), and the loss and the top-1 are the vocabulary-parallel ops on the tensor-parallel ring; no
-// var of the main program is a whole row of logits [-1, 12].
+// var of the main program is a whole row of logits [-1, 12]. Q, K and V share one c_identity (one
+// block), so the layer's attention, feed-forward and the output layer make three, and backward
+// three all-reduces of an input gradient, not five.
 TEST(InspectStrategy, TensorParallelTransformerGolden) {
   auto r = Inspect(
       "--strategy --program=main --nranks=2 --rank=1 --tp_degree=2 --model=transformer "
@@ -110,6 +112,14 @@ TEST(InspectStrategy, TensorParallelTransformerGolden) {
       << r.output;
   EXPECT_NE(r.output.find("c_top1(X: fc_6.tmp_1)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(", 12]"), std::string::npos) << r.output;
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = r.output.find(what); at != std::string::npos; at = r.output.find(what, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count("  c_identity("), 3) << r.output;
+  EXPECT_EQ(count("  c_allreduce_sum("), 3) << r.output;
   ExpectGolden(r.output, "inspect_strategy_tensor_parallel_transformer.txt");
 }
 
