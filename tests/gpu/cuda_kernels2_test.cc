@@ -1,10 +1,10 @@
 // GPU twin tests (ctest label `gpu`) of the CUDA kernels beyond GEMM, element-wise and
 // activations: losses, layer_norm, dropout, reductions, lookup_table, shape ops, fills, random
-// initializers, cast, compare/logical, lr schedules, metrics, coalesce_tensor and the global-norm
-// clip. Every case runs on CPUPlace and CUDAPlace(0) from the same random inputs, forward and
-// gradient, with every new allocation poisoned (FLAGS_init_allocated_mem: an output element a
-// kernel leaves unwritten is NaN and fails the comparison) and the host fallback off (a case that
-// would run through it is an error). Float32 agrees within 1e-5, reductions within 1e-4.
+// initializers, cast, compare/logical, lr schedules, metrics, coalesce_tensor, the global-norm
+// clip and loss scaling. Every case runs on CPUPlace and CUDAPlace(0) from the same random inputs,
+// forward and gradient, with every new allocation poisoned (FLAGS_init_allocated_mem: an output
+// element a kernel leaves unwritten is NaN and fails the comparison) and the host fallback off (a
+// case that would run through it is an error). Float32 agrees within 1e-5, reductions within 1e-4.
 //
 // The GPU tests skip with a message without a device; CudaKernels2Cases.AreValidOnTheCpu runs
 // every case on the CPU everywhere, so the case table itself stays correct.
@@ -320,6 +320,44 @@ std::vector<GpuCase> Cases() {
               {"Beta2PowOut", n}},
              attrs),
           1e-5, false);
+    }
+  }
+  // Loss scaling (AMP): unscaling a list of gradients of mixed dtypes and sizes with the overflow
+  // flag, finite and with an inf and a NaN; the scale's update rule in each of its branches.
+  {
+    const Tensor scale = Tensor::FromVector<float>({1024.0f}, {1});
+    auto grads = [&](bool overflow) {
+      std::vector<Tensor> g = {R({3, 5}, -2e3, 2e3, 50), R({600, 3}, -2e3, 2e3, 51),
+                               R({7}, -2e3, 2e3, 52, DType::kFloat64)};
+      if (overflow) {
+        g[1].data<float>()[1234] = std::numeric_limits<float>::infinity();
+        g[2].data<double>()[3] = std::numeric_limits<double>::quiet_NaN();
+      }
+      return g;
+    };
+    for (bool overflow : {false, true})
+      add(Op(overflow ? "check_finite_and_unscale_overflow" : "check_finite_and_unscale",
+             "check_finite_and_unscale", {{"X", grads(overflow)}, {"Scale", {scale}}},
+             {{"Out", 3}, {"FoundInfinite", 1}}),
+          1e-6, false);
+    struct Update {
+      const char* name;
+      bool found;
+      int good, bad;
+    };
+    for (const Update& u : {Update{"update_loss_scaling_shrink", true, 5, 0},
+                            Update{"update_loss_scaling_grow", false, 2, 1},
+                            Update{"update_loss_scaling_count", false, 0, 0}}) {
+      Tensor found(DType::kBool, {1});
+      found.data<bool>()[0] = u.found;
+      add(Op(u.name, "update_loss_scaling",
+             {{"FoundInfinite", {found}},
+              {"PrevLossScaling", {scale}},
+              {"InGoodSteps", {Tensor::FromVector<int32_t>({u.good}, {1})}},
+              {"InBadSteps", {Tensor::FromVector<int32_t>({u.bad}, {1})}}},
+             {{"LossScaling", 1}, {"OutGoodSteps", 1}, {"OutBadSteps", 1}},
+             {{"incr_every_n_steps", 3}, {"decr_every_n_nan_or_inf", 1}}),
+          0, false);
     }
   }
   // float64 twins of a few.
