@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ops/device.h"
 
@@ -46,6 +47,51 @@ struct LossScaleRule {
 };
 }  // namespace fn
 
+// One gradient of check_finite_and_unscale: X_k and its (allocated) Out_k, n elements of dtype.
+struct UnscaleItem {
+  DType dtype;
+  const void* x;
+  void* out;
+  int64_t n;
+};
+
+// The device math: Out = X / scale for every item (16-bit ones in float32) and *found = true where
+// one holds an inf or NaN. Here one pass per item; CUDA specializes it to one launch for up to a
+// batch of items of a dtype (amp_ops.cu), so a model's ~60 gradients are not ~60 launches.
+template <typename D>
+struct UnscaleMath {
+  static void Run(const ExecutionContext& ctx, const std::vector<UnscaleItem>& items, bool* found,
+                  typename Device<D>::Scalar scale) {
+    for (const UnscaleItem& it : items) {
+      switch (it.dtype) {
+        case DType::kFloat32:
+          One<float>(ctx, it, found, scale);
+          break;
+        case DType::kFloat64:
+          One<double>(ctx, it, found, scale);
+          break;
+        case DType::kFloat16:
+          One<float16>(ctx, it, found, scale);
+          break;
+        default:
+          One<bfloat16>(ctx, it, found, scale);
+      }
+    }
+  }
+  template <typename U>
+  static void One(const ExecutionContext& ctx, const UnscaleItem& it, bool* found,
+                  typename Device<D>::Scalar scale) {
+    using A = Acc<U>;
+    const U* xp = static_cast<const U*>(it.x);
+    U* op = static_cast<U*>(it.out);
+    Device<D>::ForEach(ctx, it.n, [=] KEEL_HD_LAMBDA(int64_t i) {
+      const A v = Widen(xp[i]);
+      if (!isfinite(v)) *found = true;
+      op[i] = Narrow<U>(static_cast<A>(v * static_cast<A>(1.0 / scale.Get())));
+    });
+  }
+};
+
 // Out_k = X_k / Scale for every X_k; FoundInfinite = whether any X_k holds an inf or NaN. Each
 // X_k in its own float dtype (AMP O2 mixes float16/bfloat16 gradients of low-precision parameters
 // with float32 ones of the norms'), 16-bit ones checked and divided in float32.
@@ -59,42 +105,22 @@ class CheckFiniteAndUnscaleKernel : public OpKernel {
     const int n = ctx.NumInputs("X");
     KEEL_ENFORCE(static_cast<int>(ctx.op().Output("Out").size()) == n, ctx.op().type(), ": ", n,
                  " X but ", ctx.op().Output("Out").size(), " Out");
+    items_.clear();
     for (int k = 0; k < n; ++k) {
       const Tensor& x = ctx.Input("X", k);
-      Tensor* out = ctx.Output("Out", k);
-      switch (x.dtype()) {
-        case DType::kFloat32:
-          Unscale<float>(ctx, x, out, found, scale);
-          break;
-        case DType::kFloat64:
-          Unscale<double>(ctx, x, out, found, scale);
-          break;
-        case DType::kFloat16:
-          Unscale<float16>(ctx, x, out, found, scale);
-          break;
-        case DType::kBFloat16:
-          Unscale<bfloat16>(ctx, x, out, found, scale);
-          break;
-        default:
-          KEEL_THROW(ctx.op().type(), ": X[", k, "] is ", DTypeName(x.dtype()),
-                     "; the gradients must be float types");
-      }
+      const DType dt = x.dtype();
+      KEEL_ENFORCE(dt == DType::kFloat32 || dt == DType::kFloat64 || dt == DType::kFloat16 ||
+                       dt == DType::kBFloat16,
+                   ctx.op().type(), ": X[", k, "] is ", DTypeName(dt),
+                   "; the gradients must be float types");
+      void* out = ctx.Output("Out", k)->mutable_data(dt, ctx.place());
+      items_.push_back({dt, x.raw_data(), out, x.numel()});
     }
+    UnscaleMath<D>::Run(ctx, items_, found, scale);
   }
 
-  // (Public: nvcc's device lambdas may not live in private member functions.)
-  template <typename U>
-  void Unscale(ExecutionContext& ctx, const Tensor& x, Tensor* out, bool* found,
-               typename Device<D>::Scalar scale) {
-    using A = Acc<U>;
-    const U* xp = x.data<U>();
-    U* op = out->mutable_data<U>(ctx.place());
-    Device<D>::ForEach(ctx, x.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
-      const A v = Widen(xp[i]);
-      if (!isfinite(v)) *found = true;
-      op[i] = Narrow<U>(static_cast<A>(v * static_cast<A>(1.0 / scale.Get())));
-    });
-  }
+ private:
+  std::vector<UnscaleItem> items_;
 };
 
 // LossScaling, OutGoodSteps, OutBadSteps from PrevLossScaling, InGoodSteps, InBadSteps and
