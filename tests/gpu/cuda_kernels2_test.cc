@@ -340,6 +340,13 @@ std::vector<GpuCase> Cases() {
              "check_finite_and_unscale", {{"X", grads(overflow)}, {"Scale", {scale}}},
              {{"Out", 3}, {"FoundInfinite", 1}}),
           1e-6, false);
+    // More gradients than one CUDA launch takes (24): the overflow in the second batch.
+    std::vector<Tensor> many;
+    for (int i = 0; i < 30; ++i) many.push_back(R({5 + i, 3}, -2e3, 2e3, 60 + i));
+    many[27].data<float>()[4] = -std::numeric_limits<float>::infinity();
+    add(Op("check_finite_and_unscale_30", "check_finite_and_unscale",
+           {{"X", many}, {"Scale", {scale}}}, {{"Out", 30}, {"FoundInfinite", 1}}),
+        1e-6, false);
     struct Update {
       const char* name;
       bool found;
