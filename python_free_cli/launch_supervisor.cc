@@ -243,9 +243,21 @@ class Supervisor {
 
   void Stop(int sig) {
     stopping_ = true;
+    settling_ = false;
     deadline_ = Clock::now() + std::chrono::seconds(plan_.grace_period_s);
     SignalAll(sig);
     SignalAll(SIGCONT);  // a stopped worker acts on the signal only once it runs
+  }
+
+  // A worker failed: its peers get kSettle to end by themselves before SIGTERM. Peers that failed
+  // with it (a decision all ranks take together, such as "no rank has a readable checkpoint")
+  // then print why instead of dying of the launcher's signal half a millisecond too early; a
+  // peer still waiting on the failed one is stopped kSettle later than before.
+  static constexpr std::chrono::milliseconds kSettle{500};
+  void StopAfterSettling() {
+    stopping_ = settling_ = true;
+    settle_until_ = Clock::now() + kSettle;
+    deadline_ = settle_until_ + std::chrono::seconds(plan_.grace_period_s);
   }
 
   // Reaps workers and the orphans they left (the launcher is their subreaper).
@@ -265,7 +277,7 @@ class Supervisor {
         if (!ok && !stopping_) {
           first_failed_ = &w;
           NoteStoppedAtFailure();
-          Stop(SIGTERM);
+          StopAfterSettling();
         } else if (ok && !stopping_ && !w.joined) {
           w.exited_unjoined = true;
           CheckLeftEarly();
@@ -428,7 +440,8 @@ class Supervisor {
       int64_t timeout =
           std::chrono::duration_cast<std::chrono::milliseconds>(next_check - Clock::now()).count();
       if (stopping_ && !killed_) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            (settling_ ? settle_until_ : deadline_) - Clock::now());
         timeout = std::min<int64_t>(timeout, left.count());
       }
       // poll ignores the entries of closed pipes (fd -1).
@@ -447,6 +460,7 @@ class Supervisor {
         CheckStopped();
         next_check = Clock::now() + std::chrono::seconds(1);
       }
+      if (settling_ && Clock::now() >= settle_until_ && AnyAlive()) Stop(SIGTERM);
       if (stopping_ && !killed_ && Clock::now() >= deadline_) {
         std::fprintf(stderr, "keel launch: workers still running %ds after SIGTERM, killing them\n",
                      plan_.grace_period_s);
@@ -504,7 +518,7 @@ class Supervisor {
       w.exited_unjoined = w.left_early = false;
       w.waiting.clear();
     }
-    stopping_ = killed_ = false;
+    stopping_ = killed_ = settling_ = false;
     first_failed_ = nullptr;
   }
 
@@ -607,7 +621,8 @@ class Supervisor {
   int pipe_fd_ = -1;  // rank 0's stdout+stderr
   bool console_ok_ = true;
   bool stopping_ = false, killed_ = false;
-  Clock::time_point deadline_;
+  bool settling_ = false;  // a worker failed; the others are signalled at settle_until_
+  Clock::time_point deadline_, settle_until_;
   const Worker* first_failed_ = nullptr;
   int stop_signal_ = 0;  // the signal that stopped the job, if one did
   int restart_ = 0;      // this attempt's restart count

@@ -217,6 +217,21 @@ TEST(KeelLaunch, FailingWorkerStopsTheOthersAndIsNamed) {
   RunCommand("rm -rf " + dir);
 }
 
+// Ranks that fail together (a decision they all take, such as finding no readable checkpoint)
+// learn it a moment apart: the launcher lets the others end by themselves for a moment before
+// SIGTERM, so each one's reason reaches its log. Rank 0 here fails 0.2 s after rank 1; a launcher
+// that signalled at once would stop it before it said why.
+TEST(KeelLaunch, PeersFailingWithTheFirstSayWhyBeforeTheyAreStopped) {
+  std::string dir = MakeTempDir();
+  auto t = RunTimed(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir +
+                    " sh -c 'if [ $RANK = 1 ]; then exit 3; fi; sleep 0.2; "
+                    "echo rank0-says-why; exit 4'");
+  EXPECT_NE(t.result.exit_code, 0) << t.result.output;
+  EXPECT_TRUE(Contains(t.result.output, "exited with code 3")) << t.result.output;
+  EXPECT_TRUE(Contains(ReadText(dir + "/workerlog.0"), "rank0-says-why")) << t.result.output;
+  RunCommand("rm -rf " + dir);
+}
+
 TEST(KeelLaunch, KillNineOfOneWorkerEndsTheJobNamingIt) {
   std::string dir = MakeTempDir();
   auto t = RunTimed(Keel() + " launch --nproc_per_node=3 --log_dir=" + dir +
