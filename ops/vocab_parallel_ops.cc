@@ -3,19 +3,14 @@
 // of its classes [start, start + C) of the V = C * nranks, start = rank * C, and no rank ever holds
 // a whole row of logits (docs/tensor-parallel.md).
 //
-//   op                                   forward (on ring_id)                          backward
-//   c_softmax_with_cross_entropy         Softmax = this rank's columns of the row's    local:
-//   Softmax
-//     Logits [..., C], Label [..., 1]    softmax over all V; Loss = log(sum_V exp(x    minus
-//     one-hot
-//     -> Softmax [..., C], Loss [..., 1] - max)) - (x[label] - max). Two all-reduces:  (on the rank
-//                                        max of the rows' maxima, then the sums and    holding the
-//                                        the label's logit together                    label) times
-//                                        dLoss
-//   c_top1                               the row's largest logit over all V and its    none (a
-//   metric)
-//     X [..., C] -> Out [..., 1],        index in [0, V): top_k's k = 1 (ties: lower
-//     Indices int64 [..., 1]             index; NaN first), one all-gather
+// - c_softmax_with_cross_entropy: Logits [..., C], Label int64 [..., 1] -> Softmax [..., C],
+//   Loss [..., 1]. Softmax is this rank's columns of each row's softmax over all V; Loss =
+//   log(sum_V exp(x - max)) - (x[label] - max), the same on every rank. Two all-reduces on ring_id:
+//   max of the rows' maxima, then the sums together with the label's shifted logit. Backward is
+//   local: (Softmax - one-hot(Label)) * dLoss, the one-hot only on the rank holding the label.
+// - c_top1: X [..., C] -> Out [..., 1], Indices int64 [..., 1]: each row's largest value over all
+//   V and its index in [0, V), top_k's k = 1 (ties: the lower index; NaN first); one all-gather.
+//   No backward (a metric).
 //
 // Shape algebra: rows = numel / C (C the last dim); Label and Loss [..., 1] over the same rows.
 // With nranks 1 each is the plain op (softmax_with_cross_entropy, top_k with k 1): their

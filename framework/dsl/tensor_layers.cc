@@ -155,6 +155,10 @@ Var argmax(Var x, int axis, bool keepdims) {
 
 Var accuracy(Var input, Var label, int k) {
   auto [values, indices] = topk(input, k);
+  return accuracy_of_topk(values, indices, label);
+}
+
+Var accuracy_of_topk(Var values, Var indices, Var label) {
   return AppendWithOutputs(
       "accuracy",
       {{"Out", {values.name()}}, {"Indices", {indices.name()}}, {"Label", {label.name()}}},

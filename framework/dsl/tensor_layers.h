@@ -55,6 +55,9 @@ Var argmax(Var x, int axis = 0, bool keepdims = false);
 // Appends top_k(input, k) and accuracy against int64 label [N, 1]; returns the float32 [1]
 // fraction of rows whose label is among the top k.
 Var accuracy(Var input, Var label, int k = 1);
+// The accuracy op alone, on top-k `values` and `indices` made elsewhere (e.g. c_top1 over
+// vocabulary-parallel logits).
+Var accuracy_of_topk(Var values, Var indices, Var label);
 
 }  // namespace layers
 }  // namespace keel

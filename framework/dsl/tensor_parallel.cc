@@ -162,12 +162,7 @@ Var vocab_parallel_accuracy(Var logits, Var label) {
   const std::string top = prog.UniqueName("c_top1.tmp"), idx = prog.UniqueName("c_top1.tmp");
   AppendOp(block, "c_top1", {{"X", {logits.name()}}}, {{"Out", {top}}, {"Indices", {idx}}},
            {{"ring_id", c.ring_id}, {"nranks", c.degree}, {"rank", c.rank}});
-  const std::string acc = prog.UniqueName("accuracy.tmp"),
-                    correct = prog.UniqueName("accuracy.tmp"),
-                    total = prog.UniqueName("accuracy.tmp");
-  AppendOp(block, "accuracy", {{"Out", {top}}, {"Indices", {idx}}, {"Label", {label.name()}}},
-           {{"Accuracy", {acc}}, {"Correct", {correct}}, {"Total", {total}}}, {});
-  return Var(&block, acc);
+  return accuracy_of_topk(Var(&block, top), Var(&block, idx), label);
 }
 
 }  // namespace layers
