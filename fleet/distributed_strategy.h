@@ -133,6 +133,12 @@ struct DistributedStrategy {
   // places only; refused with use_local_sgd (ranks hold different parameters) and on GPUs.
   bool sync_batch_norm = false;
 
+  // Each fully connected layer's mul and bias add run as one fused_gemm_epilogue op, forward and
+  // backward (transpiler/fuse_gemm_epilogue_pass.h; Paddle's BuildStrategy.fuse_gemm_epilogue,
+  // off by default there and here; keel train and keel bench turn it on): the same values bit for
+  // bit, one pass over each layer's output fewer forward and no copy of its gradient backward.
+  bool fuse_gemm_epilogue = false;
+
   // Gradient all-reduce in 16 bits for float32 training (docs/mixed-precision.md, "Communication
   // in low precision"): each float32 gradient (or fused buffer) is cast to
   // fp16_allreduce_configs.dtype before its all-reduce and back to float32 after it, where the

@@ -566,7 +566,8 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   // Gradient merge on any number of workers, before the data-parallel passes (fleet/transpile.h).
   // Its buffers and counter are not pass-made: checkpoints hold them.
   fleet::TranspileGradientMerge(main, *startup, strategy_);
-  fleet::TranspileSyncBatchNorm(main, *startup, strategy_);  // any number of workers
+  fleet::TranspileSyncBatchNorm(main, *startup, strategy_);     // any number of workers
+  fleet::TranspileFuseGemmEpilogue(main, *startup, strategy_);  // any number of workers
   if (r.is_ps()) {
     // Parameter-server mode (transpiler/ps_pass.h): every process built the same single-device
     // programs (compared here, before they become a trainer's or a server's), then each takes

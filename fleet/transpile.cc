@@ -1,5 +1,6 @@
 #include "fleet/transpile.h"
 
+#include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/pipeline_pass.h"
@@ -110,10 +111,16 @@ void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedSt
   transpiler::SyncBatchNormPass(transpiler::SyncBatchNormOptions{0}).Apply(main, startup);
 }
 
+void TranspileFuseGemmEpilogue(Program& main, Program& startup,
+                               const DistributedStrategy& strategy) {
+  if (strategy.fuse_gemm_epilogue) transpiler::FuseGemmEpiloguePass().Apply(main, startup);
+}
+
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,
                const Role& role) {
   TranspileGradientMerge(main, startup, strategy);
   TranspileSyncBatchNorm(main, startup, strategy);
+  TranspileFuseGemmEpilogue(main, startup, strategy);
   if (role.is_ps()) {
     TranspileParameterServer(main, startup, strategy, role);
   } else {

@@ -63,6 +63,10 @@ void TranspileGradientMerge(Program& main, Program& startup, const DistributedSt
 // Step 1b: SyncBatchNormPass on ring 0 when strategy.sync_batch_norm (any number of workers;
 // after gradient merge, which refuses ring ops); nothing otherwise.
 void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedStrategy& strategy);
+// Step 1c: FuseGemmEpiloguePass when strategy.fuse_gemm_epilogue, with any number of workers, after
+// gradient merge and sync batch norm, before the parameter-server or collective passes.
+void TranspileFuseGemmEpilogue(Program& main, Program& startup,
+                               const DistributedStrategy& strategy);
 // Step 2: the data-parallel passes (nothing with one worker).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes = 0);

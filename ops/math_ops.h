@@ -26,19 +26,42 @@ namespace keel {
 
 // ---------------------------------------------------------------- mul
 
+// The mul GEMMs, also fused_gemm_epilogue's (fused_gemm_ops.h). X is M x K at x_num_col_dims
+// `xk`, Y is K x N at y_num_col_dims `yk`.
+// out = x * y. out: M x N, x: M x K, y: K x N
+template <typename D, typename T>
+void MulGemm(const ExecutionContext& ctx, const Tensor& x, const Tensor& y, int xk, int yk,
+             Tensor* out) {
+  const int64_t M = x.dims().prod(0, xk), K = x.dims().prod(xk, x.dims().size());
+  const int64_t N = y.dims().prod(yk, y.dims().size());
+  Device<D>::Gemm(ctx, false, false, M, N, K, Acc<T>(1), x.data<T>(), 0, y.data<T>(), 0, Acc<T>(0),
+                  out->mutable_data<T>(ctx.place()), 0);
+}
+
+// dx = dout * y' and dy = x' * dout, each only where asked for (non-null).
+template <typename D, typename T>
+void MulGradGemms(const ExecutionContext& ctx, const Tensor& x, const Tensor& y, const Tensor& dout,
+                  int xk, int yk, Tensor* dx, Tensor* dy) {
+  const int64_t M = x.dims().prod(0, xk), K = x.dims().prod(xk, x.dims().size());
+  const int64_t N = y.dims().prod(yk, y.dims().size());
+  const Acc<T> one(1), zero(0);
+  // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
+  if (dx)
+    Device<D>::Gemm(ctx, false, true, M, K, N, one, dout.data<T>(), 0, y.data<T>(), 0, zero,
+                    dx->mutable_data<T>(ctx.place()), 0);
+  // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
+  if (dy)
+    Device<D>::Gemm(ctx, true, false, K, N, M, one, x.data<T>(), 0, dout.data<T>(), 0, zero,
+                    dy->mutable_data<T>(ctx.place()), 0);
+}
+
 template <typename D, typename T>
 class MulKernel : public OpKernel {
  public:
   explicit MulKernel(const OpDesc& op)
       : xk_(op.Attr<int>("x_num_col_dims")), yk_(op.Attr<int>("y_num_col_dims")) {}
   void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const Tensor& y = ctx.Input("Y");
-    const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
-    const int64_t N = y.dims().prod(yk_, y.dims().size());
-    // out = x * y. out: M x N, x: M x K, y: K x N
-    Device<D>::Gemm(ctx, false, false, M, N, K, Acc<T>(1), x.data<T>(), 0, y.data<T>(), 0,
-                    Acc<T>(0), ctx.Output("Out")->mutable_data<T>(ctx.place()), 0);
+    MulGemm<D, T>(ctx, ctx.Input("X"), ctx.Input("Y"), xk_, yk_, ctx.Output("Out"));
   }
 
  private:
@@ -51,20 +74,8 @@ class MulGradKernel : public OpKernel {
   explicit MulGradKernel(const OpDesc& op)
       : xk_(op.Attr<int>("x_num_col_dims")), yk_(op.Attr<int>("y_num_col_dims")) {}
   void Compute(ExecutionContext& ctx) override {
-    const Tensor& x = ctx.Input("X");
-    const Tensor& y = ctx.Input("Y");
-    const Tensor& dout = ctx.Input(GradVarName("Out"));
-    const int64_t M = x.dims().prod(0, xk_), K = x.dims().prod(xk_, x.dims().size());
-    const int64_t N = y.dims().prod(yk_, y.dims().size());
-    const Acc<T> one(1), zero(0);
-    // dx = dout * y'. dx: M x K, dout: M x N, y: K x N
-    if (Tensor* dx = GradOutput(ctx, "X"))
-      Device<D>::Gemm(ctx, false, true, M, K, N, one, dout.data<T>(), 0, y.data<T>(), 0, zero,
-                      dx->mutable_data<T>(ctx.place()), 0);
-    // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
-    if (Tensor* dy = GradOutput(ctx, "Y"))
-      Device<D>::Gemm(ctx, true, false, K, N, M, one, x.data<T>(), 0, dout.data<T>(), 0, zero,
-                      dy->mutable_data<T>(ctx.place()), 0);
+    MulGradGemms<D, T>(ctx, ctx.Input("X"), ctx.Input("Y"), ctx.Input(GradVarName("Out")), xk_, yk_,
+                       GradOutput(ctx, "X"), GradOutput(ctx, "Y"));
   }
 
  private:

@@ -83,6 +83,10 @@ DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transf
 DEFINE_bool(sync_batch_norm, false,
             "Batch norm normalizes with the statistics of every worker's batch together "
             "(DistributedStrategy.sync_batch_norm, docs/sync-batch-norm.md; resnet); CPU only.");
+DEFINE_bool(fuse_gemm_epilogue, true,
+            "Each fully connected layer's matrix product and bias add run as one op, forward and "
+            "backward (DistributedStrategy.fuse_gemm_epilogue, docs/performance.md): the same "
+            "values bit for bit, less memory traffic; false: separate mul and elementwise_add.");
 
 // ---- optimizer
 DEFINE_string(optimizer, "", "sgd | momentum | adam | adamw; empty: the model's default.");
@@ -199,6 +203,7 @@ fleet::DistributedStrategy StrategyFromFlags() {
   if (strategy.tensor_parallel)
     strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp_degree;
   strategy.sync_batch_norm = FLAGS_sync_batch_norm;
+  strategy.fuse_gemm_epilogue = FLAGS_fuse_gemm_epilogue;
   KEEL_ENFORCE(FLAGS_pp_degree >= 1, "--pp_degree must be >= 1, got ", FLAGS_pp_degree);
   RefuseUnless(FLAGS_pp_degree > 1, "micro_batches", "pipelines (--pp_degree > 1)");
   RefuseUnless(FLAGS_pp_degree > 1, "pp_schedule", "pipelines (--pp_degree > 1)");

@@ -396,6 +396,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"nworkers", "InspectStrategy.ParameterServerGoldens"},
       {"ps_mode", "InspectStrategy.ParameterServerGoldens (async, geo: refused)"},
       {"geo_k", "InspectStrategy.ParameterServerGoldens (refused)"},
+      {"fuse_gemm_epilogue", "InspectStrategy.FuseGemmEpilogueIsOnByDefaultAndTurnsOff"},
       {"safetensors_allow_unverified", "IoTest.AnEditedHeaderOrADeletedChecksumIsCaught"},
   };
   auto list = RunCommand(Keel() + " flags");

@@ -60,6 +60,23 @@ TEST(InspectStrategy, LocalSgdGolden) {
   ExpectGolden(r.output, "inspect_strategy_local_sgd.txt");
 }
 
+// keel's commands fuse each fc layer's mul and bias add (DistributedStrategy.fuse_gemm_epilogue)
+// unless told not to; the goldens above show the fused programs a job runs.
+TEST(InspectStrategy, FuseGemmEpilogueIsOnByDefaultAndTurnsOff) {
+  auto on = Inspect("--strategy --nranks=2" + std::string(kSmallMlp));
+  auto off = Inspect("--strategy --nranks=2 --fuse_gemm_epilogue=false" + std::string(kSmallMlp));
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  for (const char* op : {"fused_gemm_epilogue(", "fused_gemm_epilogue_grad("}) {
+    EXPECT_NE(on.output.find(op), std::string::npos) << on.output;
+    EXPECT_EQ(off.output.find(op), std::string::npos) << off.output;
+  }
+  for (const char* op : {"  mul(", "  mul_grad(", "  elementwise_add_grad("}) {
+    EXPECT_EQ(on.output.find(op), std::string::npos) << on.output;
+    EXPECT_NE(off.output.find(op), std::string::npos) << off.output;
+  }
+}
+
 // --tp_degree: rank 1 of tp2 x dp2 holds its shards of the mlp's two hidden layers (column, then
 // row), the collectives between them, its data-parallel ring over ranks {1, 3} and its
 // tensor-parallel ring over {0, 1}. Every rank's program names its own groups.
@@ -218,11 +235,13 @@ TEST(InspectStrategy, ParameterServerGoldens) {
       << collective.output;
 }
 
+// (Without the layer fusion, which rewrites every layer: the data-parallel passes' changes alone.)
 TEST(InspectStrategy, DiffShowsOnlyWhatTheTranspilerChanged) {
-  const std::string flags = " --nranks=2" + std::string(kSmallMlp);
+  const std::string flags = " --nranks=2 --fuse_gemm_epilogue=false" + std::string(kSmallMlp);
   auto full = Inspect("--strategy" + flags);
   auto diff = Inspect("--strategy --diff" + flags);
-  auto single = Inspect("--strategy --nranks=1 --diff" + std::string(kSmallMlp));
+  auto single =
+      Inspect("--strategy --nranks=1 --diff --fuse_gemm_epilogue=false" + std::string(kSmallMlp));
   ASSERT_EQ(diff.exit_code, 0) << diff.output;
   std::istringstream in(diff.output);
   std::string line;

@@ -70,6 +70,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "gradient_merge=false, gradient_merge_configs={k_steps=1, avg=true}, "
       "sharding=false, sharding_configs={stage=1, sharding_degree=0}, tensor_parallel=false, "
       "tensor_parallel_configs={tensor_parallel_degree=1}, sync_batch_norm=false, "
+      "fuse_gemm_epilogue=false, "
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
       "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1, send_queue_size=16, "
@@ -596,6 +597,10 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
       {"sync_batch_norm", kPinnedBy, none, none,
        "SyncBatchNormPass.RewritesTrainingBatchNormsOfAConvNetMatchesGolden, "
        "SyncBatchNormDataParallel.StrategySwitchTrainsTwoRanksAsOneProcess"},
+      // Fuses layers at minimize, the values unchanged bit for bit: pinned by its pass tests.
+      {"fuse_gemm_epilogue", kPinnedBy, none, none,
+       "FuseGemmEpiloguePass.StrategySwitchReachesTheProgramThroughFleet, "
+       "FuseGemmEpiloguePass.TrainingGivesTheSameParametersBitForBit"},
       {"fp16_allreduce", kChangesProgram, none, [](auto* s) { s->fp16_allreduce = true; }},
       {"fp16_allreduce_configs.dtype", kRefused, none,
        [](auto* s) { s->fp16_allreduce_configs.dtype = DType::kBFloat16; }},

@@ -1,10 +1,11 @@
 // GPU twin tests (ctest label `gpu`) of the CUDA kernels beyond GEMM, element-wise and
 // activations: losses, layer_norm, dropout, reductions, lookup_table, shape ops, fills, random
 // initializers, cast, compare/logical, lr schedules, metrics, coalesce_tensor, the global-norm
-// clip and loss scaling. Every case runs on CPUPlace and CUDAPlace(0) from the same random inputs,
-// forward and gradient, with every new allocation poisoned (FLAGS_init_allocated_mem: an output
-// element a kernel leaves unwritten is NaN and fails the comparison) and the host fallback off (a
-// case that would run through it is an error). Float32 agrees within 1e-5, reductions within 1e-4.
+// clip, loss scaling and fused_gemm_epilogue. Every case runs on CPUPlace and CUDAPlace(0) from the
+// same random inputs, forward and gradient, with every new allocation poisoned
+// (FLAGS_init_allocated_mem: an output element a kernel leaves unwritten is NaN and fails the
+// comparison) and the host fallback off (a case that would run through it is an error). Float32
+// agrees within 1e-5, reductions within 1e-4.
 //
 // The GPU tests skip with a message without a device; CudaKernels2Cases.AreValidOnTheCpu runs
 // every case on the CPU everywhere, so the case table itself stays correct.
@@ -367,6 +368,13 @@ std::vector<GpuCase> Cases() {
           0, false);
     }
   }
+  // A fully connected layer's GEMM and bias add in one op (the fuse_gemm_epilogue pass's).
+  add(Op("fused_gemm_epilogue", "fused_gemm_epilogue",
+         {{"X", {R({2, 33, 17}, -1, 1, 1)}},
+          {"Y", {R({17, 45}, -1, 1, 2)}},
+          {"Bias", {R({45}, -1, 1, 3)}}},
+         {{"Out", 1}}, {{"x_num_col_dims", 2}}),
+      1e-5);
   // float64 twins of a few.
   const DType f64 = DType::kFloat64;
   add(Op("layer_norm_f64", "layer_norm", {{"X", {R({4, 9}, -1, 1, 1, f64)}}},
