@@ -20,8 +20,8 @@ namespace {
 void FusedGemmEpilogueShape(InferShapeContext& ctx) {
   const DDim x = ctx.GetInputDim("X"), y = ctx.GetInputDim("Y"), b = ctx.GetInputDim("Bias");
   const int xk = ctx.Attr<int>("x_num_col_dims");
-  KEEL_SHAPE_CHECK(x.size() > xk, "X's rank ", x.size(), " must exceed x_num_col_dims ", xk,
-                   " (X ", x, ", Y ", y, ")");
+  KEEL_SHAPE_CHECK(x.size() > xk, "X's rank ", x.size(), " must exceed x_num_col_dims ", xk, " (X ",
+                   x, ", Y ", y, ")");
   KEEL_SHAPE_CHECK(y.size() == 2, "Y must be 2-D [K, N] (X ", x, ", Y ", y, ")");
   KEEL_SHAPE_CHECK(b.size() == 1, "Bias must be 1-D [N] (Y ", y, ", Bias ", b, ")");
   const DType dt = ctx.GetInputDType("X");
@@ -32,8 +32,8 @@ void FusedGemmEpilogueShape(InferShapeContext& ctx) {
   for (int i = xk; i < x.size(); ++i) width = x[i] < 0 || width < 0 ? -1 : width * x[i];
   KEEL_SHAPE_CHECK(ctx.DimEq(width, y[0]), "X's width ", width, " must equal Y's height ", y[0],
                    " (X ", x, ", Y ", y, ", x_num_col_dims ", xk, ")");
-  KEEL_SHAPE_CHECK(ctx.DimEq(b[0], y[1]), "Bias [", b[0], "] must have Y's ", y[1],
-                   " columns (Y ", y, ")");
+  KEEL_SHAPE_CHECK(ctx.DimEq(b[0], y[1]), "Bias [", b[0], "] must have Y's ", y[1], " columns (Y ",
+                   y, ")");
   DDim out;
   for (int i = 0; i < xk; ++i) out.push_back(x[i]);
   out.push_back(y[1]);

@@ -46,8 +46,8 @@ bool Single(const std::vector<std::string>& args) { return args.size() == 1; }
 
 // True when an op of block b strictly between positions `from` and `to` reads (when `reads`) or
 // writes one of `vars`.
-bool TouchedBetween(const Block& block, size_t from, size_t to, const std::vector<std::string>& vars,
-                    bool reads) {
+bool TouchedBetween(const Block& block, size_t from, size_t to,
+                    const std::vector<std::string>& vars, bool reads) {
   for (size_t i = from + 1; i < to; ++i) {
     const OpDesc& op = *block.op(i);
     for (const std::string& v : vars) {
@@ -119,15 +119,16 @@ bool MatchLayer(const Block& block, int b, size_t i, const Uses& uses, Match* m)
   if (gt == kEmptyVarName) return m->mul_grad == std::string::npos;
   if (m->mul_grad == std::string::npos || m->mul_grad < m->add_grad) return false;
   const OpDesc& mg = *block.op(m->mul_grad);
-  if (mg.Input("X") != std::vector<std::string>{x} || mg.Input("Y") != std::vector<std::string>{w} ||
+  if (mg.Input("X") != std::vector<std::string>{x} ||
+      mg.Input("Y") != std::vector<std::string>{w} ||
       mg.Input(GradVarName("Out")) != std::vector<std::string>{gt} ||
       mg.Attr<int>("x_num_col_dims") != xk || mg.Attr<int>("y_num_col_dims") != 1)
     return false;
   if (uses.Writers(gt).size() != 1 || uses.Readers(gt).size() != 1) return false;
   std::vector<std::string> outs = mg.OutputArgumentNames();
   if (TouchedBetween(block, m->add_grad, m->mul_grad, outs, true)) return false;
-  return !TouchedBetween(block, m->add_grad, m->mul_grad,
-                         {x, w, ag.Input(GradVarName("Out"))[0]}, false);
+  return !TouchedBetween(block, m->add_grad, m->mul_grad, {x, w, ag.Input(GradVarName("Out"))[0]},
+                         false);
 }
 
 // The elementwise op's attrs but its axis (op_role, op_role_var, op_device), then x_num_col_dims.
@@ -173,9 +174,8 @@ void FuseGemmEpiloguePass::Apply(Program& main, Program& /*startup*/) const {
         fused_grad->SetInput("Out", {out});
         fused_grad->SetInput(GradVarName("Out"), ag.Input(GradVarName("Out")));
         for (const char* slot : {"X", "Y"})
-          fused_grad->SetOutput(GradVarName(slot),
-                                mg ? mg->Output(GradVarName(slot))
-                                   : std::vector<std::string>{kEmptyVarName});
+          fused_grad->SetOutput(GradVarName(slot), mg ? mg->Output(GradVarName(slot))
+                                                      : std::vector<std::string>{kEmptyVarName});
         fused_grad->SetOutput(GradVarName("Bias"), ag.Output(GradVarName("Y")));
         CopyAttrs(ag, fused_grad.get(), xk);
         std::vector<std::string> role_var;

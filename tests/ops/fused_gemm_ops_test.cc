@@ -28,7 +28,8 @@ const FusedParams kCases[] = {
 
 // Random values of `dtype` (the 16-bit types: float32 ones converted).
 Tensor Random(const DDim& d, DType dtype, uint64_t seed) {
-  if (dtype == DType::kFloat32 || dtype == DType::kFloat64) return RandomTensor(d, dtype, -1, 1, seed);
+  if (dtype == DType::kFloat32 || dtype == DType::kFloat64)
+    return RandomTensor(d, dtype, -1, 1, seed);
   return ConvertTensor(RandomTensor(d, DType::kFloat32, -1, 1, seed), dtype);
 }
 

@@ -62,13 +62,13 @@ TEST(FuseGemmEpiloguePass, AProductReadByAnotherOpIsLeftAlone) {
       Var x = layers::data("x", {-1, 4});
       Var w = layers::create_parameter({4, 3}, DType::kFloat32, "l", "w", {},
                                        initializer::Constant(0.5f));
-      Var b = layers::create_parameter({3}, DType::kFloat32, "l", "b", {},
-                                       initializer::Constant(0.5f));
+      Var b =
+          layers::create_parameter({3}, DType::kFloat32, "l", "b", {}, initializer::Constant(0.5f));
       Var t = layers::matmul(x, w);  // keel's matmul: not fused either
       Var m = layers::mul(x, w);
       Var s = layers::elementwise_add(m, b, 1);
-      Var other = std::string(extra) == "scale" ? layers::scale(m, 2.0f)
-                                                : layers::elementwise_add(m, b, 1);
+      Var other =
+          std::string(extra) == "scale" ? layers::scale(m, 2.0f) : layers::elementwise_add(m, b, 1);
       layers::mean(layers::elementwise_add(layers::elementwise_add(s, other), t));
     }
     const std::string before = main.ToText();
@@ -84,7 +84,7 @@ TEST(FuseGemmEpiloguePass, AnAddThatIsNotTheBiasAddIsLeftAlone) {
     ProgramGuard guard(main, startup);
     Var x = layers::data("x", {-1, 4});
     Var w = layers::create_parameter({4, 3}, DType::kFloat32, "l", "w", {},
-                                       initializer::Constant(0.5f));
+                                     initializer::Constant(0.5f));
     Var y = layers::data("y", {-1, 3});
     layers::mean(layers::elementwise_add(layers::mul(x, w), y));  // [N, 3] + [N, 3]
   }
@@ -104,7 +104,8 @@ models::TrainableModel Model(const std::string& name, bool fuse) {
   cfg.transformer.d_model = 16;
   cfg.transformer.d_ff = 32;
   cfg.make_optimizer = [](const std::string&, float) {
-    auto o = std::make_unique<optimizer::Adam>(lr_schedule::LinearWarmup(lr_schedule::Cosine(0.01f, 100), 2));
+    auto o = std::make_unique<optimizer::Adam>(
+        lr_schedule::LinearWarmup(lr_schedule::Cosine(0.01f, 100), 2));
     o->set_grad_clip(optimizer::GradientClipByGlobalNorm{0.5f});
     return std::unique_ptr<optimizer::Optimizer>(std::move(o));
   };
