@@ -108,7 +108,7 @@ bool MatchLayer(const Block& block, int b, size_t i, const Uses& uses, Match* m)
       return false;  // another reader of the product
     }
   }
-  if (!have_add || TouchedBetween(block, m->mul, m->add, {x, w, b_name}, false)) return false;
+  if (!have_add || TouchedBetween(block, m->mul, m->add, {x, w}, false)) return false;
   if (m->add_grad == std::string::npos) return m->mul_grad == std::string::npos;
   // The backward pair: add_grad(X t, Y b) -> (X@GRAD gt), then mul_grad(Out@GRAD gt).
   const OpDesc& ag = *block.op(m->add_grad);

@@ -11,7 +11,8 @@
 // Guarantees: in every block, a `mul` (y_num_col_dims 1, a 2-D weight Y [K, N]) whose Out t is
 //   read by exactly one forward op, an `elementwise_add` of t and a 1-D bias [N] at axis
 //   x_num_col_dims, becomes fused_gemm_epilogue(X, Y, Bias) -> the add's Out, at the add's
-//   position (the mul is removed), when no op between them writes X, Y or the bias. Its backward,
+//   position (the mul is removed), when no op between them writes X or Y (the bias is read where
+//   the add read it, so AMP's cast of it may lie between). Its backward,
 //   when there is one, must be the add's elementwise_add_grad (X t) and the mul_grad reading the
 //   add_grad's X@GRAD, that grad read by nothing else, with no op between the two that reads or
 //   writes the mul_grad's outputs or writes its inputs; they become one fused_gemm_epilogue_grad

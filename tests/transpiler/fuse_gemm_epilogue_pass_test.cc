@@ -10,6 +10,7 @@
 #include "executor/executor.h"
 #include "fleet/distributed_strategy.h"
 #include "fleet/transpile.h"
+#include "framework/dsl/amp.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/lr_schedule.h"
 #include "framework/dsl/optimizer.h"
@@ -93,8 +94,9 @@ TEST(FuseGemmEpiloguePass, AnAddThatIsNotTheBiasAddIsLeftAlone) {
   EXPECT_EQ(main.ToText(), before);
 }
 
-// The zoo's mlp or transformer, seeded, Adam with clipping and a warm-up schedule.
-models::TrainableModel Model(const std::string& name, bool fuse) {
+// The zoo's mlp or transformer, seeded, Adam with clipping and a warm-up schedule; `amp`: under
+// bfloat16 O1 (AMP's cast of each bias lies between the mul and its add).
+models::TrainableModel Model(const std::string& name, bool fuse, bool amp = false) {
   models::ModelConfig cfg;
   cfg.name = name;
   cfg.seed = 5;
@@ -109,15 +111,21 @@ models::TrainableModel Model(const std::string& name, bool fuse) {
     o->set_grad_clip(optimizer::GradientClipByGlobalNorm{0.5f});
     return std::unique_ptr<optimizer::Optimizer>(std::move(o));
   };
+  if (amp)
+    cfg.minimize = [](Var loss, Program* startup, const optimizer::Optimizer& opt) {
+      amp::decorate(opt).minimize(loss, startup);
+    };
   models::TrainableModel m = models::BuildModel(cfg);
   if (fuse) Fuse(*m.main, *m.startup);
   return m;
 }
 
 TEST(FuseGemmEpiloguePass, TrainingGivesTheSameParametersBitForBit) {
-  for (const char* name : {"mlp", "transformer"}) {
+  for (const char* name : {"mlp", "transformer", "mlp_amp_bf16"}) {
     SCOPED_TRACE(name);
-    models::TrainableModel plain = Model(name, false), fused = Model(name, true);
+    const bool amp = std::string(name) == "mlp_amp_bf16";
+    const std::string model = amp ? "mlp" : name;
+    models::TrainableModel plain = Model(model, false, amp), fused = Model(model, true, amp);
     EXPECT_EQ(Count(*plain.main, "fused_gemm_epilogue"), 0);
     EXPECT_GE(Count(*fused.main, "fused_gemm_epilogue_grad"), 3);
     EXPECT_EQ(Count(*fused.main, "elementwise_add_grad") + Count(*fused.main, "mul_grad") +
