@@ -288,6 +288,17 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
       }
     }
   }
+  // How many ops of the whole program write each var: an output may share its input's buffer
+  // (OpTraits::may_share) only where each of the two has one writer.
+  std::map<std::string, int> writers;
+  for (int b = 0; b < program.num_blocks(); ++b)
+    for (const auto& op : program.block(b).ops())
+      for (const std::string& a : op->OutputArgumentNames()) ++writers[a];
+  auto shareable = [&](const std::string& name) {
+    auto it = plan->vars.find(name);
+    return name != kEmptyVarName && it != plan->vars.end() && !it->second.second->persistable() &&
+           !it->second.second->is_data() && writers[name] == 1;
+  };
   std::random_device rd;
   std::vector<DependencyGraph::OpAccess> access(block.num_ops());
   std::map<std::string, std::string> slice_of;
@@ -341,6 +352,12 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
     // Ops that run blocks touch variables the graph cannot see; a barrier trait orders an op
     // against all others (one that creates a ring later collectives use).
     const OpTraits& traits = OpRegistry::Traits(op->type());
+    for (const auto& [out_slot, in_slot] : traits.may_share) {
+      const auto& outs = op->Output(out_slot);
+      const auto& ins = op->Input(in_slot);
+      if (outs.size() == 1 && ins.size() == 1 && shareable(outs[0]) && shareable(ins[0]))
+        p.ctx->AllowSharing(out_slot);
+    }
     acc.hidden_accesses = op->HasAttr("sub_block");
     acc.barrier = acc.hidden_accesses || !traits.barrier.empty();
     if (!traits.fused_slot.empty() && !op->Output(traits.fused_slot).empty())
@@ -438,7 +455,7 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
 }
 
 std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
-                                  const std::vector<std::string>& fetch) {
+                                  const std::vector<std::string>& fetch, FetchMode mode) {
   Plan& plan = GetPlan(program);
   const ExecutionStrategy& strategy = StrategyFor(program);
   const bool graphed = strategy.use_cuda_graph;
@@ -476,8 +493,11 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
     }
   }
   // Checked before running, so a bad name costs no step.
-  for (auto& name : fetch)
+  for (auto& name : fetch) {
     KEEL_ENFORCE(plan.vars.count(name), "fetch '", name, "' is not a variable of the program");
+    KEEL_ENFORCE(mode == FetchMode::kCopy || !plan.vars.at(name).second->persistable(), "fetch '",
+                 name, "' is persistable: a run takes only temporaries out of the scope (kTake)");
+  }
 
   if (graphed) {
     RunGraphed(program, plan, feed);
@@ -491,9 +511,25 @@ std::vector<Tensor> Executor::Run(const Program& program, const FeedMap& feed,
   std::vector<Tensor> results;
   results.reserve(fetch.size());
   for (auto& name : fetch) {
-    const Tensor& t = plan.vars.at(name).first->tensor();
-    KEEL_ENFORCE(t.initialized(), "fetch '", name, "' holds no data after the run");
-    results.push_back(t.Clone(CPUPlace()));
+    Tensor* t = plan.vars.at(name).first->mutable_tensor();
+    KEEL_ENFORCE(t->initialized(), "fetch '", name, "' holds no data after the run");
+    if (mode == FetchMode::kCopy) {
+      results.push_back(t->Clone(CPUPlace()));
+    } else {
+      results.push_back(*t);  // shares the buffer, which the var then lets go
+      t->clear();
+    }
+  }
+  if (mode == FetchMode::kTake) {
+    // A var sharing a taken buffer (OpTraits::may_share) lets it go too, so that the next run
+    // writes none of them into what the caller now holds.
+    std::set<const Allocation*> taken;
+    for (const Tensor& r : results) taken.insert(r.holder().get());
+    for (auto& kv : plan.vars) {
+      Tensor* t = kv.second.first->mutable_tensor();
+      if (!kv.second.second->persistable() && t->initialized() && taken.count(t->holder().get()))
+        t->clear();
+    }
   }
 
   const int drop = strategy.num_iteration_per_drop_scope;

@@ -32,11 +32,19 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
+  // How Run hands back what it fetches: kCopy, copies on the CPU; kTake, the variables' own
+  // tensors, taken out of the scope where they lie (no copy, not even off a GPU): the variables
+  // are empty after the run, and the next run writes them afresh. Non-persistable variables only.
+  // For a caller that feeds them to a later run, as a pipeline stage keeps a micro-batch's
+  // activations from its forward run for its backward run.
+  enum class FetchMode { kCopy, kTake };
+
   // Runs block 0 of `program`. Feeds are checked against the program's data vars (dtype, rank,
-  // every known dim). Returns copies of the fetched tensors in order (empty when `fetch` is);
-  // a run that fetches nothing copies nothing.
+  // every known dim). Returns the fetched tensors in order (empty when `fetch` is), copies unless
+  // `mode` is kTake; a run that fetches nothing copies nothing.
   std::vector<Tensor> Run(const Program& program, const FeedMap& feed = {},
-                          const std::vector<std::string>& fetch = {});
+                          const std::vector<std::string>& fetch = {},
+                          FetchMode mode = FetchMode::kCopy);
 
   Scope& scope() { return *scope_; }
   // The child scope holding temporaries (non-persistable vars).

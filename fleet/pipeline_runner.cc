@@ -135,11 +135,17 @@ PipelineRunner::PipelineRunner(Executor& exe, const Program& stage_program,
 void PipelineRunner::Forward(MicroBatch& mb, const std::vector<std::string>& fetch) {
   FeedMap feed;
   for (const std::string& v : fwd_data_) feed[v] = mb.data.at(v);
+  // What the backward reads stays where it lies, taken out of the scope (no copy); the fetches
+  // (the loss: small) are copied to the CPU, from the taken tensor when the backward reads it too.
   std::vector<std::string> names = stash_;
-  names.insert(names.end(), fetch.begin(), fetch.end());
-  std::vector<Tensor> out = exe_.Run(*fwd_, feed, names);
-  for (size_t i = 0; i < stash_.size(); ++i) mb.stash[stash_[i]] = std::move(out[i]);
-  for (size_t i = 0; i < fetch.size(); ++i) mb.stash["@FETCH@" + fetch[i]] = out[stash_.size() + i];
+  for (const std::string& f : fetch)
+    if (std::find(stash_.begin(), stash_.end(), f) == stash_.end()) names.push_back(f);
+  std::vector<Tensor> out = exe_.Run(*fwd_, feed, names, Executor::FetchMode::kTake);
+  for (size_t i = 0; i < stash_.size(); ++i) mb.stash[stash_[i]] = out[i];
+  for (size_t i = stash_.size(); i < names.size(); ++i)
+    mb.stash["@FETCH@" + names[i]] = out[i].Clone(CPUPlace());
+  for (const std::string& f : fetch)
+    if (!mb.stash.count("@FETCH@" + f)) mb.stash["@FETCH@" + f] = mb.stash.at(f).Clone(CPUPlace());
   peak_ = std::max(peak_, ++in_flight_);
 }
 

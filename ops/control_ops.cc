@@ -97,7 +97,8 @@ KEEL_REGISTER_OP(assign)
     .Doc("Out = a copy of X (same shape and dtype)")
     .Input("X", "the source")
     .Output("Out", "the copy")
-    .Shape(AssignShape);
+    .Shape(AssignShape)
+    .MayShareBuffer("Out", "X");
 KEEL_REGISTER_KERNEL(CPU, assign, CopyKernel, float, double, int32_t, int64_t, bool, bfloat16,
                      float16);
 

@@ -94,9 +94,21 @@ struct OnDevice {
 
 // ---------------------------------------------------------------- fronts several families use
 
-// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): a copy, none
-// when they share memory. Copying, not sharing, keeps Out's allocation (maybe a view into a fused
-// buffer) in place.
+// Makes `out` the input `from`'s buffer in out's own shape (set by shape inference) and returns
+// true, where the executor lets output `slot` share it (OpTraits::may_share); false otherwise,
+// when the kernel copies.
+inline bool ShareInput(const ExecutionContext& ctx, const std::string& slot, const Tensor& from,
+                       Tensor* out) {
+  if (!ctx.MayShare(slot) || from.numel() != out->numel()) return false;
+  const DDim dims = out->dims();
+  out->ShareDataWith(from);
+  out->Resize(dims);
+  return true;
+}
+
+// Out = X's elements in Out's shape (reshape, flatten, squeeze, unsqueeze, assign): X's own buffer
+// where the executor allows it (ShareInput), else a copy, none when they share memory. Copying
+// keeps Out's allocation (maybe a view into a fused buffer) in place.
 template <typename D, typename T>
 class CopyKernel : public OpKernel {
  public:
@@ -105,6 +117,7 @@ class CopyKernel : public OpKernel {
     Tensor* out = ctx.Output("Out");
     KEEL_ENFORCE(x.numel() == out->numel(), "cannot copy ", x.dims().str(), " into ",
                  out->dims().str());
+    if (ShareInput(ctx, "Out", x, out)) return;
     Device<D>::Copy(ctx, x.data<T>(), out->mutable_data<T>(ctx.place()), x.numel());
   }
 };
@@ -119,6 +132,7 @@ class CopyGradKernel : public OpKernel {
     const Tensor& dout = ctx.Input(GradVarName("Out"));
     KEEL_ENFORCE(dout.numel() == dx->numel(), "cannot copy ", dout.dims().str(), " into ",
                  dx->dims().str());
+    if (ShareInput(ctx, GradVarName("X"), dout, dx)) return;
     Device<D>::Copy(ctx, dout.data<T>(), dx->mutable_data<T>(ctx.place()), dout.numel());
   }
 };

@@ -176,7 +176,8 @@ KEEL_REGISTER_GRAD_OP(matmul_grad, matmul).ComputesOutputsApart();
 KEEL_REGISTER_KERNEL(CPU, matmul, MatMulKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double, bfloat16, float16);
 
-#define KEEL_REGISTER_ELEMENTWISE_OP(name, Kernel, GradKernel, formula)                       \
+// Trailing arguments: traits of the grad op.
+#define KEEL_REGISTER_ELEMENTWISE_OP(name, Kernel, GradKernel, formula, ...)                  \
   KEEL_REGISTER_OP(name)                                                                      \
       .Doc("Out = " formula                                                                   \
            ", Y broadcast into X at axis: X [N, C, H, W], Y [C], axis 1 -> "                  \
@@ -187,14 +188,17 @@ KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double, bfloat16
       .Attr<int>("axis", -1, "X's dim where Y's first dim lands; -1: rank(X) - rank(Y)")      \
       .Shape(ElementwiseShape)                                                                \
       .DefaultGrad();                                                                         \
-  KEEL_REGISTER_GRAD_OP(name##_grad, name);                                                   \
+  KEEL_REGISTER_GRAD_OP(name##_grad, name) __VA_ARGS__;                                       \
   KEEL_REGISTER_KERNEL(CPU, name, Kernel, float, double, bfloat16, float16);                  \
   KEEL_REGISTER_KERNEL(CPU, name##_grad, GradKernel, float, double, bfloat16, float16)
 
+// Their gradients pass dOut through: the executor may let them be dOut itself.
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_add, ElementwiseAddKernel, ElementwiseAddGradKernel,
-                             "X + Y");
+                             "X + Y",
+                             .MayShareBuffer(GradVarName("X"), GradVarName("Out"))
+                                 .MayShareBuffer(GradVarName("Y"), GradVarName("Out")));
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_sub, ElementwiseSubKernel, ElementwiseSubGradKernel,
-                             "X - Y");
+                             "X - Y", .MayShareBuffer(GradVarName("X"), GradVarName("Out")));
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_mul, ElementwiseMulKernel, ElementwiseMulGradKernel,
                              "X * Y");
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_div, ElementwiseDivKernel, ElementwiseDivGradKernel,

@@ -238,16 +238,20 @@ class ElementwiseGradKernel : public OpKernel {
     const T* yd = y.data<T>();
     const T* gd = dout.data<T>();
     if (Tensor* dx = GradOutput(ctx, "X")) {
-      T* dxd = dx->mutable_data<T>(ctx.place());
       if constexpr (G::kDxIsDout) {
-        Device<D>::Copy(ctx, gd, dxd, dout.numel());
+        if (!ShareInput(ctx, GradVarName("X"), dout, dx))
+          Device<D>::Copy(ctx, gd, dx->mutable_data<T>(ctx.place()), dout.numel());
       } else {
+        T* dxd = dx->mutable_data<T>(ctx.place());
         Device<D>::ForEachBroadcast(ctx, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) {
           dxd[i] = Narrow<T>(G::DX(Widen(gd[i]), Widen(xd[i]), Widen(yd[j])));
         });
       }
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
+      // Y of dOut's size: each sum has one term, dOut's own value (in any dtype).
+      if constexpr (G::kDyIsDout)
+        if (m.pre == 1 && m.post == 1 && ShareInput(ctx, GradVarName("Y"), dout, dy)) return;
       Device<D>::SumBroadcast(ctx, m, dy->mutable_data<T>(ctx.place()),
                               [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> Acc<T> {
                                 return G::DY(Widen(gd[i]), Widen(xd[i]), Widen(yd[j]));

@@ -423,8 +423,9 @@ KEEL_REGISTER_OP(flatten)
     .Output("Out", "2-D, X's elements")
     .Attr<int>("axis", 1, "dims before it become rows, the rest columns; in [0, rank]")
     .Shape(FlattenShape)
-    .Grad(GradMaker("flatten_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
-KEEL_REGISTER_GRAD_OP(flatten_grad, flatten);
+    .Grad(GradMaker("flatten_grad", {"X"}, {"Out"}, {"X"}))  // X for X@GRAD's shape
+    .MayShareBuffer("Out", "X");
+KEEL_REGISTER_GRAD_OP(flatten_grad, flatten).MayShareBuffer(GradVarName("X"), GradVarName("Out"));
 KEEL_REGISTER_KERNEL(CPU, flatten, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, flatten_grad, CopyGradKernel, float, double, bfloat16, float16);
 
@@ -434,8 +435,10 @@ KEEL_REGISTER_OP(unsqueeze)
     .Output("Out", "X's elements, rank + len(axes)")
     .RequiredAttr<std::vector<int>>("axes", "where to insert; negative counts from the end")
     .Shape(UnsqueezeShape)
-    .Grad(GradMaker("unsqueeze_grad", {"X"}, {"Out"}, {"X"}));
-KEEL_REGISTER_GRAD_OP(unsqueeze_grad, unsqueeze);
+    .Grad(GradMaker("unsqueeze_grad", {"X"}, {"Out"}, {"X"}))
+    .MayShareBuffer("Out", "X");
+KEEL_REGISTER_GRAD_OP(unsqueeze_grad, unsqueeze)
+    .MayShareBuffer(GradVarName("X"), GradVarName("Out"));
 KEEL_REGISTER_KERNEL(CPU, unsqueeze, CopyKernel, float, double, int32_t, int64_t, bfloat16,
                      float16);
 KEEL_REGISTER_KERNEL(CPU, unsqueeze_grad, CopyGradKernel, float, double, bfloat16, float16);
@@ -446,8 +449,9 @@ KEEL_REGISTER_OP(squeeze)
     .Output("Out", "X's elements")
     .Attr<std::vector<int>>("axes", {}, "size-1 dims to drop; empty: every size-1 dim")
     .Shape(SqueezeShape)
-    .Grad(GradMaker("squeeze_grad", {"X"}, {"Out"}, {"X"}));
-KEEL_REGISTER_GRAD_OP(squeeze_grad, squeeze);
+    .Grad(GradMaker("squeeze_grad", {"X"}, {"Out"}, {"X"}))
+    .MayShareBuffer("Out", "X");
+KEEL_REGISTER_GRAD_OP(squeeze_grad, squeeze).MayShareBuffer(GradVarName("X"), GradVarName("Out"));
 KEEL_REGISTER_KERNEL(CPU, squeeze, CopyKernel, float, double, int32_t, int64_t, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, squeeze_grad, CopyGradKernel, float, double, bfloat16, float16);
 

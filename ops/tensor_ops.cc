@@ -275,8 +275,9 @@ KEEL_REGISTER_OP(reshape)
     .Output("Out", "same elements as X, in the new shape")
     .RequiredAttr<std::vector<int>>("shape", "the new shape; 0 copies X's dim, -1 is inferred")
     .Shape(ReshapeShape)
-    .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}));  // X for X@GRAD's shape
-KEEL_REGISTER_GRAD_OP(reshape_grad, reshape);
+    .Grad(GradMaker("reshape_grad", {"X"}, {"Out"}, {"X"}))  // X for X@GRAD's shape
+    .MayShareBuffer("Out", "X");
+KEEL_REGISTER_GRAD_OP(reshape_grad, reshape).MayShareBuffer(GradVarName("X"), GradVarName("Out"));
 KEEL_REGISTER_KERNEL(CPU, reshape, CopyKernel, float, double, int32_t, int64_t, bool, uint8_t,
                      int8_t, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, reshape_grad, CopyGradKernel, float, double, bfloat16, float16);

@@ -33,6 +33,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/runtime/device.h"
 #include "ops/collective_op_call.h"
+#include "ops/device.h"
 
 namespace keel {
 
@@ -73,6 +74,7 @@ class IdentityKernel : public OpKernel {
     Tensor* out = ctx.Output("Out");
     if (out->holder() == x.holder() && out->offset() == x.offset()) return;
     out->Resize(x.dims());
+    if (ShareInput(ctx, "Out", x, out)) return;
     out->mutable_data(x.dtype(), ctx.place());
     out->CopyFrom(x);
   }
@@ -322,7 +324,8 @@ OpSchema& SliceOp(const std::string& type, const std::string& doc) {
          "column-parallel block: every rank holds the whole input, and its gradient is the sum of "
          "the ranks' partial gradients.")
         .Shape([](InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); })
-        .Grad(IdentityGrad);
+        .Grad(IdentityGrad)
+        .MayShareBuffer("Out", "X");
 KEEL_REGISTER_TP_KERNEL(c_identity, IdentityKernel, float, double, int32_t, int64_t);
 
 [[maybe_unused]] static OpSchema& keel_schema_mp_allreduce_sum =

@@ -41,6 +41,14 @@ class ExecutionContext {
     run_block_(idx);
   }
   void set_block_runner(std::function<void(int)> f) { run_block_ = std::move(f); }
+  // Output `slot` may take its input's buffer instead of a copy (OpTraits::may_share): the
+  // executor allows it where neither var can change while the other is read.
+  bool MayShare(const std::string& slot) const {
+    for (const std::string& s : shareable_)
+      if (s == slot) return true;
+    return false;
+  }
+  void AllowSharing(std::string slot) { shareable_.push_back(std::move(slot)); }
 
   void AddInput(std::string slot, std::vector<Variable*> vars) {
     ins_.push_back(Slot{std::move(slot), std::move(vars)});
@@ -95,6 +103,7 @@ class ExecutionContext {
   const int64_t* device_run_index_ = nullptr;
   std::vector<Slot> ins_, outs_;
   std::function<void(int)> run_block_;
+  std::vector<std::string> shareable_;
 };
 
 // Runs shape functions over live tensors: outputs are resized before the kernel runs.

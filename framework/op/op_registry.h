@@ -94,6 +94,11 @@ struct OpTraits {
   // a vocabulary-parallel lookup: lookup_table). "": none (fleet's one-process inference model
   // refuses it).
   std::string one_process_form;
+  // (output slot, input slot) pairs: the output may be the input's own buffer instead of a copy
+  // of it (an identity such as the bias add's input gradient, or a reshape), where the executor
+  // allows it: neither var persistable nor data, each written by exactly one op of the program,
+  // so neither changes while the other is read. The kernel asks ExecutionContext::MayShare.
+  std::vector<std::pair<std::string, std::string>> may_share;
 };
 
 class OpSchema {
@@ -191,6 +196,10 @@ class OpSchema {
   }
   OpSchema& OneProcessForm(std::string type) {
     traits_.one_process_form = std::move(type);
+    return *this;
+  }
+  OpSchema& MayShareBuffer(std::string out_slot, std::string in_slot) {
+    traits_.may_share.emplace_back(std::move(out_slot), std::move(in_slot));
     return *this;
   }
 

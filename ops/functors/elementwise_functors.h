@@ -65,9 +65,10 @@ KEEL_HD T WeightTimes(T w, T v) {
 }
 
 // Gradient rules of z = f(x, y): DX(dz, x, y) = dz * df/dx, DY(dz, x, y) = dz * df/dy.
-// kDxIsDout: dx = dz (no need to read x or y).
+// kDxIsDout: dx = dz (no need to read x or y); kDyIsDout: dy = dz where Y has dz's shape.
 struct AddGrad {
   static constexpr bool kDxIsDout = true;
+  static constexpr bool kDyIsDout = true;
   template <typename T>
   KEEL_HD static T DX(T g, T, T) {
     return g;
@@ -79,6 +80,7 @@ struct AddGrad {
 };
 struct SubGrad {
   static constexpr bool kDxIsDout = true;
+  static constexpr bool kDyIsDout = false;
   template <typename T>
   KEEL_HD static T DX(T g, T, T) {
     return g;
@@ -90,6 +92,7 @@ struct SubGrad {
 };
 struct MulGrad {
   static constexpr bool kDxIsDout = false;
+  static constexpr bool kDyIsDout = false;
   template <typename T>
   KEEL_HD static T DX(T g, T, T y) {
     return g * y;
@@ -101,6 +104,7 @@ struct MulGrad {
 };
 struct DivGrad {
   static constexpr bool kDxIsDout = false;
+  static constexpr bool kDyIsDout = false;
   template <typename T>
   KEEL_HD static T DX(T g, T, T y) {
     return g / y;

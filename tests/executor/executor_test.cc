@@ -9,8 +9,11 @@
 #include <cstring>
 
 #include "fleet/fleet.h"
+#include "framework/autodiff/backward.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
+#include "framework/dsl/program_guard.h"
+#include "framework/op/op_registry.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/small_programs.h"
 
@@ -34,6 +37,105 @@ TEST(Executor, RunsAndFetchesCopies) {
   float first = r[0].data<float>()[0];
   exe.Run(n.main, {{"x", Tensor::FromVector<float>({5, 5, 5}, {1, 3})}}, {n.out});
   EXPECT_EQ(r[0].data<float>()[0], first);  // the earlier result was a copy
+}
+
+// kTake hands back the variable's own tensor and empties the variable: the next run writes a
+// fresh buffer, so the taken one keeps its values; a persistable is refused, naming it.
+TEST(Executor, FetchModeTakeHandsBackTheVariablesOwnTensors) {
+  Net n;
+  Executor exe;
+  Tensor x = Tensor::FromVector<float>({0, 1, -1, 0.5f, 2, 3}, {2, 3});
+  auto r = exe.Run(n.main, {{"x", x}}, {n.out}, Executor::FetchMode::kTake);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_FLOAT_EQ(r[0].data<float>()[1], 2.0f * std::tanh(1.0f) + 1.0f);
+  const Variable* v = exe.local_scope().FindVar(n.out.name());
+  ASSERT_NE(v, nullptr);
+  EXPECT_FALSE(v->tensor().initialized());
+  const float first = r[0].data<float>()[0];
+  auto again = exe.Run(n.main, {{"x", Tensor::FromVector<float>({5, 5, 5, 5, 5, 5}, {2, 3})}},
+                       {n.out}, Executor::FetchMode::kTake);
+  EXPECT_EQ(r[0].data<float>()[0], first);
+  EXPECT_NE(again[0].data<float>(), r[0].data<float>());
+
+  Program main, startup;
+  Var p;
+  {
+    ProgramGuard g(main, startup);
+    p = layers::create_parameter({2}, DType::kFloat32, "l", "p", {}, initializer::Constant(1.0f));
+    layers::scale(p, 2.0f);
+  }
+  exe.Run(startup);
+  std::string e = ErrorOf([&] { exe.Run(main, {}, {p.name()}, Executor::FetchMode::kTake); });
+  EXPECT_NE(e.find("'" + p.name() + "' is persistable"), std::string::npos) << e;
+  EXPECT_TRUE(exe.scope().FindVar(p.name())->tensor().initialized());
+}
+
+// An identity op's output is its input's buffer where the executor allows it (each of the two vars
+// written by one op of the program, neither persistable nor data), a copy where a second op also
+// writes the output; backward, a residual add's input gradients are its output gradient's buffer.
+// Taking (kTake) such an output also empties its input, whose buffer the caller now holds.
+TEST(Executor, IdentityOpsShareTheirInputsBufferWhereEachVarHasOneWriter) {
+  gflags::FlagSaver saver;
+  FLAGS_eager_delete_tensor_gb = -1;  // keep the temporaries to look at
+  const Tensor feed = Tensor::FromVector<float>({1, 2, 3, 4, 5, 6}, {1, 6});
+  for (bool second_writer : {false, true}) {
+    SCOPED_TRACE(second_writer ? "a second writer" : "one writer");
+    Program main, startup;
+    Var x, t, r, out;
+    {
+      ProgramGuard g(main, startup);
+      x = layers::data("x", {-1, 6});
+      t = layers::scale(x, 2.0f);
+      r = layers::reshape(t, {-1, 3, 2});
+      out = layers::scale(r, 3.0f);
+    }
+    if (second_writer) {
+      OpDesc* op = main.global_block().AppendOp("reshape");
+      op->SetInput("X", {x.name()});
+      op->SetOutput("Out", {r.name()});
+      op->SetAttr("shape", std::vector<int>{-1, 3, 2});
+      InferShapeAtBuild(op, &main.global_block());
+    }
+    Executor exe;
+    auto got = exe.Run(main, {{"x", feed}}, {out.name()});
+    EXPECT_FLOAT_EQ(got[0].data<float>()[5], 36.0f);
+    const Tensor& tt = exe.local_scope().FindVar(t.name())->tensor();
+    const Tensor& rt = exe.local_scope().FindVar(r.name())->tensor();
+    EXPECT_EQ(rt.dims(), (DDim{1, 3, 2}));
+    EXPECT_EQ(tt.data<float>() == rt.data<float>(), !second_writer);
+    if (second_writer) continue;
+    auto taken = exe.Run(main, {{"x", feed}}, {r.name()}, Executor::FetchMode::kTake);
+    EXPECT_FALSE(exe.local_scope().FindVar(t.name())->tensor().initialized());
+    exe.Run(main, {{"x", Tensor::FromVector<float>({0, 0, 0, 0, 0, 0}, {1, 6})}});
+    EXPECT_FLOAT_EQ(taken[0].data<float>()[5], 12.0f);  // the next run wrote elsewhere
+  }
+
+  // y = 1 * a + 1 * b (same shapes) -> mean: both input gradients of the add are y@GRAD's buffer.
+  Program main, startup;
+  {
+    ProgramGuard g(main, startup);
+    Var a = layers::create_parameter({2, 4}, DType::kFloat32, "l", "a", {},
+                                     initializer::Constant(1.0f));
+    Var b = layers::create_parameter({2, 4}, DType::kFloat32, "l", "b", {},
+                                     initializer::Constant(1.0f));
+    Var y = layers::elementwise_add(layers::scale(a, 1.0f), layers::scale(b, 1.0f));
+    append_backward(main, layers::mean(y).name());
+  }
+  Executor exe;
+  exe.Run(startup);
+  exe.Run(main);
+  const Block& blk = main.global_block();
+  const OpDesc* add_grad = nullptr;
+  for (const auto& op : blk.ops())
+    if (op->type() == "elementwise_add_grad") add_grad = op.get();
+  ASSERT_NE(add_grad, nullptr);
+  auto data = [&](const std::string& slot, bool in) {
+    const std::string& v = in ? add_grad->Input(slot)[0] : add_grad->Output(slot)[0];
+    return exe.local_scope().FindVar(v)->tensor().data<float>();
+  };
+  EXPECT_EQ(data(GradVarName("X"), false), data(GradVarName("Out"), true));
+  EXPECT_EQ(data(GradVarName("Y"), false), data(GradVarName("Out"), true));
+  EXPECT_FLOAT_EQ(data(GradVarName("X"), false)[3], 0.125f);
 }
 
 TEST(Executor, WrongFeedShapeOrDtypeNamesTheVar) {
