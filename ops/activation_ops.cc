@@ -19,6 +19,8 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "framework/op/execution_context.h"
@@ -140,6 +142,52 @@ struct ActivationMath<CPUDevice, T, fn::GeluGrad> {
                    fn::GeluGrad f) {
     const GeluArrays g{f.approximate};
     EigenPieces(n, kGeluGrain, x, dout, dx, [&](auto xv, auto gv, auto dv) { g.Grad(xv, gv, dv); });
+  }
+};
+
+// relu and its grad on the 16-bit types select bits: each output is an input element itself or
+// +0 (x > 0 and NaN pass, the rest become +0; dout passes where out > 0 or out is NaN), so no
+// value needs widening or rounding, and a loop over 16-bit integers vectorizes at twice
+// float32's lanes. The same values as through float32 (a signaling NaN passes without being
+// quieted). Float32 and float64 keep the plain loop.
+template <typename T>
+struct HalfBitsOf {
+  // The bit patterns above which an absolute value is a NaN.
+  static constexpr uint16_t kNanAbove = std::is_same_v<T, bfloat16> ? 0x7f80u : 0x7c00u;
+  // Positive or NaN: what relu keeps.
+  static bool Keeps(uint16_t b) {
+    const uint16_t mag = b & 0x7fffu;
+    return ((b & 0x8000u) == 0 && mag != 0) || mag > kNanAbove;
+  }
+};
+template <typename T>
+struct ActivationMath<CPUDevice, T, fn::Relu> {
+  static void Forward(const ExecutionContext&, int64_t n, const T* x, T* out, fn::Relu f) {
+    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+      if constexpr (kIsHalf<T>) {
+        const auto* xb = reinterpret_cast<const uint16_t*>(x);
+        auto* ob = reinterpret_cast<uint16_t*>(out);
+        for (int64_t i = b; i < e; ++i) ob[i] = HalfBitsOf<T>::Keeps(xb[i]) ? xb[i] : uint16_t{0};
+      } else {
+        for (int64_t i = b; i < e; ++i) out[i] = f(x[i]);
+      }
+    });
+  }
+};
+template <typename T>
+struct ActivationMath<CPUDevice, T, fn::ReluGrad> {
+  static void Grad(const ExecutionContext&, int64_t n, const T* out, const T* dout, T* dx,
+                   fn::ReluGrad f) {
+    cpu_threads::ParallelForRange(n, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
+      if constexpr (kIsHalf<T>) {
+        const auto* ob = reinterpret_cast<const uint16_t*>(out);
+        const auto* gb = reinterpret_cast<const uint16_t*>(dout);
+        auto* db = reinterpret_cast<uint16_t*>(dx);
+        for (int64_t i = b; i < e; ++i) db[i] = HalfBitsOf<T>::Keeps(ob[i]) ? gb[i] : uint16_t{0};
+      } else {
+        for (int64_t i = b; i < e; ++i) dx[i] = f(out[i], dout[i]);
+      }
+    });
   }
 };
 

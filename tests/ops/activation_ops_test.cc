@@ -16,6 +16,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
 #include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/float16.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
@@ -46,6 +47,47 @@ TEST(ActivationOps, ForwardMatchesReference) {
         for (double& v : want) v = a.fn(v);
         ExpectForward(c, "Out", dims, want);
       }
+}
+
+// relu and relu_grad on the 16-bit types (which select bits instead of widening and rounding)
+// give, for every one of the 65536 patterns, what float32's relu gives rounded back: positive
+// values and NaNs pass (relu_grad passes dout there), the rest become +0.
+template <typename H>
+void ExpectReluOfEveryPattern(DType dt) {
+  Tensor x(dt, {65536}), g(dt, {65536});
+  for (int i = 0; i < 65536; ++i) {
+    x.data<H>()[i] = H::FromBits(static_cast<uint16_t>(i));
+    g.data<H>()[i] = H::FromBits(static_cast<uint16_t>((i * 7 + 3) & 0x3fff));  // finite
+  }
+  OpCase fwd;
+  fwd.type = "relu";
+  fwd.inputs = {{"X", {x}}};
+  const Tensor out = RunForward(fwd)["Out"][0];
+  OpCase bwd;
+  bwd.type = "relu_grad";
+  bwd.inputs = {{"Out", {x}}, {GradVarName("Out"), {g}}};
+  bwd.outputs = {{GradVarName("X"), 1}};
+  const Tensor dx = RunForward(bwd)[GradVarName("X")][0];
+  int checked = 0;
+  for (int i = 0; i < 65536; ++i) {
+    const float v = static_cast<float>(x.data<H>()[i]);
+    const bool keep = v > 0 || std::isnan(v);
+    const float want = keep ? v : 0.0f;
+    const float got = static_cast<float>(out.data<H>()[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << i;
+    } else {
+      EXPECT_EQ(out.data<H>()[i].bits, H(want).bits) << i;
+    }
+    EXPECT_EQ(dx.data<H>()[i].bits, keep ? g.data<H>()[i].bits : uint16_t{0}) << i;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 65536);
+}
+
+TEST(ActivationOps, ReluOfEverySixteenBitPatternIsFloat32sRelu) {
+  ExpectReluOfEveryPattern<bfloat16>(DType::kBFloat16);
+  ExpectReluOfEveryPattern<float16>(DType::kFloat16);
 }
 
 TEST(ActivationOps, SigmoidSaturatesWithoutNaN) {
