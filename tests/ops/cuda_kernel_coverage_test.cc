@@ -1,7 +1,8 @@
 // Every op the built-in models' programs contain has a CUDA kernel for the dtype it runs in, so
 // none of them goes through the host fallback on CUDAPlace: each model with each optimizer, a
-// learning-rate schedule with warm-up, gradient clipping and weight decay, transpiled for two ranks
-// with fused gradients. A registry check: it runs without a GPU, in any CUDA build.
+// learning-rate schedule with warm-up, gradient clipping and weight decay, its fc layers fused (as
+// keel train runs them) and transpiled for two ranks with fused gradients. A registry check: it
+// runs without a GPU, in any CUDA build.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,6 +13,7 @@
 #include "framework/op/op_registry.h"
 #include "models/model_zoo.h"
 #include "tests/util/transpiler_fixtures.h"
+#include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
@@ -85,6 +87,7 @@ TEST(CudaKernelCoverage, EveryOpOfTheBuiltInModelsHasACudaKernel) {
       models::TrainableModel m = models::BuildModel(cfg);
       fleet::DistributedStrategy s;
       s.fuse_all_reduce_ops = true;
+      transpiler::FuseGemmEpiloguePass().Apply(*m.main, *m.startup);  // keel train's default
       transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, testing::TwoOfFour()))
           .Apply(*m.main, *m.startup);
       CollectMissing(*m.main, model + " main", &missing);
