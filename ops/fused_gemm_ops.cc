@@ -13,6 +13,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/op/shape_inference.h"
 #include "ops/device_cpu.h"
+#include "ops/op_util.h"
 
 namespace keel {
 namespace {
@@ -28,8 +29,7 @@ void FusedGemmEpilogueShape(InferShapeContext& ctx) {
   for (const char* slot : {"Y", "Bias"})
     KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == dt, slot, " is ",
                      DTypeName(ctx.GetInputDType(slot)), " but X is ", DTypeName(dt));
-  int64_t width = 1;
-  for (int i = xk; i < x.size(); ++i) width = x[i] < 0 || width < 0 ? -1 : width * x[i];
+  const int64_t width = ProdOrUnknown(x, xk, x.size());
   KEEL_SHAPE_CHECK(ctx.DimEq(width, y[0]), "X's width ", width, " must equal Y's height ", y[0],
                    " (X ", x, ", Y ", y, ", x_num_col_dims ", xk, ")");
   KEEL_SHAPE_CHECK(ctx.DimEq(b[0], y[1]), "Bias [", b[0], "] must have Y's ", y[1], " columns (Y ",

@@ -19,16 +19,6 @@ namespace {
 
 // ------------------------------------------------------------------------------------- helpers
 
-// Product of dims [b, e), or -1 when any of them is unknown (build time).
-int64_t ProdOrUnknown(const DDim& d, int b, int e) {
-  int64_t n = 1;
-  for (int i = b; i < e; ++i) {
-    if (d[i] < 0) return -1;
-    n *= d[i];
-  }
-  return n;
-}
-
 void CheckSameDType(const InferShapeContext& ctx, const std::string& a, const std::string& b) {
   DType ta = ctx.GetInputDType(a), tb = ctx.GetInputDType(b);
   KEEL_SHAPE_CHECK(ta == tb, a, " is ", DTypeName(ta), " but ", b, " is ", DTypeName(tb));

@@ -249,9 +249,9 @@ class ElementwiseGradKernel : public OpKernel {
       }
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
-      // Y of dOut's size: each sum has one term, dOut's own value (in any dtype).
+      // Y of dOut's size (ShareInput checks it): each sum would have one term, dOut's own value.
       if constexpr (G::kDyIsDout)
-        if (m.pre == 1 && m.post == 1 && ShareInput(ctx, GradVarName("Y"), dout, dy)) return;
+        if (ShareInput(ctx, GradVarName("Y"), dout, dy)) return;
       Device<D>::SumBroadcast(ctx, m, dy->mutable_data<T>(ctx.place()),
                               [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> Acc<T> {
                                 return G::DY(Widen(gd[i]), Widen(xd[i]), Widen(yd[j]));

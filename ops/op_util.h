@@ -83,6 +83,16 @@ void InFloatChunks(int64_t b, int64_t e, const T* x, const T* y, T* out, const F
 
 // ---------------------------------------------------------------- shape checks and functions
 
+// Product of dims [b, e), or -1 when any of them is unknown (build time).
+inline int64_t ProdOrUnknown(const DDim& d, int b, int e) {
+  int64_t n = 1;
+  for (int i = b; i < e; ++i) {
+    if (d[i] < 0) return -1;
+    n *= d[i];
+  }
+  return n;
+}
+
 // Out has the shape and dtype of X.
 inline void SameShapeAsX(InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); }
 

@@ -34,16 +34,6 @@ std::string ListStr(const std::vector<V>& v) {
   return s + "]";
 }
 
-// Product of dims [b, e), or -1 when any of them is unknown (build time).
-int64_t ProdOrUnknown(const DDim& d, int b, int e) {
-  int64_t n = 1;
-  for (int i = b; i < e; ++i) {
-    if (d[i] < 0) return -1;
-    n *= d[i];
-  }
-  return n;
-}
-
 // ---------------------------------------------------------------- lookup_table
 
 void LookupTableShape(InferShapeContext& ctx) {
