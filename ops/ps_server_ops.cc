@@ -340,7 +340,9 @@ class ListenAndServKernel : public OpKernel {
     Tables tables(ctx, t, async ? 1 : fanin, grads.sparse_vars());
     Serve(t, op, params, trainers, 0);
     if (async) return ServeAsync(t, ctx, params, grads, tables, trainers);
-    std::vector<std::vector<char>> staging(static_cast<size_t>(fanin));
+    // The previous step's replies, posted, not waited for: a trainer takes its parameters in its
+    // recv ops, and meanwhile the other may already ask for rows (a prefetch) of its next step.
+    std::vector<std::unique_ptr<Transport::Transfer>> replies;
     for (int64_t step = 1;; ++step) {
       if (step == 3) FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
       // Headers: who starts this step, who is done, from whichever trainer sends next. A trainer
@@ -350,6 +352,22 @@ class ListenAndServKernel : public OpKernel {
       // that evaluates while the other waits for it in the evaluation's all-reduce).
       std::vector<ps::Header> h(static_cast<size_t>(fanin));
       std::vector<bool> have(static_cast<size_t>(fanin), false);
+      // Each trainer's dense gradients, received straight into its Grads as soon as its header
+      // says the step started: its sends (posted during its backward) then flow while the other
+      // trainer still computes (Gloo hands data over only once the receive is posted).
+      std::vector<std::vector<std::unique_ptr<Transport::Transfer>>> dense(params.size());
+      auto post_dense = [&](int r) {
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (grads.sparse(i)) continue;
+          Tensor* g = grads.Var(i, r)->mutable_tensor();
+          g->Resize(params[i]->dims());
+          dense[i].push_back(
+              t.PostRecv({trainers[r]}, Slot(Kind::kGrad, slots[i], step),
+                         g->mutable_data<T>(ctx.place()), params[i]->nbytes(),
+                         StrCat(me, ": step ", step, "'s gradient of ", op.Input("X")[i], " from ",
+                                t.PeerName(trainers[r]))));
+        }
+      };
       for (int missing = fanin; missing > 0;) {
         std::vector<int> owe;
         std::string names;
@@ -373,13 +391,16 @@ class ListenAndServKernel : public OpKernel {
           h[r] = got;
           have[r] = true;
           --missing;
+          if (got.step != ps::kDone) post_dense(r);
         }
       }
-      std::vector<std::unique_ptr<Transport::Transfer>> pending;
+      for (auto& x : replies) t.Wait(*x);
+      replies.clear();
       std::vector<int> done, running;
       for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
       if (running.empty()) return;
       if (!done.empty()) {
+        dense.clear();  // the running trainers' receives go before the connections do
         const std::string why = StrCat(
             "synchronous parameter-server training: trainer ", done[0], " stopped after ",
             h[done[0]].steps, " steps while trainer ", running[0], " started step ", step,
@@ -391,8 +412,18 @@ class ListenAndServKernel : public OpKernel {
         std::this_thread::sleep_for(std::chrono::seconds(1));  // they quote `why` from the store
         KEEL_THROW(me, ": ", why);
       }
-      // Gradients: for each block, Fanin receives from any trainer; row-sparse ones from each
-      // trainer in turn (their sizes differ).
+      // Each dense block is updated once every trainer's gradient of it is in, and its new value
+      // posted at once, in the order the trainers send them (their backward: the last blocks
+      // first), while the rest still arrive. The blocks update disjoint parameters, so the order
+      // changes no value; the learning-rate block goes first.
+      if (lr_block >= 0) ctx.RunBlock(lr_block);
+      for (size_t i = params.size(); i-- > 0;) {
+        if (grads.sparse(i)) continue;
+        for (auto& x : dense[i]) t.Wait(*x);
+        ctx.RunBlock(blocks[i]);
+        PostServeBlock(t, op, params, i, trainers, step, &replies);
+      }
+      // Then the row-sparse gradients, from each trainer in turn (their sizes differ).
       std::vector<RowsIn> sparse;
       for (size_t i = 0; i < params.size(); ++i)
         for (int r = 0; grads.sparse(i) && r < fanin; ++r)
@@ -403,30 +434,11 @@ class ListenAndServKernel : public OpKernel {
       RecvRows(t, ctx, sparse, step);
       tables.Translate(sparse, ntable);
       for (size_t i = 0; i < params.size(); ++i) {
-        if (grads.sparse(i)) continue;
-        const size_t bytes = params[i]->nbytes();
-        pending.clear();
-        for (int r = 0; r < fanin; ++r) {
-          staging[r].resize(bytes);
-          pending.push_back(
-              t.PostRecv(trainers, Slot(Kind::kGrad, slots[i], step), staging[r].data(), bytes,
-                         StrCat(me, ": step ", step, "'s gradients of ", op.Input("X")[i])));
-        }
-        std::vector<bool> got(static_cast<size_t>(fanin), false);
-        for (int r = 0; r < fanin; ++r) {
-          const int from = t.Wait(*pending[r]) - first;
-          KEEL_ENFORCE(from >= 0 && from < fanin && !got[from], me, ": step ", step,
-                       ": a second gradient of ", op.Input("X")[i], " from trainer ", from);
-          got[from] = true;
-          Tensor* g = grads.Var(i, from)->mutable_tensor();
-          g->Resize(params[i]->dims());
-          std::memcpy(g->mutable_data<T>(ctx.place()), staging[r].data(), bytes);
-        }
+        if (!grads.sparse(i)) continue;
+        ctx.RunBlock(blocks[i]);
+        PostServeBlock(t, op, params, i, trainers, step, &replies);
       }
-      if (lr_block >= 0) ctx.RunBlock(lr_block);
-      for (int b : blocks) ctx.RunBlock(b);
       tables.RunBlocks(ctx);
-      Serve(t, op, params, trainers, step);
     }
   }
 
@@ -531,15 +543,23 @@ class ListenAndServKernel : public OpKernel {
   static std::vector<std::unique_ptr<Transport::Transfer>> PostServe(
       Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
       const std::vector<int>& trainers, int64_t step) {
-    const auto& slots = op.Attr<std::vector<int>>("slots");
     std::vector<std::unique_ptr<Transport::Transfer>> sends;
     for (size_t i = 0; i < params.size(); ++i)
-      for (int r : trainers)
-        sends.push_back(t.PostSend(r, Slot(Kind::kParam, slots[i], step), params[i]->raw_data(),
-                                   params[i]->nbytes(),
-                                   StrCat(t.PeerName(t.rank()), ": ", op.Input("X")[i],
-                                          " after step ", step, " to ", t.PeerName(r))));
+      PostServeBlock(t, op, params, i, trainers, step, &sends);
     return sends;
+  }
+
+  // Posts X[i] (a copy) to `trainers` as its value after `step`, into `sends`.
+  static void PostServeBlock(Transport& t, const OpDesc& op,
+                             const std::vector<const Tensor*>& params, size_t i,
+                             const std::vector<int>& trainers, int64_t step,
+                             std::vector<std::unique_ptr<Transport::Transfer>>* sends) {
+    const int slot = op.Attr<std::vector<int>>("slots")[i];
+    for (int r : trainers)
+      sends->push_back(t.PostSend(r, Slot(Kind::kParam, slot, step), params[i]->raw_data(),
+                                  params[i]->nbytes(),
+                                  StrCat(t.PeerName(t.rank()), ": ", op.Input("X")[i],
+                                         " after step ", step, " to ", t.PeerName(r))));
   }
 };
 

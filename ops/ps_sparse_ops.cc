@@ -61,42 +61,58 @@ class RowSeededRandomKernel : public OpKernel {
   }
 };
 
-// The distinct ids of `ids` (sorted), without padding_idx; each in [0, height) or a keel::Error
-// naming the op and the table.
-std::vector<int64_t> DistinctIds(const OpDesc& op, const Tensor& ids) {
-  const int64_t height = op.Attr<int64_t>("height"), pad = op.Attr<int64_t>("padding_idx");
-  const int64_t* p = ids.data<int64_t>();
-  const int64_t n = ids.numel();
-  for (int64_t r = 0; r < n; ++r)
-    KEEL_ENFORCE(p[r] == pad || (p[r] >= 0 && p[r] < height), "op ", op.type(), " of table ",
-                 op.Attr<std::string>("table"), ": Ids[", r, "] = ", p[r], " is outside [0, ",
-                 height, ")");
-  std::vector<int64_t> out;
-  // A bit per row when the table is not much larger than the batch (a CTR table of 1 M rows
-  // against 13 k ids: 16 K words), read back in order; else a sort.
-  const int64_t words = (height + 63) / 64;
-  if (words <= 32 * std::max<int64_t>(n, 1)) {
-    std::vector<uint64_t> seen(static_cast<size_t>(words), 0);
-    int64_t distinct = 0;
-    for (int64_t r = 0; r < n; ++r) {
-      if (p[r] == pad) continue;
-      uint64_t& w = seen[p[r] >> 6];
-      const uint64_t bit = uint64_t{1} << (p[r] & 63);
-      distinct += (w & bit) == 0;
-      w |= bit;
+// The distinct ids of a batch (sorted), without padding_idx, and each id's index among them; each
+// id in [0, height) or a keel::Error naming the op and the table.
+class DistinctIds {
+ public:
+  DistinctIds(const OpDesc& op, const Tensor& ids) {
+    const int64_t height = op.Attr<int64_t>("height"), pad = op.Attr<int64_t>("padding_idx");
+    const int64_t* p = ids.data<int64_t>();
+    const int64_t n = ids.numel();
+    for (int64_t r = 0; r < n; ++r)
+      KEEL_ENFORCE(p[r] == pad || (p[r] >= 0 && p[r] < height), "op ", op.type(), " of table ",
+                   op.Attr<std::string>("table"), ": Ids[", r, "] = ", p[r], " is outside [0, ",
+                   height, ")");
+    // A bit per row when the table is not much larger than the batch (a CTR table of 1 M rows
+    // against 13 k ids: 16 K words), read back in order, with the bits set before each word (an
+    // id's index is then one look-up and a popcount); else a sort and binary searches.
+    const int64_t words = (height + 63) / 64;
+    if (words <= 32 * std::max<int64_t>(n, 1)) {
+      seen_.assign(static_cast<size_t>(words), 0);
+      for (int64_t r = 0; r < n; ++r)
+        if (p[r] != pad) seen_[p[r] >> 6] |= uint64_t{1} << (p[r] & 63);
+      before_.resize(static_cast<size_t>(words));
+      int64_t count = 0;
+      for (int64_t i = 0; i < words; ++i) {
+        before_[i] = static_cast<int32_t>(count);
+        count += __builtin_popcountll(seen_[i]);
+      }
+      ids_.reserve(static_cast<size_t>(count));
+      for (int64_t i = 0; i < words; ++i)
+        for (uint64_t w = seen_[i]; w != 0; w &= w - 1) ids_.push_back(i * 64 + __builtin_ctzll(w));
+      return;
     }
-    out.reserve(static_cast<size_t>(distinct));
-    for (int64_t i = 0; i < words; ++i)
-      for (uint64_t w = seen[i]; w != 0; w &= w - 1) out.push_back(i * 64 + __builtin_ctzll(w));
-    return out;
+    ids_.reserve(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r)
+      if (p[r] != pad) ids_.push_back(p[r]);
+    std::sort(ids_.begin(), ids_.end());
+    ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
   }
-  out.reserve(static_cast<size_t>(n));
-  for (int64_t r = 0; r < n; ++r)
-    if (p[r] != pad) out.push_back(p[r]);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
+
+  const std::vector<int64_t>& ids() const { return ids_; }
+  std::vector<int64_t> Take() { return std::move(ids_); }
+  // The index in ids() of `id`, one of the batch's (not padding_idx).
+  int64_t Index(int64_t id) const {
+    if (seen_.empty()) return std::lower_bound(ids_.begin(), ids_.end(), id) - ids_.begin();
+    const uint64_t below = (uint64_t{1} << (id & 63)) - 1;
+    return before_[id >> 6] + __builtin_popcountll(seen_[id >> 6] & below);
+  }
+
+ private:
+  std::vector<int64_t> ids_;
+  std::vector<uint64_t> seen_;   // the bitmap path: a bit per row
+  std::vector<int32_t> before_;  // the bits set in the words before each word
+};
 
 template <typename T>
 class DistributedLookupTableKernel : public OpKernel {
@@ -107,14 +123,20 @@ class DistributedLookupTableKernel : public OpKernel {
     const int64_t D = op.Attr<int64_t>("dim"), pad = op.Attr<int64_t>("padding_idx");
     const int table = op.Attr<int>("table_slot");
     const std::string& name = op.Attr<std::string>("table");
-    const std::vector<int64_t> distinct = DistinctIds(op, ids);
+    const DistinctIds distinct(op, ids);
     ps::Transport& t = PsConnected(op);
     const int S = t.nservers();
     KEEL_ENFORCE(S == op.Attr<int>("pserver_num"), "op distributed_lookup_table of ", name,
                  ": pserver_num=", op.Attr<int>("pserver_num"), " but the job has ", S, " servers");
-    // Per server, its ids (id % S) and, once they arrive, their rows.
+    // Per server, its ids (id % S) and, once they arrive, their rows; each distinct id's place in
+    // its server's list.
     std::vector<std::vector<int64_t>> asked(static_cast<size_t>(S));
-    for (int64_t id : distinct) asked[id % S].push_back(id);
+    std::vector<int64_t> place(distinct.ids().size());
+    for (size_t g = 0; g < place.size(); ++g) {
+      const int64_t id = distinct.ids()[g];
+      place[g] = static_cast<int64_t>(asked[id % S].size());
+      asked[id % S].push_back(id);
+    }
     std::vector<std::vector<T>> rows(static_cast<size_t>(S));
     std::vector<std::unique_ptr<ps::Transport::Transfer>> recvs, sends;
     const int64_t done = t.step();  // the steps this trainer completed (the server echoes it)
@@ -147,8 +169,7 @@ class DistributedLookupTableKernel : public OpKernel {
         continue;
       }
       const int s = static_cast<int>(p[r] % S);
-      const int64_t k = std::lower_bound(asked[s].begin(), asked[s].end(), p[r]) - asked[s].begin();
-      std::copy_n(rows[s].data() + k * D, D, o + r * D);
+      std::copy_n(rows[s].data() + place[distinct.Index(p[r])] * D, D, o + r * D);
     }
   }
 };
@@ -164,7 +185,8 @@ class DistributedLookupTableGradKernel : public OpKernel {
     KEEL_ENFORCE(dy.numel() == ids.numel() * D, "op distributed_lookup_table_grad of ",
                  op.Attr<std::string>("table"), ": OutGrad ", dy.dims(), " does not hold ",
                  ids.numel(), " rows of ", D);
-    std::vector<int64_t> rows = DistinctIds(op, ids);
+    DistinctIds distinct(op, ids);
+    const std::vector<int64_t>& rows = distinct.ids();
     Tensor* dw = ctx.Output("WGrad");
     dw->Resize(DDim({static_cast<int64_t>(rows.size()), D}));
     T* g = dw->mutable_data<T>(ctx.place());
@@ -173,10 +195,10 @@ class DistributedLookupTableGradKernel : public OpKernel {
     const T* d = dy.data<T>();
     for (int64_t r = 0; r < ids.numel(); ++r) {
       if (p[r] == pad) continue;
-      const int64_t k = std::lower_bound(rows.begin(), rows.end(), p[r]) - rows.begin();
+      const int64_t k = distinct.Index(p[r]);
       for (int64_t j = 0; j < D; ++j) g[k * D + j] += d[r * D + j];
     }
-    ctx.OutputVar("WGrad")->SetRows(op.Attr<int64_t>("height"), std::move(rows));
+    ctx.OutputVar("WGrad")->SetRows(op.Attr<int64_t>("height"), distinct.Take());
   }
 };
 
