@@ -156,7 +156,8 @@ std::string DistributedStrategy::ToString() const {
       ", schedule_mode=", pipeline_configs.schedule_mode, "}", ", a_sync=", Bool(a_sync),
       ", a_sync_configs={k_steps=", a_sync_configs.k_steps,
       ", send_queue_size=", a_sync_configs.send_queue_size,
-      ", max_merge_var_num=", a_sync_configs.max_merge_var_num, "}",
+      ", max_merge_var_num=", a_sync_configs.max_merge_var_num,
+      ", max_staleness=", a_sync_configs.max_staleness, "}",
       ", ps_worker_memory_mb=", ps_worker_memory_mb, "}");
 }
 
@@ -527,10 +528,12 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
                  " bounds parameter-server trainers, but this is a collective job; leave it 0");
     KEEL_ENFORCE(a_sync == d.a_sync && k == d.a_sync_configs.k_steps &&
                      a_sync_configs.send_queue_size == d.a_sync_configs.send_queue_size &&
-                     a_sync_configs.max_merge_var_num == d.a_sync_configs.max_merge_var_num,
+                     a_sync_configs.max_merge_var_num == d.a_sync_configs.max_merge_var_num &&
+                     a_sync_configs.max_staleness == d.a_sync_configs.max_staleness,
                  s, "a_sync=", Bool(a_sync), " / a_sync_configs.k_steps=", k,
                  " / a_sync_configs.send_queue_size=", a_sync_configs.send_queue_size,
                  " / a_sync_configs.max_merge_var_num=", a_sync_configs.max_merge_var_num,
+                 " / a_sync_configs.max_staleness=", a_sync_configs.max_staleness,
                  " choose the parameter-server mode, but this is a collective job "
                  "(fleet::init(CloudRoleMaker(true))); leave them at their defaults or use "
                  "CloudRoleMaker(false)");
@@ -548,10 +551,17 @@ void DistributedStrategy::ValidateParameterServer(const Role& role) const {
                "a_sync_configs.send_queue_size=", c.send_queue_size,
                " must be >= 0 (0: no communicator) and max_merge_var_num=", c.max_merge_var_num,
                " >= 1");
+  KEEL_ENFORCE(c.max_staleness >= -1, s, "a_sync_configs.max_staleness=", c.max_staleness,
+               " must be >= 0 (own steps a step may lack) or -1 (never wait)");
+  KEEL_ENFORCE(c.max_staleness == d.a_sync_configs.max_staleness || c.send_queue_size > 0, s,
+               "a_sync_configs.max_staleness=", c.max_staleness,
+               " bounds the communicator's staleness, but send_queue_size=0 asks for none (each "
+               "step pushes and pulls itself); leave it at its default");
   KEEL_ENFORCE((a_sync && k <= 0) || (c.send_queue_size == d.a_sync_configs.send_queue_size &&
-                                      c.max_merge_var_num == d.a_sync_configs.max_merge_var_num),
+                                      c.max_merge_var_num == d.a_sync_configs.max_merge_var_num &&
+                                      c.max_staleness == d.a_sync_configs.max_staleness),
                s, "a_sync_configs.send_queue_size=", c.send_queue_size,
-               " / max_merge_var_num=", c.max_merge_var_num,
+               " / max_merge_var_num=", c.max_merge_var_num, " / max_staleness=", c.max_staleness,
                " configure the asynchronous communicator, but this job is ",
                a_sync ? "GEO" : "synchronous", "; leave them at their defaults");
   auto refuse = [&](bool set, const std::string& field) {

@@ -142,6 +142,7 @@ void TranspileParameterServer(Program& main, Program& startup, const Distributed
   o.worker_memory_mb = strategy.ps_worker_memory_mb;
   o.send_queue_size = strategy.a_sync_configs.send_queue_size;
   o.max_merge_var_num = strategy.a_sync_configs.max_merge_var_num;
+  o.max_staleness = strategy.a_sync_configs.max_staleness;
   transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 

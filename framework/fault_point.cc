@@ -3,9 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace keel {
 
@@ -22,6 +24,20 @@ void FaultPoint(const char* name) {
     if (rank == nullptr || w.substr(at + 1) != rank) return;
   }
   ::kill(::getpid(), SIGKILL);
+}
+
+void FaultDelay(const std::string& name) {
+  const char* want = std::getenv("KEEL_FAULT_DELAY");
+  if (want == nullptr || *want == '\0') return;
+  const char* rank = std::getenv("RANK");
+  if (rank == nullptr) rank = std::getenv("PADDLE_TRAINER_ID");
+  if (rank == nullptr) return;
+  const std::string me = name + "@" + rank + ":";
+  const std::string list = std::string(",") + want;
+  const size_t at = list.find("," + me);
+  if (at == std::string::npos) return;
+  const long ms = std::strtol(list.c_str() + at + 1 + me.size(), nullptr, 10);
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace keel

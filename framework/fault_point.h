@@ -5,8 +5,16 @@
 // shared-memory segment's creation and its mapping, mid-checkpoint). Costs one getenv when unset.
 #pragma once
 
+#include <string>
+
 namespace keel {
 
 void FaultPoint(const char* name);
+
+// Delay injection for tests of races between processes: FaultDelay("name") sleeps when the
+// environment variable KEEL_FAULT_DELAY lists "name@rank:ms" (comma-separated entries; rank as
+// above) for this process, so that a test can force one order of messages between processes.
+// Costs one getenv when unset.
+void FaultDelay(const std::string& name);
 
 }  // namespace keel

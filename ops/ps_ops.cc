@@ -192,9 +192,9 @@ class PsRecvKernel : public OpKernel {
     const std::vector<Tensor*> outs = ctx.MultiOutput("Out");
     CheckBlocks(op, outs.size());
     Transport& t = Connected(op);
-    // Async mode: a trainer's first step says which blocks the communicator pulls; later steps
-    // take the latest it pulled.
-    const bool pulls = op.Attr<int>("mode") == 1 && t.step() >= 1;
+    // Async mode: the trainer's startup says which blocks the communicator pulls (and where their
+    // initial values land); its steps take the latest it pulled.
+    const bool pulls = op.Attr<int>("mode") == 1 && !t.communicating();
     for (size_t i = 0; i < outs.size(); ++i) {
       std::vector<int64_t> dims = shape;
       if (!dims.empty()) dims[0] = sections[i];
@@ -202,7 +202,9 @@ class PsRecvKernel : public OpKernel {
       T* data = outs[i]->mutable_data<T>(ctx.place());
       const std::string what =
           StrCat("recv of ", op.Output("Out")[i], " from ", t.PeerName(epmap[i]));
-      if (pulls) t.communicator().AddPull(epmap[i], slots[i], outs[i]->nbytes(), what);
+      if (pulls)
+        t.communicator().AddPull(epmap[i], slots[i], outs[i]->nbytes(), what,
+                                 t.step() == 0 ? data : nullptr);
       if (t.communicating()) {
         t.communicator().CopyLatest(epmap[i], slots[i], data, outs[i]->nbytes(), what);
         continue;
@@ -232,11 +234,12 @@ class FetchBarrierKernel : public OpKernel {
     Transport& t = Connected(ctx.op());
     if (t.communicating()) return t.communicator().Check();
     t.WaitRecvs();
-    // Async mode: after a trainer's first step the communicator takes over (its recv ops have
-    // registered every block to pull).
+    // Async mode, the trainer's startup: the communicator takes over from the first step on (the
+    // recv ops registered every block to pull, and their initial values have arrived).
     const OpDesc& op = ctx.op();
-    if (op.Attr<int>("send_queue_size") > 0 && t.async() && t.step() >= 1 && t.has_communicator())
-      t.StartCommunicating(op.Attr<int>("send_queue_size"), op.Attr<int>("max_merge_var_num"));
+    if (op.Attr<int>("send_queue_size") > 0 && t.async() && t.step() == 0 && t.has_communicator())
+      t.StartCommunicating(op.Attr<int>("send_queue_size"), op.Attr<int>("max_merge_var_num"),
+                           op.Attr<int>("max_staleness"));
   }
 };
 
@@ -390,8 +393,8 @@ KEEL_REGISTER_CPU_KERNEL(send_barrier, SendBarrierKernel, float);
 KEEL_REGISTER_OP(fetch_barrier)
     .Doc(
         "Waits until every block the recv ops posted has arrived; in an asynchronous "
-        "trainer's main program with send_queue_size > 0, after the first step hands the "
-        "pushes and pulls to the trainer's communicator (framework/ps/async_communicator.h)")
+        "trainer's startup program with send_queue_size > 0, then hands the pushes and pulls "
+        "of its steps to the trainer's communicator (framework/ps/async_communicator.h)")
     .InputList("X", "the received blocks (documentation)")
     .Attr<int>("pserver_num", 1, "servers in the job", Positive)
     .Attr<int>("send_queue_size", 0,
@@ -399,6 +402,10 @@ KEEL_REGISTER_OP(fetch_barrier)
                [](const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; })
     .Attr<int>("max_merge_var_num", 1, "asynchronous mode: the most queued steps merged in a push",
                Positive)
+    .Attr<int>("max_staleness", 0,
+               "asynchronous mode: how many of its own latest steps a trainer's step may lack "
+               "(recv waits for the pulls until then); -1: never waits",
+               [](const Attribute& a) { return std::get<int>(a) >= -1 ? "" : "must be >= -1"; })
     .Barrier("the received blocks are read only after it")
     .NotCapturable("waits for the network");
 KEEL_REGISTER_CPU_KERNEL(fetch_barrier, FetchBarrierKernel, float);

@@ -458,7 +458,10 @@ class ListenAndServKernel : public OpKernel {
     // Replies to each trainer are posted, not waited for: a trainer takes them only once every
     // server took its step's gradients, and another server may be busy replying to another
     // trainer (waiting here would close a cycle). They are waited for before the next reply to
-    // the same trainer (which by then has them) and at the end.
+    // the same trainer (which by then has them) and at the end; not before serving a prefetch:
+    // a trainer asks for its next batch's rows while its communicator still pushes the previous
+    // step to the other servers, and takes the replies only once every server took that push
+    // (waiting would close the same cycle through two servers and two trainers).
     std::map<int, std::vector<std::unique_ptr<Transport::Transfer>>> replies;
     auto settle = [&](int trainer) {
       for (auto& r : replies[trainer]) t.Wait(*r);
@@ -472,6 +475,10 @@ class ListenAndServKernel : public OpKernel {
       auto head = t.PostRecv(live, t.HeaderSlot(0), &h, sizeof(h),
                              StrCat(me, ": waiting for a trainer to start a step or stop"));
       const int from = t.Wait(*head);
+      if (h.step == ps::kPrefetch) {
+        tables.Prefetch(t, from, h);
+        continue;
+      }
       settle(from);
       if (h.step == ps::kDone) {
         live.erase(std::find(live.begin(), live.end(), from));
@@ -479,10 +486,6 @@ class ListenAndServKernel : public OpKernel {
       }
       if (h.step == ps::kSave) {
         replies[from] = PostState(t, ctx, tables, from, h.steps + 1);
-        continue;
-      }
-      if (h.step == ps::kPrefetch) {
-        tables.Prefetch(t, from, h);
         continue;
       }
       std::vector<std::unique_ptr<Transport::Transfer>> pending;

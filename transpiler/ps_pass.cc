@@ -267,6 +267,27 @@ void ParameterServerPass::Apply(Program& main, Program& startup) const {
     CheckWorkerMemory(main, options_.worker_memory_mb);
 }
 
+namespace {
+
+// Moves ops [from, end) of `b` (the receives: recv ops, fetch_barrier, concats) before the first
+// earlier op that reads a var they write (the step's first use of a parameter).
+void MoveReceivesToTheStart(Block& b, size_t from) {
+  std::set<std::string> written;
+  for (size_t i = from; i < b.num_ops(); ++i)
+    for (const std::string& o : b.op(i)->OutputArgumentNames()) written.insert(o);
+  size_t first = from;
+  for (size_t i = 0; i < from && first == from; ++i)
+    for (const std::string& in : b.op(i)->InputArgumentNames())
+      if (written.count(in)) first = i;
+  for (size_t i = from; i < b.num_ops(); ++i) {
+    auto op = std::make_unique<OpDesc>(*b.op(i));
+    b.RemoveOp(i);
+    b.InsertOp(first++, std::move(op));
+  }
+}
+
+}  // namespace
+
 void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Program& startup) const {
   Block& mb = main.global_block();
   const int S = options_.nservers;
@@ -325,6 +346,8 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
   for (const auto& p : plan.params) grads.push_back(p.grad);
   Append(mb, "send_barrier", {{"X", grads}}, {}, {{"pserver_num", S}});
   // Receive every parameter (main: after each step; startup: the initial values).
+  const bool communicator =
+      mode == static_cast<int>(PsMode::kAsync) && options_.send_queue_size > 0;
   auto receive = [&](Block& b) {
     std::vector<std::string> all;
     for (const auto& p : plan.params) {
@@ -344,9 +367,10 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
     }
     if (!all.empty()) {
       OpDesc* fb = Append(b, "fetch_barrier", {{"X", all}}, {}, {{"pserver_num", S}});
-      if (mode == static_cast<int>(PsMode::kAsync) && &b == &mb) {
+      if (communicator && &b != &mb) {
         fb->SetAttr("send_queue_size", options_.send_queue_size);
         fb->SetAttr("max_merge_var_num", options_.max_merge_var_num);
+        fb->SetAttr("max_staleness", options_.max_staleness);
       }
     }
     for (const auto& p : plan.params)
@@ -354,6 +378,7 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
         Append(b, "concat", {{"X", AttrsOf(plan, p).names}}, {{"Out", {p.name}}}, {{"axis", 0}});
       }
   };
+  const size_t received = mb.num_ops();
   receive(mb);
   // Distributed tables: lookups fetch the batch's rows from the servers; the trainer never
   // holds the table.
@@ -362,6 +387,7 @@ void ParameterServerPass::ApplyTrainer(const PsPlan& plan, Program& main, Progra
       ReplaceDistributedLookup(mb, p, S, mode);
       mb.RemoveVar(p.name);
     }
+  if (communicator) MoveReceivesToTheStart(mb, received);
   std::set<std::string> used;
   for (size_t i = 0; i < mb.num_ops(); ++i)
     for (const std::string& a : Args(*mb.op(i))) used.insert(a);

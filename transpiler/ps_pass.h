@@ -41,6 +41,11 @@
 //     listen_and_serv's Grads are the blocks' gradients themselves, "<grad block>"), and the
 //     attr mode = 1 on send, recv and listen_and_serv (the server serves each trainer's step on
 //     its own; the trainer's send_barrier / fetch_barrier wait for its own transfers only).
+//     With the communicator (send_queue_size > 0) the trainer's startup fetch_barrier carries
+//     its attrs (send_queue_size, max_merge_var_num, max_staleness), and main's recv ops,
+//     fetch_barrier and concats move from the end of the step to its start, before the first op
+//     that reads a parameter they write: the ops before it (a distributed table's lookups, which
+//     ask the servers for rows) overlap the communicator's last push and pull.
 //   GEO mode (options.mode = kGeo, Paddle's GeoCommunicator): the trainer keeps its whole program
 //     (forward, backward, optimizer, learning rate, optimizer state and their initializers) and
 //     a persistable snapshot "<param>@GEO_OLD" of each parameter; at the end of main one
@@ -150,9 +155,11 @@ struct PsOptions {
   // A trainer's budget (MiB; 0: none) for its persistable vars: a trainer program that needs
   // more is refused naming the largest (DistributedStrategy::ps_worker_memory_mb).
   int64_t worker_memory_mb = 0;
-  // kAsync: the trainer's communicator (fetch_barrier's attrs; DistributedStrategy.a_sync_configs).
+  // kAsync: the trainer's communicator (the startup's fetch_barrier's attrs;
+  // DistributedStrategy.a_sync_configs).
   int send_queue_size = 16;
   int max_merge_var_num = 1;
+  int max_staleness = 0;
 };
 
 class ParameterServerPass : public Pass {

@@ -5,6 +5,7 @@
 
 #include "framework/base/strings.h"
 #include "framework/error.h"
+#include "framework/fault_point.h"
 #include "framework/ps/ps_transport.h"
 
 namespace keel {
@@ -110,18 +111,28 @@ void AsyncCommunicator::Submit() {
   cv_.notify_all();
 }
 
-void AsyncCommunicator::AddPull(int server, int slot, size_t bytes, const std::string& what) {
+void AsyncCommunicator::AddPull(int server, int slot, size_t bytes, const std::string& what,
+                                const void* initial) {
   std::lock_guard<std::mutex> lk(mu_);
   Pull& p = pulls_[Key{server, slot}];
   p.bytes = bytes;
   p.what = what;
+  p.initial = initial;
 }
 
-void AsyncCommunicator::Start(int queue_steps, int max_merge) {
+void AsyncCommunicator::Start(int queue_steps, int max_merge, int max_staleness) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_steps_ = static_cast<size_t>(std::max(queue_steps, 1));
     max_merge_ = static_cast<size_t>(std::max(max_merge, 1));
+    max_staleness_ = max_staleness;
+    for (auto& [key, p] : pulls_) {
+      if (p.initial == nullptr) continue;
+      const char* from = static_cast<const char*>(p.initial);
+      p.latest.assign(from, from + p.bytes);
+      p.have = true;
+      p.initial = nullptr;
+    }
     pulls_complete_ = true;
   }
   cv_.notify_all();
@@ -132,8 +143,11 @@ void AsyncCommunicator::CopyLatest(int server, int slot, void* dst, size_t bytes
   std::unique_lock<std::mutex> lk(mu_);
   auto it = pulls_.find(Key{server, slot});
   KEEL_ENFORCE(it != pulls_.end(), what, ": no pull of this block was registered");
-  // The first step waits for the first pull; later ones take the latest at once.
-  cv_.wait(lk, [&] { return it->second.have || !error_.empty(); });
+  // The pull after the trainer's previous step (but max_staleness_ steps), if that is asked.
+  cv_.wait(lk, [&] {
+    return (it->second.have && (max_staleness_ < 0 || pulled_ + max_staleness_ >= submitted_)) ||
+           !error_.empty();
+  });
   KEEL_ENFORCE(error_.empty(), error_);
   KEEL_ENFORCE(it->second.latest.size() == bytes, what, ": pulled ", it->second.latest.size(),
                " bytes, the block holds ", bytes);
@@ -221,7 +235,8 @@ void AsyncCommunicator::Loop() {
       // Up to max_merge_ queued steps, merged into the first.
       step = std::move(queue_.front());
       queue_.pop_front();
-      for (size_t merged = 1; merged < max_merge_ && !queue_.empty(); ++merged) {
+      ++popped_;
+      for (size_t merged = 1; merged < max_merge_ && !queue_.empty(); ++merged, ++popped_) {
         for (auto& [key, b] : queue_.front()) {
           auto it = step.find(key);
           if (it == step.end()) {
@@ -236,9 +251,14 @@ void AsyncCommunicator::Loop() {
       cv_.notify_all();  // room in the queue
     }
     std::string error;
+    int64_t follows = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      follows = popped_;
+    }
     try {
       for (auto& [key, b] : step) Average(&b);
-      Push(step);
+      Push(step, follows);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -252,24 +272,36 @@ void AsyncCommunicator::Loop() {
   }
 }
 
-void AsyncCommunicator::Push(Step& step) {
+void AsyncCommunicator::Push(Step& step, int64_t follows) {
   Transport& t = *t_;
   std::vector<std::unique_ptr<Transport::Transfer>> sends;
-  const int64_t n = t.NextPushStep(&sends);
-  for (auto& [key, b] : step) {
-    const uint64_t grad = Slot(Kind::kGrad, b.slot, n);
-    if (!b.rows) {
-      sends.push_back(t.PostSend(b.server, grad, std::move(b.dense), b.what));
-      continue;
+  const int64_t n = t.NextPushStep();
+  // Server by server (the header, then the blocks), trainer i starting after server i: the order
+  // changes nothing (every server has the whole push before the trainer pulls), but a test can
+  // then hold one server's part back (FaultDelay) and make each server serve the trainers'
+  // pushes in a different order.
+  const int S = t.nservers(), me = t.rank() - S;
+  for (int k = 1; k <= S; ++k) {
+    const int server = (me + k) % S;
+    FaultDelay(StrCat("ps_push_to_server", server));
+    sends.push_back(t.PostPushHeader(server, n));
+    for (auto& [key, b] : step) {
+      if (b.server != server) continue;
+      const uint64_t grad = Slot(Kind::kGrad, b.slot, n);
+      if (!b.rows) {
+        sends.push_back(t.PostSend(b.server, grad, std::move(b.dense), b.what));
+        continue;
+      }
+      // As the synchronous send: the row count, then the rows and their values.
+      const int64_t count = static_cast<int64_t>(b.ids.size());
+      sends.push_back(t.PostSend(b.server, grad, &count, sizeof(count), b.what));
+      std::vector<char> payload(count * sizeof(int64_t) + b.values.size());
+      std::memcpy(payload.data(), b.ids.data(), count * sizeof(int64_t));
+      if (!b.values.empty())
+        std::memcpy(payload.data() + count * sizeof(int64_t), b.values.data(), b.values.size());
+      sends.push_back(
+          t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), std::move(payload), b.what));
     }
-    // As the synchronous send: the row count, then the rows and their values.
-    const int64_t count = static_cast<int64_t>(b.ids.size());
-    sends.push_back(t.PostSend(b.server, grad, &count, sizeof(count), b.what));
-    std::vector<char> payload(count * sizeof(int64_t) + b.values.size());
-    std::memcpy(payload.data(), b.ids.data(), count * sizeof(int64_t));
-    if (!b.values.empty())
-      std::memcpy(payload.data() + count * sizeof(int64_t), b.values.data(), b.values.size());
-    sends.push_back(t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), std::move(payload), b.what));
   }
   for (auto& s : sends) t.Wait(*s);
   // Every parameter block back (the server posts them after its step), once the trainer has said
@@ -294,6 +326,8 @@ void AsyncCommunicator::Push(Step& step) {
     into.latest.swap(p.latest);
     into.have = true;
   }
+  pulled_ = follows;
+  cv_.notify_all();  // CopyLatest may wait for this pull
 }
 
 }  // namespace ps

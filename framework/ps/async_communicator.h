@@ -1,8 +1,11 @@
 // A trainer's asynchronous communicator (Paddle's AsyncCommunicator; docs/parameter-server.md,
 // "Asynchronous mode"): in async mode the trainer's `send` ops hand their gradient blocks to it,
 // `send_barrier` queues the step's blocks, and a thread of its own pushes them to the servers and
-// pulls the parameters back, while the trainer goes on with its next steps. `recv` takes the
-// latest parameters pulled; the trainer never waits for the network but when the queue is full.
+// pulls the parameters back, while the trainer goes on with its next step. `recv` (at the start
+// of a step, after the ops that need no parameter, such as a distributed table's lookups) takes
+// the latest parameters pulled, first waiting, with max_staleness = 0 (keel's default), for the
+// pull that follows the trainer's previous step; Paddle's communicator never waits (max_staleness
+// -1), and its trainers compute on parameters that lack their own latest steps.
 //
 // Merging: when several steps wait in the queue, the thread pushes up to max_merge_var_num of
 // them as one step, each block merged over those steps: summed when its parameter's update is SGD
@@ -44,14 +47,18 @@ class AsyncCommunicator {
                int64_t width, bool sum, const std::string& what);
   // The step's blocks are complete (send_barrier): queues them; waits while the queue is full.
   void Submit();
-  // A parameter block to pull after every push (recv ops, the first step), and its latest value
-  // into `dst` (`bytes`). The first call of a step waits until one pull has arrived.
-  void AddPull(int server, int slot, size_t bytes, const std::string& what);
+  // A parameter block to pull after every push (the recv ops of the trainer's startup register
+  // them, with `initial`: where its initial value lands once their fetch_barrier has waited; read
+  // by Start), and its latest value into `dst` (`bytes`).
+  void AddPull(int server, int slot, size_t bytes, const std::string& what,
+               const void* initial = nullptr);
+  // Waits until the pulls hold every step this trainer submitted but its `max_staleness` latest
+  // (max_staleness < 0: no wait), then copies the latest value.
   void CopyLatest(int server, int slot, void* dst, size_t bytes, const std::string& what);
-  // The pulls of a step are all registered (fetch_barrier's first run): pushes may start. At most
-  // `queue_steps` steps wait in the queue (Submit blocks while it is full); a push merges at most
-  // `max_merge` of them.
-  void Start(int queue_steps, int max_merge);
+  // The pulls are all registered and their initial values arrived (the startup's fetch_barrier):
+  // pushes may start. At most `queue_steps` steps wait in the queue (Submit blocks while it is
+  // full); a push merges at most `max_merge` of them; CopyLatest's `max_staleness`.
+  void Start(int queue_steps, int max_merge, int max_staleness);
   // Pushes what is queued and waits until the thread is idle (before a checkpoint or the end).
   void Flush();
   // Throws the thread's error, if any.
@@ -82,7 +89,8 @@ class AsyncCommunicator {
   void Loop();
   static void Merge(Block* into, Block&& from);
   static void Average(Block* b);
-  void Push(Step& step);
+  // Pushes `step`, then pulls every block; `follows`: the steps popped so far (this one's last).
+  void Push(Step& step, int64_t follows);
 
   Transport* t_;
   mutable std::mutex mu_;
@@ -91,12 +99,17 @@ class AsyncCommunicator {
   std::deque<Step> queue_;
   bool busy_ = false, stop_ = false, pulls_complete_ = false;
   size_t queue_steps_ = 1, max_merge_ = 1;
+  int max_staleness_ = 0;
+  // Steps taken from the queue for pushes, and of those, the ones the latest completed pull
+  // follows (each push pulls every block back).
+  int64_t popped_ = 0, pulled_ = 0;
   std::string error_;
   struct Pull {
     size_t bytes = 0;
     std::string what;
     std::vector<char> latest;
     bool have = false;
+    const void* initial = nullptr;
   };
   std::map<Key, Pull> pulls_;
   int64_t pushes_ = 0, submitted_ = 0;

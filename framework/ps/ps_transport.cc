@@ -345,24 +345,22 @@ AsyncCommunicator& Transport::communicator() {
   return *communicator_;
 }
 
-void Transport::StartCommunicating(int queue_steps, int max_merge) {
-  communicator().Start(queue_steps, max_merge);
+void Transport::StartCommunicating(int queue_steps, int max_merge, int max_staleness) {
+  communicator().Start(queue_steps, max_merge, max_staleness);
   communicating_ = true;
 }
 
-int64_t Transport::NextPushStep(std::vector<std::unique_ptr<Transfer>>* headers) {
-  int64_t step = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    KEEL_ENFORCE(!finished_, "send: this trainer already stopped (fleet::stop_worker)");
-    step = ++step_;
-  }
+int64_t Transport::NextPushStep() {
+  std::lock_guard<std::mutex> lk(mu_);
+  KEEL_ENFORCE(!finished_, "send: this trainer already stopped (fleet::stop_worker)");
+  return ++step_;
+}
+
+std::unique_ptr<Transport::Transfer> Transport::PostPushHeader(int server, int64_t step) {
   Header h{step, step - 1};
-  for (int s = 0; s < nservers_; ++s)
-    headers->push_back(PostSend(
-        s, HeaderSlot(step), &h, sizeof(h),
-        StrCat("trainer ", rank_ - nservers_, ": push ", step, "'s header to server ", s)));
-  return step;
+  return PostSend(
+      server, HeaderSlot(step), &h, sizeof(h),
+      StrCat("trainer ", rank_ - nservers_, ": push ", step, "'s header to server ", server));
 }
 
 void Transport::RequestState() {

@@ -138,18 +138,19 @@ class Transport {
   void WaitSends();
   void WaitRecvs();
   // Asynchronous mode, a trainer (framework/ps/async_communicator.h): the communicator, made on
-  // first use; it takes the pushes once a trainer's first step is over (the send, recv and
-  // barrier ops ask communicating()), that step's recv ops having said which blocks to pull.
+  // first use; it takes the pushes from the trainer's first step on (the send, recv and barrier
+  // ops ask communicating()), its startup's recv ops having said which blocks to pull.
   AsyncCommunicator& communicator();
   bool communicating() const { return communicating_.load(); }
   bool has_communicator() {
     std::lock_guard<std::mutex> lk(mu_);
     return communicator_ != nullptr;
   }
-  void StartCommunicating(int queue_steps, int max_merge);
-  // The communicator's push: starts step step() + 1, posting its header to every server into
-  // `headers`; returns the step.
-  int64_t NextPushStep(std::vector<std::unique_ptr<Transfer>>* headers);
+  void StartCommunicating(int queue_steps, int max_merge, int max_staleness);
+  // The communicator's push: starts step step() + 1 and returns it; PostPushHeader posts its
+  // header to one server.
+  int64_t NextPushStep();
+  std::unique_ptr<Transfer> PostPushHeader(int server, int64_t step);
   // Between steps: asks every server for its state (kSave headers); the servers then send their
   // state lists under Slot(kState, i, step() + 1). The communicator pushes what it holds first.
   void RequestState();

@@ -74,7 +74,7 @@ TEST(DistributedStrategy, DefaultsArePaddles) {
       "fp16_allreduce=false, fp16_allreduce_configs={dtype=float16}, "
       "pipeline=false, pipeline_configs={pp_degree=1, accumulate_steps=1, micro_batch_size=0, "
       "schedule_mode=1F1B}, a_sync=true, a_sync_configs={k_steps=-1, send_queue_size=16, "
-      "max_merge_var_num=1}, ps_worker_memory_mb=0}");
+      "max_merge_var_num=1, max_staleness=0}, ps_worker_memory_mb=0}");
 }
 
 // Parameter-server mode: a_sync=false is sync (built); async and GEO are refused as not built;
@@ -114,6 +114,21 @@ TEST(ParameterServerStrategy, ModesAndRefusals) {
             std::string::npos);
   EXPECT_NE(error([](auto* s) { s->a_sync_configs.max_merge_var_num = 0; }, ps)
                 .find("max_merge_var_num=0 >= 1"),
+            std::string::npos);
+  // max_staleness (keel's): -1 (never wait) or more; only with a communicator.
+  EXPECT_EQ(error([](auto* s) { s->a_sync_configs.max_staleness = -1; }, ps), "");
+  EXPECT_EQ(error([](auto* s) { s->a_sync_configs.max_staleness = 3; }, ps), "");
+  EXPECT_NE(error([](auto* s) { s->a_sync_configs.max_staleness = -2; }, ps)
+                .find("a_sync_configs.max_staleness=-2 must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error(
+                [](auto* s) {
+                  s->a_sync_configs.send_queue_size = 0;
+                  s->a_sync_configs.max_staleness = 1;
+                },
+                ps)
+                .find("a_sync_configs.max_staleness=1 bounds the communicator's staleness, but "
+                      "send_queue_size=0"),
             std::string::npos);
   for (bool geo : {false, true})
     EXPECT_NE(error(
@@ -623,6 +638,8 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
        [](auto* s) { s->a_sync_configs.send_queue_size = 2; }},
       {"a_sync_configs.max_merge_var_num", kRefused, none,
        [](auto* s) { s->a_sync_configs.max_merge_var_num = 2; }},
+      {"a_sync_configs.max_staleness", kRefused, none,
+       [](auto* s) { s->a_sync_configs.max_staleness = 1; }},
       {"ps_worker_memory_mb", kRefused, none, [](auto* s) { s->ps_worker_memory_mb = 1; }},
   };
   const std::vector<std::string> fields = FieldNames(DistributedStrategy().ToString());
@@ -631,7 +648,7 @@ TEST(DistributedStrategy, EveryFieldHasAnEffectOrIsRefused) {
   EXPECT_EQ(fields, table) << "DistributedStrategy's fields and this test's rows differ: give a "
                               "new field its row (an effect, a refusal, or the test pinning it)";
   // A field ToString does not print would escape the walk: its size is pinned too.
-  EXPECT_EQ(sizeof(DistributedStrategy), 424u)
+  EXPECT_EQ(sizeof(DistributedStrategy), 432u)
       << "DistributedStrategy changed: print the new field in ToString and give it a row here";
 
   for (const Row& r : rows) {

@@ -137,6 +137,33 @@ TEST(ParameterServerAsync, MlpLossFallsToSyncsTarget) {
   RunCommand("rm -rf " + dir);
 }
 
+// One trainer with the communicator (Paddle's default queue of 16): with keel's max_staleness 0
+// each step waits for the parameters pulled after its previous push, so the trainer computes
+// exactly what one process computes, step by step (the losses it prints). A trainer whose step
+// took the latest parameters pulled so far, as Paddle's communicator hands them, computed its
+// next steps on parameters without its own previous update (this MLP's step is far shorter than
+// a push and its pull), and its losses fell behind one process's.
+TEST(ParameterServerAsync, OneTrainerWithTheCommunicatorTrainsAsOneProcess) {
+  const std::string dir = MakeTempDir();
+  const std::string flags = " --same_batch --rows=16 --steps=12 --lr=0.5 --every_loss";
+  Job one = Launch(0, 1, dir + "/one", flags);
+  Job ps = Launch(2, 1, dir + "/ps", flags + " --mode=async");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(ps.exit_code, 0) << ps.output;
+  double worst = 0;
+  for (int step = 0; step < 12; ++step) {
+    const double a = LossAt(one.output, step), b = LossAt(ps.output, step);
+    ASSERT_FALSE(std::isnan(a) || std::isnan(b)) << step << "\n" << one.output << ps.output;
+    worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(a)));
+  }
+  std::printf(
+      "MLP, 2 servers x 1 trainer, async with the communicator vs 1 process, 12 steps of SGD "
+      "0.5: largest relative loss difference %.3g (loss %.4f -> %.4f)\n",
+      worst, LossAt(one.output, 0), LossAt(one.output, 11));
+  EXPECT_LT(worst, 1e-5) << one.output << ps.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // Trainers stop after different numbers of steps (trainer 1 one fewer): in async mode that is
 // fine; the servers stop once both called stop_worker.
 TEST(ParameterServerAsync, TrainersMayRunDifferentStepCounts) {

@@ -122,6 +122,27 @@ TEST(ParameterServerCli, CtrWithADistributedTableTrains) {
   RunCommand("rm -rf " + dir);
 }
 
+// Async with a distributed table: a trainer asks every server for its next batch's rows while its
+// communicator may still push the previous step to another server. Here each trainer's push
+// reaches "its" server (trainer t: server t) 300 ms late, so each server serves one trainer's
+// push, then that trainer's request for rows, while the other server waits for the other
+// trainer's late push. A server that, before serving rows, waited for the trainer to take its
+// replies to the push (which a trainer takes only once every server took the push) closed a
+// cycle through the two servers and the two trainers: the job hung until the comm timeout (and
+// did so by chance, about one keel bench ctr run in four, without the delays).
+TEST(ParameterServerCli, AsyncDistributedTablePrefetchesWhileTheCommunicatorPushes) {
+  const std::string dir = MakeTempDir();
+  JobRun r = Launch(2, 2, dir,
+                    "train --model=ctr --ctr_table=distributed --vocab=100000 --batch_size=64 "
+                    "--steps=4 --progress=lines --seed=3 --ps_mode=async",
+                    "",
+                    "KEEL_FAULT_DELAY=ps_push_to_server0@0:300,"
+                    "ps_push_to_server1@1:300");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(Contains(r.output, "step 3 loss ")) << r.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // keel bench in a parameter-server job prints one JSON line with the trainers' samples/s summed
 // (what ../shared/anchors/compare_ps.sh reads) and the mode.
 TEST(ParameterServerCli, BenchPrintsOneJsonLineOfEveryTrainer) {

@@ -35,10 +35,12 @@ DEFINE_int32(geo_k, 2, "--mode=geo: push every k steps.");
 DEFINE_int32(send_queue_size, 16,
              "--mode=async: a_sync_configs.send_queue_size (0: no communicator, exact).");
 DEFINE_int32(max_merge_var_num, 1, "--mode=async: a_sync_configs.max_merge_var_num.");
+DEFINE_int32(max_staleness, 0, "--mode=async: a_sync_configs.max_staleness (-1: never wait).");
 DEFINE_bool(linear, false,
             "The model is mean(fc(x, 256)) instead of the MLP: its gradients do not depend on the "
             "parameters, so SGD's result does not depend on the order the updates come in.");
 DEFINE_bool(same_batch, false, "Every step trains on the same rows (a loss that must fall).");
+DEFINE_bool(every_loss, false, "Print every step's loss (else the first and the last).");
 DEFINE_double(lr, 0, "SGD's learning rate (0: 0.5).");
 DEFINE_string(fault_point, "", "The servers set KEEL_FAULT_POINT to this (fault injection).");
 
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
         if (FLAGS_mode == "async") {
           strategy.a_sync_configs.send_queue_size = FLAGS_send_queue_size;
           strategy.a_sync_configs.max_merge_var_num = FLAGS_max_merge_var_num;
+          strategy.a_sync_configs.max_staleness = FLAGS_max_staleness;
         }
         fleet::DistributedOptimizer(std::move(opt), strategy).minimize(loss, &startup);
       } else {
@@ -127,7 +130,7 @@ int main(int argc, char** argv) {
           train,
           {{"x", Tensor::FromVector(lx, {local, 64})}, {"y", Tensor::FromVector(ly, {local, 1})}},
           {loss_name});
-      if (step == 0 || step == steps - 1)
+      if (FLAGS_every_loss || step == 0 || step == steps - 1)
         std::printf("trainer %d step %d loss %.6f\n", id, step, loss[0].data<float>()[0]);
       if (ps && id == FLAGS_die_trainer && step == 1) std::_Exit(3);
     }
