@@ -71,7 +71,8 @@ const std::vector<Command>& Commands() {
        "Times training steps (or all-reduces under keel launch); prints one JSON line.\n",
        {{"bench",
          {"bench_steps", "bench_warmup", "bench_numel", "batch_size", "seed", "profile",
-          "cuda_graph", "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k", "ctr_table"}}},
+          "cuda_graph", "sync_batch_norm", "fp16_allreduce", "ps_mode", "geo_k", "ps_max_staleness",
+          "ctr_table"}}},
        {"python_free_cli/bench.cc"}},
       {"launch",
        "usage: keel launch [flags] COMMAND [ARGS...]\n"

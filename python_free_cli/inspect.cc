@@ -39,6 +39,7 @@ DEFINE_int32(nservers, 1, "keel inspect --strategy --ps: parameter servers.");
 DEFINE_int32(nworkers, 2, "keel inspect --strategy --ps: trainers.");
 DECLARE_string(ps_mode);  // train_flags.cc
 DECLARE_int32(geo_k);
+DECLARE_int32(ps_max_staleness);
 DEFINE_bool(diff, false,
             "keel inspect --strategy: show only what the transpiler changed, as a line diff.");
 DEFINE_string(program, "all", "keel inspect --strategy: main | startup | all.");
@@ -127,7 +128,7 @@ int Strategy(const std::vector<std::string>& args) {
                  "--nworkers processes");
     FLAGS_nranks = FLAGS_nservers + FLAGS_nworkers;
   } else {
-    for (const char* f : {"nservers", "nworkers", "ps_mode", "geo_k"})
+    for (const char* f : {"nservers", "nworkers", "ps_mode", "geo_k", "ps_max_staleness"})
       KEEL_ENFORCE(!FlagIsSet(f), "--", f, " goes with inspect --strategy --ps");
   }
   KEEL_ENFORCE(FLAGS_nranks >= 1, "--nranks must be >= 1, got ", FLAGS_nranks);
@@ -162,6 +163,8 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
     KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
                  "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
     KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+    KEEL_ENFORCE(FLAGS_ps_mode == "async" || !FlagIsSet("ps_max_staleness"),
+                 "--ps_max_staleness goes with --ps_mode=async");
     KEEL_ENFORCE(FLAGS_ps_mode != "geo" || FLAGS_geo_k >= 1,
                  "--ps_mode=geo needs --geo_k >= 1, got ", FLAGS_geo_k);
     // Trainers send gradients to servers: fusion (on by default here) steps aside, and asking
@@ -169,6 +172,7 @@ int StrategyOfRank(const std::vector<std::string>& args, int rank) {
     if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
     strategy.a_sync = FLAGS_ps_mode != "sync";
     strategy.a_sync_configs.k_steps = FLAGS_ps_mode == "geo" ? FLAGS_geo_k : 0;
+    if (FLAGS_ps_mode == "async") strategy.a_sync_configs.max_staleness = FLAGS_ps_max_staleness;
   }
   strategy.ApplyFlagOverrides();
   strategy.Validate(role);

@@ -41,6 +41,9 @@ DEFINE_int32(sharding_stage, 0,
 DEFINE_string(ps_mode, "sync",
               "Parameter-server jobs: sync | async | geo (docs/parameter-server.md).");
 DEFINE_int32(geo_k, 100, "--ps_mode=geo: exchange with the servers every this many steps.");
+DEFINE_int32(ps_max_staleness, 0,
+             "--ps_mode=async: how many of its own latest steps a trainer's step may lack "
+             "(a_sync_configs.max_staleness; -1: never wait, as Paddle's communicator).");
 
 DEFINE_int32(tp_degree, 1,
              "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
@@ -286,7 +289,7 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
 
 void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* strategy) {
   if (!role.is_ps()) {
-    for (const char* f : {"ps_mode", "geo_k"})
+    for (const char* f : {"ps_mode", "geo_k", "ps_max_staleness"})
       KEEL_ENFORCE(!FlagIsSet(f), "--", f,
                    " is a setting of parameter-server training: run under keel launch "
                    "--server_num=S --worker_num=W");
@@ -295,6 +298,8 @@ void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* st
   KEEL_ENFORCE(FLAGS_ps_mode == "sync" || FLAGS_ps_mode == "async" || FLAGS_ps_mode == "geo",
                "--ps_mode='", FLAGS_ps_mode, "' is not one of sync, async, geo");
   KEEL_ENFORCE(FLAGS_ps_mode == "geo" || !FlagIsSet("geo_k"), "--geo_k goes with --ps_mode=geo");
+  KEEL_ENFORCE(FLAGS_ps_mode == "async" || !FlagIsSet("ps_max_staleness"),
+               "--ps_max_staleness goes with --ps_mode=async");
   KEEL_ENFORCE(FLAGS_ps_mode != "geo" || FLAGS_geo_k >= 1, "--ps_mode=geo needs --geo_k >= 1, got ",
                FLAGS_geo_k);
   // Collective settings have no place in a parameter-server job: refused by flag name (the
@@ -311,6 +316,7 @@ void PsStrategyFromFlags(const fleet::Role& role, fleet::DistributedStrategy* st
   strategy->fuse_all_reduce_ops = false;
   strategy->a_sync = FLAGS_ps_mode != "sync";
   strategy->a_sync_configs.k_steps = FLAGS_ps_mode == "geo" ? FLAGS_geo_k : 0;
+  if (FLAGS_ps_mode == "async") strategy->a_sync_configs.max_staleness = FLAGS_ps_max_staleness;
 }
 
 std::unique_ptr<optimizer::Optimizer> OptimizerFromFlags(const std::string& default_name,

@@ -303,15 +303,19 @@ void AsyncCommunicator::Push(Step& step, int64_t follows) {
           t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), std::move(payload), b.what));
     }
   }
-  for (auto& s : sends) t.Wait(*s);
-  // Every parameter block back (the server posts them after its step), once the trainer has said
-  // which (its first step's recv ops).
+  // Every parameter block back (the server posts them after its step), its receive posted with
+  // the sends, into the buffers of the pull before last.
   std::map<Key, Pull> want;
   {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return pulls_complete_ || stop_; });
     if (stop_) return;
-    for (const auto& [key, p] : pulls_) want[key] = Pull{p.bytes, p.what, {}, false};
+    for (const auto& [key, p] : pulls_) {
+      Pull& w = want[key];
+      w.bytes = p.bytes;
+      w.what = p.what;
+      w.latest.swap(spare_[key]);
+    }
   }
   std::vector<std::unique_ptr<Transport::Transfer>> recvs;
   for (auto& [key, p] : want) {
@@ -319,12 +323,14 @@ void AsyncCommunicator::Push(Step& step, int64_t follows) {
     recvs.push_back(t.PostRecv({std::get<0>(key)}, Slot(Kind::kParam, std::get<1>(key), n),
                                p.latest.data(), p.bytes, StrCat(p.what, " (after push ", n, ")")));
   }
+  for (auto& s : sends) t.Wait(*s);
   for (auto& r : recvs) t.Wait(*r);
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [key, p] : want) {
     Pull& into = pulls_[key];
     into.latest.swap(p.latest);
     into.have = true;
+    spare_[key].swap(p.latest);  // the previous latest, reused by the next pull
   }
   pulled_ = follows;
   cv_.notify_all();  // CopyLatest may wait for this pull

@@ -175,6 +175,15 @@ TEST(ParameterServerCli, RefusalsNameTheFlag) {
   JobRun geo = Launch(1, 1, dir, std::string("train") + kMlp + " --steps=1 --geo_k=3");
   EXPECT_NE(geo.exit_code, 0);
   EXPECT_TRUE(Contains(geo.output, "--geo_k goes with --ps_mode=geo")) << geo.output;
+  JobRun stale = Launch(1, 1, dir, std::string("train") + kMlp + " --steps=1 --ps_max_staleness=1");
+  EXPECT_NE(stale.exit_code, 0);
+  EXPECT_TRUE(Contains(stale.output, "--ps_max_staleness goes with --ps_mode=async"))
+      << stale.output;
+  stale = Launch(1, 1, dir,
+                 std::string("train") + kMlp + " --steps=1 --ps_mode=async --ps_max_staleness=-2");
+  EXPECT_NE(stale.exit_code, 0);
+  EXPECT_TRUE(Contains(stale.output, "a_sync_configs.max_staleness=-2 must be >= 0"))
+      << stale.output;
   CommandResult table = RunCommand(Keel() + " train" + kMlp + " --steps=1 --ctr_table=dense 2>&1");
   EXPECT_NE(table.exit_code, 0);
   EXPECT_TRUE(Contains(table.output, "--ctr_table is a setting of the ctr model")) << table.output;
