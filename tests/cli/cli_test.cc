@@ -396,6 +396,9 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"nworkers", "InspectStrategy.ParameterServerGoldens"},
       {"ps_mode", "InspectStrategy.ParameterServerGoldens (async, geo: refused)"},
       {"geo_k", "InspectStrategy.ParameterServerGoldens (refused)"},
+      {"ps_max_staleness",
+       "ParameterServerCli.RefusalsNameTheFlag, "
+       "ParameterServerAsync.OneTrainerWithTheCommunicator..."},
       {"fuse_gemm_epilogue", "InspectStrategy.FuseGemmEpilogueIsOnByDefaultAndTurnsOff"},
       {"safetensors_allow_unverified", "IoTest.AnEditedHeaderOrADeletedChecksumIsCaught"},
   };
