@@ -112,14 +112,15 @@ TEST(ProfilerCli, TrainWritesATraceAndPrintsTheSummary) {
 // overlaps a backward op's span (on the main thread), and after clock alignment every all-reduce
 // of rank 0 overlaps the same all-reduce of rank 1 (neither can finish before the other starts),
 // within 0.3 ms for the alignment's error. Rank 1 starts 0.5 s late, so its own clock is 0.5 s
-// behind rank 0's.
+// behind rank 0's. 16 steps of 1024-wide layers: under the load of a parallel test run, 8 steps
+// of 512 sometimes left no all-reduce overlapping a backward op (the ring's thread ran late).
 TEST(ProfilerCli, TwoWorkerTraceShowsAllReduceOverlappingBackwardOnAlignedClocks) {
   std::string dir = testing::MakeTempDir();
   auto r = testing::RunCommand(
       "FLAGS_cpu_math_threads=1 " + testing::BinPath("keel") + " launch --nproc_per_node=2 " +
       "--log_dir=" + dir + "/log sh -c 'if [ \"$PADDLE_TRAINER_ID\" = 1 ]; then sleep 0.5; fi; " +
       "exec " + testing::BinPath("keel") +
-      " train --steps=8 --mlp_hidden=512 --seed=1 --fuse_all_reduce_ops=false --profile=" + dir +
+      " train --steps=16 --mlp_hidden=1024 --seed=1 --fuse_all_reduce_ops=false --profile=" + dir +
       "/t.json'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ofstream(dir + "/check.py")
