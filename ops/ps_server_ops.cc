@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <glog/logging.h>
@@ -443,6 +444,91 @@ class ListenAndServKernel : public OpKernel {
   }
 
  private:
+  // Asynchronous and GEO mode: a server thread of its own serves the trainers' requests for rows
+  // of distributed tables (their own header slot), so that a request does not wait behind
+  // another trainer's push in the server's loop; the tables are locked (`mu`) while it reads them
+  // and while a push updates them. It ends once every trainer said on that slot that it is done
+  // (fleet::stop_worker); Stop (the destructor) aborts its wait, for the server's error paths.
+  class PrefetchLoop {
+   public:
+    PrefetchLoop(Transport& t, Tables& tables, std::mutex& mu, std::vector<int> live)
+        : t_(t), tables_(tables), mu_(mu), live_(std::move(live)) {
+      thread_ = std::thread([this] { Run(); });
+    }
+    ~PrefetchLoop() { Stop(); }
+    // Its error, if it stopped on one (a dead trainer): the server stops with it.
+    void Check() {
+      std::lock_guard<std::mutex> lk(state_mu_);
+      KEEL_ENFORCE(error_.empty(), error_);
+    }
+    // Every trainer is done: waits for the loop to end.
+    void Finish() {
+      if (thread_.joinable()) thread_.join();
+      Check();
+    }
+
+   private:
+    void Run() {
+      const std::string me = t_.PeerName(t_.rank());
+      try {
+        while (!live_.empty()) {
+          ps::Header h;
+          std::unique_ptr<Transport::Transfer> head;
+          {
+            std::lock_guard<std::mutex> lk(state_mu_);
+            if (stop_) return;
+            head = t_.PostRecv(live_, t_.PrefetchHeaderSlot(), &h, sizeof(h),
+                               StrCat(me, ": waiting for a trainer to ask for rows or stop"));
+            current_ = head.get();
+          }
+          int from = -1;
+          try {
+            from = t_.Wait(*head);
+          } catch (...) {
+            std::lock_guard<std::mutex> lk(state_mu_);
+            current_ = nullptr;
+            throw;
+          }
+          {
+            std::lock_guard<std::mutex> lk(state_mu_);
+            current_ = nullptr;
+            if (stop_) return;
+          }
+          if (h.step == ps::kDone) {
+            live_.erase(std::find(live_.begin(), live_.end(), from));
+            continue;
+          }
+          KEEL_ENFORCE(h.step == ps::kPrefetch, me, ": ", t_.PeerName(from), " sent header ",
+                       h.step, " where it asks for rows");
+          std::lock_guard<std::mutex> lk(mu_);
+          tables_.Prefetch(t_, from, h);
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(state_mu_);
+        error_ = e.what();
+      }
+    }
+    void Stop() {
+      if (!thread_.joinable()) return;
+      {
+        std::lock_guard<std::mutex> lk(state_mu_);
+        stop_ = true;
+        if (current_ != nullptr) t_.AbortRecv(*current_);
+      }
+      thread_.join();
+    }
+
+    Transport& t_;
+    Tables& tables_;
+    std::mutex& mu_;
+    std::vector<int> live_;
+    std::mutex state_mu_;  // stop_, current_, error_
+    bool stop_ = false;
+    Transport::Transfer* current_ = nullptr;
+    std::string error_;
+    std::thread thread_;
+  };
+
   // Asynchronous mode: whichever trainer's header comes next, its step is served alone: its
   // gradient of each block (Grads[i]), the learning-rate block, the optimize blocks (one update
   // with this trainer's gradient), its new parameters. No trainer waits for another; the loop
@@ -467,6 +553,8 @@ class ListenAndServKernel : public OpKernel {
       for (auto& r : replies[trainer]) t.Wait(*r);
       replies[trainer].clear();
     };
+    std::mutex table_mu;
+    PrefetchLoop prefetches(t, tables, table_mu, live);
     int64_t served = 0;
     while (!live.empty()) {
       if (served == 2 * static_cast<int64_t>(t.ntrainers()))
@@ -475,19 +563,19 @@ class ListenAndServKernel : public OpKernel {
       auto head = t.PostRecv(live, t.HeaderSlot(0), &h, sizeof(h),
                              StrCat(me, ": waiting for a trainer to start a step or stop"));
       const int from = t.Wait(*head);
-      if (h.step == ps::kPrefetch) {
-        tables.Prefetch(t, from, h);
-        continue;
-      }
+      prefetches.Check();
       settle(from);
       if (h.step == ps::kDone) {
         live.erase(std::find(live.begin(), live.end(), from));
         continue;
       }
       if (h.step == ps::kSave) {
+        std::lock_guard<std::mutex> lk(table_mu);
         replies[from] = PostState(t, ctx, tables, from, h.steps + 1);
         continue;
       }
+      KEEL_ENFORCE(h.step >= 1, me, ": ", t.PeerName(from), " sent header ", h.step,
+                   " where it starts a step or stops");
       std::vector<std::unique_ptr<Transport::Transfer>> pending;
       std::vector<RowsIn> sparse;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -506,14 +594,20 @@ class ListenAndServKernel : public OpKernel {
       }
       const size_t ntable = tables.AddJobs(&sparse, {from}, h.step);
       RecvRows(t, ctx, sparse, h.step);
-      tables.Translate(sparse, ntable);
       for (auto& p : pending) t.Wait(*p);
       if (lr_block >= 0) ctx.RunBlock(lr_block);
       for (int b : blocks) ctx.RunBlock(b);
-      tables.RunBlocks(ctx);
+      {
+        // The rows renumbered to the shards' and updated with no prefetch between (a prefetch
+        // may create rows, and the update wants the shard as the renumbering saw it).
+        std::lock_guard<std::mutex> lk(table_mu);
+        tables.Translate(sparse, ntable);
+        tables.RunBlocks(ctx);
+      }
       replies[from] = PostServe(t, op, params, {from}, h.step);
       ++served;
     }
+    prefetches.Finish();
   }
 
   static void SendState(Transport& t, ExecutionContext& ctx, const Tables& tables, int trainer,

@@ -151,7 +151,8 @@ class DistributedLookupTableKernel : public OpKernel {
       h.steps = done;
       h.table = table;
       h.count = static_cast<int64_t>(asked[s].size());
-      sends.push_back(t.PostSend(s, t.HeaderSlot(done + 1), &h, sizeof(h), what));
+      sends.push_back(t.PostSend(s, t.async() ? t.PrefetchHeaderSlot() : t.HeaderSlot(done + 1), &h,
+                                 sizeof(h), what));
       sends.push_back(t.PostSend(s, ps::Slot(ps::Kind::kIds, table, done), asked[s].data(),
                                  asked[s].size() * sizeof(int64_t), what));
     }

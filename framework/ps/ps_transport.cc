@@ -378,6 +378,10 @@ void Transport::RequestState() {
   for (auto& t : asks) Wait(*t);
 }
 
+void Transport::AbortRecv(Transfer& t) {
+  if (t.buf) t.buf->abortWaitRecv();
+}
+
 void Transport::FinishTrainer() {
   if (!context_ || finished_ || rank_ < nservers_) return;
   if (communicating_) {
@@ -391,10 +395,12 @@ void Transport::FinishTrainer() {
   finished_ = true;
   Header h{kDone, step_.load()};
   std::vector<std::unique_ptr<Transfer>> done;
-  for (int s = 0; s < nservers_; ++s)
-    done.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h),
-                            StrCat("trainer ", rank_ - nservers_, ": telling server ", s,
-                                   " that it stopped after ", step_.load(), " steps")));
+  for (int s = 0; s < nservers_; ++s) {
+    const std::string what = StrCat("trainer ", rank_ - nservers_, ": telling server ", s,
+                                    " that it stopped after ", step_.load(), " steps");
+    done.push_back(PostSend(s, HeaderSlot(step_ + 1), &h, sizeof(h), what));
+    if (async_) done.push_back(PostSend(s, PrefetchHeaderSlot(), &h, sizeof(h), what));
+  }
   for (auto& t : done) Wait(*t);
 }
 

@@ -122,6 +122,12 @@ class Transport {
   void SetAsync(bool async, const std::string& op);
   bool async() const { return async_; }
   uint64_t HeaderSlot(int64_t step) const { return Slot(Kind::kHeader, 0, async_ ? 0 : step); }
+  // Asynchronous and GEO mode: a trainer's requests for rows of a distributed table (and, at the
+  // end, that it is done) go under a header slot of their own, served by a server thread of
+  // their own (listen_and_serv), so that they do not queue behind other trainers' pushes.
+  uint64_t PrefetchHeaderSlot() const { return Slot(Kind::kHeader, 1, 0); }
+  // Ends a receive's Wait at once (another thread stopping the one that waits), as an abort.
+  void AbortRecv(Transfer& t);
 
   // GEO: counts geo_communicate's runs (1, 2, ...); it exchanges on multiples of k.
   int64_t NextGeoRun() { return ++geo_runs_; }
