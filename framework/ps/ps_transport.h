@@ -198,7 +198,7 @@ class Transport {
   bool in_step_ = false, finished_ = false;
   int async_set_ = -1;  // -1: not yet set
   int64_t geo_runs_ = 0;
-  bool async_ = false;
+  std::atomic<bool> async_{false};  // set once by the first PS op; the communicator reads it
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
   std::unique_ptr<AsyncCommunicator> communicator_;
   std::atomic<bool> communicating_{false};
