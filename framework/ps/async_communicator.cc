@@ -228,6 +228,7 @@ void AsyncCommunicator::Average(Block* b) {
 void AsyncCommunicator::Loop() {
   for (;;) {
     Step step;
+    int64_t follows = 0;  // the steps popped so far, this push's last
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || (!queue_.empty() && error_.empty()); });
@@ -248,14 +249,10 @@ void AsyncCommunicator::Loop() {
         queue_.pop_front();
       }
       busy_ = true;
+      follows = popped_;
       cv_.notify_all();  // room in the queue
     }
     std::string error;
-    int64_t follows = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      follows = popped_;
-    }
     try {
       for (auto& [key, b] : step) Average(&b);
       Push(step, follows);
