@@ -209,6 +209,11 @@ class PsRecvKernel : public OpKernel {
         t.communicator().CopyLatest(epmap[i], slots[i], data, outs[i]->nbytes(), what);
         continue;
       }
+      // Sync mode after a step: the block comes in its server's bundle (fetch_barrier).
+      if (op.Attr<int>("mode") == 0 && t.step() >= 1) {
+        t.AddBundleBlock(epmap[i], slots[i], data, outs[i]->nbytes(), what);
+        continue;
+      }
       t.KeepRecv(t.PostRecv({epmap[i]}, Slot(Kind::kParam, slots[i], t.step()), data,
                             outs[i]->nbytes(),
                             StrCat("recv of ", op.Output("Out")[i], " (after step ", t.step(),

@@ -413,17 +413,23 @@ class ListenAndServKernel : public OpKernel {
         std::this_thread::sleep_for(std::chrono::seconds(1));  // they quote `why` from the store
         KEEL_THROW(me, ": ", why);
       }
-      // Each dense block is updated once every trainer's gradient of it is in, and its new value
-      // posted at once, in the order the trainers send them (their backward: the last blocks
-      // first), while the rest still arrive. The blocks update disjoint parameters, so the order
-      // changes no value; the learning-rate block goes first.
+      // Each dense block is updated once every trainer's gradient of it is in, in the order the
+      // trainers send them (their backward: the last blocks first), while the rest still arrive.
+      // The blocks update disjoint parameters, so the order changes no value; the learning-rate
+      // block goes first. The new values go to each trainer as one message (a bundle) once the
+      // last block is updated: before the row-sparse gradients are received when every block is
+      // dense (a distributed table's rows are not sent back).
       if (lr_block >= 0) ctx.RunBlock(lr_block);
+      bool any_sparse = false;
       for (size_t i = params.size(); i-- > 0;) {
-        if (grads.sparse(i)) continue;
+        if (grads.sparse(i)) {
+          any_sparse = true;
+          continue;
+        }
         for (auto& x : dense[i]) t.Wait(*x);
         ctx.RunBlock(blocks[i]);
-        PostServeBlock(t, op, params, i, trainers, step, &replies);
       }
+      if (!any_sparse) PostBundle(t, op, params, trainers, step, &replies);
       // Then the row-sparse gradients, from each trainer in turn (their sizes differ).
       std::vector<RowsIn> sparse;
       for (size_t i = 0; i < params.size(); ++i)
@@ -434,11 +440,9 @@ class ListenAndServKernel : public OpKernel {
       const size_t ntable = tables.AddJobs(&sparse, trainers, step);
       RecvRows(t, ctx, sparse, step);
       tables.Translate(sparse, ntable);
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (!grads.sparse(i)) continue;
-        ctx.RunBlock(blocks[i]);
-        PostServeBlock(t, op, params, i, trainers, step, &replies);
-      }
+      for (size_t i = 0; i < params.size(); ++i)
+        if (grads.sparse(i)) ctx.RunBlock(blocks[i]);
+      if (any_sparse) PostBundle(t, op, params, trainers, step, &replies);
       tables.RunBlocks(ctx);
     }
   }
@@ -644,6 +648,43 @@ class ListenAndServKernel : public OpKernel {
     for (size_t i = 0; i < params.size(); ++i)
       PostServeBlock(t, op, params, i, trainers, step, &sends);
     return sends;
+  }
+
+  // Synchronous mode: posts every X block to `trainers` as their values after `step`, as one
+  // message (ps::BundleHeader, then the blocks in slot order; Transport::WaitRecvs takes it apart).
+  static void PostBundle(Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
+                         const std::vector<int>& trainers, int64_t step,
+                         std::vector<std::unique_ptr<Transport::Transfer>>* sends) {
+    if (params.empty()) return;
+    const auto& slots = op.Attr<std::vector<int>>("slots");
+    std::vector<size_t> order(params.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return slots[a] < slots[b]; });
+    std::vector<int> sorted;
+    ps::BundleHeader h;
+    size_t total = sizeof(h);
+    for (size_t i : order) {
+      sorted.push_back(slots[i]);
+      total += params[i]->nbytes();
+    }
+    h.blocks = static_cast<int64_t>(order.size());
+    h.slots = ps::BundleSlotSum(sorted);
+    std::vector<char> bytes(total);
+    char* p = bytes.data();
+    std::memcpy(p, &h, sizeof(h));
+    p += sizeof(h);
+    for (size_t i : order) {
+      std::memcpy(p, params[i]->raw_data(), params[i]->nbytes());
+      p += params[i]->nbytes();
+    }
+    for (size_t k = 0; k < trainers.size(); ++k) {
+      const int r = trainers[k];
+      std::vector<char> copy = k + 1 < trainers.size() ? bytes : std::move(bytes);
+      sends->push_back(
+          t.PostSend(r, Slot(Kind::kBundle, 0, step), std::move(copy),
+                     StrCat(t.PeerName(t.rank()), ": its ", order.size(),
+                            " parameter blocks after step ", step, " to ", t.PeerName(r))));
+    }
   }
 
   // Posts X[i] (a copy) to `trainers` as its value after `step`, into `sends`.

@@ -37,6 +37,12 @@ uint64_t Slot(Kind kind, int block, int64_t step) {
          (static_cast<uint64_t>(step) & 0xffffffffu);
 }
 
+int64_t BundleSlotSum(const std::vector<int>& sorted_slots) {
+  uint64_t h = 1469598103934665603ull;
+  for (int s : sorted_slots) h = (h ^ static_cast<uint64_t>(s)) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+
 Transport::Transfer::Transfer() = default;
 // The buffer before the bytes: Gloo's thread may still be sending a copy a peer asked for after
 // the server that posted it gave up (it read freed memory: ASan, a trainer killed under async).
@@ -330,13 +336,53 @@ void Transport::WaitSends() {
   for (auto& t : sends) Wait(*t);
 }
 
+void Transport::AddBundleBlock(int server, int slot, void* data, size_t bytes, std::string what) {
+  std::lock_guard<std::mutex> lk(mu_);
+  bundle_[server].push_back({slot, data, bytes, std::move(what)});
+}
+
 void Transport::WaitRecvs() {
   std::vector<std::unique_ptr<Transfer>> recvs;
+  std::map<int, std::vector<BundleBlock>> bundle;
   {
     std::lock_guard<std::mutex> lk(mu_);
     recvs.swap(recvs_);
+    bundle.swap(bundle_);
+  }
+  // Each server's bundle: its receive posted for the blocks the recv ops asked for, in slot order.
+  std::vector<std::pair<int, std::unique_ptr<Transfer>>> bundles;
+  for (auto& [server, blocks] : bundle) {
+    std::sort(blocks.begin(), blocks.end(),
+              [](const BundleBlock& a, const BundleBlock& b) { return a.slot < b.slot; });
+    size_t total = sizeof(BundleHeader);
+    for (const BundleBlock& b : blocks) total += b.bytes;
+    std::vector<char>& buf = bundle_bytes_[server];
+    buf.resize(total);
+    bundles.emplace_back(
+        server,
+        PostRecv({server}, Slot(Kind::kBundle, 0, step_.load()), buf.data(), total,
+                 StrCat("recv of ", blocks.size(), " parameter blocks (", blocks.front().what,
+                        ", ...) after step ", step_.load(), " from ", PeerName(server))));
   }
   for (auto& t : recvs) Wait(*t);
+  for (auto& [server, t] : bundles) {
+    Wait(*t);
+    const std::vector<BundleBlock>& blocks = bundle[server];
+    const char* p = bundle_bytes_[server].data();
+    BundleHeader h;
+    std::memcpy(&h, p, sizeof(h));
+    std::vector<int> slots;
+    for (const BundleBlock& b : blocks) slots.push_back(b.slot);
+    KEEL_ENFORCE(h.blocks == static_cast<int64_t>(blocks.size()) && h.slots == BundleSlotSum(slots),
+                 t->what, ": ", PeerName(server), " sent ", h.blocks,
+                 " blocks but this trainer's recv ops ask it for ", blocks.size(),
+                 " (or other ones): do the trainer and the servers run programs of one transpile?");
+    p += sizeof(h);
+    for (const BundleBlock& b : blocks) {
+      std::memcpy(b.data, p, b.bytes);
+      p += b.bytes;
+    }
+  }
 }
 
 AsyncCommunicator& Transport::communicator() {
@@ -433,6 +479,8 @@ void Transport::Reset() {
   std::lock_guard<std::mutex> lk(mu_);
   sends_.clear();
   recvs_.clear();
+  bundle_.clear();
+  bundle_bytes_.clear();
   context_.reset();
   device_.reset();
   rank_ = -1;

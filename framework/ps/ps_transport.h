@@ -11,7 +11,8 @@
 // kGrad (a trainer's gradient block for `step`), kParam (a server's parameter block after `step`;
 // step 0: the initial values), kRows (a row-sparse gradient block's rows and values, after its
 // row count under kGrad; docs/sparse-embeddings.md), kIds / kPrefetch (a trainer's request for
-// rows of a distributed table and the server's reply). `block` is the block's index in the
+// rows of a distributed table and the server's reply), kBundle (sync mode: every parameter block
+// a server holds, after `step`, in one message; block 0). `block` is the block's index in the
 // transpiler's plan
 // (transpiler/ps_pass.h), the same in every process. Gloo's TCP pairs hand data over only once
 // the receiver has posted its receive, so nothing is buffered without bound.
@@ -27,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,7 +57,8 @@ enum class Kind : uint64_t {
   kState = 4,
   kRows = 5,
   kIds = 6,
-  kPrefetch = 7
+  kPrefetch = 7,
+  kBundle = 8
 };
 uint64_t Slot(Kind kind, int block, int64_t step);
 
@@ -69,6 +72,16 @@ struct Header {
 constexpr int64_t kDone = -1;
 constexpr int64_t kSave = -2;      // a trainer asks for the server's state (a checkpoint)
 constexpr int64_t kPrefetch = -3;  // a trainer asks for rows of a distributed table
+
+// Synchronous mode: a server's parameter blocks after a step go to each trainer as one message
+// (Kind::kBundle), this header, then the blocks in ascending slot order. A message per block cost
+// the job more than its bytes: each one is a few small Gloo messages and wakeups of a process on
+// either side (docs/parameter-server.md, "Speed").
+struct BundleHeader {
+  int64_t blocks = 0;
+  int64_t slots = 0;  // a checksum of the blocks' slots (BundleSlotSum)
+};
+int64_t BundleSlotSum(const std::vector<int>& sorted_slots);
 
 class Transport {
  public:
@@ -139,8 +152,12 @@ class Transport {
   // Keeps a posted transfer until WaitSends / WaitRecvs.
   void KeepSend(std::unique_ptr<Transfer> t);
   void KeepRecv(std::unique_ptr<Transfer> t);
+  // Synchronous mode, a step's recv ops: block `slot` of server `server` (`bytes` at `data`) comes
+  // in that server's bundle; fetch_barrier receives it.
+  void AddBundleBlock(int server, int slot, void* data, size_t bytes, std::string what);
   // send_barrier: waits for the step's sends (the servers have every gradient block); the step's
-  // sends are then over. fetch_barrier: waits for the posted receives.
+  // sends are then over. fetch_barrier: waits for the posted receives, and receives the servers'
+  // bundles, copying their blocks to where the recv ops said.
   void WaitSends();
   void WaitRecvs();
   // Asynchronous mode, a trainer (framework/ps/async_communicator.h): the communicator, made on
@@ -200,6 +217,14 @@ class Transport {
   int64_t geo_runs_ = 0;
   std::atomic<bool> async_{false};  // set once by the first PS op; the communicator reads it
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
+  struct BundleBlock {
+    int slot;
+    void* data;
+    size_t bytes;
+    std::string what;
+  };
+  std::map<int, std::vector<BundleBlock>> bundle_;  // server -> the blocks the recv ops added
+  std::map<int, std::vector<char>> bundle_bytes_;   // server -> its bundle's buffer (reused)
   std::unique_ptr<AsyncCommunicator> communicator_;
   std::atomic<bool> communicating_{false};
   std::mutex watch_mu_;                         // GonePeers' store connection
