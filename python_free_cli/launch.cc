@@ -50,6 +50,9 @@ DEFINE_int32(stopped_timeout_s, 0,
 DECLARE_int32(comm_timeout_s);
 DEFINE_int32(server_num, 0, "Parameter servers on this node (docs/parameter-server.md).");
 DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
+DEFINE_string(cpu_sched, "auto",
+              "Workers' CPU policy: batch (SCHED_BATCH), normal, or auto: batch in a "
+              "parameter-server job.");
 DEFINE_string(servers, "", "Every parameter server, ip:port,... (fleetrun's; any node count).");
 DEFINE_string(workers, "", "Every trainer, ip:port,...; a node starts those at its --node_ip.");
 
@@ -110,6 +113,7 @@ LaunchInput InputFromFlags(const std::vector<std::string>& command,
   in.node_rank = FLAGS_node_rank;
   in.master_port = FLAGS_master_port;
   in.grace_period_s = FLAGS_grace_period_s;
+  in.cpu_sched = FLAGS_cpu_sched;
   in.max_restarts = FLAGS_max_restarts;
   in.stopped_timeout_s = FLAGS_stopped_timeout_s;
   in.comm_timeout_s = FLAGS_comm_timeout_s;

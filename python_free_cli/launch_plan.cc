@@ -17,11 +17,18 @@ bool IsLaunchFlag(const std::string& name) {
       "cluster_node_ips", "node_ip",          "started_port", "nproc_per_node",    "nnodes",
       "node_rank",        "master_addr",      "master_port",  "grace_period_s",    "log_dir",
       "selected_gpus",    "cpu_math_threads", "max_restarts", "stopped_timeout_s", "server_num",
-      "worker_num",       "servers",          "workers"};
+      "worker_num",       "servers",          "workers",      "cpu_sched"};
   return own.count(name) > 0;
 }
 
 namespace {
+
+// --cpu_sched: whether the workers run under SCHED_BATCH.
+bool SchedBatch(const LaunchInput& in, bool parameter_server) {
+  KEEL_ENFORCE(in.cpu_sched == "auto" || in.cpu_sched == "batch" || in.cpu_sched == "normal",
+               "--cpu_sched must be auto, batch or normal, got '", in.cpu_sched, "'");
+  return in.cpu_sched == "batch" || (in.cpu_sched == "auto" && parameter_server);
+}
 
 // The value of `name` in `env` as getenv(3) finds it (the first entry), nullptr when unset.
 const char* Getenv(const std::vector<std::string>& env, const char* name) {
@@ -180,6 +187,7 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
                "parameter-server training runs on CPU in keel");
   KEEL_ENFORCE(in.max_restarts >= 0, "--max_restarts must be >= 0, got ", in.max_restarts);
   LaunchPlan plan;
+  plan.sched_batch = SchedBatch(in, true);
   std::vector<std::string> servers, trainers, hosts;
   std::string ip;
   if (listed) {
@@ -344,6 +352,7 @@ LaunchPlan MakeLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
   plan.max_restarts = in.max_restarts;
   plan.stopped_limit_s =
       in.stopped_timeout_s > 0 ? in.stopped_timeout_s : std::max(1, in.comm_timeout_s);
+  plan.sched_batch = SchedBatch(in, false);
 
   // Workers on this node.
   plan.gpus = SelectedGpus(in, in.given.count("gpu_comm_backend") ? in.given.at("gpu_comm_backend")

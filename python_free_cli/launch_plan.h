@@ -25,6 +25,9 @@ struct LaunchInput {
   std::string gpu_comm_backend = "auto";
   int started_port = 0, nproc_per_node = 1, nnodes = 1, node_rank = 0, master_port = 0;
   int grace_period_s = 5, max_restarts = 0, stopped_timeout_s = 0, comm_timeout_s = 300;
+  // The workers' CPU scheduling policy: "batch" (SCHED_BATCH), "normal" (SCHED_OTHER, as the
+  // launcher runs), or "auto" (batch for a parameter-server job, normal otherwise).
+  std::string cpu_sched = "auto";
   // Parameter-server mode (docs/parameter-server.md): server_num servers and worker_num trainers
   // on this node, with Paddle's parameter-server variables; 0 and 0: a collective job.
   int server_num = 0, worker_num = 0;
@@ -84,6 +87,9 @@ struct LaunchPlan {
   std::vector<std::string> command;
   std::string executable;  // command[0] resolved against PATH
   int grace_period_s = 5;  // from SIGTERM to SIGKILL when stopping workers
+  // The workers run under SCHED_BATCH (sched(7)): one woken by a message does not preempt the
+  // one running (docs/launch.md, --cpu_sched).
+  bool sched_batch = false;
   int max_restarts = 0;
   double stopped_limit_s = 300;       // a worker stopped (state T) this long fails the job
   std::vector<LaunchWorker> workers;  // local rank order

@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -185,6 +186,9 @@ class Supervisor {
     envp.push_back(nullptr);
     // Written by the child with write(2) only, if execve fails.
     std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
+    const std::string sched_error =
+        "keel launch: this worker could not be put under SCHED_BATCH (--cpu_sched); it runs "
+        "under the normal policy\n";
 
     int out_fd = w->log_fd;  // rank 0 (local 0) writes to a pipe that the launcher tees
     if (w->local == plan_.console_local) {
@@ -215,6 +219,11 @@ class Supervisor {
       dup2(out_fd, 1);
       dup2(out_fd, 2);
       sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+      if (plan_.sched_batch) {
+        struct sched_param none = {};
+        if (sched_setscheduler(0, SCHED_BATCH, &none) != 0)
+          WriteAll(2, sched_error.data(), sched_error.size());
+      }
       execve(plan_.executable.c_str(), argv.data(), envp.data());
       int err = errno;
       const char* why = err == ENOENT    ? "No such file or directory"

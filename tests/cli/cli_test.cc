@@ -276,6 +276,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"dot", "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
       {"cluster_node_ips", "KeelLaunch.MultiNodeRanksAndEndpoints"},
       {"grace_period_s", "KeelLaunch.WorkersIgnoringSigtermAreKilledAfterTheGracePeriod"},
+      {"cpu_sched", "KeelLaunch.CpuSchedPutsTheWorkersUnderSchedBatch"},
       {"master_addr", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"master_port", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"nnodes", "KeelLaunch.MultiNodeRanksAndEndpoints"},

@@ -421,6 +421,27 @@ TEST(LaunchPlan, AnExecutableThatCannotBeFoundIsTheHostsError) {
 
 // --server_num / --worker_num: servers first (ranks 0..S-1), then trainers, each with Paddle's
 // parameter-server variables; logs serverlog.N / workerlog.N; trainer 0 on the console.
+// --cpu_sched: auto is SCHED_BATCH for a parameter-server job only; batch and normal say so.
+TEST(LaunchPlan, CpuSchedIsBatchForParameterServerJobsUnlessSaidOtherwise) {
+  FakeHost fake;
+  LaunchInput in = Input();
+  EXPECT_FALSE(MakeLaunchPlan(in, fake.Host()).sched_batch);
+  in.cpu_sched = "batch";
+  EXPECT_TRUE(MakeLaunchPlan(in, fake.Host()).sched_batch);
+  LaunchInput ps = Input();
+  ps.server_num = 1;
+  ps.worker_num = 1;
+  EXPECT_TRUE(MakeLaunchPlan(ps, fake.Host()).sched_batch);
+  ps.cpu_sched = "normal";
+  EXPECT_FALSE(MakeLaunchPlan(ps, fake.Host()).sched_batch);
+  for (LaunchInput* bad : {&in, &ps}) {
+    bad->cpu_sched = "fifo";
+    keel::testing::ExpectErrorContainsAll(
+        ErrorOf([&] { MakeLaunchPlan(*bad, fake.Host()); }),
+        {"--cpu_sched must be auto, batch or normal, got 'fifo'"});
+  }
+}
+
 TEST(LaunchPlan, ParameterServerModeGivesServersAndTrainersPaddlesVariables) {
   FakeHost fake;
   LaunchInput in = Input();

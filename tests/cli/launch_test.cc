@@ -274,6 +274,28 @@ TEST(KeelLaunch, KilledWorkerIsTheRootCauseEvenWhenAPeerIsReapedFirst) {
   RunCommand("rm -rf " + dir);
 }
 
+std::string Trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \n"), e = s.find_last_not_of(" \n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// --cpu_sched: the workers' scheduling policy (field 41 of /proc/PID/stat: 0 SCHED_OTHER, 3
+// SCHED_BATCH), inherited by what they start.
+TEST(KeelLaunch, CpuSchedPutsTheWorkersUnderSchedBatch) {
+  const std::string policy = " sh -c 'cut -d\" \" -f41 /proc/self/stat' 2>/dev/null";
+  const std::string env = "env -u KEEL_JOB_TOKEN -u FLAGS_cpu_math_threads ";
+  auto r = RunCommand(env + Keel() + " launch --nproc_per_node=1 --cpu_sched=batch" + policy);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Trimmed(r.output), "3") << r.output;
+  r = RunCommand(env + Keel() + " launch --nproc_per_node=1" + policy);
+  EXPECT_EQ(Trimmed(r.output), "0") << r.output;  // auto: a collective job runs as launched
+  r = RunCommand(env + Keel() + " launch --server_num=1 --worker_num=1" + policy);
+  EXPECT_EQ(Trimmed(r.output), "3") << r.output;  // auto: a parameter-server job
+  r = RunCommand(env + Keel() + " launch --server_num=1 --worker_num=1 --cpu_sched=normal" +
+                 policy);
+  EXPECT_EQ(Trimmed(r.output), "0") << r.output;
+}
+
 TEST(KeelLaunch, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   std::string dir = MakeTempDir();
   auto t = RunTimed(Keel() + " launch --nproc_per_node=2 --grace_period_s=1 --log_dir=" + dir +
@@ -459,6 +481,7 @@ TEST(KeelLaunch, ContradictoryFlagsAreExitOneNamingThem) {
       {"--started_port=7000 --master_port=7001 sh", "--master_port=7001 but --started_port=7000"},
       {"--started_port=65535 --nproc_per_node=2 sh", "past 65535"},
       {"--grace_period_s=-1 sh", "--grace_period_s must be >= 0"},
+      {"--cpu_sched=fifo sh", "--cpu_sched must be auto, batch or normal, got 'fifo'"},
       {"", "no command to launch"},
       {"--nproc_per_node=2", "no command to launch"},
   };
