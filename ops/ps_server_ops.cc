@@ -160,7 +160,8 @@ class ListenAndServKernel : public OpKernel {
     }
 
     // A trainer's request (header h): h.count ids of table h.table; replies with their rows.
-    void Prefetch(Transport& t, int trainer, const ps::Header& h) {
+    void Prefetch(Transport& t, int trainer, const ps::HeaderWithIds& got) {
+      const ps::Header& h = got.h;
       const size_t k = Index(h.table, t, trainer);
       ps::SparseShard& sh = *shards_[k];
       const std::string what = StrCat(t.PeerName(me_), ": ", h.count, " rows of ", sh.name(),
@@ -168,9 +169,13 @@ class ListenAndServKernel : public OpKernel {
       KEEL_ENFORCE(h.count >= 0 && h.count <= heights_[k], what, ": a request of ", h.count,
                    " rows from a table of ", heights_[k]);
       std::vector<int64_t> ids(static_cast<size_t>(h.count));
-      auto in = t.PostRecv({trainer}, Slot(Kind::kIds, static_cast<int>(h.table), h.steps),
-                           ids.data(), ids.size() * sizeof(int64_t), what);
-      t.Wait(*in);
+      if (h.count <= ps::kInlineIds) {
+        std::copy_n(got.ids, h.count, ids.begin());
+      } else {
+        auto in = t.PostRecv({trainer}, Slot(Kind::kIds, static_cast<int>(h.table), h.steps),
+                             ids.data(), ids.size() * sizeof(int64_t), what);
+        t.Wait(*in);
+      }
       const int64_t D = widths_[k];
       std::vector<T> rows(ids.size() * D);
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -343,6 +348,7 @@ class ListenAndServKernel : public OpKernel {
     if (async) return ServeAsync(t, ctx, params, grads, tables, trainers);
     // The previous step's replies, posted, not waited for: a trainer takes its parameters in its
     // recv ops, and meanwhile the other may already ask for rows (a prefetch) of its next step.
+    auto header = std::make_unique<ps::HeaderWithIds>();  // a header, or a request and its ids
     std::vector<std::unique_ptr<Transport::Transfer>> replies;
     for (int64_t step = 1;; ++step) {
       if (step == 3) FaultPoint("listen_and_serv_step3");  // tests: a server dies mid-training
@@ -377,8 +383,9 @@ class ListenAndServKernel : public OpKernel {
             owe.push_back(trainers[r]);
             names += (names.empty() ? "" : ", ") + t.PeerName(trainers[r]);
           }
-        ps::Header got;
-        auto head = t.PostRecv(owe, t.HeaderSlot(step), &got, sizeof(got),
+        ps::HeaderWithIds& with = *header;
+        ps::Header& got = with.h;
+        auto head = t.PostRecv(owe, t.HeaderSlot(step), &with, sizeof(with),
                                StrCat(me, ": waiting for ", names, " to start step ", step,
                                       " or stop (fleet::stop_worker)"));
         const int r = t.Wait(*head) - first;
@@ -387,7 +394,7 @@ class ListenAndServKernel : public OpKernel {
         if (got.step == ps::kSave) {
           SendState(t, ctx, tables, trainers[r], step);
         } else if (got.step == ps::kPrefetch) {
-          tables.Prefetch(t, trainers[r], got);
+          tables.Prefetch(t, trainers[r], with);
         } else {
           h[r] = got;
           have[r] = true;
@@ -476,12 +483,13 @@ class ListenAndServKernel : public OpKernel {
       const std::string me = t_.PeerName(t_.rank());
       try {
         while (!live_.empty()) {
-          ps::Header h;
+          ps::HeaderWithIds& with = *header_;
+          const ps::Header& h = with.h;
           std::unique_ptr<Transport::Transfer> head;
           {
             std::lock_guard<std::mutex> lk(state_mu_);
             if (stop_) return;
-            head = t_.PostRecv(live_, t_.PrefetchHeaderSlot(), &h, sizeof(h),
+            head = t_.PostRecv(live_, t_.PrefetchHeaderSlot(), &with, sizeof(with),
                                StrCat(me, ": waiting for a trainer to ask for rows or stop"));
             current_ = head.get();
           }
@@ -505,7 +513,7 @@ class ListenAndServKernel : public OpKernel {
           KEEL_ENFORCE(h.step == ps::kPrefetch, me, ": ", t_.PeerName(from), " sent header ",
                        h.step, " where it asks for rows");
           std::lock_guard<std::mutex> lk(mu_);
-          tables_.Prefetch(t_, from, h);
+          tables_.Prefetch(t_, from, with);
         }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(state_mu_);
@@ -530,6 +538,7 @@ class ListenAndServKernel : public OpKernel {
     bool stop_ = false;
     Transport::Transfer* current_ = nullptr;
     std::string error_;
+    std::unique_ptr<ps::HeaderWithIds> header_ = std::make_unique<ps::HeaderWithIds>();
     std::thread thread_;
   };
 

@@ -151,10 +151,17 @@ class DistributedLookupTableKernel : public OpKernel {
       h.steps = done;
       h.table = table;
       h.count = static_cast<int64_t>(asked[s].size());
-      sends.push_back(t.PostSend(s, t.async() ? t.PrefetchHeaderSlot() : t.HeaderSlot(done + 1), &h,
-                                 sizeof(h), what));
-      sends.push_back(t.PostSend(s, ps::Slot(ps::Kind::kIds, table, done), asked[s].data(),
-                                 asked[s].size() * sizeof(int64_t), what));
+      // The ids in the request's message when they fit (ps::HeaderWithIds), else after it.
+      const bool inline_ids = h.count <= ps::kInlineIds;
+      std::vector<char> request(sizeof(h) + (inline_ids ? h.count * sizeof(int64_t) : 0));
+      std::memcpy(request.data(), &h, sizeof(h));
+      if (inline_ids && h.count > 0)
+        std::memcpy(request.data() + sizeof(h), asked[s].data(), h.count * sizeof(int64_t));
+      sends.push_back(t.PostSend(s, t.async() ? t.PrefetchHeaderSlot() : t.HeaderSlot(done + 1),
+                                 std::move(request), what));
+      if (!inline_ids)
+        sends.push_back(t.PostSend(s, ps::Slot(ps::Kind::kIds, table, done), asked[s].data(),
+                                   asked[s].size() * sizeof(int64_t), what));
     }
     for (auto& x : sends) t.Wait(*x);
     for (auto& x : recvs) t.Wait(*x);

@@ -73,6 +73,16 @@ constexpr int64_t kDone = -1;
 constexpr int64_t kSave = -2;      // a trainer asks for the server's state (a checkpoint)
 constexpr int64_t kPrefetch = -3;  // a trainer asks for rows of a distributed table
 
+// What a server receives as a header: a request for at most kInlineIds rows of a distributed
+// table carries their ids in the header's message (the lookup waits for one transfer less); a
+// longer one sends them after it, under Slot(kIds, table, steps). Other headers are a Header alone
+// (Gloo takes a message shorter than the receive posted for it).
+constexpr int64_t kInlineIds = 8192;
+struct HeaderWithIds {
+  Header h;
+  int64_t ids[kInlineIds];
+};
+
 // Synchronous mode: a server's parameter blocks after a step go to each trainer as one message
 // (Kind::kBundle), this header, then the blocks in ascending slot order. A message per block cost
 // the job more than its bytes: each one is a few small Gloo messages and wakeups of a process on

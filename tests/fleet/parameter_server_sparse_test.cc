@@ -293,12 +293,16 @@ void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
   const int trainers = mode == "async" ? 1 : 2;
   const std::string flags = " --table=distributed --optimizer=" + optimizer +
                             " --rows=16 --steps=4 --mode=" + mode + extra;
+  const size_t vocab_at = extra.find("--vocab=");
+  const size_t vocab =
+      vocab_at == std::string::npos ? 2048 : std::stoul(extra.substr(vocab_at + 8));
   Job one = Launch(0, 1, dir + "/one", flags);
   // Async: one trainer without a communicator (send_queue_size=0) is exact.
   Job ps = two_nodes ? LaunchTwoNodes(dir + "/ps", flags)
                      : Launch(servers, trainers, dir + "/ps",
                               flags + (mode == "async" ? " --send_queue_size=0" : ""));
-  Job none = Launch(0, 1, dir + "/none", " --table=distributed --steps=0");
+  Job none = Launch(0, 1, dir + "/none",
+                    " --table=distributed --steps=0 --vocab=" + std::to_string(vocab));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(ps.exit_code, 0) << ps.output;
   ASSERT_EQ(none.exit_code, 0) << none.output;
@@ -307,7 +311,7 @@ void ExpectDistributedEqualsOneProcess(int servers, const std::string& mode,
   const auto got = Rows(dir + "/ps/save", servers, 8);
   const auto ref = Rows(dir + "/one/save", 1, 8);
   const auto init = Rows(dir + "/none/save", 1, 8);
-  ASSERT_EQ(ref.size(), 2048u);
+  ASSERT_EQ(ref.size(), vocab);
   double rows = 0, moved = 0;
   for (const auto& [id, v] : got) rows = std::max(rows, MaxDiff(v, ref.at(id)));
   // Every row the servers never created is still at its initial value in one process.
@@ -355,6 +359,13 @@ TEST(ParameterServerSparse, TwoNodeLaunchWithServersAndWorkersListsEqualsOneProc
 
 TEST(ParameterServerSparse, DistributedTableSyncOneServerSgdEqualsOneProcess) {
   ExpectDistributedEqualsOneProcess(1, "sync", "sgd");
+}
+
+// A lookup's request carries its ids in the header's message up to ps::kInlineIds (8192) and
+// sends them after it beyond: 2600 rows x 4 uniform ids of 40000 per trainer are about 9100
+// distinct ids for its one server, which go the long way; the job still equals one process.
+TEST(ParameterServerSparse, DistributedTableRequestsOfMoreIdsThanInlineEqualOneProcess) {
+  ExpectDistributedEqualsOneProcess(1, "sync", "adam", " --rows=5200 --vocab=40000 --uniform_ids");
 }
 
 TEST(ParameterServerSparse, DistributedTableAsyncOneTrainerLazyAdamEqualsOneProcess) {
