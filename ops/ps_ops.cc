@@ -209,8 +209,9 @@ class PsRecvKernel : public OpKernel {
         t.communicator().CopyLatest(epmap[i], slots[i], data, outs[i]->nbytes(), what);
         continue;
       }
-      // Sync mode after a step: the block comes in its server's bundle (fetch_barrier).
-      if (op.Attr<int>("mode") == 0 && t.step() >= 1) {
+      // After a step the block comes in its server's bundle (fetch_barrier), which holds every
+      // block of that server.
+      if (t.step() >= 1) {
         t.AddBundleBlock(epmap[i], slots[i], data, outs[i]->nbytes(), what);
         continue;
       }
@@ -250,7 +251,8 @@ class FetchBarrierKernel : public OpKernel {
 
 // GEO (Paddle's GeoCommunicator; transpiler/ps_pass.h): every k_steps-th run, for each block of
 // each parameter, sends delta = (Param - Old) / trainers to its server (which adds it), receives
-// the server's block into Param and sets Old = Param. Other runs do nothing. The runs are counted
+// the server's blocks (one message per server, Transport::WaitRecvs) into Param and sets
+// Old = Param. Other runs do nothing. The runs are counted
 // by the transport (this process's main-program runs since it connected).
 template <typename T>
 class GeoCommunicateKernel : public OpKernel {
@@ -305,10 +307,10 @@ class GeoCommunicateKernel : public OpKernel {
       int64_t at = 0;
       for (int i = 0; i < nblocks[p]; ++i, ++b) {
         const int64_t n = sections[b] * row;
-        t.KeepRecv(t.PostRecv({epmap[b]}, Slot(Kind::kParam, slots[b], t.step()), cur + at,
-                              n * sizeof(T),
-                              StrCat("GEO pull of ", op.Input("Param")[p], " block ", i, " (push ",
-                                     t.step(), ") from ", t.PeerName(epmap[b]))));
+        // The server's reply is every block it holds in one message (its bundle).
+        t.AddBundleBlock(epmap[b], slots[b], cur + at, n * sizeof(T),
+                         StrCat("GEO pull of ", op.Input("Param")[p], " block ", i, " (push ",
+                                t.step(), ") from ", t.PeerName(epmap[b])));
         at += n;
       }
     }

@@ -303,24 +303,81 @@ class ListenAndServKernel : public OpKernel {
                                    payload[j].data(), payload[j].size(), jobs[j].what));
     }
     for (auto& p : pending) t.Wait(*p);
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      DDim d = jobs[j].dims;
-      const int64_t height = d.size() == 0 ? 1 : d[0];
-      const int64_t n = counts[j];
-      std::vector<int64_t> rows(static_cast<size_t>(n));
-      std::memcpy(rows.data(), payload[j].data(), n * sizeof(int64_t));
-      for (int64_t k = 0; k < n; ++k)
-        KEEL_ENFORCE(rows[k] >= 0 && rows[k] < height && (k == 0 || rows[k - 1] < rows[k]),
-                     jobs[j].what, ": rows are not sorted, distinct and below ", height);
-      if (d.size() == 0) d = DDim({1});
-      d[0] = n;
-      Tensor* g = jobs[j].var->mutable_tensor();
-      g->Resize(d);
-      T* out = g->mutable_data<T>(ctx.place());
-      if (g->numel() > 0)
-        std::memcpy(out, payload[j].data() + n * sizeof(int64_t), g->numel() * sizeof(T));
-      jobs[j].var->SetRows(height, std::move(rows));
+    for (size_t j = 0; j < jobs.size(); ++j) FillRows(ctx, jobs[j], counts[j], payload[j].data());
+  }
+
+  // Makes job.var row-sparse from `n` rows (int64, at `data`) and their values after them.
+  static void FillRows(ExecutionContext& ctx, const RowsIn& job, int64_t n, const char* data) {
+    DDim d = job.dims;
+    const int64_t height = d.size() == 0 ? 1 : d[0];
+    std::vector<int64_t> rows(static_cast<size_t>(n));
+    std::memcpy(rows.data(), data, n * sizeof(int64_t));
+    for (int64_t k = 0; k < n; ++k)
+      KEEL_ENFORCE(rows[k] >= 0 && rows[k] < height && (k == 0 || rows[k - 1] < rows[k]), job.what,
+                   ": rows are not sorted, distinct and below ", height);
+    if (d.size() == 0) d = DDim({1});
+    d[0] = n;
+    Tensor* g = job.var->mutable_tensor();
+    g->Resize(d);
+    T* out = g->mutable_data<T>(ctx.place());
+    if (g->numel() > 0) std::memcpy(out, data + n * sizeof(int64_t), g->numel() * sizeof(T));
+    job.var->SetRows(height, std::move(rows));
+  }
+
+  // Asynchronous mode: a trainer's push as one message (ps::PushSection's): each dense block's
+  // gradient into its Grads var, each row-sparse one's (`sparse`: the jobs) into its var. Every
+  // block of this server must be there once.
+  static void UnpackPush(ExecutionContext& ctx, const std::vector<char>& bytes,
+                         const std::vector<const Tensor*>& params, const GradSlots& grads,
+                         const std::vector<RowsIn>& sparse, const std::string& what) {
+    const auto& slots = ctx.op().Attr<std::vector<int>>("slots");
+    std::map<int64_t, size_t> dense, rows;  // slot -> X index / job index
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!grads.sparse(i)) dense[slots[i]] = i;
+    for (size_t j = 0; j < sparse.size(); ++j) rows[sparse[j].slot] = j;
+    const size_t want = dense.size() + rows.size();
+    size_t got = 0, at = 0;
+    while (at < bytes.size()) {
+      ps::PushSection s;
+      KEEL_ENFORCE(at + sizeof(s) <= bytes.size(), what, ": a section cut short");
+      std::memcpy(&s, bytes.data() + at, sizeof(s));
+      at += sizeof(s);
+      KEEL_ENFORCE(s.bytes >= 0 && at + static_cast<size_t>(s.bytes) <= bytes.size(), what,
+                   ": block ", s.slot, "'s ", s.bytes, " bytes run past the push");
+      const char* p = bytes.data() + at;
+      at += static_cast<size_t>(s.bytes);
+      auto d = dense.find(s.slot);
+      if (s.rows == 0 && d != dense.end()) {
+        const size_t i = d->second;
+        Tensor* g = grads.Var(i, 0)->mutable_tensor();
+        g->Resize(params[i]->dims());
+        KEEL_ENFORCE(static_cast<size_t>(s.bytes) == params[i]->nbytes(), what, ": block ", s.slot,
+                     " (", ctx.op().Input("X")[i], ") is ", params[i]->nbytes(), " bytes, got ",
+                     s.bytes);
+        std::memcpy(g->mutable_data<T>(ctx.place()), p, params[i]->nbytes());
+        dense.erase(d);
+        ++got;
+        continue;
+      }
+      auto r = rows.find(s.slot);
+      KEEL_ENFORCE(s.rows == 1 && r != rows.end(), what, ": block ", s.slot,
+                   " is not a block of this server, or came twice");
+      const RowsIn& job = sparse[r->second];
+      const int64_t height = job.dims.size() == 0 ? 1 : job.dims[0];
+      const int64_t width = height == 0 ? 0 : job.dims.numel() / height;
+      int64_t n = -1;
+      if (s.bytes >= static_cast<int64_t>(sizeof(n))) std::memcpy(&n, p, sizeof(n));
+      KEEL_ENFORCE(
+          n >= 0 && n <= height &&
+              s.bytes ==
+                  static_cast<int64_t>(sizeof(n) + n * (sizeof(int64_t) + width * sizeof(T))),
+          job.what, ": a section of ", s.bytes, " bytes does not hold ", n, " rows of ", width);
+      FillRows(ctx, job, n, p + sizeof(n));
+      rows.erase(r);
+      ++got;
     }
+    KEEL_ENFORCE(got == want, what, ": ", want - got, " of this server's ", want,
+                 " blocks are missing from the push");
   }
 
  public:
@@ -568,6 +625,7 @@ class ListenAndServKernel : public OpKernel {
     };
     std::mutex table_mu;
     PrefetchLoop prefetches(t, tables, table_mu, live);
+    std::vector<char> push;  // a push's message (reused)
     int64_t served = 0;
     while (!live.empty()) {
       if (served == 2 * static_cast<int64_t>(t.ntrainers()))
@@ -591,6 +649,7 @@ class ListenAndServKernel : public OpKernel {
                    " where it starts a step or stops");
       std::vector<std::unique_ptr<Transport::Transfer>> pending;
       std::vector<RowsIn> sparse;
+      const bool bundled = h.count > 0;  // the communicator's push (GEO: a message per block)
       for (size_t i = 0; i < params.size(); ++i) {
         if (grads.sparse(i)) {
           sparse.push_back({from, slots[i], grads.Var(i, 0), params[i]->dims(),
@@ -598,6 +657,7 @@ class ListenAndServKernel : public OpKernel {
                                    " (its step ", h.step, ")")});
           continue;
         }
+        if (bundled) continue;
         Tensor* g = grads.Var(i, 0)->mutable_tensor();
         g->Resize(params[i]->dims());
         pending.push_back(t.PostRecv({from}, Slot(Kind::kGrad, slots[i], h.step),
@@ -606,7 +666,28 @@ class ListenAndServKernel : public OpKernel {
                                             op.Input("X")[i], " (its step ", h.step, ")")));
       }
       const size_t ntable = tables.AddJobs(&sparse, {from}, h.step);
-      RecvRows(t, ctx, sparse, h.step);
+      if (bundled) {
+        const std::string what = StrCat(me, ": ", t.PeerName(from), "'s push ", h.step);
+        int64_t most = 0;  // every block in it, each row-sparse one with every row
+        for (size_t i = 0; i < params.size(); ++i)
+          if (!grads.sparse(i))
+            most += static_cast<int64_t>(sizeof(ps::PushSection) + params[i]->nbytes());
+        for (const RowsIn& job : sparse) {
+          const int64_t height = job.dims.size() == 0 ? 1 : job.dims[0];
+          const int64_t width = height == 0 ? 0 : job.dims.numel() / height;
+          most += static_cast<int64_t>(sizeof(ps::PushSection) + sizeof(int64_t)) +
+                  height * static_cast<int64_t>(sizeof(int64_t) + width * sizeof(T));
+        }
+        KEEL_ENFORCE(h.count <= most, what, " announces ", h.count,
+                     " bytes; this server's blocks take at most ", most);
+        push.resize(static_cast<size_t>(h.count));
+        auto in =
+            t.PostRecv({from}, Slot(Kind::kBundle, 0, h.step), push.data(), push.size(), what);
+        t.Wait(*in);
+        UnpackPush(ctx, push, params, grads, sparse, what);
+      } else {
+        RecvRows(t, ctx, sparse, h.step);
+      }
       for (auto& p : pending) t.Wait(*p);
       if (lr_block >= 0) ctx.RunBlock(lr_block);
       for (int b : blocks) ctx.RunBlock(b);
@@ -617,7 +698,8 @@ class ListenAndServKernel : public OpKernel {
         tables.Translate(sparse, ntable);
         tables.RunBlocks(ctx);
       }
-      replies[from] = PostServe(t, op, params, {from}, h.step);
+      replies[from].clear();
+      PostBundle(t, op, params, {from}, h.step, &replies[from]);
       ++served;
     }
     prefetches.Finish();

@@ -278,27 +278,40 @@ void AsyncCommunicator::Push(Step& step, int64_t follows) {
   // then hold one server's part back (FaultDelay) and make each server serve the trainers'
   // pushes in a different order.
   const int S = t.nservers(), me = t.rank() - S;
+  // Each server's part is one message after the header (ps::PushSection's): a message per block
+  // cost more than its bytes (docs/parameter-server.md, "Transport").
   for (int k = 1; k <= S; ++k) {
     const int server = (me + k) % S;
     FaultDelay(StrCat("ps_push_to_server", server));
-    sends.push_back(t.PostPushHeader(server, n));
+    std::vector<char> bundle;
+    auto append = [&bundle](const void* p, size_t bytes) {
+      if (bytes > 0)
+        bundle.insert(bundle.end(), static_cast<const char*>(p),
+                      static_cast<const char*>(p) + bytes);
+    };
     for (auto& [key, b] : step) {
       if (b.server != server) continue;
-      const uint64_t grad = Slot(Kind::kGrad, b.slot, n);
+      PushSection s;
+      s.slot = b.slot;
+      s.rows = b.rows ? 1 : 0;
       if (!b.rows) {
-        sends.push_back(t.PostSend(b.server, grad, std::move(b.dense), b.what));
+        s.bytes = static_cast<int64_t>(b.dense.size());
+        append(&s, sizeof(s));
+        append(b.dense.data(), b.dense.size());
         continue;
       }
-      // As the synchronous send: the row count, then the rows and their values.
+      // The row count, then the rows and their values.
       const int64_t count = static_cast<int64_t>(b.ids.size());
-      sends.push_back(t.PostSend(b.server, grad, &count, sizeof(count), b.what));
-      std::vector<char> payload(count * sizeof(int64_t) + b.values.size());
-      std::memcpy(payload.data(), b.ids.data(), count * sizeof(int64_t));
-      if (!b.values.empty())
-        std::memcpy(payload.data() + count * sizeof(int64_t), b.values.data(), b.values.size());
-      sends.push_back(
-          t.PostSend(b.server, Slot(Kind::kRows, b.slot, n), std::move(payload), b.what));
+      s.bytes = static_cast<int64_t>(sizeof(count) + count * sizeof(int64_t) + b.values.size());
+      append(&s, sizeof(s));
+      append(&count, sizeof(count));
+      append(b.ids.data(), count * sizeof(int64_t));
+      append(b.values.data(), b.values.size());
     }
+    if (bundle.empty()) continue;  // no block of this server (it has none)
+    sends.push_back(t.PostPushHeader(server, n, static_cast<int64_t>(bundle.size())));
+    sends.push_back(t.PostSend(server, Slot(Kind::kBundle, 0, n), std::move(bundle),
+                               StrCat("trainer ", me, ": push ", n, " to ", t.PeerName(server))));
   }
   // Every parameter block back (the server posts them after its step), its receive posted with
   // the sends, into the buffers of the pull before last.
@@ -314,14 +327,41 @@ void AsyncCommunicator::Push(Step& step, int64_t follows) {
       w.latest.swap(spare_[key]);
     }
   }
-  std::vector<std::unique_ptr<Transport::Transfer>> recvs;
+  // Each server's blocks come back as one message (its bundle: ps::BundleHeader, the blocks in
+  // slot order), received whole, then copied to each block's buffer.
+  std::map<int, std::vector<Pull*>> of;  // server -> its pulls, in slot order (the map's)
   for (auto& [key, p] : want) {
     p.latest.resize(p.bytes);
-    recvs.push_back(t.PostRecv({std::get<0>(key)}, Slot(Kind::kParam, std::get<1>(key), n),
-                               p.latest.data(), p.bytes, StrCat(p.what, " (after push ", n, ")")));
+    of[std::get<0>(key)].push_back(&p);
+  }
+  std::vector<std::pair<int, std::unique_ptr<Transport::Transfer>>> recvs;
+  for (auto& [server, pulls] : of) {
+    size_t total = sizeof(BundleHeader);
+    for (const Pull* p : pulls) total += p->bytes;
+    std::vector<char>& buf = bundles_[server];
+    buf.resize(total);
+    recvs.emplace_back(server, t.PostRecv({server}, Slot(Kind::kBundle, 0, n), buf.data(), total,
+                                          StrCat("the pull of ", pulls.size(), " blocks (",
+                                                 pulls.front()->what, ", ...) after push ", n)));
   }
   for (auto& s : sends) t.Wait(*s);
-  for (auto& r : recvs) t.Wait(*r);
+  for (auto& [server, r] : recvs) {
+    t.Wait(*r);
+    const char* p = bundles_[server].data();
+    BundleHeader h;
+    std::memcpy(&h, p, sizeof(h));
+    std::vector<int> slots;
+    for (const auto& [key, pull] : want)
+      if (std::get<0>(key) == server) slots.push_back(std::get<1>(key));
+    KEEL_ENFORCE(h.blocks == static_cast<int64_t>(slots.size()) && h.slots == BundleSlotSum(slots),
+                 r->what, ": ", t.PeerName(server), " sent ", h.blocks, " blocks, not the ",
+                 slots.size(), " this trainer pulls");
+    p += sizeof(h);
+    for (Pull* pull : of[server]) {
+      std::memcpy(pull->latest.data(), p, pull->bytes);
+      p += pull->bytes;
+    }
+  }
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [key, p] : want) {
     Pull& into = pulls_[key];

@@ -112,7 +112,8 @@ class AsyncCommunicator {
     const void* initial = nullptr;
   };
   std::map<Key, Pull> pulls_;
-  std::map<Key, std::vector<char>> spare_;  // the buffers of the pull before the latest
+  std::map<Key, std::vector<char>> spare_;    // the buffers of the pull before the latest
+  std::map<int, std::vector<char>> bundles_;  // server -> its reply's buffer (reused)
   int64_t pushes_ = 0, submitted_ = 0;
   std::thread thread_;
 };

@@ -402,8 +402,10 @@ int64_t Transport::NextPushStep() {
   return ++step_;
 }
 
-std::unique_ptr<Transport::Transfer> Transport::PostPushHeader(int server, int64_t step) {
+std::unique_ptr<Transport::Transfer> Transport::PostPushHeader(int server, int64_t step,
+                                                               int64_t bytes) {
   Header h{step, step - 1};
+  h.count = bytes;  // the push's message that follows (ps::PushSection's)
   return PostSend(
       server, HeaderSlot(step), &h, sizeof(h),
       StrCat("trainer ", rank_ - nservers_, ": push ", step, "'s header to server ", server));

@@ -67,7 +67,9 @@ struct Header {
   int64_t step = 0;
   int64_t steps = 0;  // steps completed before this header
   int64_t table = 0;  // kPrefetch: the distributed table's slot
-  int64_t count = 0;  // kPrefetch: how many ids follow (under Slot(kIds, table, steps))
+  // kPrefetch: how many ids it asks for (HeaderWithIds); an asynchronous push: the bytes of its
+  // message that follows (PushSection's; 0: a message per block, as GEO sends them).
+  int64_t count = 0;
 };
 constexpr int64_t kDone = -1;
 constexpr int64_t kSave = -2;      // a trainer asks for the server's state (a checkpoint)
@@ -92,6 +94,16 @@ struct BundleHeader {
   int64_t slots = 0;  // a checksum of the blocks' slots (BundleSlotSum)
 };
 int64_t BundleSlotSum(const std::vector<int>& sorted_slots);
+
+// Asynchronous mode: a trainer's push to a server is its header (with count = the bytes that
+// follow) and one message under Slot(kBundle, 0, step) of sections, each a PushSection and its
+// bytes: a dense block's gradient, or a row-sparse one's row count n (int64), its n rows (int64)
+// and their n rows of values. GEO's pushes (count = 0) send a message per block.
+struct PushSection {
+  int64_t slot = 0;
+  int64_t rows = 0;   // 0: dense, 1: row-sparse
+  int64_t bytes = 0;  // what follows
+};
 
 class Transport {
  public:
@@ -181,9 +193,9 @@ class Transport {
   }
   void StartCommunicating(int queue_steps, int max_merge, int max_staleness);
   // The communicator's push: starts step step() + 1 and returns it; PostPushHeader posts its
-  // header to one server.
+  // header to one server, announcing `bytes` of push after it.
   int64_t NextPushStep();
-  std::unique_ptr<Transfer> PostPushHeader(int server, int64_t step);
+  std::unique_ptr<Transfer> PostPushHeader(int server, int64_t step, int64_t bytes);
   // Between steps: asks every server for its state (kSave headers); the servers then send their
   // state lists under Slot(kState, i, step() + 1). The communicator pushes what it holds first.
   void RequestState();
