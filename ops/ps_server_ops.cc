@@ -465,7 +465,18 @@ class ListenAndServKernel : public OpKernel {
       for (int r = 0; r < fanin; ++r) (h[r].step == ps::kDone ? done : running).push_back(r);
       if (running.empty()) return;
       if (!done.empty()) {
-        dense.clear();  // the running trainers' receives go before the connections do
+        // The running trainers' receives go before the connections do, once they are in: a
+        // running trainer posted every gradient of its step with its header, and a receive
+        // destroyed while Gloo's thread completes it races with it (ThreadSanitizer).
+        for (auto& block : dense)
+          for (auto& x : block) {
+            try {
+              t.Wait(*x);
+            } catch (const std::exception&) {
+              // That trainer died too: its receive failed and is done with.
+            }
+          }
+        dense.clear();
         const std::string why = StrCat(
             "synchronous parameter-server training: trainer ", done[0], " stopped after ",
             h[done[0]].steps, " steps while trainer ", running[0], " started step ", step,

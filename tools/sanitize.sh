@@ -32,12 +32,13 @@ esac
 # wall-clock time (fault injection with timeouts, two-host namespaces, mpirun, benchmarks).
 # TSan (10-20x slower, and a TSan process takes 1.4 GB): the unit tests of the threaded parts
 # (scheduler and executor, the store, the data loader, allocators, thread pool, profiler) and the
-# two-rank data-parallel tests, and the asynchronous parameter-server tests (a trainer's
-# communicator thread, a server's prefetch thread); the other collective and fleet multi-process
+# two-rank data-parallel tests, and the parameter-server suites (sync, async, GEO, sparse tables:
+# a trainer's communicator thread, a server's prefetch thread, Gloo's threads completing the
+# transfers); the other collective and fleet multi-process
 # suites (dozens of TSan processes each) are left to the ASan job and the plain build.
 case $job in
   asan) select=(-E '^(Docs/DocCommands.RunAsWritten/docs_install|FaultTest|WorkerFaultTest|LaunchSecurityTest|MultiHostTest|MpirunTest|KeelBench|CrashTest|FleetFaults|Cuda|Cudnn|Gpu|GraphCapture|ExecutorCudaGraph)') ;;
-  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|StoreHandshake[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB|ParameterServerAsync[.]|ParameterServerCli[.]AsyncDistributedTablePrefetchesWhileTheCommunicatorPushes)'
+  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|StoreHandshake[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB|ParameterServer[.]|ParameterServerAsync[.]|ParameterServerGeo[.]|ParameterServerSparse[.]|ParameterServerCli[.]AsyncDistributedTablePrefetchesWhileTheCommunicatorPushes)'
                 -E 'HazardEdgeKeepsTheAnswerAndRemovingItBreaksIt') ;;  # races on purpose
 esac
 if [ -n "${KEEL_SANITIZE_TESTS:-}" ]; then select=(-R "$KEEL_SANITIZE_TESTS"); fi
@@ -49,7 +50,7 @@ if [ "$job" = tsan ] && [ -z "${KEEL_SANITIZE_TESTS:-}" ]; then
   cmake --build "$dir" -j "$(nproc)" --target keel_cli train_mlp train_mlp_fleet $workers scheduler_test event_plan_test \
     executor_test eager_deletion_test op_traits_test store_test store_handshake_test data_parallel_test data_test \
     caching_allocator_test profiler_test runtime_test base_test parameter_server_async_test \
-    parameter_server_cli_test
+    parameter_server_cli_test parameter_server_test parameter_server_sparse_test
 else
   cmake --build "$dir" -j "$(nproc)"
 fi
