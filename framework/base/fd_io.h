@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace keel {
 
@@ -19,7 +20,8 @@ bool WriteAll(int fd, const void* data, size_t n, size_t* written = nullptr);
 bool SendAll(int fd, const void* data, size_t n);
 
 // Reads exactly `n` bytes into `buf`. False at end of file, on an error, or when `timeout_ms`
-// (-1: none) passes before all have arrived.
-bool ReadAll(int fd, void* buf, size_t n, int64_t timeout_ms = -1);
+// (-1: none) passes before all have arrived; then `why` (when given) says which: "closed by the
+// peer", "timed out after N ms" or the error.
+bool ReadAll(int fd, void* buf, size_t n, int64_t timeout_ms = -1, std::string* why = nullptr);
 
 }  // namespace keel

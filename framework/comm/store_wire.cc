@@ -39,7 +39,8 @@ bool WriteFrame(int fd, const std::string& payload) {
 
 std::string ReadFrame(int fd, std::string* out, int64_t deadline_ms, uint32_t cap) {
   char len[4];
-  if (!ReadAll(fd, len, 4, deadline_ms)) return "connection closed or timed out";
+  std::string why;
+  if (!ReadAll(fd, len, 4, deadline_ms, &why)) return "connection " + why;
   uint32_t n = static_cast<uint32_t>(GetLE(len, 4));
   if (n > cap)
     return "frame of " + std::to_string(n) + " bytes exceeds the cap of " + std::to_string(cap);
