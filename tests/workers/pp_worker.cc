@@ -204,6 +204,10 @@ int main(int argc, char** argv) {
                               exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace()));
       SaveSafetensors(FLAGS_out + "/rank" + std::to_string(rank) + ".safetensors", params);
     }
+    // Rank 0 serves the job's store: with no step to run (a resume past the last step) the first
+    // stage is done at once and must not exit while the other stage still sets up its rings
+    // through the store (1 run in 80 failed so under load).
+    if (world > 1) fleet::barrier_worker();
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
