@@ -350,9 +350,10 @@ KEEL_REGISTER_CPU_KERNEL(send, PsSendKernel, float, double);
 
 [[maybe_unused]] static OpSchema& keel_schema_recv =
     BlockAttrs(OpRegistry::Register("recv")
-                   .Doc("Receives each Out block from its server (posted; fetch_barrier waits): "
-                        "the server's values after the trainer's latest step (startup: the "
-                        "initial values)")
+                   .Doc("Receives each Out block from its server: the server's values after "
+                        "the trainer's latest step, in the server's one message of all its "
+                        "blocks, which fetch_barrier receives and takes apart (startup: the "
+                        "initial values, a message per block)")
                    .OutputList("Out", "the blocks, in row order")
                    .RequiredAttr<std::vector<int64_t>>("shape", "the whole parameter's dims")
                    .Shape([](InferShapeContext& ctx) {
