@@ -1,8 +1,8 @@
 // keel bench NAME: times a built-in model's training step; prints one JSON line.
 // Timed steps fetch nothing (as a training loop between log lines), so the loop measures compute.
 #include <gflags/gflags.h>
-
 #include <immintrin.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -245,10 +245,11 @@ int Bench(const std::vector<std::string>& args) {
       "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"allreduce_bytes_per_step\": %.0f, "
-      "\"loss\": %.5f%s%s}\n",
+      "\"loss\": %.5f, \"cpu_sched\": \"%s\"%s%s}\n",
       args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(),
       FLAGS_batch_size, FLAGS_bench_steps, median, mean, samples_per_s, allreduce_bytes, loss,
-      ps_fields.c_str(), gpu.c_str());
+      // The policy the steps ran under (keel launch --cpu_sched): numbers differ by it.
+      sched_getscheduler(0) == SCHED_BATCH ? "batch" : "normal", ps_fields.c_str(), gpu.c_str());
   return 0;
 }
 

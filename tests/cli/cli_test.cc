@@ -437,6 +437,7 @@ TEST(KeelBench, PrintsOneJsonLine) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"system\": \"keel\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"step_ms\": "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"cpu_sched\": \""), std::string::npos) << r.output;
 }
 
 // keel bench gemm: one line per MLP shape, its GFLOP/s below the core's measured FMA limit (a

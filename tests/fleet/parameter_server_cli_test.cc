@@ -153,6 +153,8 @@ TEST(ParameterServerCli, BenchPrintsOneJsonLineOfEveryTrainer) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(Contains(r.output, "\"samples_per_s\": ")) << r.output;
   EXPECT_TRUE(Contains(r.output, "\"ps_mode\": \"async\", \"servers\": 2")) << r.output;
+  // keel launch --cpu_sched=auto runs a parameter-server job under SCHED_BATCH, and says so.
+  EXPECT_TRUE(Contains(r.output, "\"cpu_sched\": \"batch\"")) << r.output;
   RunCommand("rm -rf " + dir);
 }
 
