@@ -98,6 +98,13 @@ class ListenAndServKernel : public OpKernel {
     Variable* var;
     DDim dims;
     std::string what;
+    int64_t height() const { return dims.size() == 0 ? 1 : dims[0]; }
+    int64_t width() const { return height() == 0 ? 0 : dims.numel() / height(); }
+    // The most bytes a row count, rows and their values take.
+    int64_t most_bytes() const {
+      return static_cast<int64_t>(sizeof(int64_t)) +
+             height() * static_cast<int64_t>(sizeof(int64_t) + width() * sizeof(T));
+    }
   };
 
   // This server's shards of the distributed tables (is_distributed embeddings): the rows of the
@@ -293,9 +300,7 @@ class ListenAndServKernel : public OpKernel {
     pending.clear();
     std::vector<std::vector<char>> payload(jobs.size());
     for (size_t j = 0; j < jobs.size(); ++j) {
-      const DDim& d = jobs[j].dims;
-      const int64_t height = d.size() == 0 ? 1 : d[0];
-      const int64_t width = height == 0 ? 0 : d.numel() / height;
+      const int64_t height = jobs[j].height(), width = jobs[j].width();
       KEEL_ENFORCE(counts[j] >= 0 && counts[j] <= height, jobs[j].what, ": ", counts[j],
                    " rows announced for a block of ", height);
       payload[j].resize(static_cast<size_t>(counts[j]) * (sizeof(int64_t) + width * sizeof(T)));
@@ -309,7 +314,7 @@ class ListenAndServKernel : public OpKernel {
   // Makes job.var row-sparse from `n` rows (int64, at `data`) and their values after them.
   static void FillRows(ExecutionContext& ctx, const RowsIn& job, int64_t n, const char* data) {
     DDim d = job.dims;
-    const int64_t height = d.size() == 0 ? 1 : d[0];
+    const int64_t height = job.height();
     std::vector<int64_t> rows(static_cast<size_t>(n));
     std::memcpy(rows.data(), data, n * sizeof(int64_t));
     for (int64_t k = 0; k < n; ++k)
@@ -324,12 +329,27 @@ class ListenAndServKernel : public OpKernel {
     job.var->SetRows(height, std::move(rows));
   }
 
-  // Asynchronous mode: a trainer's push as one message (ps::PushSection's): each dense block's
-  // gradient into its Grads var, each row-sparse one's (`sparse`: the jobs) into its var. Every
-  // block of this server must be there once.
-  static void UnpackPush(ExecutionContext& ctx, const std::vector<char>& bytes,
-                         const std::vector<const Tensor*>& params, const GradSlots& grads,
-                         const std::vector<RowsIn>& sparse, const std::string& what) {
+  // Asynchronous mode: receives trainer `from`'s push of header `h` as one message (into `bytes`,
+  // reused; ps::PushSection's): each dense block's gradient into its Grads var, each row-sparse
+  // one's (`sparse`: the jobs) into its var. Every block of this server must be there once.
+  static void RecvPush(Transport& t, ExecutionContext& ctx, int from, const ps::Header& h,
+                       const std::vector<const Tensor*>& params, const GradSlots& grads,
+                       const std::vector<RowsIn>& sparse, std::vector<char>* message) {
+    const std::string what =
+        StrCat(t.PeerName(t.rank()), ": ", t.PeerName(from), "'s push ", h.step);
+    int64_t most = 0;  // every block in it, each row-sparse one with every row
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!grads.sparse(i))
+        most += static_cast<int64_t>(sizeof(ps::PushSection) + params[i]->nbytes());
+    for (const RowsIn& job : sparse)
+      most += static_cast<int64_t>(sizeof(ps::PushSection)) + job.most_bytes();
+    KEEL_ENFORCE(h.count <= most, what, " announces ", h.count,
+                 " bytes; this server's blocks take at most ", most);
+    message->resize(static_cast<size_t>(h.count));
+    auto in =
+        t.PostRecv({from}, Slot(Kind::kBundle, 0, h.step), message->data(), message->size(), what);
+    t.Wait(*in);
+    const std::vector<char>& bytes = *message;
     const auto& slots = ctx.op().Attr<std::vector<int>>("slots");
     std::map<int64_t, size_t> dense, rows;  // slot -> X index / job index
     for (size_t i = 0; i < params.size(); ++i)
@@ -363,8 +383,7 @@ class ListenAndServKernel : public OpKernel {
       KEEL_ENFORCE(s.rows == 1 && r != rows.end(), what, ": block ", s.slot,
                    " is not a block of this server, or came twice");
       const RowsIn& job = sparse[r->second];
-      const int64_t height = job.dims.size() == 0 ? 1 : job.dims[0];
-      const int64_t width = height == 0 ? 0 : job.dims.numel() / height;
+      const int64_t height = job.height(), width = job.width();
       int64_t n = -1;
       if (s.bytes >= static_cast<int64_t>(sizeof(n))) std::memcpy(&n, p, sizeof(n));
       KEEL_ENFORCE(
@@ -678,24 +697,7 @@ class ListenAndServKernel : public OpKernel {
       }
       const size_t ntable = tables.AddJobs(&sparse, {from}, h.step);
       if (bundled) {
-        const std::string what = StrCat(me, ": ", t.PeerName(from), "'s push ", h.step);
-        int64_t most = 0;  // every block in it, each row-sparse one with every row
-        for (size_t i = 0; i < params.size(); ++i)
-          if (!grads.sparse(i))
-            most += static_cast<int64_t>(sizeof(ps::PushSection) + params[i]->nbytes());
-        for (const RowsIn& job : sparse) {
-          const int64_t height = job.dims.size() == 0 ? 1 : job.dims[0];
-          const int64_t width = height == 0 ? 0 : job.dims.numel() / height;
-          most += static_cast<int64_t>(sizeof(ps::PushSection) + sizeof(int64_t)) +
-                  height * static_cast<int64_t>(sizeof(int64_t) + width * sizeof(T));
-        }
-        KEEL_ENFORCE(h.count <= most, what, " announces ", h.count,
-                     " bytes; this server's blocks take at most ", most);
-        push.resize(static_cast<size_t>(h.count));
-        auto in =
-            t.PostRecv({from}, Slot(Kind::kBundle, 0, h.step), push.data(), push.size(), what);
-        t.Wait(*in);
-        UnpackPush(ctx, push, params, grads, sparse, what);
+        RecvPush(t, ctx, from, h, params, grads, sparse, &push);
       } else {
         RecvRows(t, ctx, sparse, h.step);
       }
@@ -753,38 +755,23 @@ class ListenAndServKernel : public OpKernel {
   }
 
   // Synchronous mode: posts every X block to `trainers` as their values after `step`, as one
-  // message (ps::BundleHeader, then the blocks in slot order; Transport::WaitRecvs takes it apart).
+  // message (ps::PackBundle; Transport::WaitRecvs and the communicator take it apart).
   static void PostBundle(Transport& t, const OpDesc& op, const std::vector<const Tensor*>& params,
                          const std::vector<int>& trainers, int64_t step,
                          std::vector<std::unique_ptr<Transport::Transfer>>* sends) {
     if (params.empty()) return;
     const auto& slots = op.Attr<std::vector<int>>("slots");
-    std::vector<size_t> order(params.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return slots[a] < slots[b]; });
-    std::vector<int> sorted;
-    ps::BundleHeader h;
-    size_t total = sizeof(h);
-    for (size_t i : order) {
-      sorted.push_back(slots[i]);
-      total += params[i]->nbytes();
-    }
-    h.blocks = static_cast<int64_t>(order.size());
-    h.slots = ps::BundleSlotSum(sorted);
-    std::vector<char> bytes(total);
-    char* p = bytes.data();
-    std::memcpy(p, &h, sizeof(h));
-    p += sizeof(h);
-    for (size_t i : order) {
-      std::memcpy(p, params[i]->raw_data(), params[i]->nbytes());
-      p += params[i]->nbytes();
-    }
+    std::vector<ps::BundleSource> blocks;
+    for (size_t i = 0; i < params.size(); ++i)
+      blocks.push_back(
+          {slots[i], static_cast<const char*>(params[i]->raw_data()), params[i]->nbytes()});
+    std::vector<char> bytes = ps::PackBundle(std::move(blocks));
     for (size_t k = 0; k < trainers.size(); ++k) {
       const int r = trainers[k];
       std::vector<char> copy = k + 1 < trainers.size() ? bytes : std::move(bytes);
       sends->push_back(
           t.PostSend(r, Slot(Kind::kBundle, 0, step), std::move(copy),
-                     StrCat(t.PeerName(t.rank()), ": its ", order.size(),
+                     StrCat(t.PeerName(t.rank()), ": its ", params.size(),
                             " parameter blocks after step ", step, " to ", t.PeerName(r))));
     }
   }

@@ -327,40 +327,28 @@ void AsyncCommunicator::Push(Step& step, int64_t follows) {
       w.latest.swap(spare_[key]);
     }
   }
-  // Each server's blocks come back as one message (its bundle: ps::BundleHeader, the blocks in
-  // slot order), received whole, then copied to each block's buffer.
-  std::map<int, std::vector<Pull*>> of;  // server -> its pulls, in slot order (the map's)
+  // Each server's blocks come back as one message (its bundle), received whole, then copied to
+  // each block's buffer.
+  std::map<int, std::vector<BundleBlock>> of;  // server -> its pulls' buffers
+  std::map<int, const std::string*> first;     // server -> its first pull's name, for errors
   for (auto& [key, p] : want) {
     p.latest.resize(p.bytes);
-    of[std::get<0>(key)].push_back(&p);
+    of[std::get<0>(key)].push_back({std::get<1>(key), p.latest.data(), p.bytes});
+    first.emplace(std::get<0>(key), &p.what);
   }
   std::vector<std::pair<int, std::unique_ptr<Transport::Transfer>>> recvs;
-  for (auto& [server, pulls] : of) {
-    size_t total = sizeof(BundleHeader);
-    for (const Pull* p : pulls) total += p->bytes;
+  for (const auto& [server, blocks] : of) {
     std::vector<char>& buf = bundles_[server];
-    buf.resize(total);
-    recvs.emplace_back(server, t.PostRecv({server}, Slot(Kind::kBundle, 0, n), buf.data(), total,
-                                          StrCat("the pull of ", pulls.size(), " blocks (",
-                                                 pulls.front()->what, ", ...) after push ", n)));
+    buf.resize(BundleBytes(blocks));
+    recvs.emplace_back(server,
+                       t.PostRecv({server}, Slot(Kind::kBundle, 0, n), buf.data(), buf.size(),
+                                  StrCat("the pull of ", blocks.size(), " blocks (", *first[server],
+                                         ", ...) after push ", n)));
   }
   for (auto& s : sends) t.Wait(*s);
   for (auto& [server, r] : recvs) {
     t.Wait(*r);
-    const char* p = bundles_[server].data();
-    BundleHeader h;
-    std::memcpy(&h, p, sizeof(h));
-    std::vector<int> slots;
-    for (const auto& [key, pull] : want)
-      if (std::get<0>(key) == server) slots.push_back(std::get<1>(key));
-    KEEL_ENFORCE(h.blocks == static_cast<int64_t>(slots.size()) && h.slots == BundleSlotSum(slots),
-                 r->what, ": ", t.PeerName(server), " sent ", h.blocks, " blocks, not the ",
-                 slots.size(), " this trainer pulls");
-    p += sizeof(h);
-    for (Pull* pull : of[server]) {
-      std::memcpy(pull->latest.data(), p, pull->bytes);
-      p += pull->bytes;
-    }
+    UnpackBundle(bundles_[server], of[server], r->what);
   }
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& [key, p] : want) {

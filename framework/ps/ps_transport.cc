@@ -37,10 +37,63 @@ uint64_t Slot(Kind kind, int block, int64_t step) {
          (static_cast<uint64_t>(step) & 0xffffffffu);
 }
 
-int64_t BundleSlotSum(const std::vector<int>& sorted_slots) {
-  uint64_t h = 1469598103934665603ull;
-  for (int s : sorted_slots) h = (h ^ static_cast<uint64_t>(s)) * 1099511628211ull;
-  return static_cast<int64_t>(h >> 1);
+namespace {
+
+struct BundleHeader {
+  int64_t blocks = 0;
+  int64_t slots = 0;  // a checksum of the blocks' slots, in order
+};
+
+// `blocks` (BundleBlock's or BundleSource's) in slot order, and their header.
+template <typename Block>
+BundleHeader SortBundle(std::vector<Block>* blocks) {
+  std::sort(blocks->begin(), blocks->end(),
+            [](const Block& a, const Block& b) { return a.slot < b.slot; });
+  uint64_t sum = 1469598103934665603ull;
+  for (const Block& b : *blocks) sum = (sum ^ static_cast<uint64_t>(b.slot)) * 1099511628211ull;
+  return {static_cast<int64_t>(blocks->size()), static_cast<int64_t>(sum >> 1)};
+}
+
+}  // namespace
+
+size_t BundleBytes(const std::vector<BundleBlock>& blocks) {
+  size_t total = sizeof(BundleHeader);
+  for (const BundleBlock& b : blocks) total += b.bytes;
+  return total;
+}
+
+std::vector<char> PackBundle(std::vector<BundleSource> blocks) {
+  const BundleHeader h = SortBundle(&blocks);
+  size_t total = sizeof(h);
+  for (const BundleSource& b : blocks) total += b.bytes;
+  std::vector<char> message(total);
+  char* p = message.data();
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  for (const BundleSource& b : blocks) {
+    if (b.bytes > 0) std::memcpy(p, b.data, b.bytes);
+    p += b.bytes;
+  }
+  return message;
+}
+
+void UnpackBundle(const std::vector<char>& message, std::vector<BundleBlock> blocks,
+                  const std::string& what) {
+  const BundleHeader want = SortBundle(&blocks);
+  BundleHeader got;
+  KEEL_ENFORCE(message.size() == BundleBytes(blocks), what, ": a message of ", message.size(),
+               " bytes for blocks of ", BundleBytes(blocks));
+  std::memcpy(&got, message.data(), sizeof(got));
+  KEEL_ENFORCE(
+      got.blocks == want.blocks && got.slots == want.slots, what, ": the server sent ", got.blocks,
+      " blocks, not the ", want.blocks,
+      " this trainer asks for (or other ones): do the trainer and the servers run programs "
+      "of one transpile?");
+  const char* p = message.data() + sizeof(got);
+  for (const BundleBlock& b : blocks) {
+    if (b.bytes > 0) std::memcpy(b.data, p, b.bytes);
+    p += b.bytes;
+  }
 }
 
 Transport::Transfer::Transfer() = default;
@@ -338,50 +391,34 @@ void Transport::WaitSends() {
 
 void Transport::AddBundleBlock(int server, int slot, void* data, size_t bytes, std::string what) {
   std::lock_guard<std::mutex> lk(mu_);
-  bundle_[server].push_back({slot, data, bytes, std::move(what)});
+  bundle_[server].push_back({slot, static_cast<char*>(data), bytes});
+  bundle_what_.emplace(server, std::move(what));  // the first block's
 }
 
 void Transport::WaitRecvs() {
   std::vector<std::unique_ptr<Transfer>> recvs;
   std::map<int, std::vector<BundleBlock>> bundle;
+  std::map<int, std::string> what;
   {
     std::lock_guard<std::mutex> lk(mu_);
     recvs.swap(recvs_);
     bundle.swap(bundle_);
+    what.swap(bundle_what_);
   }
-  // Each server's bundle: its receive posted for the blocks the recv ops asked for, in slot order.
+  // Each server's bundle, received whole, then its blocks copied to where the recv ops said.
   std::vector<std::pair<int, std::unique_ptr<Transfer>>> bundles;
-  for (auto& [server, blocks] : bundle) {
-    std::sort(blocks.begin(), blocks.end(),
-              [](const BundleBlock& a, const BundleBlock& b) { return a.slot < b.slot; });
-    size_t total = sizeof(BundleHeader);
-    for (const BundleBlock& b : blocks) total += b.bytes;
+  for (const auto& [server, blocks] : bundle) {
     std::vector<char>& buf = bundle_bytes_[server];
-    buf.resize(total);
+    buf.resize(BundleBytes(blocks));
     bundles.emplace_back(
-        server,
-        PostRecv({server}, Slot(Kind::kBundle, 0, step_.load()), buf.data(), total,
-                 StrCat("recv of ", blocks.size(), " parameter blocks (", blocks.front().what,
-                        ", ...) after step ", step_.load(), " from ", PeerName(server))));
+        server, PostRecv({server}, Slot(Kind::kBundle, 0, step_.load()), buf.data(), buf.size(),
+                         StrCat("recv of ", blocks.size(), " parameter blocks (", what[server],
+                                ", ...) after step ", step_.load(), " from ", PeerName(server))));
   }
   for (auto& t : recvs) Wait(*t);
   for (auto& [server, t] : bundles) {
     Wait(*t);
-    const std::vector<BundleBlock>& blocks = bundle[server];
-    const char* p = bundle_bytes_[server].data();
-    BundleHeader h;
-    std::memcpy(&h, p, sizeof(h));
-    std::vector<int> slots;
-    for (const BundleBlock& b : blocks) slots.push_back(b.slot);
-    KEEL_ENFORCE(h.blocks == static_cast<int64_t>(blocks.size()) && h.slots == BundleSlotSum(slots),
-                 t->what, ": ", PeerName(server), " sent ", h.blocks,
-                 " blocks but this trainer's recv ops ask it for ", blocks.size(),
-                 " (or other ones): do the trainer and the servers run programs of one transpile?");
-    p += sizeof(h);
-    for (const BundleBlock& b : blocks) {
-      std::memcpy(b.data, p, b.bytes);
-      p += b.bytes;
-    }
+    UnpackBundle(bundle_bytes_[server], bundle[server], t->what);
   }
 }
 
@@ -482,6 +519,7 @@ void Transport::Reset() {
   sends_.clear();
   recvs_.clear();
   bundle_.clear();
+  bundle_what_.clear();
   bundle_bytes_.clear();
   context_.reset();
   device_.reset();

@@ -85,15 +85,28 @@ struct HeaderWithIds {
   int64_t ids[kInlineIds];
 };
 
-// Synchronous mode: a server's parameter blocks after a step go to each trainer as one message
-// (Kind::kBundle), this header, then the blocks in ascending slot order. A message per block cost
-// the job more than its bytes: each one is a few small Gloo messages and wakeups of a process on
-// either side (docs/parameter-server.md, "Speed").
-struct BundleHeader {
-  int64_t blocks = 0;
-  int64_t slots = 0;  // a checksum of the blocks' slots (BundleSlotSum)
+// After a step, a server's parameter blocks go to a trainer as one message (Kind::kBundle): a
+// header (the block count and a checksum of their slots), then the blocks in ascending slot
+// order. A message per block cost the job more than its bytes: each one is a few small Gloo
+// messages and wakeups of a process on either side (docs/parameter-server.md, "Transport").
+struct BundleBlock {  // a trainer's: where a block goes
+  int slot = 0;
+  char* data = nullptr;
+  size_t bytes = 0;
 };
-int64_t BundleSlotSum(const std::vector<int>& sorted_slots);
+struct BundleSource {  // a server's: a block's value
+  int slot = 0;
+  const char* data = nullptr;
+  size_t bytes = 0;
+};
+// The message's size, header included.
+size_t BundleBytes(const std::vector<BundleBlock>& blocks);
+// The message of `blocks` (any order; the server's side).
+std::vector<char> PackBundle(std::vector<BundleSource> blocks);
+// Copies the blocks out of a received message (`blocks` in any order; a trainer's side). A
+// keel::Error naming `what` when the message holds other blocks.
+void UnpackBundle(const std::vector<char>& message, std::vector<BundleBlock> blocks,
+                  const std::string& what);
 
 // Asynchronous mode: a trainer's push to a server is its header (with count = the bytes that
 // follow) and one message under Slot(kBundle, 0, step) of sections, each a PushSection and its
@@ -239,13 +252,8 @@ class Transport {
   int64_t geo_runs_ = 0;
   std::atomic<bool> async_{false};  // set once by the first PS op; the communicator reads it
   std::vector<std::unique_ptr<Transfer>> sends_, recvs_;
-  struct BundleBlock {
-    int slot;
-    void* data;
-    size_t bytes;
-    std::string what;
-  };
   std::map<int, std::vector<BundleBlock>> bundle_;  // server -> the blocks the recv ops added
+  std::map<int, std::string> bundle_what_;          // server -> its first block's recv, for errors
   std::map<int, std::vector<char>> bundle_bytes_;   // server -> its bundle's buffer (reused)
   std::unique_ptr<AsyncCommunicator> communicator_;
   std::atomic<bool> communicating_{false};
