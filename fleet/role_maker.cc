@@ -164,11 +164,10 @@ void ApplyEndpoints(const std::string& name, const std::vector<std::string>& end
 void ReadMaster(const Env& env, const std::string& source, const std::vector<std::string>& vars,
                 bool required, const std::string& hint, Role* role) {
   if (required) {
-    RequireAll(
-        env, source, vars, {"MASTER_ADDR", "MASTER_PORT"},
-        StrCat(" (with ", role->world_size,
-               " ranks, rank 0 serves the rendezvous store on MASTER_ADDR:MASTER_PORT)", hint),
-        "Set MASTER_ADDR to rank 0's address and MASTER_PORT to a free port there.");
+    RequireAll(env, source, vars, {"MASTER_ADDR", "MASTER_PORT"},
+               StrCat(" (with ", role->world_size,
+                      " ranks, the rendezvous store is served on MASTER_ADDR:MASTER_PORT)", hint),
+               "Set MASTER_ADDR to rank 0's address and MASTER_PORT to a free port there.");
   }
   if (const std::string* addr = Find(env, "MASTER_ADDR")) {
     CheckHost("MASTER_ADDR", *addr);

@@ -5,18 +5,22 @@
 // before joining the rendezvous while its peers wait there fails it too, and SIGINT/SIGTERM/
 // SIGHUP are forwarded.
 //
-// The launcher that starts rank 0 listens on rank 0's port before any worker starts and holds it
-// until the job ends; rank 0 serves the store on that socket (KEEL_STORE_LISTEN_FD), so between
-// a failed attempt and its restart no other process can take the port and pose as the store. A
-// port that is taken before the job starts is an error naming it, and no worker is started. Every
-// worker also gets a status pipe (KEEL_LAUNCH_STATUS_FD) on which its rendezvous says when it
-// starts and when the rank has joined (framework/comm/launch_channel.h).
+// The launcher that starts rank 0 listens on rank 0's port before any worker starts, holds it
+// until the job ends and serves the rendezvous store there itself, one store per attempt (of that
+// restart generation), as torchrun's agent does: the store outlives every worker (a rank 0 that
+// finishes first leaves its peers their store), and between a failed attempt and its restart no
+// other process can take the port and pose as the store. A port that is taken before the job
+// starts is an error naming it, and no worker is started. Every worker also gets a status pipe
+// (KEEL_LAUNCH_STATUS_FD) on which its rendezvous says when it starts and when the rank has
+// joined, and the workers of rank 0's node the store's port (KEEL_LAUNCH_STORE_PORT), so that
+// rank 0 does not serve one of its own (framework/comm/launch_channel.h).
 //
 // Process layout: every worker is its own process group (so the launcher can signal a worker's
 // whole tree, e.g. `sh -c '...; sleep 30'`, and a terminal's Ctrl-C reaches the workers exactly
 // once, through the launcher); workers die with the launcher (PR_SET_PDEATHSIG), and the sentinel
-// (launch_sentinel.h) kills them should the launcher be killed. The launcher is one thread:
-// signals are blocked and read from a signalfd in the same poll() as rank 0's pipe.
+// (launch_sentinel.h) kills them should the launcher be killed. The launcher's supervision is one
+// thread: signals are blocked (in the store's threads too) and read from a signalfd in the same
+// poll() as rank 0's pipe; a child makes only async-signal-safe calls between fork and exec.
 #include "python_free_cli/launch_supervisor.h"
 
 #include <fcntl.h>
@@ -37,6 +41,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -44,6 +49,7 @@
 
 #include "framework/base/fd_io.h"
 #include "framework/base/strings.h"
+#include "framework/comm/store.h"
 #include "framework/error.h"
 #include "python_free_cli/launch_sentinel.h"
 #include "python_free_cli/process_util.h"
@@ -78,7 +84,6 @@ struct Worker {
   int status_fd = -1;  // the pipe's read end
   std::string status_buf;
   bool in_rendezvous = false, joined = false;
-  bool port_lost = false;        // it could not serve the store on rank 0's port
   bool exited_unjoined = false;  // it exited 0 without having joined the rendezvous
   bool left_early = false;       // ... while peers waited there: the job's failure
   std::string waiting;           // those peers' ranks
@@ -120,12 +125,12 @@ class Supervisor {
         plan_.master.c_str(), plan_.log_dir.c_str());
     for (int attempt = 0;; ++attempt) {
       restart_ = attempt;
+      ServeStore();
       for (Worker& w : workers_) Spawn(&w);
       Monitor();
+      store_.reset();  // every worker of the attempt is gone
       const Worker* cause = RootCause();
-      // A lost port is not the workers' fault, and another attempt would only lose it again.
-      if (cause != nullptr && stop_signal_ == 0 && attempt < plan_.max_restarts &&
-          !cause->port_lost) {
+      if (cause != nullptr && stop_signal_ == 0 && attempt < plan_.max_restarts) {
         std::fprintf(stderr, "keel launch: restart %d of %d: %s; restarting all %zu worker(s)\n",
                      attempt + 1, plan_.max_restarts, Describe(*cause).c_str(), workers_.size());
         for (Worker& w : workers_) {
@@ -164,10 +169,21 @@ class Supervisor {
     PCHECK(signal_fd_ >= 0);
   }
 
+  // This attempt's store on rank 0's port, of its restart generation, when this node runs rank 0.
+  void ServeStore() {
+    if (store_fd_ < 0) return;
+    const size_t colon = plan_.master.rfind(':');
+    const int fd = fcntl(store_fd_, F_DUPFD_CLOEXEC, 3);  // the store closes its copy at the end
+    PCHECK(fd >= 0);
+    store_ = std::make_unique<StoreServer>(plan_.master.substr(0, colon),
+                                           std::atoi(plan_.master.c_str() + colon + 1), plan_.token,
+                                           restart_, fd);
+  }
+
   void Spawn(Worker* w) {
     std::vector<std::string> env;
     for (const std::string& e : plan_.workers[w->local].env)  // a launcher's own, if any
-      if (e.rfind("KEEL_STORE_LISTEN_FD=", 0) != 0 && e.rfind("KEEL_LAUNCH_STATUS_FD=", 0) != 0)
+      if (e.rfind("KEEL_LAUNCH_STORE_PORT=", 0) != 0 && e.rfind("KEEL_LAUNCH_STATUS_FD=", 0) != 0)
         env.push_back(e);
     env.push_back(StrCat("KEEL_RESTART_COUNT=", restart_));
     env.push_back(StrCat("TORCHELASTIC_RESTART_COUNT=", restart_));
@@ -177,8 +193,7 @@ class Supervisor {
     struct stat pipe_st;
     fstat(status[1], &pipe_st);  // its inode tells the worker the fd is this very pipe
     env.push_back(StrCat("KEEL_LAUNCH_STATUS_FD=", status[1], ":", pipe_st.st_ino));
-    const int store_fd = w->rank == 0 ? store_fd_ : -1;
-    if (store_fd >= 0) env.push_back(StrCat("KEEL_STORE_LISTEN_FD=", store_fd));
+    if (store_ != nullptr) env.push_back(StrCat("KEEL_LAUNCH_STORE_PORT=", store_->port()));
     std::vector<char*> argv, envp;
     for (const std::string& a : plan_.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -209,9 +224,8 @@ class Supervisor {
       KEEL_THROW("cannot start worker local rank ", w->local, ": fork: ", std::strerror(err));
     }
     if (pid == 0) {
-      // The two descriptors this worker inherits (the others' are close-on-exec).
+      // The one descriptor this worker inherits (the others' are close-on-exec).
       fcntl(status[1], F_SETFD, 0);
-      if (store_fd >= 0) fcntl(store_fd, F_SETFD, 0);
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);  // the launcher died before prctl
@@ -295,8 +309,8 @@ class Supervisor {
     }
   }
 
-  // Reads what `w`'s rendezvous said on its status pipe ("rendezvous R", "joined R",
-  // "store-port-lost R"), then checks whether a worker left its peers waiting.
+  // Reads what `w`'s rendezvous said on its status pipe ("rendezvous R", "joined R"), then checks
+  // whether a worker left its peers waiting.
   void PumpStatus(Worker* w) {
     while (w->status_fd >= 0) {
       char buf[512];
@@ -315,7 +329,6 @@ class Supervisor {
       w->status_buf.erase(0, nl + 1);
       if (event == "rendezvous") w->in_rendezvous = true;
       if (event == "joined") w->in_rendezvous = w->joined = true;
-      if (event == "store-port-lost") w->port_lost = true;
     }
     if (w->status_buf.size() > 4096) w->status_buf.clear();  // not ours: no line in sight
     CheckLeftEarly();
@@ -523,7 +536,7 @@ class Supervisor {
       if (w.status_fd >= 0) close(w.status_fd);
       w.status_fd = -1;
       w.status_buf.clear();
-      w.in_rendezvous = w.joined = w.port_lost = false;
+      w.in_rendezvous = w.joined = false;
       w.exited_unjoined = w.left_early = false;
       w.waiting.clear();
     }
@@ -545,11 +558,6 @@ class Supervisor {
       return StrCat(who, " exited with code 0 before joining the job's rendezvous, while rank(s) ",
                     w.waiting,
                     " waited for it there (they would have waited until the comm timeout)");
-    if (w.port_lost)
-      return StrCat(who, " could not serve the rendezvous store on rank 0's port (", plan_.master,
-                    "): another process holds it? Not a worker failure: no restart is spent on "
-                    "it (",
-                    HowItEnded(w.status), ")");
     if (w.stopped_too_long)
       return StrCat(who, " was stopped (state T) for ", static_cast<int>(w.stopped_for_s),
                     " s, longer than the comm timeout");
@@ -578,8 +586,6 @@ class Supervisor {
   const Worker* RootCause() const {
     if (first_failed_ == nullptr) return nullptr;
     for (const Worker& w : workers_)
-      if (w.port_lost && !w.alive) return &w;
-    for (const Worker& w : workers_)
       if (w.stopped_too_long || (w.stopped_for_s > 0 && &w != first_failed_)) return &w;
     if (DiedOfOutsideSignal(*first_failed_)) return first_failed_;
     for (const Worker& w : workers_)
@@ -593,7 +599,7 @@ class Supervisor {
       const Worker& w = *cause;
       int st = w.status;
       std::string tail = LogTail(w.log_path, 20);
-      if (plan_.max_restarts > 0 && !w.port_lost)
+      if (plan_.max_restarts > 0)
         std::fprintf(stderr, "keel launch: giving up after %d restart(s); the last failure:\n",
                      restart_);
       std::fprintf(stderr,
@@ -612,7 +618,7 @@ class Supervisor {
       if (workers_.size() > 1)
         std::fprintf(stderr, "keel launch: stopped the other %zu worker(s)\n", workers_.size() - 1);
       if (w.stopped_for_s > 0 && !(WIFEXITED(st) && WEXITSTATUS(st) != 0)) return 1;
-      if (w.left_early || (w.port_lost && WIFEXITED(st) && WEXITSTATUS(st) == 0)) return 1;
+      if (w.left_early) return 1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     if (stop_signal_ != 0) {
@@ -633,9 +639,10 @@ class Supervisor {
   bool settling_ = false;  // a worker failed; the others are signalled at settle_until_
   Clock::time_point deadline_, settle_until_;
   const Worker* first_failed_ = nullptr;
-  int stop_signal_ = 0;  // the signal that stopped the job, if one did
-  int restart_ = 0;      // this attempt's restart count
-  int store_fd_ = -1;    // rank 0's listening socket, when this node runs rank 0
+  int stop_signal_ = 0;                 // the signal that stopped the job, if one did
+  int restart_ = 0;                     // this attempt's restart count
+  int store_fd_ = -1;                   // rank 0's listening socket, when this node runs rank 0
+  std::unique_ptr<StoreServer> store_;  // the attempt's store on it
   Sentinel sentinel_;
 };
 

@@ -87,17 +87,11 @@ void CommContext::Init(const CommConfig& cfg) {
   auto t0 = std::chrono::steady_clock::now();
   config_ = cfg;
   TellLauncher("rendezvous", cfg.rank);
-  if (cfg.rank == 0) {
-    // Under keel launch the port is already bound: the launcher holds it for the whole job.
-    try {
-      server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
-                                              cfg.store_port, cfg.token, cfg.generation,
-                                              InheritedStoreSocket(cfg.store_port));
-    } catch (const Error&) {
-      // Not this worker's fault: the launcher ends the job without spending a restart on it.
-      TellLauncher("store-port-lost", cfg.rank);
-      throw;
-    }
+  // Under keel launch the launcher serves the store on rank 0's port (launch_channel.h): the
+  // store outlives every worker. Otherwise rank 0 serves it.
+  if (cfg.rank == 0 && !LauncherServesStore(cfg.store_port)) {
+    server_ = std::make_unique<StoreServer>(cfg.store_listen_all ? "0.0.0.0" : cfg.store_host,
+                                            cfg.store_port, cfg.token, cfg.generation);
     config_.store_port = server_->port();
   }
   client_ =

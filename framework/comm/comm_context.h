@@ -1,5 +1,6 @@
 // CommContext: this process's place in the job (rank, world, the store) once fleet::init has run.
-// Collective ops reach the store and rings through it; rank 0 also serves the store from here.
+// Collective ops reach the store and rings through it; rank 0 also serves the store from here,
+// unless keel launch serves it.
 #pragma once
 
 #include <chrono>
@@ -14,7 +15,7 @@ namespace keel {
 struct CommConfig {
   int rank = 0;
   int nranks = 1;
-  std::string store_host = "127.0.0.1";  // rank 0's address: it serves the store there
+  std::string store_host = "127.0.0.1";  // rank 0's address: the store is served there
   int store_port = 0;
   std::string my_host = "127.0.0.1";  // the address peers reach this rank at
   std::string token = "keel";         // the job token every rank must present
@@ -29,8 +30,8 @@ class CommContext {
  public:
   static CommContext& Get();
 
-  // Starts the store server on rank 0 and connects every rank to it. Idempotent for an equal
-  // config; re-initializing with another config is an error.
+  // Starts the store server on rank 0 (unless keel launch serves it) and connects every rank to
+  // it. Idempotent for an equal config; re-initializing with another config is an error.
   void Init(const CommConfig& config);
   bool initialized() const { return client_ != nullptr; }
   const CommConfig& config() const { return config_; }

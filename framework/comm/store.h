@@ -1,5 +1,6 @@
-// The rendezvous store: a small TCP key-value store that rank 0 serves and every rank uses to
-// exchange addresses, NCCL ids and program fingerprints. The code: store_wire.{h,cc} (the wire
+// The rendezvous store: a small TCP key-value store that every rank uses to exchange addresses,
+// NCCL ids and program fingerprints, served by keel launch on rank 0's node (it outlives every
+// worker) or, without the launcher, by rank 0. The code: store_wire.{h,cc} (the wire
 // format below), store_server.cc and store_client.cc.
 //
 // Wire format: every message is a frame, a little-endian u32 length then that many bytes. A

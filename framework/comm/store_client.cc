@@ -159,7 +159,7 @@ std::string StoreClient::Request(const std::string& frame, std::chrono::millisec
     ::close(fd_);
     fd_ = -1;
     KEEL_THROW("store ", endpoint_, ": ", what, " failed: ", err.empty() ? "empty reply" : err,
-               " (did rank 0 exit?)");
+               " (did the store's process exit: rank 0, or keel launch, which serves it there?)");
   }
   return reply;
 }

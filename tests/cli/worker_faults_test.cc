@@ -74,6 +74,19 @@ TEST_F(WorkerFaultTest, WorkersThatFinishOrNeverUseTheRendezvousAreNotBlamed) {
   EXPECT_EQ(plain.exit_code, 0) << plain.output;
 }
 
+// Rank 0 finishes first and exits while rank 1 still uses the rendezvous store: keel launch
+// serves the store, not rank 0, so rank 1 goes on (it failed with "closed by peer" when rank 0
+// served it). Outside keel launch rank 0 serves it, and the same program fails on rank 1.
+TEST_F(WorkerFaultTest, TheStoreOutlivesARankZeroThatFinishesFirst) {
+  auto r = RunCommand(Env() + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir_ + " " +
+                      BinPath("fault_worker") + " --steps=2 --rank0_leaves_first");
+  const std::string log1 = ReadText(dir_ + "/workerlog.1");
+  EXPECT_EQ(r.exit_code, 0) << r.output << log1;
+  EXPECT_TRUE(Contains(r.output, "rank 0 leaves first")) << r.output;
+  EXPECT_TRUE(Contains(log1, "used the store after rank 0 (pid ")) << log1;
+  EXPECT_TRUE(Contains(log1, ") was gone: add -> 1")) << log1;
+}
+
 // Rank 1's training thread sleeps after 5 steps while its process (and its monitor thread)
 // lives: rank 0's monitor names it as hung within seconds, with its step count and who waits.
 TEST_F(WorkerFaultTest, AHungTrainingThreadIsNamedByTheStragglerMonitor) {

@@ -2,11 +2,16 @@
 // monitor's fault tests (tests/cli/worker_faults_test.cc, tests/cli/launch_security_test.cc):
 // a rank that exits 0 before fleet::init, a rank whose training thread sleeps while its process
 // lives, a rank that fails after joining on the first attempt, and a rank 0 that starts its
-// rendezvous late on a restart. It prints "rank R step N" after every step, with the straggler
+// rendezvous late on a restart, and a rank 0 that leaves first while its peers still use the
+// rendezvous store. It prints "rank R step N" after every step, with the straggler
 // monitor running (fleet/straggler_monitor.h).
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +20,7 @@
 
 #include "fleet/fleet.h"
 #include "fleet/straggler_monitor.h"
+#include "framework/comm/comm_context.h"
 
 DEFINE_int32(steps, 10, "Training steps.");
 DEFINE_int32(exit0_before_init_rank, -1, "This rank returns 0 from main before fleet::init.");
@@ -25,9 +31,12 @@ DEFINE_int32(fail_rank, -1,
              "On the first attempt (KEEL_RESTART_COUNT 0) this rank exits 3 after "
              "its first step.");
 DEFINE_double(rank0_late_on_restart_s, 0,
-              "On a restart rank 0 sleeps this long before fleet::init (its port stays unserved "
-              "meanwhile).");
+              "On a restart rank 0 sleeps this long before fleet::init (its peers wait in the "
+              "rendezvous meanwhile).");
 DEFINE_int32(step_ms, 0, "Each step also sleeps this long (a slower job).");
+DEFINE_bool(rank0_leaves_first, false,
+            "After training rank 0 posts its pid in the rendezvous store and returns; the other "
+            "ranks wait until that process is gone, then use the store again.");
 
 using namespace keel;
 
@@ -97,6 +106,23 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("rank %d of %d done\n", rank, n);
+    if (FLAGS_rank0_leaves_first) {
+      StoreClient& store = CommContext::Get().store("fault_worker");
+      if (rank == 0) {
+        store.Set("fault_worker/rank0_pid", std::to_string(::getpid()));
+        std::printf("rank 0 leaves first\n");
+        return 0;
+      }
+      const pid_t first = static_cast<pid_t>(std::stol(store.Get("fault_worker/rank0_pid")));
+      // Reaped by the launcher: then kill(2) finds no such process.
+      for (int i = 0; i < 400 && !(::kill(first, 0) != 0 && errno == ESRCH); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int64_t after = store.Add("fault_worker/after_rank0", 1);
+      std::printf("rank %d used the store after rank 0 (pid %d) %s: add -> %lld\n", rank,
+                  static_cast<int>(first),
+                  ::kill(first, 0) != 0 && errno == ESRCH ? "was gone" : "was still there",
+                  static_cast<long long>(after));
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
