@@ -50,8 +50,8 @@ DEFINE_int32(tp_degree, 1,
              "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
 
 DEFINE_int32(pp_degree, 1,
-             "Pipeline stages (docs/pipeline.md): the mlp's or transformer's layers split over "
-             "pp_degree workers in a row, a mini-batch running as --micro_batches micro-batches; "
+             "Pipeline stages (docs/pipeline.md): mlp, resnet or transformer layers on pp_degree "
+             "workers in a row, a mini-batch running as --micro_batches micro-batches; "
              "data parallelism fills the rest. 1: off.");
 DEFINE_int32(micro_batches, 1,
              "With --pp_degree > 1: micro-batches per mini-batch (--batch_size must divide by "
@@ -234,9 +234,10 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
   KEEL_ENFORCE(tp == 1 || model == "transformer" || model == "mlp", "--tp_degree=", tp, ": model ",
                model, " has no tensor-parallel variant (transformer and mlp have)");
   if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
-  KEEL_ENFORCE(FLAGS_pp_degree == 1 || model == "mlp" || model == "transformer",
-               "--pp_degree=", FLAGS_pp_degree, ": model ", model,
-               " places no pipeline stages (mlp and transformer do)");
+  KEEL_ENFORCE(
+      FLAGS_pp_degree == 1 || model == "mlp" || model == "transformer" || model == "resnet",
+      "--pp_degree=", FLAGS_pp_degree, ": model ", model,
+      " places no pipeline stages (mlp, resnet and transformer do)");
   cfg->pp_degree = FLAGS_pp_degree;
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
   KEEL_ENFORCE(!FlagIsSet("ctr_table") || model == "ctr",

@@ -1,6 +1,9 @@
 #include "models/resnet/resnet_model.h"
 
+#include <memory>
+
 #include "framework/dsl/nn_layers.h"
+#include "framework/dsl/pipeline.h"
 #include "framework/dsl/tensor_layers.h"
 
 namespace keel {
@@ -24,12 +27,24 @@ Var BasicBlock(Var x, int filters, int stride) {
 
 }  // namespace
 
-ClassifierOutputs resnet_cifar(Var image, Var label, int depth, int classes) {
+ClassifierOutputs resnet_cifar(Var image, Var label, int depth, int classes, int pp_degree) {
   KEEL_ENFORCE(depth >= 8 && (depth - 2) % 6 == 0, "resnet: depth must be 6n+2, got ", depth);
   const int n = (depth - 2) / 6;
+  KEEL_ENFORCE(pp_degree >= 1 && pp_degree <= 3 * n, "resnet: pipeline degree ", pp_degree,
+               " must be 1..", 3 * n, " (each stage holds whole basic blocks; depth ", depth,
+               " has ", 3 * n, ")");
+  // Without a pipeline no stage is marked: the ops are those of the plain model.
+  std::unique_ptr<PipelineStageGuard> on_stage;
+  auto block_stage = [&](int j) {
+    if (pp_degree == 1) return;
+    on_stage.reset();  // the previous guard first: guards restore what they found
+    on_stage = std::make_unique<PipelineStageGuard>(j * pp_degree / (3 * n));
+  };
+  block_stage(0);
   Var h = ConvBn(image, 16, 3, 1, "relu");
   for (int stage = 0; stage < 3; ++stage)
     for (int b = 0; b < n; ++b) {
+      block_stage(stage * n + b);
       h = BasicBlock(h, 16 << stage, stage > 0 && b == 0 ? 2 : 1);
       recompute_checkpoint(h);  // each block's output: recompute keeps these alone
     }

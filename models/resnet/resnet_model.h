@@ -9,7 +9,11 @@ namespace keel {
 namespace models {
 
 // image: [N, 3, 32, 32] float32, label: [N, 1] int64. depth = 6n + 2 (20: n = 3).
-ClassifierOutputs resnet_cifar(Var image, Var label, int depth = 20, int classes = 10);
+// pp_degree > 1 places the network on that many pipeline stages (docs/pipeline.md): the stem with
+// block 0, block j of the 3n on stage j * S / 3n, pooling, classifier, loss and accuracy with the
+// last block.
+ClassifierOutputs resnet_cifar(Var image, Var label, int depth = 20, int classes = 10,
+                               int pp_degree = 1);
 
 }  // namespace models
 }  // namespace keel

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "executor/executor_io.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 #include "framework/op/op_registry.h"
 #include "tests/util/subprocess.h"
 
@@ -48,11 +50,15 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// How one process that resumes from the job's checkpoint compares with the job: the same losses to
+// the digit (the pipeline sums in the same order), to 1e-4 (tensor parallelism's all-reduces round
+// differently), or not at all (batch norm: one process normalizes over the whole batch, the
+// pipeline over each micro-batch).
+enum class OneProcess { kExact, kNear, kOtherBatchNorm };
+
 // `parallel`: the flags that make the job model-parallel on 2 workers (one process drops them).
-// `exact_one_process`: whether one process prints the job's losses to the digit (the pipeline
-// sums in the same order; tensor parallelism's all-reduces round differently).
 void ExpectCheckpointsWork(const std::string& model, const std::string& parallel,
-                           bool exact_one_process) {
+                           OneProcess one_process) {
   const std::string dir = MakeTempDir();
   const std::string train =
       " train " + model + " --optimizer=adam --seed=5 --batch_size=8 --progress=lines ";
@@ -78,9 +84,9 @@ void ExpectCheckpointsWork(const std::string& model, const std::string& parallel
   const std::map<int, std::string> got_one = LossLines(one.output);
   for (int s = 6; s < 10; ++s) {
     ASSERT_TRUE(got_one.count(s)) << one.output;
-    if (exact_one_process)
+    if (one_process == OneProcess::kExact)
       EXPECT_EQ(got_one.at(s), want.at(s)) << "step " << s;
-    else
+    else if (one_process == OneProcess::kNear)
       EXPECT_NEAR(std::atof(got_one.at(s).c_str()), std::atof(want.at(s).c_str()), 1e-4)
           << "step " << s;
   }
@@ -116,24 +122,99 @@ void ExpectCheckpointsWork(const std::string& model, const std::string& parallel
 
 TEST(KeelTrainModelParallel, PipelineCheckpointsResumeAndRestartExactly) {
   ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--pp_degree=2 --micro_batches=4",
-                        /*exact_one_process=*/true);
+                        OneProcess::kExact);
+}
+
+// ResNet-20's stages hold convolutions and batch norms, whose running statistics are persistables
+// of the stage that computes them.
+TEST(KeelTrainModelParallel, ResnetPipelineCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=resnet", "--pp_degree=2 --micro_batches=2",
+                        OneProcess::kOtherBatchNorm);
 }
 
 // The transformer's stages hold embeddings, attention, layer norms and the output layer.
 TEST(KeelTrainModelParallel, TransformerPipelineCheckpointsResumeAndRestartExactly) {
   ExpectCheckpointsWork("--model=transformer", "--pp_degree=2 --micro_batches=4",
-                        /*exact_one_process=*/false);
+                        OneProcess::kNear);
 }
 
 TEST(KeelTrainModelParallel, TensorParallelCheckpointsResumeAndRestartExactly) {
-  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--tp_degree=2",
-                        /*exact_one_process=*/false);
+  ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--tp_degree=2", OneProcess::kNear);
 }
 
 // The transformer's tensor-parallel variant: column and row layers, a vocabulary-parallel
 // embedding (rows split), replicated layer norms.
 TEST(KeelTrainModelParallel, TransformerTensorParallelCheckpointsResumeAndRestartExactly) {
-  ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", /*exact_one_process=*/false);
+  ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", OneProcess::kNear);
+}
+
+// ResNet-20 on two pipeline stages. Batch norm normalizes each micro-batch by its own statistics
+// and updates the running ones once per micro-batch, as PyTorch's and Paddle's pipelines do, so the
+// pipeline equals one process that merges the gradients of the same micro-batches
+// (--gradient_merge_k=M at batch B/M, the same rows in the same order), not one process at batch
+// B. Every float tensor of the pipeline's checkpoint (parameters, momentum velocities, running
+// means and variances) equals that run's to float rounding, under both schedules.
+TEST(KeelTrainModelParallel, ResnetPipelineEqualsOneProcessMergingItsMicroBatches) {
+  const std::string dir = MakeTempDir();
+  const std::string env = "FLAGS_cpu_math_threads=1 ";
+  const std::string train = " train --model=resnet --seed=5 --progress=lines ";
+  auto merged = RunCommand(env + Keel() + train + "--batch_size=4 --steps=6 --gradient_merge_k=2 " +
+                           "--save_dir=" + dir + "/merged 2>&1");
+  ASSERT_EQ(merged.exit_code, 0) << merged.output;
+  // One process at the whole batch normalizes over 8 rows: another model after 3 steps.
+  auto whole = RunCommand(env + Keel() + train + "--batch_size=8 --steps=3 --save_dir=" + dir +
+                          "/whole 2>&1");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  auto floats = [](const std::string& ckpt) {
+    std::map<std::string, Tensor> out;
+    for (auto& [name, t] : LoadSafetensors(ckpt + "/" + kPersistablesFile))
+      if (t.dtype() == DType::kFloat32) out[name] = t;
+    return out;
+  };
+  // The largest difference of `got`'s tensors from `want`'s, relative (to at least 1e-3), and
+  // how many tensors were compared; every tensor of `got` must be in `want`.
+  auto compare = [](const std::map<std::string, Tensor>& got,
+                    const std::map<std::string, Tensor>& want, int* compared) {
+    double worst_rel = 0;
+    *compared = 0;
+    for (const auto& [name, t] : got) {
+      auto it = want.find(name);
+      EXPECT_NE(it, want.end()) << name << " is not in the other checkpoint";
+      if (it == want.end() || it->second.numel() != t.numel()) continue;
+      const float* a = t.data<float>();
+      const float* b = it->second.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i)
+        worst_rel = std::max(worst_rel, std::abs(static_cast<double>(a[i]) - b[i]) /
+                                            std::max(1e-3, std::abs(static_cast<double>(b[i]))));
+      ++*compared;
+    }
+    return worst_rel;
+  };
+  const std::map<std::string, Tensor> want = floats(dir + "/merged");
+  int compared = 0;
+  const double batch_norm_differs = compare(floats(dir + "/whole"), want, &compared);
+  std::printf(
+      "one process at batch 8 against it merging 2 micro-batches of 4: max relative "
+      "difference %.3g\n",
+      batch_norm_differs);
+  EXPECT_GT(batch_norm_differs, 1e-3);
+  for (const char* sched : {"1f1b", "fthenb"}) {
+    auto pp = RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log_" +
+                         sched + " " + Keel() + train +
+                         "--batch_size=8 --steps=3 --pp_degree=2 --micro_batches=2 --pp_schedule=" +
+                         sched + " --save_dir=" + dir + "/" + sched + " 2>&1");
+    ASSERT_EQ(pp.exit_code, 0) << pp.output;
+    const double worst_rel = compare(floats(dir + "/" + sched), want, &compared);
+    std::printf(
+        "resnet PP=2 (%s) against one process merging 2 micro-batches: %d tensors, max "
+        "relative difference %.3g\n",
+        sched, compared, worst_rel);
+    // 21 convolutions, 21 batch norms and the fc: 65 parameters, their 65 velocities and 42
+    // running statistics.
+    EXPECT_GE(compared, 65 + 65 + 42) << sched;
+    EXPECT_LT(worst_rel, 1e-4) << sched;
+  }
+  RunCommand("rm -rf " + dir);
 }
 
 // A profile of a pipeline job holds each stage's transfers as comm spans naming the peer: stage 0
