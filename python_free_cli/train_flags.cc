@@ -46,8 +46,8 @@ DEFINE_int32(ps_max_staleness, 0,
              "(a_sync_configs.max_staleness; -1: never wait, as Paddle's communicator).");
 
 DEFINE_int32(tp_degree, 1,
-             "Workers per tensor-parallel group (docs/tensor-parallel.md): the transformer's "
-             "and mlp's layers split Megatron-style, data parallelism fills the rest. 1: off.");
+             "Workers per tensor-parallel group (docs/tensor-parallel.md): transformer, resnet "
+             "or mlp layers split Megatron-style, data parallelism fills the rest. 1: off.");
 
 DEFINE_int32(pp_degree, 1,
              "Pipeline stages (docs/pipeline.md): mlp, resnet or transformer layers on pp_degree "
@@ -231,8 +231,11 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
     KEEL_ENFORCE(value % tp == 0, "--", flag, "=", value, " must divide by --tp_degree=", tp,
                  " (tensor parallelism splits it over the group)");
   };
-  KEEL_ENFORCE(tp == 1 || model == "transformer" || model == "mlp", "--tp_degree=", tp, ": model ",
-               model, " has no tensor-parallel variant (transformer and mlp have)");
+  KEEL_ENFORCE(tp == 1 || model == "transformer" || model == "mlp" || model == "resnet",
+               "--tp_degree=", tp, ": model ", model,
+               " has no tensor-parallel variant (transformer, resnet and mlp have)");
+  KEEL_ENFORCE(model != "resnet" || 16 % tp == 0, "--tp_degree=", tp,
+               ": resnet's narrowest blocks have 16 channels, which must divide by it");
   if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
   KEEL_ENFORCE(
       FLAGS_pp_degree == 1 || model == "mlp" || model == "transformer" || model == "resnet",

@@ -1,5 +1,7 @@
 #include "framework/dsl/nn_layers.h"
 
+#include "framework/dsl/tensor_parallel.h"
+
 namespace keel {
 namespace layers {
 
@@ -29,7 +31,7 @@ int64_t Channels(const char* layer, Var input, int min_rank) {
 
 Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding, int dilation,
            int groups, const std::string& act, const ParamAttr& param_attr,
-           const ParamAttr& bias_attr, bool with_bias) {
+           const ParamAttr& bias_attr, bool with_bias, Parallel parallel) {
   const int64_t C = Channels("conv2d", input, 4);
   KEEL_ENFORCE(num_filters > 0 && filter_size > 0 && groups > 0, "layers::conv2d(", input.name(),
                "): num_filters ", num_filters, ", filter_size ", filter_size, " and groups ",
@@ -41,8 +43,24 @@ Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding,
   Block& block = prog.global_block();
   const std::string layer = prog.UniqueName("conv2d");
   const DType dt = input.dtype();
-  Var w = create_parameter({num_filters, C / groups, filter_size, filter_size}, dt, layer, "w_0",
-                           param_attr, initializer::MSRA());
+  const int tp = current_tensor_parallel().degree;
+  if (tp == 1) parallel = Parallel::kNone;
+  const bool column = parallel == Parallel::kColumn, row = parallel == Parallel::kRow;
+  KEEL_ENFORCE(parallel == Parallel::kNone || groups == 1, "layers::conv2d(", input.name(),
+               "): a tensor-parallel convolution (parallel=", column ? "Column" : "Row",
+               ") takes groups=1, got ", groups);
+  KEEL_ENFORCE(!column || num_filters % tp == 0, "layers::conv2d(", input.name(),
+               ", parallel=Column): num_filters ", num_filters,
+               " does not divide by the tensor-parallel degree ", tp);
+  // The whole layer's W is [num_filters, C', k, k], C' the whole layer's input channels (a row
+  // layer's input is this rank's C of them).
+  const std::vector<int64_t> whole = {num_filters, (row ? C * tp : C) / groups, filter_size,
+                                      filter_size};
+  Var w = parallel == Parallel::kNone
+              ? create_parameter(whole, dt, layer, "w_0", param_attr, initializer::MSRA())
+              : create_sharded_parameter(whole, column ? 0 : 1, dt, layer, "w_0", param_attr,
+                                         initializer::MSRA());
+  if (column) input = c_identity(input);
   std::string out = prog.UniqueName(layer + ".tmp");
   AppendOp(block, "conv2d", {{"Input", {input.name()}}, {"Filter", {w.name()}}},
            {{"Output", {out}}},
@@ -50,9 +68,12 @@ Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding,
             {"paddings", std::vector<int>{padding, padding}},
             {"dilations", std::vector<int>{dilation, dilation}},
             {"groups", groups}});
+  if (row) out = mp_allreduce_sum(Var(&block, out)).name();
   if (with_bias) {
-    Var b =
-        create_parameter({num_filters}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+    Var b = column ? create_sharded_parameter({num_filters}, 0, dt, layer, "b_0", bias_attr,
+                                              initializer::Constant(0.0f))
+                   : create_parameter({num_filters}, dt, layer, "b_0", bias_attr,
+                                      initializer::Constant(0.0f));
     std::string sum = prog.UniqueName(layer + ".tmp");
     AppendOp(block, "elementwise_add", {{"X", {out}}, {"Y", {b.name()}}}, {{"Out", {sum}}},
              {{"axis", 1}});
@@ -79,19 +100,27 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stri
 
 Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, float epsilon,
                const ParamAttr& param_attr, const ParamAttr& bias_attr, bool use_global_stats,
-               bool sync) {
+               bool sync, bool channels_sharded) {
   const int64_t C = Channels("batch_norm", input, 2);
   Program& prog = Main();
   Block& block = prog.global_block();
   const std::string layer = prog.UniqueName("batch_norm");
   const DType dt = input.dtype();
-  Var scale = create_parameter({C}, dt, layer, "w_0", param_attr, initializer::Constant(1.0f));
-  Var bias = create_parameter({C}, dt, layer, "b_0", bias_attr, initializer::Constant(0.0f));
+  const int tp = channels_sharded ? current_tensor_parallel().degree : 1;
+  KEEL_ENFORCE(tp == 1 || !sync, "layers::batch_norm(", input.name(),
+               "): sync and channels_sharded together are not built (the statistics' all-reduce "
+               "runs on ring 0, not the data-parallel ring of a tensor-parallel job)");
+  // This rank's C channels of the layer's tp * C (tp = 1: all of them).
+  auto param = [&](const char* suffix, const ParamAttr& attr, float value) {
+    return tp == 1 ? create_parameter({C}, dt, layer, suffix, attr, initializer::Constant(value))
+                   : create_sharded_parameter({C * tp}, 0, dt, layer, suffix, attr,
+                                              initializer::Constant(value));
+  };
+  Var scale = param("w_0", param_attr, 1.0f);
+  Var bias = param("b_0", bias_attr, 0.0f);
   // Moving stats: persistable, saved with the model, never trained.
-  Var mean = create_parameter({C}, dt, layer, "w_1", ParamAttr("", nullptr, false),
-                              initializer::Constant(0.0f));
-  Var var = create_parameter({C}, dt, layer, "w_2", ParamAttr("", nullptr, false),
-                             initializer::Constant(1.0f));
+  Var mean = param("w_1", ParamAttr("", nullptr, false), 0.0f);
+  Var var = param("w_2", ParamAttr("", nullptr, false), 1.0f);
   const std::string y = prog.UniqueName(layer + ".tmp");
   const std::string saved_mean = prog.UniqueName(layer + ".tmp");
   const std::string saved_var = prog.UniqueName(layer + ".tmp");

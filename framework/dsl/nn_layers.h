@@ -12,11 +12,16 @@ namespace keel {
 namespace layers {
 
 // out = act(conv2d(input, W) + b): W [num_filters, C / groups, filter_size, filter_size] (MSRA
-// normal by default), b [num_filters] (zeros) added along the channel dim.
+// normal by default), b [num_filters] (zeros) added along the channel dim. `parallel` splits it
+// over the current tensor-parallel group as fc does (layers.h; degree 1: the plain conv2d), the
+// channels playing the columns: Column holds num_filters / n of the output channels (W and b
+// sharded on dim 0, the input through c_identity); Row takes this rank's C input channels of the
+// layer's n * C (W sharded on dim 1), all-reduces the partial sums, then adds the whole b. Both
+// need groups = 1; the initial W is the whole layer's, split (so TP = n starts as TP = 1).
 Var conv2d(Var input, int num_filters, int filter_size, int stride = 1, int padding = 0,
            int dilation = 1, int groups = 1, const std::string& act = "",
-           const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {},
-           bool with_bias = true);
+           const ParamAttr& param_attr = {}, const ParamAttr& bias_attr = {}, bool with_bias = true,
+           Parallel parallel = Parallel::kNone);
 
 // pool_type "max" or "avg"; exclusive: avg ignores padded positions.
 Var pool2d(Var input, int pool_size, const std::string& pool_type = "max", int pool_stride = 1,
@@ -29,10 +34,14 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type = "max", int p
 // stats too and leaves them unchanged (fine-tuning with frozen statistics). sync: in training
 // (not is_test, not use_global_stats) the op is sync_batch_norm on ring 0, whose statistics are
 // those of every rank's batch together (docs/sync-batch-norm.md); alone in its job it computes
-// batch_norm's result (with the unbiased moving variance).
+// batch_norm's result (with the unbiased moving variance). channels_sharded: the input's C channels
+// are this rank's share of a Column conv2d's output (tensor parallelism): scale, bias and the
+// moving statistics are this rank's C of the layer's n * C, sharded on dim 0 (a channel's
+// statistics need no other rank's channels, so the result is TP = 1's); not with sync.
 Var batch_norm(Var input, const std::string& act = "", bool is_test = false, float momentum = 0.9f,
                float epsilon = 1e-5f, const ParamAttr& param_attr = {},
-               const ParamAttr& bias_attr = {}, bool use_global_stats = false, bool sync = false);
+               const ParamAttr& bias_attr = {}, bool use_global_stats = false, bool sync = false,
+               bool channels_sharded = false);
 
 // dropout_implementation "upscale_in_train" (default) or "downgrade_in_infer"; seed 0: from the
 // program's random_seed.

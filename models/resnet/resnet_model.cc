@@ -5,6 +5,7 @@
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/pipeline.h"
 #include "framework/dsl/tensor_layers.h"
+#include "framework/dsl/tensor_parallel.h"
 
 namespace keel {
 namespace models {
@@ -17,9 +18,19 @@ Var ConvBn(Var x, int filters, int k, int stride, const std::string& act) {
   return layers::batch_norm(c, act);
 }
 
+// Under a TensorParallelGuard the two convolutions split Megatron-style, the channels playing the
+// columns: the first holds this rank's share of the output channels (with its batch norm's), the
+// second takes them and all-reduces its partial sums; the second batch norm, the shortcut and the
+// sum are replicated. One all-reduce forward (the second conv's) and one backward (the first's
+// input gradient) per block.
 Var BasicBlock(Var x, int filters, int stride) {
-  Var h = ConvBn(x, filters, 3, stride, "relu");
-  h = ConvBn(h, filters, 3, 1, "");
+  Var h = layers::conv2d(x, filters, 3, stride, 1, 1, 1, "", {}, {}, /*with_bias=*/false,
+                         layers::Parallel::kColumn);
+  h = layers::batch_norm(h, "relu", false, 0.9f, 1e-5f, {}, {}, false, false,
+                         /*channels_sharded=*/true);
+  h = layers::conv2d(h, filters, 3, 1, 1, 1, 1, "", {}, {}, /*with_bias=*/false,
+                     layers::Parallel::kRow);
+  h = layers::batch_norm(h, "");
   Var shortcut = x;
   if (stride != 1 || x.shape()[1] != filters) shortcut = ConvBn(x, filters, 1, stride, "");
   return layers::relu(layers::elementwise_add(h, shortcut));
@@ -30,6 +41,9 @@ Var BasicBlock(Var x, int filters, int stride) {
 ClassifierOutputs resnet_cifar(Var image, Var label, int depth, int classes, int pp_degree) {
   KEEL_ENFORCE(depth >= 8 && (depth - 2) % 6 == 0, "resnet: depth must be 6n+2, got ", depth);
   const int n = (depth - 2) / 6;
+  const int tp = current_tensor_parallel().degree;
+  KEEL_ENFORCE(16 % tp == 0, "resnet: the tensor-parallel degree ", tp,
+               " must divide the 16 channels of its narrowest blocks");
   KEEL_ENFORCE(pp_degree >= 1 && pp_degree <= 3 * n, "resnet: pipeline degree ", pp_degree,
                " must be 1..", 3 * n, " (each stage holds whole basic blocks; depth ", depth,
                " has ", 3 * n, ")");

@@ -11,7 +11,8 @@ namespace models {
 // image: [N, 3, 32, 32] float32, label: [N, 1] int64. depth = 6n + 2 (20: n = 3).
 // pp_degree > 1 places the network on that many pipeline stages (docs/pipeline.md): the stem with
 // block 0, block j of the 3n on stage j * S / 3n, pooling, classifier, loss and accuracy with the
-// last block.
+// last block. Under a TensorParallelGuard each basic block's convolutions split over the group
+// (resnet_model.cc); the degree must divide 16.
 ClassifierOutputs resnet_cifar(Var image, Var label, int depth = 20, int classes = 10,
                                int pp_degree = 1);
 

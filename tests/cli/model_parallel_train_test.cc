@@ -142,6 +142,12 @@ TEST(KeelTrainModelParallel, TensorParallelCheckpointsResumeAndRestartExactly) {
   ExpectCheckpointsWork("--model=mlp --mlp_hidden=16", "--tp_degree=2", OneProcess::kNear);
 }
 
+// ResNet-20's tensor-parallel variant: each block's convolutions split by channels, the first
+// block's batch norm sharded with them (its moving statistics too).
+TEST(KeelTrainModelParallel, ResnetTensorParallelCheckpointsResumeAndRestartExactly) {
+  ExpectCheckpointsWork("--model=resnet", "--tp_degree=2", OneProcess::kNear);
+}
+
 // The transformer's tensor-parallel variant: column and row layers, a vocabulary-parallel
 // embedding (rows split), replicated layer norms.
 TEST(KeelTrainModelParallel, TransformerTensorParallelCheckpointsResumeAndRestartExactly) {

@@ -1,8 +1,9 @@
 // Tensor parallelism with real processes on loopback (tests/workers/tp_worker.cc): TP=2 trains to
-// the parameters and losses of one process (TP=1), on a model using every tensor-parallel op and on
-// the built-in transformer; TP=2 x DP=2 (4 processes) equals one process at the same global batch;
-// replicated parameters stay bit-identical across a tensor-parallel group; forgetting the backward
-// all-reduce of c_identity breaks the equality. The largest differences are printed.
+// the parameters and losses of one process (TP=1), on a model using every tensor-parallel op, on
+// the built-in transformer and on a ResNet; TP=2 x DP=2 (4 processes) equals one process at the
+// same global batch; replicated parameters stay bit-identical across a tensor-parallel group;
+// forgetting the backward all-reduce of c_identity breaks the equality. The largest differences are
+// printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -176,6 +177,13 @@ TEST(TensorParallel, Tp2EqualsTp1OnAModelUsingEveryTensorParallelOpWithAdam) {
 // parallelism (seen: 4e-3 in fc_7.b_0, every other parameter within 1e-5).
 TEST(TensorParallel, Tp2EqualsTp1OnTheTransformer) {
   ExpectTp2EqualsTp1("--model=transformer --opt=sgd", "transformer, SGD", true);
+}
+
+// ResNet (depth 8): each block's first convolution splits its output channels, with its batch
+// norm's scale, bias and moving statistics, the second its input channels; the batch norms'
+// statistics end where TP=1's end too (compared with the parameters).
+TEST(TensorParallel, Tp2EqualsTp1OnResnet) {
+  ExpectTp2EqualsTp1("--model=resnet --opt=sgd", "resnet, SGD", true);
 }
 
 // 4 processes: tensor-parallel groups {0,1} and {2,3}, data-parallel groups {0,2} and {1,3}, each

@@ -12,6 +12,7 @@
 #include "fleet/fleet.h"
 #include "fleet/transpile.h"
 #include "framework/dsl/layers.h"
+#include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/dsl/tensor_parallel.h"
@@ -213,6 +214,51 @@ TEST(TensorParallelDsl, LayersRefuseWhatCannotSplit) {
               layers::vocab_parallel_embedding(x, {7, 4});
             }).find("vocab 7 does not divide by the tensor-parallel degree 2"),
             std::string::npos);
+  Var image = layers::data("image", {-1, 4, 6, 6});
+  EXPECT_NE(ErrorOf([&] {
+              layers::conv2d(image, 5, 3, 1, 1, 1, 1, "", {}, {}, true, layers::Parallel::kColumn);
+            }).find("num_filters 5 does not divide by the tensor-parallel degree 2"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] {
+              layers::conv2d(image, 4, 3, 1, 1, 1, 2, "", {}, {}, true, layers::Parallel::kRow);
+            }).find("a tensor-parallel convolution (parallel=Row) takes groups=1, got 2"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf([&] {
+              layers::batch_norm(image, "", false, 0.9f, 1e-5f, {}, {}, false, /*sync=*/true,
+                                 /*channels_sharded=*/true);
+            }).find("sync and channels_sharded together are not built"),
+            std::string::npos);
+}
+
+// Convolutions split by channels: Column cuts W's output channels (and b), c_identity first; Row
+// cuts its input channels, all-reduces the partial sums and adds the whole b; a sharded batch
+// norm cuts its scale, bias and moving statistics. Shapes are this rank's (of 2).
+TEST(TensorParallelDsl, ConvolutionsAndBatchNormsSplitByChannels) {
+  Program main, startup;
+  ProgramGuard g(main, startup);
+  TensorParallelGuard guard({2, 1, transpiler::kTensorParallelRingId});
+  Var image = layers::data("image", {-1, 4, 6, 6});
+  Var h = layers::conv2d(image, 8, 3, 1, 1, 1, 1, "", {}, {}, true, layers::Parallel::kColumn);
+  EXPECT_EQ(h.shape().str(), "[-1, 4, 6, 6]");
+  h = layers::batch_norm(h, "relu", false, 0.9f, 1e-5f, {}, {}, false, false, true);
+  h = layers::conv2d(h, 6, 3, 1, 1, 1, 1, "", {}, {}, true, layers::Parallel::kRow);
+  EXPECT_EQ(h.shape().str(), "[-1, 6, 6, 6]");
+  std::string ops;
+  for (const auto& op : main.global_block().ops()) ops += op->type() + " ";
+  EXPECT_EQ(ops,
+            "c_identity conv2d elementwise_add batch_norm relu conv2d mp_allreduce_sum "
+            "elementwise_add ");
+  const Block& sb = startup.global_block();
+  std::string cuts;
+  for (const auto& op : sb.ops())
+    if (op->type() == "c_split")
+      cuts += op->Output("Out")[0] + " axis " + std::to_string(op->Attr<int>("axis")) + " " +
+              sb.MustFindVar(op->Output("Out")[0])->dims().str() + "; ";
+  EXPECT_EQ(cuts,
+            "conv2d_0.w_0 axis 0 [4, 4, 3, 3]; conv2d_0.b_0 axis 0 [4]; batch_norm_0.w_0 axis 0 "
+            "[4]; batch_norm_0.b_0 axis 0 [4]; batch_norm_0.w_1 axis 0 [4]; batch_norm_0.w_2 axis "
+            "0 [4]; conv2d_1.w_0 axis 1 [6, 4, 3, 3]; ");
+  EXPECT_EQ(sb.MustFindVar("conv2d_1.b_0")->dims().str(), "[6]");
 }
 
 // Rank 3 of 4 = dp 1 x tp 1 (tp2 x dp2): the data-parallel ring of its tp coordinate, then the

@@ -2,22 +2,27 @@
 // tensor-parallel group (fleet::tensor_parallel_config), trains --steps steps on a fixed global
 // batch (each data-parallel replica keeps its rows; the ranks of a tensor-parallel group see the
 // same rows) and prints "rank R step S loss L" per step; with --out every rank writes its
-// parameters (shards or replicas) to OUT/rankR.safetensors. Run without a launcher and --tp=1 it
-// is the one-process reference. tests/fleet/tensor_parallel_test.cc compares.
+// parameters and batch norms' moving statistics (shards or replicas) to OUT/rankR.safetensors. Run
+// without a launcher and --tp=1 it is the one-process reference.
+// tests/fleet/tensor_parallel_test.cc compares.
 #include <gflags/gflags.h>
 #include <keel/keel.h>
 
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <set>
 
 #include "fleet/fleet.h"
 #include "framework/io/safetensors.h"
+#include "models/resnet/resnet_model.h"
 #include "models/transformer/transformer_model.h"
 #include "transpiler/tensor_parallel_pass.h"
 
 DEFINE_int32(tp, 1, "tensor_parallel_degree (1: tensor parallelism off).");
-DEFINE_string(model, "mlp", "mlp (every tensor-parallel op) | transformer (the built-in one).");
+DEFINE_string(model, "mlp",
+              "mlp (every tensor-parallel op) | transformer (the built-in one) | resnet (the "
+              "built-in one at depth 8, on 3x8x8 images).");
 DEFINE_int32(global_batch, 8, "Rows per step over all data-parallel replicas.");
 DEFINE_int32(steps, 6, "Training steps.");
 DEFINE_string(opt, "sgd", "sgd | adam.");
@@ -92,8 +97,14 @@ int main(int argc, char** argv) {
       TensorParallelGuard tp(tpc);
       if (FLAGS_model == "mlp") {
         loss = MlpLoss();
+      } else if (FLAGS_model == "resnet") {
+        Var image = layers::data("image", {-1, 3, 8, 8});
+        Var label = layers::data("label", {-1, 1}, DType::kInt64);
+        const models::ClassifierOutputs out = models::resnet_cifar(image, label, 8);
+        loss = out.loss;
+        accuracy = out.accuracy;
       } else {
-        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp or transformer");
+        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp, transformer or resnet");
         const models::TransformerConfig c = SmallTransformer();
         Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
         Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
@@ -141,6 +152,17 @@ int main(int argc, char** argv) {
         std::vector<int64_t> ly(gy.begin() + dp_rank * local, gy.begin() + (dp_rank + 1) * local);
         feed = {{"x", Tensor::FromVector(lx, {local, 8})},
                 {"y", Tensor::FromVector(ly, {local, 1})}};
+      } else if (FLAGS_model == "resnet") {
+        const int64_t pixels = 3 * 8 * 8;
+        std::vector<float> gx(FLAGS_global_batch * pixels);
+        std::vector<int64_t> gy(FLAGS_global_batch);
+        for (auto& v : gx) v = u(rng);
+        for (auto& v : gy) v = static_cast<int64_t>(rng() % 10);
+        std::vector<float> lx(gx.begin() + dp_rank * local * pixels,
+                              gx.begin() + (dp_rank + 1) * local * pixels);
+        std::vector<int64_t> ly(gy.begin() + dp_rank * local, gy.begin() + (dp_rank + 1) * local);
+        feed = {{"image", Tensor::FromVector(lx, {local, 3, 8, 8})},
+                {"label", Tensor::FromVector(ly, {local, 1})}};
       } else {
         Tensor ids, labels;
         data.Next(FLAGS_global_batch, &ids, &labels);
@@ -162,9 +184,15 @@ int main(int argc, char** argv) {
     }
     if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
+      // The parameters, and the moving statistics the batch norms write.
+      std::set<std::string> stats;
+      for (const auto& op : fleet::main_program().global_block().ops())
+        if (op->type() == "batch_norm")
+          for (const char* slot : {"MeanOut", "VarianceOut"})
+            for (const std::string& name : op->Output(slot)) stats.insert(name);
       NamedTensors params;
       for (VarDesc* v : fleet::main_program().global_block().AllVars())
-        if (v->is_parameter())
+        if (v->is_parameter() || stats.count(v->name()))
           params.emplace_back(v->name(),
                               exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace()));
       SaveSafetensors(FLAGS_out + "/rank" + std::to_string(rank) + ".safetensors", params);
