@@ -636,10 +636,14 @@ void Executor::RunOp(Plan& plan, int i) {
     // on other streams it depends on.
     void* stream = nullptr;
     void* ring_stream = nullptr;
-    if (plan.device_events && (op.on_stream || op.calc_stream)) {
-      ring_stream =
-          RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type()).device_stream();
-      KEEL_ENFORCE(ring_stream != nullptr, "ring ", op.desc->Attr<int>("ring_id"),
+    // A ring op whose ring this process lacks runs on the compute stream; its kernel decides
+    // whether that is an error (a collective names the ring; sync_batch_norm alone in its job
+    // normalizes its own batch).
+    const int ring_id = op.desc->HasAttr("ring_id") ? op.desc->Attr<int>("ring_id") : -1;
+    if (plan.device_events && (op.on_stream || op.calc_stream) &&
+        RingRegistry::Get().Has(ring_id)) {
+      ring_stream = RingRegistry::Get().At(ring_id, op.desc->type()).device_stream();
+      KEEL_ENFORCE(ring_stream != nullptr, "ring ", ring_id,
                    " serves CPU tensors (c_comm_init with device_id -1) but this executor runs on ",
                    place_.str());
     }

@@ -370,10 +370,6 @@ void DistributedStrategy::Validate(const Role& role) const {
                  "use_local_sgd=true: between their averaging steps LocalSGD's ranks hold "
                  "different parameters, so one set of batch statistics over all ranks' batches "
                  "normalizes activations of different models; use one");
-    KEEL_ENFORCE(role.selected_gpus.empty(), s,
-                 "sync_batch_norm=true: sync_batch_norm has a CPU kernel only, and this role "
-                 "trains on GPU ",
-                 role.selected_gpus[0], "; train on CPU or turn it off");
   }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "

@@ -129,8 +129,8 @@ struct DistributedStrategy {
   // Synchronized batch norm (transpiler/sync_batch_norm_pass.h, docs/sync-batch-norm.md): every
   // training-mode batch_norm of the main program becomes sync_batch_norm on ring 0, normalizing
   // with the statistics of every rank's batch together (weighted by count, so unequal batches are
-  // exact). On any number of workers (alone: batch_norm's result, unbiased moving variance). CPU
-  // places only; refused with use_local_sgd (ranks hold different parameters) and on GPUs.
+  // exact). On any number of workers (alone: batch_norm's result, unbiased moving variance), on
+  // CPU and CUDA places; refused with use_local_sgd (ranks hold different parameters).
   bool sync_batch_norm = false;
 
   // Each fully connected layer's mul and bias add run as one fused_gemm_epilogue op, forward and
@@ -216,10 +216,10 @@ struct DistributedStrategy {
   // tensor_parallel_configs set while tensor_parallel is off, a degree < 2 or not dividing
   // world_size, and tensor_parallel beside use_local_sgd, use_hierarchical_allreduce,
   // gradient_merge, amp or recompute (naming both);
-  // sync_batch_norm beside use_local_sgd or on a role with GPUs; fp16_allreduce_configs set
+  // sync_batch_norm beside use_local_sgd; fp16_allreduce_configs set
   // while fp16_allreduce is off, a dtype other than float16/bfloat16, and fp16_allreduce beside
   // amp, sharding, use_local_sgd, gradient_merge or use_hierarchical_allreduce (naming both).
-  // sync_batch_norm beside use_local_sgd or on a role with GPUs; pipeline_configs set while
+  // sync_batch_norm beside use_local_sgd; pipeline_configs set while
   // pipeline is off, pp_degree < 2 or not dividing world_size (with the tensor-parallel degree),
   // accumulate_steps < 1, micro_batch_size < 0, a schedule_mode other than 1F1B / F-then-B, and
   // pipeline beside what it does not build (ValidatePipeline names both fields).

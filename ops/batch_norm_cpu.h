@@ -20,18 +20,6 @@
 
 namespace keel {
 
-// Synchronized batch norm's hook into the CPU math. With all_reduce set, training sums over every
-// rank of the job: the forward sums [sum(x), sum(x^2)] per channel and m locally, all_reduce sums
-// those 2C + 1 doubles over the ranks in place (one collective), and mean = sum(x) / M, the
-// biased var = sum(x^2) / M - mean^2 normalize; the moving variance takes the unbiased
-// var * M / (M - 1) (PyTorch's SyncBatchNorm). The grad writes dScale and dBias from the local
-// sums (the data-parallel gradient all-reduce adds them up), then sums [sum(dy),
-// sum(dy * (x - mean)), m] over the ranks (one collective) and forms dX with the global sums and M.
-// Fixed stats (is_test, use_global_stats) never call it.
-struct BatchNormSync {
-  std::function<void(double* values, int64_t n)> all_reduce;
-};
-
 // batch_norm's work in pieces of whole samples (contiguous memory), cut by the shape only, on the
 // CPU thread budget. Per-channel sums are summed per piece, then over the pieces in order, so
 // results are the same bits on any number of threads.

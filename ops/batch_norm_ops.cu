@@ -1,15 +1,19 @@
 // batch_norm on CUDA: the kernels are batch_norm_ops.h's; here is the math. cuDNN's spatial mode
 // normalizes; the moving mean and variance are updated by keel's own per-channel kernel with the
 // CPU op's formula (momentum, and the biased batch variance where cuDNN would use the unbiased
-// one).
+// one). sync_batch_norm's training (sync_batch_norm_ops.h) is keel's own kernels instead, the
+// per-channel sums all-reduced over the ring between them, with the CPU math's formulas
+// (sync_batch_norm_ops.cc); its kernels are registered here, where the math is.
 //
-// Legend: N = batch, C = channels, S = spatial size per channel, m = N * S.
+// Legend: N = batch, C = channels, S = spatial size per channel, m = N * S; M = the sum of m
+// over the ranks.
 #include <climits>
 
 #include "ops/batch_norm_ops.h"
 #include "ops/cuda_util.cuh"
 #include "ops/cudnn_util.h"
 #include "ops/functors/norm_functors.h"
+#include "ops/sync_batch_norm_ops.h"
 
 namespace keel {
 namespace {
@@ -63,12 +67,14 @@ __global__ void FixedStats(int64_t C, double epsilon, const T* mean_in, const T*
   }
 }
 
-// Fixed stats: sum_dy[c] = sum(dy), sum_dy_xc[c] = sum(dy * (x - mean)) over the channel's m
-// values; one block per channel. x and dy of T, the per-channel values of P.
+// sum_dy[c] = sum(dy), sum_dy_xc[c] = sum(dy * (x - mean)) over the channel's m values, as
+// dBias and dScale = sum_dy_xc * inv_std (each if wanted) and, for sync_batch_norm, into `sums`
+// [sum_dy (C), sum_dy_xc (C), m]; one block per channel. x and dy of T, the per-channel values of
+// P.
 template <typename T, typename P>
 __global__ void ChannelGradSums(int64_t N, int64_t C, int64_t S, const T* x, const T* dy,
-                                const P* mean, const P* scale, const P* inv_std, P* dscale,
-                                P* dbias) {
+                                const P* mean, const P* inv_std, P* dscale, P* dbias,
+                                double* sums) {
   const int64_t c = blockIdx.x;
   const double mc = mean[c];
   double sum_dy = 0, sum_dy_xc = 0;
@@ -83,6 +89,49 @@ __global__ void ChannelGradSums(int64_t N, int64_t C, int64_t S, const T* x, con
   if (threadIdx.x == 0) {
     if (dbias) dbias[c] = static_cast<P>(sum_dy);
     if (dscale) dscale[c] = static_cast<P>(sum_dy_xc * inv_std[c]);
+    if (sums) {
+      sums[c] = sum_dy;
+      sums[C + c] = sum_dy_xc;
+      if (c == 0) sums[2 * C] = static_cast<double>(N * S);
+    }
+  }
+}
+
+// sync_batch_norm's forward sums: sums = [sum(x) (C), sum(x^2) (C), m]; one block per channel.
+template <typename T>
+__global__ void ChannelSums(int64_t N, int64_t C, int64_t S, const T* x, double* sums) {
+  const int64_t c = blockIdx.x;
+  double sx = 0, sxx = 0;
+  for (int64_t t = threadIdx.x; t < N * S; t += blockDim.x) {
+    const double v = Widen(x[((t / S) * C + c) * S + t % S]);
+    sx += v;
+    sxx += v * v;
+  }
+  sx = BlockSum(sx);
+  sxx = BlockSum(sxx);
+  if (threadIdx.x == 0) {
+    sums[c] = sx;
+    sums[C + c] = sxx;
+    if (c == 0) sums[2 * C] = static_cast<double>(N * S);
+  }
+}
+
+// sync_batch_norm's statistics from the ranks' sums: mean = sum(x) / M, the biased var =
+// sum(x^2) / M - mean^2 (0 and 0 for M = 0) as Saved*; the moving variance takes the unbiased
+// var * M / (M - 1).
+template <typename P>
+__global__ void SyncedStats(int64_t C, double momentum, double epsilon, const double* sums,
+                            const P* mean_in, const P* var_in, P* mean_out, P* var_out,
+                            P* saved_mean, P* saved_inv_std) {
+  const double M = sums[2 * C];
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C;
+       c += int64_t(blockDim.x) * gridDim.x) {
+    const double mean = M > 0 ? sums[c] / M : 0.0;
+    const double var = M > 0 ? fmax(0.0, sums[C + c] / M - mean * mean) : 0.0;
+    saved_mean[c] = static_cast<P>(mean);
+    saved_inv_std[c] = static_cast<P>(fn::InvStd(var, epsilon));
+    mean_out[c] = fn::MovingStat(momentum, mean_in[c], mean);
+    var_out[c] = fn::MovingStat(momentum, var_in[c], M > 1 ? var * M / (M - 1) : var);
   }
 }
 
@@ -99,8 +148,18 @@ class BatchNormMath<CUDADevice, T> {
  public:
   BatchNormMath(float momentum, float epsilon, bool fixed_stats)
       : momentum_(momentum), epsilon_(epsilon), fixed_stats_(fixed_stats) {}
+  ~BatchNormMath() {
+    if (after_compute_) cudaEventDestroy(after_compute_);
+  }
+
+  // sync_batch_norm: training sums over `ring` (nullptr, or one rank: this rank's values alone).
+  void set_sync(Communicator* ring) {
+    synced_ = true;
+    ring_ = ring;
+  }
 
   void Forward(const ExecutionContext& ctx, const DDim& x, const BatchNormIO<T>& io) {
+    if (synced_ && !fixed_stats_) return SyncedForward(ctx, x, io);
     const int64_t C = x[1];
     cudaStream_t stream = Cuda(ctx).stream();
     const bool empty = x.numel() == 0;
@@ -128,6 +187,7 @@ class BatchNormMath<CUDADevice, T> {
   }
 
   void Backward(const ExecutionContext& ctx, const DDim& x, const BatchNormGradIO<T>& io) {
+    if (synced_ && !fixed_stats_) return SyncedBackward(ctx, x, io);
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     T* dxd = io.dx;
     P* dsd = io.dscale;
@@ -140,7 +200,7 @@ class BatchNormMath<CUDADevice, T> {
     if (fixed_stats_ || x.numel() == 0) {
       if ((dsd || dbd) && C > 0) {
         ChannelGradSums<T, P><<<unsigned(C), 256, 0, stream>>>(N, C, S, xd, gd, io.saved_mean,
-                                                               scale, inv_std, dsd, dbd);
+                                                               inv_std, dsd, dbd, nullptr);
         KEEL_CUDA_LAUNCH_CHECK();
       }
       if (dxd)  // dx = scale * inv_std * dy (the training formula's extra terms vanish at m = 0)
@@ -164,6 +224,86 @@ class BatchNormMath<CUDADevice, T> {
 
  private:
   using P = Acc<T>;
+
+ public:  // (nvcc: a function holding a __device__ lambda must be public)
+  // sync_batch_norm's stream: the ring's, after the compute stream's work so far (the outputs were
+  // allocated in that stream's order, as c_allreduce's copies do), so that the executor's events
+  // for the ring's ops order the op against the rest; the compute stream without a ring.
+  cudaStream_t SyncStream(const ExecutionContext& ctx) {
+    cudaStream_t compute = Cuda(ctx).stream();
+    if (ring_ == nullptr) return compute;
+    auto s = static_cast<cudaStream_t>(SyncBatchNormStream(ring_));
+    KEEL_ENFORCE(s != nullptr, "sync_batch_norm on ", ctx.place().str(),
+                 ": its ring serves CPU tensors");
+    if (!after_compute_)
+      KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&after_compute_, cudaEventDisableTiming));
+    KEEL_CUDA_CHECK(cudaEventRecord(after_compute_, compute));
+    KEEL_CUDA_CHECK(cudaStreamWaitEvent(s, after_compute_, 0));
+    return s;
+  }
+  // The 2C + 1 sums (double, on the device, kept from run to run), summed over the ring in place.
+  double* Sums(const ExecutionContext& ctx, int64_t C) {
+    return Scratch<double>(ctx, &sums_, DDim{2 * C + 1});
+  }
+  void SumOverRanks(const ExecutionContext& ctx) { SumOnDevice(ctx, ring_, &sums_); }
+
+  // Training over every rank's values: the local sums, one all-reduce, the statistics, then
+  // y = (x - mean) * inv_std * scale + bias.
+  void SyncedForward(const ExecutionContext& ctx, const DDim& x, const BatchNormIO<T>& io) {
+    const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
+    if (C == 0) return;
+    cudaStream_t stream = SyncStream(ctx);
+    double* sums = Sums(ctx, C);
+    ChannelSums<T><<<unsigned(C), 256, 0, stream>>>(N, C, S, io.x, sums);
+    KEEL_CUDA_LAUNCH_CHECK();
+    SumOverRanks(ctx);
+    SyncedStats<P><<<GridFor(C), 256, 0, stream>>>(C, momentum_, epsilon_, sums, io.mean_in,
+                                                   io.var_in, io.mean_out, io.var_out,
+                                                   io.saved_mean, io.saved_inv_std);
+    KEEL_CUDA_LAUNCH_CHECK();
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const T* xd = io.x;
+    T* yd = io.y;
+    const P *scale = io.scale, *bias = io.bias, *mean = io.saved_mean, *inv_std = io.saved_inv_std;
+    ForEachKernel<<<GridFor(n), 256, 0, stream>>>(n, [=] __device__(int64_t i) {
+      const int64_t c = (i / S) % C;
+      yd[i] = ConvertTo<T>((Widen(xd[i]) - static_cast<double>(mean[c])) * inv_std[c] * scale[c] +
+                           bias[c]);
+    });
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+
+  // dScale and dBias from this rank's sums (the data-parallel all-reduce adds them up); one
+  // all-reduce of [sum(dy), sum(dy * (x - mean)), m]; dx = A dy + B x + D per channel with the
+  // global sums and M: A = scale * inv_std, B = -A inv_std^2 sum_dy_xc / M,
+  // D = -B mean - A sum_dy / M.
+  void SyncedBackward(const ExecutionContext& ctx, const DDim& x, const BatchNormGradIO<T>& io) {
+    const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
+    if (C == 0) return;
+    cudaStream_t stream = SyncStream(ctx);
+    double* sums = Sums(ctx, C);
+    ChannelGradSums<T, P><<<unsigned(C), 256, 0, stream>>>(
+        N, C, S, io.x, io.dy, io.saved_mean, io.saved_inv_std, io.dscale, io.dbias, sums);
+    KEEL_CUDA_LAUNCH_CHECK();
+    SumOverRanks(ctx);
+    const int64_t n = x.numel();
+    if (io.dx == nullptr || n == 0) return;
+    const T *xd = io.x, *gd = io.dy;
+    T* dxd = io.dx;
+    const P *scale = io.scale, *mean = io.saved_mean, *inv_std = io.saved_inv_std;
+    const double* g = sums;
+    ForEachKernel<<<GridFor(n), 256, 0, stream>>>(n, [=] __device__(int64_t i) {
+      const int64_t c = (i / S) % C;
+      const double M = g[2 * C], is = inv_std[c], A = scale[c] * is;
+      const double B = -A * is * is * g[C + c] / M;
+      const double D = -B * mean[c] - A * g[c] / M;
+      dxd[i] = ConvertTo<T>(A * Widen(gd[i]) + B * Widen(xd[i]) + D);
+    });
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+
+ private:
   template <typename V>
   V* Scratch(const ExecutionContext& ctx, Tensor* t, const DDim& d) {
     t->Resize(d);
@@ -173,9 +313,18 @@ class BatchNormMath<CUDADevice, T> {
   bool fixed_stats_;
   BatchNormDescs<T> d_;
   Tensor scratch_dx_, scratch_dscale_, scratch_dbias_;
+  // sync_batch_norm.
+  bool synced_ = false;
+  Communicator* ring_ = nullptr;
+  Tensor sums_;
+  cudaEvent_t after_compute_ = nullptr;
 };
 
 KEEL_REGISTER_KERNEL(CUDA, batch_norm, BatchNormKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CUDA, batch_norm_grad, BatchNormGradKernel, float, double, bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, sync_batch_norm, Synced<BatchNormKernel>::Kernel, float, double,
+                     bfloat16, float16);
+KEEL_REGISTER_KERNEL(CUDA, sync_batch_norm_grad, Synced<BatchNormGradKernel>::Kernel, float, double,
+                     bfloat16, float16);
 
 }  // namespace keel

@@ -11,6 +11,8 @@
 // allows; the math is float32.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ops/device.h"
@@ -18,6 +20,18 @@
 namespace keel {
 
 class OpSchema;
+
+// Synchronized batch norm's hook into the CPU math. With all_reduce set, training sums over every
+// rank of the job: the forward sums [sum(x), sum(x^2)] per channel and m locally, all_reduce sums
+// those 2C + 1 doubles over the ranks in place (one collective), and mean = sum(x) / M, the
+// biased var = sum(x^2) / M - mean^2 normalize; the moving variance takes the unbiased
+// var * M / (M - 1) (PyTorch's SyncBatchNorm). The grad writes dScale and dBias from the local
+// sums (the data-parallel gradient all-reduce adds them up), then sums [sum(dy),
+// sum(dy * (x - mean)), m] over the ranks (one collective) and forms dX with the global sums and M.
+// Fixed stats (is_test, use_global_stats) never call it.
+struct BatchNormSync {
+  std::function<void(double* values, int64_t n)> all_reduce;
+};
 
 // batch_norm's slots, attrs, shape and grad maker (grad op `grad_type`) declared on `schema`;
 // sync_batch_norm (sync_batch_norm_ops.cc) declares the same ones and adds ring_id.

@@ -28,17 +28,12 @@
 #include "framework/comm/communicator.h"
 #include "framework/op/op_registry.h"
 #include "ops/batch_norm_cpu.h"
-#include "ops/batch_norm_ops.h"
 #include "ops/collective_op_call.h"
+#include "ops/sync_batch_norm_ops.h"
 
 namespace keel {
-namespace {
 
-// Training's cross-rank sum for the op of `ctx` over ring `ring_id`, through `buffer` (a CPU
-// tensor the ring reduces); a sum over this rank alone (nothing to add) when the op runs alone,
-// so that one process follows the same formula as N ranks.
-BatchNormSync SumOverRing(const ExecutionContext& ctx, int ring_id, Tensor* buffer) {
-  const BatchNormSync alone{[](double*, int64_t) {}};
+Communicator* SyncBatchNormRing(const ExecutionContext& ctx, int ring_id, bool cuda) {
   const std::string& type = ctx.op().type();
   if (!RingRegistry::Get().Has(ring_id)) {
     const CommContext& comm = CommContext::Get();
@@ -47,48 +42,34 @@ BatchNormSync SumOverRing(const ExecutionContext& ctx, int ring_id, Tensor* buff
                  nranks,
                  " ranks; create it first (DistributedStrategy::sync_batch_norm under fleet's "
                  "minimize uses ring 0, which the data-parallel pass creates)");
-    return alone;
+    return nullptr;
   }
   Communicator& ring = RingRegistry::Get().At(ring_id, type);
-  KEEL_ENFORCE(ring.device_stream() == nullptr, "op ", type, ": ring ", ring_id, " (",
-               ring.backend(),
-               ") serves CUDA tensors, and sync_batch_norm has a CPU kernel only (no CUDA kernel "
-               "yet); train on CPU places or turn sync_batch_norm off");
-  if (ring.nranks() == 1) return alone;
-  return {[&ctx, &ring, buffer](double* values, int64_t n) {
+  KEEL_ENFORCE((ring.device_stream() != nullptr) == cuda, "op ", type, ": ring ", ring_id, " (",
+               ring.backend(), ") serves ", cuda ? "CPU" : "CUDA", " tensors, but the op runs on ",
+               ctx.place().str());
+  return &ring;
+}
+
+BatchNormSync SumOverRing(const ExecutionContext& ctx, Communicator* ring, Tensor* buffer) {
+  if (ring == nullptr || ring->nranks() == 1) return BatchNormSync{[](double*, int64_t) {}};
+  return {[&ctx, ring, buffer](double* values, int64_t n) {
     buffer->Resize(DDim{n});
     double* d = buffer->mutable_data<double>(CPUPlace());
     std::memcpy(d, values, static_cast<size_t>(n) * sizeof(double));
-    AsOp(ctx, [&] { ring.AllReduce(buffer, ReduceOp::kSum); });
+    AsOp(ctx, [&] { ring->AllReduce(buffer, ReduceOp::kSum); });
     std::memcpy(values, buffer->data<double>(), static_cast<size_t>(n) * sizeof(double));
   }};
 }
 
-bool FixedStats(const OpDesc& op) {
-  return op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats");
+void* SyncBatchNormStream(Communicator* ring) {
+  return ring == nullptr ? nullptr : ring->device_stream();
 }
 
-// batch_norm's forward or grad kernel (Base) with training's sums taken over ring ring_id.
-template <template <typename, typename> class Base>
-struct Synced {
-  template <typename T>
-  class Kernel : public Base<CPUDevice, T> {
-   public:
-    explicit Kernel(const OpDesc& op)
-        : Base<CPUDevice, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(FixedStats(op)) {}
-    void Compute(ExecutionContext& ctx) override {
-      if (!fixed_) this->math_.set_sync(SumOverRing(ctx, ring_id_, &buffer_));
-      Base<CPUDevice, T>::Compute(ctx);
-    }
-
-   private:
-    int ring_id_;
-    bool fixed_;
-    Tensor buffer_;  // the 2C + 1 sums the ring reduces
-  };
-};
-
-}  // namespace
+void SumOnDevice(const ExecutionContext& ctx, Communicator* ring, Tensor* sums) {
+  if (ring != nullptr && ring->nranks() > 1)
+    AsOp(ctx, [&] { ring->AllReduce(sums, ReduceOp::kSum); });
+}
 
 // RunsOnRing: the op's all-reduce is ordered with the ring's other collectives (the gradient
 // all-reduces of data parallelism) in program order on every rank, on the ring's thread.
@@ -106,9 +87,9 @@ struct Synced {
                      return std::get<int>(a) >= 0 ? std::string() : std::string("must be >= 0");
                    });
 KEEL_REGISTER_GRAD_OP(sync_batch_norm_grad, sync_batch_norm).RunsOnRing();
-KEEL_REGISTER_CPU_KERNEL(sync_batch_norm, Synced<BatchNormKernel>::Kernel, float, double, bfloat16,
-                         float16);
-KEEL_REGISTER_CPU_KERNEL(sync_batch_norm_grad, Synced<BatchNormGradKernel>::Kernel, float, double,
-                         bfloat16, float16);
+KEEL_REGISTER_KERNEL(CPU, sync_batch_norm, Synced<BatchNormKernel>::Kernel, float, double, bfloat16,
+                     float16);
+KEEL_REGISTER_KERNEL(CPU, sync_batch_norm_grad, Synced<BatchNormGradKernel>::Kernel, float, double,
+                     bfloat16, float16);
 
 }  // namespace keel

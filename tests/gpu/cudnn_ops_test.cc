@@ -1,9 +1,10 @@
 // GPU tests (ctest label `gpu`) of the cuDNN ops (ops/conv_ops.cu, pool_ops.cu, batch_norm_ops.cu):
-// conv2d, pool2d and batch_norm against their CPU twins on the same random inputs, every output
-// forward and every input's gradient, with the device cache poisoned with NaN first so an output a
-// kernel leaves unwritten shows; pool2d's refusals; one algorithm search per shape; LeNet and
-// ResNet-20 training 30 steps on CUDAPlace(0) like on the CPU, and bit for bit like themselves with
-// FLAGS_cudnn_deterministic. Each test skips with a message when no CUDA device is visible.
+// conv2d, pool2d, batch_norm and sync_batch_norm (alone) against their CPU twins on the same random
+// inputs, every output forward and every input's gradient, with the device cache poisoned with NaN
+// first so an output a kernel leaves unwritten shows; pool2d's refusals; one algorithm search per
+// shape; LeNet and ResNet-20 training 30 steps on CUDAPlace(0) like on the CPU, and bit for bit
+// like themselves with FLAGS_cudnn_deterministic. Each test skips with a message when no CUDA
+// device is visible.
 #include <gflags/gflags.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,9 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "executor/executor.h"
 #include "framework/runtime/device.h"
@@ -128,6 +132,18 @@ std::vector<TwinCase> Cases() {
   add(BatchNorm("bn_train_wide", {8, 32, 16, 16}, false, false), 1e-4);
   add(BatchNorm("bn_is_test", {4, 3, 5, 5}, true, false), 1e-5);
   add(BatchNorm("bn_use_global_stats", {4, 3, 5, 5}, false, true), 1e-4);
+  // sync_batch_norm alone in its process (no ring): keel's own kernels on CUDA (the statistics'
+  // sums, then the normalization; the grad's sums, then dX) against the CPU math's synced path.
+  for (auto [name, x, is_test] : std::vector<std::tuple<std::string, DDim, bool>>{
+           {"sync_bn_train_nchw", {4, 3, 5, 5}, false},
+           {"sync_bn_train_wide", {8, 32, 16, 16}, false},
+           {"sync_bn_train_nc", {16, 6}, false},
+           {"sync_bn_is_test", {4, 3, 5, 5}, true}}) {
+    OpCase c = BatchNorm(name, x, is_test, false);
+    c.type = "sync_batch_norm";
+    c.attrs["ring_id"] = 0;
+    add(c, 1e-4);
+  }
   return v;
 }
 

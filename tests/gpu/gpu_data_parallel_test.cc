@@ -1,11 +1,14 @@
 // GPU data parallelism (ctest label `gpu`): two ranks sharing GPU 0 with host-staged collectives
 // (--selected_gpus=0,0 --gpu_comm_backend=host) train to one rank's parameters on the double
 // batch, with 1 and 2 rings and with gradient fusion; one rank over NCCL runs the transpiled
-// program; num_threads > 1 on a CUDAPlace is accepted and changes no bit. Skips without a CUDA
-// device.
+// program; num_threads > 1 on a CUDAPlace is accepted and changes no bit; sync_batch_norm on the
+// GPU follows the CPU. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "executor/executor.h"
 #include "executor/executor_io.h"
@@ -63,6 +66,50 @@ TEST(GpuDataParallel, OneRankOverNcclRunsTheTranspiledProgram) {
   NamedTensors nccl = TrainOnGpu(1, 2, 2, "nccl", dir + "/nccl");
   ASSERT_FALSE(nccl.empty());
   ExpectSameParameters(nccl, host);
+  RunCommand("rm -rf " + dir);
+}
+
+// "step N loss X" lines of keel train's console, the losses in order.
+std::vector<double> TrainLosses(const std::string& out) {
+  std::vector<double> losses;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string step, n, loss;
+    double value = 0;
+    if (words >> step >> n >> loss >> value && step == "step" && loss == "loss")
+      losses.push_back(value);
+  }
+  return losses;
+}
+
+// sync_batch_norm's CUDA kernels against its CPU ones: ResNet-20 under --sync_batch_norm alone on
+// GPU 0, and on two ranks sharing GPU 0 (a host-staged ring 0, the statistics' all-reduce between
+// the kernels), follows the same job on the CPU: losses within 2e-3 relative (cuDNN's and
+// oneDNN's convolutions round differently).
+TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = MakeTempDir();
+  const std::string train = BinPath("keel") +
+                            " train --model=resnet --sync_batch_norm --steps=4 --batch_size=8 "
+                            "--seed=5 --progress=lines 2>&1";
+  for (int n : {1, 2}) {
+    SCOPED_TRACE(std::to_string(n) + " rank(s)");
+    const std::string launch =
+        BinPath("keel") + " launch --log_dir=" + dir + "/log" + std::to_string(n) + " ";
+    auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " +
+                          (n == 1 ? train : launch + "--nproc_per_node=2 " + train));
+    auto gpu = RunCommand(n == 1 ? "FLAGS_selected_gpus=0 " + train
+                                 : launch + "--selected_gpus=0,0 --gpu_comm_backend=host " + train);
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+    const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
+    ASSERT_EQ(want.size(), 4u) << cpu.output;
+    ASSERT_EQ(got.size(), want.size()) << gpu.output;
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(got[s], want[s], 2e-3 * std::abs(want[s])) << "step " << s;
+  }
   RunCommand("rm -rf " + dir);
 }
 

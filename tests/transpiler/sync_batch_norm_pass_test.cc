@@ -120,7 +120,7 @@ TEST(SyncBatchNormPass, StrategySwitchRewritesThroughFleetTranspile) {
   EXPECT_EQ(Count(main, "sync_batch_norm"), 0) << "off by default";
 }
 
-TEST(SyncBatchNormPass, StrategyRefusesLocalSgdAndGpusNamingTheFields) {
+TEST(SyncBatchNormPass, StrategyRefusesLocalSgdNamingTheFieldsAndTakesGpus) {
   fleet::DistributedStrategy s;
   s.sync_batch_norm = true;
   s.use_local_sgd = true;
@@ -129,8 +129,7 @@ TEST(SyncBatchNormPass, StrategyRefusesLocalSgdAndGpusNamingTheFields) {
   s.use_local_sgd = false;
   fleet::Role gpu = testing::TwoOfFour();
   gpu.selected_gpus = {1};
-  testing::ExpectErrorContainsAll(testing::ErrorOf([&] { s.Validate(gpu); }),
-                                  {"sync_batch_norm=true", "GPU 1", "CPU kernel only"});
+  EXPECT_EQ(testing::ErrorOf([&] { s.Validate(gpu); }), "");  // it has CUDA kernels
   EXPECT_EQ(testing::ErrorOf([&] { s.Validate(testing::TwoOfFour()); }), "");
   EXPECT_NE(s.ToString().find("sync_batch_norm=true"), std::string::npos);
 }
