@@ -84,11 +84,12 @@ void ExpectCheckpointsWork(const std::string& model, const std::string& parallel
   const std::map<int, std::string> got_one = LossLines(one.output);
   for (int s = 6; s < 10; ++s) {
     ASSERT_TRUE(got_one.count(s)) << one.output;
-    if (one_process == OneProcess::kExact)
+    if (one_process == OneProcess::kExact) {
       EXPECT_EQ(got_one.at(s), want.at(s)) << "step " << s;
-    else if (one_process == OneProcess::kNear)
+    } else if (one_process == OneProcess::kNear) {
       EXPECT_NEAR(std::atof(got_one.at(s).c_str()), std::atof(want.at(s).c_str()), 1e-4)
           << "step " << s;
+    }
   }
   std::map<std::string, std::string> job = CheckpointTensorBytes(dir + "/straight"),
                                      single = CheckpointTensorBytes(dir + "/one");
