@@ -370,6 +370,12 @@ void DistributedStrategy::Validate(const Role& role) const {
                  "use_local_sgd=true: between their averaging steps LocalSGD's ranks hold "
                  "different parameters, so one set of batch statistics over all ranks' batches "
                  "normalizes activations of different models; use one");
+    KEEL_ENFORCE(!tensor_parallel || role.world_size != TensorParallelDegree(), s,
+                 "sync_batch_norm=true with ", s,
+                 "tensor_parallel_configs.tensor_parallel_degree=", TensorParallelDegree(), " on ",
+                 role.world_size,
+                 " workers: there is one data-parallel replica, so no other batch to synchronize "
+                 "with (and no data-parallel ring); turn sync_batch_norm off, or add replicas");
   }
   KEEL_ENFORCE(amp_configs.place == amp::AmpConfig().place, s,
                "amp_configs.place is set: under fleet the worker's place decides which kernels "

@@ -152,12 +152,23 @@ TEST(TensorParallelStrategy, EveryRefusalNamesItsFields) {
   s = Tp(2);
   s.recompute = true;
   cases.push_back({s, 4, {"tensor_parallel=true", "recompute=true"}});
+  // One replica: no data-parallel ring for sync_batch_norm (with replicas it syncs each shard
+  // over the data-parallel ring of its tensor-parallel coordinate).
+  s = Tp(2);
+  s.sync_batch_norm = true;
+  cases.push_back(
+      {s,
+       2,
+       {"sync_batch_norm=true", "tensor_parallel_degree=2 on 2 workers", "one data-parallel"}});
   for (const Case& c : cases) {
     const std::string e = ErrorOf([&] { c.s.Validate(World(c.world)); });
     for (const std::string& w : c.says) EXPECT_NE(e.find(w), std::string::npos) << w << ": " << e;
   }
   EXPECT_EQ(ErrorOf([] { Tp(2).Validate(World(4)); }), "");
   EXPECT_EQ(ErrorOf([] { Tp(4).Validate(World(4)); }), "");
+  s = Tp(2);
+  s.sync_batch_norm = true;
+  EXPECT_EQ(ErrorOf([&] { s.Validate(World(4)); }), "");
 }
 
 // A two-block Megatron MLP with a replicated layer norm-free head; `tp` ranks, this one `rank`.
