@@ -571,7 +571,10 @@ void Executor::RunGraphed(const Program& program, Plan& plan, const FeedMap& fee
     std::vector<Communicator*> rings;
     for (const Plan::Op& op : plan.ops) {
       if (!op.on_stream && !op.calc_stream) continue;
-      Communicator* ring = &RingRegistry::Get().At(op.desc->Attr<int>("ring_id"), op.desc->type());
+      // A ring op without its ring runs on the compute stream (RunOp): no ring to watch.
+      const int ring_id = op.desc->Attr<int>("ring_id");
+      if (!RingRegistry::Get().Has(ring_id)) continue;
+      Communicator* ring = &RingRegistry::Get().At(ring_id, op.desc->type());
       if (std::find(rings.begin(), rings.end(), ring) == rings.end()) rings.push_back(ring);
     }
     captured.SetRings(std::move(rings));

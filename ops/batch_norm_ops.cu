@@ -226,9 +226,10 @@ class BatchNormMath<CUDADevice, T> {
   using P = Acc<T>;
 
  public:  // (nvcc: a function holding a __device__ lambda must be public)
-  // sync_batch_norm's stream: the ring's, after the compute stream's work so far (the outputs were
-  // allocated in that stream's order, as c_allreduce's copies do), so that the executor's events
-  // for the ring's ops order the op against the rest; the compute stream without a ring.
+  // sync_batch_norm's stream: the ring's, after the compute stream's work so far (the outputs and
+  // the sums were allocated in that stream's order, as c_allreduce's copies are), so that the
+  // executor's events for the ring's ops order the op against the rest; the compute stream without
+  // a ring.
   cudaStream_t SyncStream(const ExecutionContext& ctx) {
     cudaStream_t compute = Cuda(ctx).stream();
     if (ring_ == nullptr) return compute;
@@ -252,8 +253,9 @@ class BatchNormMath<CUDADevice, T> {
   void SyncedForward(const ExecutionContext& ctx, const DDim& x, const BatchNormIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     if (C == 0) return;
+    double* sums =
+        Sums(ctx, C);  // before SyncStream: its block's earlier users are then waited for
     cudaStream_t stream = SyncStream(ctx);
-    double* sums = Sums(ctx, C);
     ChannelSums<T><<<unsigned(C), 256, 0, stream>>>(N, C, S, io.x, sums);
     KEEL_CUDA_LAUNCH_CHECK();
     SumOverRanks(ctx);
@@ -281,8 +283,8 @@ class BatchNormMath<CUDADevice, T> {
   void SyncedBackward(const ExecutionContext& ctx, const DDim& x, const BatchNormGradIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     if (C == 0) return;
+    double* sums = Sums(ctx, C);  // before SyncStream, as in SyncedForward
     cudaStream_t stream = SyncStream(ctx);
-    double* sums = Sums(ctx, C);
     ChannelGradSums<T, P><<<unsigned(C), 256, 0, stream>>>(
         N, C, S, io.x, io.dy, io.saved_mean, io.saved_inv_std, io.dscale, io.dbias, sums);
     KEEL_CUDA_LAUNCH_CHECK();

@@ -85,7 +85,7 @@ DEFINE_string(fp16_allreduce, "off",
 DEFINE_bool(recompute, false, "Recompute activations in backward (resnet, transformer).");
 DEFINE_bool(sync_batch_norm, false,
             "Batch norm normalizes with the statistics of every worker's batch together "
-            "(DistributedStrategy.sync_batch_norm, docs/sync-batch-norm.md; resnet); CPU only.");
+            "(DistributedStrategy.sync_batch_norm, docs/sync-batch-norm.md; resnet).");
 DEFINE_bool(fuse_gemm_epilogue, true,
             "Each fully connected layer's matrix product and bias add run as one op, forward and "
             "backward (DistributedStrategy.fuse_gemm_epilogue, docs/performance.md): the same "

@@ -86,13 +86,14 @@ std::vector<double> TrainLosses(const std::string& out) {
 
 // sync_batch_norm's CUDA kernels against its CPU ones: ResNet-20 under --sync_batch_norm alone on
 // GPU 0, and on two ranks sharing GPU 0 (a host-staged ring 0, the statistics' all-reduce between
-// the kernels), follows the same job on the CPU: losses within 2e-3 relative (cuDNN's and
-// oneDNN's convolutions round differently).
+// the kernels), follows the same job on the CPU: the first two steps' losses within 1e-3 relative
+// (cuDNN's and oneDNN's convolutions round differently; later steps drift further, as the plain
+// ResNet's GPU twin test allows).
 TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
   SKIP_WITHOUT_GPU();
   const std::string dir = MakeTempDir();
   const std::string train = BinPath("keel") +
-                            " train --model=resnet --sync_batch_norm --steps=4 --batch_size=8 "
+                            " train --model=resnet --sync_batch_norm --steps=2 --batch_size=8 "
                             "--seed=5 --progress=lines 2>&1";
   for (int n : {1, 2}) {
     SCOPED_TRACE(std::to_string(n) + " rank(s)");
@@ -105,10 +106,10 @@ TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
     ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
     ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
     const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
-    ASSERT_EQ(want.size(), 4u) << cpu.output;
+    ASSERT_EQ(want.size(), 2u) << cpu.output;
     ASSERT_EQ(got.size(), want.size()) << gpu.output;
     for (size_t s = 0; s < want.size(); ++s)
-      EXPECT_NEAR(got[s], want[s], 2e-3 * std::abs(want[s])) << "step " << s;
+      EXPECT_NEAR(got[s], want[s], 1e-3 * std::abs(want[s])) << "step " << s;
   }
   RunCommand("rm -rf " + dir);
 }
