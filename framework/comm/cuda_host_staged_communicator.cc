@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 
 #include "framework/comm/communicator.h"
 #include "framework/runtime/cuda_context.h"
@@ -27,7 +28,7 @@ class HostStagedCommunicator : public Communicator {
     KEEL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~HostStagedCommunicator() override {
-    Unpin();
+    for (auto& kv : staging_) Unpin(&kv.second);
     if (stream_) cudaStreamDestroy(stream_);
   }
   const char* backend() const override { return backend_.c_str(); }
@@ -74,27 +75,30 @@ class HostStagedCommunicator : public Communicator {
   void Barrier() override { host_->Barrier(); }
 
  private:
-  // t's bytes in the pinned staging buffer, as a CPU tensor of t's dtype and dims. The stream
-  // (ordered after t's writer by the executor) is synchronised: the host reads the copy next.
+  // t's bytes in the pinned staging buffer of its dtype, as a CPU tensor of t's dtype and dims.
+  // The stream (ordered after t's writer by the executor) is synchronised: the host reads the
+  // copy next. One buffer per dtype: a ring that alternates dtypes (sync_batch_norm's float64
+  // sums between float32 gradients) keeps its buffers pinned instead of re-pinning each time.
   Tensor ToHost(const Tensor& t) {
     CudaContext::Get(device_);
     const size_t bytes = t.nbytes();
-    if (staging_.dtype() != t.dtype() || !staging_.initialized() || capacity_ < t.numel()) {
-      Unpin();
+    Staging& st = staging_[t.dtype()];
+    if (!st.buffer.initialized() || st.capacity < t.numel()) {
+      Unpin(&st);
       // cudaHostRegister pins whole pages: the staging view starts on a page boundary (the
       // allocation is 64-byte aligned, so the gap is a whole number of elements).
       const int64_t elem = static_cast<int64_t>(SizeOf(t.dtype()));
       const int64_t slack = kPage / elem;
-      staging_ = Tensor(t.dtype(), {std::max<int64_t>(t.numel(), 1) + 2 * slack});
-      const auto addr = reinterpret_cast<uintptr_t>(staging_.raw_data());
-      offset_ = static_cast<int64_t>((kPage - addr % kPage) % kPage) / elem;
-      capacity_ = staging_.numel() - offset_ - slack;
+      st.buffer = Tensor(t.dtype(), {std::max<int64_t>(t.numel(), 1) + 2 * slack});
+      const auto addr = reinterpret_cast<uintptr_t>(st.buffer.raw_data());
+      st.offset = static_cast<int64_t>((kPage - addr % kPage) % kPage) / elem;
+      st.capacity = st.buffer.numel() - st.offset - slack;
       const size_t pinned_bytes =
-          (static_cast<size_t>(capacity_ * elem) + kPage - 1) / kPage * kPage;
-      pinned_ = static_cast<char*>(staging_.raw_data()) + offset_ * elem;
-      KEEL_CUDA_CHECK(cudaHostRegister(pinned_, pinned_bytes, cudaHostRegisterDefault));
+          (static_cast<size_t>(st.capacity * elem) + kPage - 1) / kPage * kPage;
+      st.pinned = static_cast<char*>(st.buffer.raw_data()) + st.offset * elem;
+      KEEL_CUDA_CHECK(cudaHostRegister(st.pinned, pinned_bytes, cudaHostRegisterDefault));
     }
-    Tensor h = staging_.View(t.dims(), offset_);
+    Tensor h = st.buffer.View(t.dims(), st.offset);
     if (bytes > 0) {
       KEEL_CUDA_CHECK(
           cudaMemcpyAsync(h.raw_data(), t.raw_data(), bytes, cudaMemcpyDeviceToHost, stream_));
@@ -118,14 +122,21 @@ class HostStagedCommunicator : public Communicator {
                                     cudaMemcpyHostToDevice, stream_));
     KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // A staging buffer: host memory, pinned with cudaHostRegister while it is one, and its
+  // page-aligned view (first element, elements).
+  struct Staging {
+    Tensor buffer;
+    int64_t offset = 0, capacity = 0;
+    void* pinned = nullptr;
+  };
   // The last copy from the buffer (ToDevice does not wait for it) must be done before the memory
   // is unpinned and freed.
-  void Unpin() {
-    if (pinned_) {
+  void Unpin(Staging* st) {
+    if (st->pinned) {
       cudaStreamSynchronize(stream_);
-      cudaHostUnregister(pinned_);
+      cudaHostUnregister(st->pinned);
     }
-    pinned_ = nullptr;
+    st->pinned = nullptr;
   }
 
   std::unique_ptr<Communicator> host_;
@@ -133,9 +144,7 @@ class HostStagedCommunicator : public Communicator {
   std::string backend_ = std::string("host-staged ") + host_->backend();
   cudaStream_t stream_ = nullptr;
   static constexpr int64_t kPage = 4096;
-  Tensor staging_;  // host memory, pinned with cudaHostRegister while it is the staging buffer
-  int64_t offset_ = 0, capacity_ = 0;  // the page-aligned view: first element, elements
-  void* pinned_ = nullptr;
+  std::map<DType, Staging> staging_;
 };
 
 }  // namespace
