@@ -33,6 +33,12 @@ struct BatchNormSync {
   std::function<void(double* values, int64_t n)> all_reduce;
 };
 
+// Whether the op normalizes with its moving statistics (is_test or use_global_stats) rather than
+// the batch's.
+inline bool HasFixedStats(const OpDesc& op) {
+  return op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats");
+}
+
 // batch_norm's slots, attrs, shape and grad maker (grad op `grad_type`) declared on `schema`;
 // sync_batch_norm (sync_batch_norm_ops.cc) declares the same ones and adds ring_id.
 OpSchema& BatchNormSchema(OpSchema& schema, const std::string& grad_type);
@@ -66,8 +72,7 @@ template <typename D, typename T>
 class BatchNormKernel : public OpKernel {
  public:
   explicit BatchNormKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"),
-              op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
@@ -93,8 +98,7 @@ template <typename D, typename T>
 class BatchNormGradKernel : public OpKernel {
  public:
   explicit BatchNormGradKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"),
-              op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats")) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");

@@ -30,10 +30,6 @@ BatchNormSync SumOverRing(const ExecutionContext& ctx, Communicator* ring, Tenso
 void* SyncBatchNormStream(Communicator* ring);
 void SumOnDevice(const ExecutionContext& ctx, Communicator* ring, Tensor* sums);
 
-inline bool FixedStats(const OpDesc& op) {
-  return op.Attr<bool>("is_test") || op.Attr<bool>("use_global_stats");
-}
-
 // batch_norm's forward or grad kernel (Base) with training's sums taken over ring ring_id. The CPU
 // math takes the sum as a function of host values; the CUDA math takes the ring and sums on the
 // device.
@@ -43,7 +39,7 @@ struct Synced {
   class Kernel : public Base<D, T> {
    public:
     explicit Kernel(const OpDesc& op)
-        : Base<D, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(FixedStats(op)) {}
+        : Base<D, T>(op), ring_id_(op.Attr<int>("ring_id")), fixed_(HasFixedStats(op)) {}
     void Compute(ExecutionContext& ctx) override {
       if (!fixed_) {
         constexpr bool kCuda = !std::is_same_v<D, CPUDevice>;

@@ -172,12 +172,10 @@ class Supervisor {
   // This attempt's store on rank 0's port, of its restart generation, when this node runs rank 0.
   void ServeStore() {
     if (store_fd_ < 0) return;
-    const size_t colon = plan_.master.rfind(':');
     const int fd = fcntl(store_fd_, F_DUPFD_CLOEXEC, 3);  // the store closes its copy at the end
     PCHECK(fd >= 0);
-    store_ = std::make_unique<StoreServer>(plan_.master.substr(0, colon),
-                                           std::atoi(plan_.master.c_str() + colon + 1), plan_.token,
-                                           restart_, fd);
+    // Host and port are the socket's (the store reads them from it).
+    store_ = std::make_unique<StoreServer>("", 0, plan_.token, restart_, fd);
   }
 
   void Spawn(Worker* w) {

@@ -108,8 +108,9 @@ Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, 
   const DType dt = input.dtype();
   const int tp = channels_sharded ? current_tensor_parallel().degree : 1;
   KEEL_ENFORCE(tp == 1 || !sync, "layers::batch_norm(", input.name(),
-               "): sync and channels_sharded together are not built (the statistics' all-reduce "
-               "runs on ring 0, not the data-parallel ring of a tensor-parallel job)");
+               "): sync and channels_sharded together are not built in the DSL; use "
+               "DistributedStrategy::sync_batch_norm, which syncs each shard over its "
+               "data-parallel ring and checks the job has replicas to sync with");
   // This rank's C channels of the layer's tp * C (tp = 1: all of them).
   auto param = [&](const char* suffix, const ParamAttr& attr, float value) {
     return tp == 1 ? create_parameter({C}, dt, layer, suffix, attr, initializer::Constant(value))
