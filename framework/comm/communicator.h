@@ -158,13 +158,16 @@ class Communicator {
   // matched by (peer, tag, ordinal), never by arrival order, so concurrent transfers cannot swap.
   // A receive that waits past the ring's timeout, or whose peer's process is gone, is a
   // keel::Error naming the ring, both ranks, the tag and the ordinal. Gloo rings move the bytes
-  // over their own connections (gloo_communicator.cc); shared-memory rings through the job's store
-  // (UseStoreMailbox, framework/comm/p2p_mailbox.cc); NCCL rings with ncclSend / ncclRecv (in call
-  // order: the tag is not sent). Other backends: a keel::Error naming the backend.
+  // over their own connections (gloo_communicator.cc); shared-memory rings through memory each
+  // sender shares with its peers (shm_communicator.cc), or through the job's store where that
+  // memory could not be mapped (UseStoreMailbox, framework/comm/p2p_mailbox.cc); NCCL rings with
+  // ncclSend / ncclRecv (in call order: the tag is not sent). Other backends: a keel::Error naming
+  // the backend.
   virtual void Send(const Tensor& t, int peer, int tag);
   virtual void Recv(Tensor* t, int peer, int tag);
   // Point-to-point through `store` under keys starting with `prefix` (CommContext sets it on every
-  // CPU ring it creates; the Gloo backend overrides Send / Recv and does not use it).
+  // CPU ring it creates; the Gloo backend overrides Send / Recv and does not use it, the shm
+  // backend only towards peers whose memory it could not map).
   void UseStoreMailbox(StoreClient* store, std::string prefix, std::chrono::milliseconds timeout);
 
  protected:
@@ -173,6 +176,9 @@ class Communicator {
   // Checks `peer` and returns the ordinal of the next transfer with `peer` under `tag` (sends
   // and receives counted apart).
   uint64_t NextP2P(bool send, int peer, int tag);
+  // Transfer #n with `peer` under `tag` through the store mailbox (an error without one).
+  void MailboxSend(const Tensor& t, int peer, int tag, uint64_t n);
+  void MailboxRecv(Tensor* t, int peer, int tag, uint64_t n);
   // "allreduce_sum on ring 0 (rank 1 of 2, collective #17)"
   std::string Where(const std::string& what) const;
   // Sizes `out` for AllGather of `in`: [nranks * in.dims[0], ...] (a scalar counts as [1]), in's

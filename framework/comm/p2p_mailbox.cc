@@ -51,7 +51,14 @@ uint64_t Communicator::NextP2P(bool send, int peer, int tag) {
 }
 
 void Communicator::Send(const Tensor& t, int peer, int tag) {
-  const uint64_t n = NextP2P(true, peer, tag);
+  MailboxSend(t, peer, tag, NextP2P(true, peer, tag));
+}
+
+void Communicator::Recv(Tensor* t, int peer, int tag) {
+  MailboxRecv(t, peer, tag, NextP2P(false, peer, tag));
+}
+
+void Communicator::MailboxSend(const Tensor& t, int peer, int tag, uint64_t n) {
   KEEL_ENFORCE(mailbox_ != nullptr, P2PWhere("send to", peer, tag, n), ": the ", backend(),
                " backend has no point-to-point transfers");
   KEEL_ENFORCE(t.place().is_cpu(), P2PWhere("send to", peer, tag, n),
@@ -70,8 +77,7 @@ void Communicator::Send(const Tensor& t, int peer, int tag) {
   mailbox_->Set(Key(mailbox_prefix_, rank_, peer, tag, n), v);
 }
 
-void Communicator::Recv(Tensor* t, int peer, int tag) {
-  const uint64_t n = NextP2P(false, peer, tag);
+void Communicator::MailboxRecv(Tensor* t, int peer, int tag, uint64_t n) {
   KEEL_ENFORCE(mailbox_ != nullptr, P2PWhere("receive from", peer, tag, n), ": the ", backend(),
                " backend has no point-to-point transfers");
   CommTimer timer(&comm_ns_);

@@ -25,6 +25,21 @@
 // the slot path and needs 2 barriers instead of 2 per MiB. The bits are the slot path's: each
 // element is reduced by one rank, in rank order.
 //
+// Point-to-point transfers (Send / Recv, the pipeline's send_v2 / recv_v2): every rank has one
+// more memfd, for what it sends, which its peers map at setup: a channel per receiving peer (a
+// futex word bumped at every send and a table of message slots), then a data area (sparse). A send
+// reserves a block of the data area (first fit), copies the tensor into it, fills a free slot
+// (tag, ordinal, dtype, dims, where the bytes lie), marks it posted and returns: sends are
+// buffered, so a schedule in which both neighbours send before they receive cannot deadlock. A
+// receive scans its channel in the sender's memory for the slot of exactly its (tag, ordinal),
+// copies the bytes out and marks the slot taken; the sender frees taken slots and their blocks at
+// its next send. Freed blocks keep their pages: a pipeline sends the same sizes every step, so its
+// steady state neither faults nor allocates. The memory outlives a sender that exits (its peers'
+// mappings hold it), so a last stage may return right after its last send. A waiting receive
+// checks the sender's pid (a sender that exited without sending is named at once) and the ring's
+// timeout. Towards a peer whose file could not be mapped the transfers go through the store
+// (Communicator::MailboxSend), each side deciding the same way from the bits of the header.
+//
 // While waiting, a rank checks its peers' pids: a peer that exited (killed, crashed) is an error
 // naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks.
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
@@ -66,7 +81,7 @@ namespace keel {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6b65656c73686d32ull;  // "keelshm2" (intents carry shared_off)
+constexpr uint64_t kMagic = 0x6b65656c73686d33ull;  // "keelshm3" (rank lines carry p2p_maps)
 constexpr size_t kSlotBytes = size_t{1} << 20;      // per rank and buffer
 constexpr int kMaxShmRanks = 64;
 
@@ -103,6 +118,8 @@ const char* KindName(uint32_t k) {
 struct alignas(64) RankLine {
   std::atomic<uint64_t> arrived;  // barriers this rank has reached
   std::atomic<int32_t> pid;
+  // Bit j: this rank mapped rank j's point-to-point file (so j sends to it through shared memory).
+  std::atomic<uint64_t> p2p_maps;
   // By collective parity: a rank posts collective k+1's intent while slower peers may still be
   // reading collective k's.
   Intent intent[2];
@@ -116,6 +133,44 @@ struct Header {
   std::atomic<uint32_t> sleepers;
   alignas(64) RankLine ranks[kMaxShmRanks];
 };
+
+// A rank's point-to-point file: a channel per receiving peer, then the data area.
+constexpr int kP2PSlots = 1024;  // transfers to one peer that may wait unreceived
+constexpr int kP2PMaxDims = 30;  // as Gloo rings' transfers
+constexpr size_t kP2PDataBytes = size_t{16} << 30;  // address space; pages only as sends need them
+constexpr uint64_t kP2PMagic = 0x6b65656c70327031ull;  // "keelp2p1"
+
+// A slot's key: free, taken (received, not yet freed), or posted with its tag and ordinal in one
+// word, so that a receive matches a transfer with one load and no other receive can: only the
+// receive of that tag and ordinal ever sees it (ordinals are compared modulo 2^31; at most
+// kP2PSlots transfers wait at once).
+constexpr uint64_t kSlotFree = 0, kSlotTaken = 2;
+uint64_t PostedKey(int tag, uint64_t n) {
+  return (uint64_t{static_cast<uint32_t>(tag)} << 32) | ((n & 0x7fffffff) << 1) | 1;
+}
+
+// One transfer. The sender fills it while it is free and then posts it; the receiver only marks it
+// taken; the sender frees it.
+struct alignas(64) P2PSlot {
+  std::atomic<uint64_t> key;
+  uint32_t dtype, ndims;
+  uint64_t offset, bytes;  // of the tensor's bytes in the sender's file
+  int64_t dims[kP2PMaxDims];
+};
+
+struct P2PChannel {
+  alignas(64) std::atomic<uint32_t> posted;  // futex word: bumped at every send
+  std::atomic<uint32_t> sleepers;
+  std::atomic<uint32_t> used;  // 1 + the highest slot ever posted: receives scan no further
+  alignas(64) P2PSlot slots[kP2PSlots];
+};
+
+struct P2PFile {
+  uint64_t magic;
+  P2PChannel to[kMaxShmRanks];  // by receiving rank
+};
+
+constexpr size_t kP2PHeadBytes = (sizeof(P2PFile) + 4095) / 4096 * 4096;
 
 size_t SegmentBytes(int nranks) {
   size_t head = (sizeof(Header) + 4095) / 4096 * 4096;
@@ -183,14 +238,16 @@ struct Mapping {
   size_t bytes = 0;
 };
 
-// A rank's memory for zero-copy all-reduces: a sparse memfd its peers map. Blocks are 4 KiB
-// multiples, first fit; Take reserves a block's pages (so a full machine fails here, not with
-// SIGBUS later) and Give punches them out. Shared with the Allocations it gave, which may outlive
-// the ring.
+// A rank's memory that its peers map: a sparse memfd, for zero-copy all-reduces and for the data
+// of point-to-point sends. Blocks are 4 KiB multiples, first fit, from `first` on (offsets are the
+// file's); Take reserves a block's pages (so a full machine fails here, not with SIGBUS later) and
+// Give punches them out, unless `keep_pages` (the next blocks reuse them). Shared with the
+// Allocations it gave, which may outlive the ring.
 class SharedArena {
  public:
-  SharedArena(int fd, char* base, size_t bytes) : fd_(fd), base_(base), bytes_(bytes) {
-    free_[0] = bytes;
+  SharedArena(int fd, char* base, size_t bytes, size_t first = 0, bool keep_pages = false)
+      : fd_(fd), base_(base), bytes_(bytes), keep_pages_(keep_pages) {
+    free_[first] = bytes - first;
   }
   ~SharedArena() {
     munmap(base_, bytes_);
@@ -227,7 +284,8 @@ class SharedArena {
 
   void Give(int64_t off, size_t bytes) {
     const size_t need = Round(bytes);
-    fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, static_cast<off_t>(need));
+    if (!keep_pages_)
+      fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, static_cast<off_t>(need));
     Put(static_cast<size_t>(off), need);
   }
 
@@ -254,6 +312,7 @@ class SharedArena {
   int fd_;
   char* base_;
   size_t bytes_;
+  bool keep_pages_;
   std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> bytes
 };
@@ -283,6 +342,9 @@ class ShmCommunicator : public Communicator {
     for (size_t j = 0; j < peer_shared_.size(); ++j)
       if (static_cast<int>(j) != rank_ && peer_shared_[j].base)
         munmap(peer_shared_[j].base, peer_shared_[j].bytes);
+    for (size_t j = 0; j < peer_p2p_.size(); ++j)
+      if (static_cast<int>(j) != rank_ && peer_p2p_[j].base)
+        munmap(peer_p2p_[j].base, peer_p2p_[j].bytes);
     munmap(base_, bytes_);
   }
 
@@ -303,11 +365,32 @@ class ShmCommunicator : public Communicator {
            static_cast<size_t>(c - arena_->base()) <= arena_->bytes() - bytes;
   }
 
-  // Creates this rank's shared memory of `bytes` (none when 0), publishes where its peers open
-  // it, and maps theirs. When any rank has none or a mapping fails, zero-copy stays off for this
-  // rank, and since its intents then say so, for the ring's all-reduces.
+  // Creates this rank's shared memory of `bytes` (none when 0) and its point-to-point file,
+  // publishes where its peers open them, and maps theirs. When any rank has no shared memory or a
+  // mapping fails, zero-copy stays off for this rank, and since its intents then say so, for the
+  // ring's all-reduces. A point-to-point file that cannot be created or mapped sends the
+  // transfers it would carry through the store.
   void SetUpSharedMemory(StoreClient& store, const std::string& key, size_t bytes,
                          std::chrono::milliseconds timeout) {
+    std::string p2p_mine = "-";
+    if (int pfd = memfd_create("keel-shm-p2p", MFD_CLOEXEC); pfd >= 0) {
+      const size_t p2p_bytes = kP2PHeadBytes + kP2PDataBytes;
+      void* base =
+          ftruncate(pfd, static_cast<off_t>(p2p_bytes)) == 0
+              ? mmap(nullptr, p2p_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pfd, 0)
+              : MAP_FAILED;
+      if (base != MAP_FAILED) {
+        reinterpret_cast<P2PFile*>(base)->magic = kP2PMagic;
+        p2p_arena_ = std::make_shared<SharedArena>(pfd, static_cast<char*>(base), p2p_bytes,
+                                                   kP2PHeadBytes, /*keep_pages=*/true);
+        p2p_mine = StrCat("/proc/", getpid(), "/fd/", pfd, " ", p2p_bytes);
+      } else {
+        close(pfd);
+      }
+    }
+    if (!p2p_arena_)
+      LOG(WARNING) << "shm ring " << ring_id_ << ": no shared memory for point-to-point sends ("
+                   << std::strerror(errno) << "); they go through the store";
     std::string mine = "-";
     int fd = bytes > 0 ? memfd_create("keel-shm-shared", MFD_CLOEXEC) : -1;
     if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
@@ -322,35 +405,46 @@ class ShmCommunicator : public Communicator {
                    << std::strerror(errno) << "); they copy through the ring";
       if (fd >= 0) close(fd);
     }
-    store.Set(key + "shared" + std::to_string(rank_), mine);
+    store.Set(key + "shared" + std::to_string(rank_), mine + "|" + p2p_mine);
     peer_shared_.assign(static_cast<size_t>(nranks_), Mapping{});
+    peer_p2p_.assign(static_cast<size_t>(nranks_), Mapping{});
     bool ok = arena_ != nullptr;
+    uint64_t p2p_maps = 0;
     for (int j = 0; j < nranks_; ++j) {
-      const std::string s = store.Get(key + "shared" + std::to_string(j), timeout);
+      const std::string both = store.Get(key + "shared" + std::to_string(j), timeout);
       if (j == rank_) {
         if (arena_) peer_shared_[j] = {arena_->base(), arena_->bytes()};
         continue;
+      }
+      const size_t bar = both.find('|');
+      KEEL_ENFORCE(bar != std::string::npos, "shm ring ", ring_id_, ": rank ", j,
+                   " published no point-to-point file (another keel version?)");
+      const std::string s = both.substr(0, bar), p2p = both.substr(bar + 1);
+      if (p2p != "-") {
+        const Mapping m = MapPeerFile(p2p);
+        if (m.base != nullptr && reinterpret_cast<const P2PFile*>(m.base)->magic == kP2PMagic) {
+          peer_p2p_[j] = m;
+          p2p_maps |= uint64_t{1} << j;
+        } else {
+          if (m.base != nullptr) munmap(m.base, m.bytes);
+          LOG(WARNING) << "shm ring " << ring_id_ << ": cannot map rank " << j
+                       << "'s point-to-point file (" << p2p << "); its sends go through the store";
+        }
       }
       if (s == "-") {
         ok = false;
         continue;
       }
-      const std::string path = s.substr(0, s.find(' '));
-      const size_t size = std::stoull(s.substr(s.find(' ') + 1));
-      int pfd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-      struct stat st;
-      void* base = MAP_FAILED;
-      if (pfd >= 0 && fstat(pfd, &st) == 0 && static_cast<size_t>(st.st_size) == size)
-        base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, pfd, 0);
-      if (pfd >= 0) close(pfd);
-      if (base == MAP_FAILED) {
+      const Mapping m = MapPeerFile(s);
+      if (m.base == nullptr) {
         LOG(WARNING) << "shm ring " << ring_id_ << ": cannot map rank " << j << "'s shared memory ("
-                     << path << "); all-reduces copy through the ring";
+                     << s << "); all-reduces copy through the ring";
         ok = false;
         continue;
       }
-      peer_shared_[j] = {base, size};
+      peer_shared_[j] = m;
     }
+    header_->ranks[rank_].p2p_maps.store(p2p_maps, std::memory_order_release);
     // Every rank has opened every file before any owner could exit and take its fd with it.
     try {
       Arrive("every rank to map the others' shared memory");
@@ -359,6 +453,120 @@ class ShmCommunicator : public Communicator {
                  "): setup failed: ", e.what());
     }
     shared_ready_ = ok;
+    p2p_to_.assign(static_cast<size_t>(nranks_), false);
+    for (int j = 0; j < nranks_; ++j)
+      p2p_to_[j] = p2p_arena_ != nullptr && j != rank_ &&
+                   (header_->ranks[j].p2p_maps.load(std::memory_order_acquire) >> rank_ & 1);
+    p2p_inflight_.assign(static_cast<size_t>(nranks_), {});
+  }
+
+  void Send(const Tensor& t, int peer, int tag) override {
+    const uint64_t n = NextP2P(true, peer, tag);
+    if (p2p_to_.empty() || !p2p_to_[peer]) return MailboxSend(t, peer, tag, n);
+    KEEL_ENFORCE(t.place().is_cpu(), P2PWhere("send to", peer, tag, n),
+                 ": a CPU ring cannot send a tensor on ", t.place().str());
+    KEEL_ENFORCE(static_cast<int>(t.dims().size()) <= kP2PMaxDims,
+                 P2PWhere("send to", peer, tag, n), ": a tensor of ", t.dims().size(),
+                 " dims (at most ", kP2PMaxDims, ")");
+    KEEL_ENFORCE(t.nbytes() <= kP2PDataBytes / 2, P2PWhere("send to", peer, tag, n), ": ",
+                 t.nbytes(), " bytes is more than a shared-memory ring moves at once (",
+                 kP2PDataBytes / 2, "; use smaller micro-batches)");
+    AnnounceP2P();
+    CommTimer timer(&comm_ns_);
+    P2PChannel& ch = reinterpret_cast<P2PFile*>(p2p_arena_->base())->to[peer];
+    std::lock_guard<std::mutex> lock(p2p_send_mu_);
+    // A free slot and a block for the bytes; when the peer has not received enough of the
+    // earlier transfers for either, wait for it to (bounded by the ring's timeout).
+    int slot = -1;
+    int64_t off = 0;
+    const size_t bytes = t.nbytes();
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      ReclaimP2P(peer);
+      if (slot < 0)
+        for (int i = 0; i < kP2PSlots; ++i)
+          if (!InFlight(peer, i)) {
+            slot = i;
+            break;
+          }
+      if (slot >= 0 && bytes > 0 && off <= 0) off = p2p_arena_->Take(bytes);
+      if (slot >= 0 && (bytes == 0 || off > 0)) break;
+      const int pid = header_->ranks[peer].pid.load();
+      KEEL_ENFORCE(pid <= 0 || Alive(pid), P2PWhere("send to", peer, tag, n), ": rank ", peer,
+                   " (pid ", pid, ") exited leaving ", p2p_inflight_[peer].size(),
+                   " transfers unreceived");
+      KEEL_ENFORCE(std::chrono::steady_clock::now() < deadline, P2PWhere("send to", peer, tag, n),
+                   ": ", p2p_inflight_[peer].size(), " earlier transfers to rank ", peer,
+                   " stayed unreceived for ", timeout_.count() / 1000.0,
+                   " s (--comm_timeout_s), and at most ", kP2PSlots, " transfers or ",
+                   kP2PDataBytes >> 30, " GiB may wait (", slot < 0 ? "no free slot" : "no room",
+                   " for ", bytes, " more bytes)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    P2PSlot& m = ch.slots[slot];
+    if (bytes > 0) std::memcpy(p2p_arena_->base() + off, t.raw_data(), bytes);
+    m.dtype = static_cast<uint32_t>(t.dtype());
+    m.ndims = static_cast<uint32_t>(t.dims().size());
+    for (uint32_t d = 0; d < m.ndims; ++d) m.dims[d] = t.dims()[static_cast<int>(d)];
+    m.offset = static_cast<uint64_t>(off);
+    m.bytes = bytes;
+    p2p_inflight_[peer].push_back(slot);
+    if (ch.used.load(std::memory_order_relaxed) < static_cast<uint32_t>(slot) + 1)
+      ch.used.store(static_cast<uint32_t>(slot) + 1, std::memory_order_release);
+    m.key.store(PostedKey(tag, n), std::memory_order_release);
+    ch.posted.fetch_add(1);
+    if (ch.sleepers.load() > 0) Futex(&ch.posted, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  void Recv(Tensor* t, int peer, int tag) override {
+    const uint64_t n = NextP2P(false, peer, tag);
+    if (peer_p2p_.empty() || peer_p2p_[peer].base == nullptr) return MailboxRecv(t, peer, tag, n);
+    AnnounceP2P();
+    CommTimer timer(&comm_ns_);
+    char* file = static_cast<char*>(peer_p2p_[peer].base);
+    P2PChannel& ch = reinterpret_cast<P2PFile*>(file)->to[rank_];
+    const uint64_t want = PostedKey(tag, n);
+    auto find = [&]() -> P2PSlot* {
+      const uint32_t used = std::min<uint32_t>(ch.used.load(std::memory_order_acquire), kP2PSlots);
+      for (uint32_t i = 0; i < used; ++i)
+        if (ch.slots[i].key.load(std::memory_order_acquire) == want) return &ch.slots[i];
+      return nullptr;
+    };
+    P2PSlot* m = nullptr;
+    for (int i = 0; i < spin_ && (m = find()) == nullptr; ++i) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (m == nullptr) {
+      const uint32_t w = ch.posted.load();
+      if ((m = find()) != nullptr) break;
+      ch.sleepers.fetch_add(1);
+      timespec ts{0, 50 * 1000 * 1000};
+      if (ch.posted.load() == w) Futex(&ch.posted, FUTEX_WAIT, w, &ts);
+      ch.sleepers.fetch_sub(1);
+      if ((m = find()) != nullptr) break;
+      const int pid = header_->ranks[peer].pid.load();
+      if (pid > 0 && !Alive(pid)) {
+        if ((m = find()) != nullptr) break;  // sent just before it exited
+        KEEL_THROW(P2PWhere("receive from", peer, tag, n), ": rank ", peer, " (pid ", pid,
+                   ") exited without sending it");
+      }
+      KEEL_ENFORCE(std::chrono::steady_clock::now() < deadline,
+                   P2PWhere("receive from", peer, tag, n), ": no send arrived in ",
+                   timeout_.count() / 1000.0, " s (--comm_timeout_s; did rank ", peer,
+                   " stop, or send under another tag or in another order?)");
+    }
+    KEEL_ENFORCE(m->ndims <= static_cast<uint32_t>(kP2PMaxDims) &&
+                     m->offset + m->bytes <= peer_p2p_[peer].bytes,
+                 P2PWhere("receive from", peer, tag, n), ": malformed transfer");
+    t->Resize(DDim(std::vector<int64_t>(m->dims, m->dims + m->ndims)));
+    t->mutable_data(static_cast<DType>(m->dtype), CPUPlace());
+    KEEL_ENFORCE(t->nbytes() == m->bytes, P2PWhere("receive from", peer, tag, n), ": ", m->bytes,
+                 " bytes for a tensor of ", t->nbytes());
+    if (m->bytes > 0) std::memcpy(t->raw_data(), file + m->offset, m->bytes);
+    m->key.store(kSlotTaken, std::memory_order_release);
   }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
@@ -447,6 +655,49 @@ class ShmCommunicator : public Communicator {
   }
 
  private:
+  // Maps a peer's file given as "<path> <bytes>" (nullptr when that fails).
+  static Mapping MapPeerFile(const std::string& spec) {
+    const std::string path = spec.substr(0, spec.find(' '));
+    const size_t size = std::stoull(spec.substr(spec.find(' ') + 1));
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    struct stat st;
+    void* base = MAP_FAILED;
+    if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == size)
+      base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (fd >= 0) close(fd);
+    if (base == MAP_FAILED) return {};
+    return {base, size};
+  }
+
+  void AnnounceP2P() {
+    std::call_once(p2p_announced_, [this] {
+      LOG(INFO) << name_ << ": point-to-point transfers through shared memory (not the store)";
+    });
+  }
+
+  // Whether this rank's transfer in `slot` to `peer` is still posted or taken but not yet freed.
+  bool InFlight(int peer, int slot) const {
+    const auto& v = p2p_inflight_[peer];
+    return std::find(v.begin(), v.end(), slot) != v.end();
+  }
+
+  // Frees the slots (and their blocks) of the transfers to `peer` that it has received.
+  void ReclaimP2P(int peer) {
+    P2PChannel& ch = reinterpret_cast<P2PFile*>(p2p_arena_->base())->to[peer];
+    auto& v = p2p_inflight_[peer];
+    for (size_t i = 0; i < v.size();) {
+      P2PSlot& m = ch.slots[v[i]];
+      if (m.key.load(std::memory_order_acquire) != kSlotTaken) {
+        ++i;
+        continue;
+      }
+      if (m.bytes > 0) p2p_arena_->Give(static_cast<int64_t>(m.offset), m.bytes);
+      m.key.store(kSlotFree, std::memory_order_relaxed);
+      v[i] = v.back();
+      v.pop_back();
+    }
+  }
+
   // Every rank's tensor lies in its shared memory (the intents of this collective say where):
   // rank r reduces slice r of all of them and stores the result into each.
   template <typename T>
@@ -670,6 +921,15 @@ class ShmCommunicator : public Communicator {
   std::vector<Mapping> peer_shared_;
   bool shared_ready_ = false;
   bool all_shared_ = false;
+  // Point-to-point: this rank's file (nullptr: none), every peer's mapped here (index = rank;
+  // none: that peer's sends come through the store), whether each peer mapped this rank's, and
+  // the slots of this rank's transfers to each peer not yet freed.
+  std::shared_ptr<SharedArena> p2p_arena_;
+  std::vector<Mapping> peer_p2p_;
+  std::vector<bool> p2p_to_;
+  std::vector<std::vector<int>> p2p_inflight_;
+  std::mutex p2p_send_mu_;
+  std::once_flag p2p_announced_;
 };
 
 // Rank 0: creates, sizes (reserving the pages: a full /dev/shm fails here, not with SIGBUS

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -68,6 +69,36 @@ TEST(ShmRing, FusedAllReducesRunWithoutCopiesUnlessARankTurnsItOff) {
                   std::string::npos)
             << r.output;
       }
+    }
+  }
+}
+
+// Send / Recv on both CPU backends (collective_worker's RunP2P): buffered sends received in
+// another order, 80 MiB (more than the store could carry), more transfers than shared memory lets
+// wait (the sender waits for room), a sender that returns right after its last send, and a
+// receive from a rank that exited, which fails at once naming it. Shared-memory rings move the
+// bytes through memory the sender shares, not through the store (their log says so).
+TEST(PointToPoint, TransfersMatchOnSharedMemoryAndGlooRings) {
+  for (std::string backend : {"shm", "gloo"}) {
+    SCOPED_TRACE(backend);
+    const WorkerRun w =
+        RunWorker("p2p", "FLAGS_cpu_math_threads=1 FLAGS_cpu_comm_backend=" + backend);
+    const std::string& out = w.result.output;
+    EXPECT_EQ(w.result.exit_code, 0) << out;
+    EXPECT_LT(w.seconds, 60) << out;
+    ExpectContainsAll(
+        out, {"rank 0: p2p transfers match", "rank 1: p2p sent its last transfer and returns",
+              "rank 0: the receive after rank 1 exited failed: receive from rank 1 "
+              "(tag 13, transfer #2)",
+              backend == "shm" ? "point-to-point transfers through shared memory (not the store)"
+                               : "point-to-point transfers over gloo (native"});
+    if (backend == "shm") {
+      EXPECT_NE(out.find(") exited without sending it"), std::string::npos) << out;
+    }
+    for (const char* line : {"ping-pong", "failed: "}) {
+      const size_t at = out.find(line);
+      if (at != std::string::npos)
+        std::printf("%s\n", out.substr(at, out.find('\n', at) - at).c_str());
     }
   }
 }

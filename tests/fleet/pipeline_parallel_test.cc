@@ -121,10 +121,19 @@ TEST(PipelineParallel, Pp2EqualsOneProcess) {
       const PpRun two = Train(2, "--pp=2 --micro=4 --schedule=" + sched + " --opt=" + opt,
                               dir + "/pp2_" + opt + sched);
       ExpectEqualsOneProcess(one, two, 2, ("PP=2 M=4 " + sched + " " + opt).c_str());
+      // Shared-memory rings (the default on one host) move the transfers through memory the
+      // sender shares, not through the store (both stages say so).
+      for (int k = 0; k < 2; ++k)
+        EXPECT_NE(
+            RunCommand("cat " + dir + "/pp2_" + opt + sched + "/log/workerlog." + std::to_string(k))
+                .output.find("point-to-point transfers through shared memory"),
+            std::string::npos)
+            << "rank " << k << "\n"
+            << two.output;
     }
     if (opt == "sgd") {
-      // Gloo rings (the default on one host is shared memory) move the transfers over their own
-      // connections (both stages say so), not through the store, and train alike.
+      // Gloo rings move the transfers over their own connections (both stages say so), not
+      // through the store, and train alike.
       const PpRun gloo =
           Train(2, "--pp=2 --micro=4 --opt=sgd --cpu_comm_backend=gloo", dir + "/pp2_gloo");
       ExpectEqualsOneProcess(one, gloo, 2, "PP=2 M=4 1F1B sgd, gloo rings");
@@ -293,7 +302,7 @@ TEST(PipelineParallel, OneFOneBPeakMemoryPerStageIsBoundedByStagesMinusStageMicr
 
 // Receives that wait for another transfer's tag (as if matched by arrival order) never pair with
 // the wrong send: the run fails, within the comm timeout, naming the transfer.
-// Both the store's transfers (shared-memory rings) and Gloo's own.
+// On shared-memory rings and on Gloo rings, each with transfers of its own.
 TEST(PipelineParallel, AReceiveWaitingForTheWrongTagFailsByTheCommTimeout) {
   const std::string dir = MakeTempDir();
   for (const std::string backend : {"shm", "gloo"}) {
@@ -316,7 +325,7 @@ TEST(PipelineParallel, AReceiveWaitingForTheWrongTagFailsByTheCommTimeout) {
 
 // A stage that stops answering (hung) fails its neighbour within the comm timeout, naming the
 // transfer, the stage it waits for and the timeout, instead of hanging the job.
-// On shared-memory rings (the store's transfers) and on Gloo rings (Gloo's own).
+// On shared-memory rings and on Gloo rings, each with transfers of its own.
 TEST(PipelineParallel, AHungStageFailsItsNeighbourWithinTheCommTimeoutNamingTheStage) {
   const std::string dir = MakeTempDir();
   for (const std::string backend : {"shm", "gloo"}) {

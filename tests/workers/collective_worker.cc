@@ -5,7 +5,8 @@
 //
 // KEEL_TEST_MODE selects a fault instead: "mismatch" (rank 1 broadcasts while the others
 // all-reduce), "exit" (rank 1 exits cleanly right after setup), "stall" (rank 1 sleeps 30 s before
-// its first collective), "shm_names" (print how many /dev/shm names of this job remain).
+// its first collective), "shm_names" (print how many /dev/shm names of this job remain), "p2p"
+// (point-to-point transfers, RunP2P).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -162,6 +163,130 @@ void RunFused(DType dtype, int ring, const std::string& op, int64_t a, int64_t b
   }
 }
 
+// Point-to-point transfers on ring 0 between ranks 0 and 1 through the ring's Communicator, as
+// send_v2 / recv_v2 call them (KEEL_TEST_MODE=p2p). Returns 0 when every check holds.
+// 1. Both ranks send 300 transfers (three tags; float32 and int64; empty, scalar, small and 3 MiB
+//    tensors) before receiving any, then receive them tag by tag, the last tag first: sends are
+//    buffered and a receive takes exactly its (tag, ordinal), whatever the order.
+// 2. One 80 MiB transfer each way (over the store's 64 MiB frame: it cannot go that way).
+// 3. Rank 0 sends 1,100 transfers while rank 1 receives them only after 0.3 s (more than the
+//    1,024 that shared memory lets wait: the sender waits for room instead of failing).
+// 4. Ping-pong of 4 MiB, 40 round trips: prints the time per round trip.
+// 5. Rank 1 sends once more and returns at once; rank 0 receives it after rank 1 is gone, then
+//    waits for a transfer rank 1 never sent and prints the error it gets.
+int RunP2P(int rank) {
+  Communicator& ring = RingRegistry::Get().At(0, "collective_worker");
+  const int peer = 1 - rank;
+  auto value = [](int src, int tag, int64_t i, int64_t k) {
+    return static_cast<int64_t>(src) * 1000003 + tag * 7919 + i * 31 + k;
+  };
+  auto make = [&](int src, int tag, int64_t i) {
+    const DType dtype = i % 2 ? DType::kInt64 : DType::kFloat32;
+    std::vector<int64_t> dims;
+    switch (i % 5) {
+      case 0:
+        dims = {0, 4};
+        break;  // empty
+      case 1:
+        dims = {};
+        break;  // scalar
+      case 2:
+        dims = {3, 1, 7};
+        break;
+      case 3:
+        dims = {17};
+        break;
+      default:
+        dims = {i % 50 == 4 ? int64_t{768} : 2, 1024};
+        break;  // 3 MiB of float32 or 6 of int64
+    }
+    Tensor t(dtype, DDim(dims));
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      if (dtype == DType::kInt64)
+        t.data<int64_t>()[k] = value(src, tag, i, k);
+      else
+        t.data<float>()[k] = static_cast<float>(value(src, tag, i, k));
+    }
+    return t;
+  };
+  auto check = [&](const Tensor& got, int src, int tag, int64_t i, const std::string& what) {
+    const Tensor want = make(src, tag, i);
+    bool ok = got.dtype() == want.dtype() && got.dims() == want.dims();
+    for (int64_t k = 0; ok && k < want.numel(); ++k)
+      ok = want.dtype() == DType::kInt64 ? got.data<int64_t>()[k] == want.data<int64_t>()[k]
+                                         : got.data<float>()[k] == want.data<float>()[k];
+    Expect(ok, what + " transfer " + std::to_string(i) + " tag " + std::to_string(tag));
+  };
+  constexpr int kMany = 300;
+  for (int64_t i = 0; i < kMany; ++i)
+    ring.Send(make(rank, static_cast<int>(i % 3), i), peer, i % 3);
+  for (int tag = 2; tag >= 0; --tag)
+    for (int64_t i = tag; i < kMany; i += 3) {
+      Tensor t;
+      ring.Recv(&t, peer, tag);
+      check(t, peer, tag, i, "buffered");
+    }
+  {
+    Tensor big(DType::kFloat32, DDim({20, 1024, 1024}));
+    std::fill(big.data<float>(), big.data<float>() + big.numel(), static_cast<float>(rank + 1));
+    ring.Send(big, peer, 7);
+    Tensor got;
+    ring.Recv(&got, peer, 7);
+    Expect(got.numel() == big.numel() && got.data<float>()[0] == peer + 1 &&
+               got.data<float>()[got.numel() - 1] == peer + 1,
+           "80 MiB transfer");
+  }
+  constexpr int kPastTheSlots = 1100;
+  if (rank == 0) {
+    for (int64_t i = 0; i < kPastTheSlots; ++i) ring.Send(make(0, 9, i % 5 == 4 ? 3 : i), 1, 9);
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int64_t i = 0; i < kPastTheSlots; ++i) {
+      Tensor t;
+      ring.Recv(&t, 0, 9);
+      check(t, 0, 9, i % 5 == 4 ? 3 : i, "backpressured");
+    }
+  }
+  {
+    Tensor msg(DType::kFloat32, DDim({1024, 1024}));
+    std::fill(msg.data<float>(), msg.data<float>() + msg.numel(), 1.0f);
+    Tensor got;
+    constexpr int kRounds = 40;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kRounds; ++r) {
+      if (rank == 0) {
+        ring.Send(msg, 1, 11);
+        ring.Recv(&got, 1, 11);
+      } else {
+        ring.Recv(&got, 0, 11);
+        ring.Send(got, 0, 11);
+      }
+    }
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        kRounds;
+    if (rank == 0)
+      std::printf("rank 0: %s ring, 4 MiB ping-pong %.0f us per round trip\n", ring.backend(), us);
+  }
+  if (rank == 1) {
+    ring.Send(make(1, 13, 2), 0, 13);
+    std::printf("rank 1: p2p sent its last transfer and returns\n");
+    return g_failures ? 1 : 0;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Tensor last;
+  ring.Recv(&last, 1, 13);
+  check(last, 1, 13, 2, "after the sender returned");
+  try {
+    ring.Recv(&last, 1, 13);
+    Expect(false, "a receive from an exited rank returned");
+  } catch (const Error& e) {
+    std::printf("rank 0: the receive after rank 1 exited failed: %s\n", e.what());
+  }
+  if (!g_failures) std::printf("rank 0: p2p transfers match\n");
+  return g_failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +321,7 @@ int main(int argc, char** argv) {
       std::printf("rank %d: %s rings, %d shm names left\n", rank, backend, left);
       return 0;
     }
+    if (mode == "p2p") return rank < 2 ? RunP2P(rank) : 0;
     if (!mode.empty()) {
       if (rank == 1 && mode == "exit") return 0;
       if (rank == 1 && mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(30));
