@@ -489,6 +489,14 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   KEEL_ENFORCE(role.world_size % c.pp_degree == 0, s, "pipeline_configs.pp_degree=", c.pp_degree,
                " does not divide world_size=", role.world_size,
                " (data parallelism fills world_size / pp_degree)");
+  if (tensor_parallel) {
+    const int tp = tensor_parallel_configs.tensor_parallel_degree;
+    KEEL_ENFORCE(tp < 1 || role.world_size % (c.pp_degree * tp) == 0, s,
+                 "pipeline_configs.pp_degree=", c.pp_degree, " times ", s,
+                 "tensor_parallel_configs.tensor_parallel_degree=", tp,
+                 " does not divide world_size=", role.world_size,
+                 " (each stage is a tensor-parallel group; data parallelism fills the rest)");
+  }
   KEEL_ENFORCE(c.accumulate_steps >= 1, s, "pipeline_configs.accumulate_steps=", c.accumulate_steps,
                " must be >= 1 (micro-batches per mini-batch)");
   KEEL_ENFORCE(c.micro_batch_size >= 0, s, "pipeline_configs.micro_batch_size=", c.micro_batch_size,
@@ -498,8 +506,6 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   auto both = [&](bool conflict, const std::string& other, const char* why) {
     KEEL_ENFORCE(!conflict, s, "pipeline=true does not combine with ", s, other, ": ", why);
   };
-  both(tensor_parallel, "tensor_parallel=true",
-       "stages split over tensor-parallel groups are not built or tested");
   both(sharding, "sharding=true", "sharding a stage's optimizer state is not built");
   both(use_local_sgd, "use_local_sgd=true",
        "LocalSGD's parameter averaging is not built for pipeline stages");

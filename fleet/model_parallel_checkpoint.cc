@@ -22,17 +22,23 @@ namespace {
 struct Layout {
   // The program before the model-parallel passes, with whole shapes: what a checkpoint holds.
   std::unique_ptr<Program> whole;
-  // Pipeline: each persistable of `whole` -> the rank that holds it for the checkpoint (stage s
-  // of data-parallel replica 0: the first stage whose program keeps it).
-  std::map<std::string, int> holder;
+  // Pipeline: each persistable of `whole` -> the stage that holds it for the checkpoint (the
+  // first stage whose program keeps it); without a pipeline every persistable is stage 0's.
+  std::map<std::string, int> stage;
   // Persistables of `whole` that no stage keeps (no op of any stage uses them): not saved.
   std::set<std::string> unheld;
-  // Tensor parallel: each sharded persistable -> its split axis; parts are taken from
-  // part_ranks (the ranks of replica 0's group, part t on part_ranks[t]); this rank's part is
-  // tp_rank of tp_degree.
+  // Tensor parallel: each sharded persistable -> its split axis; this rank's part is tp_rank of
+  // tp_degree.
   std::map<std::string, int> split_axis;
-  std::vector<int> part_ranks;
   int tp_degree = 1, tp_rank = 0;
+  // Where part t of stage s lives for the checkpoint: holders[s][t], the rank at (dp 0, pp s,
+  // tp t).
+  std::vector<std::vector<int>> holders;
+  int Holder(int s, int t) const { return holders[s][t]; }
+  int StageOf(const std::string& name) const {
+    auto it = stage.find(name);
+    return it == stage.end() ? 0 : it->second;
+  }
 };
 
 std::map<uint64_t, Layout>& Layouts() {
@@ -124,18 +130,16 @@ void RecordPipeline(Layout& l, const Program& whole_startup, const DistributedSt
     transpiler::PipelinePass(o).Apply(*m, *st);
     for (const VarDesc* v : m->global_block().AllVars())
       if (v->persistable() && l.whole->global_block().FindVar(v->name()) &&
-          !l.holder.count(v->name()))
-        l.holder[v->name()] = topo.Rank({0, s, 0});
+          !l.stage.count(v->name()))
+        l.stage[v->name()] = s;
   }
   for (const std::string& n : Persistables(*l.whole, {}))
-    if (!l.holder.count(n)) l.unheld.insert(n);
+    if (!l.stage.count(n)) l.unheld.insert(n);
 }
 
 void RecordTensorParallel(Layout& l, const Program& whole_startup, const Role& role,
                           const Topology& topo) {
-  l.tp_degree = topo.tp_degree();
   l.tp_rank = topo.Coord(role.rank).tp;
-  for (int t = 0; t < l.tp_degree; ++t) l.part_ranks.push_back(topo.Rank({0, 0, t}));
   Block& wb = l.whole->global_block();
   // The DSL's sharded parameters: startup cuts NAME from NAME@TP_FULL with c_split.
   std::map<std::string, DDim> full;
@@ -180,6 +184,10 @@ void RecordModelParallelLayout(const Program& main, std::unique_ptr<Program> who
   if (topo.pp_degree() == 1 && topo.tp_degree() == 1) return;
   Layout l;
   l.whole = std::move(whole_main);
+  l.tp_degree = topo.tp_degree();
+  l.holders.assign(static_cast<size_t>(topo.pp_degree()), {});
+  for (int s = 0; s < topo.pp_degree(); ++s)
+    for (int t = 0; t < l.tp_degree; ++t) l.holders[s].push_back(topo.Rank({0, s, t}));
   if (topo.pp_degree() > 1) RecordPipeline(l, whole_startup, strategy, role, topo);
   if (topo.tp_degree() > 1) RecordTensorParallel(l, whole_startup, role, topo);
   Layouts()[main.id()] = std::move(l);
@@ -232,25 +240,17 @@ CheckpointOnRankZero::CheckpointOnRankZero(Executor& exe, const Program& main)
   if (rank == 0) scope_ = &gathered_;
   const Block& wb = l->whole->global_block();
   for (const std::string& name : Persistables(*l->whole, skip_)) {
-    auto h = l->holder.find(name);
+    const int s = l->StageOf(name);
     auto split = l->split_axis.find(name);
     Tensor got;
-    if (h != l->holder.end() && h->second != 0) {
-      // Pipeline: another stage's persistable, from its holder.
-      const VarDesc* d = wb.MustFindVar(name);
-      got = rank == h->second ? OnCpu(exe.scope(), name, rank)
-                              : Tensor(d->dtype(), d->dims(), CPUPlace());
-      internal::EagerBroadcast(&got, h->second,
-                               "fleet: gathering the pipeline stages' persistables to rank 0 "
-                               "for a checkpoint ('" +
-                                   name + "')");
-    } else if (split != l->split_axis.end()) {
-      // Tensor parallel: the parts of a sharded persistable, joined along its axis.
+    if (split != l->split_axis.end()) {
+      // Tensor parallel: the parts of a sharded persistable, from its stage's tensor-parallel
+      // group, joined along its axis.
       std::vector<Tensor> parts;
       DDim part_dims = wb.MustFindVar(name)->dims();
       part_dims[split->second] /= l->tp_degree;
       for (int t = 0; t < l->tp_degree; ++t) {
-        const int from = l->part_ranks[t];
+        const int from = l->Holder(s, t);
         Tensor p = rank == from ? OnCpu(exe.scope(), name, rank)
                                 : Tensor(wb.MustFindVar(name)->dtype(), part_dims, CPUPlace());
         if (from != 0)
@@ -261,6 +261,16 @@ CheckpointOnRankZero::CheckpointOnRankZero(Executor& exe, const Program& main)
         parts.push_back(std::move(p));
       }
       if (rank == 0) got = Join(parts, split->second);
+    } else if (s != 0) {
+      // Pipeline: another stage's persistable, from its holder.
+      const VarDesc* d = wb.MustFindVar(name);
+      const int from = l->Holder(s, 0);
+      got =
+          rank == from ? OnCpu(exe.scope(), name, rank) : Tensor(d->dtype(), d->dims(), CPUPlace());
+      internal::EagerBroadcast(&got, from,
+                               "fleet: gathering the pipeline stages' persistables to rank 0 "
+                               "for a checkpoint ('" +
+                                   name + "')");
     } else if (rank == 0) {
       // Rank 0's own (its stage's; a replicated parameter): shared, not copied.
       const Variable* v = exe.scope().FindVar(name);

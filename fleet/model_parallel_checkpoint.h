@@ -10,8 +10,9 @@
 //     replica 0 (one broadcast per var; rank 0's own stage and the learning rate it shares stay
 //     where they are);
 //   tensor parallel: every part of each sharded persistable (a parameter split by the DSL, and
-//     the optimizer state shaped like it) from the ranks of its tensor-parallel group, joined
-//     along the parameter's split axis; replicated persistables are rank 0's own.
+//     the optimizer state shaped like it) from the ranks of its tensor-parallel group (of its
+//     stage, in a pipeline), joined along the parameter's split axis; replicated persistables are
+//     rank 0's own (or, in a pipeline, their stage's tensor-parallel rank 0's).
 // Loading (each rank alone, from its own copy of the files):
 //   pipeline: each stage loads the persistables of its own stage program;
 //   tensor parallel: each rank loads the whole tensors and keeps its part along the split axis.

@@ -12,6 +12,7 @@
 #include "executor/executor.h"
 #include "fleet/fleet.h"
 #include "fleet/pipeline_runner.h"
+#include "fleet/transpile.h"
 #include "framework/comm/store.h"
 #include "framework/io/checkpoint.h"
 #include "framework/profiler/profiler.h"
@@ -246,14 +247,18 @@ int RunParameterServer(const std::string& load_dir) {
 namespace {
 
 // A training step of this rank's pipeline stage (docs/pipeline.md): the mini-batch as
-// --micro_batches micro-batches. The loss lives on the last stage of each replica: every rank
-// gets the global batch's mean loss through an all-reduce (each fetching step, on every rank).
+// --micro_batches micro-batches. The loss lives on the last stage of each replica (on each rank
+// of its tensor-parallel group, which all hold the same value): every rank gets the global batch's
+// mean loss through an all-reduce of the last stages' tensor-parallel rank 0s (each fetching step,
+// on every rank).
 std::function<std::vector<Tensor>(Executor&, const FeedMap&, const std::vector<std::string>&)>
 PipelineStep(const models::TrainableModel& m) {
   KEEL_ENFORCE(FLAGS_batch_size % FLAGS_micro_batches == 0, "--batch_size=", FLAGS_batch_size,
                " must divide by --micro_batches=", FLAGS_micro_batches);
   const fleet::PipelineRunOptions o = StageRunOptions();
   const int replicas = fleet::worker_num() / (FLAGS_tp_degree * FLAGS_pp_degree);
+  const bool counts =
+      fleet::TopologyFor(StrategyFromFlags(), fleet::role()).Coord(fleet::role().rank).tp == 0;
   const std::string loss = m.loss;
   return [=](Executor& exe, const FeedMap& feed, const std::vector<std::string>& fetch) {
     const bool last = o.stage == o.stages - 1;
@@ -269,7 +274,7 @@ PipelineStep(const models::TrainableModel& m) {
         continue;
       }
       double l = last ? got[k++].item<double>() : 0.0;
-      l = fleet::metrics::sum(l) / replicas;
+      l = fleet::metrics::sum(counts ? l : 0.0) / replicas;
       out.push_back(Tensor::FromVector(std::vector<float>{static_cast<float>(l)}, {1}));
     }
     return out;

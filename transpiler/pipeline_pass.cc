@@ -9,6 +9,7 @@
 
 #include "framework/ir/op_device.h"
 #include "framework/op/op_registry.h"
+#include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -81,7 +82,9 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
   std::set<int> marked;
   for (size_t i = 0; i < n; ++i) {
     const OpDesc& op = *b.op(i);
-    KEEL_ENFORCE(!OpRegistry::Traits(op.type()).on_ring, "pipeline: ", Describe(op),
+    KEEL_ENFORCE(!OpRegistry::Traits(op.type()).on_ring ||
+                     (op.HasAttr("ring_id") && op.Attr<int>("ring_id") == kTensorParallelRingId),
+                 "pipeline: ", Describe(op),
                  " is a collective; the pipeline pass runs before the data-parallel passes");
     if (Role(op) & (kBackward | kOptimize)) continue;
     KEEL_ENFORCE(op.HasAttr(kOpDeviceAttr), "pipeline: forward ", Describe(op),

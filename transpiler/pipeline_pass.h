@@ -8,10 +8,11 @@
 // Requires: main's global block holds forward ops, each marked with the stage it was built in
 //   (op_device "stage:<n>", framework/dsl/pipeline.h), then backward (append_backward: the loss
 //   gradient's op carries op_role Backward|Loss, each parameter gradient's last writer carries
-//   op_role_var) and the optimizer section (op_role Optimize); no collective and no sub-block
-//   yet (the pass runs before the data-parallel passes). The marks use exactly the stages
-//   0 .. degree-1; a forward var flows from a stage to the same or a later one; a parameter is
-//   read by one stage only.
+//   op_role_var) and the optimizer section (op_role Optimize); no sub-block and no collective
+//   but the model's own tensor-parallel ones (ring kTensorParallelRingId, which each stage's
+//   tensor-parallel group runs as it is) yet (the pass runs before the data-parallel passes). The
+//   marks use exactly the stages 0 .. degree-1; a forward var flows from a stage to the same or a
+//   later one; a parameter is read by one stage only.
 // Places every op on a stage: a forward op where it is marked; a backward op where it is marked
 //   (grad ops copy their forward op's mark), else, when it writes a gradient, where that
 //   gradient's forward var lives (the loss gradient on the last stage; a `sum` of gradient parts
@@ -46,7 +47,7 @@
 //   0..degree-1, marks that do not use every stage (naming pipeline_configs.pp_degree), a forward
 //   var read by an earlier stage, a parameter read by two stages, an op needed by several stages
 //   that reads a var of one stage (a global-norm clip over the stages), a program with
-//   collectives or sub-blocks.
+//   collectives (but the tensor-parallel ones) or sub-blocks.
 #pragma once
 
 #include <string>

@@ -11,6 +11,7 @@
 #include "framework/dsl/optimizer.h"
 #include "framework/io/checkpoint.h"
 #include "tests/util/golden.h"
+#include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -138,6 +139,27 @@ TEST(InspectStrategy, TensorParallelTransformerGolden) {
   EXPECT_EQ(count("  c_identity("), 3) << r.output;
   EXPECT_EQ(count("  c_allreduce_sum("), 3) << r.output;
   ExpectGolden(r.output, "inspect_strategy_tensor_parallel_transformer.txt");
+}
+
+// --pp_degree with --tp_degree: rank 3 of 4 is tensor-parallel rank 1 of stage 1: the second
+// layer's shards, the vocabulary-parallel loss, the transfers with stage 0's tensor-parallel rank 1
+// (pipeline ring "pp:dp0.tp1") and the tensor-parallel collectives of its stage's group
+// (ring 32, "tp:dp0.pp1").
+TEST(InspectStrategy, PipelineTimesTensorParallelTransformerGolden) {
+  const std::string flags =
+      "--strategy --nranks=4 --rank=3 --pp_degree=2 --tp_degree=2 --micro_batches=2 "
+      "--model=transformer --vocab=12 --seq_len=4 --d_model=8 --heads=2 --d_ff=8 --layers=2 "
+      "--dropout=0";
+  auto r = Inspect(flags + " --program=main");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_pipeline_tensor_parallel_transformer.txt");
+  ExpectContainsAll(r.output, {"c_softmax_with_cross_entropy(", "recv_v2() -> (Out: ",
+                               "peer=0, ring_id=33", "c_identity(", "ring_id=32"});
+  auto startup = Inspect(flags + " --program=startup");
+  ASSERT_EQ(startup.exit_code, 0) << startup.output;
+  ExpectContainsAll(startup.output,
+                    {"group=\"pp:dp0.tp1\", nranks=2, op_role=0, rank=1, ring_id=33",
+                     "group=\"tp:dp0.pp1\", nranks=2, op_role=0, rank=1, ring_id=32"});
 }
 
 // --pp_degree: each rank holds one stage of the mlp (layers 0-1, then layer 2 and the loss), with

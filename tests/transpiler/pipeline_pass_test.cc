@@ -9,9 +9,12 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/pipeline.h"
+#include "framework/dsl/tensor_parallel.h"
+#include "framework/ir/op_device.h"
 #include "tests/util/golden.h"
 #include "tests/util/op_test_util.h"
 #include "transpiler/pipeline_pass.h"
+#include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace {
@@ -95,6 +98,59 @@ TEST(PipelinePass, AHandMadeStageProgramsCheckpointIsRefusedNamingThePipeline) {
                                      "DistributedStrategy.pipeline", "minimize did not make it"});
 }
 
+// Stages of tensor-parallel groups: the model's own tensor-parallel collectives (ring 32) stay on
+// the stage that builds them, and each stage keeps its shards' c_split in startup; any other
+// collective before the pass is refused, naming the op.
+TEST(PipelinePass, KeepsEachStagesTensorParallelCollectivesAndRefusesOthers) {
+  for (int stage = 0; stage < 2; ++stage) {
+    Program main, startup;
+    {
+      ProgramGuard guard(main, startup);
+      TensorParallelGuard tp({2, 1, transpiler::kTensorParallelRingId});
+      Var x = layers::data("x", {-1, 4});
+      Var y = layers::data("y", {-1, 1}, DType::kInt64);
+      Var h;
+      {
+        PipelineStageGuard s(0);
+        h = layers::fc(layers::fc(x, 6, "tanh", 1, {}, {}, true, layers::Parallel::kColumn), 4, "",
+                       1, {}, {}, true, layers::Parallel::kRow);
+      }
+      Var loss;
+      {
+        PipelineStageGuard s(1);
+        Var g = layers::fc(layers::fc(h, 6, "tanh", 1, {}, {}, true, layers::Parallel::kColumn), 3,
+                           "", 1, {}, {}, true, layers::Parallel::kRow);
+        loss = layers::mean(layers::cross_entropy(layers::softmax(g), y));
+      }
+      optimizer::SGD(0.1f).minimize(loss, &startup);
+    }
+    transpiler::PipelinePass(Stage(stage)).Apply(main, startup);
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    // Forward: one c_identity before the column layer and one mp_allreduce_sum after the row
+    // layer; their gradients run in backward.
+    EXPECT_EQ(Count(main, "c_identity"), 1);
+    EXPECT_EQ(Count(main, "mp_allreduce_sum"), 1);
+    EXPECT_EQ(Count(main, "send_v2"), 1);
+    EXPECT_EQ(Count(main, "recv_v2"), 1);
+    EXPECT_EQ(Count(startup, "c_split"), 3);  // this stage's 2 weights and the column bias
+    for (const auto& op : main.global_block().ops()) {
+      if (op->type() == "c_identity" || op->type() == "mp_allreduce_sum") {
+        EXPECT_EQ(op->Attr<int>("ring_id"), transpiler::kTensorParallelRingId);
+      }
+    }
+  }
+  Program main, startup;
+  BuildTwoStageMlp(main, startup);
+  OpDesc* ar = main.global_block().InsertOp(0, "c_allreduce_sum");
+  ar->SetInput("X", {"x"});
+  ar->SetOutput("Out", {"x"});
+  ar->SetAttr("ring_id", 0);
+  ar->SetAttr(kOpDeviceAttr, std::string("stage:0"));
+  testing::ExpectErrorContainsAll(
+      testing::ErrorOf([&] { transpiler::PipelinePass(Stage(0)).Apply(main, startup); }),
+      {"c_allreduce_sum", "is a collective"});
+}
+
 TEST(PipelinePass, ScalesTheLossGradientByOneOverMicroBatches) {
   Program main, startup;
   BuildTwoStageMlp(main, startup);
@@ -171,11 +227,25 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
       {"schedule_mode='interleaved'"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.accumulate_steps = 0; }),
                                   {"accumulate_steps=0"});
-  testing::ExpectErrorContainsAll(error([](auto* s) {
-                                    s->tensor_parallel = true;
-                                    s->tensor_parallel_configs.tensor_parallel_degree = 2;
-                                  }),
-                                  {"pipeline=true", "tensor_parallel=true"});
+  // Stages of tensor-parallel groups: when the degrees' product divides the world.
+  EXPECT_EQ(error([](auto* s) {
+              s->tensor_parallel = true;
+              s->tensor_parallel_configs.tensor_parallel_degree = 2;
+            }),
+            "");
+  {
+    fleet::Role six;
+    six.world_size = 6;
+    fleet::DistributedStrategy s;
+    s.pipeline = true;
+    s.pipeline_configs.pp_degree = 2;
+    s.tensor_parallel = true;
+    s.tensor_parallel_configs.tensor_parallel_degree = 2;
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { s.Validate(six); }),
+        {"pipeline_configs.pp_degree=2", "tensor_parallel_configs.tensor_parallel_degree=2",
+         "world_size=6"});
+  }
   testing::ExpectErrorContainsAll(error([](auto* s) { s->sharding = true; }),
                                   {"pipeline=true", "sharding=true"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->use_local_sgd = true; }),
