@@ -219,6 +219,38 @@ TEST(TensorParallel, Tp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   RunCommand("rm -rf " + dir);
 }
 
+// ResNet with sync batch norm on TP=2 x DP=2 (4 processes): each batch norm, its channels sharded
+// with its convolution's, takes its statistics over both replicas' halves of the batch through the
+// data-parallel ring of its tensor-parallel coordinate, so the job equals one process normalizing
+// the whole batch: parameters and moving statistics to float rounding. Without the sync each
+// replica normalizes its own half, which the test checks differs, so it cannot pass vacuously.
+TEST(TensorParallel, Tp2TimesDp2WithSyncBatchNormEqualsOneProcessOnResnet) {
+  const std::string dir = MakeTempDir();
+  const std::string args = "--model=resnet --opt=sgd --global_batch=8 --steps=4";
+  // One process's sync batch norm: the same unbiased running variance (plain batch norm keeps
+  // Paddle's biased one).
+  const TpRun one = Train(1, 1, args + " --sync_bn", dir + "/one");
+  const TpRun synced = Train(4, 2, args + " --sync_bn", dir + "/synced");
+  const TpRun unsynced = Train(4, 2, args, dir + "/unsynced");
+  const std::vector<double> a = Losses(synced.output, 0), b = Losses(synced.output, 2);
+  ASSERT_EQ(a.size(), b.size());
+  std::vector<double> global;
+  for (size_t i = 0; i < a.size(); ++i) global.push_back((a[i] + b[i]) / 2);
+  const double loss_diff = MaxDiff(global, Losses(one.output, 0));
+  const double p0 = MaxParamDiff(one.params[0], synced, 0, 2);
+  const double p1 = MaxParamDiff(one.params[0], synced, 2, 2);
+  const double apart = MaxParamDiff(one.params[0], unsynced, 0, 2);
+  std::printf(
+      "resnet, SGD, sync batch norm: TP=2 x DP=2 vs one process: max |loss diff| %.3g, max "
+      "|param or statistic diff| %.3g (replica 0), %.3g (replica 1); without the sync %.3g\n",
+      loss_diff, p0, p1, apart);
+  EXPECT_LT(loss_diff, 1e-5);
+  EXPECT_LT(p0, 1e-5);
+  EXPECT_LT(p1, 1e-5);
+  EXPECT_GT(apart, 1e-3);
+  RunCommand("rm -rf " + dir);
+}
+
 // "rank R step S loss L" of one step (a resumed run starts past step 0); NaN when absent.
 double LossAt(const std::string& output, int rank, int step) {
   std::istringstream in(output);

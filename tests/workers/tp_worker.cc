@@ -36,6 +36,9 @@ DEFINE_string(load_dir, "",
 DEFINE_int32(first_step, 0,
              "Resume: the data stream skips the batches of the steps before this one, and training "
              "runs steps first_step .. steps-1.");
+DEFINE_bool(sync_bn, false,
+            "DistributedStrategy.sync_batch_norm: the batch norms take their statistics over the "
+            "data-parallel replicas' batches.");
 DEFINE_bool(drop_identity_allreduce, false,
             "Negative test: replace the all-reduce of c_identity's gradient by a copy, as if the "
             "backward collective were forgotten.");
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
     strategy.tensor_parallel = FLAGS_tp > 1;
     if (strategy.tensor_parallel)
       strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
+    strategy.sync_batch_norm = FLAGS_sync_bn;
     const TensorParallelConfig tpc = fleet::tensor_parallel_config(strategy);
     const int dp = world / tpc.degree, dp_rank = rank / tpc.degree;
     KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
@@ -187,7 +191,7 @@ int main(int argc, char** argv) {
       // The parameters, and the moving statistics the batch norms write.
       std::set<std::string> stats;
       for (const auto& op : fleet::main_program().global_block().ops())
-        if (op->type() == "batch_norm")
+        if (op->type() == "batch_norm" || op->type() == "sync_batch_norm")
           for (const char* slot : {"MeanOut", "VarianceOut"})
             for (const std::string& name : op->Output(slot)) stats.insert(name);
       NamedTensors params;
