@@ -515,7 +515,6 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   both(amp, "amp=true",
        "the loss-scaling overflow flag would have to be all-reduced over the pipeline group, "
        "which is not built");
-  both(recompute, "recompute=true", "recompute inside pipeline stages is not built or tested");
   both(sync_batch_norm, "sync_batch_norm=true",
        "batch statistics of micro-batches are not synchronized (not built)");
   both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",

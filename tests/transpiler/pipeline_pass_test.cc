@@ -227,6 +227,8 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
       {"schedule_mode='interleaved'"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.accumulate_steps = 0; }),
                                   {"accumulate_steps=0"});
+  // Recompute inside the stages.
+  EXPECT_EQ(error([](auto* s) { s->recompute = true; }), "");
   // Stages of tensor-parallel groups: when the degrees' product divides the world.
   EXPECT_EQ(error([](auto* s) {
               s->tensor_parallel = true;

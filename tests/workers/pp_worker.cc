@@ -48,6 +48,9 @@ DEFINE_int32(vanish_stage, -1,
              "Fault test: the process of this stage disappears before step 1 (_Exit(0): no "
              "destructors, its connections closed by the kernel, as a crashed peer's are; exit "
              "status 0 so that keel launch leaves its neighbours running).");
+DEFINE_bool(recompute, false,
+            "DistributedStrategy.recompute: backward recomputes the transformer's sublayers from "
+            "their checkpoints, inside each stage.");
 DEFINE_bool(unordered_recv, false,
             "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
             "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
       strategy.pipeline_configs.accumulate_steps = FLAGS_micro;
       strategy.pipeline_configs.schedule_mode = FLAGS_schedule;
     }
+    strategy.recompute = FLAGS_recompute;
     const int dp = world / FLAGS_pp, dp_rank = rank / FLAGS_pp;
     KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
     const int64_t local = FLAGS_global_batch / dp;
