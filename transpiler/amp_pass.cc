@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/error.h"
+#include "framework/ir/op_device.h"
 #include "framework/op/op_registry.h"
 
 namespace keel {
@@ -317,6 +318,8 @@ void AmpPass::Apply(Program& main, Program& startup) const {
           cast->SetAttr("in_dtype", static_cast<int>(v->dtype()));
           cast->SetAttr("out_dtype", static_cast<int>(want));
           cast->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+          // The consumer's pipeline stage, if it has one (the cast is built where it is read).
+          if (op->HasAttr(kOpDeviceAttr)) cast->SetAttr(kOpDeviceAttr, op->GetAttr(kOpDeviceAttr));
           InferShapeAtBuild(cast, &block);
           ++i;
           op = block.op(i);

@@ -254,8 +254,19 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
                                   {"pipeline=true", "use_local_sgd=true"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->gradient_merge = true; }),
                                   {"pipeline=true", "gradient_merge=true"});
-  testing::ExpectErrorContainsAll(error([](auto* s) { s->amp = true; }),
-                                  {"pipeline=true", "amp=true"});
+  // AMP: bfloat16 without loss scaling (its default) works; with loss scaling each stage would
+  // need the others' overflow flags.
+  EXPECT_EQ(error([](auto* s) { s->amp = true; }), "");
+  testing::ExpectErrorContainsAll(error([](auto* s) {
+                                    s->amp = true;
+                                    s->amp_configs.dtype = DType::kFloat16;
+                                  }),
+                                  {"pipeline=true", "amp=true with loss scaling"});
+  testing::ExpectErrorContainsAll(error([](auto* s) {
+                                    s->amp = true;
+                                    s->amp_configs.use_dynamic_loss_scaling = true;
+                                  }),
+                                  {"pipeline=true", "amp=true with loss scaling"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->fuse_all_reduce_ops = true; }),
                                   {"pipeline=true", "fuse_all_reduce_ops=true"});
   // Pipeline and its settings alone are accepted.
