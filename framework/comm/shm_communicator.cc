@@ -457,7 +457,6 @@ class ShmCommunicator : public Communicator {
     for (int j = 0; j < nranks_; ++j)
       p2p_to_[j] = p2p_arena_ != nullptr && j != rank_ &&
                    (header_->ranks[j].p2p_maps.load(std::memory_order_acquire) >> rank_ & 1);
-    p2p_inflight_.assign(static_cast<size_t>(nranks_), {});
   }
 
   void Send(const Tensor& t, int peer, int tag) override {
@@ -482,21 +481,17 @@ class ShmCommunicator : public Communicator {
     const size_t bytes = t.nbytes();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
-      ReclaimP2P(peer);
+      ReclaimP2P(ch);
       if (slot < 0)
-        for (int i = 0; i < kP2PSlots; ++i)
-          if (!InFlight(peer, i)) {
-            slot = i;
-            break;
-          }
+        for (int i = 0; i < kP2PSlots && slot < 0; ++i)
+          if (ch.slots[i].key.load(std::memory_order_relaxed) == kSlotFree) slot = i;
       if (slot >= 0 && bytes > 0 && off <= 0) off = p2p_arena_->Take(bytes);
       if (slot >= 0 && (bytes == 0 || off > 0)) break;
       const int pid = header_->ranks[peer].pid.load();
       KEEL_ENFORCE(pid <= 0 || Alive(pid), P2PWhere("send to", peer, tag, n), ": rank ", peer,
-                   " (pid ", pid, ") exited leaving ", p2p_inflight_[peer].size(),
-                   " transfers unreceived");
+                   " (pid ", pid, ") exited leaving ", Unfreed(ch), " transfers unreceived");
       KEEL_ENFORCE(std::chrono::steady_clock::now() < deadline, P2PWhere("send to", peer, tag, n),
-                   ": ", p2p_inflight_[peer].size(), " earlier transfers to rank ", peer,
+                   ": ", Unfreed(ch), " earlier transfers to rank ", peer,
                    " stayed unreceived for ", timeout_.count() / 1000.0,
                    " s (--comm_timeout_s), and at most ", kP2PSlots, " transfers or ",
                    kP2PDataBytes >> 30, " GiB may wait (", slot < 0 ? "no free slot" : "no room",
@@ -510,7 +505,6 @@ class ShmCommunicator : public Communicator {
     for (uint32_t d = 0; d < m.ndims; ++d) m.dims[d] = t.dims()[static_cast<int>(d)];
     m.offset = static_cast<uint64_t>(off);
     m.bytes = bytes;
-    p2p_inflight_[peer].push_back(slot);
     if (ch.used.load(std::memory_order_relaxed) < static_cast<uint32_t>(slot) + 1)
       ch.used.store(static_cast<uint32_t>(slot) + 1, std::memory_order_release);
     m.key.store(PostedKey(tag, n), std::memory_order_release);
@@ -675,26 +669,24 @@ class ShmCommunicator : public Communicator {
     });
   }
 
-  // Whether this rank's transfer in `slot` to `peer` is still posted or taken but not yet freed.
-  bool InFlight(int peer, int slot) const {
-    const auto& v = p2p_inflight_[peer];
-    return std::find(v.begin(), v.end(), slot) != v.end();
+  // This rank's transfers in `ch` (to one peer) posted or received but not yet freed.
+  static int Unfreed(const P2PChannel& ch) {
+    int n = 0;
+    const uint32_t used = ch.used.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; i < used; ++i)
+      n += ch.slots[i].key.load(std::memory_order_relaxed) != kSlotFree;
+    return n;
   }
 
-  // Frees the slots (and their blocks) of the transfers to `peer` that it has received.
-  void ReclaimP2P(int peer) {
-    P2PChannel& ch = reinterpret_cast<P2PFile*>(p2p_arena_->base())->to[peer];
-    auto& v = p2p_inflight_[peer];
-    for (size_t i = 0; i < v.size();) {
-      P2PSlot& m = ch.slots[v[i]];
-      if (m.key.load(std::memory_order_acquire) != kSlotTaken) {
-        ++i;
-        continue;
-      }
+  // Frees the slots (and their blocks) of this rank's transfers in `ch` that the peer has received.
+  // Only the sender frees and posts, so a slot whose key reads free is this rank's to fill.
+  void ReclaimP2P(P2PChannel& ch) {
+    const uint32_t used = ch.used.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; i < used; ++i) {
+      P2PSlot& m = ch.slots[i];
+      if (m.key.load(std::memory_order_acquire) != kSlotTaken) continue;
       if (m.bytes > 0) p2p_arena_->Give(static_cast<int64_t>(m.offset), m.bytes);
       m.key.store(kSlotFree, std::memory_order_relaxed);
-      v[i] = v.back();
-      v.pop_back();
     }
   }
 
@@ -922,12 +914,10 @@ class ShmCommunicator : public Communicator {
   bool shared_ready_ = false;
   bool all_shared_ = false;
   // Point-to-point: this rank's file (nullptr: none), every peer's mapped here (index = rank;
-  // none: that peer's sends come through the store), whether each peer mapped this rank's, and
-  // the slots of this rank's transfers to each peer not yet freed.
+  // none: that peer's sends come through the store), and whether each peer mapped this rank's.
   std::shared_ptr<SharedArena> p2p_arena_;
   std::vector<Mapping> peer_p2p_;
   std::vector<bool> p2p_to_;
-  std::vector<std::vector<int>> p2p_inflight_;
   std::mutex p2p_send_mu_;
   std::once_flag p2p_announced_;
 };
