@@ -512,10 +512,6 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   both(gradient_merge, "gradient_merge=true",
        "the pipeline already accumulates gradients over pipeline_configs.accumulate_steps "
        "micro-batches; raise that instead");
-  both(amp && amp::ScalesLoss(amp_configs), "amp=true with loss scaling",
-       "each stage would check only its own gradients for overflow, and the flag would have to "
-       "be all-reduced over the pipeline group, which is not built (bfloat16 without loss "
-       "scaling, amp_configs' default for it, works)");
   both(sync_batch_norm, "sync_batch_norm=true",
        "batch statistics of micro-batches are not synchronized (not built)");
   both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",

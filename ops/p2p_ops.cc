@@ -91,8 +91,8 @@ KEEL_REGISTER_OP(send_v2)
     .Attr<int>("tag", 0, "pairs this send with the recv_v2 of the same tag", NonNegative)
     .NotCapturable("moves data between processes through the host")
     .ShardsModel();
-KEEL_REGISTER_CPU_KERNEL(send_v2, SendKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(send_v2, SendKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(send_v2, SendKernel, float, double, int32_t, int64_t, float16, bfloat16);
+KEEL_REGISTER_CUDA_KERNEL(send_v2, SendKernel, float, double, int32_t, int64_t, float16, bfloat16);
 
 KEEL_REGISTER_OP(recv_v2)
     .Doc("Out = the X that rank `peer` of ring ring_id sent under `tag`")
@@ -109,7 +109,7 @@ KEEL_REGISTER_OP(recv_v2)
       ctx.SetOutputDim("Out", DDim(ctx.Attr<std::vector<int64_t>>("out_shape")));
       ctx.SetOutputDType("Out", static_cast<DType>(ctx.Attr<int>("dtype")));
     });
-KEEL_REGISTER_CPU_KERNEL(recv_v2, RecvKernel, float, double, int32_t, int64_t);
-KEEL_REGISTER_CUDA_KERNEL(recv_v2, RecvKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(recv_v2, RecvKernel, float, double, int32_t, int64_t, float16, bfloat16);
+KEEL_REGISTER_CUDA_KERNEL(recv_v2, RecvKernel, float, double, int32_t, int64_t, float16, bfloat16);
 
 }  // namespace keel

@@ -14,6 +14,7 @@
 #include "framework/op/op_registry.h"
 #include "transpiler/amp_pass.h"
 #include "transpiler/gradient_merge_pass.h"
+#include "transpiler/pipeline_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -57,10 +58,10 @@ bool ScalesAfterAllReduce(DType comm) { return comm == DType::kFloat16; }
 // copy all-reduced, then a cast back into `var`, and for float16 its scale by 1/nranks in float32
 // (the loss gradient is not scaled then). Returns the number of ops inserted.
 size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring, DType comm,
-                       int nranks) {
+                       int nranks, int role = kBackward) {
   if (comm == DType::kFloat32) {
-    InsertInPlace(mb, index, "c_sync_calc_stream", var, ring, kBackward);
-    InsertInPlace(mb, index + 1, "c_allreduce_sum", var, ring, kBackward);
+    InsertInPlace(mb, index, "c_sync_calc_stream", var, ring, role);
+    InsertInPlace(mb, index + 1, "c_allreduce_sum", var, ring, role);
     return 2;
   }
   const VarDesc* v = mb.MustFindVar(var);
@@ -79,19 +80,19 @@ size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring
     op->SetOutput("Out", {out});
     op->SetAttr("in_dtype", static_cast<int>(from));
     op->SetAttr("out_dtype", static_cast<int>(to));
-    op->SetAttr(kOpRoleAttr, kBackward);
+    op->SetAttr(kOpRoleAttr, role);
     InferShapeAtBuild(op, &mb);
   };
   cast(index, var, low, DType::kFloat32, comm);
-  InsertInPlace(mb, index + 1, "c_sync_calc_stream", low, ring, kBackward);
-  InsertInPlace(mb, index + 2, "c_allreduce_sum", low, ring, kBackward);
+  InsertInPlace(mb, index + 1, "c_sync_calc_stream", low, ring, role);
+  InsertInPlace(mb, index + 2, "c_allreduce_sum", low, ring, role);
   cast(index + 3, low, var, comm, DType::kFloat32);
   if (!ScalesAfterAllReduce(comm)) return 4;
   OpDesc* s = mb.InsertOp(index + 4, "scale");
   s->SetInput("X", {var});
   s->SetOutput("Out", {var});
   s->SetAttr("scale", 1.0f / static_cast<float>(nranks));
-  s->SetAttr(kOpRoleAttr, kBackward);
+  s->SetAttr(kOpRoleAttr, role);
   InferShapeAtBuild(s, &mb);
   return 5;
 }
@@ -593,6 +594,28 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
     }
     for (int ring : used)
       InsertInPlace(sub, at++, "c_sync_comm_stream", gm->merged.back().second, ring, kOptimize);
+    return;
+  }
+
+  // After PipelinePass: nothing per micro-batch; each gradient's accumulator, once per
+  // mini-batch, first thing in the optimizer section (before the overflow check, the clip and the
+  // updates).
+  if (const std::vector<std::string> accs = PipelineAccumulators(mb); !accs.empty()) {
+    KEEL_ENFORCE(!options_.fuse && !hierarchical,
+                 "grad_allreduce: the program is a pipeline stage and ",
+                 options_.fuse ? "fuse_all_reduce_ops" : "use_hierarchical_allreduce",
+                 " is set: the stage's gradient accumulators are all-reduced one by one (fused or "
+                 "hierarchical all-reduce of them is not built)");
+    size_t at = 0;
+    while (at < mb.num_ops() && !(Role(*mb.op(at)) & kOptimize)) ++at;
+    std::set<int> used;
+    for (size_t i = 0; i < accs.size(); ++i) {
+      const int ring = static_cast<int>(i) % nrings;
+      used.insert(ring);
+      at += InsertAllReduce(mb, at, accs[i], ring, options_.comm_dtype, nranks, kOptimize);
+    }
+    for (int ring : used)
+      InsertInPlace(mb, at++, "c_sync_comm_stream", accs.back(), ring, kOptimize);
     return;
   }
 

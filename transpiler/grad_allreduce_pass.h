@@ -43,6 +43,12 @@
 //     c_allreduce_sum of each merged buffer on ring (i % nrings), then one c_sync_comm_stream per
 //     ring, so the all-reduces run once per merge step, before the avg scale, the overflow check
 //     and the updates. Fusion or hierarchy there is a keel::Error (not built).
+//   after PipelinePass (PipelineAccumulators finds a stage's gradient accumulators): nothing
+//     per micro-batch in block 0 but the loss-gradient scale; first in the optimizer section
+//     (op_role Optimize, so once per mini-batch), the all-reduce of each accumulator on ring
+//     (i % nrings) as above (fp16_allreduce's casts included), then one c_sync_comm_stream per
+//     ring: before the overflow check, the clip and the updates. Fusion or hierarchy there is a
+//     keel::Error (not built).
 // Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
 //   buffers and (comm_dtype) their 16-bit copies.
 #pragma once

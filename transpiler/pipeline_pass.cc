@@ -9,6 +9,7 @@
 
 #include "framework/ir/op_device.h"
 #include "framework/op/op_registry.h"
+#include "transpiler/overflow_flag.h"
 #include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
@@ -19,6 +20,9 @@ namespace {
 constexpr int kBackward = static_cast<int>(OpRole::kBackward);
 constexpr int kOptimize = static_cast<int>(OpRole::kOptimize);
 constexpr int kLoss = static_cast<int>(OpRole::kLoss);
+
+// AMP's overflow check (loss scaling): one per program, over every gradient.
+constexpr const char* kOverflowCheck = "check_finite_and_unscale";
 
 int Role(const OpDesc& op) { return op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0; }
 
@@ -58,6 +62,20 @@ int ParsePipelineStage(const std::string& op_device) {
   for (size_t i = prefix.size(); i < op_device.size(); ++i)
     if (op_device[i] < '0' || op_device[i] > '9') return -1;
   return std::atoi(op_device.c_str() + prefix.size());
+}
+
+std::vector<std::string> PipelineAccumulators(const Block& main) {
+  std::vector<std::string> accs;
+  const std::string suffix = kPipelineAccSuffix;
+  for (const auto& op : main.ops()) {
+    if (op->type() != "sum" || op->Output("Out").empty()) continue;
+    const std::string& out = op->Output("Out")[0];
+    if (out.size() > suffix.size() &&
+        out.compare(out.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        op->Input("X").front() == out)
+      accs.push_back(out);
+  }
+  return accs;
 }
 
 void PipelinePass::Apply(Program& main, Program& startup) const {
@@ -174,9 +192,12 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
     std::map<std::pair<size_t, std::string>, std::set<int>> readers;  // (op, var) -> stages
     for (size_t i = 0; i < n; ++i) {
       const OpDesc& op = *b.op(i);
+      // The overflow check runs on every stage over that stage's gradients (step 3).
+      const bool per_stage = op.type() == kOverflowCheck;
       for (const std::string& in : op.InputArgumentNames()) {
         auto w = last_write.find(in);
         if (w == last_write.end() || persistable(in)) continue;
+        if (per_stage && in != op.Input("Scale")[0]) continue;
         for (int t : where[i]) {
           if (where[w->second].count(t)) continue;
           KEEL_ENFORCE(where[w->second].size() == 1 && !(Role(op) & kOptimize),
@@ -246,6 +267,26 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
   for (auto& op : kept) {
     OpDesc* added = b.InsertOp(b.num_ops(), std::move(op));
     if (added->type() == "send_v2" || added->type() == "recv_v2") InferShapeAtBuild(added, &b);
+  }
+  // AMP's overflow check sees this stage's gradients; its flag is the maximum over the stages,
+  // so that every stage skips the same steps and moves the loss scale alike.
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    OpDesc* op = b.op(i);
+    if (op->type() != kOverflowCheck) continue;
+    std::vector<std::string> own;
+    for (const std::string& g : op->Input("X"))
+      if (home.count(g) && home.at(g) == me) own.push_back(g);
+    const std::string found = op->Output("FoundInfinite")[0];
+    const int role = Role(*op);
+    if (own.empty()) {
+      b.RemoveOp(i);
+      i = InsertOverflowFlagMax(b, i, found, kPipelineRingId, role, /*local_false=*/true) - 1;
+      continue;
+    }
+    op->SetInput("X", own);
+    op->SetOutput("Out", own);
+    InferShapeAtBuild(op, &b);
+    i = InsertOverflowFlagMax(b, i + 1, found, kPipelineRingId, role) - 1;
   }
 
   // 4. The loss gradient: each micro-batch's mean loss counts 1/M of the mini-batch's.

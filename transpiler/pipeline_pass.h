@@ -34,6 +34,10 @@
 //     ops read G@PP_ACC instead of G (and op_role_var says so); after the last optimizer op a
 //     fill_zeros_like of each G@PP_ACC (role Optimize);
 //     the vars no kept op uses are dropped (so later passes see only this stage's parameters).
+//     with AMP's loss scaling: the check_finite_and_unscale (an optimizer op of every stage)
+//     checks and unscales this stage's gradient accumulators only, and its FoundInfinite becomes
+//     the maximum over the stages (InsertOverflowFlagMax on ring kPipelineRingId), so that every
+//     stage skips the same steps and moves the loss scale alike;
 //   startup: the ops that make what this stage's main reads; the other ops without inputs (other
 //     stages' initializers) stay in place writing "<var>@PP_OTHER_STAGE" temporaries instead, so
 //     that every op keeps its index and, with a program random seed, draws what it draws in the
@@ -74,6 +78,10 @@ struct PipelineOptions {
   int device = -1;           // this rank's GPU (c_comm_init's device_id); -1 on CPU
   std::string group;         // c_comm_init's group (fleet::Topology::PpGroupName)
 };
+
+// The gradient accumulators of a stage's main block (the vars its `sum(G@PP_ACC, G)` ops
+// write), in the order backward completes them; empty for a block no PipelinePass made.
+std::vector<std::string> PipelineAccumulators(const Block& main);
 
 // The stage of an op_device value "stage:<n>"; -1 for anything else.
 int ParsePipelineStage(const std::string& op_device);

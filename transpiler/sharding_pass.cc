@@ -9,6 +9,7 @@
 
 #include "framework/op/op_registry.h"
 #include "transpiler/grad_allreduce_pass.h"
+#include "transpiler/overflow_flag.h"
 
 namespace keel {
 namespace transpiler {
@@ -73,25 +74,9 @@ void ReduceAcrossOwners(Block& mb, size_t from, const std::set<std::string>& own
       op->SetInput("X", own);
       op->SetOutput("Out", own);
       InferShapeAtBuild(op, &mb);
-      const std::string found = op->Output("FoundInfinite")[0];
-      const std::string flag = found + "@SHARDING_INT";
-      Declare(mb, flag, DType::kInt32, 1);
-      const int role = Role(*op);
-      OpDesc* to_int = mb.InsertOp(++i, "cast");
-      to_int->SetInput("X", {found});
-      to_int->SetOutput("Out", {flag});
-      to_int->SetAttr("out_dtype", static_cast<int>(DType::kInt32));
-      to_int->SetAttr(kOpRoleAttr, role);
-      InferShapeAtBuild(to_int, &mb);
-      InsertOp(mb, ++i, "c_sync_calc_stream", flag, flag, role);
-      InsertOp(mb, ++i, "c_allreduce_max", flag, flag, role);
-      InsertOp(mb, ++i, "c_sync_comm_stream", flag, flag, role);
-      OpDesc* back = mb.InsertOp(++i, "cast");
-      back->SetInput("X", {flag});
-      back->SetOutput("Out", {found});
-      back->SetAttr("out_dtype", static_cast<int>(DType::kBool));
-      back->SetAttr(kOpRoleAttr, role);
-      InferShapeAtBuild(back, &mb);
+      i = InsertOverflowFlagMax(mb, i + 1, op->Output("FoundInfinite")[0], /*ring_id=*/0,
+                                Role(*op)) -
+          1;
     } else if (op->type() == "clip_by_global_norm") {
       const std::vector<std::string> own = Kept(op->Input("X"), owned_grads);
       const DType dtype = mb.MustFindVar(op->Input("X")[0])->dtype();

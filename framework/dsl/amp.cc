@@ -1,11 +1,13 @@
 #include "framework/dsl/amp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "framework/error.h"
+#include "framework/ir/op_device.h"
 #include "framework/op/op_registry.h"
 #include "transpiler/amp_pass.h"
 
@@ -92,13 +94,24 @@ std::vector<ParamGrad> MixedPrecisionOptimizer::backward(Var loss, Program* star
   pass.Apply(main, *startup);
   for (const std::string& p : pass.o2_params()) masters_[p] = transpiler::AmpMasterName(p);
 
+  // The ops that extend the loss (its float32 cast, its scaling) are forward ops of the loss's
+  // pipeline stage, when it has one.
+  const OpDesc* loss_writer = nullptr;
+  for (size_t i = block.num_ops(); i-- > 0 && loss_writer == nullptr;) {
+    const auto outs = block.op(i)->OutputArgumentNames();
+    if (std::find(outs.begin(), outs.end(), loss.name()) != outs.end()) loss_writer = block.op(i);
+  }
+  auto on_loss_stage = [&](OpDesc* op) {
+    if (loss_writer != nullptr && loss_writer->HasAttr(kOpDeviceAttr))
+      op->SetAttr(kOpDeviceAttr, loss_writer->GetAttr(kOpDeviceAttr));
+  };
   Var target = loss;
   if (loss.dtype() != DType::kFloat32) {
     // A loss computed in low precision (a white op at the end): backward starts in float32.
     const std::string f32 = main.UniqueName(loss.name() + ".cast_fp32");
-    AppendOp(block, "cast", {{"X", {loss.name()}}}, {{"Out", {f32}}},
-             {{"in_dtype", static_cast<int>(loss.dtype())},
-              {"out_dtype", static_cast<int>(DType::kFloat32)}});
+    on_loss_stage(AppendOp(block, "cast", {{"X", {loss.name()}}}, {{"Out", {f32}}},
+                           {{"in_dtype", static_cast<int>(loss.dtype())},
+                            {"out_dtype", static_cast<int>(DType::kFloat32)}}));
     target = Var(&block, f32);
   }
   const bool scaled = ScalesLoss(config_);
@@ -106,8 +119,8 @@ std::vector<ParamGrad> MixedPrecisionOptimizer::backward(Var loss, Program* star
     const float init = config_.init_loss_scaling.value_or(65536.0f);
     loss_scaling_ = AddState(main, *startup, "loss_scaling", DType::kFloat32, init);
     const std::string s = main.UniqueName(target.name() + "@SCALED");
-    AppendOp(block, "elementwise_mul", {{"X", {target.name()}}, {"Y", {loss_scaling_}}},
-             {{"Out", {s}}}, {});
+    on_loss_stage(AppendOp(block, "elementwise_mul",
+                           {{"X", {target.name()}}, {"Y", {loss_scaling_}}}, {{"Out", {s}}}, {}));
     target = Var(&block, s);
   }
 

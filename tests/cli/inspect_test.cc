@@ -162,6 +162,28 @@ TEST(InspectStrategy, PipelineTimesTensorParallelTransformerGolden) {
                      "group=\"tp:dp0.pp1\", nranks=2, op_role=0, rank=1, ring_id=32"});
 }
 
+// --pp_degree with data parallelism and float16 loss scaling (rank 0: stage 0 of replica 0): the
+// replicas all-reduce each gradient accumulator once per mini-batch, first in the optimizer
+// section (not each micro-batch's gradients); the overflow check reads this stage's accumulators
+// and its flag is the maximum over the pipeline ring (33).
+TEST(InspectStrategy, PipelineTimesDataParallelInFloat16Golden) {
+  auto r = Inspect("--strategy --nranks=4 --rank=0 --pp_degree=2 --micro_batches=2 --amp=fp16" +
+                   std::string(kSmallMlp));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ExpectGolden(r.output, "inspect_strategy_pipeline_dp_fp16.txt");
+  int sums = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("c_allreduce_sum(") == std::string::npos) continue;
+    ++sums;
+    EXPECT_NE(line.find("@PP_ACC"), std::string::npos) << line;
+    EXPECT_NE(line.find("op_role=2"), std::string::npos) << line;  // once per mini-batch
+  }
+  EXPECT_EQ(sums, 4);  // stage 0's two layers' weights and biases
+  EXPECT_NE(r.output.find("c_allreduce_max(X: find_infinite_0@ALLREDUCE_INT)"), std::string::npos);
+  EXPECT_NE(r.output.find("ring_id=33"), std::string::npos);
+}
+
 // --pp_degree: each rank holds one stage of the mlp (layers 0-1, then layer 2 and the loss), with
 // the send_v2 / recv_v2 between them, its gradient accumulators and the pipeline ring (id 33).
 TEST(InspectStrategy, PipelineGolden) {

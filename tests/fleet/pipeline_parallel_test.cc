@@ -183,6 +183,59 @@ TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   RunCommand("rm -rf " + dir);
 }
 
+// Float16 loss scaling (dynamic, from a scale that overflows): each stage checks its own
+// gradients and the flag is all-reduced (max) over the pipeline group, so every stage skips the
+// same steps and moves the loss scale alike. The pipeline scales each micro-batch's loss by S/M
+// (the mini-batch loss times S), so its float16 values are exactly those of one process merging
+// the same M micro-batches (gradient merge, averaged) at the scale S/M, a power of two away:
+// every rank's scale is 4x the reference's at every step, the same steps are skipped, and the
+// parameters agree. With the flag kept on each stage (the all-reduce removed on purpose), stage 0
+// skips a step that stage 1 takes: the stages' scales part (this test fails without the
+// reduction).
+TEST(PipelineParallel, Float16LossScalingSkipsTheSameStepsOnEveryStageAndEqualsOneProcess) {
+  const std::string dir = MakeTempDir();
+  const std::string args = " --steps=6 --opt=adam";
+  const PpRun one = Train(1, "--pp=1 --merge=4 --loss_scale=750000" + args, dir + "/one");
+  const std::vector<double> want_scale = Series(one.output, 0, "loss_scale");
+  const std::vector<double> want_skipped = Series(one.output, 0, "skipped");
+  ASSERT_EQ(want_scale.size(), 6u) << one.output;
+  // The scale moves both ways in these steps: overflows first, then a step taken.
+  EXPECT_GE(want_skipped.back(), 2) << one.output;
+  EXPECT_LT(want_skipped.back(), 6) << one.output;
+  struct Case {
+    int nproc, stages;
+    const char* flags;
+  };
+  // PP x DP: each replica's 2 micro-batches of 4 rows are the reference's, and the loss
+  // gradient's 1/2 for the replicas keeps the micro-batches' scale at 3e6 / 4.
+  for (const Case& c :
+       {Case{2, 2, " --micro=4 --schedule=1F1B"}, Case{2, 2, " --micro=4 --schedule=F-then-B"},
+        Case{4, 4, " --micro=4 --schedule=1F1B"}, Case{4, 2, " --micro=2 --schedule=1F1B"}}) {
+    const std::string what = "PP=" + std::to_string(c.stages) +
+                             " x DP=" + std::to_string(c.nproc / c.stages) + c.flags +
+                             " fp16 loss scaling";
+    SCOPED_TRACE(what);
+    const PpRun pp =
+        Train(c.nproc, "--pp=" + std::to_string(c.stages) + " --loss_scale=3e6" + args + c.flags,
+              dir + "/pp" + std::to_string(c.nproc) + std::to_string(c.stages) +
+                  std::string(c.flags).substr(21));
+    for (int r = 0; r < c.nproc; ++r) {
+      const std::vector<double> scale = Series(pp.output, r, "loss_scale");
+      ASSERT_EQ(scale.size(), want_scale.size()) << "rank " << r << "\n" << pp.output;
+      for (size_t i = 0; i < scale.size(); ++i)
+        EXPECT_EQ(scale[i], 4 * want_scale[i]) << "rank " << r << " step " << i;
+      EXPECT_EQ(Series(pp.output, r, "skipped"), want_skipped) << "rank " << r;
+    }
+    ExpectEqualsOneProcess(one, pp, c.stages, what.c_str());
+  }
+  const PpRun local =
+      Train(2, "--pp=2 --micro=4 --loss_scale=3e6 --local_overflow_flag --steps=6 --opt=sgd",
+            dir + "/local");
+  EXPECT_NE(Series(local.output, 0, "loss_scale"), Series(local.output, 1, "loss_scale"))
+      << local.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // fleet::save_persistables of a pipeline (every rank calls it) writes one complete checkpoint:
 // rank 0 gathers the other stages' persistables, under the single-device names. Resuming the
 // pipeline from it (each stage loads its own) continues exactly: 2k steps equal k, save, resume,

@@ -2,6 +2,8 @@
 // sections its programs split into, and its refusals; DistributedStrategy's pipeline checks.
 #include <gtest/gtest.h>
 
+#include "framework/dsl/amp.h"
+
 #include "fleet/distributed_strategy.h"
 #include "fleet/fleet.h"
 #include "fleet/pipeline_runner.h"
@@ -75,6 +77,48 @@ TEST(PipelinePass, Pp2MlpStagesMatchGolden) {
     EXPECT_GT(runner.forward_section().global_block().num_ops(), 0u);
     EXPECT_GT(runner.backward_section().global_block().num_ops(), 0u);
     EXPECT_EQ(Count(runner.optimizer_section(), "sgd"), 2);
+  }
+}
+
+// Float16 loss scaling: the scaled loss is the last stage's forward op; every stage checks only
+// its own gradients (their accumulators) for overflow and takes the maximum of the stages' flags
+// on the pipeline ring before the scale's update and the updates that skip on it.
+TEST(PipelinePass, Fp16LossScalingChecksEachStagesGradientsAndAgreesOnTheFlagGolden) {
+  for (int stage = 0; stage < 2; ++stage) {
+    Program main, startup;
+    {
+      ProgramGuard guard(main, startup);
+      Var x = layers::data("x", {-1, 4});
+      Var y = layers::data("y", {-1, 1}, DType::kInt64);
+      Var h, loss;
+      {
+        PipelineStageGuard s(0);
+        h = layers::fc(x, 6, "tanh");
+      }
+      {
+        PipelineStageGuard s(1);
+        loss = layers::mean(layers::cross_entropy(layers::fc(h, 3, "softmax"), y));
+      }
+      amp::AmpConfig c;
+      c.dtype = DType::kFloat16;
+      c.check_kernels = false;
+      amp::decorate(optimizer::SGD(0.1f), c).minimize(loss, &startup);
+    }
+    transpiler::PipelinePass(Stage(stage)).Apply(main, startup);
+    testing::ExpectGolden(main.ToText(),
+                          "pipeline_pp2_fp16_stage" + std::to_string(stage) + "_main.txt");
+    int checks = 0;
+    for (const auto& op : main.global_block().ops()) {
+      if (op->type() != "check_finite_and_unscale") continue;
+      ++checks;
+      // This stage's two accumulators only.
+      ASSERT_EQ(op->Input("X").size(), 2u);
+      for (const std::string& g : op->Input("X"))
+        EXPECT_NE(g.find(stage == 0 ? "fc_0" : "fc_1"), std::string::npos) << g;
+    }
+    EXPECT_EQ(checks, 1);
+    EXPECT_EQ(Count(main, "c_allreduce_max"), 1);
+    EXPECT_EQ(Count(main, "update_loss_scaling"), 1);
   }
 }
 
@@ -254,19 +298,13 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
                                   {"pipeline=true", "use_local_sgd=true"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->gradient_merge = true; }),
                                   {"pipeline=true", "gradient_merge=true"});
-  // AMP: bfloat16 without loss scaling (its default) works; with loss scaling each stage would
-  // need the others' overflow flags.
+  // AMP, with loss scaling too (the stages agree on the overflow flag through the pipeline ring).
   EXPECT_EQ(error([](auto* s) { s->amp = true; }), "");
-  testing::ExpectErrorContainsAll(error([](auto* s) {
-                                    s->amp = true;
-                                    s->amp_configs.dtype = DType::kFloat16;
-                                  }),
-                                  {"pipeline=true", "amp=true with loss scaling"});
-  testing::ExpectErrorContainsAll(error([](auto* s) {
-                                    s->amp = true;
-                                    s->amp_configs.use_dynamic_loss_scaling = true;
-                                  }),
-                                  {"pipeline=true", "amp=true with loss scaling"});
+  EXPECT_EQ(error([](auto* s) {
+              s->amp = true;
+              s->amp_configs.dtype = DType::kFloat16;
+            }),
+            "");
   testing::ExpectErrorContainsAll(error([](auto* s) { s->fuse_all_reduce_ops = true; }),
                                   {"pipeline=true", "fuse_all_reduce_ops=true"});
   // Pipeline and its settings alone are accepted.

@@ -21,6 +21,7 @@
 #include "framework/io/safetensors.h"
 #include "framework/runtime/allocator.h"
 #include "models/transformer/transformer_model.h"
+#include "transpiler/pipeline_pass.h"
 
 DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
 DEFINE_string(model, "mlp", "mlp (a side branch relayed through the stages) | transformer.");
@@ -51,6 +52,16 @@ DEFINE_int32(vanish_stage, -1,
 DEFINE_bool(recompute, false,
             "DistributedStrategy.recompute: backward recomputes the transformer's sublayers from "
             "their checkpoints, inside each stage.");
+DEFINE_double(loss_scale, 0,
+              "> 0: mixed precision in float16 with dynamic loss scaling from this scale; every "
+              "rank prints its loss scale and skipped steps after each step.");
+DEFINE_int32(merge, 1,
+             "With --pp=1: DistributedStrategy.gradient_merge with k_steps=MERGE (averaged), each "
+             "step run as MERGE runs of global_batch/MERGE rows in order, as a pipeline's "
+             "micro-batches (the reference of a pipeline with --loss_scale).");
+DEFINE_bool(local_overflow_flag, false,
+            "Negative test: each stage keeps its own overflow flag (the flag's all-reduce over "
+            "the pipeline group is removed), as if the stages did not agree on skipped steps.");
 DEFINE_bool(unordered_recv, false,
             "Negative test: every recv_v2 of stage 1 waits for the tag of another transfer, as if "
             "receives were matched by arrival instead of by tag (must fail by the comm timeout).");
@@ -112,6 +123,17 @@ int main(int argc, char** argv) {
       strategy.pipeline_configs.schedule_mode = FLAGS_schedule;
     }
     strategy.recompute = FLAGS_recompute;
+    if (FLAGS_merge > 1) {
+      KEEL_ENFORCE(FLAGS_pp == 1 && world == 1, "--merge is the one-process reference");
+      KEEL_ENFORCE(FLAGS_global_batch % FLAGS_merge == 0, "--merge must divide --global_batch");
+      strategy.gradient_merge = true;
+      strategy.gradient_merge_configs.k_steps = FLAGS_merge;
+    }
+    if (FLAGS_loss_scale > 0) {
+      strategy.amp = true;
+      strategy.amp_configs.dtype = DType::kFloat16;
+      strategy.amp_configs.init_loss_scaling = static_cast<float>(FLAGS_loss_scale);
+    }
     const int dp = world / FLAGS_pp, dp_rank = rank / FLAGS_pp;
     KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
     const int64_t local = FLAGS_global_batch / dp;
@@ -119,6 +141,7 @@ int main(int argc, char** argv) {
     main.set_random_seed(7);
     startup.set_random_seed(7);
     Var loss;
+    std::string loss_scale, skipped;  // with --loss_scale
     {
       ProgramGuard g(main, startup);
       if (FLAGS_model == "mlp") {
@@ -135,7 +158,26 @@ int main(int argc, char** argv) {
         opt = std::make_unique<optimizer::Adam>(0.01f);
       else
         opt = std::make_unique<optimizer::SGD>(0.5f);
-      fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
+      fleet::DistributedOptimizer dist(opt->Clone(), strategy);
+      dist.minimize(loss, &startup);
+      if (auto amp = dist.amp_optimizer()) {
+        loss_scale = amp->loss_scaling_var();
+        skipped = amp->skipped_steps_var();
+      }
+    }
+    if (FLAGS_local_overflow_flag) {
+      Block& b = fleet::main_program().global_block();
+      int removed = 0;
+      for (size_t i = b.num_ops(); i-- > 0;) {
+        const OpDesc& op = *b.op(i);
+        if (op.HasAttr("ring_id") && op.Attr<int>("ring_id") == transpiler::kPipelineRingId &&
+            op.type() != "send_v2" && op.type() != "recv_v2") {
+          b.RemoveOp(i);
+          ++removed;
+        }
+      }
+      fleet::main_program().Touch();
+      std::printf("rank %d removed %d flag collectives\n", rank, removed);
     }
     if (FLAGS_unordered_recv) {
       int changed = 0;
@@ -187,6 +229,16 @@ int main(int argc, char** argv) {
       if (runner) {
         out = runner->Step(
             feed, last ? std::vector<std::string>{loss.name()} : std::vector<std::string>{});
+      } else if (FLAGS_merge > 1) {
+        // The micro-batches in order; the step's loss is their mean.
+        const int64_t rows = local / FLAGS_merge;
+        double sum = 0;
+        for (int k = 0; k < FLAGS_merge; ++k) {
+          FeedMap part;
+          for (const auto& [name, t] : feed) part[name] = t.Slice(k * rows, (k + 1) * rows);
+          sum += exe.Run(fleet::main_program(), part, {loss.name()})[0].item<double>();
+        }
+        out = {Tensor::FromVector(std::vector<double>{sum / FLAGS_merge}, {1})};
       } else {
         out = exe.Run(fleet::main_program(), feed, {loss.name()});
       }
@@ -194,6 +246,10 @@ int main(int argc, char** argv) {
       double l = last ? out[0].item<double>() : 0.0;
       if (world > 1) l = fleet::metrics::sum(l) / dp;
       if (last) std::printf("rank %d step %d loss %.9g\n", rank, step, l);
+      if (!loss_scale.empty())
+        std::printf("rank %d step %d loss_scale %g skipped %g\n", rank, step,
+                    exe.scope().FindVar(loss_scale)->tensor().data<float>()[0],
+                    exe.scope().FindVar(skipped)->tensor().data<float>()[0]);
       if (runner)
         std::printf("rank %d step %d peak_in_flight %d\n", rank, step, runner->peak_in_flight());
       std::printf("rank %d step %d peak_bytes %zu\n", rank, step,
