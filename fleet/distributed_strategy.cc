@@ -351,14 +351,6 @@ void DistributedStrategy::Validate(const Role& role) const {
     both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
          "the data-parallel ranks of a tensor-parallel job are not one node's consecutive ranks, "
          "which the hierarchical rings assume");
-    both(gradient_merge, "gradient_merge=true",
-         "gradient merge with tensor-parallel groups is not built or tested");
-    both(amp, "amp=true",
-         "the tensor-parallel collectives have float32/float64 kernels only; mixed precision "
-         "would hand them float16/bfloat16 activations");
-    both(recompute, "recompute=true",
-         "recomputing a segment would run its tensor-parallel collectives again in backward, "
-         "which is not built or tested");
   } else {
     off(tensor_parallel_configs.tensor_parallel_degree != 1,
         StrCat("tensor_parallel_configs.tensor_parallel_degree=",

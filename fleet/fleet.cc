@@ -103,6 +103,9 @@ struct FleetState {
   // Parameter-server mode: the single-device main program (what a checkpoint holds) and the
   // plan that split it, by the trainer's main program id.
   std::map<uint64_t, std::pair<std::shared_ptr<Program>, transpiler::PsPlan>> ps_programs;
+  // Data-parallel replicas of each minimized main program (by id), when not the world size
+  // (tensor-parallel groups and pipelines hold one replica over several ranks).
+  std::map<uint64_t, int> dp_replicas;
 };
 
 // The ring of collectives outside programs (fleet::all_reduce); programs use small ids.
@@ -600,8 +603,10 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     std::unique_ptr<Program> whole_main = model_parallel ? main.Clone() : nullptr,
                              whole_startup = model_parallel ? startup->Clone() : nullptr;
     fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
-    if (model_parallel)
+    if (model_parallel) {
       RecordModelParallelLayout(main, std::move(whole_main), *whole_startup, strategy_, r);
+      State().dp_replicas[main.id()] = TopologyFor(strategy_, r).dp_degree();
+    }
     RecordPassMadeVars(before, main, *startup);
     if (!compare_before) {
       CheckProgramsMatch(*ForComparison(main, false), "main program");
@@ -740,15 +745,19 @@ void ps_program_for_test(const Program& main, Program* test) {
 }
 
 void rebuild_pass_made_vars(Executor& exe, const Program& program, int64_t steps_done) {
-  // Between two merge steps each rank's merge buffers hold its own gradients, and a checkpoint
-  // rank 0's: no rank of a multi-worker job could continue from it.
-  if (initialized() && role().world_size > 1 && transpiler::FindGradientMerge(program)) {
+  // Between two merge steps each data-parallel replica's merge buffers hold its own gradients,
+  // and a checkpoint replica 0's: no replica of a multi-replica job could continue from it. (The
+  // ranks of one tensor-parallel group hold shards of one replica's buffers, which a checkpoint
+  // joins.)
+  auto replicas = State().dp_replicas.find(program.id());
+  const int dp = replicas != State().dp_replicas.end() ? replicas->second : role().world_size;
+  if (initialized() && dp > 1 && transpiler::FindGradientMerge(program)) {
     const int64_t runs = transpiler::GradientMergeRunsAccumulated(exe.scope());
     KEEL_ENFORCE(runs == 0, "gradient merge: the checkpoint was taken ", runs,
-                 " run(s) into an accumulation, when the merged gradients are each worker's own "
-                 "and it holds one worker's; with ",
-                 role().world_size,
-                 " workers resume from a checkpoint taken on a merge step (after a multiple of "
+                 " run(s) into an accumulation, when the merged gradients are each data-parallel "
+                 "replica's own and it holds one replica's; with ",
+                 dp,
+                 " replicas resume from a checkpoint taken on a merge step (after a multiple of "
                  "gradient_merge_configs.k_steps runs)");
   }
   // Under sharding a checkpoint holds every owner's state: keep this rank's own.

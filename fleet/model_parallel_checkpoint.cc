@@ -154,25 +154,34 @@ void RecordTensorParallel(Layout& l, const Program& whole_startup, const Role& r
     l.split_axis[name] = op->Attr<int>("axis");
     full[name] = whole_startup.global_block().MustFindVar(in)->dims();
   }
-  // Optimizer state shaped like a sharded parameter (moments, velocities) is sharded alike; the
-  // beta powers and the learning rate are not.
-  for (const auto& op : wb.ops()) {
-    const std::vector<std::string>& param = op->Input("Param");
-    if (param.size() != 1 || !l.split_axis.count(param[0])) continue;
-    const DDim shard = wb.MustFindVar(param[0])->dims();
-    std::vector<std::string> state;
-    for (const auto& [slot, args] : op->inputs())
-      if (slot != "Param" && slot != "Grad" && slot != "LearningRate" &&
-          slot.find("Pow") == std::string::npos)
-        state.insert(state.end(), args.begin(), args.end());
-    for (const std::string& v : state) {
-      const VarDesc* d = wb.FindVar(v);
-      if (d == nullptr || !d->persistable() || d->dims() != shard) continue;
-      l.split_axis[v] = l.split_axis[param[0]];
-      full[v] = full[param[0]];
+  // Optimizer state shaped like a sharded parameter (moments, velocities, an O2 master, and
+  // under gradient merge the persistable merged gradient the update reads as Grad, the updates
+  // then being in the merge step's sub-block) is sharded alike; the beta powers and the learning
+  // rate are not.
+  std::map<std::string, VarDesc*> state_vars;
+  for (int b = 0; b < l.whole->num_blocks(); ++b) {
+    Block& block = l.whole->block(b);
+    for (const auto& op : block.ops()) {
+      const std::vector<std::string>& param = op->Input("Param");
+      if (param.size() != 1 || !l.split_axis.count(param[0])) continue;
+      const DDim shard = block.FindVarRecursive(param[0])->dims();
+      std::vector<std::string> state;
+      for (const auto& [slot, args] : op->inputs())
+        if (slot != "Param" && slot != "LearningRate" && slot.find("Pow") == std::string::npos)
+          state.insert(state.end(), args.begin(), args.end());
+      for (const std::string& v : state) {
+        VarDesc* d = block.FindVarRecursive(v);
+        if (d == nullptr || !d->persistable() || d->dims() != shard) continue;
+        l.split_axis[v] = l.split_axis[param[0]];
+        full[v] = full[param[0]];
+        state_vars[v] = d;
+      }
     }
   }
-  for (const auto& [name, dims] : full) wb.MustFindVar(name)->set_dims(dims);
+  for (const auto& [name, dims] : full) {
+    auto it = state_vars.find(name);
+    (it != state_vars.end() ? it->second : wb.MustFindVar(name))->set_dims(dims);
+  }
 }
 
 }  // namespace

@@ -326,7 +326,8 @@ OpSchema& SliceOp(const std::string& type, const std::string& doc) {
         .Shape([](InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); })
         .Grad(IdentityGrad)
         .MayShareBuffer("Out", "X");
-KEEL_REGISTER_TP_KERNEL(c_identity, IdentityKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_TP_KERNEL(c_identity, IdentityKernel, float, double, int32_t, int64_t, float16,
+                        bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_mp_allreduce_sum =
     TpOp("mp_allreduce_sum",
@@ -335,7 +336,8 @@ KEEL_REGISTER_TP_KERNEL(c_identity, IdentityKernel, float, double, int32_t, int6
         .RunsOnRing()
         .Shape([](InferShapeContext& ctx) { ctx.ShareDimAndDType("X", "Out"); })
         .Grad(MpAllReduceGrad);
-KEEL_REGISTER_TP_KERNEL(mp_allreduce_sum, MpAllReduceKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_TP_KERNEL(mp_allreduce_sum, MpAllReduceKernel, float, double, int32_t, int64_t,
+                        float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_split =
     SliceOp("c_split",
@@ -343,7 +345,7 @@ KEEL_REGISTER_TP_KERNEL(mp_allreduce_sum, MpAllReduceKernel, float, double, int3
             "gradient (c_concat). X [4, 6], nranks 2, rank 1, axis -1 -> Out = X[:, 3:6].")
         .Shape(SplitShape)
         .Grad([](const OpDesc& fwd) { return SplitConcatGrad(fwd, "c_concat"); });
-KEEL_REGISTER_CPU_KERNEL(c_split, CSplitKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(c_split, CSplitKernel, float, double, int32_t, int64_t, float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_concat =
     SliceOp("c_concat",
@@ -352,7 +354,8 @@ KEEL_REGISTER_CPU_KERNEL(c_split, CSplitKernel, float, double, int32_t, int64_t)
         .RunsOnRing()
         .Shape(ConcatShape)
         .Grad([](const OpDesc& fwd) { return SplitConcatGrad(fwd, "c_split"); });
-KEEL_REGISTER_CPU_KERNEL(c_concat, CConcatKernel, float, double, int32_t, int64_t);
+KEEL_REGISTER_CPU_KERNEL(c_concat, CConcatKernel, float, double, int32_t, int64_t, float16,
+                         bfloat16);
 
 KEEL_REGISTER_OP(c_embedding)
     .Doc(

@@ -39,38 +39,16 @@ const std::set<std::string>& AmpBlackList() {
 }
 
 const std::set<std::string>& AmpGrayList() {
-  static const std::set<std::string> s = {"elementwise_add",
-                                          "elementwise_sub",
-                                          "elementwise_mul",
-                                          "elementwise_div",
-                                          "elementwise_max",
-                                          "elementwise_min",
-                                          "elementwise_pow",
-                                          "batch_norm",
-                                          "layer_norm",
-                                          "tanh",
-                                          "sigmoid",
-                                          "gelu",
-                                          "relu",
-                                          "leaky_relu",
-                                          "pool2d",
-                                          "dropout",
-                                          "top_k",
-                                          "scale",
-                                          "reshape",
-                                          "transpose",
-                                          "flatten",
-                                          "squeeze",
-                                          "unsqueeze",
-                                          "concat",
-                                          "split",
-                                          "slice",
-                                          "clip",
-                                          "assign",
-                                          "cast",
-                                          "fill_constant",
-                                          "uniform_random",
-                                          "gaussian_random"};
+  static const std::set<std::string> s = {
+      "elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div", "elementwise_max",
+      "elementwise_min", "elementwise_pow", "batch_norm", "layer_norm", "tanh", "sigmoid", "gelu",
+      "relu", "leaky_relu", "pool2d", "dropout", "top_k", "scale", "reshape", "transpose",
+      "flatten", "squeeze", "unsqueeze", "concat", "split", "slice", "clip", "assign", "cast",
+      "fill_constant", "uniform_random", "gaussian_random",
+      // Tensor parallelism's collectives carry what their
+      // producer makes (a row-parallel product is summed
+      // in 16 bits, as Megatron does).
+      "c_identity", "mp_allreduce_sum", "c_split", "c_concat"};
   return s;
 }
 

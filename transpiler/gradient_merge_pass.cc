@@ -8,6 +8,7 @@
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/tensor.h"
+#include "transpiler/tensor_parallel_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -99,8 +100,11 @@ void GradientMergePass::Apply(Program& main, Program& startup) const {
   for (size_t i = 0; i < mb.num_ops(); ++i) {
     const OpDesc& op = *mb.op(i);
     const OpSchema* schema = OpRegistry::Find(op.type());
-    KEEL_ENFORCE(schema == nullptr || !schema->traits().on_ring, "gradient_merge: op #", i, " ",
-                 op.type(),
+    // The model's own tensor-parallel collectives run every micro-step, as the model does.
+    const bool tensor_parallel =
+        op.HasAttr("ring_id") && op.Attr<int>("ring_id") == kTensorParallelRingId;
+    KEEL_ENFORCE(schema == nullptr || !schema->traits().on_ring || tensor_parallel,
+                 "gradient_merge: op #", i, " ", op.type(),
                  " is a collective: the program is already data-parallel; gradient merge runs "
                  "before GradAllReducePass, which then all-reduces the merged gradients once per ",
                  "merge step");

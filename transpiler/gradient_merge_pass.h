@@ -8,8 +8,10 @@
 //   carries op_role_var, as append_backward leaves it) and after them the optimizer section: the
 //   ops with role Optimize that Optimizer::apply_gradients and amp::decorate append (loss
 //   scaling's overflow check and scale update, the learning rate schedule, the clip, weight decay,
-//   the updates). No collective and no sub-block yet: the pass runs before the data-parallel pass.
-//   Every merged gradient is float32 or float64, of known shape.
+//   the updates). No collective (but the model's own tensor-parallel ones, on ring
+//   kTensorParallelRingId, which run every micro-step as the model does) and no sub-block yet: the
+//   pass runs before the data-parallel pass. Every merged gradient is float32 or float64, of known
+//   shape.
 // Guarantees:
 //   startup: per gradient G that an optimizer op reads, "G@GRAD_MERGED" (G's dtype and shape,
 //     persistable) filled with zeros; the int64 [1] counter @GRADIENT_MERGE_STEP@ = 0, persistable

@@ -3,6 +3,8 @@
 #include <set>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/amp_pass.h"
+#include "transpiler/overflow_flag.h"
 
 namespace keel {
 namespace transpiler {
@@ -45,10 +47,17 @@ void TensorParallelPass::Apply(Program& main, Program& startup) const {
                      op->Attr<int>("ring_id"), ", not the tensor-parallel ring ",
                      kTensorParallelRingId);
   Block& sb = startup.global_block();
+  // Sharded: what startup's c_split of a full value writes (under AMP O2 the parameter's
+  // float32 master, which startup then casts into the parameter).
   std::set<std::string> sharded;
+  const std::string master_suffix = AmpMasterName("");
   for (const auto& op : sb.ops())
-    if (op->type() == "c_split" && EndsWith(op->Input("X")[0], "@TP_FULL"))
-      sharded.insert(op->Output("Out")[0]);
+    if (op->type() == "c_split" && EndsWith(op->Input("X")[0], "@TP_FULL")) {
+      const std::string& out = op->Output("Out")[0];
+      sharded.insert(out);
+      if (EndsWith(out, master_suffix))
+        sharded.insert(out.substr(0, out.size() - master_suffix.size()));
+    }
   const int fwd = static_cast<int>(OpRole::kForward);
   OpDesc* init = sb.AppendOp("c_comm_init");
   init->SetAttr("ring_id", kTensorParallelRingId);
@@ -63,14 +72,33 @@ void TensorParallelPass::Apply(Program& main, Program& startup) const {
     if (!v->is_parameter() || sharded.count(v->name())) continue;
     KEEL_ENFORCE(sb.FindVar(v->name()) != nullptr, "tensor_parallel: parameter '", v->name(),
                  "' is not initialized by the startup program");
-    OpDesc* bc = sb.AppendOp("c_broadcast");
-    bc->SetInput("X", {v->name()});
-    bc->SetOutput("Out", {v->name()});
-    bc->SetAttr("ring_id", kTensorParallelRingId);
-    bc->SetAttr("root", 0);
-    bc->SetAttr(kOpRoleAttr, fwd);
-    InferShapeAtBuild(bc, &sb);
+    // AMP O2: the float32 master first, then the 16-bit parameter.
+    const std::string master = AmpMasterName(v->name());
+    for (const std::string& name : {master, v->name()}) {
+      if (name == master && sb.FindVar(master) == nullptr) continue;
+      OpDesc* bc = sb.AppendOp("c_broadcast");
+      bc->SetInput("X", {name});
+      bc->SetOutput("Out", {name});
+      bc->SetAttr("ring_id", kTensorParallelRingId);
+      bc->SetAttr("root", 0);
+      bc->SetAttr(kOpRoleAttr, fwd);
+      InferShapeAtBuild(bc, &sb);
+    }
     last = v->name();
+  }
+  // AMP's loss scaling: the ranks of a group check different shards of the sharded parameters'
+  // gradients, so the overflow flag is the maximum over the group (every rank skips alike).
+  // (Under gradient merge the check is in the merge step's sub-block.)
+  for (int b = 0; b < main.num_blocks(); ++b) {
+    Block& mb = main.block(b);
+    for (size_t i = 0; i < mb.num_ops(); ++i) {
+      const OpDesc& op = *mb.op(i);
+      if (op.type() != "check_finite_and_unscale") continue;
+      const int role = op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0;
+      i = InsertOverflowFlagMax(mb, i + 1, op.Output("FoundInfinite")[0], kTensorParallelRingId,
+                                role) -
+          1;
+    }
   }
   if (!last.empty()) {
     OpDesc* sync = sb.AppendOp("c_sync_comm_stream");

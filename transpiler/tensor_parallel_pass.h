@@ -12,8 +12,12 @@
 //   this rank `rank`, group `group`), then a c_broadcast from group rank 0 of every REPLICATED
 //   parameter of main (every parameter that startup's c_split of a "@TP_FULL" var does not
 //   write), then a c_sync_comm_stream: the ranks of a group start with the same replicated
-//   parameters even without a program random seed. Sharded parameters are each rank's own.
-// Leaves alone: main (but checks it), every op already in startup.
+//   parameters even without a program random seed (under AMP O2 each one's float32 master
+//   first, then it). Sharded parameters (and O2 masters) are each rank's own.
+//   In main, with AMP's loss scaling: right after check_finite_and_unscale, its FoundInfinite
+//   becomes the maximum over the group (InsertOverflowFlagMax on ring kTensorParallelRingId): the
+//   ranks check different shards of the sharded parameters' gradients, and must skip alike.
+// Leaves alone: every other op of main (but checks them), every op already in startup.
 #pragma once
 
 #include <string>

@@ -57,12 +57,14 @@ std::string ReadFile(const std::string& path) {
 // pipeline over each micro-batch).
 enum class OneProcess { kExact, kNear, kOtherBatchNorm };
 
-// `parallel`: the flags that make the job model-parallel on 2 workers (one process drops them).
+// `parallel`: the flags that make the job model-parallel on 2 workers (one process drops them);
+// `shared`: other flags, which one process keeps too.
 void ExpectCheckpointsWork(const std::string& model, const std::string& parallel,
-                           OneProcess one_process, int nproc = 2) {
+                           OneProcess one_process, int nproc = 2, const std::string& shared = "") {
   const std::string dir = MakeTempDir();
-  const std::string train =
-      " train " + model + " --optimizer=adam --seed=5 --batch_size=8 --progress=lines ";
+  const std::string train = " train " + model +
+                            " --optimizer=adam --seed=5 --batch_size=8 --progress=lines " + shared +
+                            " ";
   const std::string env = "FLAGS_cpu_math_threads=1 ";
   auto launch = [&](const std::string& log, const std::string& flags) {
     return RunCommand(env + Keel() + " launch --nproc_per_node=" + std::to_string(nproc) +
@@ -158,6 +160,14 @@ TEST(KeelTrainModelParallel, TransformerTensorParallelCheckpointsResumeAndRestar
   ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", OneProcess::kNear);
 }
 
+// Tensor parallelism with gradient merge, saved mid-accumulation (6 steps of k=4): the merge
+// buffers of sharded parameters are joined like their parameters, so one process resumes the
+// accumulation, and the job resumes it exactly.
+TEST(KeelTrainModelParallel, TransformerTensorParallelGradientMergeCheckpointsResumeExactly) {
+  ExpectCheckpointsWork("--model=transformer", "--tp_degree=2", OneProcess::kNear, 2,
+                        "--gradient_merge_k=4");
+}
+
 // Pipeline stages of tensor-parallel groups (4 processes): the checkpoint joins each stage's
 // shards into the single-device tensors.
 TEST(KeelTrainModelParallel, TransformerPipelineTimesTensorParallelCheckpointsResumeExactly) {
@@ -242,6 +252,77 @@ TEST(KeelTrainModelParallel, TransformerPipelineTimesTensorParallelEqualsOneProc
     EXPECT_GE(compared, 70) << sched;  // 36 parameters and their velocities
     EXPECT_LT(worst_rel, 5e-4) << sched;
     EXPECT_LT(worst_loss, 2e-5) << sched;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// Tensor parallelism with gradient merge (the model's collectives run every micro-step, the
+// merge step's updates once per k) and with recompute (a recomputed segment runs its
+// tensor-parallel collectives again in backward, as Megatron's activation checkpointing does):
+// TP=2 equals one process with the same settings, every float tensor of the checkpoint
+// (parameters, velocities, the merge buffers, which are sharded like their parameters) joined
+// from the shards, to float rounding. With float16 loss scaling beside gradient merge the
+// overflow check sits in the merge step's sub-block and its flag is all-reduced over the group
+// there; a row-parallel sum rounds each rank's partial product to 16 bits, so TP=2 follows one
+// process within float16's rounding: the same loss scale and skipped steps, the losses to 1e-3.
+TEST(KeelTrainModelParallel,
+     TransformerTensorParallelWithGradientMergeOrRecomputeEqualsOneProcess) {
+  const std::string dir = MakeTempDir();
+  const std::string env = "FLAGS_cpu_math_threads=1 ";
+  const std::string train =
+      " train --model=transformer --dropout=0 --optimizer=momentum --seed=5 --batch_size=8 "
+      "--steps=4 --progress=lines ";
+  int k = 0;
+  for (const std::string flags :
+       {"--gradient_merge_k=2", "--recompute", "--gradient_merge_k=2 --amp=fp16"}) {
+    SCOPED_TRACE(flags);
+    const std::string d = dir + "/" + std::to_string(k++);
+    auto one = RunCommand(env + Keel() + train + flags + " --save_dir=" + d + "/one 2>&1");
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    auto two = RunCommand(env + Keel() + " launch --nproc_per_node=2 --log_dir=" + d + "/log " +
+                          Keel() + train + flags + " --tp_degree=2 --save_dir=" + d + "/two 2>&1");
+    ASSERT_EQ(two.exit_code, 0) << two.output;
+    const std::map<int, std::string> l1 = LossLines(one.output), l2 = LossLines(two.output);
+    ASSERT_EQ(l1.size(), 4u) << one.output;
+    ASSERT_EQ(l2.size(), 4u) << two.output;
+    double worst_loss = 0;
+    for (const auto& [step, loss] : l2)
+      worst_loss =
+          std::max(worst_loss, std::abs(std::atof(loss.c_str()) - std::atof(l1.at(step).c_str())));
+    int compared = 0;
+    const std::map<std::string, Tensor> got = FloatTensors(d + "/two"),
+                                        want = FloatTensors(d + "/one");
+    std::string worst;
+    const double worst_rel = MaxRelativeDifference(got, want, &compared, &worst);
+    std::printf(
+        "transformer TP=2 %s against one process: %d tensors, max relative difference %.3g (%s), "
+        "max loss difference %.3g over 4 steps\n",
+        flags.c_str(), compared, worst_rel, worst.c_str(), worst_loss);
+    EXPECT_EQ(got.size(), want.size());
+    EXPECT_EQ(compared, static_cast<int>(want.size()));
+    EXPECT_GE(compared, 70);
+    if (flags.find("fp16") == std::string::npos) {
+      EXPECT_LT(worst_rel, 5e-4);
+      EXPECT_LT(worst_loss, 2e-5);
+      continue;
+    }
+    EXPECT_LT(worst_loss, 1e-3);
+    int scaling = 0;
+    for (const auto& [name, t] : got) {
+      if (name.rfind("loss_scaling", 0) && name.rfind("num_skipped_steps", 0)) continue;
+      ++scaling;
+      EXPECT_EQ(t.data<float>()[0], want.at(name).data<float>()[0]) << name;
+    }
+    EXPECT_EQ(scaling, 2);
+    auto program = RunCommand(Keel() +
+                              " inspect --strategy --model=transformer --nranks=2 --tp_degree=2 "
+                              "--gradient_merge_k=2 --amp=fp16 --program=main 2>&1");
+    ASSERT_EQ(program.exit_code, 0) << program.output;
+    const size_t sub = program.output.find("block 1 parent=0");
+    ASSERT_NE(sub, std::string::npos) << program.output;
+    EXPECT_NE(program.output.find("c_allreduce_max(X: find_infinite_0@ALLREDUCE_INT)", sub),
+              std::string::npos)
+        << program.output;
   }
   RunCommand("rm -rf " + dir);
 }

@@ -196,6 +196,77 @@ std::vector<double> GlobalLosses(const TpRun& run) {
   return global;
 }
 
+// Mixed precision under tensor parallelism: the AMP rewrite runs on each rank's sharded program;
+// the tensor-parallel collectives are gray (they carry what their producer makes: a row-parallel
+// product is summed in 16 bits). Column-parallel products are the one process's products, but a
+// row-parallel sum rounds each rank's partial product to 16 bits before adding them, so TP=2
+// equals TP=1 within bfloat16's rounding, not to the bit: the losses and parameters are compared
+// to a bound of a few bfloat16 ulps of their size, and the ranks' losses and replicated
+// parameters must still be identical.
+TEST(TensorParallel, Tp2InBfloat16MatchesTp1WithinItsRounding) {
+  const std::string dir = MakeTempDir();
+  for (const std::string model : {"mlp", "transformer"}) {
+    const std::string args = "--model=" + model + " --opt=sgd --amp=bf16";
+    const TpRun one = Train(1, 1, args, dir + "/one_" + model);
+    const TpRun two = Train(2, 2, args, dir + "/two_" + model);
+    ASSERT_EQ(Losses(one.output, 0).size(), 6u) << one.output;
+    EXPECT_EQ(Losses(two.output, 0), Losses(two.output, 1)) << "the ranks' losses differ";
+    const double loss_diff = MaxDiff(Losses(two.output, 0), Losses(one.output, 0));
+    const double param_diff = MaxParamDiff(one.params[0], two, 0, 2);
+    std::printf(
+        "%s in bfloat16: TP=2 vs TP=1 after 6 steps: max |loss diff| %.3g, max |param "
+        "diff| %.3g\n",
+        model.c_str(), loss_diff, param_diff);
+    EXPECT_LT(loss_diff, 5e-3) << model;
+    EXPECT_LT(param_diff, 5e-3) << model;
+  }
+  // O2: 16-bit parameters with float32 masters; each rank's sharded masters are its own (a
+  // broadcast from rank 0 would give rank 1 rank 0's shards and change step 0's loss).
+  const std::string o2 = "--model=transformer --opt=sgd --amp=bf16 --amp_level=O2";
+  const TpRun one = Train(1, 1, o2, dir + "/one_o2");
+  const TpRun two = Train(2, 2, o2, dir + "/two_o2");
+  ASSERT_EQ(Losses(one.output, 0).size(), 6u) << one.output;
+  EXPECT_EQ(Losses(two.output, 0), Losses(two.output, 1)) << "the ranks' losses differ";
+  const double o2_diff = MaxDiff(Losses(two.output, 0), Losses(one.output, 0));
+  std::printf("transformer in bfloat16 O2: TP=2 vs TP=1 over 6 steps: max |loss diff| %.3g\n",
+              o2_diff);
+  EXPECT_LT(o2_diff, 5e-3);
+  RunCommand("rm -rf " + dir);
+}
+
+// Float16 loss scaling under tensor parallelism: the ranks of a group check different shards of
+// the sharded parameters' gradients, so the overflow flag is all-reduced (max) over the group. On
+// the transformer from a scale of 2e5, step 0 overflows in rank 1's shards only: with the flag's
+// all-reduce every rank skips it and halves its scale, as one process (TP=1) does, and the
+// parameters follow TP=1's within float16's rounding; with the all-reduce removed
+// (--local_overflow_flag) rank 0 steps on with twice rank 1's scale, so this test fails without
+// the reduction.
+TEST(TensorParallel, Float16LossScalingSkipsTheSameStepsOnEveryRankOfTheGroup) {
+  const std::string dir = MakeTempDir();
+  const std::string args = "--model=transformer --opt=sgd --amp=fp16 --loss_scale=2e5";
+  const TpRun one = Train(1, 1, args, dir + "/one");
+  const TpRun two = Train(2, 2, args, dir + "/two");
+  const std::vector<double> scale = Values(one.output, 0, "loss_scale");
+  ASSERT_EQ(scale.size(), 6u) << one.output;
+  EXPECT_EQ(scale[0], 1e5) << "step 0 overflows in one process";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(Values(two.output, r, "loss_scale"), scale) << "rank " << r;
+    EXPECT_EQ(Values(two.output, r, "skipped"), Values(one.output, 0, "skipped")) << "rank " << r;
+  }
+  const double param_diff = MaxParamDiff(one.params[0], two, 0, 2);
+  const double loss_diff = MaxDiff(Losses(two.output, 0), Losses(one.output, 0));
+  std::printf(
+      "transformer in float16 from scale 2e5: TP=2 vs TP=1 after 6 steps: max |loss diff| "
+      "%.3g, max |param diff| %.3g\n",
+      loss_diff, param_diff);
+  EXPECT_LT(loss_diff, 1e-3);
+  EXPECT_LT(param_diff, 1e-3);
+  const TpRun local = Train(2, 2, args + " --local_overflow_flag", dir + "/local");
+  EXPECT_NE(Values(local.output, 0, "loss_scale"), Values(local.output, 1, "loss_scale"))
+      << local.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // 4 processes: tensor-parallel groups {0,1} and {2,3}, data-parallel groups {0,2} and {1,3}, each
 // replica on half the global batch, against one process on all of it.
 TEST(TensorParallel, Tp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {

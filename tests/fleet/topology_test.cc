@@ -143,15 +143,6 @@ TEST(TensorParallelStrategy, EveryRefusalNamesItsFields) {
   s = Tp(2);
   s.use_hierarchical_allreduce = true;
   cases.push_back({s, 4, {"tensor_parallel=true", "use_hierarchical_allreduce=true"}});
-  s = Tp(2);
-  s.gradient_merge = true;
-  cases.push_back({s, 4, {"tensor_parallel=true", "gradient_merge=true"}});
-  s = Tp(2);
-  s.amp = true;
-  cases.push_back({s, 4, {"tensor_parallel=true", "amp=true"}});
-  s = Tp(2);
-  s.recompute = true;
-  cases.push_back({s, 4, {"tensor_parallel=true", "recompute=true"}});
   // One replica: no data-parallel ring for sync_batch_norm (with replicas it syncs each shard
   // over the data-parallel ring of its tensor-parallel coordinate).
   s = Tp(2);
@@ -166,6 +157,14 @@ TEST(TensorParallelStrategy, EveryRefusalNamesItsFields) {
   }
   EXPECT_EQ(ErrorOf([] { Tp(2).Validate(World(4)); }), "");
   EXPECT_EQ(ErrorOf([] { Tp(4).Validate(World(4)); }), "");
+  // Gradient merge, AMP (with loss scaling too) and recompute work inside tensor-parallel groups.
+  s = Tp(2);
+  s.gradient_merge = true;
+  s.gradient_merge_configs.k_steps = 2;
+  s.amp = true;
+  s.amp_configs.dtype = DType::kFloat16;
+  s.recompute = true;
+  EXPECT_EQ(ErrorOf([&] { s.Validate(World(4)); }), "");
   s = Tp(2);
   s.sync_batch_norm = true;
   EXPECT_EQ(ErrorOf([&] { s.Validate(World(4)); }), "");

@@ -39,6 +39,14 @@ DEFINE_int32(first_step, 0,
 DEFINE_bool(sync_bn, false,
             "DistributedStrategy.sync_batch_norm: the batch norms take their statistics over the "
             "data-parallel replicas' batches.");
+DEFINE_string(amp, "off", "off | bf16 | fp16: DistributedStrategy.amp in that dtype.");
+DEFINE_string(amp_level, "O1", "O1 | O2.");
+DEFINE_double(loss_scale, 0,
+              "> 0: dynamic loss scaling from this scale; every rank prints its loss scale and "
+              "skipped steps after each step.");
+DEFINE_bool(local_overflow_flag, false,
+            "Negative test: each rank keeps its own overflow flag (the flag's all-reduce over the "
+            "tensor-parallel group is removed).");
 DEFINE_bool(drop_identity_allreduce, false,
             "Negative test: replace the all-reduce of c_identity's gradient by a copy, as if the "
             "backward collective were forgotten.");
@@ -88,6 +96,16 @@ int main(int argc, char** argv) {
     if (strategy.tensor_parallel)
       strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
     strategy.sync_batch_norm = FLAGS_sync_bn;
+    if (FLAGS_amp != "off") {
+      KEEL_ENFORCE(FLAGS_amp == "bf16" || FLAGS_amp == "fp16", "--amp must be off, bf16 or fp16");
+      strategy.amp = true;
+      strategy.amp_configs.dtype = FLAGS_amp == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+      strategy.amp_configs.level = FLAGS_amp_level;
+      if (FLAGS_loss_scale > 0) {
+        strategy.amp_configs.use_dynamic_loss_scaling = true;
+        strategy.amp_configs.init_loss_scaling = static_cast<float>(FLAGS_loss_scale);
+      }
+    }
     const TensorParallelConfig tpc = fleet::tensor_parallel_config(strategy);
     const int dp = world / tpc.degree, dp_rank = rank / tpc.degree;
     KEEL_ENFORCE(FLAGS_global_batch % dp == 0, "--global_batch must divide by ", dp, " replicas");
@@ -95,7 +113,8 @@ int main(int argc, char** argv) {
     Program main, startup;
     main.set_random_seed(7);
     startup.set_random_seed(7);
-    Var loss, accuracy;  // accuracy: the transformer's (vocabulary-parallel top-1)
+    Var loss, accuracy;               // accuracy: the transformer's (vocabulary-parallel top-1)
+    std::string loss_scale, skipped;  // with --loss_scale
     {
       ProgramGuard g(main, startup);
       TensorParallelGuard tp(tpc);
@@ -121,7 +140,28 @@ int main(int argc, char** argv) {
         opt = std::make_unique<optimizer::Adam>(0.01f);
       else
         opt = std::make_unique<optimizer::SGD>(0.5f);
-      fleet::DistributedOptimizer(opt->Clone(), strategy).minimize(loss, &startup);
+      fleet::DistributedOptimizer dist(opt->Clone(), strategy);
+      dist.minimize(loss, &startup);
+      if (auto amp = dist.amp_optimizer(); amp && !amp->loss_scaling_var().empty()) {
+        loss_scale = amp->loss_scaling_var();
+        skipped = amp->skipped_steps_var();
+      }
+    }
+    if (FLAGS_local_overflow_flag) {
+      Block& b = fleet::main_program().global_block();
+      int removed = 0;
+      for (size_t i = b.num_ops(); i-- > 0;) {
+        const OpDesc& op = *b.op(i);
+        if (op.type() == "c_allreduce_max" ||
+            (op.HasAttr("ring_id") &&
+             (op.type() == "c_sync_calc_stream" || op.type() == "c_sync_comm_stream") &&
+             op.Input("X")[0].find("find_infinite") == 0)) {
+          b.RemoveOp(i);
+          ++removed;
+        }
+      }
+      fleet::main_program().Touch();
+      std::printf("rank %d removed %d flag collectives\n", rank, removed);
     }
     if (FLAGS_drop_identity_allreduce) {
       int dropped = 0;
@@ -185,6 +225,10 @@ int main(int argc, char** argv) {
       std::printf("rank %d step %d loss %.9g", rank, step, out[0].item<double>());
       if (accuracy.valid()) std::printf(" accuracy %.9g", out[1].item<double>());
       std::printf("\n");
+      if (!loss_scale.empty())
+        std::printf("rank %d step %d loss_scale %g skipped %g\n", rank, step,
+                    exe.scope().FindVar(loss_scale)->tensor().data<float>()[0],
+                    exe.scope().FindVar(skipped)->tensor().data<float>()[0]);
     }
     if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
