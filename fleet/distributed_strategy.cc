@@ -504,8 +504,15 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   both(gradient_merge, "gradient_merge=true",
        "the pipeline already accumulates gradients over pipeline_configs.accumulate_steps "
        "micro-batches; raise that instead");
-  both(sync_batch_norm, "sync_batch_norm=true",
-       "batch statistics of micro-batches are not synchronized (not built)");
+  // Sync batch norm: each stage's replicas normalize each micro-batch together over their
+  // data-parallel ring, which one replica does not have.
+  KEEL_ENFORCE(!sync_batch_norm || role.world_size > c.pp_degree * TensorParallelDegree(), s,
+               "sync_batch_norm=true with ", s, "pipeline_configs.pp_degree=", c.pp_degree,
+               tensor_parallel ? StrCat(" and tensor_parallel_degree=", TensorParallelDegree())
+                               : std::string(),
+               " on ", role.world_size,
+               " workers: there is one data-parallel replica, so no other batch to synchronize "
+               "with (and no data-parallel ring); turn sync_batch_norm off, or add replicas");
   both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",
        "a stage all-reduces its gradients one by one (fused buffers across micro-batches are "
        "not built)");

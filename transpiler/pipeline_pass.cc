@@ -24,6 +24,14 @@ constexpr int kLoss = static_cast<int>(OpRole::kLoss);
 // AMP's overflow check (loss scaling): one per program, over every gradient.
 constexpr const char* kOverflowCheck = "check_finite_and_unscale";
 
+// The model's own collectives, which a stage keeps and runs per micro-batch: the tensor-parallel
+// ones (each stage's group runs them) and sync batch norm's (each stage's data-parallel
+// replicas normalize each micro-batch together).
+bool ModelsOwnCollective(const OpDesc& op) {
+  if (op.type() == "sync_batch_norm" || op.type() == "sync_batch_norm_grad") return true;
+  return op.HasAttr("ring_id") && op.Attr<int>("ring_id") == kTensorParallelRingId;
+}
+
 int Role(const OpDesc& op) { return op.HasAttr(kOpRoleAttr) ? op.Attr<int>(kOpRoleAttr) : 0; }
 
 // "x@GRAD@RENAME@1" -> "x"; "" for a var that is no gradient.
@@ -100,8 +108,7 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
   std::set<int> marked;
   for (size_t i = 0; i < n; ++i) {
     const OpDesc& op = *b.op(i);
-    KEEL_ENFORCE(!OpRegistry::Traits(op.type()).on_ring ||
-                     (op.HasAttr("ring_id") && op.Attr<int>("ring_id") == kTensorParallelRingId),
+    KEEL_ENFORCE(!OpRegistry::Traits(op.type()).on_ring || ModelsOwnCollective(op),
                  "pipeline: ", Describe(op),
                  " is a collective; the pipeline pass runs before the data-parallel passes");
     if (Role(op) & (kBackward | kOptimize)) continue;

@@ -9,10 +9,11 @@
 //   (op_device "stage:<n>", framework/dsl/pipeline.h), then backward (append_backward: the loss
 //   gradient's op carries op_role Backward|Loss, each parameter gradient's last writer carries
 //   op_role_var) and the optimizer section (op_role Optimize); no sub-block and no collective
-//   but the model's own tensor-parallel ones (ring kTensorParallelRingId, which each stage's
-//   tensor-parallel group runs as it is) yet (the pass runs before the data-parallel passes). The
-//   marks use exactly the stages 0 .. degree-1; a forward var flows from a stage to the same or a
-//   later one; a parameter is read by one stage only.
+//   but the model's own: the tensor-parallel ones (ring kTensorParallelRingId, which each stage's
+//   tensor-parallel group runs as it is) and sync batch norm's (each stage's data-parallel
+//   replicas normalize each micro-batch together on their ring) yet (the pass runs before the
+//   data-parallel passes). The marks use exactly the stages 0 .. degree-1; a forward var flows from
+//   a stage to the same or a later one; a parameter is read by one stage only.
 // Places every op on a stage: a forward op where it is marked; a backward op where it is marked
 //   (grad ops copy their forward op's mark), else, when it writes a gradient, where that
 //   gradient's forward var lives (the loss gradient on the last stage; a `sum` of gradient parts

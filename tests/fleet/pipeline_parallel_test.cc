@@ -183,6 +183,26 @@ TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   RunCommand("rm -rf " + dir);
 }
 
+// Sync batch norm on PP=2 x DP=2 (ResNet at depth 8, 2 micro-batches of 2 rows per replica):
+// each stage's batch norms take their statistics over both replicas' micro-batch through the
+// data-parallel ring of that stage, micro-batch by micro-batch, so the job equals one process
+// with sync batch norm merging micro-batches of 4 rows (both replicas' k-th micro-batch) at the
+// same learning rate: parameters and moving statistics to float rounding. Without the sync each
+// replica normalizes its own rows, which the test checks differs, so it cannot pass vacuously.
+TEST(PipelineParallel,
+     Pp2TimesDp2WithSyncBatchNormEqualsOneProcessMergingBothReplicasMicroBatches) {
+  const std::string dir = MakeTempDir();
+  const std::string args = " --model=resnet --opt=sgd --global_batch=8 --steps=3";
+  const PpRun one = Train(1, "--pp=1 --merge=2 --replicas=2 --sync_bn" + args, dir + "/one");
+  const PpRun synced = Train(4, "--pp=2 --micro=2 --sync_bn" + args, dir + "/synced");
+  ExpectEqualsOneProcess(one, synced, 2, "resnet PP=2 x DP=2 M=2 sync batch norm");
+  const PpRun unsynced = Train(4, "--pp=2 --micro=2" + args, dir + "/unsynced");
+  const double apart = MaxParamDifference(one, unsynced, 2);
+  std::printf("without the sync: max |param or statistic - one process| = %.3g\n", apart);
+  EXPECT_GT(apart, 1e-3);
+  RunCommand("rm -rf " + dir);
+}
+
 // Float16 loss scaling (dynamic, from a scale that overflows): each stage checks its own
 // gradients and the flag is all-reduced (max) over the pipeline group, so every stage skips the
 // same steps and moves the loss scale alike. The pipeline scales each micro-batch's loss by S/M

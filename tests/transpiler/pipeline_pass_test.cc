@@ -305,6 +305,20 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
               s->amp_configs.dtype = DType::kFloat16;
             }),
             "");
+  // Sync batch norm: with data-parallel replicas of the stages (4 workers, 2 stages), not
+  // without.
+  EXPECT_EQ(error([](auto* s) { s->sync_batch_norm = true; }), "");
+  {
+    fleet::Role two;
+    two.world_size = 2;
+    fleet::DistributedStrategy s;
+    s.pipeline = true;
+    s.pipeline_configs.pp_degree = 2;
+    s.sync_batch_norm = true;
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { s.Validate(two); }),
+        {"sync_batch_norm=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
+  }
   testing::ExpectErrorContainsAll(error([](auto* s) { s->fuse_all_reduce_ops = true; }),
                                   {"pipeline=true", "fuse_all_reduce_ops=true"});
   // Pipeline and its settings alone are accepted.

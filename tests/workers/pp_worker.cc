@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "fleet/fleet.h"
@@ -20,11 +21,21 @@
 #include "framework/dsl/pipeline.h"
 #include "framework/io/safetensors.h"
 #include "framework/runtime/allocator.h"
+#include "models/resnet/resnet_model.h"
 #include "models/transformer/transformer_model.h"
 #include "transpiler/pipeline_pass.h"
 
 DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
-DEFINE_string(model, "mlp", "mlp (a side branch relayed through the stages) | transformer.");
+DEFINE_string(model, "mlp",
+              "mlp (a side branch relayed through the stages) | transformer | resnet (depth 8, "
+              "8x8 images).");
+DEFINE_bool(sync_bn, false,
+            "DistributedStrategy.sync_batch_norm: each stage's data-parallel replicas normalize "
+            "each micro-batch together (with --merge: the one-process reference's sync batch "
+            "norm).");
+DEFINE_int32(replicas, 1,
+             "With --merge: the data-parallel replicas of the job this run is the reference of; "
+             "micro-batch k is every replica's k-th micro-batch, in replica order.");
 DEFINE_int32(micro, 4, "micro-batches per mini-batch.");
 DEFINE_string(schedule, "1F1B", "1F1B | F-then-B.");
 DEFINE_int32(global_batch, 16, "Rows per step over all data-parallel replicas.");
@@ -123,6 +134,7 @@ int main(int argc, char** argv) {
       strategy.pipeline_configs.schedule_mode = FLAGS_schedule;
     }
     strategy.recompute = FLAGS_recompute;
+    strategy.sync_batch_norm = FLAGS_sync_bn;
     if (FLAGS_merge > 1) {
       KEEL_ENFORCE(FLAGS_pp == 1 && world == 1, "--merge is the one-process reference");
       KEEL_ENFORCE(FLAGS_global_batch % FLAGS_merge == 0, "--merge must divide --global_batch");
@@ -146,8 +158,12 @@ int main(int argc, char** argv) {
       ProgramGuard g(main, startup);
       if (FLAGS_model == "mlp") {
         loss = MlpLoss(FLAGS_pp);
+      } else if (FLAGS_model == "resnet") {
+        Var image = layers::data("image", {-1, 3, 8, 8});
+        Var label = layers::data("label", {-1, 1}, DType::kInt64);
+        loss = models::resnet_cifar(image, label, 8, 10, FLAGS_pp).loss;
       } else {
-        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp or transformer");
+        KEEL_ENFORCE(FLAGS_model == "transformer", "--model must be mlp, transformer or resnet");
         const models::TransformerConfig c = SmallTransformer();
         Var ids = layers::data("ids", {-1, c.seq_len, 1}, DType::kInt64);
         Var labels = layers::data("labels", {-1, c.seq_len, 1}, DType::kInt64);
@@ -223,6 +239,33 @@ int main(int argc, char** argv) {
         tokens.Next(FLAGS_global_batch, &ids, &labels);
         feed = {{"ids", ids.Slice(dp_rank * local, (dp_rank + 1) * local)},
                 {"labels", labels.Slice(dp_rank * local, (dp_rank + 1) * local)}};
+      } else if (FLAGS_model == "resnet") {
+        const int64_t pixels = 3 * 8 * 8;
+        std::vector<float> gi(FLAGS_global_batch * pixels);
+        std::vector<int64_t> gl(FLAGS_global_batch);
+        for (auto& v : gi) v = u(rng);
+        for (auto& v : gl) v = static_cast<int64_t>(rng() % 10);
+        if (FLAGS_replicas > 1) {
+          // The reference of R replicas: micro-batch k of this run holds every replica's k-th
+          // micro-batch (rows r * local + k * rows ..), replica by replica.
+          const int R = FLAGS_replicas, M = FLAGS_merge;
+          const int64_t per = FLAGS_global_batch / R, rows = per / M;
+          std::vector<float> pi;
+          std::vector<int64_t> pl;
+          for (int k = 0; k < M; ++k)
+            for (int r = 0; r < R; ++r)
+              for (int64_t i = r * per + k * rows; i < r * per + (k + 1) * rows; ++i) {
+                pi.insert(pi.end(), gi.begin() + i * pixels, gi.begin() + (i + 1) * pixels);
+                pl.push_back(gl[i]);
+              }
+          gi = std::move(pi);
+          gl = std::move(pl);
+        }
+        std::vector<float> li(gi.begin() + dp_rank * local * pixels,
+                              gi.begin() + (dp_rank + 1) * local * pixels);
+        std::vector<int64_t> ll(gl.begin() + dp_rank * local, gl.begin() + (dp_rank + 1) * local);
+        feed = {{"image", Tensor::FromVector(li, {local, 3, 8, 8})},
+                {"label", Tensor::FromVector(ll, {local, 1})}};
       }
       if (step < FLAGS_first_step) continue;  // a resumed run: this step's data was trained on
       std::vector<Tensor> out;
@@ -257,9 +300,15 @@ int main(int argc, char** argv) {
     }
     if (!FLAGS_save_dir.empty()) fleet::save_persistables(exe, FLAGS_save_dir);
     if (!FLAGS_out.empty()) {
+      // The parameters, and the moving statistics the batch norms write.
+      std::set<std::string> stats;
+      for (const auto& op : fleet::main_program().global_block().ops())
+        if (op->type() == "batch_norm" || op->type() == "sync_batch_norm")
+          for (const char* slot : {"MeanOut", "VarianceOut"})
+            for (const std::string& name : op->Output(slot)) stats.insert(name);
       NamedTensors params;
       for (VarDesc* v : fleet::main_program().global_block().AllVars())
-        if (v->is_parameter())
+        if (v->is_parameter() || stats.count(v->name()))
           params.emplace_back(v->name(),
                               exe.scope().FindVar(v->name())->tensor().Clone(CPUPlace()));
       SaveSafetensors(FLAGS_out + "/rank" + std::to_string(rank) + ".safetensors", params);
