@@ -124,7 +124,7 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
     ProgramGuard guard(*m.main, *m.startup);
     Var image = layers::data("image", {-1, 1, 28, 28});
     Var label = layers::data("label", {-1, 1}, DType::kInt64);
-    ClassifierOutputs out = lenet(image, label);
+    ClassifierOutputs out = lenet(image, label, 10, cfg.pp_degree);
     m.inputs = {image.name()};
     m.prediction = out.logits.name();
     m.accuracy = out.accuracy.name();

@@ -50,9 +50,9 @@ DEFINE_int32(tp_degree, 1,
              "or mlp layers split Megatron-style, data parallelism fills the rest. 1: off.");
 
 DEFINE_int32(pp_degree, 1,
-             "Pipeline stages (docs/pipeline.md): mlp, resnet or transformer layers on pp_degree "
-             "workers in a row, a mini-batch running as --micro_batches micro-batches; "
-             "data parallelism fills the rest. 1: off.");
+             "Pipeline stages (docs/pipeline.md): mlp, lenet, resnet or transformer layers on "
+             "pp_degree workers in a row, a mini-batch running as --micro_batches "
+             "micro-batches; data parallelism fills the rest. 1: off.");
 DEFINE_int32(micro_batches, 1,
              "With --pp_degree > 1: micro-batches per mini-batch (--batch_size must divide by "
              "it); gradients are summed over them and the optimizer steps once.");
@@ -237,10 +237,8 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
   KEEL_ENFORCE(model != "resnet" || 16 % tp == 0, "--tp_degree=", tp,
                ": resnet's narrowest blocks have 16 channels, which must divide by it");
   if (model == "mlp" && tp > 1) divides(cfg->hidden, "mlp_hidden");
-  KEEL_ENFORCE(
-      FLAGS_pp_degree == 1 || model == "mlp" || model == "transformer" || model == "resnet",
-      "--pp_degree=", FLAGS_pp_degree, ": model ", model,
-      " places no pipeline stages (mlp, resnet and transformer do)");
+  KEEL_ENFORCE(FLAGS_pp_degree == 1 || model != "ctr", "--pp_degree=", FLAGS_pp_degree, ": model ",
+               model, " places no pipeline stages (mlp, lenet, resnet and transformer do)");
   cfg->pp_degree = FLAGS_pp_degree;
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
   KEEL_ENFORCE(!FlagIsSet("ctr_table") || model == "ctr",

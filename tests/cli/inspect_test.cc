@@ -193,9 +193,9 @@ TEST(InspectStrategy, PipelineGolden) {
   ExpectGolden(r.output, "inspect_strategy_pipeline.txt");
   EXPECT_NE(r.output.find("send_v2(X: tanh.tmp_1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("recv_v2() -> (Out: tanh.tmp_1)"), std::string::npos) << r.output;
-  auto bad = InspectAll("--strategy --nranks=2 --pp_degree=2 --model=lenet");
+  auto bad = InspectAll("--strategy --nranks=2 --pp_degree=2 --model=ctr");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.output.find("--pp_degree=2: model lenet places no pipeline stages"),
+  EXPECT_NE(bad.output.find("--pp_degree=2: model ctr places no pipeline stages"),
             std::string::npos)
       << bad.output;
 }
