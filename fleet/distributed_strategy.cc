@@ -513,9 +513,6 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
                " on ", role.world_size,
                " workers: there is one data-parallel replica, so no other batch to synchronize "
                "with (and no data-parallel ring); turn sync_batch_norm off, or add replicas");
-  both(fuse_all_reduce_ops, "fuse_all_reduce_ops=true",
-       "a stage all-reduces its gradients one by one (fused buffers across micro-batches are "
-       "not built)");
   both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",
        "the data-parallel ranks of a pipeline job are not one node's consecutive ranks");
   both(exec_strategy.use_cuda_graph, "exec_strategy.use_cuda_graph=true",

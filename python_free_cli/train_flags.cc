@@ -217,9 +217,6 @@ fleet::DistributedStrategy StrategyFromFlags() {
     strategy.pipeline_configs.pp_degree = FLAGS_pp_degree;
     strategy.pipeline_configs.accumulate_steps = FLAGS_micro_batches;
     strategy.pipeline_configs.schedule_mode = FLAGS_pp_schedule == "1f1b" ? "1F1B" : "F-then-B";
-    // A stage all-reduces its gradients one by one: fusion (on by default here) steps aside, and
-    // asking for it is refused by the strategy, naming both.
-    if (!FlagIsSet("fuse_all_reduce_ops")) strategy.fuse_all_reduce_ops = false;
   }
   return strategy;
 }

@@ -387,23 +387,94 @@ void SplitParamGradWriters(Block& mb) {
 // Each group gets a coalesce_tensor before the first backward op, making its gradients slices of
 // "@FUSED_GRAD@k", and one c_allreduce_sum of that buffer on ring k % nrings right after the
 // group's last gradient is written (with hierarchy: reduce-scatter, all-reduce, all-gather).
+// The groups the options ask for: one per gradient without fusion, else Paddle's, the ring
+// model's or keel's size grouping.
+std::vector<Group> GroupsFor(const Block& mb, const GradAllReduceOptions& options,
+                             const std::vector<Grad>& grads) {
+  if (!options.fuse) return GroupBySize(mb, grads, 1e300, 1);
+  if (options.paddle_fuse)
+    return GroupLikePaddle(mb, grads, options.paddle_fuse_memory_size_mb,
+                           options.paddle_fuse_groups_size);
+  if (options.group_bytes > 0)
+    return GroupUntil(mb, grads, options.group_bytes, options.fuse_mb * 1024.0 * 1024.0,
+                      static_cast<size_t>(options.fuse_num));
+  return GroupBySize(mb, grads, options.fuse_mb * 1024.0 * 1024.0,
+                     static_cast<size_t>(options.fuse_num));
+}
+
+// A pipeline stage's accumulators, all-reduced at `at` (the optimizer section's head, role
+// Optimize) in the groups the options ask for: a group of one in place; a larger one flattened
+// ("<acc>@FLAT"), concatenated into "@PP_FUSED_GRAD@k", all-reduced (fp16_allreduce's casts
+// around it) and split back. The accumulators are persistable and summed into every
+// micro-batch, so they are copied rather than made slices of a buffer. Returns the index after.
+size_t AllReduceAccumulators(Block& mb, size_t at, const GradAllReduceOptions& options,
+                             const std::vector<std::string>& accs, std::set<int>* rings_used) {
+  std::vector<Grad> grads;
+  for (const std::string& a : accs) grads.push_back({a, a, 0});
+  const std::vector<Group> groups = GroupsFor(mb, options, grads);
+  const int nrings = options.rings.nrings, nranks = options.rings.nranks;
+  auto add = [&](const std::string& type, const std::vector<std::string>& x,
+                 const std::vector<std::string>& out) {
+    OpDesc* op = mb.InsertOp(at++, type);
+    op->SetInput("X", x);
+    op->SetOutput("Out", out);
+    op->SetAttr(kOpRoleAttr, kOptimize);
+    return op;
+  };
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    const int ring = static_cast<int>(k) % nrings;
+    rings_used->insert(ring);
+    if (g.names.size() == 1) {
+      at += InsertAllReduce(mb, at, g.names[0], ring, options.comm_dtype, nranks, kOptimize);
+      continue;
+    }
+    const std::string fused = "@PP_FUSED_GRAD@" + std::to_string(k);
+    KEEL_ENFORCE(mb.FindVar(fused) == nullptr,
+                 "grad_allreduce: the program already has a var named '", fused,
+                 "' (transpiled twice?)");
+    std::vector<std::string> flats;
+    std::vector<int> sections;
+    int64_t total = 0;
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      flats.push_back(g.names[i] + "@FLAT");
+      VarDesc* v = mb.Var(flats.back());
+      v->set_dtype(g.dtype);
+      v->set_shape({g.numels[i]});
+      sections.push_back(static_cast<int>(g.numels[i]));
+      total += g.numels[i];
+      OpDesc* flat = add("reshape", {g.names[i]}, {flats.back()});
+      flat->SetAttr("shape", std::vector<int>{static_cast<int>(g.numels[i])});
+      InferShapeAtBuild(flat, &mb);
+    }
+    VarDesc* f = mb.Var(fused);
+    f->set_dtype(g.dtype);
+    f->set_shape({total});
+    OpDesc* concat = add("concat", flats, {fused});
+    concat->SetAttr("axis", 0);
+    InferShapeAtBuild(concat, &mb);
+    at += InsertAllReduce(mb, at, fused, ring, options.comm_dtype, nranks, kOptimize);
+    OpDesc* split = add("split", {fused}, flats);
+    split->SetAttr("sections", sections);
+    split->SetAttr("axis", 0);
+    InferShapeAtBuild(split, &mb);
+    for (size_t i = 0; i < g.names.size(); ++i) {
+      const DDim dims = mb.MustFindVar(g.names[i])->dims();
+      std::vector<int> shape;
+      for (int d = 0; d < dims.size(); ++d) shape.push_back(static_cast<int>(dims[d]));
+      OpDesc* back = add("reshape", {flats[i]}, {g.names[i]});
+      back->SetAttr("shape", shape);
+      InferShapeAtBuild(back, &mb);
+    }
+  }
+  return at;
+}
+
 void FuseGradients(Block& mb, const GradAllReduceOptions& options, std::set<int>* rings_used,
                    const std::vector<Grad>& grads, const Hierarchy& hier) {
   const int nrings = options.rings.nrings;
-  std::vector<Group> groups;
-  if (!options.fuse) {
-    // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
-    groups = GroupBySize(mb, grads, 1e300, 1);
-  } else if (options.paddle_fuse) {
-    groups = GroupLikePaddle(mb, grads, options.paddle_fuse_memory_size_mb,
-                             options.paddle_fuse_groups_size);
-  } else if (options.group_bytes > 0) {
-    groups = GroupUntil(mb, grads, options.group_bytes, options.fuse_mb * 1024.0 * 1024.0,
-                        static_cast<size_t>(options.fuse_num));
-  } else {
-    groups = GroupBySize(mb, grads, options.fuse_mb * 1024.0 * 1024.0,
-                         static_cast<size_t>(options.fuse_num));
-  }
+  // Hierarchical without fusion: a group per gradient (still a padded buffer to scatter).
+  const std::vector<Group> groups = GroupsFor(mb, options, grads);
   // The fused buffers, declared.
   std::vector<std::string> fused(groups.size());
   for (size_t k = 0; k < groups.size(); ++k) {
@@ -601,19 +672,13 @@ void GradAllReducePass::Apply(Program& main, Program& startup) const {
   // mini-batch, first thing in the optimizer section (before the overflow check, the clip and the
   // updates).
   if (const std::vector<std::string> accs = PipelineAccumulators(mb); !accs.empty()) {
-    KEEL_ENFORCE(!options_.fuse && !hierarchical,
-                 "grad_allreduce: the program is a pipeline stage and ",
-                 options_.fuse ? "fuse_all_reduce_ops" : "use_hierarchical_allreduce",
-                 " is set: the stage's gradient accumulators are all-reduced one by one (fused or "
-                 "hierarchical all-reduce of them is not built)");
+    KEEL_ENFORCE(!hierarchical,
+                 "grad_allreduce: the program is a pipeline stage and use_hierarchical_allreduce "
+                 "is set: hierarchical all-reduce of a stage's gradient accumulators is not built");
     size_t at = 0;
     while (at < mb.num_ops() && !(Role(*mb.op(at)) & kOptimize)) ++at;
     std::set<int> used;
-    for (size_t i = 0; i < accs.size(); ++i) {
-      const int ring = static_cast<int>(i) % nrings;
-      used.insert(ring);
-      at += InsertAllReduce(mb, at, accs[i], ring, options_.comm_dtype, nranks, kOptimize);
-    }
+    at = AllReduceAccumulators(mb, at, options_, accs, &used);
     for (int ring : used)
       InsertInPlace(mb, at++, "c_sync_comm_stream", accs.back(), ring, kOptimize);
     return;

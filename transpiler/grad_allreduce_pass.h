@@ -45,10 +45,12 @@
 //     and the updates. Fusion or hierarchy there is a keel::Error (not built).
 //   after PipelinePass (PipelineAccumulators finds a stage's gradient accumulators): nothing
 //     per micro-batch in block 0 but the loss-gradient scale; first in the optimizer section
-//     (op_role Optimize, so once per mini-batch), the all-reduce of each accumulator on ring
-//     (i % nrings) as above (fp16_allreduce's casts included), then one c_sync_comm_stream per
-//     ring: before the overflow check, the clip and the updates. Fusion or hierarchy there is a
-//     keel::Error (not built).
+//     (op_role Optimize, so once per mini-batch), the all-reduce of the accumulators on ring
+//     (k % nrings), in the groups fusion makes as above (none: one per accumulator): a group of
+//     one in place, a larger one reshaped to "<acc>@FLAT", concatenated into "@PP_FUSED_GRAD@k",
+//     all-reduced, split and reshaped back (fp16_allreduce's casts around each all-reduce); then
+//     one c_sync_comm_stream per ring: before the overflow check, the clip and the updates.
+//     Hierarchy there is a keel::Error (not built).
 // Leaves alone: forward and optimizer ops, block structure; declares no vars but the fused
 //   buffers and (comm_dtype) their 16-bit copies.
 #pragma once
