@@ -399,11 +399,20 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
   KEEL_ENFORCE(c.stage == 1, s, "sharding_configs.stage=", c.stage,
                " is not built: keel shards the optimizer state only (stage 1); stages 2 "
                "(gradients) and 3 (parameters) are refused");
-  KEEL_ENFORCE(c.sharding_degree == 0 || c.sharding_degree == role.world_size, s,
-               "sharding_configs.sharding_degree=", c.sharding_degree,
-               " must be 0 or the world size (", role.world_size,
+  // The data-parallel group: the world, or a pipeline stage's replicas.
+  const int group = pipeline && pipeline_configs.pp_degree > 1
+                        ? role.world_size / pipeline_configs.pp_degree
+                        : role.world_size;
+  KEEL_ENFORCE(c.sharding_degree == 0 || c.sharding_degree == group, s,
+               "sharding_configs.sharding_degree=", c.sharding_degree, " must be 0 or ",
+               group == role.world_size ? "the world size (" : "the data-parallel degree (", group,
                "): sharding groups inside data-parallel groups need the hybrid topology, not "
                "built yet");
+  KEEL_ENFORCE(!pipeline || role.world_size % pipeline_configs.pp_degree != 0 || group > 1, s,
+               "sharding=true with ", s, "pipeline_configs.pp_degree=", pipeline_configs.pp_degree,
+               " on ", role.world_size,
+               " workers: each stage has one data-parallel replica, so no group to shard its "
+               "optimizer state over; turn sharding off, or add replicas");
   auto both = [&](bool conflict, const std::string& other, const char* why) {
     KEEL_ENFORCE(!conflict, s, "sharding=true does not combine with ", s, other, ": ", why);
   };
@@ -498,7 +507,6 @@ void DistributedStrategy::ValidatePipeline(const Role& role) const {
   auto both = [&](bool conflict, const std::string& other, const char* why) {
     KEEL_ENFORCE(!conflict, s, "pipeline=true does not combine with ", s, other, ": ", why);
   };
-  both(sharding, "sharding=true", "sharding a stage's optimizer state is not built");
   both(use_local_sgd, "use_local_sgd=true",
        "LocalSGD's parameter averaging is not built for pipeline stages");
   both(gradient_merge, "gradient_merge=true",

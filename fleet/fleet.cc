@@ -23,6 +23,7 @@
 #include "framework/base/endpoint.h"
 #include "framework/comm/collective_watch.h"
 #include "framework/comm/comm_context.h"
+#include "framework/comm/communicator.h"
 #include "framework/comm/ring_model.h"
 #include "framework/comm/store.h"
 #include "framework/io/checkpoint.h"
@@ -99,7 +100,7 @@ struct FleetState {
   bool eager_ring = false;       // the ring of fleet::all_reduce exists
   // Under sharding: the owner of each optimizer state var of main (transpiler/sharding_pass.h),
   // by main program id. A checkpoint gathers the others' state to rank 0; a load drops it.
-  std::map<uint64_t, std::map<std::string, int>> sharded_state;
+  std::map<uint64_t, ShardedStateOwners> sharded_state;
   // Parameter-server mode: the single-device main program (what a checkpoint holds) and the
   // plan that split it, by the trainer's main program id.
   std::map<uint64_t, std::pair<std::shared_ptr<Program>, transpiler::PsPlan>> ps_programs;
@@ -596,13 +597,14 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
       CheckProgramsMatch(*ForComparison(main, false), "main program");
       CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
     }
-    if (sharding)
-      State().sharded_state[main.id()] = transpiler::PlanSharding(main, r.world_size).StateOwners();
     // Model-parallel checkpoints hold the programs before the passes (model_parallel_checkpoint.h).
     const bool model_parallel = strategy_.pipeline || strategy_.tensor_parallel;
     std::unique_ptr<Program> whole_main = model_parallel ? main.Clone() : nullptr,
                              whole_startup = model_parallel ? startup->Clone() : nullptr;
-    fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r));
+    ShardedStateOwners owners;
+    fleet::TranspileCollective(main, *startup, strategy_, r, FusionGroupBytes(strategy_, r),
+                               &owners);
+    if (sharding) State().sharded_state[main.id()] = std::move(owners);
     if (model_parallel) {
       RecordModelParallelLayout(main, std::move(whole_main), *whole_startup, strategy_, r);
       State().dp_replicas[main.id()] = TopologyFor(strategy_, r).dp_degree();
@@ -650,8 +652,34 @@ ShardedStateOnRankZero::ShardedStateOnRankZero(Executor& exe, const Program& pro
   auto it = State().sharded_state.find(program.id());
   if (it == State().sharded_state.end()) return;
   const int rank = role().rank;
+  if (it->second.per_stage) {
+    // A pipeline stage's group: each owner broadcasts its state on the group's ring 0 (in name
+    // order on every rank of the group) to the group's index 0, the stage's holder for the
+    // pipeline's gather (model_parallel_checkpoint.h).
+    const int me = it->second.my_index;
+    Communicator& ring =
+        RingRegistry::Get().At(0, "fleet::save_persistables (gathering a stage's sharded state)");
+    for (const auto& [name, owner] : it->second.index) {
+      const VarDesc* v = program.global_block().MustFindVar(name);
+      Tensor t;
+      if (owner == me) {
+        const Variable* var = scope_->FindVar(name);
+        KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "sharding: rank ", rank,
+                     " owns optimizer state '", name, "' but its scope holds none (run startup)");
+        t = var->tensor().Clone(exe.place());
+      } else {
+        t = Tensor(v->dtype(), v->dims(), exe.place());
+      }
+      ring.Broadcast(&t, owner);
+      if (me == 0 && owner != 0) {
+        *scope_->Var(name)->mutable_tensor() = std::move(t);
+        gathered_.push_back(name);
+      }
+    }
+    return;
+  }
   // In name order on every rank: the owner's tensor, zeros elsewhere, summed (x + 0 is x).
-  for (const auto& [name, owner] : it->second) {
+  for (const auto& [name, owner] : it->second.rank) {
     const VarDesc* v = program.global_block().MustFindVar(name);
     Tensor t;
     if (owner == rank) {
@@ -679,7 +707,7 @@ void DropUnownedState(Scope& scope, const Program& program) {
   if (!initialized() || role().world_size <= 1) return;
   auto it = State().sharded_state.find(program.id());
   if (it == State().sharded_state.end()) return;
-  for (const auto& [name, owner] : it->second)
+  for (const auto& [name, owner] : it->second.rank)
     if (owner != role().rank) scope.EraseVar(name);
 }
 

@@ -147,22 +147,36 @@ void TranspileParameterServer(Program& main, Program& startup, const Distributed
 }
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
-                         const Role& role, double group_bytes) {
+                         const Role& role, double group_bytes, ShardedStateOwners* owners) {
   if (role.world_size <= 1) return;
-  if (strategy.sharding) {
-    // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced (over the whole
-    // world: sharding beside tensor parallelism is refused).
-    transpiler::ShardingOptions o;
-    o.rings = RingOptionsFor(strategy, role);
-    transpiler::ShardingPass(o).Apply(main, startup);
-    return;
-  }
   const Topology topo = TopologyFor(strategy, role);
   // Pipeline first: the data-parallel passes then see this stage's program only (and all-reduce
-  // its gradients every micro-batch, before they are accumulated). Each rank creates the
+  // or reduce-scatter its gradient accumulators once per mini-batch). Each rank creates the
   // pipeline ring, then its data-parallel rings.
   if (topo.pp_degree() > 1)
     transpiler::PipelinePass(PipelineOptionsFor(strategy, role)).Apply(main, startup);
+  if (strategy.sharding) {
+    // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced, over the
+    // data-parallel group (the whole world without a pipeline; sharding beside tensor
+    // parallelism is refused).
+    if (topo.dp_degree() == 1) return;  // one replica per stage: nothing to shard over
+    transpiler::ShardingOptions o;
+    o.rings = RingOptionsFor(strategy, role);
+    if (owners != nullptr) {
+      const RankCoord me = topo.Coord(role.rank);
+      owners->my_index = me.dp;
+      owners->per_stage = topo.pp_degree() > 1;
+      for (const auto& [name, index] :
+           transpiler::PlanSharding(main, o.rings.nranks).StateOwners()) {
+        RankCoord c = me;
+        c.dp = index;
+        owners->index[name] = index;
+        owners->rank[name] = topo.Rank(c);
+      }
+    }
+    transpiler::ShardingPass(o).Apply(main, startup);
+    return;
+  }
   // The data-parallel passes on the dp ring (every rank of one tp coordinate), then the
   // tensor-parallel ring: each rank creates its rings in this order.
   if (topo.dp_degree() == 1) {

@@ -67,9 +67,18 @@ void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedSt
 // gradient merge and sync batch norm, before the parameter-server or collective passes.
 void TranspileFuseGemmEpilogue(Program& main, Program& startup,
                                const DistributedStrategy& strategy);
-// Step 2: the data-parallel passes (nothing with one worker).
+// Under sharding: the owner of each optimizer state var of this rank's main program, as its
+// index in the data-parallel group (whose ring 0 the sharding pass made) and as a world rank.
+struct ShardedStateOwners {
+  std::map<std::string, int> index, rank;
+  int my_index = 0;        // this rank's index in its data-parallel group
+  bool per_stage = false;  // a pipeline stage's group (not the whole world)
+};
+// Step 2: the data-parallel passes (nothing with one worker). With `owners` and sharding on, it
+// receives the owners of the state (nothing otherwise).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
-                         const Role& role, double group_bytes = 0);
+                         const Role& role, double group_bytes = 0,
+                         ShardedStateOwners* owners = nullptr);
 // Parameter-server mode (role.is_ps()): instead of step 2, ParameterServerPass makes this role's
 // programs (a trainer's, or server role.rank's; transpiler/ps_pass.h).
 void TranspileParameterServer(Program& main, Program& startup, const DistributedStrategy& strategy,

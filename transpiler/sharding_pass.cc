@@ -10,6 +10,7 @@
 #include "framework/op/op_registry.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/overflow_flag.h"
+#include "transpiler/pipeline_pass.h"
 
 namespace keel {
 namespace transpiler {
@@ -146,6 +147,87 @@ void ReduceAcrossOwners(Block& mb, size_t from, const std::set<std::string>& own
   }
 }
 
+// A pipeline stage's accumulators reduce-scattered to their owners at `at` (op_role Optimize):
+// each flattened ("<acc>@FLAT") and laid out by owner with each owner's run padded to the slice
+// length ("@SHARDING_PAD@r", zeros), concatenated into "@SHARDING_GRAD@", one c_reducescatter
+// into this rank's slice "@SHARDING_GRAD@SHARD", split and reshaped back into the owned
+// accumulators. The accumulators are persistable and summed into every micro-batch, so they are
+// copied rather than made slices of the buffer. Returns the index after.
+size_t ReduceScatterAccumulators(Block& mb, size_t at, const ShardingPlan& plan, int rank,
+                                 DType dtype) {
+  const int nranks = static_cast<int>(plan.load.size());
+  const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";
+  for (const std::string& n : {fused, shard})
+    KEEL_ENFORCE(mb.FindVar(n) == nullptr, "sharding: the program already has a var named '", n,
+                 "' (transpiled twice?)");
+  auto declare = [&](const std::string& name, int64_t n) {
+    VarDesc* v = mb.Var(name);
+    v->set_dtype(dtype);
+    v->set_shape({n});
+  };
+  auto add = [&](const std::string& type, const std::vector<std::string>& x,
+                 const std::vector<std::string>& out) {
+    OpDesc* op = mb.InsertOp(at++, type);
+    if (!x.empty()) op->SetInput("X", x);
+    op->SetOutput("Out", out);
+    op->SetAttr(kOpRoleAttr, kOptimize);
+    return op;
+  };
+  std::vector<std::string> pieces, mine;  // the buffer's pieces; this rank's, in its slice
+  std::vector<int> mine_sizes;
+  for (int r = 0; r < nranks; ++r) {
+    for (const ShardingPlan::Param& p : plan.params) {
+      if (p.owner != r) continue;
+      const std::string flat = p.grad + "@FLAT";
+      declare(flat, p.numel);
+      OpDesc* reshape = add("reshape", {p.grad}, {flat});
+      reshape->SetAttr("shape", std::vector<int>{static_cast<int>(p.numel)});
+      InferShapeAtBuild(reshape, &mb);
+      pieces.push_back(flat);
+      if (r == rank) {
+        mine.push_back(flat);
+        mine_sizes.push_back(static_cast<int>(p.numel));
+      }
+    }
+    const int64_t gap = plan.slice - plan.load[r];
+    if (gap == 0) continue;
+    const std::string pad = "@SHARDING_PAD@" + std::to_string(r);
+    declare(pad, gap);
+    OpDesc* zeros = add("fill_constant", {}, {pad});
+    zeros->SetAttr("shape", std::vector<int64_t>{gap});
+    zeros->SetAttr("dtype", static_cast<int>(dtype));
+    zeros->SetAttr("value", 0.0f);
+    InferShapeAtBuild(zeros, &mb);
+    pieces.push_back(pad);
+    if (r == rank) {
+      mine.push_back(pad);
+      mine_sizes.push_back(static_cast<int>(gap));
+    }
+  }
+  declare(fused, plan.slice * nranks);
+  declare(shard, plan.slice);
+  OpDesc* concat = add("concat", pieces, {fused});
+  concat->SetAttr("axis", 0);
+  InferShapeAtBuild(concat, &mb);
+  InsertOp(mb, at++, "c_sync_calc_stream", fused, fused, kOptimize);
+  InsertOp(mb, at++, "c_reducescatter", fused, shard, kOptimize, {{"nranks", nranks}});
+  InsertOp(mb, at++, "c_sync_comm_stream", shard, shard, kOptimize);
+  if (plan.load[rank] == 0) return at;  // this rank owns nothing
+  OpDesc* split = add("split", {shard}, mine);
+  split->SetAttr("sections", mine_sizes);
+  split->SetAttr("axis", 0);
+  InferShapeAtBuild(split, &mb);
+  for (const ShardingPlan::Param& p : plan.params) {
+    if (p.owner != rank) continue;
+    const VarDesc* g = mb.MustFindVar(p.grad);
+    std::vector<int> dims(g->shape().begin(), g->shape().end());
+    OpDesc* back = add("reshape", {p.grad + "@FLAT"}, {p.grad});
+    back->SetAttr("shape", dims);
+    InferShapeAtBuild(back, &mb);
+  }
+  return at;
+}
+
 }  // namespace
 
 std::map<std::string, int> ShardingPlan::StateOwners() const {
@@ -182,6 +264,8 @@ ShardingPlan PlanSharding(const Program& main, int nranks) {
     ShardingPlan::Param p;
     p.name = v->name();
     p.grad = grad_of[p.name];
+    // A pipeline stage's updates read the gradient's accumulator (transpiler/pipeline_pass.h).
+    if (mb.FindVar(p.grad + kPipelineAccSuffix) != nullptr) p.grad += kPipelineAccSuffix;
     const VarDesc* g = mb.MustFindVar(p.grad);
     KEEL_ENFORCE(g->dims().known(), "sharding: gradient '", p.grad, "' has shape ", g->dims().str(),
                  "; only gradients of known shape can be laid out by owner");
@@ -263,11 +347,14 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
       loss_grad = i;
       break;
     }
+  // A pipeline stage before the last has none: the last stage's scaled loss gradient reaches it
+  // through the transfers.
+  const bool pipeline = !PipelineAccumulators(mb).empty();
   KEEL_ENFORCE(
-      loss_grad < mb.num_ops(),
+      loss_grad < mb.num_ops() || pipeline,
       "sharding: the main program has no loss-gradient op; call minimize (append_backward) "
       "before transpiling");
-  {
+  if (loss_grad < mb.num_ops()) {
     const std::string& g = mb.op(loss_grad)->Output("Out")[0];
     OpDesc* s = mb.InsertOp(loss_grad + 1, "scale");
     s->SetInput("X", {g});
@@ -277,104 +364,121 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
     InferShapeAtBuild(s, &mb);
   }
 
-  // The last writer of any parameter gradient: the reduce-scatter goes right after it.
-  size_t last_writer = 0;
-  for (size_t i = 0; i < mb.num_ops(); ++i) {
-    const OpDesc& op = *mb.op(i);
-    if (Role(op) == kBackward && op.HasAttr(kOpRoleVarAttr)) last_writer = i;
-  }
   std::set<std::string> owned_grads;
   for (const ShardingPlan::Param& p : plan.params)
     if (p.owner == rank) owned_grads.insert(p.grad);
-  ReduceAcrossOwners(mb, last_writer + 1, owned_grads, rank, nranks);
-  // Nothing else after backward may read a gradient this rank does not own (it holds only this
-  // rank's share of the sum).
-  for (size_t i = last_writer + 1; i < mb.num_ops(); ++i)
-    for (const std::string& n : mb.op(i)->InputArgumentNames())
-      KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
-                   "' after backward, but under sharding rank ", rank,
-                   " holds only the summed gradients of its own parameters");
+  if (pipeline) {
+    // A pipeline stage: its accumulators hold the mini-batch's gradients once every micro-batch
+    // has run, so the reduce-scatter to owners is the optimizer section's first work.
+    size_t at = 0;
+    while (at < mb.num_ops() && !(Role(*mb.op(at)) & kOptimize)) ++at;
+    at = ReduceScatterAccumulators(mb, at, plan, rank, dtype);
+    ReduceAcrossOwners(mb, at, owned_grads, rank, nranks);
+    // After that only the owner's updates read a gradient; every stage zeroes its accumulators.
+    for (size_t i = at; i < mb.num_ops(); ++i) {
+      if (mb.op(i)->type() == "fill_zeros_like") continue;
+      for (const std::string& n : mb.op(i)->InputArgumentNames())
+        KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
+                     "' in the optimizer section, but under sharding rank ", rank,
+                     " holds only the summed gradients of its own parameters");
+    }
+  } else {
+    // The last writer of any parameter gradient: the reduce-scatter goes right after it.
+    size_t last_writer = 0;
+    for (size_t i = 0; i < mb.num_ops(); ++i) {
+      const OpDesc& op = *mb.op(i);
+      if (Role(op) == kBackward && op.HasAttr(kOpRoleVarAttr)) last_writer = i;
+    }
+    ReduceAcrossOwners(mb, last_writer + 1, owned_grads, rank, nranks);
+    // Nothing else after backward may read a gradient this rank does not own (it holds only this
+    // rank's share of the sum).
+    for (size_t i = last_writer + 1; i < mb.num_ops(); ++i)
+      for (const std::string& n : mb.op(i)->InputArgumentNames())
+        KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
+                     "' after backward, but under sharding rank ", rank,
+                     " holds only the summed gradients of its own parameters");
 
-  // The fused buffer, laid out by owner, each owner's run padded to the slice length.
-  const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";
-  std::vector<std::string> names;
-  std::vector<int64_t> numels;
-  std::vector<int> section;  // this rank's split of its slice
-  std::vector<std::string> parts;
-  for (int r = 0; r < nranks; ++r) {
-    for (const ShardingPlan::Param& p : plan.params) {
-      if (p.owner != r) continue;
-      names.push_back(p.grad);
-      numels.push_back(p.numel);
+    // The fused buffer, laid out by owner, each owner's run padded to the slice length.
+    const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";
+    std::vector<std::string> names;
+    std::vector<int64_t> numels;
+    std::vector<int> section;  // this rank's split of its slice
+    std::vector<std::string> parts;
+    for (int r = 0; r < nranks; ++r) {
+      for (const ShardingPlan::Param& p : plan.params) {
+        if (p.owner != r) continue;
+        names.push_back(p.grad);
+        numels.push_back(p.numel);
+        if (r == rank) {
+          section.push_back(static_cast<int>(p.numel));
+          parts.push_back(p.grad + "@SHARDING");
+        }
+      }
+      const int64_t gap = plan.slice - plan.load[r];
+      if (gap == 0) continue;
+      const std::string pad = "@SHARDING_PAD@" + std::to_string(r);
+      VarDesc* v = mb.Var(pad);
+      v->set_dtype(dtype);
+      v->set_shape({gap});
+      names.push_back(pad);
+      numels.push_back(gap);
       if (r == rank) {
-        section.push_back(static_cast<int>(p.numel));
-        parts.push_back(p.grad + "@SHARDING");
+        section.push_back(static_cast<int>(gap));
+        parts.push_back(pad);
       }
     }
-    const int64_t gap = plan.slice - plan.load[r];
-    if (gap == 0) continue;
-    const std::string pad = "@SHARDING_PAD@" + std::to_string(r);
-    VarDesc* v = mb.Var(pad);
-    v->set_dtype(dtype);
-    v->set_shape({gap});
-    names.push_back(pad);
-    numels.push_back(gap);
-    if (r == rank) {
-      section.push_back(static_cast<int>(gap));
-      parts.push_back(pad);
-    }
-  }
-  for (const std::string& n : {fused, shard})
-    KEEL_ENFORCE(mb.FindVar(n) == nullptr, "sharding: the program already has a var named '", n,
-                 "' (transpiled twice?)");
-  mb.Var(fused)->set_dtype(dtype);
-  mb.Var(fused)->set_shape({plan.slice * nranks});
-  mb.Var(shard)->set_dtype(dtype);
-  mb.Var(shard)->set_shape({plan.slice});
+    for (const std::string& n : {fused, shard})
+      KEEL_ENFORCE(mb.FindVar(n) == nullptr, "sharding: the program already has a var named '", n,
+                   "' (transpiled twice?)");
+    mb.Var(fused)->set_dtype(dtype);
+    mb.Var(fused)->set_shape({plan.slice * nranks});
+    mb.Var(shard)->set_dtype(dtype);
+    mb.Var(shard)->set_shape({plan.slice});
 
-  // After the last gradient: reduce-scatter, then this rank's gradients out of its slice.
-  size_t at = last_writer + 1;
-  InsertOp(mb, at++, "c_sync_calc_stream", fused, fused, kBackward);
-  InsertOp(mb, at++, "c_reducescatter", fused, shard, kBackward, {{"nranks", nranks}});
-  InsertOp(mb, at++, "c_sync_comm_stream", shard, shard, kBackward);
-  if (!owned.empty()) {
-    for (size_t k = 0; k < parts.size(); ++k) {
-      VarDesc* v = mb.Var(parts[k]);
-      v->set_dtype(dtype);
-      v->set_shape({section[k]});
+    // After the last gradient: reduce-scatter, then this rank's gradients out of its slice.
+    size_t at = last_writer + 1;
+    InsertOp(mb, at++, "c_sync_calc_stream", fused, fused, kBackward);
+    InsertOp(mb, at++, "c_reducescatter", fused, shard, kBackward, {{"nranks", nranks}});
+    InsertOp(mb, at++, "c_sync_comm_stream", shard, shard, kBackward);
+    if (!owned.empty()) {
+      for (size_t k = 0; k < parts.size(); ++k) {
+        VarDesc* v = mb.Var(parts[k]);
+        v->set_dtype(dtype);
+        v->set_shape({section[k]});
+      }
+      OpDesc* split = mb.InsertOp(at++, "split");
+      split->SetInput("X", {shard});
+      split->SetOutput("Out", parts);
+      split->SetAttr("sections", section);
+      split->SetAttr("axis", 0);
+      split->SetAttr(kOpRoleAttr, kBackward);
+      InferShapeAtBuild(split, &mb);
+      for (const ShardingPlan::Param& p : plan.params) {
+        if (p.owner != rank) continue;
+        const VarDesc* g = mb.MustFindVar(p.grad);
+        std::vector<int> dims(g->shape().begin(), g->shape().end());
+        OpDesc* reshape = mb.InsertOp(at++, "reshape");
+        reshape->SetInput("X", {p.grad + "@SHARDING"});
+        reshape->SetOutput("Out", {p.grad});
+        reshape->SetAttr("shape", dims);
+        reshape->SetAttr(kOpRoleAttr, kBackward);
+        InferShapeAtBuild(reshape, &mb);
+      }
     }
-    OpDesc* split = mb.InsertOp(at++, "split");
-    split->SetInput("X", {shard});
-    split->SetOutput("Out", parts);
-    split->SetAttr("sections", section);
-    split->SetAttr("axis", 0);
-    split->SetAttr(kOpRoleAttr, kBackward);
-    InferShapeAtBuild(split, &mb);
-    for (const ShardingPlan::Param& p : plan.params) {
-      if (p.owner != rank) continue;
-      const VarDesc* g = mb.MustFindVar(p.grad);
-      std::vector<int> dims(g->shape().begin(), g->shape().end());
-      OpDesc* reshape = mb.InsertOp(at++, "reshape");
-      reshape->SetInput("X", {p.grad + "@SHARDING"});
-      reshape->SetOutput("Out", {p.grad});
-      reshape->SetAttr("shape", dims);
-      reshape->SetAttr(kOpRoleAttr, kBackward);
-      InferShapeAtBuild(reshape, &mb);
-    }
-  }
 
-  // Before the first backward op: the gradients become slices of the fused buffer.
-  size_t first = 0;
-  while (first < mb.num_ops() && !(Role(*mb.op(first)) & kBackward)) ++first;
-  OpDesc* co = mb.InsertOp(first, "coalesce_tensor");
-  co->SetInput("Input", names);
-  co->SetOutput("Output", names);
-  co->SetOutput("FusedOutput", {fused});
-  co->SetAttr("numels", numels);
-  co->SetAttr("dtype", static_cast<int>(dtype));
-  co->SetAttr("copy_data", false);
-  co->SetAttr(kOpRoleAttr, kBackward);
-  InferShapeAtBuild(co, &mb);
+    // Before the first backward op: the gradients become slices of the fused buffer.
+    size_t first = 0;
+    while (first < mb.num_ops() && !(Role(*mb.op(first)) & kBackward)) ++first;
+    OpDesc* co = mb.InsertOp(first, "coalesce_tensor");
+    co->SetInput("Input", names);
+    co->SetOutput("Output", names);
+    co->SetOutput("FusedOutput", {fused});
+    co->SetAttr("numels", numels);
+    co->SetAttr("dtype", static_cast<int>(dtype));
+    co->SetAttr("copy_data", false);
+    co->SetAttr(kOpRoleAttr, kBackward);
+    InferShapeAtBuild(co, &mb);
+  }
 
   // At the end: every parameter from its owner.
   for (const ShardingPlan::Param& p : plan.params)

@@ -38,6 +38,16 @@
 //     ranks' norms ("@SHARDING_NORM@OTHERS"), and a clip_by_global_norm of [those norms, the
 //     owned gradients]: its sum of squares is the one over every gradient, as plain data
 //     parallelism's (float rounding aside), and it clips the owned gradients by it.
+//   a pipeline stage (PipelineAccumulators finds its gradient accumulators, which the updates
+//     read; options.rings is the stage's data-parallel group): the gradients are the
+//     accumulators, summed over the micro-batches, so instead of the coalesce and the
+//     reduce-scatter in backward, at the head of the optimizer section (op_role Optimize, once
+//     per mini-batch) each accumulator is reshaped to "<acc>@FLAT" and, with zero pads
+//     ("@SHARDING_PAD@r", fill_constant), concatenated by owner into "@SHARDING_GRAD@", reduce-
+//     scattered into "@SHARDING_GRAD@SHARD", and this rank's part split and reshaped back into
+//     its own accumulators; the AMP and clipping rewrites follow it; a stage without the loss
+//     gets no loss-gradient scale (the last stage's reaches it through the transfers); the
+//     fill_zeros_like of every accumulator stays.
 // Leaves alone: forward and backward ops, the optimizer ops of owned parameters and the ops
 //   shared by all updates (learning-rate schedule), sub-blocks.
 #pragma once

@@ -292,8 +292,27 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
         {"pipeline_configs.pp_degree=2", "tensor_parallel_configs.tensor_parallel_degree=2",
          "world_size=6"});
   }
-  testing::ExpectErrorContainsAll(error([](auto* s) { s->sharding = true; }),
-                                  {"pipeline=true", "sharding=true"});
+  // ZeRO-1 over each stage's data-parallel replicas; refused without replicas.
+  EXPECT_EQ(error([](auto* s) { s->sharding = true; }), "");
+  {
+    fleet::Role two;
+    two.world_size = 2;
+    fleet::DistributedStrategy s;
+    s.pipeline = true;
+    s.pipeline_configs.pp_degree = 2;
+    s.sharding = true;
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { s.Validate(two); }),
+        {"sharding=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
+    s.sharding_configs.sharding_degree = 2;
+    fleet::Role four;
+    four.world_size = 4;
+    EXPECT_EQ(testing::ErrorOf([&] { s.Validate(four); }), "");
+    s.sharding_configs.sharding_degree = 4;
+    testing::ExpectErrorContainsAll(
+        testing::ErrorOf([&] { s.Validate(four); }),
+        {"sharding_configs.sharding_degree=4", "data-parallel degree (2)"});
+  }
   testing::ExpectErrorContainsAll(error([](auto* s) { s->use_local_sgd = true; }),
                                   {"pipeline=true", "use_local_sgd=true"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->gradient_merge = true; }),

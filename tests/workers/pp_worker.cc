@@ -70,6 +70,9 @@ DEFINE_int32(merge, 1,
              "With --pp=1: DistributedStrategy.gradient_merge with k_steps=MERGE (averaged), each "
              "step run as MERGE runs of global_batch/MERGE rows in order, as a pipeline's "
              "micro-batches (the reference of a pipeline with --loss_scale).");
+DEFINE_bool(sharding, false,
+            "DistributedStrategy.sharding (ZeRO-1): each stage's optimizer state is sharded over "
+            "its data-parallel replicas; every rank prints the bytes of state it holds.");
 DEFINE_bool(local_overflow_flag, false,
             "Negative test: each stage keeps its own overflow flag (the flag's all-reduce over "
             "the pipeline group is removed), as if the stages did not agree on skipped steps.");
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
     }
     strategy.recompute = FLAGS_recompute;
     strategy.sync_batch_norm = FLAGS_sync_bn;
+    strategy.sharding = FLAGS_sharding;
     if (FLAGS_merge > 1) {
       KEEL_ENFORCE(FLAGS_pp == 1 && world == 1, "--merge is the one-process reference");
       KEEL_ENFORCE(FLAGS_global_batch % FLAGS_merge == 0, "--merge must divide --global_batch");
@@ -207,6 +211,22 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
+    // Bytes of optimizer state (persistable, not a parameter, the learning rate or a gradient
+    // accumulator) this rank's scope holds.
+    auto state_bytes = [&] {
+      int64_t bytes = 0;
+      for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+        const std::string& n = v->name();
+        if (!v->persistable() || v->is_parameter() || n.rfind("learning_rate", 0) == 0 ||
+            n.find(transpiler::kPipelineAccSuffix) != std::string::npos)
+          continue;
+        const Variable* var = exe.scope().FindVar(n);
+        if (var != nullptr && var->tensor().initialized())
+          bytes += static_cast<int64_t>(var->tensor().nbytes());
+      }
+      return bytes;
+    };
+    std::printf("rank %d state_bytes %lld\n", rank, static_cast<long long>(state_bytes()));
     if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::unique_ptr<fleet::PipelineRunner> runner;
     const bool last = FLAGS_pp == 1 || rank % FLAGS_pp == FLAGS_pp - 1;
