@@ -255,13 +255,17 @@ TEST(PipelinePass, RefusesUnmarkedOpsAndStageCountsOtherThanTheDegree) {
 TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
   fleet::Role role;
   role.world_size = 4;
-  auto error = [&](auto change) {
+  // Pipeline of 2 stages plus `change`, validated on `world` workers.
+  auto error_on = [&](int world, auto change) {
+    fleet::Role r = role;
+    r.world_size = world;
     fleet::DistributedStrategy s;
     s.pipeline = true;
     s.pipeline_configs.pp_degree = 2;
     change(&s);
-    return testing::ErrorOf([&] { s.Validate(role); });
+    return testing::ErrorOf([&] { s.Validate(r); });
   };
+  auto error = [&](auto change) { return error_on(4, change); };
   testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.pp_degree = 3; }),
                                   {"pipeline_configs.pp_degree=3", "world_size=4"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->pipeline_configs.pp_degree = 1; }),
@@ -294,25 +298,18 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
   }
   // ZeRO-1 over each stage's data-parallel replicas; refused without replicas.
   EXPECT_EQ(error([](auto* s) { s->sharding = true; }), "");
-  {
-    fleet::Role two;
-    two.world_size = 2;
-    fleet::DistributedStrategy s;
-    s.pipeline = true;
-    s.pipeline_configs.pp_degree = 2;
-    s.sharding = true;
-    testing::ExpectErrorContainsAll(
-        testing::ErrorOf([&] { s.Validate(two); }),
-        {"sharding=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
-    s.sharding_configs.sharding_degree = 2;
-    fleet::Role four;
-    four.world_size = 4;
-    EXPECT_EQ(testing::ErrorOf([&] { s.Validate(four); }), "");
-    s.sharding_configs.sharding_degree = 4;
-    testing::ExpectErrorContainsAll(
-        testing::ErrorOf([&] { s.Validate(four); }),
-        {"sharding_configs.sharding_degree=4", "data-parallel degree (2)"});
-  }
+  testing::ExpectErrorContainsAll(
+      error_on(2, [](auto* s) { s->sharding = true; }),
+      {"sharding=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
+  auto degree = [](int d) {
+    return [d](auto* s) {
+      s->sharding = true;
+      s->sharding_configs.sharding_degree = d;
+    };
+  };
+  EXPECT_EQ(error(degree(2)), "");
+  testing::ExpectErrorContainsAll(
+      error(degree(4)), {"sharding_configs.sharding_degree=4", "data-parallel degree (2)"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->use_local_sgd = true; }),
                                   {"pipeline=true", "use_local_sgd=true"});
   testing::ExpectErrorContainsAll(error([](auto* s) { s->gradient_merge = true; }),
@@ -327,17 +324,9 @@ TEST(PipelineStrategy, RefusesWhatItDoesNotBuildNamingBothFields) {
   // Sync batch norm: with data-parallel replicas of the stages (4 workers, 2 stages), not
   // without.
   EXPECT_EQ(error([](auto* s) { s->sync_batch_norm = true; }), "");
-  {
-    fleet::Role two;
-    two.world_size = 2;
-    fleet::DistributedStrategy s;
-    s.pipeline = true;
-    s.pipeline_configs.pp_degree = 2;
-    s.sync_batch_norm = true;
-    testing::ExpectErrorContainsAll(
-        testing::ErrorOf([&] { s.Validate(two); }),
-        {"sync_batch_norm=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
-  }
+  testing::ExpectErrorContainsAll(
+      error_on(2, [](auto* s) { s->sync_batch_norm = true; }),
+      {"sync_batch_norm=true", "pipeline_configs.pp_degree=2", "one data-parallel replica"});
   // Fusion groups the accumulators' once-per-mini-batch all-reduces.
   EXPECT_EQ(error([](auto* s) { s->fuse_all_reduce_ops = true; }), "");
   // Pipeline and its settings alone are accepted.
