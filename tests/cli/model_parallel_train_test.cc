@@ -422,6 +422,37 @@ TEST(KeelTrainModelParallel,
           std::printf("  %s = %g\n", name.c_str(), t.data<float>()[0]);
         }
       EXPECT_EQ(scaling, 2);
+      // Stages of tensor-parallel groups (4 processes): the flag is the maximum over each group
+      // (ring 32), then over the stages (ring 33). A row-parallel sum rounds each rank's partial
+      // product to 16 bits, so the job follows the merging run within float16's rounding: the
+      // same loss scale and skipped steps, the losses to 1e-3.
+      auto tp = RunCommand(env + Keel() + " launch --nproc_per_node=4 --log_dir=" + d + "/log_tp " +
+                           Keel() + train +
+                           "--batch_size=32 --pp_degree=2 --tp_degree=2 --micro_batches=2 "
+                           "--steps=3 --save_dir=" +
+                           d + "/pp_tp 2>&1");
+      ASSERT_EQ(tp.exit_code, 0) << tp.output;
+      const std::map<int, std::string> t = LossLines(tp.output);
+      ASSERT_EQ(t.size(), 3u) << tp.output;
+      double tp_loss = 0;
+      for (int s = 0; s < 3; ++s)
+        tp_loss = std::max(
+            tp_loss,
+            std::abs(std::atof(t.at(s).c_str()) -
+                     (std::atof(m.at(2 * s).c_str()) + std::atof(m.at(2 * s + 1).c_str())) / 2));
+      const std::map<std::string, Tensor> joined = FloatTensors(d + "/pp_tp");
+      int state = 0;
+      for (const auto& [name, v] : joined) {
+        if (name.rfind("loss_scaling", 0) && name.rfind("num_skipped_steps", 0)) continue;
+        ++state;
+        EXPECT_EQ(v.data<float>()[0], want.at(name).data<float>()[0]) << name;
+      }
+      std::printf(
+          "transformer PP=2 x TP=2 in fp16 against the merging run: max loss difference "
+          "%.3g\n",
+          tp_loss);
+      EXPECT_EQ(state, 2);
+      EXPECT_LT(tp_loss, 1e-3);
     }
   }
   RunCommand("rm -rf " + dir);
