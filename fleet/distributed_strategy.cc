@@ -2,6 +2,7 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <string>
@@ -399,29 +400,32 @@ void DistributedStrategy::ValidateSharding(const Role& role) const {
   KEEL_ENFORCE(c.stage == 1, s, "sharding_configs.stage=", c.stage,
                " is not built: keel shards the optimizer state only (stage 1); stages 2 "
                "(gradients) and 3 (parameters) are refused");
-  // The data-parallel group: the world, or a pipeline stage's replicas.
-  const int group = pipeline && pipeline_configs.pp_degree > 1
-                        ? role.world_size / pipeline_configs.pp_degree
-                        : role.world_size;
+  // The data-parallel group: the world, or the replicas of a pipeline stage or of a
+  // tensor-parallel coordinate.
+  const int model =
+      (pipeline ? std::max(1, pipeline_configs.pp_degree) : 1) * TensorParallelDegree();
+  const int group = role.world_size / std::max(1, model);
   KEEL_ENFORCE(c.sharding_degree == 0 || c.sharding_degree == group, s,
                "sharding_configs.sharding_degree=", c.sharding_degree, " must be 0 or ",
                group == role.world_size ? "the world size (" : "the data-parallel degree (", group,
                "): sharding groups inside data-parallel groups need the hybrid topology, not "
                "built yet");
-  KEEL_ENFORCE(!pipeline || role.world_size % pipeline_configs.pp_degree != 0 || group > 1, s,
-               "sharding=true with ", s, "pipeline_configs.pp_degree=", pipeline_configs.pp_degree,
-               " on ", role.world_size,
-               " workers: each stage has one data-parallel replica, so no group to shard its "
-               "optimizer state over; turn sharding off, or add replicas");
+  KEEL_ENFORCE(
+      model <= 1 || role.world_size % model != 0 || group > 1, s, "sharding=true with ", s,
+      pipeline ? StrCat("pipeline_configs.pp_degree=", pipeline_configs.pp_degree, " ")
+               : std::string(),
+      tensor_parallel
+          ? StrCat("tensor_parallel_configs.tensor_parallel_degree=", TensorParallelDegree(), " ")
+          : std::string(),
+      "on ", role.world_size,
+      " workers: there is one data-parallel replica, so no group to shard the optimizer "
+      "state over; turn sharding off, or add replicas");
   auto both = [&](bool conflict, const std::string& other, const char* why) {
     KEEL_ENFORCE(!conflict, s, "sharding=true does not combine with ", s, other, ": ", why);
   };
   both(use_local_sgd, "use_local_sgd=true",
        "LocalSGD steps every rank's whole optimizer on its own gradients; sharding gives each "
        "parameter's update to one owner");
-  both(tensor_parallel, "tensor_parallel=true",
-       "sharding groups inside data-parallel groups need the hybrid topology's sharding axis, "
-       "not built yet");
   both(gradient_merge, "gradient_merge=true",
        "the merge step's buffers and updates are not sharded (not built)");
   both(use_hierarchical_allreduce, "use_hierarchical_allreduce=true",

@@ -155,17 +155,19 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
   // pipeline ring, then its data-parallel rings.
   if (topo.pp_degree() > 1)
     transpiler::PipelinePass(PipelineOptionsFor(strategy, role)).Apply(main, startup);
-  if (strategy.sharding) {
+  // The data-parallel passes on the dp ring (every rank of one tp coordinate of one stage), then
+  // the tensor-parallel ring: each rank creates its rings in this order.
+  if (topo.dp_degree() == 1) {
+    // Nothing to all-reduce or shard over: the group holds the only replica.
+  } else if (strategy.sharding) {
     // ZeRO-1: gradients reduce-scattered to their owners instead of all-reduced, over the
-    // data-parallel group (the whole world without a pipeline; sharding beside tensor
-    // parallelism is refused).
-    if (topo.dp_degree() == 1) return;  // one replica per stage: nothing to shard over
+    // data-parallel group (the whole world without a pipeline or tensor parallelism).
     transpiler::ShardingOptions o;
     o.rings = RingOptionsFor(strategy, role);
     if (owners != nullptr) {
       const RankCoord me = topo.Coord(role.rank);
       owners->my_index = me.dp;
-      owners->per_stage = topo.pp_degree() > 1;
+      owners->per_stage = topo.dp_degree() != role.world_size;
       for (const auto& [name, index] :
            transpiler::PlanSharding(main, o.rings.nranks).StateOwners()) {
         RankCoord c = me;
@@ -175,12 +177,6 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
       }
     }
     transpiler::ShardingPass(o).Apply(main, startup);
-    return;
-  }
-  // The data-parallel passes on the dp ring (every rank of one tp coordinate), then the
-  // tensor-parallel ring: each rank creates its rings in this order.
-  if (topo.dp_degree() == 1) {
-    // Nothing to all-reduce: the group holds the only replica.
   } else if (strategy.use_local_sgd) {
     transpiler::LocalSGDPass(LocalSGDOptionsFor(strategy, role)).Apply(main, startup);
   } else {

@@ -71,8 +71,10 @@ void TranspileFuseGemmEpilogue(Program& main, Program& startup,
 // index in the data-parallel group (whose ring 0 the sharding pass made) and as a world rank.
 struct ShardedStateOwners {
   std::map<std::string, int> index, rank;
-  int my_index = 0;        // this rank's index in its data-parallel group
-  bool per_stage = false;  // a pipeline stage's group (not the whole world)
+  int my_index = 0;  // this rank's index in its data-parallel group
+  // A group smaller than the world (a pipeline stage's or a tensor-parallel coordinate's
+  // replicas): the state is gathered on the group's ring to its first replica.
+  bool per_stage = false;
 };
 // Step 2: the data-parallel passes (nothing with one worker). With `owners` and sharding on, it
 // receives the owners of the state (nothing otherwise).

@@ -151,6 +151,11 @@ TEST(TensorParallelStrategy, EveryRefusalNamesItsFields) {
       {s,
        2,
        {"sync_batch_norm=true", "tensor_parallel_degree=2 on 2 workers", "one data-parallel"}});
+  // ZeRO-1 shards over each tensor-parallel coordinate's replicas: none with the degree equal to
+  // the world size.
+  s = Tp(2);
+  s.sharding = true;
+  cases.push_back({s, 2, {"sharding=true", "tensor_parallel_degree=2", "one data-parallel"}});
   for (const Case& c : cases) {
     const std::string e = ErrorOf([&] { c.s.Validate(World(c.world)); });
     for (const std::string& w : c.says) EXPECT_NE(e.find(w), std::string::npos) << w << ": " << e;
@@ -164,6 +169,9 @@ TEST(TensorParallelStrategy, EveryRefusalNamesItsFields) {
   s.amp = true;
   s.amp_configs.dtype = DType::kFloat16;
   s.recompute = true;
+  EXPECT_EQ(ErrorOf([&] { s.Validate(World(4)); }), "");
+  s = Tp(2);
+  s.sharding = true;
   EXPECT_EQ(ErrorOf([&] { s.Validate(World(4)); }), "");
   s = Tp(2);
   s.sync_batch_norm = true;

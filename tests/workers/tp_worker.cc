@@ -39,6 +39,10 @@ DEFINE_int32(first_step, 0,
 DEFINE_bool(sync_bn, false,
             "DistributedStrategy.sync_batch_norm: the batch norms take their statistics over the "
             "data-parallel replicas' batches.");
+DEFINE_bool(sharding, false,
+            "DistributedStrategy.sharding (ZeRO-1): the optimizer state is sharded over the "
+            "data-parallel replicas of each tensor-parallel coordinate; every rank prints the "
+            "bytes of state it holds.");
 DEFINE_string(amp, "off", "off | bf16 | fp16: DistributedStrategy.amp in that dtype.");
 DEFINE_string(amp_level, "O1", "O1 | O2.");
 DEFINE_double(loss_scale, 0,
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
     if (strategy.tensor_parallel)
       strategy.tensor_parallel_configs.tensor_parallel_degree = FLAGS_tp;
     strategy.sync_batch_norm = FLAGS_sync_bn;
+    strategy.sharding = FLAGS_sharding;
     if (FLAGS_amp != "off") {
       KEEL_ENFORCE(FLAGS_amp == "bf16" || FLAGS_amp == "fp16", "--amp must be off, bf16 or fp16");
       strategy.amp = true;
@@ -179,6 +184,16 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
+    // Bytes of optimizer state (persistable, not a parameter or the learning rate) held here.
+    int64_t state_bytes = 0;
+    for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
+      if (!v->persistable() || v->is_parameter() || v->name().rfind("learning_rate", 0) == 0)
+        continue;
+      const Variable* var = exe.scope().FindVar(v->name());
+      if (var != nullptr && var->tensor().initialized())
+        state_bytes += static_cast<int64_t>(var->tensor().nbytes());
+    }
+    std::printf("rank %d state_bytes %lld\n", rank, static_cast<long long>(state_bytes));
     if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
