@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -651,49 +650,26 @@ ShardedStateOnRankZero::ShardedStateOnRankZero(Executor& exe, const Program& pro
   if (!initialized() || role().world_size <= 1) return;
   auto it = State().sharded_state.find(program.id());
   if (it == State().sharded_state.end()) return;
-  const int rank = role().rank;
-  if (it->second.per_stage) {
-    // A pipeline stage's group: each owner broadcasts its state on the group's ring 0 (in name
-    // order on every rank of the group) to the group's index 0, the stage's holder for the
-    // pipeline's gather (model_parallel_checkpoint.h).
-    const int me = it->second.my_index;
-    Communicator& ring =
-        RingRegistry::Get().At(0, "fleet::save_persistables (gathering a stage's sharded state)");
-    for (const auto& [name, owner] : it->second.index) {
-      const VarDesc* v = program.global_block().MustFindVar(name);
-      Tensor t;
-      if (owner == me) {
-        const Variable* var = scope_->FindVar(name);
-        KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "sharding: rank ", rank,
-                     " owns optimizer state '", name, "' but its scope holds none (run startup)");
-        t = var->tensor().Clone(exe.place());
-      } else {
-        t = Tensor(v->dtype(), v->dims(), exe.place());
-      }
-      ring.Broadcast(&t, owner);
-      if (me == 0 && owner != 0) {
-        *scope_->Var(name)->mutable_tensor() = std::move(t);
-        gathered_.push_back(name);
-      }
-    }
-    return;
-  }
-  // In name order on every rank: the owner's tensor, zeros elsewhere, summed (x + 0 is x).
-  for (const auto& [name, owner] : it->second.rank) {
+  // Each owner broadcasts its state on the data-parallel group's ring 0 (the sharding pass's), in
+  // name order on every rank of the group, to the group's first rank: rank 0 without model
+  // parallelism, else the holder the model-parallel gather reads (model_parallel_checkpoint.h).
+  const int me = it->second.my_index;
+  Communicator& ring =
+      RingRegistry::Get().At(0, "fleet::save_persistables (gathering sharded state)");
+  for (const auto& [name, owner] : it->second.index) {
     const VarDesc* v = program.global_block().MustFindVar(name);
     Tensor t;
-    if (owner == rank) {
+    if (owner == me) {
       const Variable* var = scope_->FindVar(name);
-      KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "sharding: rank ", rank,
+      KEEL_ENFORCE(var != nullptr && var->tensor().initialized(), "sharding: rank ", role().rank,
                    " owns optimizer state '", name, "' but its scope holds none (run startup)");
-      t = var->tensor().Clone(CPUPlace());
+      t = var->tensor().Clone(exe.place());
     } else {
-      t = Tensor(v->dtype(), v->dims(), CPUPlace());
-      std::memset(t.raw_data(), 0, t.nbytes());
+      t = Tensor(v->dtype(), v->dims(), exe.place());
     }
-    AllReduceAs(&t, ReduceOp::kSum, "fleet::save_persistables (gathering sharded state)");
-    if (rank == 0 && owner != 0) {
-      *scope_->Var(name)->mutable_tensor() = t.Clone(exe.place());
+    ring.Broadcast(&t, owner);
+    if (me == 0 && owner != 0) {
+      *scope_->Var(name)->mutable_tensor() = std::move(t);
       gathered_.push_back(name);
     }
   }
@@ -707,8 +683,8 @@ void DropUnownedState(Scope& scope, const Program& program) {
   if (!initialized() || role().world_size <= 1) return;
   auto it = State().sharded_state.find(program.id());
   if (it == State().sharded_state.end()) return;
-  for (const auto& [name, owner] : it->second.rank)
-    if (owner != role().rank) scope.EraseVar(name);
+  for (const auto& [name, owner] : it->second.index)
+    if (owner != it->second.my_index) scope.EraseVar(name);
 }
 
 // A model-parallel program fleet's minimize did not make has no recorded layout: its stages or

@@ -138,9 +138,11 @@ Program& startup_program();
 // one process has), fleet/model_parallel_checkpoint.h; load_persistables gives each stage its
 // own and each tensor-parallel rank its part.
 void save_persistables(Executor& exe, const std::string& dirname, const Program* program = nullptr);
-// Under sharding, for the lifetime of this object rank 0's scope also holds the optimizer state of
-// the parameters other ranks own (gathered from the owners: a collective every rank enters, in the
-// same order); nothing otherwise. For a checkpoint rank 0 writes.
+// Under sharding, for the lifetime of this object the scope of each data-parallel group's first
+// rank (rank 0 without pipeline or tensor parallelism) also holds the optimizer state of the
+// parameters the group's other ranks own (broadcast by the owners on the group's ring: a
+// collective every rank enters, in the same order); nothing otherwise. For a checkpoint rank 0
+// writes (gathering the other stages and shards from those ranks, model_parallel_checkpoint.h).
 class ShardedStateOnRankZero {
  public:
   ShardedStateOnRankZero(Executor& exe, const Program& program);

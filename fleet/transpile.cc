@@ -165,16 +165,8 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
     transpiler::ShardingOptions o;
     o.rings = RingOptionsFor(strategy, role);
     if (owners != nullptr) {
-      const RankCoord me = topo.Coord(role.rank);
-      owners->my_index = me.dp;
-      owners->per_stage = topo.dp_degree() != role.world_size;
-      for (const auto& [name, index] :
-           transpiler::PlanSharding(main, o.rings.nranks).StateOwners()) {
-        RankCoord c = me;
-        c.dp = index;
-        owners->index[name] = index;
-        owners->rank[name] = topo.Rank(c);
-      }
+      owners->my_index = o.rings.rank;
+      owners->index = transpiler::PlanSharding(main, o.rings.nranks).StateOwners();
     }
     transpiler::ShardingPass(o).Apply(main, startup);
   } else if (strategy.use_local_sgd) {

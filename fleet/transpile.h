@@ -67,14 +67,12 @@ void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedSt
 // gradient merge and sync batch norm, before the parameter-server or collective passes.
 void TranspileFuseGemmEpilogue(Program& main, Program& startup,
                                const DistributedStrategy& strategy);
-// Under sharding: the owner of each optimizer state var of this rank's main program, as its
-// index in the data-parallel group (whose ring 0 the sharding pass made) and as a world rank.
+// Under sharding: the owner of each optimizer state var of this rank's main program, as its index
+// in the data-parallel group (the world, or the replicas of a pipeline stage or tensor-parallel
+// coordinate; the sharding pass makes the group's ring 0), and this rank's index there.
 struct ShardedStateOwners {
-  std::map<std::string, int> index, rank;
-  int my_index = 0;  // this rank's index in its data-parallel group
-  // A group smaller than the world (a pipeline stage's or a tensor-parallel coordinate's
-  // replicas): the state is gathered on the group's ring to its first replica.
-  bool per_stage = false;
+  std::map<std::string, int> index;
+  int my_index = 0;
 };
 // Step 2: the data-parallel passes (nothing with one worker). With `owners` and sharding on, it
 // receives the owners of the state (nothing otherwise).
