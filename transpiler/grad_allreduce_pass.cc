@@ -13,6 +13,7 @@
 
 #include "framework/op/op_registry.h"
 #include "transpiler/amp_pass.h"
+#include "transpiler/flat_buffer.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/pipeline_pass.h"
 
@@ -413,14 +414,6 @@ size_t AllReduceAccumulators(Block& mb, size_t at, const GradAllReduceOptions& o
   for (const std::string& a : accs) grads.push_back({a, a, 0});
   const std::vector<Group> groups = GroupsFor(mb, options, grads);
   const int nrings = options.rings.nrings, nranks = options.rings.nranks;
-  auto add = [&](const std::string& type, const std::vector<std::string>& x,
-                 const std::vector<std::string>& out) {
-    OpDesc* op = mb.InsertOp(at++, type);
-    op->SetInput("X", x);
-    op->SetOutput("Out", out);
-    op->SetAttr(kOpRoleAttr, kOptimize);
-    return op;
-  };
   for (size_t k = 0; k < groups.size(); ++k) {
     const Group& g = groups[k];
     const int ring = static_cast<int>(k) % nrings;
@@ -434,38 +427,16 @@ size_t AllReduceAccumulators(Block& mb, size_t at, const GradAllReduceOptions& o
                  "grad_allreduce: the program already has a var named '", fused,
                  "' (transpiled twice?)");
     std::vector<std::string> flats;
-    std::vector<int> sections;
-    int64_t total = 0;
+    std::vector<int> sizes;
     for (size_t i = 0; i < g.names.size(); ++i) {
-      flats.push_back(g.names[i] + "@FLAT");
-      VarDesc* v = mb.Var(flats.back());
-      v->set_dtype(g.dtype);
-      v->set_shape({g.numels[i]});
-      sections.push_back(static_cast<int>(g.numels[i]));
-      total += g.numels[i];
-      OpDesc* flat = add("reshape", {g.names[i]}, {flats.back()});
-      flat->SetAttr("shape", std::vector<int>{static_cast<int>(g.numels[i])});
-      InferShapeAtBuild(flat, &mb);
+      at = InsertFlatten(mb, at, g.names[i], kOptimize);
+      flats.push_back(FlatName(g.names[i]));
+      sizes.push_back(static_cast<int>(g.numels[i]));
     }
-    VarDesc* f = mb.Var(fused);
-    f->set_dtype(g.dtype);
-    f->set_shape({total});
-    OpDesc* concat = add("concat", flats, {fused});
-    concat->SetAttr("axis", 0);
-    InferShapeAtBuild(concat, &mb);
+    at = InsertConcatFlat(mb, at, flats, fused, kOptimize);
     at += InsertAllReduce(mb, at, fused, ring, options.comm_dtype, nranks, kOptimize);
-    OpDesc* split = add("split", {fused}, flats);
-    split->SetAttr("sections", sections);
-    split->SetAttr("axis", 0);
-    InferShapeAtBuild(split, &mb);
-    for (size_t i = 0; i < g.names.size(); ++i) {
-      const DDim dims = mb.MustFindVar(g.names[i])->dims();
-      std::vector<int> shape;
-      for (int d = 0; d < dims.size(); ++d) shape.push_back(static_cast<int>(dims[d]));
-      OpDesc* back = add("reshape", {flats[i]}, {g.names[i]});
-      back->SetAttr("shape", shape);
-      InferShapeAtBuild(back, &mb);
-    }
+    at = InsertSplitFlat(mb, at, fused, flats, sizes, kOptimize);
+    for (const std::string& name : g.names) at = InsertUnflatten(mb, at, name, kOptimize);
   }
   return at;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/flat_buffer.h"
 #include "transpiler/grad_allreduce_pass.h"
 #include "transpiler/overflow_flag.h"
 #include "transpiler/pipeline_pass.h"
@@ -147,6 +148,21 @@ void ReduceAcrossOwners(Block& mb, size_t from, const std::set<std::string>& own
   }
 }
 
+// From op `from` on, no op but one of type `exempt` may read a gradient this rank does not own
+// (it holds only its own share of the sum); `where` says where in the error.
+void RefuseReadsOfOthersGradients(const Block& mb, size_t from,
+                                  const std::set<std::string>& not_owned, int rank,
+                                  const char* where, const std::string& exempt = "") {
+  for (size_t i = from; i < mb.num_ops(); ++i) {
+    const OpDesc& op = *mb.op(i);
+    if (!exempt.empty() && op.type() == exempt) continue;
+    for (const std::string& n : op.InputArgumentNames())
+      KEEL_ENFORCE(!not_owned.count(n), "sharding: op ", op.type(), " reads '", n, "' ", where,
+                   ", but under sharding rank ", rank,
+                   " holds only the summed gradients of its own parameters");
+  }
+}
+
 // A pipeline stage's accumulators reduce-scattered to their owners at `at` (op_role Optimize):
 // each flattened ("<acc>@FLAT") and laid out by owner with each owner's run padded to the slice
 // length ("@SHARDING_PAD@r", zeros), concatenated into "@SHARDING_GRAD@", one c_reducescatter
@@ -160,43 +176,28 @@ size_t ReduceScatterAccumulators(Block& mb, size_t at, const ShardingPlan& plan,
   for (const std::string& n : {fused, shard})
     KEEL_ENFORCE(mb.FindVar(n) == nullptr, "sharding: the program already has a var named '", n,
                  "' (transpiled twice?)");
-  auto declare = [&](const std::string& name, int64_t n) {
-    VarDesc* v = mb.Var(name);
-    v->set_dtype(dtype);
-    v->set_shape({n});
-  };
-  auto add = [&](const std::string& type, const std::vector<std::string>& x,
-                 const std::vector<std::string>& out) {
-    OpDesc* op = mb.InsertOp(at++, type);
-    if (!x.empty()) op->SetInput("X", x);
-    op->SetOutput("Out", out);
-    op->SetAttr(kOpRoleAttr, kOptimize);
-    return op;
-  };
   std::vector<std::string> pieces, mine;  // the buffer's pieces; this rank's, in its slice
   std::vector<int> mine_sizes;
   for (int r = 0; r < nranks; ++r) {
     for (const ShardingPlan::Param& p : plan.params) {
       if (p.owner != r) continue;
-      const std::string flat = p.grad + "@FLAT";
-      declare(flat, p.numel);
-      OpDesc* reshape = add("reshape", {p.grad}, {flat});
-      reshape->SetAttr("shape", std::vector<int>{static_cast<int>(p.numel)});
-      InferShapeAtBuild(reshape, &mb);
-      pieces.push_back(flat);
+      at = InsertFlatten(mb, at, p.grad, kOptimize);
+      pieces.push_back(FlatName(p.grad));
       if (r == rank) {
-        mine.push_back(flat);
+        mine.push_back(pieces.back());
         mine_sizes.push_back(static_cast<int>(p.numel));
       }
     }
     const int64_t gap = plan.slice - plan.load[r];
     if (gap == 0) continue;
     const std::string pad = "@SHARDING_PAD@" + std::to_string(r);
-    declare(pad, gap);
-    OpDesc* zeros = add("fill_constant", {}, {pad});
+    Declare(mb, pad, dtype, gap);
+    OpDesc* zeros = mb.InsertOp(at++, "fill_constant");
+    zeros->SetOutput("Out", {pad});
     zeros->SetAttr("shape", std::vector<int64_t>{gap});
     zeros->SetAttr("dtype", static_cast<int>(dtype));
     zeros->SetAttr("value", 0.0f);
+    zeros->SetAttr(kOpRoleAttr, kOptimize);
     InferShapeAtBuild(zeros, &mb);
     pieces.push_back(pad);
     if (r == rank) {
@@ -204,27 +205,15 @@ size_t ReduceScatterAccumulators(Block& mb, size_t at, const ShardingPlan& plan,
       mine_sizes.push_back(static_cast<int>(gap));
     }
   }
-  declare(fused, plan.slice * nranks);
-  declare(shard, plan.slice);
-  OpDesc* concat = add("concat", pieces, {fused});
-  concat->SetAttr("axis", 0);
-  InferShapeAtBuild(concat, &mb);
+  at = InsertConcatFlat(mb, at, pieces, fused, kOptimize);
+  Declare(mb, shard, dtype, plan.slice);
   InsertOp(mb, at++, "c_sync_calc_stream", fused, fused, kOptimize);
   InsertOp(mb, at++, "c_reducescatter", fused, shard, kOptimize, {{"nranks", nranks}});
   InsertOp(mb, at++, "c_sync_comm_stream", shard, shard, kOptimize);
   if (plan.load[rank] == 0) return at;  // this rank owns nothing
-  OpDesc* split = add("split", {shard}, mine);
-  split->SetAttr("sections", mine_sizes);
-  split->SetAttr("axis", 0);
-  InferShapeAtBuild(split, &mb);
-  for (const ShardingPlan::Param& p : plan.params) {
-    if (p.owner != rank) continue;
-    const VarDesc* g = mb.MustFindVar(p.grad);
-    std::vector<int> dims(g->shape().begin(), g->shape().end());
-    OpDesc* back = add("reshape", {p.grad + "@FLAT"}, {p.grad});
-    back->SetAttr("shape", dims);
-    InferShapeAtBuild(back, &mb);
-  }
+  at = InsertSplitFlat(mb, at, shard, mine, mine_sizes, kOptimize);
+  for (const ShardingPlan::Param& p : plan.params)
+    if (p.owner == rank) at = InsertUnflatten(mb, at, p.grad, kOptimize);
   return at;
 }
 
@@ -374,14 +363,9 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
     while (at < mb.num_ops() && !(Role(*mb.op(at)) & kOptimize)) ++at;
     at = ReduceScatterAccumulators(mb, at, plan, rank, dtype);
     ReduceAcrossOwners(mb, at, owned_grads, rank, nranks);
-    // After that only the owner's updates read a gradient; every stage zeroes its accumulators.
-    for (size_t i = at; i < mb.num_ops(); ++i) {
-      if (mb.op(i)->type() == "fill_zeros_like") continue;
-      for (const std::string& n : mb.op(i)->InputArgumentNames())
-        KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
-                     "' in the optimizer section, but under sharding rank ", rank,
-                     " holds only the summed gradients of its own parameters");
-    }
+    // Every stage zeroes all its accumulators: those ops may read the others' too.
+    RefuseReadsOfOthersGradients(mb, at, not_owned_grads, rank, "in the optimizer section",
+                                 "fill_zeros_like");
   } else {
     // The last writer of any parameter gradient: the reduce-scatter goes right after it.
     size_t last_writer = 0;
@@ -390,13 +374,7 @@ void ShardingPass::Apply(Program& main, Program& startup) const {
       if (Role(op) == kBackward && op.HasAttr(kOpRoleVarAttr)) last_writer = i;
     }
     ReduceAcrossOwners(mb, last_writer + 1, owned_grads, rank, nranks);
-    // Nothing else after backward may read a gradient this rank does not own (it holds only this
-    // rank's share of the sum).
-    for (size_t i = last_writer + 1; i < mb.num_ops(); ++i)
-      for (const std::string& n : mb.op(i)->InputArgumentNames())
-        KEEL_ENFORCE(!not_owned_grads.count(n), "sharding: op ", mb.op(i)->type(), " reads '", n,
-                     "' after backward, but under sharding rank ", rank,
-                     " holds only the summed gradients of its own parameters");
+    RefuseReadsOfOthersGradients(mb, last_writer + 1, not_owned_grads, rank, "after backward");
 
     // The fused buffer, laid out by owner, each owner's run padded to the slice length.
     const std::string fused = "@SHARDING_GRAD@", shard = "@SHARDING_GRAD@SHARD";
