@@ -23,6 +23,7 @@
 #include "framework/runtime/allocator.h"
 #include "models/resnet/resnet_model.h"
 #include "models/transformer/transformer_model.h"
+#include "tests/workers/worker_util.h"
 #include "transpiler/pipeline_pass.h"
 
 DEFINE_int32(pp, 1, "pipeline stages (1: no pipeline, the reference).");
@@ -185,20 +186,10 @@ int main(int argc, char** argv) {
         skipped = amp->skipped_steps_var();
       }
     }
-    if (FLAGS_local_overflow_flag) {
-      Block& b = fleet::main_program().global_block();
-      int removed = 0;
-      for (size_t i = b.num_ops(); i-- > 0;) {
-        const OpDesc& op = *b.op(i);
-        if (op.HasAttr("ring_id") && op.Attr<int>("ring_id") == transpiler::kPipelineRingId &&
-            op.type() != "send_v2" && op.type() != "recv_v2") {
-          b.RemoveOp(i);
-          ++removed;
-        }
-      }
-      fleet::main_program().Touch();
-      std::printf("rank %d removed %d flag collectives\n", rank, removed);
-    }
+    if (FLAGS_local_overflow_flag)
+      std::printf(
+          "rank %d removed %d flag collectives\n", rank,
+          testing::RemoveOverflowFlagAllReduce(fleet::main_program(), transpiler::kPipelineRingId));
     if (FLAGS_unordered_recv) {
       int changed = 0;
       for (const auto& op : fleet::main_program().global_block().ops())
@@ -211,22 +202,9 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
-    // Bytes of optimizer state (persistable, not a parameter, the learning rate or a gradient
-    // accumulator) this rank's scope holds.
-    auto state_bytes = [&] {
-      int64_t bytes = 0;
-      for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
-        const std::string& n = v->name();
-        if (!v->persistable() || v->is_parameter() || n.rfind("learning_rate", 0) == 0 ||
-            n.find(transpiler::kPipelineAccSuffix) != std::string::npos)
-          continue;
-        const Variable* var = exe.scope().FindVar(n);
-        if (var != nullptr && var->tensor().initialized())
-          bytes += static_cast<int64_t>(var->tensor().nbytes());
-      }
-      return bytes;
-    };
-    std::printf("rank %d state_bytes %lld\n", rank, static_cast<long long>(state_bytes()));
+    std::printf(
+        "rank %d state_bytes %lld\n", rank,
+        static_cast<long long>(testing::OptimizerStateBytes(exe.scope(), fleet::main_program())));
     if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::unique_ptr<fleet::PipelineRunner> runner;
     const bool last = FLAGS_pp == 1 || rank % FLAGS_pp == FLAGS_pp - 1;

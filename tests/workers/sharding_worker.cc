@@ -13,6 +13,7 @@
 #include <string>
 
 #include "fleet/fleet.h"
+#include "tests/workers/worker_util.h"
 
 DEFINE_bool(sharding, false, "DistributedStrategy::sharding (ZeRO-1).");
 DEFINE_int32(rows, 24, "Rows per step over all ranks.");
@@ -28,20 +29,6 @@ using namespace keel;
 
 namespace {
 constexpr int kWidth = 32, kLayers = 6;
-
-// Bytes of the optimizer's state (persistable, not parameters, not the learning rate) that this
-// rank's scope holds.
-int64_t StateBytes(const Scope& scope, const Program& main) {
-  int64_t bytes = 0;
-  for (VarDesc* v : main.global_block().AllVars()) {
-    if (!v->persistable() || v->is_parameter() || v->name().rfind("learning_rate", 0) == 0)
-      continue;
-    const Variable* var = scope.FindVar(v->name());
-    if (var != nullptr && var->tensor().initialized())
-      bytes += static_cast<int64_t>(var->tensor().nbytes());
-  }
-  return bytes;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,12 +66,14 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
-    std::printf("rank %d state_bytes %lld\n", rank,
-                static_cast<long long>(StateBytes(exe.scope(), fleet::main_program())));
+    std::printf(
+        "rank %d state_bytes %lld\n", rank,
+        static_cast<long long>(testing::OptimizerStateBytes(exe.scope(), fleet::main_program())));
     if (!FLAGS_load.empty()) {
       fleet::load_persistables(exe, FLAGS_load);
-      std::printf("rank %d state_bytes_loaded %lld\n", rank,
-                  static_cast<long long>(StateBytes(exe.scope(), fleet::main_program())));
+      std::printf(
+          "rank %d state_bytes_loaded %lld\n", rank,
+          static_cast<long long>(testing::OptimizerStateBytes(exe.scope(), fleet::main_program())));
     }
     std::mt19937_64 rng(99);
     std::uniform_real_distribution<float> u(-1, 1);
@@ -120,8 +109,9 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("rank %d params %.9g %.9g\n", rank, sum, weighted);
-    std::printf("rank %d state_bytes_after %lld\n", rank,
-                static_cast<long long>(StateBytes(exe.scope(), fleet::main_program())));
+    std::printf(
+        "rank %d state_bytes_after %lld\n", rank,
+        static_cast<long long>(testing::OptimizerStateBytes(exe.scope(), fleet::main_program())));
     if (!FLAGS_out.empty()) fleet::save_persistables(exe, FLAGS_out);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -17,6 +17,7 @@
 #include "framework/io/safetensors.h"
 #include "models/resnet/resnet_model.h"
 #include "models/transformer/transformer_model.h"
+#include "tests/workers/worker_util.h"
 #include "transpiler/tensor_parallel_pass.h"
 
 DEFINE_int32(tp, 1, "tensor_parallel_degree (1: tensor parallelism off).");
@@ -152,22 +153,10 @@ int main(int argc, char** argv) {
         skipped = amp->skipped_steps_var();
       }
     }
-    if (FLAGS_local_overflow_flag) {
-      Block& b = fleet::main_program().global_block();
-      int removed = 0;
-      for (size_t i = b.num_ops(); i-- > 0;) {
-        const OpDesc& op = *b.op(i);
-        if (op.type() == "c_allreduce_max" ||
-            (op.HasAttr("ring_id") &&
-             (op.type() == "c_sync_calc_stream" || op.type() == "c_sync_comm_stream") &&
-             op.Input("X")[0].find("find_infinite") == 0)) {
-          b.RemoveOp(i);
-          ++removed;
-        }
-      }
-      fleet::main_program().Touch();
-      std::printf("rank %d removed %d flag collectives\n", rank, removed);
-    }
+    if (FLAGS_local_overflow_flag)
+      std::printf("rank %d removed %d flag collectives\n", rank,
+                  testing::RemoveOverflowFlagAllReduce(fleet::main_program(),
+                                                       transpiler::kTensorParallelRingId));
     if (FLAGS_drop_identity_allreduce) {
       int dropped = 0;
       for (const auto& op : fleet::main_program().global_block().ops()) {
@@ -184,16 +173,9 @@ int main(int argc, char** argv) {
     }
     Executor exe(fleet::worker_place());
     exe.Run(startup);
-    // Bytes of optimizer state (persistable, not a parameter or the learning rate) held here.
-    int64_t state_bytes = 0;
-    for (VarDesc* v : fleet::main_program().global_block().AllVars()) {
-      if (!v->persistable() || v->is_parameter() || v->name().rfind("learning_rate", 0) == 0)
-        continue;
-      const Variable* var = exe.scope().FindVar(v->name());
-      if (var != nullptr && var->tensor().initialized())
-        state_bytes += static_cast<int64_t>(var->tensor().nbytes());
-    }
-    std::printf("rank %d state_bytes %lld\n", rank, static_cast<long long>(state_bytes));
+    std::printf(
+        "rank %d state_bytes %lld\n", rank,
+        static_cast<long long>(testing::OptimizerStateBytes(exe.scope(), fleet::main_program())));
     if (!FLAGS_load_dir.empty()) fleet::load_persistables(exe, FLAGS_load_dir);
     std::mt19937_64 rng(123);
     std::uniform_real_distribution<float> u(-1, 1);
