@@ -206,11 +206,14 @@ TEST(CudaGraph, OneNcclRankReplaysTheTranspiledProgramExactly) {
 }
 
 // sync_batch_norm alone on one GPU (no ring: its kernels run on the compute stream) is captured
-// and replayed: ResNet-20's losses with --cuda_graph are those of the plain steps.
+// and replayed: ResNet-20's losses with --cuda_graph are those of the plain steps. (Deterministic
+// convolution algorithms, as in BuiltInModels...: two plain runs with cuDNN's atomics part at step
+// 2, 1.5e-5 apart, on the H200.)
 TEST(CudaGraph, SyncBatchNormAloneReplaysItsPlainSteps) {
   SKIP_WITHOUT_GPU();
   auto losses = [](bool graph) {
-    const std::string cmd = "FLAGS_selected_gpus=0 " + BinPath("keel") +
+    const std::string cmd = "FLAGS_selected_gpus=0 FLAGS_cudnn_deterministic=true " +
+                            BinPath("keel") +
                             " train --model=resnet --sync_batch_norm --steps=4 --batch_size=8 "
                             "--seed=5 --progress=lines" +
                             (graph ? " --cuda_graph" : "") + " 2>&1";
