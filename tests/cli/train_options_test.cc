@@ -3,7 +3,9 @@
 // lines, TensorBoard files read back with the tensorboard package, and the grouped --help.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -307,30 +309,41 @@ TEST(KeelTrain, TensorParallelFlags) {
 }
 
 // LeNet places its five layers on the stages: on MNIST, PP=2 and PP=5 (2 micro-batches) print
-// one process's losses to the printed digit (the micro-batches' gradients, summed in another
-// order, round alike at 7 digits).
+// one process's losses within float rounding. (Not to the printed digit: the pipeline's loss is
+// the mean of the micro-batches' means, and with -march=native's fused multiply-adds step 0 reads
+// 3.262145 against one process's 3.262144.)
 TEST(KeelTrain, LenetPipelineEqualsOneProcessOnMnist) {
   if (!HaveMnist()) GTEST_SKIP() << "no MNIST at " << MnistDir();
   const std::string dir = MakeTempDir();
   const std::string train = " train --model=lenet --data=mnist:" + MnistDir() +
                             " --steps=4 --seed=3 --batch_size=32 --optimizer=sgd --progress=lines";
-  auto lines = [](const std::string& out) {
-    std::vector<std::string> v;
+  auto losses = [](const std::string& out) {
+    std::vector<double> v;
     std::istringstream in(out);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("step ", 0) == 0) v.push_back(line.substr(0, line.find(" samples/s")));
+    for (std::string line; std::getline(in, line);) {
+      int step = 0;
+      double loss = 0;
+      if (std::sscanf(line.c_str(), "step %d loss %lf", &step, &loss) == 2) v.push_back(loss);
+    }
     return v;
   };
   auto one = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + train + " 2>&1");
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  ASSERT_EQ(lines(one.output).size(), 4u) << one.output;
+  const std::vector<double> want = losses(one.output);
+  ASSERT_EQ(want.size(), 4u) << one.output;
   for (int pp : {2, 5}) {
     auto job = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() +
                           " launch --nproc_per_node=" + std::to_string(pp) + " --log_dir=" + dir +
                           "/log" + std::to_string(pp) + " " + Keel() + train +
                           " --pp_degree=" + std::to_string(pp) + " --micro_batches=2 2>&1");
     ASSERT_EQ(job.exit_code, 0) << job.output;
-    EXPECT_EQ(lines(job.output), lines(one.output)) << "PP=" << pp << "\n" << job.output;
+    const std::vector<double> got = losses(job.output);
+    ASSERT_EQ(got.size(), want.size()) << "PP=" << pp << "\n" << job.output;
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+    EXPECT_LT(worst, 1e-6) << "PP=" << pp << "\n" << job.output;
+    std::printf("PP=%d: losses' max relative difference %.2g\n", pp, worst);
   }
   RunCommand("rm -rf " + dir);
 }
