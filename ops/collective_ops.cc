@@ -107,16 +107,19 @@ class CommInitKernel : public OpKernel {
         nranks_(op.Attr<int>("nranks")),
         rank_(op.Attr<int>("rank")),
         device_(op.Attr<int>("device_id")),
-        group_(op.Attr<std::string>("group")) {}
+        group_(op.Attr<std::string>("group")),
+        host_staged_(op.Attr<bool>("host_staged")) {}
   void Compute(ExecutionContext& ctx) override {
     AsOp(ctx, [&] {
-      CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_);
+      CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_, "",
+                                    host_staged_);
     });
   }
 
  private:
   int ring_, nranks_, rank_, device_;
   std::string group_;
+  bool host_staged_;
 };
 
 std::string RankCheck(const Attribute& a) { return std::get<int>(a) >= 0 ? "" : "must be >= 0"; }
@@ -228,7 +231,11 @@ KEEL_REGISTER_OP(c_comm_init)
     .PerRankAttr<int>("device_id", -1, "CUDA device for an NCCL ring; -1: a ring for CPU tensors")
     .PerRankAttr<std::string>("group", "",
                               "which ranks meet in this ring (\"node0\": one node's ranks); "
-                              "empty: all");
+                              "empty: all")
+    .Attr<bool>("host_staged", false,
+                "a ring for CUDA tensors staged through pinned host memory whatever "
+                "--gpu_comm_backend says (a pipeline's ring: buffered point-to-point transfers, "
+                "which no schedule can deadlock)");
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_comm_init, CommInitKernel, float);
 
 }  // namespace keel

@@ -50,8 +50,9 @@ class RecvKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     profiler::RecordEvent span("comm", "recv_v2", Detail(ctx, "from"));
     Tensor* out = ctx.Output("Out");
-    // A receive into device memory needs its size before the bytes arrive (NCCL): the static
-    // shape when it has no -1. CPU rings size Out from the message.
+    // A receive into device memory is allocated before the bytes arrive (in the compute
+    // stream's order, which the host-staged ring's copy follows): the static shape, when it has
+    // no -1. CPU rings size Out from the message.
     const std::vector<int64_t>& shape = ctx.Attr<std::vector<int64_t>>("out_shape");
     if (ctx.place().is_cuda()) {
       for (int64_t d : shape)

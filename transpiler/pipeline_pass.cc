@@ -420,6 +420,9 @@ void PipelinePass::Apply(Program& main, Program& startup) const {
   init->SetAttr("rank", me);
   init->SetAttr("device_id", o.device);
   init->SetAttr("group", o.group);
+  // On GPUs the transfers go through host memory, buffered as on CPU rings: NCCL's send and
+  // receive meet inside the streams, where a 1F1B schedule's crossing sends can wait on each other.
+  if (o.device >= 0) init->SetAttr("host_staged", true);
   init->SetAttr(kOpRoleAttr, 0);
   InferShapeAtBuild(init, &sb);
   main.Touch();

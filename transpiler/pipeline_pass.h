@@ -45,7 +45,8 @@
 //     whole program (the executor seeds unseeded ops by index): PP=N initializes as one process;
 //     other ops are dropped, and vars no op uses; then a fill_constant 0 of each G@PP_ACC, then
 //     c_comm_init of ring kPipelineRingId (nranks = degree, rank = stage, options.group,
-//     options.device).
+//     options.device; host_staged on a GPU: buffered transfers through host memory, never NCCL's
+//     in-stream send / receive).
 // Leaves alone: the ops kept (attributes but the loss value, inputs but gradients renamed), the
 //   positions of startup ops without inputs.
 // A keel::Error names the op, var or setting for: an unmarked forward op, a mark outside

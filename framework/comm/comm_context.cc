@@ -138,7 +138,7 @@ StoreClient& CommContext::store(const std::string& user) {
 }
 
 void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
-                             const std::string& group, const std::string& name) {
+                             const std::string& group, const std::string& name, bool host_staged) {
   StoreClient& s = store("c_comm_init");
   const std::string shown = name.empty() ? "ring " + std::to_string(ring_id) : name;
   const std::string channel =
@@ -150,7 +150,7 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
   {
     WaitScope watched(&setup, 0);
     try {
-      comm = Connect(ring_id, nranks, rank, cuda, device, group, shown, channel);
+      comm = Connect(ring_id, nranks, rank, cuda, device, group, shown, channel, host_staged);
     } catch (const Error& e) {
       throw Error(CollectiveWatch::Get().Explain(e.what()));
     }
@@ -162,7 +162,7 @@ void CommContext::CreateRing(int ring_id, int nranks, int rank, bool cuda, int d
 std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int rank, bool cuda,
                                                    int device, const std::string& group,
                                                    const std::string& name,
-                                                   const std::string& channel) {
+                                                   const std::string& channel, bool host_staged) {
   StoreClient& s = store("c_comm_init");
   CommOptions opts;
   opts.my_host = config_.my_host;
@@ -187,7 +187,9 @@ std::shared_ptr<Communicator> CommContext::Connect(int ring_id, int nranks, int 
   opts.shm_shared_bytes = static_cast<size_t>(FLAGS_shm_zero_copy_mb) << 20;
   std::shared_ptr<Communicator> comm;
   std::string gpu_backend;
-  if (cuda) {
+  if (cuda && host_staged) {
+    gpu_backend = "host";
+  } else if (cuda) {
     // Every rank publishes its GPU's identity, so all choose the same backend.
     const std::string key = opts.prefix + "gpu/rank";
     s.Set(key + std::to_string(rank), DeviceUuid(CUDAPlace(device)));

@@ -45,9 +45,11 @@ class CommContext {
   // `group` names which ranks meet (e.g. "node1" for an intra-node ring): rings with one id but
   // different groups rendezvous apart. Empty: the ring spans the job. `name` is how errors and
   // the collective watch call the ring (empty: "ring <id>"). The setup's waits are watched
-  // (collective_watch.h) as the ring's collective #0.
+  // (collective_watch.h) as the ring's collective #0. `host_staged`: a CUDA ring through pinned
+  // host memory whatever --gpu_comm_backend says (never NCCL).
   void CreateRing(int ring_id, int nranks, int rank, bool cuda, int device,
-                  const std::string& group = "", const std::string& name = "");
+                  const std::string& group = "", const std::string& name = "",
+                  bool host_staged = false);
 
   // Drops rings, the client and the server (tests).
   void Reset();
@@ -56,7 +58,7 @@ class CommContext {
   // CreateRing's work: the ring, named `name` on the watch's `channel`.
   std::shared_ptr<Communicator> Connect(int ring_id, int nranks, int rank, bool cuda, int device,
                                         const std::string& group, const std::string& name,
-                                        const std::string& channel);
+                                        const std::string& channel, bool host_staged);
 
   CommConfig config_;
   std::unique_ptr<StoreServer> server_;

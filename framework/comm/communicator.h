@@ -160,9 +160,10 @@ class Communicator {
   // keel::Error naming the ring, both ranks, the tag and the ordinal. Gloo rings move the bytes
   // over their own connections (gloo_communicator.cc); shared-memory rings through memory each
   // sender shares with its peers (shm_communicator.cc), or through the job's store where that
-  // memory could not be mapped (UseStoreMailbox, framework/comm/p2p_mailbox.cc); NCCL rings with
-  // ncclSend / ncclRecv (in call order: the tag is not sent). Other backends: a keel::Error naming
-  // the backend.
+  // memory could not be mapped (UseStoreMailbox, framework/comm/p2p_mailbox.cc); host-staged
+  // rings of CUDA tensors through the host ring they wrap. Other backends (NCCL: its send and
+  // receive meet inside the streams, where crossing sends deadlock): a keel::Error naming the
+  // backend.
   virtual void Send(const Tensor& t, int peer, int tag);
   virtual void Recv(Tensor* t, int peer, int tag);
   // Point-to-point through `store` under keys starting with `prefix` (CommContext sets it on every

@@ -29,6 +29,8 @@ class HostStagedCommunicator : public Communicator {
   }
   ~HostStagedCommunicator() override {
     for (auto& kv : staging_) Unpin(&kv.second);
+    for (auto& kv : send_staging_) Unpin(&kv.second);
+    if (computed_) cudaEventDestroy(computed_);
     if (stream_) cudaStreamDestroy(stream_);
   }
   const char* backend() const override { return backend_.c_str(); }
@@ -74,15 +76,60 @@ class HostStagedCommunicator : public Communicator {
   }
   void Barrier() override { host_->Barrier(); }
 
+  // Point-to-point (a pipeline's send_v2 / recv_v2, which run on the compute side, not as ring
+  // ops): the bytes go through the host ring's buffered transfer, so a send returns once its bytes
+  // are on the host and no schedule can deadlock on it. Both wait for the compute stream's work so
+  // far on the ring's stream: the send's tensor was written there, and the receive's was allocated
+  // in its order. Both copies are waited for: the sent tensor may be freed and its block reused by
+  // compute once send_v2 returns, and the received one is read by compute next.
+  void Send(const Tensor& t, int peer, int tag) override {
+    if (t.place().is_cpu()) return host_->Send(t, peer, tag);
+    CommTimer timer(&comm_ns_);
+    AfterCompute();
+    host_->Send(ToHost(t, &send_staging_), peer, tag);
+  }
+  void Recv(Tensor* t, int peer, int tag) override {
+    if (!t->initialized() || t->place().is_cpu()) return host_->Recv(t, peer, tag);
+    CommTimer timer(&comm_ns_);
+    Tensor h;
+    host_->Recv(&h, peer, tag);
+    KEEL_ENFORCE(h.dtype() == t->dtype() && h.numel() == t->numel(), "receive from rank ", peer,
+                 " (tag ", tag, ") on ring ", ring_id_, ": got ", DTypeName(h.dtype()), " ",
+                 h.dims().str(), " into a device tensor of ", DTypeName(t->dtype()), " ",
+                 t->dims().str());
+    t->Resize(h.dims());
+    AfterCompute();
+    CopyBack(h, t);
+  }
+
  private:
+  // A staging buffer: host memory, pinned with cudaHostRegister while it is one, and its
+  // page-aligned view (first element, elements).
+  struct Staging {
+    Tensor buffer;
+    int64_t offset = 0, capacity = 0;
+    void* pinned = nullptr;
+  };
+  // The ring's stream waits for the work queued on the compute stream so far.
+  void AfterCompute() {
+    CudaContext& c = CudaContext::Get(device_);
+    if (computed_ == nullptr)
+      KEEL_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+    KEEL_CUDA_CHECK(cudaEventRecord(computed_, c.stream()));
+    KEEL_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+  }
+
   // t's bytes in the pinned staging buffer of its dtype, as a CPU tensor of t's dtype and dims.
   // The stream (ordered after t's writer by the executor) is synchronised: the host reads the
   // copy next. One buffer per dtype: a ring that alternates dtypes (sync_batch_norm's float64
   // sums between float32 gradients) keeps its buffers pinned instead of re-pinning each time.
-  Tensor ToHost(const Tensor& t) {
+  Tensor ToHost(const Tensor& t) { return ToHost(t, &staging_); }
+  // The same through `buffers` (sends have their own: they run on the compute thread, the ring's
+  // collectives on the ring's).
+  Tensor ToHost(const Tensor& t, std::map<DType, Staging>* buffers) {
     CudaContext::Get(device_);
     const size_t bytes = t.nbytes();
-    Staging& st = staging_[t.dtype()];
+    Staging& st = (*buffers)[t.dtype()];
     if (!st.buffer.initialized() || st.capacity < t.numel()) {
       Unpin(&st);
       // cudaHostRegister pins whole pages: the staging view starts on a page boundary (the
@@ -122,13 +169,6 @@ class HostStagedCommunicator : public Communicator {
                                     cudaMemcpyHostToDevice, stream_));
     KEEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  // A staging buffer: host memory, pinned with cudaHostRegister while it is one, and its
-  // page-aligned view (first element, elements).
-  struct Staging {
-    Tensor buffer;
-    int64_t offset = 0, capacity = 0;
-    void* pinned = nullptr;
-  };
   // The last copy from the buffer (ToDevice does not wait for it) must be done before the memory
   // is unpinned and freed.
   void Unpin(Staging* st) {
@@ -143,8 +183,9 @@ class HostStagedCommunicator : public Communicator {
   int device_;
   std::string backend_ = std::string("host-staged ") + host_->backend();
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t computed_ = nullptr;
   static constexpr int64_t kPage = 4096;
-  std::map<DType, Staging> staging_;
+  std::map<DType, Staging> staging_, send_staging_;
 };
 
 }  // namespace

@@ -140,28 +140,9 @@ class NcclCommunicator : public Communicator {
                                NcclType(in.dtype()), NcclOp(op), comm_, stream_);
     });
   }
-  // In call order on the ring's stream (NCCL matches sends and receives per peer by order; the tag
-  // only numbers the transfer in errors). Recv needs `t` sized by the caller (recv_v2's
-  // out_shape).
-  void Send(const Tensor& t, int peer, int tag) override {
-    const uint64_t n = NextP2P(true, peer, tag);
-    AfterCompute();
-    Run(P2PWhere("send to", peer, tag, n), [&] {
-      return ncclSend(t.raw_data(), static_cast<size_t>(t.numel()), NcclType(t.dtype()), peer,
-                      comm_, stream_);
-    });
-  }
-  void Recv(Tensor* t, int peer, int tag) override {
-    const uint64_t n = NextP2P(false, peer, tag);
-    KEEL_ENFORCE(t->initialized() && t->place().is_cuda(), P2PWhere("receive from", peer, tag, n),
-                 ": an NCCL ring receives into a CUDA tensor of known shape (recv_v2's out_shape "
-                 "must have no -1: set pipeline_configs.micro_batch_size)");
-    AfterCompute();
-    Run(P2PWhere("receive from", peer, tag, n), [&] {
-      return ncclRecv(t->raw_data(), static_cast<size_t>(t->numel()), NcclType(t->dtype()), peer,
-                      comm_, stream_);
-    });
-  }
+  // No Send / Recv: NCCL's send and receive meet inside the ring's stream, so two stages whose
+  // sends cross (1F1B's steady state) would each wait there for the other's receive, queued
+  // behind its own send. A pipeline's ring is host-staged on GPUs (c_comm_init's host_staged).
   void Barrier() override {
     if (!barrier_.initialized()) {
       barrier_.Alloc(DType::kInt32, {1}, CUDAPlace(device_));

@@ -90,10 +90,14 @@ TEST(InspectStrategy, TensorParallelGolden) {
     auto each = Inspect("--strategy --program=startup --nranks=4 --tp_degree=2 --rank=" +
                         std::to_string(rank) + std::string(kSmallMlp));
     ASSERT_EQ(each.exit_code, 0) << each.output;
-    const std::string tp = "group=\"tp:dp" + std::to_string(rank / 2) + ".pp0\", nranks=2, " +
-                           "op_role=0, rank=" + std::to_string(rank % 2) + ", ring_id=32";
-    const std::string dp = "group=\"dp:pp0.tp" + std::to_string(rank % 2) + "\", nranks=2, " +
-                           "op_role=0, rank=" + std::to_string(rank / 2) + ", ring_id=0";
+    const std::string tp =
+        "group=\"tp:dp" + std::to_string(rank / 2) +
+        ".pp0\", host_staged=false, nranks=2, op_role=0, rank=" + std::to_string(rank % 2) +
+        ", ring_id=32";
+    const std::string dp =
+        "group=\"dp:pp0.tp" + std::to_string(rank % 2) +
+        "\", host_staged=false, nranks=2, op_role=0, rank=" + std::to_string(rank / 2) +
+        ", ring_id=0";
     EXPECT_NE(each.output.find(tp), std::string::npos) << each.output;
     EXPECT_NE(each.output.find(dp), std::string::npos) << each.output;
   }
@@ -157,9 +161,10 @@ TEST(InspectStrategy, PipelineTimesTensorParallelTransformerGolden) {
                                "peer=0, ring_id=33", "c_identity(", "ring_id=32"});
   auto startup = Inspect(flags + " --program=startup");
   ASSERT_EQ(startup.exit_code, 0) << startup.output;
-  ExpectContainsAll(startup.output,
-                    {"group=\"pp:dp0.tp1\", nranks=2, op_role=0, rank=1, ring_id=33",
-                     "group=\"tp:dp0.pp1\", nranks=2, op_role=0, rank=1, ring_id=32"});
+  ExpectContainsAll(
+      startup.output,
+      {"group=\"pp:dp0.tp1\", host_staged=false, nranks=2, op_role=0, rank=1, ring_id=33",
+       "group=\"tp:dp0.pp1\", host_staged=false, nranks=2, op_role=0, rank=1, ring_id=32"});
 }
 
 // --pp_degree with data parallelism and float16 loss scaling (rank 0: stage 0 of replica 0): the

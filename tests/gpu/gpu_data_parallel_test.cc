@@ -114,6 +114,60 @@ TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
   RunCommand("rm -rf " + dir);
 }
 
+// Pipelines on a GPU: two stages sharing GPU 0 (their ring host-staged: send_v2 copies to the
+// host after the compute stream's work, recv_v2 back into a device tensor of the static
+// micro-batch shape) follow the same pipeline on the CPU: the mlp under 1F1B, the transformer under
+// F-then-B, three steps' losses within 1e-3 relative (cuBLAS and oneDNN round differently).
+TEST(GpuPipeline, TwoStagesSharingAGpuFollowTheCpuPipeline) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = MakeTempDir();
+  int n = 0;
+  for (const std::string job :
+       {"--model=mlp --pp_schedule=1f1b", "--model=transformer --pp_schedule=fthenb --dropout=0"}) {
+    SCOPED_TRACE(job);
+    const std::string train = BinPath("keel") + " train " + job +
+                              " --pp_degree=2 --micro_batches=4 --steps=3 --batch_size=16 "
+                              "--seed=5 --progress=lines 2>&1";
+    const std::string launch =
+        BinPath("keel") + " launch --log_dir=" + dir + "/log" + std::to_string(n++) + " ";
+    auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " + launch + "--nproc_per_node=2 " + train);
+    auto gpu = RunCommand(launch + "--selected_gpus=0,0 " + train);
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+    const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
+    ASSERT_EQ(want.size(), 3u) << cpu.output;
+    ASSERT_EQ(got.size(), want.size()) << gpu.output;
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(got[s], want[s], 1e-3 * std::abs(want[s])) << "step " << s;
+  }
+  RunCommand("rm -rf " + dir);
+}
+
+// Float16 loss scaling in a GPU pipeline: every step the stages' overflow flags meet on the
+// host-staged pipeline ring (an int32 maximum, a collective beside the transfers on that ring);
+// the job's losses follow the same job on the CPU within 1e-2 relative (float16 kernels of two
+// devices).
+TEST(GpuPipeline, Float16LossScalingFollowsTheCpuPipeline) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = MakeTempDir();
+  const std::string train = BinPath("keel") +
+                            " train --model=mlp --amp=fp16 --pp_degree=2 "
+                            "--micro_batches=2 --steps=4 --batch_size=16 --seed=5 "
+                            "--progress=lines 2>&1";
+  auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " + BinPath("keel") + " launch --log_dir=" + dir +
+                        "/cpu --nproc_per_node=2 " + train);
+  auto gpu = RunCommand(BinPath("keel") + " launch --log_dir=" + dir + "/gpu --selected_gpus=0,0 " +
+                        train);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
+  ASSERT_EQ(want.size(), 4u) << cpu.output;
+  ASSERT_EQ(got.size(), want.size()) << gpu.output;
+  for (size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], 1e-2 * std::abs(want[s])) << "step " << s;
+  RunCommand("rm -rf " + dir);
+}
+
 // Paddle's GPU recipe sets exec_strategy.num_threads = 3: accepted, said once, and the ops are
 // still enqueued by one thread, so the losses are those of num_threads=1 bit for bit.
 TEST(GpuExecutor, NumThreadsAboveOneIsAcceptedSaidOnceAndGivesTheOneThreadLosses) {

@@ -208,6 +208,26 @@ TEST(PipelinePass, ScalesTheLossGradientByOneOverMicroBatches) {
   EXPECT_EQ(found, 1);
 }
 
+// On a GPU the pipeline's ring is host-staged (buffered transfers; NCCL's send and receive meet
+// inside the streams, where crossing sends wait on each other); a CPU ring has no such attribute.
+TEST(PipelinePass, AStageOnAGpuMakesItsRingHostStaged) {
+  for (int device : {-1, 0}) {
+    Program main, startup;
+    BuildTwoStageMlp(main, startup);
+    transpiler::PipelineOptions o = Stage(0);
+    o.device = device;
+    transpiler::PipelinePass(o).Apply(main, startup);
+    int inits = 0;
+    for (const auto& op : startup.global_block().ops()) {
+      if (op->type() != "c_comm_init") continue;
+      ++inits;
+      EXPECT_EQ(op->Attr<int>("device_id"), device);
+      EXPECT_EQ(op->Attr<bool>("host_staged"), device >= 0) << device;
+    }
+    EXPECT_EQ(inits, 1);
+  }
+}
+
 TEST(PipelinePass, RefusesUnmarkedOpsAndStageCountsOtherThanTheDegree) {
   {
     Program main, startup;
