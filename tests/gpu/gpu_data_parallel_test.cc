@@ -5,7 +5,9 @@
 // GPU follows the CPU. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -85,6 +87,36 @@ std::vector<double> TrainLosses(const std::string& out) {
   return losses;
 }
 
+// Runs two keel train jobs that print their losses and expects `steps` losses from each, `got`'s
+// within `rel` (relative) of `want`'s at every step; prints the largest relative difference.
+// `got_cmd` runs on GPU 0 (its role line says so).
+void ExpectLossesFollow(const std::string& want_cmd, const std::string& got_cmd, size_t steps,
+                        double rel) {
+  auto want_run = RunCommand(want_cmd), got_run = RunCommand(got_cmd);
+  ASSERT_EQ(want_run.exit_code, 0) << want_cmd << "\n" << want_run.output;
+  ASSERT_EQ(got_run.exit_code, 0) << got_cmd << "\n" << got_run.output;
+  EXPECT_NE(got_run.output.find(" gpus=0"), std::string::npos) << got_run.output;
+  const std::vector<double> want = TrainLosses(want_run.output), got = TrainLosses(got_run.output);
+  ASSERT_EQ(want.size(), steps) << want_run.output;
+  ASSERT_EQ(got.size(), steps) << got_run.output;
+  double worst = 0;
+  for (size_t s = 0; s < steps; ++s) {
+    EXPECT_NEAR(got[s], want[s], rel * std::abs(want[s])) << "step " << s;
+    worst = std::max(worst, std::abs(got[s] - want[s]) / std::abs(want[s]));
+  }
+  std::printf("losses' largest relative difference %.2g\n", worst);
+}
+
+// `keel launch` of `ranks` workers logging under dir/log<n>: on the CPU (one math thread each), or
+// all sharing GPU 0 (every ring host-staged).
+std::string Launch(const std::string& dir, int n, int ranks, bool gpu) {
+  std::string gpus = "0";
+  for (int r = 1; r < ranks; ++r) gpus += ",0";
+  return std::string(gpu ? "" : "FLAGS_cpu_math_threads=1 ") + BinPath("keel") +
+         " launch --log_dir=" + dir + "/log" + std::to_string(n) +
+         (gpu ? " --selected_gpus=" + gpus : " --nproc_per_node=" + std::to_string(ranks)) + " ";
+}
+
 // sync_batch_norm's CUDA kernels against its CPU ones: ResNet-20 under --sync_batch_norm alone on
 // GPU 0, and on two ranks sharing GPU 0 (a host-staged ring 0, the statistics' all-reduce between
 // the kernels), follows the same job on the CPU: the first two steps' losses within 1e-3 relative
@@ -96,22 +128,11 @@ TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
   const std::string train = BinPath("keel") +
                             " train --model=resnet --sync_batch_norm --steps=2 --batch_size=8 "
                             "--seed=5 --progress=lines 2>&1";
-  for (int n : {1, 2}) {
-    SCOPED_TRACE(std::to_string(n) + " rank(s)");
-    const std::string launch =
-        BinPath("keel") + " launch --log_dir=" + dir + "/log" + std::to_string(n) + " ";
-    auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " +
-                          (n == 1 ? train : launch + "--nproc_per_node=2 " + train));
-    auto gpu = RunCommand(n == 1 ? "FLAGS_selected_gpus=0 " + train
-                                 : launch + "--selected_gpus=0,0 --gpu_comm_backend=host " + train);
-    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
-    const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
-    ASSERT_EQ(want.size(), 2u) << cpu.output;
-    ASSERT_EQ(got.size(), want.size()) << gpu.output;
-    for (size_t s = 0; s < want.size(); ++s)
-      EXPECT_NEAR(got[s], want[s], 1e-3 * std::abs(want[s])) << "step " << s;
-  }
+  SCOPED_TRACE("1 rank");
+  ExpectLossesFollow("FLAGS_cpu_math_threads=1 " + train, "FLAGS_selected_gpus=0 " + train, 2,
+                     1e-3);
+  SCOPED_TRACE("2 ranks");
+  ExpectLossesFollow(Launch(dir, 0, 2, false) + train, Launch(dir, 1, 2, true) + train, 2, 1e-3);
   RunCommand("rm -rf " + dir);
 }
 
@@ -129,17 +150,9 @@ TEST(GpuPipeline, TwoStagesSharingAGpuFollowTheCpuPipeline) {
     const std::string train = BinPath("keel") + " train " + job +
                               " --pp_degree=2 --micro_batches=4 --steps=3 --batch_size=16 "
                               "--seed=5 --progress=lines 2>&1";
-    const std::string launch =
-        BinPath("keel") + " launch --log_dir=" + dir + "/log" + std::to_string(n++) + " ";
-    auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " + launch + "--nproc_per_node=2 " + train);
-    auto gpu = RunCommand(launch + "--selected_gpus=0,0 " + train);
-    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
-    const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
-    ASSERT_EQ(want.size(), 3u) << cpu.output;
-    ASSERT_EQ(got.size(), want.size()) << gpu.output;
-    for (size_t s = 0; s < want.size(); ++s)
-      EXPECT_NEAR(got[s], want[s], 1e-3 * std::abs(want[s])) << "step " << s;
+    ExpectLossesFollow(Launch(dir, n, 2, false) + train, Launch(dir, n + 1, 2, true) + train, 3,
+                       1e-3);
+    n += 2;
   }
   RunCommand("rm -rf " + dir);
 }
@@ -155,17 +168,7 @@ TEST(GpuPipeline, Float16LossScalingFollowsTheCpuPipeline) {
                             " train --model=mlp --amp=fp16 --pp_degree=2 "
                             "--micro_batches=2 --steps=4 --batch_size=16 --seed=5 "
                             "--progress=lines 2>&1";
-  auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " + BinPath("keel") + " launch --log_dir=" + dir +
-                        "/cpu --nproc_per_node=2 " + train);
-  auto gpu = RunCommand(BinPath("keel") + " launch --log_dir=" + dir + "/gpu --selected_gpus=0,0 " +
-                        train);
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
-  const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
-  ASSERT_EQ(want.size(), 4u) << cpu.output;
-  ASSERT_EQ(got.size(), want.size()) << gpu.output;
-  for (size_t s = 0; s < want.size(); ++s)
-    EXPECT_NEAR(got[s], want[s], 1e-2 * std::abs(want[s])) << "step " << s;
+  ExpectLossesFollow(Launch(dir, 0, 2, false) + train, Launch(dir, 1, 2, true) + train, 4, 1e-2);
   RunCommand("rm -rf " + dir);
 }
 
@@ -184,20 +187,9 @@ TEST(GpuHybrid, ZeroOneAndPipelineTimesDataParallelFollowTheCpuJobs) {
     SCOPED_TRACE(job);
     const std::string train = BinPath("keel") + " train " + job +
                               " --steps=3 --batch_size=16 --seed=5 --progress=lines 2>&1";
-    const std::string launch =
-        BinPath("keel") + " launch --log_dir=" + dir + "/log" + std::to_string(n++) + " ";
-    std::string gpus = "0";
-    for (int r = 1; r < ranks; ++r) gpus += ",0";
-    auto cpu = RunCommand("FLAGS_cpu_math_threads=1 " + launch +
-                          "--nproc_per_node=" + std::to_string(ranks) + " " + train);
-    auto gpu = RunCommand(launch + "--selected_gpus=" + gpus + " " + train);
-    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
-    const std::vector<double> want = TrainLosses(cpu.output), got = TrainLosses(gpu.output);
-    ASSERT_EQ(want.size(), 3u) << cpu.output;
-    ASSERT_EQ(got.size(), want.size()) << gpu.output;
-    for (size_t s = 0; s < want.size(); ++s)
-      EXPECT_NEAR(got[s], want[s], 1e-3 * std::abs(want[s])) << "step " << s;
+    ExpectLossesFollow(Launch(dir, n, ranks, false) + train,
+                       Launch(dir, n + 1, ranks, true) + train, 3, 1e-3);
+    n += 2;
   }
   RunCommand("rm -rf " + dir);
 }
@@ -212,19 +204,10 @@ TEST(GpuTensorParallel, MlpTp2FollowsTp1OnTheGpuAndTheVocabularyLayerIsRefused) 
   const std::string train = BinPath("keel") +
                             " train --model=mlp --steps=3 --batch_size=16 --seed=5 "
                             "--progress=lines 2>&1";
-  auto one = RunCommand("FLAGS_selected_gpus=0 " + train);
-  auto tp = RunCommand(BinPath("keel") + " launch --log_dir=" + dir + "/tp --selected_gpus=0,0 " +
-                       train + " --tp_degree=2");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  ASSERT_EQ(tp.exit_code, 0) << tp.output;
-  const std::vector<double> want = TrainLosses(one.output), got = TrainLosses(tp.output);
-  ASSERT_EQ(want.size(), 3u) << one.output;
-  ASSERT_EQ(got.size(), want.size()) << tp.output;
-  for (size_t s = 0; s < want.size(); ++s)
-    EXPECT_NEAR(got[s], want[s], 1e-5 * std::abs(want[s])) << "step " << s;
-  auto vocab =
-      RunCommand(BinPath("keel") + " launch --log_dir=" + dir + "/vocab --selected_gpus=0,0 " +
-                 BinPath("keel") + " train --model=transformer --tp_degree=2 --steps=1 2>&1");
+  ExpectLossesFollow("FLAGS_selected_gpus=0 " + train,
+                     Launch(dir, 0, 2, true) + train + " --tp_degree=2", 3, 1e-5);
+  auto vocab = RunCommand(Launch(dir, 1, 2, true) + BinPath("keel") +
+                          " train --model=transformer --tp_degree=2 --steps=1 2>&1");
   EXPECT_NE(vocab.exit_code, 0);
   EXPECT_NE(vocab.output.find("c_softmax_with_cross_entropy: ring 32"), std::string::npos)
       << vocab.output;
