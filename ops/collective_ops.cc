@@ -110,6 +110,9 @@ class CommInitKernel : public OpKernel {
         group_(op.Attr<std::string>("group")),
         host_staged_(op.Attr<bool>("host_staged")) {}
   void Compute(ExecutionContext& ctx) override {
+    KEEL_ENFORCE(!host_staged_ || device_ >= 0, "c_comm_init of ring ", ring_,
+                 ": host_staged stages CUDA tensors through host memory, but device_id is ",
+                 device_, " (a ring for CPU tensors)");
     AsOp(ctx, [&] {
       CommContext::Get().CreateRing(ring_, nranks_, rank_, device_ >= 0, device_, group_, "",
                                     host_staged_);

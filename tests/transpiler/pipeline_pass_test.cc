@@ -226,6 +226,23 @@ TEST(PipelinePass, AStageOnAGpuMakesItsRingHostStaged) {
     }
     EXPECT_EQ(inits, 1);
   }
+  // host_staged on a ring for CPU tensors would do nothing: refused, naming it.
+  Program startup;
+  OpDesc* init = startup.global_block().AppendOp("c_comm_init");
+  init->SetAttr("ring_id", 33);
+  init->SetAttr("nranks", 2);
+  init->SetAttr("rank", 0);
+  init->SetAttr("device_id", -1);
+  init->SetAttr("group", std::string());
+  init->SetAttr("host_staged", true);
+  Executor exe;
+  try {
+    exe.Run(startup);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host_staged"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("device_id is -1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PipelinePass, RefusesUnmarkedOpsAndStageCountsOtherThanTheDegree) {
