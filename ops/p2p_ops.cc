@@ -11,6 +11,7 @@
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
+#include "framework/runtime/device.h"
 #include "ops/collective_op_call.h"
 
 namespace keel {
@@ -50,20 +51,20 @@ class RecvKernel : public OpKernel {
   void Compute(ExecutionContext& ctx) override {
     profiler::RecordEvent span("comm", "recv_v2", Detail(ctx, "from"));
     Tensor* out = ctx.Output("Out");
-    // A receive into device memory is allocated before the bytes arrive (in the compute
-    // stream's order, which the host-staged ring's copy follows): the static shape, when it has
-    // no -1. CPU rings size Out from the message.
     const std::vector<int64_t>& shape = ctx.Attr<std::vector<int64_t>>("out_shape");
-    if (ctx.place().is_cuda()) {
-      for (int64_t d : shape)
-        KEEL_ENFORCE(d >= 0, "recv_v2 of ", ctx.op().Output("Out")[0], ": out_shape ",
-                     DDim(shape).str(),
-                     " has a -1; on a GPU it must be static (set the pipeline's micro-batch size)");
-      out->Resize(DDim(shape));
-      out->mutable_data(DTypeOf<T>::value, ctx.place());
-    }
     try {
-      AsOp(ctx, [&] { Ring(ctx).Recv(out, ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+      if (ctx.place().is_cuda()) {
+        // The bytes arrive in host memory, sized by the message (a pipeline's ring on a GPU is
+        // host-staged, c_comm_init's host_staged), then go to the device on the compute stream,
+        // in order with the ops that read them; a short last batch needs no static shape.
+        Tensor h;
+        AsOp(ctx, [&] { Ring(ctx).Recv(&h, ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+        out->Resize(h.dims());
+        out->mutable_data(h.dtype(), ctx.place());
+        CopyHostToDeviceAsync(ctx.place(), out->raw_data(), h.raw_data(), h.nbytes());
+      } else {
+        AsOp(ctx, [&] { Ring(ctx).Recv(out, ctx.Attr<int>("peer"), ctx.Attr<int>("tag")); });
+      }
     } catch (const Error& e) {
       // On a pipeline ring a rank's index is its stage.
       KEEL_THROW("recv_v2 of ", ctx.op().Output("Out")[0], " from stage ", ctx.Attr<int>("peer"),

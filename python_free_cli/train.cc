@@ -128,11 +128,6 @@ models::TrainableModel BuildDistributedModel(const std::string& name, float lr, 
   cfg.data = FLAGS_data;
   cfg.batch_size = FLAGS_batch_size;
   fleet::DistributedStrategy strategy = StrategyFromFlags();
-  // A stage on a GPU receives into device memory sized before the bytes arrive: its micro-batch
-  // size is static (the CPU's stages size from each message, so a short last batch still works).
-  if (strategy.pipeline && fleet::worker_place().is_cuda() &&
-      FLAGS_batch_size % FLAGS_micro_batches == 0)
-    strategy.pipeline_configs.micro_batch_size = FLAGS_batch_size / FLAGS_micro_batches;
   PsStrategyFromFlags(fleet::role(), &strategy);
   const bool ps = fleet::role().is_ps();
   // Parameter-server jobs train the mlp and the CTR model (docs/parameter-server.md).

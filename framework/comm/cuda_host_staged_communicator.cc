@@ -3,8 +3,9 @@
 // (shared memory or Gloo) in place, and back to the device on that stream. NCCL cannot put two
 // ranks on one GPU; this can, so N ranks on a one-GPU machine train like N GPUs (and the
 // N-ranks-equal-one-rank invariant is tested that way). The executor orders the stream against
-// compute with events; the copy to the host is waited for on the ring's thread, never on the
-// compute thread.
+// compute with events; a collective's copy to the host is waited for on the ring's thread, never
+// on the compute thread (a pipeline's sends, which run on the compute thread, are the exception:
+// Send below).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -76,12 +77,13 @@ class HostStagedCommunicator : public Communicator {
   }
   void Barrier() override { host_->Barrier(); }
 
-  // Point-to-point (a pipeline's send_v2 / recv_v2, which run on the compute side, not as ring
+  // Point-to-point (a pipeline's send_v2 / recv_v2, which run on the compute thread, not as ring
   // ops): the bytes go through the host ring's buffered transfer, so a send returns once its bytes
-  // are on the host and no schedule can deadlock on it. Both wait for the compute stream's work so
-  // far on the ring's stream: the send's tensor was written there, and the receive's was allocated
-  // in its order. Both copies are waited for: the sent tensor may be freed and its block reused by
-  // compute once send_v2 returns, and the received one is read by compute next.
+  // are on the host and no schedule can deadlock on it. A send of a CUDA tensor waits, on the
+  // compute thread, for its copy to the host, which follows the compute stream's work so far (the
+  // tensor was written there; it may be freed and its block reused once send_v2 returns). A
+  // receive lands in host memory sized by the message; recv_v2 copies it to the device on the
+  // compute stream.
   void Send(const Tensor& t, int peer, int tag) override {
     if (t.place().is_cpu()) return host_->Send(t, peer, tag);
     CommTimer timer(&comm_ns_);
@@ -89,17 +91,11 @@ class HostStagedCommunicator : public Communicator {
     host_->Send(ToHost(t, &send_staging_), peer, tag);
   }
   void Recv(Tensor* t, int peer, int tag) override {
-    if (!t->initialized() || t->place().is_cpu()) return host_->Recv(t, peer, tag);
-    CommTimer timer(&comm_ns_);
-    Tensor h;
-    host_->Recv(&h, peer, tag);
-    KEEL_ENFORCE(h.dtype() == t->dtype() && h.numel() == t->numel(), "receive from rank ", peer,
-                 " (tag ", tag, ") on ring ", ring_id_, ": got ", DTypeName(h.dtype()), " ",
-                 h.dims().str(), " into a device tensor of ", DTypeName(t->dtype()), " ",
-                 t->dims().str());
-    t->Resize(h.dims());
-    AfterCompute();
-    CopyBack(h, t);
+    KEEL_ENFORCE(!t->initialized() || t->place().is_cpu(), "receive from rank ", peer, " (tag ",
+                 tag, ") on ring ", ring_id_,
+                 ": a host-staged ring receives into host memory, not ", t->place().str(),
+                 " (recv_v2 copies what arrives to the device)");
+    host_->Recv(t, peer, tag);
   }
 
  private:

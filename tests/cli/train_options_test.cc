@@ -340,9 +340,13 @@ TEST(KeelTrain, LenetPipelineEqualsOneProcessOnMnist) {
     const std::vector<double> got = losses(job.output);
     ASSERT_EQ(got.size(), want.size()) << "PP=" << pp << "\n" << job.output;
     double worst = 0;
-    for (size_t i = 0; i < want.size(); ++i)
+    for (size_t i = 0; i < want.size(); ++i) {
+      // (Within one unit of the printed sixth decimal too: a loss below 1 rounds at 1e-6.)
+      EXPECT_LE(std::abs(got[i] - want[i]), std::max(1e-6 * std::abs(want[i]), 1.5e-6))
+          << "PP=" << pp << " step " << i << "\n"
+          << job.output;
       worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-    EXPECT_LT(worst, 1e-6) << "PP=" << pp << "\n" << job.output;
+    }
     std::printf("PP=%d: losses' max relative difference %.2g\n", pp, worst);
   }
   RunCommand("rm -rf " + dir);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "tests/util/model_train.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_data.h"
 
 namespace keel::testing {
 namespace {
@@ -128,11 +130,15 @@ TEST(GpuSyncBatchNorm, ResnetFollowsTheCpuJobAloneAndOnTwoRanks) {
   const std::string train = BinPath("keel") +
                             " train --model=resnet --sync_batch_norm --steps=2 --batch_size=8 "
                             "--seed=5 --progress=lines 2>&1";
-  SCOPED_TRACE("1 rank");
-  ExpectLossesFollow("FLAGS_cpu_math_threads=1 " + train, "FLAGS_selected_gpus=0 " + train, 2,
-                     1e-3);
-  SCOPED_TRACE("2 ranks");
-  ExpectLossesFollow(Launch(dir, 0, 2, false) + train, Launch(dir, 1, 2, true) + train, 2, 1e-3);
+  {
+    SCOPED_TRACE("1 rank");
+    ExpectLossesFollow("FLAGS_cpu_math_threads=1 " + train, "FLAGS_selected_gpus=0 " + train, 2,
+                       1e-3);
+  }
+  {
+    SCOPED_TRACE("2 ranks");
+    ExpectLossesFollow(Launch(dir, 0, 2, false) + train, Launch(dir, 1, 2, true) + train, 2, 1e-3);
+  }
   RunCommand("rm -rf " + dir);
 }
 
@@ -154,6 +160,28 @@ TEST(GpuPipeline, TwoStagesSharingAGpuFollowTheCpuPipeline) {
                        1e-3);
     n += 2;
   }
+  RunCommand("rm -rf " + dir);
+}
+
+// A GPU pipeline receives what the message holds: LeNet on MNIST evaluates the 2000 test samples
+// in batches of 48 (the last one of 32) on two stages sharing GPU 0, and prints the CPU
+// pipeline's losses and test accuracy (within 1e-3 and 2 samples).
+TEST(GpuPipeline, LenetEvaluatesAShortLastBatch) {
+  SKIP_WITHOUT_GPU();
+  if (!HaveMnist()) GTEST_SKIP() << "no MNIST at " << MnistDir();
+  const std::string dir = MakeTempDir();
+  const std::string train = BinPath("keel") + " train --model=lenet --data=mnist:" + MnistDir() +
+                            " --pp_degree=2 --micro_batches=2 --steps=3 --eval_every=3 "
+                            "--batch_size=48 --seed=3 --progress=lines 2>&1";
+  ExpectLossesFollow(Launch(dir, 0, 2, false) + train, Launch(dir, 1, 2, true) + train, 3, 1e-3);
+  auto accuracy = [](const std::string& out) {
+    const size_t at = out.find("test_accuracy ");
+    return at == std::string::npos ? -1.0 : std::atof(out.c_str() + at + 14);
+  };
+  auto cpu = RunCommand(Launch(dir, 2, 2, false) + train);
+  auto gpu = RunCommand(Launch(dir, 3, 2, true) + train);
+  ASSERT_GE(accuracy(cpu.output), 0.0) << cpu.output;
+  EXPECT_NEAR(accuracy(gpu.output), accuracy(cpu.output), 1e-3) << gpu.output;
   RunCommand("rm -rf " + dir);
 }
 
