@@ -157,6 +157,9 @@ TrainableModel BuildLenet(const ModelConfig& cfg) {
   train_opts.num_workers = 1;
   train_opts.rank = cfg.rank;
   train_opts.nranks = cfg.nranks;
+  // A pipeline splits each mini-batch into equal micro-batches: it trains on whole batches only
+  // (a short last batch of an epoch may not split; Megatron and Paddle drop it too).
+  train_opts.drop_last = cfg.pp_degree > 1;
   auto loader = std::make_shared<DataLoader>(train_set, train_opts);
   m.batches_per_epoch = loader->batches_per_epoch();
   auto epoch = std::make_shared<int64_t>(0);

@@ -352,6 +352,28 @@ TEST(KeelTrain, LenetPipelineEqualsOneProcessOnMnist) {
   RunCommand("rm -rf " + dir);
 }
 
+// Under a pipeline LeNet's training loader drops an epoch's short last batch: 8000 MNIST images in
+// batches of 48 leave 32, which do not split into 3 micro-batches (the runner would refuse them
+// after the epoch's 166 steps); two epochs train 332 steps and evaluate after each.
+TEST(KeelTrain, LenetPipelineTrainsWholeEpochs) {
+  if (!HaveMnist()) GTEST_SKIP() << "no MNIST at " << MnistDir();
+  const std::string dir = MakeTempDir();
+  auto job = RunCommand("FLAGS_cpu_math_threads=1 " + Keel() + " launch --nproc_per_node=2 " +
+                        "--log_dir=" + dir + "/log " + Keel() +
+                        " train --model=lenet --data=mnist:" + MnistDir() +
+                        " --pp_degree=2 --micro_batches=3 --epochs=2 --batch_size=48 --seed=3 "
+                        "--progress=lines 2>&1");
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  EXPECT_NE(job.output.find("step 331 loss"), std::string::npos) << job.output;
+  EXPECT_EQ(job.output.find("step 332 loss"), std::string::npos) << job.output;
+  size_t evals = 0;
+  for (size_t at = job.output.find("test_accuracy"); at != std::string::npos;
+       at = job.output.find("test_accuracy", at + 1))
+    ++evals;
+  EXPECT_EQ(evals, 2u) << job.output;
+  RunCommand("rm -rf " + dir);
+}
+
 // --pp_degree: a two-stage mlp under keel launch prints the losses one process prints (both
 // schedules; PP=N initializes as one process), and the flags are refused where they cannot act.
 TEST(KeelTrain, PipelineFlags) {

@@ -163,10 +163,11 @@ TEST(GpuPipeline, TwoStagesSharingAGpuFollowTheCpuPipeline) {
   RunCommand("rm -rf " + dir);
 }
 
-// A GPU pipeline receives what the message holds: LeNet on MNIST evaluates the 2000 test samples
-// in batches of 48 (the last one of 32) on two stages sharing GPU 0, and prints the CPU
-// pipeline's losses and test accuracy (within 1e-3 and 2 samples).
-TEST(GpuPipeline, LenetEvaluatesAShortLastBatch) {
+// A GPU pipeline receives what the message holds: LeNet on MNIST trains on micro-batches of 24 and
+// evaluates the 2000 test samples in batches of 500 (other shapes than training's) on two stages
+// sharing GPU 0, and prints the CPU pipeline's losses and test accuracy (within 1e-3 and 2
+// samples).
+TEST(GpuPipeline, LenetEvaluatesBatchesOfAnotherShape) {
   SKIP_WITHOUT_GPU();
   if (!HaveMnist()) GTEST_SKIP() << "no MNIST at " << MnistDir();
   const std::string dir = MakeTempDir();
