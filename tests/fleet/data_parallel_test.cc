@@ -12,6 +12,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
 #include "tests/util/model_train.h"
+#include "tests/util/named_tensors.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -100,15 +101,9 @@ TEST(DataParallel, FusedGradientsAllReduceWithoutCopiesToTheSameBits) {
 }
 
 // Every tensor of `ref` is in `got` (which may hold more: LocalSGD's snapshots and counters).
-const Tensor* Find(const NamedTensors& t, const std::string& name) {
-  for (auto& kv : t)
-    if (kv.first == name) return &kv.second;
-  return nullptr;
-}
-
 void ExpectNear(const NamedTensors& got, const NamedTensors& ref) {
   for (size_t k = 0; k < ref.size(); ++k) {
-    const Tensor* found = Find(got, ref[k].first);
+    const Tensor* found = FindTensor(got, ref[k].first);
     ASSERT_NE(found, nullptr) << ref[k].first;
     const Tensor& a = ref[k].second;
     const Tensor& b = *found;
@@ -208,7 +203,7 @@ TEST(DataParallel, LocalSgdWithKOneIsSynchronousAndRanksAgreeAfterEachAverage) {
     for (size_t k = 0; k < ref.size(); ++k)
       for (int64_t i = 0; i < ref[k].second.numel(); ++i)
         diff = std::max<double>(diff, std::abs(ref[k].second.data<float>()[i] -
-                                               Find(k3, ref[k].first)->data<float>()[i]));
+                                               FindTensor(k3, ref[k].first)->data<float>()[i]));
     EXPECT_GT(diff, 1e-4);
   }
   RunCommand("rm -rf " + dir);

@@ -16,6 +16,7 @@
 
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
+#include "tests/util/named_tensors.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
@@ -63,12 +64,6 @@ std::vector<double> Series(const std::string& output, int rank, const std::strin
   return values;
 }
 
-const Tensor* Find(const NamedTensors& t, const std::string& name) {
-  for (auto& kv : t)
-    if (kv.first == name) return &kv.second;
-  return nullptr;
-}
-
 // Every parameter of the one-process run is held by exactly one stage of every data-parallel
 // replica (ranks r*pp .. r*pp+pp-1): the largest difference.
 double MaxParamDifference(const PpRun& one, const PpRun& pp, int stages) {
@@ -78,7 +73,7 @@ double MaxParamDifference(const PpRun& one, const PpRun& pp, int stages) {
     for (int r = 0; r < replicas; ++r) {
       int holders = 0;
       for (int s = 0; s < stages; ++s) {
-        const Tensor* got = Find(pp.params[r * stages + s], name);
+        const Tensor* got = FindTensor(pp.params[r * stages + s], name);
         if (got == nullptr) continue;
         ++holders;
         EXPECT_EQ(got->dims(), want.dims()) << name;
@@ -177,7 +172,7 @@ TEST(PipelineParallel, Pp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   // The replicas of each stage hold the same bits.
   for (int s = 0; s < 2; ++s)
     for (const auto& [name, a] : four.params[s]) {
-      const Tensor* b = Find(four.params[2 + s], name);
+      const Tensor* b = FindTensor(four.params[2 + s], name);
       ASSERT_NE(b, nullptr) << name;
       EXPECT_EQ(0, std::memcmp(a.raw_data(), b->raw_data(), a.nbytes())) << name;
     }
@@ -229,7 +224,7 @@ TEST(PipelineParallel, ZeroOneShardingOfEachStageEqualsPlainDataParallelAndCheck
   const PpRun zero = Train(4, "--steps=4 --sharding" + args, dir + "/zero");
   for (int r = 0; r < 4; ++r)
     for (const auto& [name, want] : plain.params[r]) {
-      const Tensor* got = Find(zero.params[r], name);
+      const Tensor* got = FindTensor(zero.params[r], name);
       ASSERT_NE(got, nullptr) << name;
       EXPECT_EQ(0, std::memcmp(got->raw_data(), want.raw_data(), want.nbytes()))
           << name << " on rank " << r;
@@ -247,17 +242,13 @@ TEST(PipelineParallel, ZeroOneShardingOfEachStageEqualsPlainDataParallelAndCheck
   const NamedTensors a = LoadSafetensors(dir + "/ck_zero/" + kPersistablesFile),
                      b = LoadSafetensors(dir + "/ck_plain/" + kPersistablesFile);
   ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : b) {
-    const Tensor* got = Find(a, name);
-    ASSERT_NE(got, nullptr) << name << " is not in the sharded job's checkpoint";
-    EXPECT_EQ(0, std::memcmp(got->raw_data(), t.raw_data(), t.nbytes())) << name;
-  }
+  ExpectHoldsBitForBit(a, b, "the sharded job's checkpoint");
   const PpRun resumed =
       Train(4, "--steps=4 --first_step=2 --sharding --load_dir=" + dir + "/ck_zero" + args,
             dir + "/resumed");
   for (int r = 0; r < 4; ++r)
     for (const auto& [name, want] : zero.params[r]) {
-      const Tensor* got = Find(resumed.params[r], name);
+      const Tensor* got = FindTensor(resumed.params[r], name);
       ASSERT_NE(got, nullptr) << name;
       EXPECT_EQ(0, std::memcmp(got->raw_data(), want.raw_data(), want.nbytes()))
           << name << " on rank " << r << " after the resume";
@@ -340,7 +331,7 @@ TEST(PipelineParallel, ACheckpointHoldsEveryStageAndResumesExactly) {
     size_t compared = 0;
     for (size_t k = 0; k < full.params.size(); ++k)
       for (const auto& [name, want] : full.params[k]) {
-        const Tensor* got = Find(resumed.params[k], name);
+        const Tensor* got = FindTensor(resumed.params[k], name);
         ASSERT_NE(got, nullptr) << name << " on rank " << k;
         ASSERT_EQ(got->dims(), want.dims()) << name;
         EXPECT_EQ(0, std::memcmp(got->raw_data(), want.raw_data(), want.nbytes()))

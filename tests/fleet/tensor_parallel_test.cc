@@ -17,6 +17,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/safetensors.h"
 #include "tests/util/model_train.h"
+#include "tests/util/named_tensors.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -66,12 +67,6 @@ std::vector<double> Losses(const std::string& output, int rank) {
   return Values(output, rank, "loss");
 }
 
-const Tensor* Find(const NamedTensors& t, const std::string& name) {
-  for (auto& kv : t)
-    if (kv.first == name) return &kv.second;
-  return nullptr;
-}
-
 // The full parameter `name` from the ranks of one tensor-parallel group (ranks first..first+tp-1):
 // a replicated one must be the same bits on every rank of the group (with check_replicas: the
 // Megatron pattern makes every replicated parameter's inputs and output gradients identical on the
@@ -81,7 +76,7 @@ Tensor Assemble(const TpRun& run, int first, int tp, const std::string& name, co
                 bool check_replicas) {
   std::vector<const Tensor*> parts;
   for (int k = 0; k < tp; ++k) {
-    const Tensor* t = Find(run.params[first + k], name);
+    const Tensor* t = FindTensor(run.params[first + k], name);
     EXPECT_NE(t, nullptr) << name << " missing on rank " << first + k;
     if (t == nullptr) return Tensor();
     parts.push_back(t);
@@ -288,7 +283,7 @@ TEST(TensorParallel, Tp2TimesDp2EqualsOneProcessAtTheSameGlobalBatch) {
   // The two data-parallel replicas of each shard hold the same bits.
   for (int r : {0, 1})
     for (const auto& kv : four.params[r]) {
-      const Tensor* other = Find(four.params[r + 2], kv.first);
+      const Tensor* other = FindTensor(four.params[r + 2], kv.first);
       ASSERT_NE(other, nullptr) << kv.first;
       EXPECT_EQ(std::memcmp(other->raw_data(), kv.second.raw_data(), kv.second.nbytes()), 0)
           << kv.first << " differs between data-parallel ranks " << r << " and " << r + 2;
@@ -348,7 +343,7 @@ TEST(TensorParallel, ZeroOneShardingBesideTp2EqualsPlainDataParallelAndCheckpoin
   auto same = [](const TpRun& a, const TpRun& b, const char* what) {
     for (int r = 0; r < 4; ++r)
       for (const auto& [name, want] : a.params[r]) {
-        const Tensor* got = Find(b.params[r], name);
+        const Tensor* got = FindTensor(b.params[r], name);
         ASSERT_NE(got, nullptr) << name;
         EXPECT_EQ(0, std::memcmp(got->raw_data(), want.raw_data(), want.nbytes()))
             << name << " on rank " << r << " (" << what << ")";
@@ -373,12 +368,7 @@ TEST(TensorParallel, ZeroOneShardingBesideTp2EqualsPlainDataParallelAndCheckpoin
   const NamedTensors a = LoadSafetensors(dir + "/ck_zero/" + kPersistablesFile),
                      b = LoadSafetensors(dir + "/ck_plain/" + kPersistablesFile);
   ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : b) {
-    const Tensor* got = Find(a, name);
-    ASSERT_NE(got, nullptr) << name << " is not in the sharded job's checkpoint";
-    ASSERT_EQ(got->dims(), t.dims()) << name;
-    EXPECT_EQ(0, std::memcmp(got->raw_data(), t.raw_data(), t.nbytes())) << name;
-  }
+  ExpectHoldsBitForBit(a, b, "the sharded job's checkpoint");
   same(zero,
        Train(4, 2, "--steps=4 --first_step=2 --sharding --load_dir=" + dir + "/ck_zero" + args,
              dir + "/resumed"),
@@ -404,7 +394,7 @@ TEST(TensorParallel, ACheckpointJoinsTheShardsAndResumesExactly) {
     size_t compared = 0;
     for (int k = 0; k < nproc; ++k)
       for (const auto& kv : full.params[k]) {
-        const Tensor* got = Find(resumed.params[k], kv.first);
+        const Tensor* got = FindTensor(resumed.params[k], kv.first);
         ASSERT_NE(got, nullptr) << kv.first;
         ASSERT_EQ(got->dims(), kv.second.dims()) << kv.first;
         EXPECT_EQ(std::memcmp(got->raw_data(), kv.second.raw_data(), kv.second.nbytes()), 0)
