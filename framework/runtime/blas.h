@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "framework/runtime/float16.h"
 
@@ -49,6 +50,11 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Acc<T> al
 // Whether the 16-bit GEMM of type `dtype` (kBFloat16 or kFloat16) runs natively in oneDNN on this
 // CPU (false: widened to float32), for logs and tests.
 bool HalfGemmIsNative(DType dtype);
+
+// The oneDNN implementation a 16-bit GEMM (C of the operands' type) of this shape and layout runs
+// in, piece by piece ("brg:avx512_core_bf16", ...), or "widened"; for tests and logs.
+std::string HalfGemmImplementation(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                   int64_t K, int64_t lda, int64_t ldb, int64_t ldc);
 
 // How many pieces a float GEMM of this shape is split into (1: one call).
 int64_t GemmPieces(int64_t M, int64_t N, int64_t K);

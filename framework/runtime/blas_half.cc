@@ -56,6 +56,7 @@ struct Plan {
   memory::desc a, b, c;
   dnnl::matmul prim;
   size_t scratch_bytes = 0;
+  std::string impl;  // oneDNN's implementation name
 };
 
 std::unique_ptr<Plan> MakePlan(const Key& k) {
@@ -77,7 +78,8 @@ std::unique_ptr<Plan> MakePlan(const Key& k) {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(plan->a, plan->b, plan->c), attr, Engine());
     VLOG(1) << "16-bit GEMM " << M << "x" << N << "x" << K << (ta ? " A'" : "") << (tb ? " B'" : "")
             << ": oneDNN " << pd.impl_info_str();
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return plan;  // reference loops
+    plan->impl = pd.impl_info_str();
+    if (plan->impl.rfind("ref", 0) == 0) return plan;  // reference loops
     plan->prim = dnnl::matmul(pd);
     plan->scratch_bytes = pd.scratchpad_desc().get_size();
     plan->native = true;
@@ -184,31 +186,109 @@ void RunWidened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   }
 }
 
+// rows x cols of a strided matrix (row stride ld) as a dense one: src itself where it is dense,
+// else a copy in *buf.
+template <typename U>
+U* Dense(U* src, int64_t rows, int64_t cols, int64_t ld, std::vector<std::remove_const_t<U>>* buf) {
+  if (ld == cols) return src;
+  buf->resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ld, cols, buf->data() + r * cols);
+  return buf->data();
+}
+
+// How a 16-bit GEMM is cut: pieces of C's longer side, as the float32 GEMM cuts them, a function
+// of the shape alone (and, for a square C, of the layout: the side whose pieces need fewer copies
+// below), so every element is computed the same way whatever the number of threads.
+//
+// Each piece runs on dense operands: oneDNN 2.6 takes its brgemm kernels only for a dense B and C,
+// and a piece of a strided view otherwise gets its older gemm:jit, 10-25 % slower on the MLP's
+// GEMMs here. The operand that is not cut is made dense once; each piece copies its part of the
+// cut one and of C where they are strided (a few hundred KB against a GEMM piece of ~0.1 ms).
+struct Cut {
+  int64_t pieces = 1;
+  bool split_n = true;
+  int64_t len = 0, step = 0;  // the cut side's length and a full piece's
+  int64_t last() const { return len - (len - 1) / step * step; }
+
+  Cut(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc)
+      : pieces(GemmPieces(M, N, K)) {
+    const bool a_rows_dense = !ta && lda == K, b_rows_dense = tb && ldb == K;
+    const int64_t copies_n = (b_rows_dense ? 0 : K * N) + M * N;
+    const int64_t copies_m = (a_rows_dense ? 0 : M * K) + (ldc == N ? 0 : M * N);
+    split_n = N != M ? N > M : copies_n <= copies_m;
+    len = split_n ? N : M;
+    step = pieces == 1 ? len : (len / pieces + 15) / 16 * 16;
+  }
+};
+
+// The key of a dense piece of n rows or columns of C (the whole GEMM's own for one piece).
+template <typename T, typename TC>
+Key PieceKey(const Cut& cut, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+             int64_t ldb, int64_t ldc, int64_t n, float alpha, float beta) {
+  if (cut.pieces == 1) return MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta);
+  return cut.split_n ? MakeKey<T, TC>(ta, tb, M, n, K, ta ? M : K, tb ? K : n, n, alpha, beta)
+                     : MakeKey<T, TC>(ta, tb, n, N, K, ta ? n : K, tb ? K : N, N, alpha, beta);
+}
+
+// oneDNN's implementation for every piece of the cut, or "" where one has none of its own.
+template <typename T, typename TC>
+std::string PiecesImpl(const Cut& cut, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                       int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
+  std::string impl;
+  for (const int64_t n : {cut.step, cut.last()}) {
+    const Plan& p = GetPlan(PieceKey<T, TC>(cut, ta, tb, M, N, K, lda, ldb, ldc, n, alpha, beta));
+    if (!p.native) return "";
+    if (!impl.empty() && impl != p.impl) impl += "+";
+    if (impl != p.impl) impl += p.impl;
+  }
+  return impl;
+}
+
 template <typename T, typename TC>
 void HalfGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
               int64_t lda, const T* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   KEEL_ENFORCE(K > 0, "16-bit GEMM of ", M, "x", N, "x", K, ": K must be positive");
-  const int64_t pieces = GemmPieces(M, N, K);
-  // Pieces of C's longer side, as the float32 GEMM cuts them: a function of the shape alone.
-  const bool split_n = N >= M;
-  const int64_t len = split_n ? N : M;
-  const int64_t step = pieces == 1 ? len : (len / pieces + 15) / 16 * 16;
-  // Every piece's shape (a full one and the last) must have a kernel of oneDNN's own.
-  for (const int64_t n : {step, len - (len - 1) / step * step}) {
-    const Key k = split_n ? MakeKey<T, TC>(ta, tb, M, n, K, lda, ldb, ldc, alpha, beta)
-                          : MakeKey<T, TC>(ta, tb, n, N, K, lda, ldb, ldc, alpha, beta);
-    if (!GetPlan(k).native) return RunWidened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const Cut cut(ta, tb, M, N, K, lda, ldb, ldc);
+  if (PiecesImpl<T, TC>(cut, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta).empty())
+    return RunWidened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (cut.pieces == 1) return RunNative(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const bool split_n = cut.split_n;
+  const int64_t len = cut.len, step = cut.step, a_cols = ta ? M : K, b_cols = tb ? K : N;
+  // The call's own buffer: this thread may run other GEMMs' pieces while it waits for its own.
+  std::vector<T> whole;
+  if (split_n) {
+    A = Dense(A, ta ? K : M, a_cols, lda, &whole);
+  } else {
+    B = Dense(B, tb ? N : K, b_cols, ldb, &whole);
   }
-  if (pieces == 1) return RunNative(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   cpu_threads::ParallelFor((len + step - 1) / step, [&](int64_t p) {
+    // A piece runs start to end on its thread, so the buffers can be the thread's.
+    thread_local std::vector<T> part;
+    thread_local std::vector<TC> out;
     const int64_t begin = p * step, n = std::min(step, len - begin);
+    const T* a = A;
+    const T* b = B;
+    TC* c = split_n ? C + begin : C + begin * ldc;
+    const int64_t rows_c = split_n ? M : n, cols_c = split_n ? n : N;
     if (split_n) {
-      RunNative(ta, tb, M, n, K, alpha, A, lda, tb ? B + begin * ldb : B + begin, ldb, beta,
-                C + begin, ldc);
+      b = tb ? Dense(B + begin * ldb, n, K, ldb, &part) : Dense(B + begin, K, n, ldb, &part);
     } else {
-      RunNative(ta, tb, n, N, K, alpha, ta ? A + begin : A + begin * lda, lda, B, ldb, beta,
-                C + begin * ldc, ldc);
+      a = ta ? Dense(A + begin, K, n, lda, &part) : Dense(A + begin * lda, n, K, lda, &part);
+    }
+    TC* dense_c = c;
+    if (ldc != cols_c) {
+      out.resize(static_cast<size_t>(rows_c * cols_c));
+      dense_c = out.data();
+      if (beta != 0.0f) Dense(c, rows_c, cols_c, ldc, &out);
+    }
+    if (split_n) {
+      RunNative(ta, tb, M, n, K, alpha, a, a_cols, b, tb ? K : n, beta, dense_c, n);
+    } else {
+      RunNative(ta, tb, n, N, K, alpha, a, ta ? n : K, b, b_cols, beta, dense_c, N);
+    }
+    if (dense_c != c) {
+      for (int64_t r = 0; r < rows_c; ++r) std::copy_n(dense_c + r * cols_c, cols_c, c + r * ldc);
     }
   });
 }
@@ -230,6 +310,18 @@ void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
           int64_t lda, const float16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+std::string HalfGemmImplementation(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                   int64_t lda, int64_t ldb, int64_t ldc) {
+  KEEL_ENFORCE(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+               "HalfGemmImplementation: not a 16-bit float type: ", DTypeName(dtype));
+  const Cut cut(ta, tb, M, N, K, lda, ldb, ldc);
+  const std::string impl =
+      dtype == DType::kBFloat16
+          ? PiecesImpl<bfloat16, bfloat16>(cut, ta, tb, M, N, K, lda, ldb, ldc, 1.0f, 0.0f)
+          : PiecesImpl<float16, float16>(cut, ta, tb, M, N, K, lda, ldb, ldc, 1.0f, 0.0f);
+  return impl.empty() ? "widened" : impl;
 }
 
 bool HalfGemmIsNative(DType dtype) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "framework/op/op_registry.h"
@@ -292,10 +293,17 @@ void CheckGemms() {
       CheckGemm<H, float>(ta, tb, 6, 11, 31, 1.0f, 1.0f);
     }
   CheckGemm<H, H>(false, false, 1, 1, 1, 2.0f, 0.0f);
-  // Large enough for several pieces on the thread budget (blas::GemmPieces).
+  // Large enough for several pieces on the thread budget (blas::GemmPieces): cut along N, along
+  // M and, for a square C, along the side that needs fewer copies; every piece's strided operands
+  // and C copied to dense buffers (beta: C copied in as well).
   ASSERT_GT(blas::GemmPieces(300, 260, 520), 1);
-  CheckGemm<H, H>(false, true, 300, 260, 520, 1.0f, 0.0f);
-  CheckGemm<H, float>(true, false, 260, 300, 520, 1.0f, 0.5f);
+  ASSERT_GT(blas::GemmPieces(320, 320, 640), 1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CheckGemm<H, H>(ta, tb, 300, 260, 520, 1.0f, 0.0f);
+      CheckGemm<H, float>(ta, tb, 260, 300, 520, 1.0f, 0.5f);
+      CheckGemm<H, H>(ta, tb, 320, 320, 640, 0.5f, 1.0f);
+    }
 }
 
 TEST(LowpGemm, BFloat16MatchesAFloat64Reference) {
@@ -303,6 +311,32 @@ TEST(LowpGemm, BFloat16MatchesAFloat64Reference) {
               blas::HalfGemmIsNative(DType::kBFloat16) ? "oneDNN" : "widened");
   CheckGemms<bfloat16>();
 }
+// The pieces of a GEMM cut for the thread budget run the kernel oneDNN picks for the whole dense
+// GEMM (oneDNN 2.6 gives a piece of a strided view its slower gemm:jit instead of brgemm), for the
+// MLP's three products: X*W, dY*W' and X'*dY.
+TEST(LowpGemm, PiecesRunTheKernelOfTheWholeGemm) {
+  if (!blas::HalfGemmIsNative(DType::kBFloat16)) GTEST_SKIP() << "no oneDNN bfloat16 GEMM here";
+  const struct {
+    bool ta, tb;
+    int64_t M, N, K;
+  } shapes[] = {{false, false, 128, 1280, 1280},
+                {false, true, 128, 1280, 1280},
+                {true, false, 1280, 1280, 128}};
+  for (const auto& g : shapes) {
+    ASSERT_GT(blas::GemmPieces(g.M, g.N, g.K), 1);
+    const std::string pieces = blas::HalfGemmImplementation(
+        DType::kBFloat16, g.ta, g.tb, g.M, g.N, g.K, g.ta ? g.M : g.K, g.tb ? g.K : g.N, g.N);
+    // A dense GEMM of one piece, in the same layout.
+    ASSERT_EQ(blas::GemmPieces(64, 64, 64), 1);
+    const std::string whole =
+        blas::HalfGemmImplementation(DType::kBFloat16, g.ta, g.tb, 64, 64, 64, 64, 64, 64);
+    std::printf("%s%s %ldx%ldx%ld: pieces %s, whole %s\n", g.ta ? "T" : "N", g.tb ? "T" : "N",
+                static_cast<long>(g.M), static_cast<long>(g.N), static_cast<long>(g.K),
+                pieces.c_str(), whole.c_str());
+    EXPECT_EQ(pieces, whole);
+  }
+}
+
 TEST(LowpGemm, Float16MatchesAFloat64Reference) {
   std::printf("float16 GEMM: %s\n", blas::HalfGemmIsNative(DType::kFloat16) ? "oneDNN" : "widened");
   CheckGemms<float16>();
