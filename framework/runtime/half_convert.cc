@@ -67,8 +67,34 @@ __attribute__((target("avx,f16c"))) void NarrowF16C(const float* s, float16* d, 
 KEEL_AVX512 inline __mmask16 TailMask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
+
+// Full vectors are read and written by plain loads and stores, only the tail by masked ones
+// (kFull false): with a masked store in the main loop, narrowing 1.6 M values from outside the
+// caches took 2.5x as long on AMD Zen 5 (0.64 against 0.26 ms).
+template <bool kFull>
+KEEL_AVX512 inline __m256i Load16(const void* s, __mmask16 m) {
+  if constexpr (kFull) return _mm256_loadu_si256(static_cast<const __m256i*>(s));
+  return _mm256_maskz_loadu_epi16(m, s);
+}
+template <bool kFull>
+KEEL_AVX512 inline void Store16(void* d, __mmask16 m, __m256i v) {
+  if constexpr (kFull) return _mm256_storeu_si256(static_cast<__m256i*>(d), v);
+  _mm256_mask_storeu_epi16(d, m, v);
+}
+template <bool kFull>
+KEEL_AVX512 inline __m512 LoadF32(const Bits32* s, __mmask16 m) {
+  if constexpr (kFull) return _mm512_loadu_ps(s);
+  return _mm512_maskz_loadu_ps(m, s);
+}
+template <bool kFull>
+KEEL_AVX512 inline void StoreF32(Bits32* d, __mmask16 m, __m512 v) {
+  if constexpr (kFull) return _mm512_storeu_ps(reinterpret_cast<float*>(d), v);
+  _mm512_mask_storeu_ps(reinterpret_cast<float*>(d), m, v);
+}
+
+template <bool kFull>
 KEEL_AVX512 inline __m512 LoadBf16(const Bits16* s, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, s);
+  const __m256i h = Load16<kFull>(s, m);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 KEEL_AVX512 inline __m256i NarrowBf16Int(__m512i u) {
@@ -89,34 +115,47 @@ KEEL_AVX512BF16 inline __m256i NarrowBf16(__m512 v) {
   if (subnormal != 0) return NarrowBf16Int(u);
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 }
+
+// One vector of each loop; the loops run it on full vectors, then on the tail.
+template <bool kFull>
+KEEL_AVX512 inline void WidenBf16Vec(const Bits16* s, Bits32* d, __mmask16 m) {
+  StoreF32<kFull>(d, m, LoadBf16<kFull>(s, m));
+}
+template <bool kFull>
+KEEL_AVX512BF16 inline void NarrowBf16Vec(const Bits32* s, Bits16* d, __mmask16 m) {
+  Store16<kFull>(d, m, NarrowBf16(LoadF32<kFull>(s, m)));
+}
+template <bool kFull>
+KEEL_AVX512BF16 inline void AddBf16Vec(const Bits16* a, const Bits16* b, Bits16* d, __mmask16 m) {
+  Store16<kFull>(d, m, NarrowBf16(_mm512_add_ps(LoadBf16<kFull>(a, m), LoadBf16<kFull>(b, m))));
+}
+template <bool kFull>
+KEEL_AVX512 inline void AddF16Vec(const float16* a, const float16* b, float16* d, __mmask16 m) {
+  const __m512 x = _mm512_cvtph_ps(Load16<kFull>(a, m));
+  const __m512 y = _mm512_cvtph_ps(Load16<kFull>(b, m));
+  Store16<kFull>(
+      d, m, _mm512_cvtps_ph(_mm512_add_ps(x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 KEEL_AVX512 void WidenBf16Avx512(const Bits16* s, Bits32* d, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(reinterpret_cast<float*>(d + i), m, LoadBf16(s + i, m));
-  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) WidenBf16Vec<true>(s + i, d + i, 0xffff);
+  if (i < n) WidenBf16Vec<false>(s + i, d + i, TailMask(n - i));
 }
 KEEL_AVX512BF16 void NarrowBf16Avx512(const Bits32* s, Bits16* d, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    _mm256_mask_storeu_epi16(d + i, m, NarrowBf16(_mm512_maskz_loadu_ps(m, s + i)));
-  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) NarrowBf16Vec<true>(s + i, d + i, 0xffff);
+  if (i < n) NarrowBf16Vec<false>(s + i, d + i, TailMask(n - i));
 }
 KEEL_AVX512BF16 void AddBf16Avx512(const Bits16* a, const Bits16* b, Bits16* d, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    _mm256_mask_storeu_epi16(d + i, m,
-                             NarrowBf16(_mm512_add_ps(LoadBf16(a + i, m), LoadBf16(b + i, m))));
-  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) AddBf16Vec<true>(a + i, b + i, d + i, 0xffff);
+  if (i < n) AddBf16Vec<false>(a + i, b + i, d + i, TailMask(n - i));
 }
 KEEL_AVX512 void AddF16Avx512(const float16* a, const float16* b, float16* d, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    const __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
-    const __m512 y = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + i));
-    _mm256_mask_storeu_epi16(
-        d + i, m,
-        _mm512_cvtps_ph(_mm512_add_ps(x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) AddF16Vec<true>(a + i, b + i, d + i, 0xffff);
+  if (i < n) AddF16Vec<false>(a + i, b + i, d + i, TailMask(n - i));
 }
 
 struct Isa {
