@@ -55,6 +55,11 @@ class ConvPrimitives {
   std::shared_ptr<const Impl> impl_;
 };
 
+// 16-bit data between NCHW and oneDNN's 16-channel blocks (nChw16c: [N, C / 16, H, W, 16]), for C
+// a multiple of 16: the transposes the 16-bit convolutions' reorders run (see conv_onednn.cc).
+void ToChannelBlocks16(const uint16_t* nchw, uint16_t* blocked, int64_t N, int64_t C, int64_t HW);
+void FromChannelBlocks16(const uint16_t* blocked, uint16_t* nchw, int64_t N, int64_t C, int64_t HW);
+
 // Whether oneDNN's primitives take this geometry (they take every conv2d keel accepts with a
 // non-empty output; the check is here so that the caller falls back rather than fails).
 bool Supports(const ConvShape& s);

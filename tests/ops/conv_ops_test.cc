@@ -6,6 +6,7 @@
 #include <gflags/gflags.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
 #include "framework/runtime/cpu_threads.h"
+#include "ops/conv_onednn.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
@@ -240,6 +242,36 @@ TEST(Conv2DOp, OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount) {
   }
   FLAGS_conv_onednn = true;
   cpu_threads::SetBudget(1);
+}
+
+// keel's transposes between NCHW and 16-channel blocks (the 16-bit convolutions' reorders) give
+// oneDNN's reorder's bits both ways, with spatial sizes that are and are not multiples of 16.
+TEST(Conv2DOp, SixteenBitChannelBlocksEqualOneDnnsReorder) {
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {3, 32, 32, 32}, {8, 64, 8, 8}, {2, 16, 5, 5}, {1, 48, 7, 3}, {2, 16, 1, 1}};
+  for (const memory::data_type dt : {memory::data_type::bf16, memory::data_type::f16})
+    for (const auto& d : shapes) {
+      SCOPED_TRACE(::testing::Message() << (dt == memory::data_type::bf16 ? "bf16 " : "f16 ")
+                                        << d[0] << "x" << d[1] << "x" << d[2] << "x" << d[3]);
+      const int64_t n = d[0] * d[1] * d[2] * d[3];
+      std::vector<uint16_t> plain(static_cast<size_t>(n)), blocked(plain.size()),
+          want(plain.size()), back(plain.size());
+      // Finite values of both types and both signs (oneDNN's reorder quiets NaN patterns).
+      for (int64_t i = 0; i < n; ++i)
+        plain[static_cast<size_t>(i)] = static_cast<uint16_t>((i * 7919) % 0x7800 | (i & 1) << 15);
+      const memory::desc nchw(d, dt, memory::format_tag::nchw),
+          blocks(d, dt, memory::format_tag::nChw16c);
+      memory mp(nchw, engine, plain.data()), mw(blocks, engine, want.data());
+      dnnl::reorder(mp, mw).execute(stream, mp, mw);
+      stream.wait();
+      onednn::ToChannelBlocks16(plain.data(), blocked.data(), d[0], d[1], d[2] * d[3]);
+      EXPECT_EQ(blocked, want);
+      onednn::FromChannelBlocks16(want.data(), back.data(), d[0], d[1], d[2] * d[3]);
+      EXPECT_EQ(back, plain);
+    }
 }
 
 TEST(Conv2DOp, BadShapesAreBuildErrors) {
