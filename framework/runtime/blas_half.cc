@@ -48,8 +48,9 @@ constexpr DT DataType() {
 
 // One GEMM's shape as oneDNN sees it: C [M, N] = alpha * op(A) [M, K] * op(B) [K, N] + beta * C,
 // every operand a strided view (a transposed operand is the same memory with swapped strides).
+// A batched GEMM (batch > 1) adds its matrices' strides sa, sb, sc (sb 0: one B for all).
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                       float, float>;
+                       float, float, int64_t, int64_t, int64_t, int64_t>;
 
 struct Plan {
   bool native = false;  // oneDNN has an implementation of its own (not its reference loops)
@@ -60,12 +61,21 @@ struct Plan {
 };
 
 std::unique_ptr<Plan> MakePlan(const Key& k) {
-  const auto [ta, tb, M, N, K, lda, ldb, ldc, ab_type, c_type, alpha, beta] = k;
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, ab_type, c_type, alpha, beta, batch, sa, sb, sc] = k;
   auto plan = std::make_unique<Plan>();
   const DT ab = static_cast<DT>(ab_type), ct = static_cast<DT>(c_type);
-  plan->a = memory::desc({M, K}, ab, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
-  plan->b = memory::desc({K, N}, ab, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
-  plan->c = memory::desc({M, N}, ct, memory::dims{ldc, 1});
+  if (batch == 1) {
+    plan->a = memory::desc({M, K}, ab, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+    plan->b = memory::desc({K, N}, ab, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    plan->c = memory::desc({M, N}, ct, memory::dims{ldc, 1});
+  } else {
+    plan->a =
+        memory::desc({batch, M, K}, ab, ta ? memory::dims{sa, 1, lda} : memory::dims{sa, lda, 1});
+    const int64_t bb = sb == 0 ? 1 : batch, bs = sb == 0 ? K * N : sb;
+    plan->b =
+        memory::desc({bb, K, N}, ab, tb ? memory::dims{bs, 1, ldb} : memory::dims{bs, ldb, 1});
+    plan->c = memory::desc({batch, M, N}, ct, memory::dims{sc, ldc, 1});
+  }
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -130,7 +140,11 @@ Key MakeKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int6
              static_cast<int>(DataType<T>()),
              static_cast<int>(DataType<TC>()),
              alpha,
-             beta};
+             beta,
+             1,
+             0,
+             0,
+             0};
 }
 
 // One primitive call on the calling thread (one OpenMP thread).
@@ -293,7 +307,86 @@ void HalfGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   });
 }
 
+// batch GEMMs of contiguous matrices (the b-th at A + b * sa, B + b * sb, C + b * sc). Small
+// ones (one piece each, as the attention's per-head products) run as batched matmul primitives
+// over runs of the batch: one primitive call per run instead of one per matrix, whose fixed cost
+// (~1 us: the plan's lookup, four memory objects, the call) was most of a 8x16x8 product's time,
+// and made the transformer's bfloat16 step 3x float32's. The runs are cut by the shape alone.
+// Larger matrices, or where oneDNN has no batched kernel of its own, go one by one.
+template <typename T, typename TC>
+void HalfGemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+                     int64_t sa, const T* B, int64_t sb, float beta, TC* C, int64_t sc,
+                     int64_t batch) {
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  auto one_by_one = [&] {
+    for (int64_t b = 0; b < batch; ++b)
+      HalfGemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
+  };
+  if (M == 0 || N == 0) return;
+  if (batch == 1 || K == 0 || sa == 0 || GemmPieces(M, N, K) > 1) return one_by_one();
+  // Runs of about 32 MFLOP, at most 8 (GemmPieces' rule over the whole batch).
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) *
+                       static_cast<double>(K) * static_cast<double>(batch);
+  const int64_t runs =
+      std::clamp<int64_t>(static_cast<int64_t>(flops / 32e6), 1, std::min<int64_t>(8, batch));
+  const int64_t per = (batch + runs - 1) / runs, last = batch - (runs - 1) * per;
+  auto key = [&](int64_t n) {
+    Key k = MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta);
+    std::get<12>(k) = n;
+    std::get<13>(k) = sa;
+    std::get<14>(k) = sb;
+    std::get<15>(k) = sc;
+    return k;
+  };
+  for (const int64_t n : {per, last}) {
+    if (!GetPlan(n > 1 ? key(n) : MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta))
+             .native)
+      return one_by_one();
+  }
+  cpu_threads::ParallelFor((batch + per - 1) / per, [&](int64_t r) {
+    const int64_t b0 = r * per, n = std::min(per, batch - b0);
+    if (n == 1) {
+      return RunNative(ta, tb, M, N, K, alpha, A + b0 * sa, lda, B + b0 * sb, ldb, beta,
+                       C + b0 * sc, ldc);
+    }
+    const Plan& p = GetPlan(key(n));
+    cpu_threads::UseOneOpenMPThread();
+    const memory a(p.a, Engine(), const_cast<T*>(A + b0 * sa));
+    const memory b(p.b, Engine(), const_cast<T*>(B + b0 * sb));
+    const memory c(p.c, Engine(), C + b0 * sc);
+    const memory scratch(memory::desc({static_cast<int64_t>(std::max<size_t>(p.scratch_bytes, 1))},
+                                      DT::u8, memory::format_tag::x),
+                         Engine(), Scratch(p.scratch_bytes));
+    p.prim.execute(ThreadStream(), {{DNNL_ARG_SRC, a},
+                                    {DNNL_ARG_WEIGHTS, b},
+                                    {DNNL_ARG_DST, c},
+                                    {DNNL_ARG_SCRATCHPAD, scratch}});
+    ThreadStream().wait();
+  });
+}
+
 }  // namespace
+
+void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
+                 int64_t sa, const bfloat16* B, int64_t sb, float beta, bfloat16* C, int64_t sc,
+                 int64_t batch) {
+  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+}
+void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
+                 int64_t sa, const bfloat16* B, int64_t sb, float beta, float* C, int64_t sc,
+                 int64_t batch) {
+  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+}
+void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
+                 int64_t sa, const float16* B, int64_t sb, float beta, float16* C, int64_t sc,
+                 int64_t batch) {
+  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+}
+void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
+                 int64_t sa, const float16* B, int64_t sb, float beta, float* C, int64_t sc,
+                 int64_t batch) {
+  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+}
 
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
           int64_t lda, const bfloat16* B, int64_t ldb, float beta, bfloat16* C, int64_t ldc) {
@@ -328,7 +421,7 @@ bool HalfGemmIsNative(DType dtype) {
   KEEL_ENFORCE(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
                "HalfGemmIsNative: not a 16-bit float type: ", DTypeName(dtype));
   const int t = static_cast<int>(dtype == DType::kBFloat16 ? DT::bf16 : DT::f16);
-  return GetPlan(Key{false, false, 64, 64, 64, 64, 64, 64, t, t, 1.0f, 0.0f}).native;
+  return GetPlan(Key{false, false, 64, 64, 64, 64, 64, 64, t, t, 1.0f, 0.0f, 1, 0, 0, 0}).native;
 }
 
 }  // namespace blas

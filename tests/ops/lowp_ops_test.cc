@@ -14,6 +14,7 @@
 
 #include "framework/op/op_registry.h"
 #include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
 #include "framework/runtime/float16.h"
 #include "framework/runtime/half_convert.h"
 #include "tests/util/grad_checker.h"
@@ -311,6 +312,71 @@ TEST(LowpGemm, BFloat16MatchesAFloat64Reference) {
               blas::HalfGemmIsNative(DType::kBFloat16) ? "oneDNN" : "widened");
   CheckGemms<bfloat16>();
 }
+// Batched 16-bit GEMMs (the attention's per-head products): each matrix against float64 sums
+// of its values, with a shared B (sb 0), beta, float32 C, batches cut into several runs and one
+// run; and the same bits on one thread and on three.
+template <typename H, typename TC>
+void CheckGemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t batch,
+                      bool shared_b, float beta) {
+  SCOPED_TRACE(::testing::Message()
+               << (ta ? "T" : "N") << (tb ? "T" : "N") << " " << M << "x" << N << "x" << K
+               << " batch " << batch << (shared_b ? " shared B" : "") << " beta " << beta);
+  std::mt19937 rng(static_cast<uint32_t>(M * 131 + N * 7 + K + batch));
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t sa = M * K, sb = shared_b ? 0 : K * N, sc = M * N;
+  std::vector<H> a(static_cast<size_t>(batch * sa)),
+      b(static_cast<size_t>(shared_b ? K * N : batch * sb));
+  std::vector<TC> c0(static_cast<size_t>(batch * sc));
+  for (H& x : a) x = H(u(rng));
+  for (H& x : b) x = H(u(rng));
+  for (TC& x : c0) x = TC(u(rng));
+  std::vector<TC> one = c0, three = c0;
+  cpu_threads::SetBudget(1);
+  blas::GemmBatched(ta, tb, M, N, K, 0.5f, a.data(), sa, b.data(), sb, beta, one.data(), sc, batch);
+  cpu_threads::SetBudget(3);
+  blas::GemmBatched(ta, tb, M, N, K, 0.5f, a.data(), sa, b.data(), sb, beta, three.data(), sc,
+                    batch);
+  cpu_threads::SetBudget(1);
+  ASSERT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(TC)));
+  const double tol = std::is_same_v<TC, float> ? 1e-6 : std::is_same_v<H, bfloat16> ? 4e-3 : 5e-4;
+  for (int64_t p = 0; p < batch; ++p)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const H* ap = a.data() + p * sa;
+          const H* bp = b.data() + p * sb;
+          const double x = static_cast<float>(ta ? ap[k * M + i] : ap[i * K + k]);
+          const double y = static_cast<float>(tb ? bp[j * K + k] : bp[k * N + j]);
+          s += x * y;
+          mag += std::abs(x * y);
+        }
+        const size_t at = static_cast<size_t>(p * sc + i * N + j);
+        const double want = 0.5 * s + beta * static_cast<float>(c0[at]);
+        ASSERT_NEAR(static_cast<float>(one[at]), want, tol * std::abs(want) + 2e-6 * mag + 1e-7)
+            << p << ": " << i << ", " << j;
+      }
+}
+
+template <typename H>
+void CheckGemmsBatched() {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CheckGemmBatched<H, H>(ta, tb, 8, 16, 8, 12, false, 0.0f);  // one run
+      CheckGemmBatched<H, H>(ta, tb, 8, 16, 8, 12, true, 1.0f);
+      CheckGemmBatched<H, float>(ta, tb, 9, 7, 5, 6, false, 0.5f);
+    }
+  // Runs of ~32 MFLOP: 3000 products of 2*24*32*24 FLOP make 2 runs, the last one shorter.
+  CheckGemmBatched<H, H>(false, true, 24, 32, 24, 3001, false, 0.0f);
+  // Too large to batch: one by one, in pieces.
+  CheckGemmBatched<H, H>(false, false, 300, 260, 520, 2, true, 0.0f);
+}
+
+TEST(LowpGemm, BatchedBFloat16AndFloat16MatchAFloat64ReferenceOnAnyThreadCount) {
+  CheckGemmsBatched<bfloat16>();
+  CheckGemmsBatched<float16>();
+}
+
 // The pieces of a GEMM cut for the thread budget run the kernel oneDNN picks for the whole dense
 // GEMM (oneDNN 2.6 gives a piece of a strided view its slower gemm:jit instead of brgemm), for the
 // MLP's three products: X*W, dY*W' and X'*dY.
