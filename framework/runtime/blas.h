@@ -47,10 +47,13 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Acc<T> al
   Gemm(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
-// `batch` 16-bit GEMMs of contiguous matrices (lda = trans_a ? M : K, ldb = trans_b ? K : N,
-// ldc = N), the b-th at A + b * sa, B + b * sb (sb may be 0: one B for every A) and C + b * sc:
-// small ones in batched primitive calls over runs of the batch cut by the shape alone, larger
-// ones each as Gemm does.
+// `batch` GEMMs (float32, or 16-bit as above) of contiguous matrices (lda = trans_a ? M : K, ldb =
+// trans_b ? K : N, ldc = N), the b-th at A + b * sa, B + b * sb (sb may be 0: one B for every A)
+// and C + b * sc: small ones in batched primitive calls over runs of the batch cut by the shape
+// alone, larger ones each as Gemm does.
+void GemmBatched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t sa, const float* B, int64_t sb, float beta, float* C,
+                 int64_t sc, int64_t batch);
 void GemmBatched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const bfloat16* A, int64_t sa, const bfloat16* B, int64_t sb, float beta,
                  bfloat16* C, int64_t sc, int64_t batch);

@@ -307,20 +307,21 @@ void HalfGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   });
 }
 
-// batch GEMMs of contiguous matrices (the b-th at A + b * sa, B + b * sb, C + b * sc). Small
-// ones (one piece each, as the attention's per-head products) run as batched matmul primitives
-// over runs of the batch: one primitive call per run instead of one per matrix, whose fixed cost
-// (~1 us: the plan's lookup, four memory objects, the call) was most of a 8x16x8 product's time,
-// and made the transformer's bfloat16 step 3x float32's. The runs are cut by the shape alone.
-// Larger matrices, or where oneDNN has no batched kernel of its own, go one by one.
+// batch GEMMs of contiguous matrices (the b-th at A + b * sa, B + b * sb, C + b * sc), float32
+// or 16-bit. Small ones (one piece each, as the attention's per-head products) run as batched
+// matmul primitives over runs of the batch: one primitive call per run instead of one per matrix,
+// whose fixed cost (~1 us: the plan's lookup, four memory objects, the call; sgemm's own for
+// float32) was most of an 8x16x8 product's time, and made the transformer's bfloat16 step 3x
+// float32's. The runs are cut by the shape alone. Larger matrices, or where oneDNN has no batched
+// kernel of its own, go one by one through Gemm.
 template <typename T, typename TC>
-void HalfGemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+void GemmBatchedImpl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
                      int64_t sa, const T* B, int64_t sb, float beta, TC* C, int64_t sc,
                      int64_t batch) {
   const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
   auto one_by_one = [&] {
     for (int64_t b = 0; b < batch; ++b)
-      HalfGemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
+      Gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
   };
   if (M == 0 || N == 0) return;
   if (batch == 1 || K == 0 || sa == 0 || GemmPieces(M, N, K) > 1) return one_by_one();
@@ -367,25 +368,30 @@ void HalfGemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
 
 }  // namespace
 
+void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t sa, const float* B, int64_t sb, float beta, float* C, int64_t sc,
+                 int64_t batch) {
+  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+}
 void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
                  int64_t sa, const bfloat16* B, int64_t sb, float beta, bfloat16* C, int64_t sc,
                  int64_t batch) {
-  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
 }
 void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
                  int64_t sa, const bfloat16* B, int64_t sb, float beta, float* C, int64_t sc,
                  int64_t batch) {
-  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
 }
 void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
                  int64_t sa, const float16* B, int64_t sb, float beta, float16* C, int64_t sc,
                  int64_t batch) {
-  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
 }
 void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
                  int64_t sa, const float16* B, int64_t sb, float beta, float* C, int64_t sc,
                  int64_t batch) {
-  HalfGemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
+  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
 }
 
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,

@@ -312,7 +312,7 @@ TEST(LowpGemm, BFloat16MatchesAFloat64Reference) {
               blas::HalfGemmIsNative(DType::kBFloat16) ? "oneDNN" : "widened");
   CheckGemms<bfloat16>();
 }
-// Batched 16-bit GEMMs (the attention's per-head products): each matrix against float64 sums
+// Batched GEMMs (the attention's per-head products): each matrix against float64 sums
 // of its values, with a shared B (sb 0), beta, float32 C, batches cut into several runs and one
 // run; and the same bits on one thread and on three.
 template <typename H, typename TC>
@@ -375,6 +375,10 @@ void CheckGemmsBatched() {
 TEST(LowpGemm, BatchedBFloat16AndFloat16MatchAFloat64ReferenceOnAnyThreadCount) {
   CheckGemmsBatched<bfloat16>();
   CheckGemmsBatched<float16>();
+}
+// float32's batched GEMMs take the same path (float32 C: a few ulps).
+TEST(LowpGemm, BatchedFloat32MatchesAFloat64ReferenceOnAnyThreadCount) {
+  CheckGemmsBatched<float>();
 }
 
 // The pieces of a GEMM cut for the thread budget run the kernel oneDNN picks for the whole dense
