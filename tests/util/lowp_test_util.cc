@@ -273,6 +273,8 @@ std::vector<LowpCase> LowpCases() {
   add(Case("scale_bias_first", "scale", {{"X", {Rnd({5, 3})}}}, {{"Out", 1}},
            {{"scale", 2.0f}, {"bias", -0.5f}, {"bias_after_scale", false}}));
   add(Case("sum3", "sum", {{"X", {Rnd({5, 7}), Rnd({5, 7}, -1, 1, 2), Rnd({5, 7}, -1, 1, 3)}}}));
+  // Two terms: one vector pass of AddN on the CPU (a length with a tail of the vector width).
+  add(Case("sum2", "sum", {{"X", {Rnd({9, 37}), Rnd({9, 37}, -1, 1, 2)}}}));
   // Dropout: the mask is the float32 kernel's, bit for bit.
   add(Case("dropout", "dropout", {{"X", {Rnd({33, 65})}}}, {{"Out", 1}, {"Mask", 1}},
            {{"dropout_prob", 0.3f}, {"seed", 77}}));
