@@ -147,13 +147,9 @@ Key MakeKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int6
              0};
 }
 
-// One primitive call on the calling thread (one OpenMP thread).
+// A plan's primitive on the calling thread (one OpenMP thread), over A, B and C.
 template <typename T, typename TC>
-void RunNative(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
-               int64_t lda, const T* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
-  const Plan& p = GetPlan(MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta));
-  KEEL_ENFORCE(p.native, "oneDNN refused a piece of a ", M, "x", N, "x", K,
-               " GEMM it accepted whole");
+void Execute(const Plan& p, const T* A, const T* B, TC* C) {
   cpu_threads::UseOneOpenMPThread();
   const memory a(p.a, Engine(), const_cast<T*>(A));
   const memory b(p.b, Engine(), const_cast<T*>(B));
@@ -166,6 +162,16 @@ void RunNative(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
                                   {DNNL_ARG_DST, c},
                                   {DNNL_ARG_SCRATCHPAD, scratch}});
   ThreadStream().wait();
+}
+
+// One GEMM by its plan's primitive.
+template <typename T, typename TC>
+void RunNative(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
+  const Plan& p = GetPlan(MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta));
+  KEEL_ENFORCE(p.native, "oneDNN refused a piece of a ", M, "x", N, "x", K,
+               " GEMM it accepted whole");
+  Execute(p, A, B, C);
 }
 
 // rows x cols of a strided 16-bit matrix (row stride ld) into a packed float one.
@@ -350,19 +356,7 @@ void GemmBatchedImpl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
       return RunNative(ta, tb, M, N, K, alpha, A + b0 * sa, lda, B + b0 * sb, ldb, beta,
                        C + b0 * sc, ldc);
     }
-    const Plan& p = GetPlan(key(n));
-    cpu_threads::UseOneOpenMPThread();
-    const memory a(p.a, Engine(), const_cast<T*>(A + b0 * sa));
-    const memory b(p.b, Engine(), const_cast<T*>(B + b0 * sb));
-    const memory c(p.c, Engine(), C + b0 * sc);
-    const memory scratch(memory::desc({static_cast<int64_t>(std::max<size_t>(p.scratch_bytes, 1))},
-                                      DT::u8, memory::format_tag::x),
-                         Engine(), Scratch(p.scratch_bytes));
-    p.prim.execute(ThreadStream(), {{DNNL_ARG_SRC, a},
-                                    {DNNL_ARG_WEIGHTS, b},
-                                    {DNNL_ARG_DST, c},
-                                    {DNNL_ARG_SCRATCHPAD, scratch}});
-    ThreadStream().wait();
+    Execute(GetPlan(key(n)), A + b0 * sa, B + b0 * sb, C + b0 * sc);
   });
 }
 
@@ -373,43 +367,23 @@ void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                  int64_t batch) {
   GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
 }
-void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
-                 int64_t sa, const bfloat16* B, int64_t sb, float beta, bfloat16* C, int64_t sc,
-                 int64_t batch) {
-  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
-}
-void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
-                 int64_t sa, const bfloat16* B, int64_t sb, float beta, float* C, int64_t sc,
-                 int64_t batch) {
-  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
-}
-void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
-                 int64_t sa, const float16* B, int64_t sb, float beta, float16* C, int64_t sc,
-                 int64_t batch) {
-  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
-}
-void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
-                 int64_t sa, const float16* B, int64_t sb, float beta, float* C, int64_t sc,
-                 int64_t batch) {
-  GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
-}
 
-void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
-          int64_t lda, const bfloat16* B, int64_t ldb, float beta, bfloat16* C, int64_t ldc) {
-  HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
-          int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
-          int64_t lda, const float16* B, int64_t ldb, float beta, float16* C, int64_t ldc) {
-  HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A,
-          int64_t lda, const float16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
+// blas.h's 16-bit entry points for operands of type T and C of type TC.
+#define KEEL_HALF_GEMM_ENTRIES(T, TC)                                                          \
+  void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A,        \
+            int64_t lda, const T* B, int64_t ldb, float beta, TC* C, int64_t ldc) {            \
+    HalfGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);                            \
+  }                                                                                            \
+  void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, \
+                   int64_t sa, const T* B, int64_t sb, float beta, TC* C, int64_t sc,          \
+                   int64_t batch) {                                                            \
+    GemmBatchedImpl(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);                 \
+  }
+KEEL_HALF_GEMM_ENTRIES(bfloat16, bfloat16)
+KEEL_HALF_GEMM_ENTRIES(bfloat16, float)
+KEEL_HALF_GEMM_ENTRIES(float16, float16)
+KEEL_HALF_GEMM_ENTRIES(float16, float)
+#undef KEEL_HALF_GEMM_ENTRIES
 
 std::string HalfGemmImplementation(DType dtype, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                    int64_t lda, int64_t ldb, int64_t ldc) {
