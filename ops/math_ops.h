@@ -334,8 +334,9 @@ class SumKernel : public OpKernel {
     }
   }
 
-  // out[k] = aliased * out[k] + the sum of the other inputs' x[k], in float32 in input order,
-  // rounded once. The inputs' addresses are a table device code reads (Device<D>::Upload).
+  // out[k] = aliased * out[k] + the sum of the other inputs' x[k], in float32 in input order
+  // starting from the first term (as float32's x0 + x1 + ...: signed zeros kept), rounded once. The
+  // inputs' addresses are a table device code reads (Device<D>::Upload).
   void SumHalf(const ExecutionContext& ctx, int n, int aliased, int64_t numel, T* od) {
     ptrs_.clear();
     for (int i = 0; i < n; ++i) {
@@ -347,8 +348,8 @@ class SumKernel : public OpKernel {
         Device<D>::Upload(ctx, ptrs_.data(), ptrs_.size() * sizeof(const T*), &table_));
     const float self = static_cast<float>(aliased);
     if constexpr (std::is_same_v<D, CPUDevice>) {
-      // Two terms (x0 + x1, or Out += x): one pass of AddN, each sum rounded once as below
-      // (float32's x0 + x1, whose signed zeros it keeps), in vector registers throughout: in
+      // Two terms (x0 + x1, or Out += x): one pass of AddN, each sum rounded once as below, in
+      // vector registers throughout: in
       // ResNet-20's residual gradients the chunked loop below took longer than float32's sum.
       const T* add_a = m == 2 && self == 0.0f ? ptrs_[0] : m == 1 && self == 1.0f ? od : nullptr;
       if (add_a != nullptr) {
@@ -370,9 +371,9 @@ class SumKernel : public OpKernel {
                                           WidenN(od + i, acc, len);
                                           for (int64_t j = 0; j < len; ++j) acc[j] *= self;
                                         } else {
-                                          std::fill(acc, acc + len, 0.0f);
+                                          WidenN(ptrs_[0] + i, acc, len);
                                         }
-                                        for (int t = 0; t < m; ++t) {
+                                        for (int t = self != 0.0f ? 0 : 1; t < m; ++t) {
                                           WidenN(ptrs_[t] + i, xb, len);
                                           for (int64_t j = 0; j < len; ++j) acc[j] += xb[j];
                                         }
@@ -381,12 +382,12 @@ class SumKernel : public OpKernel {
                                     });
       return;
     }
-    Device<D>::ForEachInPieces(ctx, numel, cpu_threads::kElementwiseGrain,
-                               [=] KEEL_HD_LAMBDA(int64_t k) {
-                                 float acc = self != 0.0f ? self * Widen(od[k]) : 0.0f;
-                                 for (int t = 0; t < m; ++t) acc += Widen(table[t][k]);
-                                 od[k] = Narrow<T>(acc);
-                               });
+    Device<D>::ForEachInPieces(
+        ctx, numel, cpu_threads::kElementwiseGrain, [=] KEEL_HD_LAMBDA(int64_t k) {
+          float acc = self != 0.0f ? self * Widen(od[k]) : Widen(table[0][k]);
+          for (int t = self != 0.0f ? 0 : 1; t < m; ++t) acc += Widen(table[t][k]);
+          od[k] = Narrow<T>(acc);
+        });
   }
 
  private:

@@ -329,14 +329,16 @@ void GemmBatchedImpl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
     for (int64_t b = 0; b < batch; ++b)
       Gemm(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc, ldc);
   };
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0 || batch <= 0) return;
   if (batch == 1 || K == 0 || sa == 0 || GemmPieces(M, N, K) > 1) return one_by_one();
   // Runs of about 32 MFLOP, at most 8 (GemmPieces' rule over the whole batch).
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) *
                        static_cast<double>(K) * static_cast<double>(batch);
   const int64_t runs =
       std::clamp<int64_t>(static_cast<int64_t>(flops / 32e6), 1, std::min<int64_t>(8, batch));
-  const int64_t per = (batch + runs - 1) / runs, last = batch - (runs - 1) * per;
+  // Runs of `per` matrices and a last one of `last` (there may be fewer than `runs`: 17 in 8 runs
+  // are 6 runs, the last of 2).
+  const int64_t per = (batch + runs - 1) / runs, last = batch - (batch - 1) / per * per;
   auto key = [&](int64_t n) {
     Key k = MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta);
     std::get<12>(k) = n;

@@ -368,6 +368,8 @@ void CheckGemmsBatched() {
     }
   // Runs of ~32 MFLOP: 3000 products of 2*24*32*24 FLOP make 2 runs, the last one shorter.
   CheckGemmBatched<H, H>(false, true, 24, 32, 24, 3001, false, 0.0f);
+  // 17 products of 16.8 MFLOP: 8 runs asked for, 6 made (5 of 3, the last of 2).
+  CheckGemmBatched<H, H>(false, false, 64, 64, 2048, 17, false, 0.0f);
   // Too large to batch: one by one, in pieces.
   CheckGemmBatched<H, H>(false, false, 300, 260, 520, 2, true, 0.0f);
 }
@@ -455,6 +457,25 @@ TEST(LowpNan, NanAndInfinityPropagateAsInFloat32) {
           ASSERT_EQ(std::isnan(gv[k]), std::isnan(wv[k]))
               << "gradient of " << var << "[" << k << "]";
       }
+    }
+}
+
+// A 16-bit sum keeps float32's signed zeros: -0 + -0 (+ -0) is -0 with two terms (one AddN pass)
+// and with three (the float32 loop, which starts from the first term, not from +0).
+TEST(LowpNan, SumOfNegativeZerosIsNegativeZeroAsInFloat32) {
+  for (DType dt : kHalfTypes)
+    for (int terms : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dt) << ", " << terms << " terms");
+      const Tensor z = ConvertTensor(Tensor::FromVector<float>({-0.0f, 1.0f, -0.0f}, {3}), dt);
+      OpCase c;
+      c.name = "sum_negative_zeros";
+      c.type = "sum";
+      c.inputs = {{"X", std::vector<Tensor>(static_cast<size_t>(terms), z)}};
+      const std::vector<double> out = ValuesOf(RunForward(c)["Out"][0]);
+      ASSERT_EQ(out.size(), 3u);
+      EXPECT_TRUE(out[0] == 0.0 && std::signbit(out[0])) << out[0];
+      EXPECT_EQ(out[1], terms);
+      EXPECT_TRUE(out[2] == 0.0 && std::signbit(out[2])) << out[2];
     }
 }
 
