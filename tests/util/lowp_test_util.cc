@@ -366,6 +366,14 @@ std::vector<LowpCase> LowpCases() {
   add(Case("conv2d_1x1", "conv2d",
            {{"Input", {Rnd({2, 16, 5, 5})}}, {"Filter", {Rnd({8, 16, 1, 1}, -1, 1, 2)}}},
            {{"Output", 1}}));
+  // LeNet's first convolution (one input channel: oneDNN has only im2col for its bfloat16 filter
+  // gradient, so it runs widened) and a 16-channel one (16-channel blocks by keel's transposes).
+  add(Case("conv2d_lenet1", "conv2d",
+           {{"Input", {Rnd({3, 1, 28, 28})}}, {"Filter", {Rnd({6, 1, 5, 5}, -1, 1, 2)}}},
+           {{"Output", 1}}, {{"paddings", V({2, 2})}}));
+  add(Case("conv2d_16ch", "conv2d",
+           {{"Input", {Rnd({2, 16, 12, 12})}}, {"Filter", {Rnd({16, 16, 3, 3}, -1, 1, 2)}}},
+           {{"Output", 1}}, {{"paddings", V({1, 1})}}));
   // Casts back to float32 (the pass's cast of the loss); its gradient is the 16-bit cast.
   add(Case("cast_to_f32", "cast", {{"X", {Rnd({7, 5})}}}, {{"Out", 1}},
            {{"out_dtype", static_cast<int>(DType::kFloat32)}}));
