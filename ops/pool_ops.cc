@@ -12,6 +12,7 @@
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
+#include "framework/runtime/cpu_threads.h"
 #include "ops/functors/elementwise_functors.h"
 #include "ops/op_util.h"
 
@@ -86,10 +87,10 @@ class PoolMath<CPUDevice, T> {
       Widened(out, &out_);
       Widened(dout, &dout_);
       dx_.resize(static_cast<size_t>(dx.numel()));
-      GradLoops(g, x_.data(), out_.data(), dout_.data(), dx_.data(), dx.numel());
+      GradLoops(g, x_.data(), out_.data(), dout_.data(), dx_.data());
       NarrowInPieces(dx_.data(), dxd, dx.numel());
     } else {
-      GradLoops(g, x.data<T>(), out.data<T>(), dout.data<T>(), dxd, dx.numel());
+      GradLoops(g, x.data<T>(), out.data<T>(), dout.data<T>(), dxd);
     }
   }
 
@@ -99,7 +100,7 @@ class PoolMath<CPUDevice, T> {
     if (Is2x2Tiling(g)) {
       // Same values, in the same order of comparison, as the general loop below.
       const V lowest = -std::numeric_limits<V>::infinity();
-      for (int64_t c = 0; c < g.planes; ++c)
+      ForPlanes(g, [&](int64_t c) {
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           const V* r0 = xd + (c * g.H + 2 * oh) * g.W;
           const V* r1 = r0 + g.W;
@@ -115,9 +116,10 @@ class PoolMath<CPUDevice, T> {
               o[ow] = (((V(0) + r0[2 * ow]) + r0[2 * ow + 1]) + r1[2 * ow] + r1[2 * ow + 1]) / V(4);
           }
         }
+      });
       return;
     }
-    for (int64_t c = 0; c < g.planes; ++c) {
+    ForPlanes(g, [&](int64_t c) {
       const V* xp = xd + c * g.H * g.W;
       V* op = od + c * g.Ho * g.Wo;
       for (int64_t oh = 0; oh < g.Ho; ++oh) {
@@ -142,16 +144,16 @@ class PoolMath<CPUDevice, T> {
           op[oh * g.Wo + ow] = acc;
         }
       }
-    }
+    });
   }
 
   template <typename V>
-  void GradLoops(const PoolGeom& g, const V* xd, const V* od, const V* gd, V* dxd,
-                 int64_t dx_numel) const {
+  void GradLoops(const PoolGeom& g, const V* xd, const V* od, const V* gd, V* dxd) const {
     if (Is2x2Tiling(g)) {
       // Every covered element is written once; only a leftover odd row or column needs zeros.
-      if (2 * g.Ho != g.H || 2 * g.Wo != g.W) std::fill(dxd, dxd + dx_numel, V(0));
-      for (int64_t c = 0; c < g.planes; ++c)
+      const bool leftover = 2 * g.Ho != g.H || 2 * g.Wo != g.W;
+      ForPlanes(g, [&](int64_t c) {
+        if (leftover) std::fill(dxd + c * g.H * g.W, dxd + (c + 1) * g.H * g.W, V(0));
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           const int64_t r = (c * g.H + 2 * oh) * g.W;
           const V* x0 = xd + r;
@@ -178,12 +180,13 @@ class PoolMath<CPUDevice, T> {
             }
           }
         }
+      });
       return;
     }
-    std::fill(dxd, dxd + dx_numel, V(0));
-    for (int64_t c = 0; c < g.planes; ++c) {
+    ForPlanes(g, [&](int64_t c) {
       const V* xp = xd + c * g.H * g.W;
       V* dp = dxd + c * g.H * g.W;
+      std::fill(dp, dp + g.H * g.W, V(0));
       const int64_t o0 = c * g.Ho * g.Wo;
       for (int64_t oh = 0; oh < g.Ho; ++oh) {
         const Span h = Clip(oh, g.sh, g.ph, g.kh, g.H);
@@ -209,7 +212,19 @@ class PoolMath<CPUDevice, T> {
           }
         }
       }
-    }
+    });
+  }
+
+  // fn(c) for every (sample, channel) plane, in pieces of whole planes on the thread budget, cut
+  // by the shape only: a plane's windows read and write that plane alone, so the values are the
+  // one-thread loop's.
+  template <typename Fn>
+  static void ForPlanes(const PoolGeom& g, const Fn& fn) {
+    const int64_t grain =
+        std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, g.H * g.W));
+    cpu_threads::ParallelForRange(g.planes, grain, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) fn(c);
+    });
   }
 
   static void Widened(const Tensor& t, ScratchVector<float>* v) {

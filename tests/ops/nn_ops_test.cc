@@ -14,6 +14,7 @@
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "framework/runtime/cpu_threads.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 
@@ -150,6 +151,40 @@ TEST(Pool2DOp, MaxGradGoesToTheFirstOfTiedMaxima) {
     gc.inputs = {{"X", {x}}, {"Out", {out}}, {GradVarName("Out"), {ones}}};
     gc.outputs = {{GradVarName("X"), 1}};
     EXPECT_EQ(ToDouble(RunForward(gc)[GradVarName("X")][0]), want) << name;
+  }
+}
+
+// Planes run in pieces on the thread budget: forward and gradient are the same bits on one thread
+// and on three, on the 2x2 path (with an odd leftover row and column) and the general one, with
+// enough planes for several pieces (512 planes of 29 x 29: 4; of 20 x 20: 2).
+TEST(Pool2DOp, PlanesInPiecesGiveTheSameBitsOnAnyThreadCount) {
+  const PoolParams cases[] = {
+      {"max_2x2_odd", {32, 16, 29, 29}, "max", {2, 2}, {2, 2}, {0, 0}, false, false, true},
+      {"avg_3x3_s1", {32, 16, 20, 20}, "avg", {3, 3}, {1, 1}, {1, 1}, false, false, true},
+  };
+  for (const auto& p : cases) {
+    SCOPED_TRACE(p.name);
+    OpCase c = PoolCase(p, DType::kFloat32);
+    const PoolDims g = PoolGeometry(p);
+    OpCase gc = c;
+    gc.type = "pool2d_grad";
+    gc.inputs.push_back({"Out", {}});
+    gc.outputs = {{GradVarName("X"), 1}};
+    std::vector<std::vector<float>> got;
+    for (int threads : {1, 3}) {
+      cpu_threads::SetBudget(threads);
+      const Tensor out = RunForward(c)["Out"][0];
+      gc.inputs.back().second = {out};
+      gc.inputs.push_back(
+          {GradVarName("Out"),
+           {RandomTensor({p.x[0], p.x[1], g.Ho, g.Wo}, DType::kFloat32, -1, 1, 7)}});
+      const Tensor dx = RunForward(gc)[GradVarName("X")][0];
+      gc.inputs.pop_back();
+      got.push_back(std::vector<float>(out.data<float>(), out.data<float>() + out.numel()));
+      got.back().insert(got.back().end(), dx.data<float>(), dx.data<float>() + dx.numel());
+    }
+    cpu_threads::SetBudget(1);
+    EXPECT_EQ(got[0], got[1]);
   }
 }
 
