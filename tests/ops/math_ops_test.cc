@@ -229,6 +229,8 @@ const ElementwiseParams kElementwiseCases[] = {
     {"bias_axis_minus1", {4, 5}, {5}, -1},
     {"bias_axis_1", {4, 5}, {5}, 1},
     {"channel_nchw", {2, 3, 2, 2}, {3}, 1},
+    // 35 values per (sample, channel): Y's gradient sums 16 lanes twice, then a tail of 3.
+    {"channel_nchw_wide", {2, 3, 5, 7}, {3}, 1},
     {"middle_2d", {2, 3, 4, 2}, {3, 4}, 1},
     {"trailing_one_trimmed", {2, 3, 4}, {3, 1}, 1},
     {"scalar_y", {2, 3}, {1}, -1},
