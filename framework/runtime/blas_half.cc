@@ -128,7 +128,8 @@ void* Scratch(size_t bytes) {
 
 template <typename T, typename TC>
 Key MakeKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-            int64_t ldc, float alpha, float beta) {
+            int64_t ldc, float alpha, float beta, int64_t batch = 1, int64_t sa = 0, int64_t sb = 0,
+            int64_t sc = 0) {
   return Key{ta,
              tb,
              M,
@@ -141,10 +142,10 @@ Key MakeKey(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int6
              static_cast<int>(DataType<TC>()),
              alpha,
              beta,
-             1,
-             0,
-             0,
-             0};
+             batch,
+             sa,
+             sb,
+             sc};
 }
 
 // A plan's primitive on the calling thread (one OpenMP thread), over A, B and C.
@@ -250,7 +251,18 @@ Key PieceKey(const Cut& cut, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
                      : MakeKey<T, TC>(ta, tb, n, N, K, ta ? n : K, tb ? K : N, N, alpha, beta);
 }
 
-// oneDNN's implementation for every piece of the cut, or "" where one has none of its own.
+// Whether oneDNN has a kernel of its own for every piece of the cut (a full one and the last).
+template <typename T, typename TC>
+bool PiecesNative(const Cut& cut, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+                  int64_t ldb, int64_t ldc, float alpha, float beta) {
+  for (const int64_t n : {cut.step, cut.last()}) {
+    if (!GetPlan(PieceKey<T, TC>(cut, ta, tb, M, N, K, lda, ldb, ldc, n, alpha, beta)).native)
+      return false;
+  }
+  return true;
+}
+
+// Those pieces' implementation names, or "" where one has none of its own (tests and logs).
 template <typename T, typename TC>
 std::string PiecesImpl(const Cut& cut, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                        int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta) {
@@ -270,7 +282,7 @@ void HalfGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   if (M == 0 || N == 0) return;
   KEEL_ENFORCE(K > 0, "16-bit GEMM of ", M, "x", N, "x", K, ": K must be positive");
   const Cut cut(ta, tb, M, N, K, lda, ldb, ldc);
-  if (PiecesImpl<T, TC>(cut, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta).empty())
+  if (!PiecesNative<T, TC>(cut, ta, tb, M, N, K, lda, ldb, ldc, alpha, beta))
     return RunWidened(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (cut.pieces == 1) return RunNative(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const bool split_n = cut.split_n;
@@ -339,25 +351,16 @@ void GemmBatchedImpl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   // Runs of `per` matrices and a last one of `last` (there may be fewer than `runs`: 17 in 8 runs
   // are 6 runs, the last of 2).
   const int64_t per = (batch + runs - 1) / runs, last = batch - (batch - 1) / per * per;
+  // A run of n matrices' key (one matrix: the single GEMM's).
   auto key = [&](int64_t n) {
-    Key k = MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta);
-    std::get<12>(k) = n;
-    std::get<13>(k) = sa;
-    std::get<14>(k) = sb;
-    std::get<15>(k) = sc;
-    return k;
+    return n > 1 ? MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, n, sa, sb, sc)
+                 : MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta);
   };
   for (const int64_t n : {per, last}) {
-    if (!GetPlan(n > 1 ? key(n) : MakeKey<T, TC>(ta, tb, M, N, K, lda, ldb, ldc, alpha, beta))
-             .native)
-      return one_by_one();
+    if (!GetPlan(key(n)).native) return one_by_one();
   }
   cpu_threads::ParallelFor((batch + per - 1) / per, [&](int64_t r) {
     const int64_t b0 = r * per, n = std::min(per, batch - b0);
-    if (n == 1) {
-      return RunNative(ta, tb, M, N, K, alpha, A + b0 * sa, lda, B + b0 * sb, ldb, beta,
-                       C + b0 * sc, ldc);
-    }
     Execute(GetPlan(key(n)), A + b0 * sa, B + b0 * sb, C + b0 * sc);
   });
 }
