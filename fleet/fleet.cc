@@ -613,6 +613,12 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
       CheckProgramsMatch(*ForComparison(main, false), "main program");
       CheckProgramsMatch(*ForComparison(*startup, true), "startup program");
     }
+  } else {
+    // One worker: AMP O1's kept weight copies are the only pass (their copies, pass-made, are
+    // not in checkpoints and are made again from the weights after a load).
+    std::set<std::string> before = PersistableNames(main);
+    fleet::TranspileCollective(main, *startup, strategy_, r);
+    RecordPassMadeVars(before, main, *startup);
   }
   State().main = &main;
   State().startup = startup;

@@ -1,5 +1,6 @@
 #include "fleet/transpile.h"
 
+#include "transpiler/amp_weight_copy_pass.h"
 #include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
@@ -146,9 +147,23 @@ void TranspileParameterServer(Program& main, Program& startup, const Distributed
   transpiler::ParameterServerPass(o).Apply(main, startup);
 }
 
+namespace {
+// AMP O1's weight casts kept from step to step (transpiler/amp_weight_copy_pass.h). Only where
+// each parameter's update is its own plain op: sharding, LocalSGD, pipelines and tensor
+// parallelism have layouts and checkpoints of their own that know the parameters' updates (the
+// pass would find nothing to do under sharding and LocalSGD anyway: other ops write the weights).
+void CopyLowWeights(Program& main, Program& startup, const DistributedStrategy& strategy) {
+  if (strategy.amp && strategy.amp_configs.level == "O1")
+    transpiler::AmpWeightCopyPass().Apply(main, startup);
+}
+}  // namespace
+
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes, ShardedStateOwners* owners) {
-  if (role.world_size <= 1) return;
+  if (role.world_size <= 1) {
+    CopyLowWeights(main, startup, strategy);
+    return;
+  }
   const Topology topo = TopologyFor(strategy, role);
   // Pipeline first: the data-parallel passes then see this stage's program only (and all-reduce
   // or reduce-scatter its gradient accumulators once per mini-batch). Each rank creates the
@@ -174,6 +189,7 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
   } else {
     transpiler::GradAllReducePass(GradAllReduceOptionsFor(strategy, role, group_bytes))
         .Apply(main, startup);
+    if (topo.pp_degree() == 1 && topo.tp_degree() == 1) CopyLowWeights(main, startup, strategy);
     // One optimizer op per fused gradient group (one CUDA launch each); none without fusion.
     transpiler::MergeOptimizerOpsPass().Apply(main, startup);
   }

@@ -74,8 +74,10 @@ struct ShardedStateOwners {
   std::map<std::string, int> index;
   int my_index = 0;
 };
-// Step 2: the data-parallel passes (nothing with one worker). With `owners` and sharding on, it
-// receives the owners of the state (nothing otherwise).
+// Step 2: the data-parallel passes, then, under AMP O1, AmpWeightCopyPass where the updates are
+// plain (one worker, or the all-reduce of data parallelism without a pipeline or tensor
+// parallelism: transpiler/amp_weight_copy_pass.h). With `owners` and sharding on, it receives the
+// owners of the state (nothing otherwise).
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
                          const Role& role, double group_bytes = 0,
                          ShardedStateOwners* owners = nullptr);

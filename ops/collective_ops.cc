@@ -214,13 +214,15 @@ KEEL_REGISTER_COLLECTIVE_KERNEL(c_barrier, BarrierKernel, float);
 // On the compute side (no RunsOnRing): the edge from it to the collective after it is where the
 // ring waits for compute.
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_calc_stream =
-    Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)");
+    Collective("c_sync_calc_stream", "Orders the ring's stream after the compute stream (X)")
+        .OnlyOrders();
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_calc_stream, StreamSyncKernel, float, double, int32_t,
                                 int64_t, float16, bfloat16);
 
 [[maybe_unused]] static OpSchema& keel_schema_c_sync_comm_stream =
     Collective("c_sync_comm_stream", "Orders the compute stream after ring_id's stream (X)")
-        .RunsOnRing();  // completes when the ring's earlier work has: what later ops wait for
+        .RunsOnRing()  // completes when the ring's earlier work has: what later ops wait for
+        .OnlyOrders();
 KEEL_REGISTER_COLLECTIVE_KERNEL(c_sync_comm_stream, StreamSyncKernel, float, double, int32_t,
                                 int64_t, float16, bfloat16);
 

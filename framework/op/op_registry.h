@@ -99,6 +99,9 @@ struct OpTraits {
   // allows it: neither var persistable nor data, each written by exactly one op of the program,
   // so neither changes while the other is read. The kernel asks ExecutionContext::MayShare.
   std::vector<std::pair<std::string, std::string>> may_share;
+  // Reads X and writes Out = X only to order itself (a stream sync, a barrier): its kernel leaves
+  // the values alone, so a pass may point it at another var of the same writer.
+  bool only_orders = false;
 };
 
 class OpSchema {
@@ -196,6 +199,10 @@ class OpSchema {
   }
   OpSchema& OneProcessForm(std::string type) {
     traits_.one_process_form = std::move(type);
+    return *this;
+  }
+  OpSchema& OnlyOrders() {
+    traits_.only_orders = true;
     return *this;
   }
   OpSchema& MayShareBuffer(std::string out_slot, std::string in_slot) {

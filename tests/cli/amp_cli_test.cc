@@ -6,8 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "framework/io/checkpoint.h"
+#include "framework/io/safetensors.h"
 #include "tests/util/subprocess.h"
 
 namespace keel::testing {
@@ -26,6 +32,62 @@ TEST(KeelTrainAmp, Bf16AndFp16TrainTheMlpAndReachTheStrategy) {
     EXPECT_EQ(r.output.find("loss nan"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("loss -nan"), std::string::npos) << r.output;
   }
+}
+
+// The losses keel train printed ("step N loss X"), in order.
+std::vector<std::string> Losses(const std::string& out) {
+  std::vector<std::string> losses;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("step ", 0) == 0 && line.find(" loss ") != std::string::npos)
+      losses.push_back(line.substr(0, line.find(" samples")));
+  return losses;
+}
+
+// --amp=bf16 (O1) keeps each weight's bfloat16 copy from step to step
+// (transpiler/amp_weight_copy_pass.h). The copies are made by the pass: checkpoints hold the
+// float32 weights only, as O1's always did, and a resume makes the copies again from the loaded
+// weights. 4 steps + a checkpoint + a resumed run to step 8 equal 8 steps in one go, losses and
+// every saved tensor bit for bit (fails when the resumed run keeps copies of the initial weights);
+// a float32 checkpoint resumes under O1.
+TEST(KeelTrainAmp, O1ResumesBitForBitWithoutCheckpointingTheWeightCopies) {
+  const std::string dir = MakeTempDir();
+  const std::string base = Keel() + " train --model=mlp --mlp_hidden=64 --seed=3 " +
+                           "--fetch_frequency=1 --cpu_math_threads=1 --amp=bf16";
+  auto whole = RunCommand(base + " --steps=8 --save_dir=" + dir + "/whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  auto half = RunCommand(base + " --steps=4 --save_dir=" + dir + "/half");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  auto resumed =
+      RunCommand(base + " --steps=8 --load_dir=" + dir + "/half --save_dir=" + dir + "/resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<std::string> lw = Losses(whole.output), lr = Losses(resumed.output);
+  ASSERT_EQ(lw.size(), 8u) << whole.output;
+  ASSERT_EQ(lr.size(), 4u) << resumed.output;
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(lr[k], lw[4 + k]);
+  const NamedTensors saved = LoadSafetensors(dir + "/half/" + kPersistablesFile);
+  bool has_weight = false;
+  for (const auto& [name, t] : saved) {
+    EXPECT_EQ(name.find(".cast_bf16"), std::string::npos) << name;
+    if (name == "fc_0.w_0") has_weight = t.dtype() == DType::kFloat32;
+  }
+  EXPECT_TRUE(has_weight);
+  const NamedTensors a = LoadSafetensors(dir + "/whole/" + kPersistablesFile);
+  const NamedTensors b = LoadSafetensors(dir + "/resumed/" + kPersistablesFile);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_EQ(a[k].first, b[k].first);
+    ASSERT_EQ(a[k].second.nbytes(), b[k].second.nbytes()) << a[k].first;
+    EXPECT_EQ(std::memcmp(a[k].second.raw_data(), b[k].second.raw_data(), a[k].second.nbytes()), 0)
+        << a[k].first;
+  }
+  const std::string f32 = Keel() + " train --model=mlp --mlp_hidden=64 --seed=3 --steps=4";
+  ASSERT_EQ(RunCommand(f32 + " --save_dir=" + dir + "/f32").exit_code, 0);
+  auto from_f32 = RunCommand(base + " --steps=5 --load_dir=" + dir + "/f32");
+  ASSERT_EQ(from_f32.exit_code, 0) << from_f32.output;
+  EXPECT_EQ(Losses(from_f32.output).size(), 1u) << from_f32.output;
+  RunCommand("rm -rf " + dir);
 }
 
 // --logdir with --amp=fp16: amp/loss_scale and amp/skipped_steps at every fetched step, read back

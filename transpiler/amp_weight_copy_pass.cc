@@ -1,0 +1,185 @@
+#include "transpiler/amp_weight_copy_pass.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "framework/op/op_registry.h"
+
+namespace keel {
+namespace transpiler {
+namespace {
+
+// An op of the program: its block and index there.
+struct At {
+  int block;
+  size_t index;
+  bool operator==(const At& o) const { return block == o.block && index == o.index; }
+};
+
+// Every op that reads, and every op that writes, each var, over all blocks.
+struct Uses {
+  std::map<std::string, std::vector<At>> readers, writers;
+  const std::vector<At>& Readers(const std::string& v) const { return Of(readers, v); }
+  const std::vector<At>& Writers(const std::string& v) const { return Of(writers, v); }
+
+ private:
+  static const std::vector<At>& Of(const std::map<std::string, std::vector<At>>& m,
+                                   const std::string& v) {
+    static const std::vector<At> none;
+    auto it = m.find(v);
+    return it == m.end() ? none : it->second;
+  }
+};
+
+Uses Collect(const Program& program) {
+  Uses u;
+  for (int b = 0; b < program.num_blocks(); ++b) {
+    const Block& block = program.block(b);
+    for (size_t i = 0; i < block.num_ops(); ++i) {
+      for (const std::string& v : block.op(i)->InputArgumentNames()) u.readers[v].push_back({b, i});
+      for (const std::string& v : block.op(i)->OutputArgumentNames())
+        u.writers[v].push_back({b, i});
+    }
+  }
+  return u;
+}
+
+bool IsLow(DType t) { return t == DType::kBFloat16 || t == DType::kFloat16; }
+
+bool Single(const std::vector<std::string>& args, const std::string& v) {
+  return args.size() == 1 && args[0] == v;
+}
+
+// One weight's rewrite: its update, forward cast and gradient cast (global block indices).
+struct Copy {
+  size_t update, cast, cast_grad;
+  std::string w, c, g, gc;
+  std::vector<size_t> orders;  // ops that only order themselves after g's writer
+};
+
+// The rewrite of the update at `u`, when the header's conditions hold.
+std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, size_t u) {
+  const OpDesc& update = *block.op(u);
+  const OpSchema* schema = OpRegistry::Find(update.type());
+  if (schema == nullptr || schema->FindInput("MasterParam") == nullptr) return std::nullopt;
+  if (!update.Input("MasterParam").empty() || update.Input("Param").size() != 1 ||
+      update.Input("Grad").size() != 1)
+    return std::nullopt;
+  Copy p;
+  p.update = u;
+  p.w = update.Input("Param")[0];
+  p.g = update.Input("Grad")[0];
+  const VarDesc* w = block.FindVar(p.w);
+  if (w == nullptr || !w->persistable() || w->dtype() != DType::kFloat32 ||
+      !Single(update.Output("ParamOut"), p.w) || sb.FindVar(p.w) == nullptr)
+    return std::nullopt;
+  const At here{0, u};
+  if (uses.Writers(p.w) != std::vector<At>{here}) return std::nullopt;
+  // g: written by one cast_grad gc -> g before U (and rewritten in place by ops that only
+  // order); read by U and those ops.
+  auto only_orders = [&](const At& at) {
+    if (at.block != 0) return false;
+    const OpDesc& op = *block.op(at.index);
+    return OpRegistry::Traits(op.type()).only_orders && Single(op.Input("X"), p.g) &&
+           Single(op.Output("Out"), p.g);
+  };
+  std::vector<At> gw;
+  for (const At& wr : uses.Writers(p.g))
+    if (!only_orders(wr)) gw.push_back(wr);
+  if (gw.size() != 1 || gw[0].block != 0 || gw[0].index >= u) return std::nullopt;
+  p.cast_grad = gw[0].index;
+  const OpDesc& b = *block.op(p.cast_grad);
+  if (b.type() != "cast_grad" || b.Input(GradVarName("Out")).size() != 1 ||
+      !Single(b.Output(GradVarName("X")), p.g))
+    return std::nullopt;
+  p.gc = b.Input(GradVarName("Out"))[0];
+  for (const At& r : uses.Readers(p.g)) {
+    if (r == here) continue;
+    if (!only_orders(r)) return std::nullopt;
+    p.orders.push_back(r.index);
+  }
+  // w: read by U, B (when it kept X for the dtype) and one forward cast w -> c.
+  bool found_cast = false;
+  for (const At& r : uses.Readers(p.w)) {
+    if (r == here || r == At{0, p.cast_grad}) continue;  // B kept X for its dtype
+    if (found_cast || r.block != 0) return std::nullopt;
+    const OpDesc& op = *block.op(r.index);
+    if (op.type() != "cast" || !Single(op.Input("X"), p.w) || op.Output("Out").size() != 1)
+      return std::nullopt;
+    p.cast = r.index;
+    p.c = op.Output("Out")[0];
+    found_cast = true;
+  }
+  if (!found_cast || p.cast >= u) return std::nullopt;
+  const VarDesc* c = block.FindVar(p.c);
+  const VarDesc* gc = block.FindVar(p.gc);
+  if (c == nullptr || gc == nullptr || c->persistable() || !IsLow(c->dtype()) ||
+      gc->dtype() != c->dtype() || sb.FindVar(p.c) != nullptr)
+    return std::nullopt;
+  if (uses.Writers(p.c) != std::vector<At>{At{0, p.cast}}) return std::nullopt;
+  for (const At& r : uses.Readers(p.c))
+    if (r.block != 0 || r.index >= u) return std::nullopt;
+  // gc keeps, from B to U, the value B read.
+  for (const At& wr : uses.Writers(p.gc))
+    if (wr.block != 0 || (wr.index > p.cast_grad && wr.index < u)) return std::nullopt;
+  return p;
+}
+
+}  // namespace
+
+void AmpWeightCopyPass::Apply(Program& main, Program& startup) const {
+  Block& block = main.global_block();
+  Block& sb = startup.global_block();
+  const Uses uses = Collect(main);
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < block.num_ops(); ++i)
+    if (std::optional<Copy> p = Plan(block, sb, uses, i)) copies.push_back(std::move(*p));
+  copied_.clear();
+  std::vector<size_t> drop;
+  for (const Copy& p : copies) {
+    OpDesc* u = block.op(p.update);
+    u->SetInput("Param", {p.c});
+    u->SetOutput("ParamOut", {p.c});
+    u->SetInput("Grad", {p.gc});
+    u->SetInput("MasterParam", {p.w});
+    u->SetOutput("MasterParamOut", {p.w});
+    if (u->HasAttr(kOpRoleVarAttr)) u->SetAttr(kOpRoleVarAttr, std::vector<std::string>{p.c, p.gc});
+    for (size_t k : p.orders) {
+      block.op(k)->RenameInput(p.g, p.gc);
+      block.op(k)->RenameOutput(p.g, p.gc);
+    }
+    drop.push_back(p.cast);
+    drop.push_back(p.cast_grad);
+    copied_.push_back(p.w);
+  }
+  std::sort(drop.begin(), drop.end());
+  for (size_t k = drop.size(); k-- > 0;) block.RemoveOp(drop[k]);
+  for (const Copy& p : copies) {
+    block.RemoveVar(p.g);
+    VarDesc* c = block.MustFindVar(p.c);
+    c->set_persistable(true);
+    c->set_stop_gradient(true);
+    VarDesc* sc = sb.Var(p.c);
+    sc->set_shape(c->shape());
+    sc->set_dtype(c->dtype());
+    sc->set_persistable(true);
+    sc->set_stop_gradient(true);
+    OpDesc* cast = sb.AppendOp("cast");
+    cast->SetInput("X", {p.w});
+    cast->SetOutput("Out", {p.c});
+    cast->SetAttr("in_dtype", static_cast<int>(DType::kFloat32));
+    cast->SetAttr("out_dtype", static_cast<int>(c->dtype()));
+    cast->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+    InferShapeAtBuild(cast, &sb);
+  }
+  if (!copies.empty()) {
+    main.Touch();
+    startup.Touch();
+  }
+}
+
+}  // namespace transpiler
+}  // namespace keel
