@@ -29,6 +29,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/profiler/profiler.h"
 #include "framework/ps/ps_transport.h"
+#include "transpiler/amp_weight_copy_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/local_sgd_pass.h"
 #include "transpiler/ps_pass.h"
@@ -620,6 +621,11 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
     fleet::TranspileCollective(main, *startup, strategy_, r);
     RecordPassMadeVars(before, main, *startup);
   }
+  // A weight given a kept 16-bit copy (AMP O1) has no float32 gradient var any more: its copy's
+  // gradient, which the update reads, stands for it.
+  for (const transpiler::WeightCopy& wc : transpiler::FindWeightCopies(main))
+    for (ParamGrad& p : pg)
+      if (p.first == wc.weight) p.second = wc.grad;
   State().main = &main;
   State().startup = startup;
   AttachExecutionStrategy(main, strategy_.exec_strategy);  // the executor running main uses it
@@ -790,8 +796,12 @@ void save_inference_model(Executor& exe, const std::string& dirname,
                "the trainers)");
   if (!IsModelParallel(p)) {
     // Rank 0, or in parameter-server mode trainer 0 (its parameters are the servers' values).
-    if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0))
-      keel::save_inference_model(dirname, feeds, targets, exe, p);
+    if (!initialized() || (role().is_ps() ? role().trainer_id() == 0 : role().rank == 0)) {
+      // AMP O1's kept weight copies: the model reads the float32 weights through casts again.
+      std::unique_ptr<Program> restored = p.Clone();
+      transpiler::RestoreWeightCasts(*restored);
+      keel::save_inference_model(dirname, feeds, targets, exe, *restored);
+    }
     return;
   }
   CheckpointOnRankZero gathered(exe, p);

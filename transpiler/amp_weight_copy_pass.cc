@@ -121,14 +121,60 @@ std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, 
     return std::nullopt;
   if (uses.Writers(p.c) != std::vector<At>{At{0, p.cast}}) return std::nullopt;
   for (const At& r : uses.Readers(p.c))
-    if (r.block != 0 || r.index >= u) return std::nullopt;
-  // gc keeps, from B to U, the value B read.
-  for (const At& wr : uses.Writers(p.gc))
-    if (wr.block != 0 || (wr.index > p.cast_grad && wr.index < u)) return std::nullopt;
+    if (r.block != 0 || r.index <= p.cast || r.index >= u) return std::nullopt;
+  // gc keeps, from B to U, the value B read: nothing writes it there, nor a fused buffer it is a
+  // slice of (coalesce_tensor's FusedOutput: an all-reduce of the buffer writes its slices).
+  std::vector<std::string> holders = {p.gc};
+  for (size_t i = 0; i < block.num_ops(); ++i) {
+    const OpDesc& op = *block.op(i);
+    const OpTraits& t = OpRegistry::Traits(op.type());
+    if (t.slices_slot.empty()) continue;
+    const std::vector<std::string>& slices = op.Output(t.slices_slot);
+    if (std::find(slices.begin(), slices.end(), p.gc) == slices.end()) continue;
+    for (const std::string& fused : op.Output(t.fused_slot)) holders.push_back(fused);
+  }
+  for (const std::string& h : holders)
+    for (const At& wr : uses.Writers(h))
+      if (wr.block != 0 || (wr.index > p.cast_grad && wr.index < u)) return std::nullopt;
   return p;
 }
 
 }  // namespace
+
+std::vector<WeightCopy> FindWeightCopies(const Program& main) {
+  std::vector<WeightCopy> copies;
+  const Block& block = main.global_block();
+  for (size_t i = 0; i < block.num_ops(); ++i) {
+    const OpDesc& op = *block.op(i);
+    const std::vector<std::string>& master = op.Input("MasterParam");
+    if (master.size() != 1 || op.Input("Param").size() != 1 || op.Input("Grad").size() != 1)
+      continue;
+    const VarDesc* w = block.FindVar(master[0]);
+    if (w == nullptr || !w->is_parameter()) continue;  // O2's masters are not parameters
+    copies.push_back({master[0], op.Input("Param")[0], op.Input("Grad")[0]});
+  }
+  return copies;
+}
+
+void RestoreWeightCasts(Program& program) {
+  Block& block = program.global_block();
+  for (const WeightCopy& wc : FindWeightCopies(program)) {
+    VarDesc* c = block.MustFindVar(wc.copy);
+    c->set_persistable(false);
+    size_t first = block.num_ops();
+    for (size_t i = 0; i < block.num_ops() && first == block.num_ops(); ++i) {
+      const std::vector<std::string> in = block.op(i)->InputArgumentNames();
+      if (std::find(in.begin(), in.end(), wc.copy) != in.end()) first = i;
+    }
+    OpDesc* cast = block.InsertOp(first, "cast");
+    cast->SetInput("X", {wc.weight});
+    cast->SetOutput("Out", {wc.copy});
+    cast->SetAttr("in_dtype", static_cast<int>(DType::kFloat32));
+    cast->SetAttr("out_dtype", static_cast<int>(c->dtype()));
+    cast->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kForward));
+  }
+  program.Touch();
+}
 
 void AmpWeightCopyPass::Apply(Program& main, Program& startup) const {
   Block& block = main.global_block();

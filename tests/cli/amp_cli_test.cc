@@ -55,7 +55,8 @@ TEST(KeelTrainAmp, O1ResumesBitForBitWithoutCheckpointingTheWeightCopies) {
   const std::string dir = MakeTempDir();
   const std::string base = Keel() + " train --model=mlp --mlp_hidden=64 --seed=3 " +
                            "--fetch_frequency=1 --cpu_math_threads=1 --amp=bf16";
-  auto whole = RunCommand(base + " --steps=8 --save_dir=" + dir + "/whole");
+  auto whole = RunCommand(base + " --steps=8 --save_dir=" + dir +
+                          "/whole --save_inference_dir=" + dir + "/infer");
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   auto half = RunCommand(base + " --steps=4 --save_dir=" + dir + "/half");
   ASSERT_EQ(half.exit_code, 0) << half.output;
@@ -82,6 +83,19 @@ TEST(KeelTrainAmp, O1ResumesBitForBitWithoutCheckpointingTheWeightCopies) {
     EXPECT_EQ(std::memcmp(a[k].second.raw_data(), b[k].second.raw_data(), a[k].second.nbytes()), 0)
         << a[k].first;
   }
+  // The inference model reads the float32 weights (through its casts), not the copies.
+  const NamedTensors infer = LoadSafetensors(dir + "/infer/" + kParamsFile);
+  bool infer_weight = false;
+  for (const auto& [name, t] : infer) {
+    EXPECT_EQ(name.find(".cast_bf16"), std::string::npos) << name;
+    if (name == "fc_0.w_0") infer_weight = t.dtype() == DType::kFloat32;
+  }
+  EXPECT_TRUE(infer_weight);
+  // The copies are in use: keel inspect shows updates writing them beside their weights.
+  auto program = RunCommand(Keel() + " inspect --strategy --model=mlp --mlp_hidden=64 " +
+                            "--program=main --amp=bf16");
+  ASSERT_EQ(program.exit_code, 0) << program.output;
+  EXPECT_NE(program.output.find("MasterParam: fc_0.w_0)"), std::string::npos) << program.output;
   const std::string f32 = Keel() + " train --model=mlp --mlp_hidden=64 --seed=3 --steps=4";
   ASSERT_EQ(RunCommand(f32 + " --save_dir=" + dir + "/f32").exit_code, 0);
   auto from_f32 = RunCommand(base + " --steps=5 --load_dir=" + dir + "/f32");

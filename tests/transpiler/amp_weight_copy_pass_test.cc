@@ -24,6 +24,7 @@
 #include "tests/util/golden.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "transpiler/amp_weight_copy_pass.h"
+#include "transpiler/grad_allreduce_pass.h"
 
 namespace keel {
 namespace {
@@ -98,12 +99,30 @@ TEST(AmpWeightCopy, MlpSgdProgramsMatchGolden) {
   // No cast of a weight, no cast_grad: the layer norm's parameters, read in float32, keep their
   // plain updates.
   for (auto& op : b.ops()) {
-    if (op->type() == "cast") EXPECT_EQ(op->Input("X")[0].find(".w_0"), std::string::npos);
-    if (op->type() == "cast_grad")
+    if (op->type() == "cast") {
+      EXPECT_EQ(op->Input("X")[0].find(".w_0"), std::string::npos);
+    }
+    if (op->type() == "cast_grad") {
       EXPECT_EQ(op->Output("X@GRAD")[0].find(".w_0"), std::string::npos) << op->ToText();
-    if (op->type() == "sgd" && op->Input("Param")[0].rfind("layer_norm", 0) == 0)
+    }
+    if (op->type() == "sgd" && op->Input("Param")[0].rfind("layer_norm", 0) == 0) {
       EXPECT_TRUE(op->Input("MasterParam").empty()) << op->ToText();
+    }
   }
+  // What fleet reads back from the rewritten program, and the casts an inference export restores.
+  const std::vector<transpiler::WeightCopy> found = transpiler::FindWeightCopies(m.main);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[0].weight, "fc_0.w_0");
+  EXPECT_EQ(found[0].copy, "fc_0.w_0.cast_bf16");
+  EXPECT_EQ(found[0].grad, "fc_0.w_0.cast_bf16@GRAD");
+  std::unique_ptr<Program> restored = m.main.Clone();
+  transpiler::RestoreWeightCasts(*restored);
+  const Block& rb = restored->global_block();
+  EXPECT_FALSE(rb.MustFindVar("fc_0.w_0.cast_bf16")->persistable());
+  ASSERT_EQ(rb.op(0)->type(), "cast");
+  EXPECT_EQ(rb.op(0)->Input("X")[0], "x");  // the input's cast stays first
+  EXPECT_EQ(rb.op(1)->type(), "cast");
+  EXPECT_EQ(rb.op(1)->Input("X")[0], "fc_0.w_0");
   // Applied again it finds nothing (its own output is not matched).
   Model again;
   Build(again, optimizer::SGD(0.1f), O1());
@@ -237,6 +256,40 @@ TEST(AmpWeightCopy, LeavesAloneWeightsOtherOpsTouch) {
   }
 }
 
+// A write to the fused gradient buffer between the casts back and the updates (here a scale of
+// the whole buffer, as an unscale or a clip of it would be) changes the copies' gradients that
+// the updates would read: no weight of that buffer gets a copy. Fails when the pass checks only
+// the slices' own names.
+TEST(AmpWeightCopy, AWriteToTheFusedBufferBeforeTheUpdatesKeepsTheCasts) {
+  Model m;
+  Build(m, optimizer::SGD(0.1f), O1());
+  fleet::DistributedStrategy s;
+  s.amp = true;
+  s.amp_configs = O1();
+  s.fuse_all_reduce_ops = true;
+  const fleet::Role role = testing::TwoOfFour();
+  transpiler::GradAllReducePass(fleet::GradAllReduceOptionsFor(s, role)).Apply(m.main, m.startup);
+  Block& b = m.main.global_block();
+  size_t first_update = b.num_ops();
+  std::vector<std::string> fused;  // every fused buffer (the 16-bit and the float32 group)
+  for (size_t i = 0; i < b.num_ops(); ++i) {
+    if (b.op(i)->type() == "coalesce_tensor") fused.push_back(b.op(i)->Output("FusedOutput")[0]);
+    if (b.op(i)->type() == "sgd" && first_update == b.num_ops()) first_update = i;
+  }
+  ASSERT_FALSE(fused.empty());
+  ASSERT_LT(first_update, b.num_ops());
+  for (const std::string& f : fused) {
+    OpDesc* scale = b.InsertOp(first_update, "scale");
+    scale->SetInput("X", {f});
+    scale->SetOutput("Out", {f});
+    scale->SetAttr("scale", 0.5f);
+    scale->SetAttr(kOpRoleAttr, static_cast<int>(OpRole::kOptimize));
+  }
+  transpiler::AmpWeightCopyPass pass;
+  pass.Apply(m.main, m.startup);
+  EXPECT_TRUE(pass.copied().empty());
+}
+
 // Data parallel: startup makes each copy after rank 0's broadcast of its weight, so that every
 // rank's copy is rank 0's weight rounded; the stream sync before the updates waits on the
 // all-reduced 16-bit gradient the updates read.
@@ -261,10 +314,12 @@ TEST(AmpWeightCopy, DataParallelStartupCopiesTheBroadcastWeights) {
   }
   const Block& b = m.main.global_block();
   for (auto& op : b.ops()) {
-    if (op->type() == "c_sync_comm_stream")
+    if (op->type() == "c_sync_comm_stream") {
       EXPECT_EQ(b.MustFindVar(op->Input("X")[0])->dtype(), DType::kBFloat16) << op->ToText();
-    if (op->type() == "sgd" && !op->Input("MasterParam").empty())
+    }
+    if (op->type() == "sgd" && !op->Input("MasterParam").empty()) {
       EXPECT_EQ(b.MustFindVar(op->Input("Grad")[0])->dtype(), DType::kBFloat16) << op->ToText();
+    }
   }
 }
 
