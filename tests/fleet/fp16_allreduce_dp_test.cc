@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -153,6 +155,11 @@ TEST(AmpDataParallel, O1AndO2TwoWorkersAgreeFollowFloat32AndHalveTheBytes) {
   auto init_run = RunCommand(BinPath("mlp_dp_worker") + " --steps=0 --out=" + dir + "/init");
   ASSERT_EQ(init_run.exit_code, 0) << init_run.output;
   const NamedTensors init = LoadSafetensors(dir + "/init/" + kPersistablesFile);
+  // O1 (updates writing its weights' kept 16-bit copies, transpiler/amp_weight_copy_pass.h) and O2
+  // run the same float32 updates on the same all-reduced 16-bit gradients: O1's float32
+  // parameters equal O2's masters bit for bit, fused or one by one (a stale copy on either rank,
+  // or an update reading another gradient, would break it).
+  std::map<std::string, NamedTensors> o1_params;
   for (const char* level : {" --amp_o1", " --amp_o2"}) {
     for (const char* fuse : {"", " --fuse --fuse_num=2"}) {
       SCOPED_TRACE(std::string(level) + (fuse[0] ? fuse : " one by one"));
@@ -173,6 +180,15 @@ TEST(AmpDataParallel, O1AndO2TwoWorkersAgreeFollowFloat32AndHalveTheBytes) {
           params.push_back({name, t});
       }
       ASSERT_EQ(params.size(), std::string(level) == " --amp_o1" ? 3u : 6u);
+      if (std::string(level) == " --amp_o1") {
+        o1_params[fuse] = params;
+      } else {
+        for (const auto& [name, t] : o1_params[fuse]) {
+          const Tensor& m = Get(params, name);
+          ASSERT_EQ(m.nbytes(), t.nbytes()) << name;
+          EXPECT_EQ(std::memcmp(m.raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+        }
+      }
       const double gap = WorstRelativeGap(params, ref, init);
       std::printf("%s%s: worst relative gap %.3g\n", level, fuse, gap);
       EXPECT_GT(gap, 0);
