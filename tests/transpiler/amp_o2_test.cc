@@ -49,10 +49,7 @@ void Build(Model& m, const optimizer::Optimizer& inner, const amp::AmpConfig* c)
   ProgramGuard guard(m.main, m.startup);
   m.main.set_random_seed(5);
   m.startup.set_random_seed(5);
-  Var x = layers::data("x", {-1, 6});
-  Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var h = layers::layer_norm(layers::fc(x, 8, "relu"));
-  m.loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 3), y));
+  m.loss = testing::AmpMlpLoss();
   if (c == nullptr) {
     inner.Clone()->minimize(m.loss);
     return;
@@ -67,14 +64,6 @@ amp::AmpConfig O2(DType dtype = DType::kBFloat16) {
   c.level = "O2";
   c.check_kernels = false;  // the lists alone: the same program on every machine
   return c;
-}
-
-FeedMap Batch(int step) {
-  Tensor x(DType::kFloat32, DDim({8, 6})), y(DType::kInt64, DDim({8, 1}));
-  for (int i = 0; i < 48; ++i)
-    x.data<float>()[i] = 0.1f * static_cast<float>((i * 7 + step * 3) % 13) - 0.6f;
-  for (int i = 0; i < 8; ++i) y.data<int64_t>()[i] = (i * 5 + step) % 3;
-  return {{"x", x}, {"y", y}};
 }
 
 int Count(const Program& p, const std::string& type) {
@@ -135,8 +124,8 @@ TEST(AmpO2, ParamsStayTheirMastersRoundedAndTrainingFollowsFloat32) {
     float lf = 0, ll = 0, first = 0;
     for (int step = 0; step < 60; ++step) {
       // One batch again and again: a loss that training can drive down.
-      lf = ef.Run(f32.main, Batch(0), {f32.loss.name()})[0].item<float>();
-      ll = el.Run(low.main, Batch(0), {low.loss.name()})[0].item<float>();
+      lf = ef.Run(f32.main, testing::AmpMlpBatch(0), {f32.loss.name()})[0].item<float>();
+      ll = el.Run(low.main, testing::AmpMlpBatch(0), {low.loss.name()})[0].item<float>();
       if (step == 0) first = lf;
       for (const auto& [p, master] : low.opt->master_params()) {
         const Tensor& pt = el.scope().FindVar(p)->tensor();
@@ -155,18 +144,6 @@ TEST(AmpO2, ParamsStayTheirMastersRoundedAndTrainingFollowsFloat32) {
     // Forward in 16 bits: the losses agree to a few 16-bit roundings.
     EXPECT_NEAR(ll, lf, 0.05f * std::abs(lf) + 0.02f);
   }
-}
-
-// Every persistable's bytes.
-std::map<std::string, std::vector<char>> Snapshot(const Program& main, Executor& exe) {
-  std::map<std::string, std::vector<char>> out;
-  for (const VarDesc* v : main.global_block().AllVars()) {
-    if (!v->persistable()) continue;
-    const Tensor& t = exe.scope().FindVar(v->name())->tensor();
-    const char* p = static_cast<const char*>(t.raw_data());
-    out[v->name()] = std::vector<char>(p, p + t.nbytes());
-  }
-  return out;
 }
 
 // 2k steps in one go, and k steps + a checkpoint + a fresh process-like executor that loads it +
@@ -196,10 +173,10 @@ TEST(AmpO2, CheckpointResumeIsBitIdentical) {
     Build(half, *inner, &c);
     Executor a;
     a.Run(whole.startup);
-    for (int s = 0; s < 2 * k; ++s) a.Run(whole.main, Batch(s));
+    for (int s = 0; s < 2 * k; ++s) a.Run(whole.main, testing::AmpMlpBatch(s));
     Executor b;
     b.Run(half.startup);
-    for (int s = 0; s < k; ++s) b.Run(half.main, Batch(s));
+    for (int s = 0; s < k; ++s) b.Run(half.main, testing::AmpMlpBatch(s));
     const std::string ckpt = dir + "/" + DTypeName(cs.dtype) + (cs.momentum ? "m" : "a");
     save_persistables(b.scope(), ckpt, half.main);
     const NamedTensors saved = LoadSafetensors(ckpt + "/" + kPersistablesFile);
@@ -210,8 +187,9 @@ TEST(AmpO2, CheckpointResumeIsBitIdentical) {
     Executor r;
     r.Run(half.startup);
     load_persistables(r.scope(), ckpt, half.main);
-    for (int s = k; s < 2 * k; ++s) r.Run(half.main, Batch(s));
-    const auto x = Snapshot(whole.main, a), y = Snapshot(half.main, r);
+    for (int s = k; s < 2 * k; ++s) r.Run(half.main, testing::AmpMlpBatch(s));
+    const auto x = testing::PersistableBytes(whole.main, a),
+               y = testing::PersistableBytes(half.main, r);
     ASSERT_EQ(x.size(), y.size());
     for (const auto& [name, bytes] : x) EXPECT_TRUE(bytes == y.at(name)) << name;
   }

@@ -42,10 +42,7 @@ void Build(Model& m, const optimizer::Optimizer& inner, const amp::AmpConfig& c,
   ProgramGuard guard(m.main, m.startup);
   m.main.set_random_seed(5);
   m.startup.set_random_seed(5);
-  Var x = layers::data("x", {-1, 6});
-  Var y = layers::data("y", {-1, 1}, DType::kInt64);
-  Var h = layers::layer_norm(layers::fc(x, 8, "relu"));
-  m.loss = layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 3), y));
+  m.loss = testing::AmpMlpLoss();
   if (black_reader) {
     Var w(&m.main.global_block(), "fc_1.w_0");
     m.loss = layers::elementwise_add(m.loss, layers::mean(w));
@@ -59,14 +56,6 @@ amp::AmpConfig O1(DType dtype = DType::kBFloat16) {
   c.level = "O1";
   c.use_dynamic_loss_scaling = false;  // float16 too: no loss scaling (it reads every gradient)
   return c;
-}
-
-FeedMap Batch(int step) {
-  Tensor x(DType::kFloat32, DDim({8, 6})), y(DType::kInt64, DDim({8, 1}));
-  for (int i = 0; i < 48; ++i)
-    x.data<float>()[i] = 0.1f * static_cast<float>((i * 7 + step * 3) % 13) - 0.6f;
-  for (int i = 0; i < 8; ++i) y.data<int64_t>()[i] = (i * 5 + step) % 3;
-  return {{"x", x}, {"y", y}};
 }
 
 std::vector<std::string> Copied(Model& m) {
@@ -130,18 +119,6 @@ TEST(AmpWeightCopy, MlpSgdProgramsMatchGolden) {
   EXPECT_TRUE(Copied(again).empty());
 }
 
-// Every persistable of `p` in `exe`'s scope, by name: bytes.
-std::map<std::string, std::vector<char>> Snapshot(const Program& p, Executor& exe) {
-  std::map<std::string, std::vector<char>> out;
-  for (const VarDesc* v : p.global_block().AllVars()) {
-    if (!v->persistable()) continue;
-    const Tensor& t = exe.scope().FindVar(v->name())->tensor();
-    const char* d = static_cast<const char*>(t.raw_data());
-    out[v->name()] = std::vector<char>(d, d + t.nbytes());
-  }
-  return out;
-}
-
 // With and without the pass: the same losses and persistables, bit for bit, step after step; each
 // kept copy is its weight rounded after every step. Fails when an update reads the 16-bit
 // gradient otherwise than cast_grad widened it, or writes a copy that is not the weight rounded.
@@ -166,8 +143,8 @@ TEST(AmpWeightCopy, TrainsBitForBitAsTheCastingProgram) {
       a.Run(plain.startup);
       b.Run(kept.startup);
       for (int step = 0; step < 6; ++step) {
-        const Tensor la = a.Run(plain.main, Batch(step), {plain.loss.name()})[0];
-        const Tensor lb = b.Run(kept.main, Batch(step), {kept.loss.name()})[0];
+        const Tensor la = a.Run(plain.main, testing::AmpMlpBatch(step), {plain.loss.name()})[0];
+        const Tensor lb = b.Run(kept.main, testing::AmpMlpBatch(step), {kept.loss.name()})[0];
         ASSERT_EQ(std::memcmp(la.raw_data(), lb.raw_data(), sizeof(float)), 0)
             << "step " << step << ": " << la.item<float>() << " vs " << lb.item<float>();
         for (const std::string& w : copied) {
@@ -185,7 +162,8 @@ TEST(AmpWeightCopy, TrainsBitForBitAsTheCastingProgram) {
           }
         }
       }
-      const auto x = Snapshot(plain.main, a), y = Snapshot(kept.main, b);
+      const auto x = testing::PersistableBytes(plain.main, a),
+                 y = testing::PersistableBytes(kept.main, b);
       EXPECT_EQ(y.size(), x.size() + copied.size());
       for (const auto& [var, bytes] : x) EXPECT_TRUE(bytes == y.at(var)) << var;
     }

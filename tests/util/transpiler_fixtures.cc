@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "framework/dsl/layers.h"
+#include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
 
 namespace keel::testing {
@@ -39,6 +40,32 @@ void InsertFusedGradients(Block& b, const std::vector<std::string>& grads,
   c->SetAttr("constant", 0.0f);
   c->SetAttr("pad_to_multiple", 1);
   b.InsertOp(0, std::move(c));
+}
+
+Var AmpMlpLoss() {
+  Var x = layers::data("x", {-1, 6});
+  Var y = layers::data("y", {-1, 1}, DType::kInt64);
+  Var h = layers::layer_norm(layers::fc(x, 8, "relu"));
+  return layers::mean(layers::softmax_with_cross_entropy(layers::fc(h, 3), y));
+}
+
+FeedMap AmpMlpBatch(int step) {
+  Tensor x(DType::kFloat32, DDim({8, 6})), y(DType::kInt64, DDim({8, 1}));
+  for (int i = 0; i < 48; ++i)
+    x.data<float>()[i] = 0.1f * static_cast<float>((i * 7 + step * 3) % 13) - 0.6f;
+  for (int i = 0; i < 8; ++i) y.data<int64_t>()[i] = (i * 5 + step) % 3;
+  return {{"x", x}, {"y", y}};
+}
+
+std::map<std::string, std::vector<char>> PersistableBytes(const Program& program, Executor& exe) {
+  std::map<std::string, std::vector<char>> out;
+  for (const VarDesc* v : program.global_block().AllVars()) {
+    if (!v->persistable()) continue;
+    const Tensor& t = exe.scope().FindVar(v->name())->tensor();
+    const char* d = static_cast<const char*>(t.raw_data());
+    out[v->name()] = std::vector<char>(d, d + t.nbytes());
+  }
+  return out;
 }
 
 }  // namespace keel::testing

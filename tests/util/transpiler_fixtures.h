@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "executor/executor.h"
 #include "fleet/role_maker.h"
+#include "framework/dsl/layers.h"
 #include "framework/ir/program.h"
 
 namespace keel::testing {
@@ -21,5 +24,14 @@ fleet::Role TwoOfFour();
 // one buffer, @FUSED_GRAD@0, as the all-reduce pass's fusion does.
 void InsertFusedGradients(Block& b, const std::vector<std::string>& grads,
                           const std::vector<int64_t>& numels);
+
+// The mixed-precision tests' model, under the current ProgramGuard: x[-1, 6] -> fc(8, relu) ->
+// layer_norm -> fc(3) -> softmax_with_cross_entropy(y) -> mean; returns the loss (not minimized).
+Var AmpMlpLoss();
+// Its batch of step `step`: 8 rows of x (a fixed pattern) and labels in 0..2.
+FeedMap AmpMlpBatch(int step);
+
+// The bytes of every persistable of `program` in `exe`'s scope, by name.
+std::map<std::string, std::vector<char>> PersistableBytes(const Program& program, Executor& exe);
 
 }  // namespace keel::testing
