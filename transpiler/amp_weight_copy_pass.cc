@@ -19,9 +19,11 @@ struct At {
   bool operator==(const At& o) const { return block == o.block && index == o.index; }
 };
 
-// Every op that reads, and every op that writes, each var, over all blocks.
+// Every op that reads, and every op that writes, each var, over all blocks; and the fused
+// buffers each var is a slice of (OpTraits::slices_slot / fused_slot: coalesce_tensor's).
 struct Uses {
   std::map<std::string, std::vector<At>> readers, writers;
+  std::map<std::string, std::vector<std::string>> buffers;
   const std::vector<At>& Readers(const std::string& v) const { return Of(readers, v); }
   const std::vector<At>& Writers(const std::string& v) const { return Of(writers, v); }
 
@@ -39,9 +41,13 @@ Uses Collect(const Program& program) {
   for (int b = 0; b < program.num_blocks(); ++b) {
     const Block& block = program.block(b);
     for (size_t i = 0; i < block.num_ops(); ++i) {
-      for (const std::string& v : block.op(i)->InputArgumentNames()) u.readers[v].push_back({b, i});
-      for (const std::string& v : block.op(i)->OutputArgumentNames())
-        u.writers[v].push_back({b, i});
+      const OpDesc& op = *block.op(i);
+      for (const std::string& v : op.InputArgumentNames()) u.readers[v].push_back({b, i});
+      for (const std::string& v : op.OutputArgumentNames()) u.writers[v].push_back({b, i});
+      const OpTraits& t = OpRegistry::Traits(op.type());
+      if (t.slices_slot.empty()) continue;
+      for (const std::string& slice : op.Output(t.slices_slot))
+        for (const std::string& fused : op.Output(t.fused_slot)) u.buffers[slice].push_back(fused);
     }
   }
   return u;
@@ -125,14 +131,9 @@ std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, 
   // gc keeps, from B to U, the value B read: nothing writes it there, nor a fused buffer it is a
   // slice of (coalesce_tensor's FusedOutput: an all-reduce of the buffer writes its slices).
   std::vector<std::string> holders = {p.gc};
-  for (size_t i = 0; i < block.num_ops(); ++i) {
-    const OpDesc& op = *block.op(i);
-    const OpTraits& t = OpRegistry::Traits(op.type());
-    if (t.slices_slot.empty()) continue;
-    const std::vector<std::string>& slices = op.Output(t.slices_slot);
-    if (std::find(slices.begin(), slices.end(), p.gc) == slices.end()) continue;
-    for (const std::string& fused : op.Output(t.fused_slot)) holders.push_back(fused);
-  }
+  auto fused = uses.buffers.find(p.gc);
+  if (fused != uses.buffers.end())
+    holders.insert(holders.end(), fused->second.begin(), fused->second.end());
   for (const std::string& h : holders)
     for (const At& wr : uses.Writers(h))
       if (wr.block != 0 || (wr.index > p.cast_grad && wr.index < u)) return std::nullopt;
