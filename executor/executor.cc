@@ -345,7 +345,12 @@ std::unique_ptr<Executor::Plan> Executor::BuildPlan(const Program& program, int 
         if (a != kEmptyVarName) acc.reads.push_back(a);
     }
     for (auto& kv : op->outputs()) {
-      p.ctx->AddOutput(kv.first, resolve(kv.second));
+      std::vector<DType> dtypes;  // as declared: a narrowed output's (OpTraits::narrows_outputs)
+      for (auto& a : kv.second) {
+        auto it = plan->vars.find(a);
+        dtypes.push_back(it != plan->vars.end() ? it->second.second->dtype() : DType::kFloat32);
+      }
+      p.ctx->AddOutput(kv.first, resolve(kv.second), std::move(dtypes));
       for (auto& a : kv.second)
         if (a != kEmptyVarName) acc.writes.push_back(a);
     }

@@ -4,6 +4,7 @@
 #include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "transpiler/narrow_grads_pass.h"
 #include "transpiler/pipeline_pass.h"
 #include "transpiler/ps_pass.h"
 #include "transpiler/sharding_pass.h"
@@ -156,6 +157,17 @@ void CopyLowWeights(Program& main, Program& startup, const DistributedStrategy& 
   if (strategy.amp && strategy.amp_configs.level == "O1")
     transpiler::AmpWeightCopyPass().Apply(main, startup);
 }
+
+// fp16_allreduce in bfloat16 on CPU ranks of plain data parallelism: the gradients whose ops can
+// make them 16-bit are made so there (transpiler/narrow_grads_pass.h), without the casts around
+// the all-reduce. Not on GPUs: cuBLAS has no float32 GEMM with a 16-bit result, so the narrowing
+// would be the cast's own pass, and the widening updates would lose the merged multi-tensor
+// launch. Not for pipelines or tensor parallelism, whose passes read the gradients after this one.
+bool NarrowsGrads(const DistributedStrategy& strategy, const Topology& topo,
+                  const transpiler::GradAllReduceOptions& o) {
+  return strategy.fp16_allreduce && o.comm_dtype == DType::kBFloat16 && o.rings.device < 0 &&
+         topo.pp_degree() == 1 && topo.tp_degree() == 1;
+}
 }  // namespace
 
 void TranspileCollective(Program& main, Program& startup, const DistributedStrategy& strategy,
@@ -187,8 +199,10 @@ void TranspileCollective(Program& main, Program& startup, const DistributedStrat
   } else if (strategy.use_local_sgd) {
     transpiler::LocalSGDPass(LocalSGDOptionsFor(strategy, role)).Apply(main, startup);
   } else {
-    transpiler::GradAllReducePass(GradAllReduceOptionsFor(strategy, role, group_bytes))
-        .Apply(main, startup);
+    const transpiler::GradAllReduceOptions o = GradAllReduceOptionsFor(strategy, role, group_bytes);
+    if (NarrowsGrads(strategy, topo, o))
+      transpiler::NarrowGradsPass(o.comm_dtype).Apply(main, startup);
+    transpiler::GradAllReducePass(o).Apply(main, startup);
     if (topo.pp_degree() == 1 && topo.tp_degree() == 1) CopyLowWeights(main, startup, strategy);
     // One optimizer op per fused gradient group (one CUDA launch each); none without fusion.
     transpiler::MergeOptimizerOpsPass().Apply(main, startup);

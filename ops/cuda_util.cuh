@@ -269,9 +269,26 @@ template <typename T, typename TC>
 void Device<CUDADevice>::Gemm(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N,
                               int64_t K, Acc<T> alpha, const T* A, int64_t sa, const T* B,
                               int64_t sb, Acc<T> beta, TC* C, int64_t sc, int64_t batch) {
-  static_assert(std::is_same_v<TC, T> || (kIsHalf<T> && std::is_same_v<TC, float>),
-                "C is of A's type, or float32 for 16-bit A and B");
+  static_assert(std::is_same_v<TC, T> || (kIsHalf<T> && std::is_same_v<TC, float>) ||
+                    (std::is_same_v<T, float> && kIsHalf<TC>),
+                "C is of A's type, float32 for 16-bit A and B, or 16-bit for float32 A and B");
   if (M == 0 || N == 0 || batch == 0) return;
+  if constexpr (std::is_same_v<T, float> && kIsHalf<TC>) {
+    // A narrowed output (OpTraits::narrows_outputs): cuBLAS has no float32 GEMM with a 16-bit C,
+    // so the float32 GEMM writes a scratch and one pass rounds it into C.
+    KEEL_ENFORCE(beta == 0.0f, ctx.op().type(),
+                 ": a GEMM from float32 operands into a 16-bit C does not read C (beta must be 0, "
+                 "got ",
+                 beta, ")");
+    KEEL_ENFORCE(batch == 1 || sc == M * N, ctx.op().type(),
+                 ": a 16-bit C of a batched float32 GEMM must be contiguous");
+    const int64_t n = batch * M * N;
+    Tensor scratch;
+    float* c32 = static_cast<float*>(scratch.Alloc(DType::kFloat32, DDim{n}, ctx.place()));
+    Gemm(ctx, ta, tb, M, N, K, alpha, A, sa, B, sb, 0.0f, c32, M * N, batch);
+    keel::ForEach(ctx, n, [=] __device__(int64_t i) { C[i] = Narrow<TC>(c32[i]); });
+    return;
+  }
   if (K == 0) {  // C = beta * C; cuBLAS would refuse the zero leading dimension of A or B
     KEEL_ENFORCE(beta == Acc<T>(0) || beta == Acc<T>(1), "Gemm with K == 0 and beta ", beta);
     if (beta == Acc<T>(0)) {
@@ -291,10 +308,10 @@ void Device<CUDADevice>::Gemm(const ExecutionContext& ctx, bool ta, bool tb, int
         h, opb, opa, int(N), int(M), int(K), &alpha, B, CublasType<T>(), ldb, sb, A,
         CublasType<T>(), lda, sa, &beta, C, CublasType<TC>(), int(N), sc, int(batch),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  } else if constexpr (std::is_same_v<T, float>) {
+  } else if constexpr (std::is_same_v<T, float> && std::is_same_v<TC, float>) {
     KEEL_CUBLAS_CHECK(cublasSgemmStridedBatched(h, opb, opa, int(N), int(M), int(K), &alpha, B, ldb,
                                                 sb, A, lda, sa, &beta, C, int(N), sc, int(batch)));
-  } else {
+  } else if constexpr (std::is_same_v<T, double>) {
     KEEL_CUBLAS_CHECK(cublasDgemmStridedBatched(h, opb, opa, int(N), int(M), int(K), &alpha, B, ldb,
                                                 sb, A, lda, sa, &beta, C, int(N), sc, int(batch)));
   }

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
@@ -91,6 +92,59 @@ struct OnDevice {
   using Of = K<D, T>;
 };
 }  // namespace detail
+
+// ---------------------------------------------------------------- narrowed outputs
+
+namespace fn {
+struct BroadcastMid;  // ops/functors/elementwise_functors.h
+}  // namespace fn
+
+// The type a kernel computing in T stores output `slot`'s i-th var in: float16 or bfloat16 where T
+// is float32, the op narrows the slot (OpTraits::narrows_outputs) and the program declares the var
+// so (transpiler/narrow_grads_pass.h); T otherwise.
+template <typename T>
+DType StoredDType(const ExecutionContext& ctx, const std::string& slot, int i = 0) {
+  if constexpr (std::is_same_v<T, float>) {
+    return NarrowedDType(ctx.op(), slot, ctx.DeclaredOutputDType(slot, i, DType::kFloat32),
+                         DType::kFloat32);
+  }
+  return DTypeOf<T>::value;
+}
+
+// out = alpha op(A) op(B) over contiguous matrices (Device::Gemm, beta 0), stored into output
+// `slot`'s tensor `out` in its StoredDType: a narrowed one gets the float32 result rounded once.
+template <typename D, typename T>
+void GemmInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out, bool ta, bool tb,
+              int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A, const T* B) {
+  const Place& place = ctx.place();
+  if constexpr (std::is_same_v<T, float>) {
+    const DType stored = StoredDType<T>(ctx, slot);
+    if (stored == DType::kBFloat16)
+      return Device<D>::Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, 0.0f,
+                             out->mutable_data<bfloat16>(place), 0);
+    if (stored == DType::kFloat16)
+      return Device<D>::Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, 0.0f,
+                             out->mutable_data<float16>(place), 0);
+  }
+  Device<D>::Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, Acc<T>(0), out->mutable_data<T>(place),
+                  0);
+}
+
+// Device::SumBroadcast(ctx, m, out's data, f) into output `slot`'s tensor `out` in its
+// StoredDType: the Acc<T> sums rounded once to the stored type.
+template <typename D, typename T, typename F>
+void SumBroadcastInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out,
+                      const fn::BroadcastMid& m, const F& f) {
+  const Place& place = ctx.place();
+  if constexpr (std::is_same_v<T, float>) {
+    const DType stored = StoredDType<T>(ctx, slot);
+    if (stored == DType::kBFloat16)
+      return Device<D>::SumBroadcast(ctx, m, out->mutable_data<bfloat16>(place), f);
+    if (stored == DType::kFloat16)
+      return Device<D>::SumBroadcast(ctx, m, out->mutable_data<float16>(place), f);
+  }
+  Device<D>::SumBroadcast(ctx, m, out->mutable_data<T>(place), f);
+}
 
 // ---------------------------------------------------------------- fronts several families use
 

@@ -140,7 +140,7 @@ struct Device<CPUDevice> {
   static void Gemm(const ExecutionContext&, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                    Acc<T> alpha, const T* A, int64_t sa, const T* B, int64_t sb, Acc<T> beta, TC* C,
                    int64_t sc, int64_t batch = 1) {
-    if constexpr (kIsHalf<T> || std::is_same_v<T, float>) {
+    if constexpr (kIsHalf<T> || std::is_same_v<TC, float>) {
       if (batch > 1 && K > 0) {
         return blas::GemmBatched(ta, tb, M, N, K, alpha, A, sa, B, sb, beta, C, sc, batch);
       }

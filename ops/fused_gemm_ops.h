@@ -7,6 +7,7 @@
 // dY = X' * dOut read dOut itself (elementwise_add_grad's copy of it is gone), dBias = the column
 // sums of dOut. Every value is the unfused ops', bit for bit: the same GEMM calls, the add's
 // formula on the GEMM's rounded result, the bias gradient summed by the same SumBroadcast.
+// dY and dBias may be narrowed (OpTraits::narrows_outputs): stored rounded to 16 bits.
 //
 // Legend: M, K, N = rows of X (its first x_num_col_dims dims), the contracted dim, columns of Y.
 #pragma once
@@ -53,10 +54,10 @@ class FusedGemmEpilogueGradKernel : public OpKernel {
                        GradOutput(ctx, "Y"));
     if (Tensor* db = GradOutput(ctx, "Bias")) {
       const T* gd = dout.data<T>();
-      Device<D>::SumBroadcast(ctx, BiasBroadcast(dout, xk_), db->mutable_data<T>(ctx.place()),
-                              [=] KEEL_HD_LAMBDA(int64_t i, int64_t) -> Acc<T> {
-                                return fn::AddGrad::DY(Widen(gd[i]), Widen(gd[i]), Widen(gd[i]));
-                              });
+      SumBroadcastInto<D, T>(ctx, GradVarName("Bias"), db, BiasBroadcast(dout, xk_),
+                             [=] KEEL_HD_LAMBDA(int64_t i, int64_t) -> Acc<T> {
+                               return fn::AddGrad::DY(Widen(gd[i]), Widen(gd[i]), Widen(gd[i]));
+                             });
     }
   }
 

@@ -38,7 +38,9 @@ void MulGemm(const ExecutionContext& ctx, const Tensor& x, const Tensor& y, int 
                   out->mutable_data<T>(ctx.place()), 0);
 }
 
-// dx = dout * y' and dy = x' * dout, each only where asked for (non-null).
+// dx = dout * y' and dy = x' * dout, each only where asked for (non-null). dy is output Y@GRAD,
+// which mul_grad and fused_gemm_epilogue_grad narrow (GemmInto): a weight's gradient that a pass
+// made 16-bit is stored rounded from the float32 GEMM.
 template <typename D, typename T>
 void MulGradGemms(const ExecutionContext& ctx, const Tensor& x, const Tensor& y, const Tensor& dout,
                   int xk, int yk, Tensor* dx, Tensor* dy) {
@@ -51,8 +53,8 @@ void MulGradGemms(const ExecutionContext& ctx, const Tensor& x, const Tensor& y,
                     dx->mutable_data<T>(ctx.place()), 0);
   // dy = x' * dout. dy: K x N, x: M x K, dout: M x N
   if (dy)
-    Device<D>::Gemm(ctx, true, false, K, N, M, one, x.data<T>(), 0, dout.data<T>(), 0, zero,
-                    dy->mutable_data<T>(ctx.place()), 0);
+    GemmInto<D, T>(ctx, GradVarName("Y"), dy, true, false, K, N, M, one, x.data<T>(),
+                   dout.data<T>());
 }
 
 template <typename D, typename T>

@@ -31,16 +31,23 @@
 namespace keel {
 namespace {
 
-// Param and Grad agree in shape and dtype; LearningRate holds one element.
+// Param and Grad agree in shape and dtype, or Grad is float16 / bfloat16 for a float32 Param of an
+// op that widens it (OpTraits::widens_inputs: a gradient all-reduced in 16 bits, fp16_allreduce);
+// LearningRate holds one element.
 void CheckParamGradLr(InferShapeContext& ctx) {
   DDim p = ctx.GetInputDim("Param");
   DDim g = ctx.GetInputDim("Grad");
   DDim lr = ctx.GetInputDim("LearningRate");
   KEEL_SHAPE_CHECK(ctx.DimsEq(p, g), "Param ", p.str(), " and Grad ", g.str(),
                    " must have the same shape");
-  KEEL_SHAPE_CHECK(ctx.GetInputDType("Param") == ctx.GetInputDType("Grad"), "Param is ",
-                   DTypeName(ctx.GetInputDType("Param")), ", Grad is ",
-                   DTypeName(ctx.GetInputDType("Grad")), "; they must match");
+  const DType pt = ctx.GetInputDType("Param"), gt = ctx.GetInputDType("Grad");
+  const bool widened = pt == DType::kFloat32 && (gt == DType::kFloat16 || gt == DType::kBFloat16) &&
+                       OpRegistry::Traits(ctx.op().type()).WidensInput("Grad");
+  KEEL_SHAPE_CHECK(pt == gt || widened, "Param is ", DTypeName(pt), ", Grad is ", DTypeName(gt),
+                   "; they must match",
+                   pt == DType::kFloat32
+                       ? " (or Grad be float16 / bfloat16, which " + ctx.op().type() + " widens)"
+                       : std::string());
   KEEL_SHAPE_CHECK(lr.numel() == 1 || (!ctx.IsRuntime() && lr.numel() < 0),
                    "LearningRate must hold one element, got ", lr.str());
 }
@@ -229,7 +236,11 @@ class MergedKernel : public OpKernel {
         ExecutionContext sub(&desc_, ctx.place());
         for (const auto& s : ctx.input_slots())
           sub.AddInput(s.name, {s.vars.size() == static_cast<size_t>(n) ? s.vars[i] : s.vars[0]});
-        for (const auto& s : ctx.output_slots()) sub.AddOutput(s.name, {s.vars[i]});
+        for (const auto& s : ctx.output_slots()) {
+          sub.AddOutput(s.name, {s.vars[i]},
+                        i < static_cast<int>(s.dtypes.size()) ? std::vector<DType>{s.dtypes[i]}
+                                                              : std::vector<DType>{});
+        }
         subs_.push_back(std::move(sub));
       }
       first_ = ctx.input_slots()[0].vars[0];
@@ -349,7 +360,9 @@ class GlobalNormMath<CPUDevice, T> {
 KEEL_REGISTER_OP(sgd)
     .Doc("ParamOut = Param - LearningRate * Grad, in place when ParamOut is Param.")
     .Input("Param", "the parameter")
-    .Input("Grad", "its gradient, shape of Param")
+    .Input("Grad",
+           "its gradient, shape of Param; of Param's dtype, or float16 / bfloat16 for a float32 "
+           "Param (widened as read)")
     .Input("LearningRate", "[1] float tensor")
     .OptionalInput("SkipUpdate",
                    "[1] bool, optional: when true, nothing changes (mixed precision skips a step "
@@ -361,7 +374,8 @@ KEEL_REGISTER_OP(sgd)
     .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
     .Shape(SgdShape)
     .KernelDTypeFrom("Param")
-    .AcceptsRowSparse("Grad");
+    .AcceptsRowSparse("Grad")
+    .WidensInput("Grad");
 KEEL_REGISTER_KERNEL(CPU, sgd, SgdKernel, float, double, float16, bfloat16);
 
 KEEL_REGISTER_OP(momentum)
@@ -369,7 +383,9 @@ KEEL_REGISTER_OP(momentum)
         "VelocityOut = mu * Velocity + Grad; ParamOut = Param - LearningRate * VelocityOut, or "
         "Param - LearningRate * (Grad + mu * VelocityOut) with use_nesterov. In place.")
     .Input("Param", "the parameter")
-    .Input("Grad", "its gradient, shape of Param")
+    .Input("Grad",
+           "its gradient, shape of Param; of Param's dtype, or float16 / bfloat16 for a float32 "
+           "Param (widened as read)")
     .Input("Velocity", "the velocity accumulator, shape of Param")
     .Input("LearningRate", "[1] float tensor")
     .OptionalInput("SkipUpdate",
@@ -385,7 +401,8 @@ KEEL_REGISTER_OP(momentum)
     .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
     .Shape(MomentumShape)
     .KernelDTypeFrom("Param")
-    .AcceptsRowSparse("Grad");
+    .AcceptsRowSparse("Grad")
+    .WidensInput("Grad");
 KEEL_REGISTER_KERNEL(CPU, momentum, MomentumKernel, float, double, float16, bfloat16);
 
 // adam and adamw share every slot and attr but adamw's coeff.
@@ -393,7 +410,9 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
   return OpRegistry::Register(type)
       .Doc(doc)
       .Input("Param", "the parameter")
-      .Input("Grad", "its gradient, shape of Param")
+      .Input("Grad",
+             "its gradient, shape of Param; of Param's dtype, or float16 / bfloat16 for a float32 "
+             "Param (widened as read)")
       .Input("LearningRate", "[1] float tensor")
       .Input("Moment1", "first-moment accumulator, shape of Param")
       .Input("Moment2", "second-moment accumulator, shape of Param")
@@ -418,7 +437,8 @@ static OpSchema& AdamSchema(const std::string& type, const std::string& doc) {
                      "float32 [shape of Param] (multi_precision): the master copy a float16 / "
                      "bfloat16 Param is rounded from (AMP O2); the update runs on it in float32")
       .OptionalOutput("MasterParamOut", "the updated master (usually MasterParam itself)")
-      .AcceptsRowSparse("Grad");
+      .AcceptsRowSparse("Grad")
+      .WidensInput("Grad");
 }
 
 [[maybe_unused]] static OpSchema& keel_op_schema_adam =

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ops/device.h"
@@ -58,6 +59,43 @@ const T* DenseGradData(const ExecutionContext& ctx, const Tensor& param, Tensor*
   for (size_t k = 0; k < v->rows().size(); ++k)
     std::copy_n(g + k * width, width, d + v->rows()[k] * width);
   return d;
+}
+
+// A float16 / bfloat16 Grad of a float32 Param (OpTraits::widens_inputs: a gradient all-reduced
+// in 16 bits, fp16_allreduce) widened into `scratch`: what a cast before the update would give.
+template <typename D, typename G>
+const float* WidenGradInto(const ExecutionContext& ctx, const Tensor& param, const G* g,
+                           Tensor* scratch) {
+  EnforceLikeParam(ctx, param, "Grad");
+  scratch->Resize(param.dims());
+  float* w = scratch->mutable_data<float>(ctx.place());
+  Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) { w[i] = Widen(g[i]); });
+  return w;
+}
+
+// Grad's data as T for the update of a T Param: DenseGradData's, or a 16-bit Grad of a float32
+// Param widened into `scratch` (WidenGradInto).
+template <typename D, typename T>
+const T* WidenedGradData(const ExecutionContext& ctx, const Tensor& param, Tensor* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    const Tensor& grad = ctx.Input("Grad");
+    if (grad.dtype() == DType::kBFloat16)
+      return WidenGradInto<D>(ctx, param, grad.data<bfloat16>(), scratch);
+    if (grad.dtype() == DType::kFloat16)
+      return WidenGradInto<D>(ctx, param, grad.data<float16>(), scratch);
+  }
+  return DenseGradData<T>(ctx, param, scratch);
+}
+
+// f(g) with g Grad's data: a T*, or, for the update of a float32 Param, the bfloat16* / float16*
+// of a 16-bit Grad (OpTraits::widens_inputs), which the update widens as it reads each element.
+template <typename T, typename F>
+void WithGradData(const Tensor& grad, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (grad.dtype() == DType::kBFloat16) return f(grad.data<bfloat16>());
+    if (grad.dtype() == DType::kFloat16) return f(grad.data<float16>());
+  }
+  f(grad.data<T>());
 }
 
 // The optional SkipUpdate input of an update op ([1] bool, mixed precision's overflow flag), as
@@ -156,13 +194,21 @@ class SgdKernel : public OpKernel {
       return;
     }
     EnforceLikeParam(ctx, param, "Grad");
-    const T* g = ctx.Input("Grad").data<T>();
-    Device<D>::ForEach(ctx, param.numel(), [=] KEEL_HD_LAMBDA(int64_t i) {
+    WithGradData<T>(ctx.Input("Grad"),
+                    [&](const auto* g) { UpdateDense(ctx, param.numel(), p, g, po, lr, skip); });
+  }
+
+  // po = p - lr * g, each element of g widened to T as it is read (a 16-bit Grad of a float32
+  // Param: the float32 update of the cast gradient, bit for bit, without the cast's pass).
+  template <typename G>
+  void UpdateDense(ExecutionContext& ctx, int64_t n, const T* p, const G* g, T* po,
+                   typename Device<D>::Scalar lr, const bool* skip) {
+    Device<D>::ForEach(ctx, n, [=] KEEL_HD_LAMBDA(int64_t i) {
       if (skip != nullptr && *skip) {
         po[i] = p[i];
         return;
       }
-      po[i] = fn::SgdUpdate(p[i], g[i], static_cast<T>(lr.Get()));
+      po[i] = fn::SgdUpdate(p[i], static_cast<T>(Widen(g[i])), static_cast<T>(lr.Get()));
     });
   }
 };
@@ -215,9 +261,9 @@ class MomentumKernel : public OpKernel {
     const typename Device<D>::Scalar lr = Device<D>::ScalarOf(ctx.Input("LearningRate"));
     const T* p = param.data<T>();
     // Every row's velocity decays, so a row-sparse Grad is made dense (as Paddle's sparse
-    // momentum updates every row).
+    // momentum updates every row); a 16-bit Grad of a float32 Param is widened.
     Tensor dense_grad;
-    const T* g = DenseGradData<T>(ctx, param, &dense_grad);
+    const T* g = WidenedGradData<D, T>(ctx, param, &dense_grad);
     const T* v = ctx.Input("Velocity").data<T>();
     T* vo = ctx.Output("VelocityOut")->mutable_data<T>(ctx.place());
     T* po = ctx.Output("ParamOut")->mutable_data<T>(ctx.place());
@@ -336,9 +382,10 @@ class AdamKernel : public OpKernel {
     io.skip = SkipFlag(ctx);
     const Variable* sparse = RowSparseGrad(ctx, param);
     if (sparse != nullptr && lazy_mode_) return UpdateRows(ctx, io, *sparse);
-    // Dense, or row-sparse outside lazy mode: every row's moments decay, as with a dense Grad.
+    // Dense, or row-sparse outside lazy mode: every row's moments decay, as with a dense Grad. A
+    // 16-bit Grad of a float32 Param is widened first.
     Tensor dense_grad;
-    io.g = DenseGradData<T>(ctx, param, &dense_grad);
+    io.g = WidenedGradData<D, T>(ctx, param, &dense_grad);
     AdamMath<D, T>::Update(ctx, io, beta1_, beta2_, epsilon_, coeff_);
   }
 

@@ -57,17 +57,22 @@ bool ScalesAfterAllReduce(DType comm) { return comm == DType::kFloat16; }
 // The all-reduce of float32 `var` on `ring` at `index`: c_sync_calc_stream then c_allreduce_sum
 // in place; with a 16-bit `comm` (fp16_allreduce) a cast to "<var>.cast_<comm>" first, the
 // copy all-reduced, then a cast back into `var`, and for float16 its scale by 1/nranks in float32
-// (the loss gradient is not scaled then). Returns the number of ops inserted.
+// (the loss gradient is not scaled then). A bfloat16 `var` under a bfloat16 `comm` (a gradient
+// made in 16 bits where it is computed, transpiler/narrow_grads_pass.h) is all-reduced in place
+// as it is. Returns the number of ops inserted.
 size_t InsertAllReduce(Block& mb, size_t index, const std::string& var, int ring, DType comm,
                        int nranks, int role = kBackward) {
-  if (comm == DType::kFloat32) {
+  const VarDesc* v = mb.MustFindVar(var);
+  if (comm == DType::kFloat32 || (v->dtype() == comm && !ScalesAfterAllReduce(comm))) {
     InsertInPlace(mb, index, "c_sync_calc_stream", var, ring, role);
     InsertInPlace(mb, index + 1, "c_allreduce_sum", var, ring, role);
     return 2;
   }
-  const VarDesc* v = mb.MustFindVar(var);
   KEEL_ENFORCE(v->dtype() == DType::kFloat32, "fp16_allreduce: gradient '", var, "' is ",
-               DTypeName(v->dtype()), "; fp16_allreduce casts float32 gradients only");
+               DTypeName(v->dtype()), "; fp16_allreduce casts float32 gradients only",
+               v->dtype() == comm ? " (and all-reduces bfloat16 ones as they are; a float16 one "
+                                    "would need its 1/nranks scale in float16)"
+                                  : "");
   const std::string low = var + ".cast_" + AmpDTypeSuffix(comm);
   KEEL_ENFORCE(mb.FindVar(low) == nullptr, "fp16_allreduce: the program already has a var named '",
                low, "' (transpiled twice?)");

@@ -118,6 +118,11 @@ void MergeOptimizerOpsPass::Apply(Program& main, Program&) const {
     if (!IsMergeable(op.type()) || !op.HasAttr(kOpRoleVarAttr)) continue;
     // multi_precision updates (AMP O2) stay per parameter: the merged ops have no master slots.
     if (op.HasInput("MasterParam") && !op.Input("MasterParam").empty()) continue;
+    // So do updates that widen a 16-bit gradient (NarrowGradsPass): the merged ops' lists hold
+    // Param's dtype.
+    if (block.MustFindVar(op.Input("Grad")[0])->dtype() !=
+        block.MustFindVar(op.Input("Param")[0])->dtype())
+      continue;
     const auto& rv = op.Attr<std::vector<std::string>>(kOpRoleVarAttr);
     if (rv.size() != 2) continue;
     auto it = group_of.find(rv[1]);

@@ -12,7 +12,9 @@
 //   that reads or writes what an earlier one of them wrote, or writes what it read, is left as
 //   it is. Results are those of the separate ops, bit for bit (the CPU merged kernel runs the
 //   per-parameter kernel for each parameter).
-// Leaves alone: multi_precision updates (MasterParam: AMP O2), every other op, the vars, startup.
+// Leaves alone: multi_precision updates (MasterParam: AMP O2), updates whose Grad's dtype is not
+//   Param's (a 16-bit gradient a float32 update widens: NarrowGradsPass), every other op, the
+//   vars, startup.
 #pragma once
 
 #include "transpiler/pass.h"

@@ -17,6 +17,9 @@ class ExecutionContext {
   struct Slot {
     std::string name;
     std::vector<Variable*> vars;  // nullptr for @EMPTY@ arguments
+    // Outputs: each var's declared dtype (its VarDesc's), where the executor knows it; empty
+    // otherwise (a context a test or a merged kernel builds).
+    std::vector<DType> dtypes;
   };
 
   ExecutionContext(const OpDesc* op, const Place& place) : op_(op), place_(place) {}
@@ -51,10 +54,10 @@ class ExecutionContext {
   void AllowSharing(std::string slot) { shareable_.push_back(std::move(slot)); }
 
   void AddInput(std::string slot, std::vector<Variable*> vars) {
-    ins_.push_back(Slot{std::move(slot), std::move(vars)});
+    ins_.push_back(Slot{std::move(slot), std::move(vars), {}});
   }
-  void AddOutput(std::string slot, std::vector<Variable*> vars) {
-    outs_.push_back(Slot{std::move(slot), std::move(vars)});
+  void AddOutput(std::string slot, std::vector<Variable*> vars, std::vector<DType> dtypes = {}) {
+    outs_.push_back(Slot{std::move(slot), std::move(vars), std::move(dtypes)});
   }
   const std::vector<Slot>& input_slots() const { return ins_; }
   const std::vector<Slot>& output_slots() const { return outs_; }
@@ -76,6 +79,12 @@ class ExecutionContext {
     return VarAt(ins_, slot, i);
   }
   Variable* OutputVar(const std::string& slot, int i = 0) const { return VarAt(outs_, slot, i); }
+  // The dtype the program declares for output `slot`'s i-th var; `otherwise` where the context
+  // was built without declared dtypes.
+  DType DeclaredOutputDType(const std::string& slot, int i, DType otherwise) const {
+    const Slot* s = Find(outs_, slot);
+    return s && i < static_cast<int>(s->dtypes.size()) ? s->dtypes[i] : otherwise;
+  }
 
   template <typename T>
   const T& Attr(const std::string& name) const {
@@ -126,7 +135,8 @@ class RuntimeInferShapeContext : public InferShapeContext {
     if (Tensor* t = ctx_.OutputOrNull(slot, i)) t->Resize(dims);
   }
   void SetOutputDType(const std::string& slot, DType dtype, int i) override {
-    if (Tensor* t = ctx_.OutputOrNull(slot, i)) t->set_dtype(dtype);
+    if (Tensor* t = ctx_.OutputOrNull(slot, i))
+      t->set_dtype(NarrowedDType(op(), slot, ctx_.DeclaredOutputDType(slot, i, dtype), dtype));
   }
 
  private:

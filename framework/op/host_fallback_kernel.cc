@@ -49,7 +49,7 @@ class HostFallbackKernel : public OpKernel {
       return r;
     };
     for (auto& s : ctx.input_slots()) host.AddInput(s.name, map(s.vars));
-    for (auto& s : ctx.output_slots()) host.AddOutput(s.name, map(s.vars));
+    for (auto& s : ctx.output_slots()) host.AddOutput(s.name, map(s.vars), s.dtypes);
     cpu_->Compute(host);
     // Outputs back into their device tensors (their own allocation when it fits).
     for (auto& s : ctx.output_slots()) {

@@ -63,7 +63,7 @@ class CompileTimeInferShapeContext : public InferShapeContext {
     if (VarDesc* v = Out(slot, i)) v->set_dims(dims);
   }
   void SetOutputDType(const std::string& slot, DType dtype, int i) override {
-    if (VarDesc* v = Out(slot, i)) v->set_dtype(dtype);
+    if (VarDesc* v = Out(slot, i)) v->set_dtype(NarrowedDType(op_, slot, v->dtype(), dtype));
   }
 
  private:
@@ -128,6 +128,13 @@ void GradShapeFromInputs(InferShapeContext& ctx) {
       ctx.SetOutputDType(slot, ctx.GetInputDType(fwd, i), i);
     }
   }
+}
+
+DType NarrowedDType(const OpDesc& op, const std::string& slot, DType declared, DType computed) {
+  const bool half = declared == DType::kFloat16 || declared == DType::kBFloat16;
+  return computed == DType::kFloat32 && half && OpRegistry::Traits(op.type()).NarrowsOutput(slot)
+             ? declared
+             : computed;
 }
 
 // ---------------------------------------------------------------- OpSchema

@@ -13,6 +13,7 @@
 //   KEEL_REGISTER_CPU_KERNEL(mul, MulKernel, float, double);
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -102,6 +103,20 @@ struct OpTraits {
   // Reads X and writes Out = X only to order itself (a stream sync, a barrier): its kernel leaves
   // the values alone, so a pass may point it at another var of the same writer.
   bool only_orders = false;
+  // Output slots the op computes in float32 whose var may be float16 or bfloat16 instead (a pass
+  // retyped it: transpiler/narrow_grads_pass.h): the kernel then stores each value rounded once,
+  // what a cast right after the op would give, bit for bit, and shape inference keeps the 16-bit
+  // type (NarrowedDType).
+  std::vector<std::string> narrows_outputs;
+  // Input slots that may be float16 or bfloat16 where the op computes in float32: the kernel
+  // widens each value as it reads it, what a cast before the op would give, bit for bit.
+  std::vector<std::string> widens_inputs;
+  bool NarrowsOutput(const std::string& slot) const {
+    return std::find(narrows_outputs.begin(), narrows_outputs.end(), slot) != narrows_outputs.end();
+  }
+  bool WidensInput(const std::string& slot) const {
+    return std::find(widens_inputs.begin(), widens_inputs.end(), slot) != widens_inputs.end();
+  }
 };
 
 class OpSchema {
@@ -203,6 +218,14 @@ class OpSchema {
   }
   OpSchema& OnlyOrders() {
     traits_.only_orders = true;
+    return *this;
+  }
+  OpSchema& NarrowsOutput(std::string slot) {
+    traits_.narrows_outputs.push_back(std::move(slot));
+    return *this;
+  }
+  OpSchema& WidensInput(std::string slot) {
+    traits_.widens_inputs.push_back(std::move(slot));
     return *this;
   }
   OpSchema& MayShareBuffer(std::string out_slot, std::string in_slot) {

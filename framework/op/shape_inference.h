@@ -49,6 +49,11 @@ class InferShapeContext {
   bool DimsEq(const DDim& a, const DDim& b) const;
 };
 
+// The dtype output `slot` of `op` gets when its shape function computes `computed` and its var is
+// `declared`: `declared` where the op narrows that slot (OpTraits::narrows_outputs), `computed`
+// is float32 and `declared` float16 or bfloat16; else `computed`. (Defined with the registry.)
+DType NarrowedDType(const OpDesc& op, const std::string& slot, DType declared, DType computed);
+
 }  // namespace keel
 
 // Throws keel::Error from a shape function; the caller prefixes the op type and its vars.

@@ -39,8 +39,18 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           const float16* A, int64_t lda, const float16* B, int64_t ldb, float beta, float* C,
           int64_t ldc);
 
+// Float32 operands with a float16 or bfloat16 C (an output a pass narrowed, OpTraits::
+// narrows_outputs): blocks of C's rows, each computed by oneDNN's sgemm into a float32 scratch of
+// the thread that stays in its cache and rounded into C from there. C holds the float32 GEMM's
+// result rounded once, without a float32 result written to memory and read back. beta must be 0
+// (C is not read).
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, bfloat16* C, int64_t ldc);
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float16* C, int64_t ldc);
+
 // Contiguous convenience form: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N. C is of A's
-// type, or float32 for 16-bit A and B.
+// type, or float32 for 16-bit A and B, or 16-bit for float32 A and B (beta 0).
 template <typename T, typename TC>
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A,
           const T* B, Acc<T> beta, TC* C) {

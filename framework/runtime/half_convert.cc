@@ -203,6 +203,28 @@ void NarrowN(const float* src, bfloat16* dst, int64_t n) {
   NarrowBf16Loop(s, d, n);
 }
 
+void NarrowRows(const float* src, int64_t src_ld, bfloat16* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols) {
+  const auto* s = reinterpret_cast<const Bits32*>(src);
+  auto* d = reinterpret_cast<Bits16*>(dst);
+#ifdef KEEL_X86
+  if (Cpu().avx512bf16) {
+    for (int64_t r = 0; r < rows; ++r) NarrowBf16Avx512(s + r * src_ld, d + r * dst_ld, cols);
+    return;
+  }
+  if (Cpu().avx2) {
+    for (int64_t r = 0; r < rows; ++r) NarrowBf16Avx2(s + r * src_ld, d + r * dst_ld, cols);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) NarrowBf16Loop(s + r * src_ld, d + r * dst_ld, cols);
+}
+
+void NarrowRows(const float* src, int64_t src_ld, float16* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) NarrowN(src + r * src_ld, dst + r * dst_ld, cols);
+}
+
 void WidenN(const float16* src, float* dst, int64_t n) {
 #ifdef KEEL_X86
   if (Cpu().f16c) return WidenF16C(src, dst, n);

@@ -18,6 +18,13 @@ void WidenN(const bfloat16* src, float* dst, int64_t n);
 void NarrowN(const float* src, float16* dst, int64_t n);
 void NarrowN(const float* src, bfloat16* dst, int64_t n);
 
+// NarrowN over `rows` rows of `cols` values, row r at src + r * src_ld and dst + r * dst_ld (a
+// block of a wider matrix), with the CPU's instructions picked once for the whole block.
+void NarrowRows(const float* src, int64_t src_ld, float16* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols);
+void NarrowRows(const float* src, int64_t src_ld, bfloat16* dst, int64_t dst_ld, int64_t rows,
+                int64_t cols);
+
 // dst[i] = a[i] + b[i], the sum in float32 rounded once (as widening, adding and narrowing);
 // dst may be a or b.
 void AddN(const bfloat16* a, const bfloat16* b, bfloat16* dst, int64_t n);

@@ -1,0 +1,274 @@
+// Narrowed outputs and widened inputs (OpTraits::narrows_outputs, widens_inputs), what
+// transpiler/narrow_grads_pass.h builds fp16_allreduce's casts out of:
+//   - blas's GEMM from float32 operands into a 16-bit C is the float32 GEMM rounded, bit for bit,
+//     on every shape, transpose and thread count tried;
+//   - fused_gemm_epilogue_grad and mul_grad store a weight (and bias) gradient declared 16-bit as
+//     their float32 gradient rounded, bit for bit; shape inference keeps the declaration where the
+//     op narrows the slot and overrides it where it does not;
+//   - sgd, momentum, adam and adamw of a float32 Param read a 16-bit Grad as the float32 update of
+//     the widened gradient, bit for bit (skipped steps too); the ops that do not widen (the merged
+//     ones) and a float64 Param refuse a 16-bit Grad naming it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "executor/executor.h"
+#include "framework/dsl/program_guard.h"
+#include "framework/error.h"
+#include "framework/op/op_registry.h"
+#include "framework/runtime/blas.h"
+#include "framework/runtime/cpu_threads.h"
+#include "framework/runtime/float16.h"
+#include "framework/runtime/half_convert.h"
+#include "tests/util/lowp_test_util.h"
+#include "tests/util/op_test_util.h"
+
+namespace keel::testing {
+namespace {
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.numel() == b.numel() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// ---------------------------------------------------------------- the narrowing GEMM
+
+template <typename TC>
+void CheckNarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  SCOPED_TRACE(std::string(ta ? "T" : "N") + (tb ? "T " : "N ") + std::to_string(M) + "x" +
+               std::to_string(N) + "x" + std::to_string(K) + " " + DTypeName(DTypeOf<TC>::value));
+  const Tensor a = RandomTensor(DDim({M * K}), DType::kFloat32, -1, 1, 11);
+  const Tensor b = RandomTensor(DDim({K * N}), DType::kFloat32, -1, 1, 12);
+  std::vector<float> c32(static_cast<size_t>(M * N));
+  blas::Gemm<float, float>(ta, tb, M, N, K, 0.75f, a.data<float>(), b.data<float>(), 0.0f,
+                           c32.data());
+  std::vector<TC> want(c32.size()), got(c32.size());
+  NarrowN(c32.data(), want.data(), M * N);
+  blas::Gemm<float, TC>(ta, tb, M, N, K, 0.75f, a.data<float>(), b.data<float>(), 0.0f, got.data());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(TC)), 0);
+}
+
+// The seed MLP's weight gradients (X' * dY: 1280 x 1280 over a batch of 128, and its first and
+// last layers'), blocks with tails, a single row or column, and every transpose; on one thread and
+// on two (the blocks are cut by the shape alone).
+TEST(NarrowingGemm, IsTheFloat32GemmRoundedBitForBit) {
+  const struct {
+    int64_t M, N, K;
+  } shapes[] = {{1280, 1280, 128}, {32, 1280, 128}, {1280, 2, 128}, {1, 300, 7},
+                {300, 1, 9},       {17, 33, 1},     {129, 1031, 65}};
+  const int budget = cpu_threads::Budget();
+  for (int threads : {1, 2}) {
+    cpu_threads::SetBudget(threads);
+    for (const auto& s : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          CheckNarrowingGemm<bfloat16>(ta, tb, s.M, s.N, s.K);
+          CheckNarrowingGemm<float16>(ta, tb, s.M, s.N, s.K);
+        }
+  }
+  cpu_threads::SetBudget(budget);
+}
+
+TEST(NarrowingGemm, AccumulatingIntoA16BitResultIsRefused) {
+  std::vector<float> a(4, 1.0f), b(4, 1.0f);
+  std::vector<bfloat16> c(4);
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           blas::Gemm<float, bfloat16>(false, false, 2, 2, 2, 1.0f, a.data(),
+                                                       b.data(), 1.0f, c.data());
+                         }),
+                         {"16-bit C", "beta must be 0"});
+}
+
+// ---------------------------------------------------------------- narrowed gradients
+
+// Declares var `name` of `dtype` and `dims` in `block`.
+void Declare(Block& block, const std::string& name, DType dtype, const DDim& dims) {
+  VarDesc* v = block.Var(name);
+  v->set_dtype(dtype);
+  v->set_dims(dims);
+}
+
+// Runs the grad op `type` (fused_gemm_epilogue_grad or mul_grad) on X [M, K], Y [K, N], Bias [N]
+// and Out@GRAD [M, N], with Y@GRAD (and Bias@GRAD) declared `grad_dtype`; returns the outputs by
+// var name, and in *declared what the program declares them after shape inference.
+std::map<std::string, Tensor> RunGrad(const std::string& type, DType grad_dtype, int64_t M,
+                                      int64_t K, int64_t N,
+                                      std::map<std::string, DType>* declared) {
+  Program prog;
+  Block& block = prog.global_block();
+  const bool fused = type == "fused_gemm_epilogue_grad";
+  FeedMap feed;
+  auto input = [&](const std::string& name, const DDim& d, uint64_t seed) {
+    Declare(block, name, DType::kFloat32, d);
+    block.Var(name)->set_is_data(true);
+    feed[name] = RandomTensor(d, DType::kFloat32, -1, 1, seed);
+  };
+  input("x", {M, K}, 1);
+  input("y", {K, N}, 2);
+  input("dout", {M, N}, 3);
+  OpDesc::VarMap ins = {{"X", {"x"}}, {"Y", {"y"}}};
+  OpDesc::VarMap outs = {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}};
+  Declare(block, "dx", DType::kFloat32, {M, K});
+  Declare(block, "dy", grad_dtype, {K, N});
+  std::map<std::string, Attribute> attrs = {{"x_num_col_dims", 1}};
+  if (fused) {
+    input("b", {N}, 4);
+    input("out", {M, N}, 5);
+    ins.push_back({"Bias", {"b"}});
+    ins.push_back({"Out", {"out"}});
+    outs.push_back({"Bias@GRAD", {"db"}});
+    Declare(block, "db", grad_dtype, {N});
+  } else {
+    attrs["y_num_col_dims"] = 1;
+  }
+  ins.push_back({"Out@GRAD", {"dout"}});
+  AppendOp(block, type, ins, outs, attrs);
+  std::vector<std::string> fetch = {"dx", "dy"};
+  if (fused) fetch.push_back("db");
+  for (const std::string& f : fetch) (*declared)[f] = block.FindVar(f)->dtype();
+  Executor exe;
+  const std::vector<Tensor> got = exe.Run(prog, feed, fetch);
+  std::map<std::string, Tensor> r;
+  for (size_t i = 0; i < fetch.size(); ++i) r[fetch[i]] = got[i];
+  return r;
+}
+
+// The weight and bias gradients declared bfloat16 or float16 come out as the float32 op's rounded,
+// bit for bit (a weight gradient of 1100 x 260 whose GEMM runs in three blocks of rows, and a small
+// one); the input gradient stays the float32 op's.
+TEST(NarrowedGrads, GemmGradOpsStoreTheirFloat32GradientsRounded) {
+  for (const std::string type : {"fused_gemm_epilogue_grad", "mul_grad"})
+    for (DType low : {DType::kBFloat16, DType::kFloat16})
+      for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{64, 1100, 260}, {3, 5, 7}}) {
+        SCOPED_TRACE(type + " " + DTypeName(low) + " " + std::to_string(K) + "x" +
+                     std::to_string(N));
+        std::map<std::string, DType> decl32, decl;
+        const auto ref = RunGrad(type, DType::kFloat32, M, K, N, &decl32);
+        const auto got = RunGrad(type, low, M, K, N, &decl);
+        EXPECT_EQ(decl.at("dy"), low) << "shape inference kept the narrowed declaration";
+        EXPECT_TRUE(SameBytes(got.at("dy"), ConvertTensor(ref.at("dy"), low)));
+        EXPECT_TRUE(SameBytes(got.at("dx"), ref.at("dx")));
+        if (got.count("db")) {
+          EXPECT_EQ(decl.at("db"), low);
+          EXPECT_TRUE(SameBytes(got.at("db"), ConvertTensor(ref.at("db"), low)));
+        }
+      }
+}
+
+// An op that does not narrow a slot gets the dtype its shape function gives, whatever the var
+// was declared: elementwise_add_grad's Y@GRAD (the bias gradient of an unfused fc) and mul_grad's
+// X@GRAD.
+TEST(NarrowedGrads, OnlySlotsTheOpNarrowsKeepA16BitDeclaration) {
+  Program prog;
+  Block& block = prog.global_block();
+  for (const char* v : {"x", "b", "dout"}) Declare(block, v, DType::kFloat32, {4, 3});
+  Declare(block, "b", DType::kFloat32, {3});
+  Declare(block, "dx", DType::kFloat32, {4, 3});
+  Declare(block, "db", DType::kBFloat16, {3});
+  AppendOp(block, "elementwise_add_grad", {{"X", {"x"}}, {"Y", {"b"}}, {"Out@GRAD", {"dout"}}},
+           {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"db"}}}, {{"axis", -1}});
+  EXPECT_EQ(block.FindVar("db")->dtype(), DType::kFloat32);
+  EXPECT_FALSE(OpRegistry::Traits("mul_grad").NarrowsOutput("X@GRAD"));
+  EXPECT_TRUE(OpRegistry::Traits("mul_grad").NarrowsOutput("Y@GRAD"));
+}
+
+// ---------------------------------------------------------------- widened gradients
+
+// Runs `type` once on `inputs` (slot -> tensor), each XOut written into X's var; returns the
+// tensors after the step, by input slot.
+std::map<std::string, Tensor> Step(const std::string& type,
+                                   const std::map<std::string, Tensor>& inputs,
+                                   const std::vector<std::pair<std::string, std::string>>& outs,
+                                   const std::map<std::string, Attribute>& attrs) {
+  Program prog;
+  Block& block = prog.global_block();
+  OpDesc::VarMap in_map, out_map;
+  for (const auto& [slot, t] : inputs) {
+    Declare(block, slot, t.dtype(), t.dims());
+    block.Var(slot)->set_is_data(true);
+    in_map.emplace_back(slot, std::vector<std::string>{slot});
+  }
+  for (const auto& [out, in] : outs) out_map.emplace_back(out, std::vector<std::string>{in});
+  AppendOp(block, type, in_map, out_map, attrs);
+  Executor exe;
+  FeedMap feed;  // shared with the executor: the in-place outputs land in it
+  for (const auto& [slot, t] : inputs) feed[slot] = t.Clone();
+  exe.Run(prog, feed);
+  return std::map<std::string, Tensor>(feed.begin(), feed.end());
+}
+
+struct UpdateSpec {
+  std::string type;
+  std::vector<std::string> accumulators, scalars;
+  std::map<std::string, Attribute> attrs;
+};
+
+void CheckWidenedGrad(const UpdateSpec& spec, DType low, bool skip) {
+  SCOPED_TRACE(spec.type + " " + DTypeName(low) + (skip ? " skipped" : ""));
+  const DDim d({301});
+  const Tensor grad = ConvertTensor(RandomTensor(d, DType::kFloat32, -1, 1, 2), low);
+  std::map<std::string, Tensor> in;
+  in["Param"] = RandomTensor(d, DType::kFloat32, -2, 2, 1);
+  in["LearningRate"] = Tensor::FromVector(std::vector<float>{0.125f}, {1});
+  for (size_t k = 0; k < spec.accumulators.size(); ++k)
+    in[spec.accumulators[k]] = RandomTensor(d, DType::kFloat32, k == 1 ? 0.0f : -0.5f, 0.5f, 3 + k);
+  for (size_t k = 0; k < spec.scalars.size(); ++k)
+    in[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
+  if (skip) {
+    Tensor flag(DType::kBool, DDim({1}));
+    flag.data<bool>()[0] = true;
+    in["SkipUpdate"] = flag;
+  }
+  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
+  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
+  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
+  std::map<std::string, Tensor> ref_in = in, low_in = in;
+  ref_in["Grad"] = ConvertTensor(grad, DType::kFloat32);
+  low_in["Grad"] = grad;
+  const auto ref = Step(spec.type, ref_in, outs, spec.attrs);
+  const auto got = Step(spec.type, low_in, outs, spec.attrs);
+  for (const auto& [out, slot] : outs) EXPECT_TRUE(SameBytes(got.at(slot), ref.at(slot))) << slot;
+  EXPECT_EQ(SameBytes(got.at("Param"), in.at("Param")), skip) << "the step changed the parameter";
+}
+
+TEST(WidenedGrads, UpdatesReadA16BitGradientAsTheFloat32UpdateOfItsCast) {
+  const UpdateSpec specs[] = {
+      {"sgd", {}, {}, {}},
+      {"momentum", {"Velocity"}, {}, {{"mu", 0.9f}, {"use_nesterov", true}}},
+      {"adam", {"Moment1", "Moment2"}, {"Beta1Pow", "Beta2Pow"}, {}},
+      {"adamw", {"Moment1", "Moment2"}, {"Beta1Pow", "Beta2Pow"}, {{"coeff", 0.05f}}}};
+  for (const UpdateSpec& spec : specs) {
+    EXPECT_TRUE(OpRegistry::Traits(spec.type).WidensInput("Grad")) << spec.type;
+    for (DType low : {DType::kBFloat16, DType::kFloat16})
+      for (bool skip : {false, true}) CheckWidenedGrad(spec, low, skip);
+  }
+}
+
+TEST(WidenedGrads, A16BitGradientWhereNothingWidensItIsABuildErrorNamingIt) {
+  Program prog;
+  Block& b = prog.global_block();
+  Declare(b, "p64", DType::kFloat64, {4});
+  Declare(b, "p", DType::kFloat32, {4});
+  Declare(b, "g", DType::kBFloat16, {4});
+  Declare(b, "lr", DType::kFloat32, {1});
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(b, "sgd",
+                                    {{"Param", {"p64"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
+                                    {{"ParamOut", {"p64"}}});
+                         }),
+                         {"sgd", "Param is float64, Grad is bfloat16"});
+  EXPECT_FALSE(OpRegistry::Traits("merged_sgd").WidensInput("Grad"));
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(b, "merged_sgd",
+                                    {{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
+                                    {{"ParamOut", {"p"}}});
+                         }),
+                         {"merged_sgd", "Grad[0] (g)", "bfloat16", "must match Param[0] (p)"});
+}
+
+}  // namespace
+}  // namespace keel::testing
