@@ -182,11 +182,13 @@ KEEL_REGISTER_KERNEL(CPU, matmul_grad, MatMulGradKernel, float, double, bfloat16
   KEEL_REGISTER_KERNEL(CPU, name, Kernel, float, double, bfloat16, float16);                  \
   KEEL_REGISTER_KERNEL(CPU, name##_grad, GradKernel, float, double, bfloat16, float16)
 
-// Their gradients pass dOut through: the executor may let them be dOut itself.
+// Their gradients pass dOut through: the executor may let them be dOut itself. The add's Y@GRAD,
+// an unfused fc's bias gradient, may be narrowed (transpiler/narrow_grads_pass.h).
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_add, ElementwiseAddKernel, ElementwiseAddGradKernel,
                              "X + Y",
                              .MayShareBuffer(GradVarName("X"), GradVarName("Out"))
-                                 .MayShareBuffer(GradVarName("Y"), GradVarName("Out")));
+                                 .MayShareBuffer(GradVarName("Y"), GradVarName("Out"))
+                                 .NarrowsOutput(GradVarName("Y")));
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_sub, ElementwiseSubKernel, ElementwiseSubGradKernel,
                              "X - Y", .MayShareBuffer(GradVarName("X"), GradVarName("Out")));
 KEEL_REGISTER_ELEMENTWISE_OP(elementwise_mul, ElementwiseMulKernel, ElementwiseMulGradKernel,

@@ -251,13 +251,15 @@ class ElementwiseGradKernel : public OpKernel {
       }
     }
     if (Tensor* dy = GradOutput(ctx, "Y")) {
-      // Y of dOut's size (ShareInput checks it): each sum would have one term, dOut's own value.
+      // Y of dOut's size (ShareInput checks it): each sum would have one term, dOut's own value;
+      // not when dY is narrowed (elementwise_add_grad's bias gradient a pass made 16-bit).
+      const std::string slot = GradVarName("Y");
       if constexpr (G::kDyIsDout)
-        if (ShareInput(ctx, GradVarName("Y"), dout, dy)) return;
-      Device<D>::SumBroadcast(ctx, m, dy->mutable_data<T>(ctx.place()),
-                              [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> Acc<T> {
-                                return G::DY(Widen(gd[i]), Widen(xd[i]), Widen(yd[j]));
-                              });
+        if (StoredDType<T>(ctx, slot) == DTypeOf<T>::value && ShareInput(ctx, slot, dout, dy))
+          return;
+      SumBroadcastInto<D, T>(ctx, slot, dy, m, [=] KEEL_HD_LAMBDA(int64_t i, int64_t j) -> Acc<T> {
+        return G::DY(Widen(gd[i]), Widen(xd[i]), Widen(yd[j]));
+      });
     }
   }
 

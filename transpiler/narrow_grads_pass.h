@@ -6,8 +6,9 @@
 // gradient's memory, 0.41 ms of the seed MLP's 7.4 ms step on 2 workers of one core each, five
 // times the 0.08 ms that halving the all-reduce's bytes saves there. Where the op that computes a
 // gradient can store it rounded (OpTraits::narrows_outputs: the weight gradient of mul_grad and
-// fused_gemm_epilogue_grad, whose GEMM rounds each piece of its result while the piece is in the
-// core's cache, and the latter's bias gradient) and the only op that reads it is an update that
+// fused_gemm_epilogue_grad, whose GEMM rounds each block of its result while the block is in the
+// core's cache, and the bias gradient of the latter and of elementwise_add_grad) and the only op
+// that reads it is an update that
 // widens it as it reads it (OpTraits::widens_inputs: sgd, momentum, adam, adamw), this pass makes
 // the gradient's var 16-bit. GradAllReducePass then all-reduces it, or the fused buffer of such
 // gradients, as it is, with no cast before or after. The update computes what it did with the
@@ -28,8 +29,8 @@
 //   grad's var becomes dtype. narrowed() lists those gradients, in the order of their pairs.
 // Leaves alone: a gradient that another op reads (a clip, an L2 weight decay, gradient merge's
 //   accumulation) or writes (a parameter read twice: its partial gradients' sum), or whose writer
-//   cannot store it rounded (conv2d_grad's filter gradient, elementwise_add_grad's bias gradient of
-//   an unfused fc); every op; the startup program.
+//   cannot store it rounded (conv2d_grad's filter gradient, batch and layer norms' scale and bias
+//   gradients); every op; the startup program.
 #pragma once
 
 #include <string>

@@ -381,8 +381,10 @@ TEST(InspectStrategy, AmpO1Goldens) {
 
 // --amp_level=O2 (one rank, main program): the weights of the low-precision ops are bfloat16
 // parameters with float32 masters that their updates read (MasterParam). --fp16_allreduce=bf16 on
-// two ranks (fused, the CLI's default): each fused float32 gradient buffer is cast to bfloat16,
-// all-reduced, cast back and scaled by 1/2. On the MLP, LeNet, ResNet-20 and the transformer.
+// two ranks (fused, the CLI's default): the fc layers' gradients are made bfloat16 where they are
+// computed and their fused buffer (the first) is all-reduced as it is; each fused float32 buffer
+// of the others (convolutions, norms) is cast to bfloat16, all-reduced and cast back. On the MLP,
+// LeNet, ResNet-20 and the transformer.
 TEST(InspectStrategy, AmpO2AndFp16AllReduceGoldens) {
   for (std::string model : {"mlp", "lenet", "resnet", "transformer"}) {
     const std::string size = model == "mlp" ? " --mlp_hidden=8" : "";
@@ -396,8 +398,10 @@ TEST(InspectStrategy, AmpO2AndFp16AllReduceGoldens) {
     auto ar = Inspect(
         "--strategy --nranks=2 --program=main --fp16_allreduce=bf16 --model=" + model + size);
     ASSERT_EQ(ar.exit_code, 0) << model << "\n" << ar.output;
-    EXPECT_NE(ar.output.find("c_allreduce_sum(X: @FUSED_GRAD@0.cast_bf16)"), std::string::npos)
-        << model;
+    EXPECT_NE(ar.output.find("var @FUSED_GRAD@0 : bfloat16["), std::string::npos) << model;
+    EXPECT_NE(ar.output.find("c_allreduce_sum(X: @FUSED_GRAD@0)"), std::string::npos) << model;
+    EXPECT_EQ(ar.output.find("cast(X: @FUSED_GRAD@0)"), std::string::npos) << model;
+    EXPECT_EQ(ar.output.find("  cast(") == std::string::npos, model == "mlp") << model;
     ExpectGolden(ar.output, "inspect_strategy_fp16_allreduce_bf16_" + model + ".txt");
   }
   // Combinations that cannot work name both settings.

@@ -2,9 +2,9 @@
 // transpiler/narrow_grads_pass.h builds fp16_allreduce's casts out of:
 //   - blas's GEMM from float32 operands into a 16-bit C is the float32 GEMM rounded, bit for bit,
 //     on every shape, transpose and thread count tried;
-//   - fused_gemm_epilogue_grad and mul_grad store a weight (and bias) gradient declared 16-bit as
-//     their float32 gradient rounded, bit for bit; shape inference keeps the declaration where the
-//     op narrows the slot and overrides it where it does not;
+//   - fused_gemm_epilogue_grad, mul_grad and elementwise_add_grad store a weight or bias gradient
+//     declared 16-bit as their float32 gradient rounded, bit for bit; shape inference keeps the
+//     declaration where the op narrows the slot and overrides it where it does not;
 //   - sgd, momentum, adam and adamw of a float32 Param read a 16-bit Grad as the float32 update of
 //     the widened gradient, bit for bit (skipped steps too); the ops that do not widen (the merged
 //     ones) and a float64 Param refuse a 16-bit Grad naming it.
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -159,17 +160,47 @@ TEST(NarrowedGrads, GemmGradOpsStoreTheirFloat32GradientsRounded) {
       }
 }
 
-// An op that does not narrow a slot gets the dtype its shape function gives, whatever the var
-// was declared: elementwise_add_grad's Y@GRAD (the bias gradient of an unfused fc) and mul_grad's
-// X@GRAD.
-TEST(NarrowedGrads, OnlySlotsTheOpNarrowsKeepA16BitDeclaration) {
+// elementwise_add_grad's Y@GRAD (an unfused fc's bias gradient) declared 16-bit is the float32
+// column sums rounded, for a bias over rows and a Y of X's own shape (whose float32 gradient may be
+// dOut's own buffer). An op that does not narrow a slot gets the dtype its shape function gives,
+// whatever the var was declared: elementwise_sub_grad's Y@GRAD, mul_grad's X@GRAD.
+TEST(NarrowedGrads, TheAddsBiasGradientIsNarrowedOtherSlotsAreNot) {
+  for (DType low : {DType::kBFloat16, DType::kFloat16})
+    for (bool rows : {true, false}) {
+      SCOPED_TRACE(std::string(DTypeName(low)) + (rows ? " bias over rows" : " same shape"));
+      const DDim x({70, 33}), y = rows ? DDim({33}) : x;
+      auto run = [&](DType dy_dtype, DType* declared) {
+        Program prog;
+        Block& block = prog.global_block();
+        FeedMap feed;
+        for (auto [name, d, seed] :
+             {std::tuple<const char*, DDim, uint64_t>{"x", x, 1}, {"y", y, 2}, {"dout", x, 3}}) {
+          Declare(block, name, DType::kFloat32, d);
+          block.Var(name)->set_is_data(true);
+          feed[name] = RandomTensor(d, DType::kFloat32, -1, 1, seed);
+        }
+        Declare(block, "dx", DType::kFloat32, x);
+        Declare(block, "dy", dy_dtype, y);
+        AppendOp(block, "elementwise_add_grad",
+                 {{"X", {"x"}}, {"Y", {"y"}}, {"Out@GRAD", {"dout"}}},
+                 {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}}, {{"axis", -1}});
+        *declared = block.FindVar("dy")->dtype();
+        Executor exe;
+        return exe.Run(prog, feed, {"dy", "dx"});
+      };
+      DType d32, dlow;
+      const std::vector<Tensor> ref = run(DType::kFloat32, &d32);
+      const std::vector<Tensor> got = run(low, &dlow);
+      EXPECT_EQ(dlow, low);
+      EXPECT_TRUE(SameBytes(got[0], ConvertTensor(ref[0], low)));
+      EXPECT_TRUE(SameBytes(got[1], ref[1]));
+    }
   Program prog;
   Block& block = prog.global_block();
-  for (const char* v : {"x", "b", "dout"}) Declare(block, v, DType::kFloat32, {4, 3});
+  for (const char* v : {"x", "dout", "dx"}) Declare(block, v, DType::kFloat32, {4, 3});
   Declare(block, "b", DType::kFloat32, {3});
-  Declare(block, "dx", DType::kFloat32, {4, 3});
   Declare(block, "db", DType::kBFloat16, {3});
-  AppendOp(block, "elementwise_add_grad", {{"X", {"x"}}, {"Y", {"b"}}, {"Out@GRAD", {"dout"}}},
+  AppendOp(block, "elementwise_sub_grad", {{"X", {"x"}}, {"Y", {"b"}}, {"Out@GRAD", {"dout"}}},
            {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"db"}}}, {{"axis", -1}});
   EXPECT_EQ(block.FindVar("db")->dtype(), DType::kFloat32);
   EXPECT_FALSE(OpRegistry::Traits("mul_grad").NarrowsOutput("X@GRAD"));

@@ -101,13 +101,13 @@ TEST(NarrowGrads, MlpDataParallelProgramMatchesGolden) {
   }
 }
 
-// Without the fused epilogue: mul_grad narrows each weight gradient; the bias gradients come from
-// elementwise_add_grad, which does not narrow, and keep float32.
-TEST(NarrowGrads, UnfusedLayersNarrowTheirWeightGradientsOnly) {
+// Without the fused epilogue: mul_grad narrows each weight gradient, elementwise_add_grad each
+// bias gradient.
+TEST(NarrowGrads, UnfusedLayersNarrowThroughTheMulAndAddGradients) {
   Model m;
   optimizer::SGD sgd(0.1f);
   Build(m, sgd, /*fuse=*/false);
-  EXPECT_EQ(Narrowed(m), (std::vector<std::string>{"fc_1.w_0@GRAD", "fc_0.w_0@GRAD"}));
+  EXPECT_EQ(Narrowed(m), kFcGrads);
 }
 
 // The reference: after the writer of each gradient the pass narrows, a cast to bfloat16 and back,

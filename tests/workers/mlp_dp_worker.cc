@@ -134,10 +134,13 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("rank %d params %.9g %.9g\n", rank, sum, weighted);
-    int groups = 0;
-    for (const auto& op : fleet::main_program().global_block().ops())
+    int groups = 0, casts = 0;
+    for (const auto& op : fleet::main_program().global_block().ops()) {
       groups += op->type() == "coalesce_tensor";
+      casts += op->type() == "cast";
+    }
     std::printf("rank %d fused_groups %d\n", rank, groups);
+    std::printf("rank %d casts %d\n", rank, casts);
     int64_t zero_copy = 0;
     for (int ring = 0; ring < FLAGS_rings; ++ring)
       if (RingRegistry::Get().Has(ring))
