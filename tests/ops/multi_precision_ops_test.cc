@@ -2,7 +2,10 @@
 // with its float32 MasterParam and float32 accumulators. The master and the accumulators must come
 // out bit for bit as the float32 op computes them from the master and the widened gradient, the
 // parameter as the master rounded; a skipped step changes nothing; a 16-bit Param without a
-// master, or a master beside a float32 Param, is a keel::Error naming the op.
+// master, or a master beside a float32 Param, is a keel::Error naming the op. And their float32
+// form reading a 16-bit Grad (OpTraits::widens_inputs, fp16_allreduce's narrowed gradients): the
+// float32 update of the widened gradient, bit for bit; the ops that do not widen (the merged ones)
+// and a float64 Param refuse a 16-bit Grad naming it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +17,7 @@
 #include "executor/executor.h"
 #include "framework/dsl/program_guard.h"
 #include "framework/error.h"
+#include "framework/op/op_registry.h"
 #include "framework/runtime/float16.h"
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
@@ -154,6 +158,70 @@ TEST(MultiPrecisionOps, MasterAndAccumulatorsAreTheFloat32UpdateParamIsItRounded
   for (const OpSpec& spec : Specs())
     for (DType low : {DType::kBFloat16, DType::kFloat16})
       for (bool skip : {false, true}) CheckMultiPrecision(spec, low, skip);
+}
+
+// A float32 Param with a 16-bit Grad: every output as the float32 op gives them from the widened
+// gradient.
+void CheckWidenedGrad(const OpSpec& spec, DType low, bool skip) {
+  SCOPED_TRACE(spec.type + " widening " + DTypeName(low) + (skip ? " skipped" : ""));
+  const std::vector<float> param = Values(1, -2, 2);
+  const Tensor grad = Narrowed(Values(2, -1, 1), low);
+  std::map<std::string, Tensor> in;
+  in["Param"] = Floats(param);
+  in["LearningRate"] = Floats({0.125f});
+  for (size_t k = 0; k < spec.accumulators.size(); ++k)
+    in[spec.accumulators[k]] = Floats(Values(3 + k, k == 1 ? 0.0f : -0.5f, 0.5f));
+  for (size_t k = 0; k < spec.scalars.size(); ++k)
+    in[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
+  if (skip) {
+    Tensor flag(DType::kBool, DDim({1}));
+    flag.data<bool>()[0] = true;
+    in["SkipUpdate"] = flag;
+  }
+  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
+  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
+  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
+  std::map<std::string, Tensor> ref_in = in;
+  ref_in["Grad"] = Widened(grad);
+  in["Grad"] = grad;
+  const std::map<std::string, Tensor> ref = Step(spec.type, ref_in, outs, spec.attrs);
+  const std::map<std::string, Tensor> got = Step(spec.type, in, outs, spec.attrs);
+  for (const auto& [out, slot] : outs) EXPECT_TRUE(SameBytes(got.at(slot), ref.at(slot))) << slot;
+  EXPECT_EQ(SameBytes(got.at("Param"), Floats(param)), skip) << "the step changed the parameter";
+}
+
+TEST(MultiPrecisionOps, Float32UpdatesReadA16BitGradientAsTheUpdateOfItsCast) {
+  for (const OpSpec& spec : Specs()) {
+    EXPECT_TRUE(OpRegistry::Traits(spec.type).WidensInput("Grad")) << spec.type;
+    for (DType low : {DType::kBFloat16, DType::kFloat16})
+      for (bool skip : {false, true}) CheckWidenedGrad(spec, low, skip);
+  }
+}
+
+TEST(MultiPrecisionOps, A16BitGradientWhereNothingWidensItIsABuildErrorNamingIt) {
+  Program prog;
+  Block& b = prog.global_block();
+  for (auto [name, dt] : {std::pair<const char*, DType>{"p64", DType::kFloat64},
+                          {"p", DType::kFloat32},
+                          {"g", DType::kBFloat16},
+                          {"lr", DType::kFloat32}}) {
+    VarDesc* v = b.Var(name);
+    v->set_dtype(dt);
+    v->set_shape(std::string(name) == "lr" ? std::vector<int64_t>{1} : std::vector<int64_t>{4});
+  }
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(b, "sgd",
+                                    {{"Param", {"p64"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
+                                    {{"ParamOut", {"p64"}}});
+                         }),
+                         {"sgd", "Param is float64, Grad is bfloat16"});
+  EXPECT_FALSE(OpRegistry::Traits("merged_sgd").WidensInput("Grad"));
+  ExpectErrorContainsAll(ErrorOf([&] {
+                           AppendOp(b, "merged_sgd",
+                                    {{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
+                                    {{"ParamOut", {"p"}}});
+                         }),
+                         {"merged_sgd", "Grad[0] (g)", "bfloat16", "must match Param[0] (p)"});
 }
 
 TEST(MultiPrecisionOps, MissingOrStrayMasterIsAnErrorNamingTheOp) {

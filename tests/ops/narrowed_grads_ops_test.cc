@@ -5,9 +5,7 @@
 //   - fused_gemm_epilogue_grad, mul_grad and elementwise_add_grad store a weight or bias gradient
 //     declared 16-bit as their float32 gradient rounded, bit for bit; shape inference keeps the
 //     declaration where the op narrows the slot and overrides it where it does not;
-//   - sgd, momentum, adam and adamw of a float32 Param read a 16-bit Grad as the float32 update of
-//     the widened gradient, bit for bit (skipped steps too); the ops that do not widen (the merged
-//     ones) and a float64 Param refuse a 16-bit Grad naming it.
+// (The updates that widen a 16-bit gradient: multi_precision_ops_test.cc.)
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -205,100 +203,6 @@ TEST(NarrowedGrads, TheAddsBiasGradientIsNarrowedOtherSlotsAreNot) {
   EXPECT_EQ(block.FindVar("db")->dtype(), DType::kFloat32);
   EXPECT_FALSE(OpRegistry::Traits("mul_grad").NarrowsOutput("X@GRAD"));
   EXPECT_TRUE(OpRegistry::Traits("mul_grad").NarrowsOutput("Y@GRAD"));
-}
-
-// ---------------------------------------------------------------- widened gradients
-
-// Runs `type` once on `inputs` (slot -> tensor), each XOut written into X's var; returns the
-// tensors after the step, by input slot.
-std::map<std::string, Tensor> Step(const std::string& type,
-                                   const std::map<std::string, Tensor>& inputs,
-                                   const std::vector<std::pair<std::string, std::string>>& outs,
-                                   const std::map<std::string, Attribute>& attrs) {
-  Program prog;
-  Block& block = prog.global_block();
-  OpDesc::VarMap in_map, out_map;
-  for (const auto& [slot, t] : inputs) {
-    Declare(block, slot, t.dtype(), t.dims());
-    block.Var(slot)->set_is_data(true);
-    in_map.emplace_back(slot, std::vector<std::string>{slot});
-  }
-  for (const auto& [out, in] : outs) out_map.emplace_back(out, std::vector<std::string>{in});
-  AppendOp(block, type, in_map, out_map, attrs);
-  Executor exe;
-  FeedMap feed;  // shared with the executor: the in-place outputs land in it
-  for (const auto& [slot, t] : inputs) feed[slot] = t.Clone();
-  exe.Run(prog, feed);
-  return std::map<std::string, Tensor>(feed.begin(), feed.end());
-}
-
-struct UpdateSpec {
-  std::string type;
-  std::vector<std::string> accumulators, scalars;
-  std::map<std::string, Attribute> attrs;
-};
-
-void CheckWidenedGrad(const UpdateSpec& spec, DType low, bool skip) {
-  SCOPED_TRACE(spec.type + " " + DTypeName(low) + (skip ? " skipped" : ""));
-  const DDim d({301});
-  const Tensor grad = ConvertTensor(RandomTensor(d, DType::kFloat32, -1, 1, 2), low);
-  std::map<std::string, Tensor> in;
-  in["Param"] = RandomTensor(d, DType::kFloat32, -2, 2, 1);
-  in["LearningRate"] = Tensor::FromVector(std::vector<float>{0.125f}, {1});
-  for (size_t k = 0; k < spec.accumulators.size(); ++k)
-    in[spec.accumulators[k]] = RandomTensor(d, DType::kFloat32, k == 1 ? 0.0f : -0.5f, 0.5f, 3 + k);
-  for (size_t k = 0; k < spec.scalars.size(); ++k)
-    in[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
-  if (skip) {
-    Tensor flag(DType::kBool, DDim({1}));
-    flag.data<bool>()[0] = true;
-    in["SkipUpdate"] = flag;
-  }
-  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
-  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
-  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
-  std::map<std::string, Tensor> ref_in = in, low_in = in;
-  ref_in["Grad"] = ConvertTensor(grad, DType::kFloat32);
-  low_in["Grad"] = grad;
-  const auto ref = Step(spec.type, ref_in, outs, spec.attrs);
-  const auto got = Step(spec.type, low_in, outs, spec.attrs);
-  for (const auto& [out, slot] : outs) EXPECT_TRUE(SameBytes(got.at(slot), ref.at(slot))) << slot;
-  EXPECT_EQ(SameBytes(got.at("Param"), in.at("Param")), skip) << "the step changed the parameter";
-}
-
-TEST(WidenedGrads, UpdatesReadA16BitGradientAsTheFloat32UpdateOfItsCast) {
-  const UpdateSpec specs[] = {
-      {"sgd", {}, {}, {}},
-      {"momentum", {"Velocity"}, {}, {{"mu", 0.9f}, {"use_nesterov", true}}},
-      {"adam", {"Moment1", "Moment2"}, {"Beta1Pow", "Beta2Pow"}, {}},
-      {"adamw", {"Moment1", "Moment2"}, {"Beta1Pow", "Beta2Pow"}, {{"coeff", 0.05f}}}};
-  for (const UpdateSpec& spec : specs) {
-    EXPECT_TRUE(OpRegistry::Traits(spec.type).WidensInput("Grad")) << spec.type;
-    for (DType low : {DType::kBFloat16, DType::kFloat16})
-      for (bool skip : {false, true}) CheckWidenedGrad(spec, low, skip);
-  }
-}
-
-TEST(WidenedGrads, A16BitGradientWhereNothingWidensItIsABuildErrorNamingIt) {
-  Program prog;
-  Block& b = prog.global_block();
-  Declare(b, "p64", DType::kFloat64, {4});
-  Declare(b, "p", DType::kFloat32, {4});
-  Declare(b, "g", DType::kBFloat16, {4});
-  Declare(b, "lr", DType::kFloat32, {1});
-  ExpectErrorContainsAll(ErrorOf([&] {
-                           AppendOp(b, "sgd",
-                                    {{"Param", {"p64"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
-                                    {{"ParamOut", {"p64"}}});
-                         }),
-                         {"sgd", "Param is float64, Grad is bfloat16"});
-  EXPECT_FALSE(OpRegistry::Traits("merged_sgd").WidensInput("Grad"));
-  ExpectErrorContainsAll(ErrorOf([&] {
-                           AppendOp(b, "merged_sgd",
-                                    {{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}},
-                                    {{"ParamOut", {"p"}}});
-                         }),
-                         {"merged_sgd", "Grad[0] (g)", "bfloat16", "must match Param[0] (p)"});
 }
 
 }  // namespace

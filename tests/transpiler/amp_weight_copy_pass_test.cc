@@ -123,14 +123,7 @@ TEST(AmpWeightCopy, MlpSgdProgramsMatchGolden) {
 // kept copy is its weight rounded after every step. Fails when an update reads the 16-bit
 // gradient otherwise than cast_grad widened it, or writes a copy that is not the weight rounded.
 TEST(AmpWeightCopy, TrainsBitForBitAsTheCastingProgram) {
-  std::vector<std::pair<std::string, std::function<std::unique_ptr<optimizer::Optimizer>()>>> opts =
-      {
-          {"sgd", [] { return std::make_unique<optimizer::SGD>(0.1f); }},
-          {"momentum", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f); }},
-          {"nesterov", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f, true); }},
-          {"adam", [] { return std::make_unique<optimizer::Adam>(1e-2f); }},
-          {"adamw", [] { return std::make_unique<optimizer::AdamW>(1e-2f); }},
-      };
+  const auto opts = testing::TrainingOptimizers();
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (const auto& [name, make] : opts) {
       SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + name);

@@ -21,6 +21,7 @@
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
 #include "tests/util/golden.h"
+#include "tests/util/op_test_util.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/grad_allreduce_pass.h"
@@ -57,15 +58,6 @@ int Count(const Program& p, const std::string& type) {
   int n = 0;
   for (auto& op : p.global_block().ops()) n += op->type() == type;
   return n;
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const std::vector<std::string> kFcGrads = {"fc_1.b_0@GRAD", "fc_1.w_0@GRAD", "fc_0.b_0@GRAD",
@@ -142,14 +134,7 @@ void RoundThroughCasts(Model& m, const std::vector<std::string>& grads) {
 // Fails when a narrowing kernel rounds otherwise than the cast, or an update reads the 16-bit
 // gradient otherwise than widened exactly.
 TEST(NarrowGrads, TrainsBitForBitAsRoundingEachGradientThroughCasts) {
-  std::vector<std::pair<std::string, std::function<std::unique_ptr<optimizer::Optimizer>()>>> opts =
-      {
-          {"sgd", [] { return std::make_unique<optimizer::SGD>(0.1f); }},
-          {"momentum", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f); }},
-          {"nesterov", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f, true); }},
-          {"adam", [] { return std::make_unique<optimizer::Adam>(1e-2f); }},
-          {"adamw", [] { return std::make_unique<optimizer::AdamW>(1e-2f); }},
-      };
+  const auto opts = testing::TrainingOptimizers();
   for (bool fuse : {true, false}) {
     for (const auto& [name, make] : opts) {
       SCOPED_TRACE(name + (fuse ? " fused epilogue" : " mul and add"));
@@ -211,8 +196,8 @@ TEST(NarrowGrads, LeavesAloneGradientsOtherOpsRead) {
     Model m;
     optimizer::SGD sgd(0.1f);
     Build(m, sgd);
-    const std::string e =
-        ErrorOf([&] { transpiler::NarrowGradsPass(DType::kFloat16).Apply(m.main, m.startup); });
+    const std::string e = testing::ErrorOf(
+        [&] { transpiler::NarrowGradsPass(DType::kFloat16).Apply(m.main, m.startup); });
     EXPECT_NE(e.find("narrow_grads"), std::string::npos) << e;
     EXPECT_NE(e.find("float16"), std::string::npos) << e;
   }

@@ -57,6 +57,17 @@ FeedMap AmpMlpBatch(int step) {
   return {{"x", x}, {"y", y}};
 }
 
+std::vector<std::pair<std::string, std::function<std::unique_ptr<optimizer::Optimizer>()>>>
+TrainingOptimizers() {
+  return {
+      {"sgd", [] { return std::make_unique<optimizer::SGD>(0.1f); }},
+      {"momentum", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f); }},
+      {"nesterov", [] { return std::make_unique<optimizer::Momentum>(0.05f, 0.9f, true); }},
+      {"adam", [] { return std::make_unique<optimizer::Adam>(1e-2f); }},
+      {"adamw", [] { return std::make_unique<optimizer::AdamW>(1e-2f); }},
+  };
+}
+
 std::map<std::string, std::vector<char>> PersistableBytes(const Program& program, Executor& exe) {
   std::map<std::string, std::vector<char>> out;
   for (const VarDesc* v : program.global_block().AllVars()) {

@@ -3,13 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/executor.h"
 #include "fleet/role_maker.h"
 #include "framework/dsl/layers.h"
+#include "framework/dsl/optimizer.h"
 #include "framework/ir/program.h"
 
 namespace keel::testing {
@@ -30,6 +34,11 @@ void InsertFusedGradients(Block& b, const std::vector<std::string>& grads,
 Var AmpMlpLoss();
 // Its batch of step `step`: 8 rows of x (a fixed pattern) and labels in 0..2.
 FeedMap AmpMlpBatch(int step);
+
+// The optimizers the bit-for-bit training tests of the passes run, by name: SGD, Momentum,
+// Nesterov, Adam and AdamW, each making a fresh optimizer.
+std::vector<std::pair<std::string, std::function<std::unique_ptr<optimizer::Optimizer>()>>>
+TrainingOptimizers();
 
 // The bytes of every persistable of `program` in `exe`'s scope, by name.
 std::map<std::string, std::vector<char>> PersistableBytes(const Program& program, Executor& exe);
