@@ -103,24 +103,37 @@ std::vector<OpSpec> Specs() {
           {"adamw", {"Moment1", "Moment2"}, {"Beta1Pow", "Beta2Pow"}, {{"coeff", 0.05f}}}};
 }
 
+// The inputs but Param, Grad and MasterParam: the rate, the accumulators, the beta powers, and
+// with `skip` a SkipUpdate that holds true.
+std::map<std::string, Tensor> CommonInputs(const OpSpec& spec, bool skip) {
+  std::map<std::string, Tensor> in;
+  in["LearningRate"] = Floats({0.125f});
+  for (size_t k = 0; k < spec.accumulators.size(); ++k)
+    in[spec.accumulators[k]] = Floats(Values(3 + k, k == 1 ? 0.0f : -0.5f, 0.5f));
+  for (size_t k = 0; k < spec.scalars.size(); ++k)
+    in[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
+  if (skip) {
+    Tensor flag(DType::kBool, DDim({1}));
+    flag.data<bool>()[0] = true;
+    in["SkipUpdate"] = flag;
+  }
+  return in;
+}
+
+// (output, input) pairs: each XOut written into X's var.
+std::vector<std::pair<std::string, std::string>> InPlaceOutputs(const OpSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
+  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
+  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
+  return outs;
+}
+
 void CheckMultiPrecision(const OpSpec& spec, DType low, bool skip) {
   SCOPED_TRACE(spec.type + " " + DTypeName(low) + (skip ? " skipped" : ""));
   const std::vector<float> master = Values(1, -2, 2);
   const Tensor grad = Narrowed(Values(2, -1, 1), low);
-  std::map<std::string, Tensor> common;  // what both runs share
-  common["LearningRate"] = Floats({0.125f});
-  for (size_t k = 0; k < spec.accumulators.size(); ++k)
-    common[spec.accumulators[k]] = Floats(Values(3 + k, k == 1 ? 0.0f : -0.5f, 0.5f));
-  for (size_t k = 0; k < spec.scalars.size(); ++k)
-    common[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
-  if (skip) {
-    Tensor flag(DType::kBool, DDim({1}));
-    flag.data<bool>()[0] = true;
-    common["SkipUpdate"] = flag;
-  }
-  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
-  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
-  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
+  const std::map<std::string, Tensor> common = CommonInputs(spec, skip);  // both runs'
+  const auto outs = InPlaceOutputs(spec);
 
   // The float32 op on the master and the widened gradient.
   std::map<std::string, Tensor> ref_in = common;
@@ -166,21 +179,9 @@ void CheckWidenedGrad(const OpSpec& spec, DType low, bool skip) {
   SCOPED_TRACE(spec.type + " widening " + DTypeName(low) + (skip ? " skipped" : ""));
   const std::vector<float> param = Values(1, -2, 2);
   const Tensor grad = Narrowed(Values(2, -1, 1), low);
-  std::map<std::string, Tensor> in;
+  std::map<std::string, Tensor> in = CommonInputs(spec, skip);
   in["Param"] = Floats(param);
-  in["LearningRate"] = Floats({0.125f});
-  for (size_t k = 0; k < spec.accumulators.size(); ++k)
-    in[spec.accumulators[k]] = Floats(Values(3 + k, k == 1 ? 0.0f : -0.5f, 0.5f));
-  for (size_t k = 0; k < spec.scalars.size(); ++k)
-    in[spec.scalars[k]] = Tensor::FromVector(std::vector<float>{k == 0 ? 0.9f : 0.999f}, {1});
-  if (skip) {
-    Tensor flag(DType::kBool, DDim({1}));
-    flag.data<bool>()[0] = true;
-    in["SkipUpdate"] = flag;
-  }
-  std::vector<std::pair<std::string, std::string>> outs = {{"ParamOut", "Param"}};
-  for (const std::string& a : spec.accumulators) outs.push_back({a + "Out", a});
-  for (const std::string& b : spec.scalars) outs.push_back({b + "Out", b});
+  const auto outs = InPlaceOutputs(spec);
   std::map<std::string, Tensor> ref_in = in;
   ref_in["Grad"] = Widened(grad);
   in["Grad"] = grad;
