@@ -1,7 +1,8 @@
 // GPU twin tests (ctest label `gpu`) of the CUDA kernels beyond GEMM, element-wise and
 // activations: losses, layer_norm, dropout, reductions, lookup_table, shape ops, fills, random
 // initializers, cast, compare/logical, lr schedules, metrics, coalesce_tensor, the global-norm
-// clip, loss scaling and fused_gemm_epilogue. Every case runs on CPUPlace and CUDAPlace(0) from the
+// clip, loss scaling and fused_gemm_epilogue; gradients narrowed to 16 bits where they are computed
+// and the updates that widen them. Every case runs on CPUPlace and CUDAPlace(0) from the
 // same random inputs, forward and gradient, with every new allocation poisoned
 // (FLAGS_init_allocated_mem: an output element a kernel leaves unwritten is NaN and fails the
 // comparison) and the host fallback off (a case that would run through it is an error). Float32
@@ -14,6 +15,10 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "executor/executor.h"
 #include "framework/dsl/program_guard.h"
@@ -23,7 +28,9 @@
 #include "tests/util/grad_checker.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/transpiler_fixtures.h"
+#include "transpiler/fuse_gemm_epilogue_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
+#include "transpiler/narrow_grads_pass.h"
 
 DECLARE_bool(init_allocated_mem);
 DECLARE_bool(cuda_host_fallback);
@@ -713,6 +720,62 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
     ASSERT_EQ(ErrorOf([&] { gpu = losses(CUDAPlace(0)); }), "");
     for (size_t s = 0; s < cpu.size(); ++s)
       EXPECT_NEAR(gpu[s], cpu[s], 1e-4 * std::max(1.0, std::abs(cpu[s]))) << "step " << s;
+  }
+}
+
+// Gradients made 16-bit where they are computed (transpiler/narrow_grads_pass.h: cuBLAS's float32
+// GEMM then a narrowing pass, the bias sums stored rounded) and read so by the float32 updates,
+// with the fc layers fused (fused_gemm_epilogue_grad) and not (mul_grad, elementwise_add_grad):
+// the GPU follows the CPU step by step, for every optimizer. The two places round the gradients'
+// float32 sums, which they add in different orders, to bfloat16 or float16 separately, so the
+// losses agree to 16-bit rounding of the updates (2e-3).
+TEST_F(CudaKernels2, NarrowedGradientsAndWideningUpdatesFollowTheCpu) {
+  FLAGS_init_allocated_mem = false;
+  auto losses = [](const std::string& opt, bool fuse, const Place& place) {
+    models::ModelConfig cfg;
+    cfg.name = "mlp";
+    cfg.seed = 3;
+    cfg.hidden = 64;
+    cfg.batch_size = 16;
+    cfg.make_optimizer = [opt](const std::string&, float) {
+      std::unique_ptr<optimizer::Optimizer> o;
+      if (opt == "sgd") o = std::make_unique<optimizer::SGD>(0.05f);
+      if (opt == "momentum") o = std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
+      if (opt == "adam") o = std::make_unique<optimizer::Adam>(0.01f);
+      if (opt == "adamw") o = std::make_unique<optimizer::AdamW>(0.01f, 0.1f);
+      return o;
+    };
+    models::TrainableModel m = models::BuildModel(cfg);
+    if (fuse) transpiler::FuseGemmEpiloguePass().Apply(*m.main, *m.startup);
+    transpiler::NarrowGradsPass pass;
+    pass.Apply(*m.main, *m.startup);
+    EXPECT_EQ(pass.narrowed().size(), 6u);
+    Executor exe(place);
+    exe.Run(*m.startup);
+    std::vector<double> r;
+    for (int s = 0; s < 10; ++s) {
+      FeedMap feed;
+      m.next_batch(16, &feed);
+      r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
+    }
+    return r;
+  };
+  // The CPU halves run everywhere (the rewrite applies and trains); the GPU halves need a device.
+  std::map<std::pair<std::string, bool>, std::vector<double>> cpu;
+  for (const char* opt : {"sgd", "momentum", "adam", "adamw"})
+    for (bool fuse : {true, false}) {
+      SCOPED_TRACE(std::string(opt) + (fuse ? " fused epilogue" : " mul and add"));
+      const std::vector<double> l = losses(opt, fuse, CPUPlace());
+      for (double v : l) EXPECT_TRUE(std::isfinite(v));
+      cpu[{opt, fuse}] = l;
+    }
+  SKIP_WITHOUT_GPU();
+  for (const auto& [key, want] : cpu) {
+    SCOPED_TRACE(key.first + (key.second ? " fused epilogue" : " mul and add"));
+    std::vector<double> gpu;
+    ASSERT_EQ(ErrorOf([&] { gpu = losses(key.first, key.second, CUDAPlace(0)); }), "");
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(gpu[s], want[s], 2e-3 * std::max(1.0, std::abs(want[s]))) << "step " << s;
   }
 }
 
