@@ -40,7 +40,11 @@ class CoalesceKernel : public OpKernel {
     fused->Resize(DDim{CoalescedLength(numels_, multiple_)});
     char* base = static_cast<char*>(fused->mutable_data(dtype_, ctx.place()));
     const size_t esize = SizeOf(dtype_);
-    if (set_constant_) {
+    if (set_constant_ && dtype_ == DType::kBFloat16) {
+      Device<D>::Fill(ctx, reinterpret_cast<bfloat16*>(base), fused->numel(), bfloat16(constant_));
+    } else if (set_constant_ && dtype_ == DType::kFloat16) {
+      Device<D>::Fill(ctx, reinterpret_cast<float16*>(base), fused->numel(), float16(constant_));
+    } else if (set_constant_) {
       VisitDType(dtype_, [&](auto v) {
         using T = decltype(v);
         Device<D>::Fill(ctx, reinterpret_cast<T*>(base), fused->numel(), static_cast<T>(constant_));

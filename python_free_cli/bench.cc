@@ -26,11 +26,12 @@ DECLARE_int32(batch_size);
 DECLARE_double(lr);
 DECLARE_uint64(seed);
 DECLARE_int32(cpu_math_threads);
+DECLARE_string(fp16_allreduce);
 DEFINE_int32(bench_steps, 200, "Timed steps for keel bench.");
 DEFINE_int32(bench_warmup, 10, "Untimed warm-up steps for keel bench.");
 DEFINE_int64(bench_numel, 1680000,
-             "keel bench allreduce: floats per all-reduce (default: the seed MLP's 6.72 MB of "
-             "gradients).");
+             "keel bench allreduce: values per all-reduce (default: the seed MLP's 1.68 M "
+             "gradients; float32, or --fp16_allreduce's type).");
 
 namespace keel {
 namespace cli {
@@ -42,10 +43,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// keel bench allreduce: c_allreduce_sum of --bench_numel floats through a program, as training
+// keel bench allreduce: c_allreduce_sum of --bench_numel values through a program, as training
 // runs it: of a buffer coalesce_tensor laid out once (so on a shared-memory ring it lives where the
-// peers map it, unless --shm_zero_copy_mb=0). Rank 0 prints one JSON line.
+// peers map it, unless --shm_zero_copy_mb=0); float32, or with --fp16_allreduce=fp16|bf16 that
+// 16-bit type (what a 16-bit all-reduce of float32 gradients hands the ring). Rank 0 prints one
+// JSON line.
 int BenchAllReduce() {
+  KEEL_ENFORCE(FLAGS_fp16_allreduce == "off" || FLAGS_fp16_allreduce == "fp16" ||
+                   FLAGS_fp16_allreduce == "bf16",
+               "--fp16_allreduce must be off, fp16 or bf16, got '", FLAGS_fp16_allreduce, "'");
+  const DType dtype = FLAGS_fp16_allreduce == "bf16"   ? DType::kBFloat16
+                      : FLAGS_fp16_allreduce == "fp16" ? DType::kFloat16
+                                                       : DType::kFloat32;
   fleet::init();
   const int world = fleet::worker_num();
   KEEL_ENFORCE(world > 1, "bench allreduce needs several workers: run it under keel launch");
@@ -55,16 +64,18 @@ int BenchAllReduce() {
   for (Block* b : {&layout.global_block(), &main.global_block()}) {
     VarDesc* fused = b->Var("fused");
     fused->set_shape({FLAGS_bench_numel});
+    fused->set_dtype(dtype);
     fused->set_persistable(true);
   }
   VarDesc* g = layout.global_block().Var("grad");
   g->set_shape({FLAGS_bench_numel});
+  g->set_dtype(dtype);
   g->set_persistable(true);
   // Zeros: sums that stay finite whatever the number of steps.
   AppendOp(layout.global_block(), "coalesce_tensor", {{"Input", {"grad"}}},
            {{"Output", {"grad"}}, {"FusedOutput", {"fused"}}},
            {{"numels", std::vector<int64_t>{FLAGS_bench_numel}},
-            {"dtype", static_cast<int>(DType::kFloat32)},
+            {"dtype", static_cast<int>(dtype)},
             {"set_constant", true}});
   for (Program* p : {&layout, &main})
     AppendOp(p->global_block(), "c_allreduce_sum", {{"X", {"fused"}}}, {{"Out", {"fused"}}});
@@ -83,11 +94,11 @@ int BenchAllReduce() {
   FinishProfile();
   fleet::barrier_worker();
   if (fleet::worker_index() != 0) return 0;
-  double med = Median(ms), bytes = 4.0 * FLAGS_bench_numel;
+  double med = Median(ms), bytes = static_cast<double>(SizeOf(dtype)) * FLAGS_bench_numel;
   std::printf(
-      "{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"bytes\": %.0f, "
-      "\"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f, \"zero_copy\": %s}\n",
-      world, bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9,
+      "{\"system\": \"keel\", \"bench\": \"allreduce\", \"world\": %d, \"dtype\": \"%s\", "
+      "\"bytes\": %.0f, \"allreduce_ms\": %.3f, \"busbw_GBps\": %.3f, \"zero_copy\": %s}\n",
+      world, DTypeName(dtype), bytes, med, 2.0 * (world - 1) / world * bytes / (med / 1e3) / 1e9,
       RingRegistry::Get().At(0, "bench").zero_copy_collectives() > 0 ? "true" : "false");
   return 0;
 }

@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "executor/executor_io.h"
@@ -270,7 +272,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"cpu_math_threads", "KeelLaunch.FlagsBeforeTheCommandReachTheWorkers"},
       {"profile", "ProfilerCli.*, UserProgram.ProfileFlagWritesATraceAtExit"},
       {"conv_onednn", "Conv2DOp.OneDnnPrimitivesAgreeWithOwnKernelsAndIgnoreTheThreadCount"},
-      {"bench_numel", "keel bench allreduce"},
+      {"bench_numel", "KeelBench.AllReduceTimesAFloat32OrA16BitBuffer"},
       {"bench_steps", "KeelBench.PrintsOneJsonLine"},
       {"bench_warmup", "KeelBench.PrintsOneJsonLine"},
       {"dot", "KeelInspect.PrintsTheInferenceProgramAsTextAndDot"},
@@ -438,6 +440,32 @@ TEST(KeelBench, PrintsOneJsonLine) {
   EXPECT_NE(r.output.find("\"system\": \"keel\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"step_ms\": "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"cpu_sched\": \""), std::string::npos) << r.output;
+}
+
+// keel bench allreduce on 2 workers: a float32 buffer of --bench_numel values, or with
+// --fp16_allreduce one of that 16-bit type, half the bytes; rank 0 prints the line. A bad type is
+// refused naming the flag.
+TEST(KeelBench, AllReduceTimesAFloat32OrA16BitBuffer) {
+  const std::string dir = MakeTempDir();
+  for (const auto& [flag, dtype, bytes] :
+       {std::tuple<std::string, std::string, std::string>{"", "float32", "4000"},
+        {" --fp16_allreduce=bf16", "bfloat16", "2000"},
+        {" --fp16_allreduce=fp16", "float16", "2000"}}) {
+    auto r = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + Keel() +
+                        " bench allreduce --bench_steps=3 --bench_warmup=1 --bench_numel=1000" +
+                        flag);
+    ASSERT_EQ(r.exit_code, 0) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("\"dtype\": \"" + dtype + "\", \"bytes\": " + bytes + ","),
+              std::string::npos)
+        << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("\"allreduce_ms\": "), std::string::npos) << r.output;
+  }
+  auto bad = RunCommand(Keel() + " bench allreduce --fp16_allreduce=int8");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--fp16_allreduce must be off, fp16 or bf16, got 'int8'"),
+            std::string::npos)
+      << bad.output;
+  RunCommand("rm -rf " + dir);
 }
 
 // keel bench gemm: one line per MLP shape, its GFLOP/s below the core's measured FMA limit (a

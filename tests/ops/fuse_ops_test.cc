@@ -5,6 +5,7 @@
 
 #include "executor/executor.h"
 #include "framework/dsl/program_guard.h"
+#include "framework/runtime/float16.h"
 #include "tests/util/op_test_util.h"
 
 namespace keel {
@@ -76,6 +77,25 @@ TEST(CoalesceTensor, CopyDataAndSetConstant) {
   auto c = exe2.Run(g.prog, {}, {"fused", "b"});
   for (int i = 0; i < 10; ++i) EXPECT_EQ(c[0].data<float>()[i], 0.5f);
   EXPECT_EQ(c[1].data<float>()[3], 0.5f);
+}
+
+// set_constant in the 16-bit types (keel bench allreduce --fp16_allreduce lays out a 16-bit
+// buffer of zeros so).
+TEST(CoalesceTensor, SetConstantFillsA16BitBuffer) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    Fixture f;
+    for (const char* v : {"a", "b", "fused"}) f.b.FindVar(v)->set_dtype(dt);
+    f.Coalesce({{"set_constant", true}, {"constant", -2.5f}, {"dtype", static_cast<int>(dt)}});
+    Executor exe;
+    auto c = exe.Run(f.prog, {}, {"fused"});
+    ASSERT_EQ(c[0].dtype(), dt);
+    for (int i = 0; i < 10; ++i) {
+      const float v = dt == DType::kBFloat16 ? static_cast<float>(c[0].data<bfloat16>()[i])
+                                             : static_cast<float>(c[0].data<float16>()[i]);
+      EXPECT_EQ(v, -2.5f) << i;
+    }
+  }
 }
 
 TEST(CoalesceTensor, BadProgramsAreBuildErrorsNamingTheVar) {
