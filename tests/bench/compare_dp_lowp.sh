@@ -6,7 +6,9 @@
 #   bf16      2 workers, --fp16_allreduce=bf16 (half the bytes);
 #   fp16      2 workers, --fp16_allreduce=fp16;
 #   gm4       2 workers, --gradient_merge_k=4 (an all-reduce and an update every 4th step);
-#   gloo_f32, gloo_bf16  f32 and bf16 on Gloo rings (TCP over loopback, as across hosts).
+#   gloo_f32, gloo_bf16  f32 and bf16 on Gloo rings (TCP over loopback, as across hosts);
+#   ar_f32, ar_bf16   the all-reduce alone (`keel bench allreduce`, 2 workers): the MLP's 1.68 M
+#                     gradients in float32 and in bfloat16, no training around it.
 # The 2-worker rows run with --profile: rank 0's per-step all-reduce time (c_allreduce_sum's total
 # over the timed steps, divided by the steps; it includes waiting for the other rank) is read from
 # the profile summary keel prints; `own` is the all-reduces' own time, without that wait: per
@@ -57,13 +59,18 @@ for r in $(seq "$rounds"); do
   two gm4 --gradient_merge_k=4
   FLAGS_cpu_comm_backend=gloo two gloo_f32
   FLAGS_cpu_comm_backend=gloo two gloo_bf16 --fp16_allreduce=bf16
+  for t in f32 bf16; do  # the all-reduce alone, of the MLP's 1.68 M gradients
+    "$keel" launch --nproc_per_node=2 --log_dir="$tmp/log" "$keel" bench allreduce \
+      --bench_steps="$steps" --fp16_allreduce="$([ $t = f32 ] && echo off || echo $t)" |
+      grep '^{' | sed "s/^/ar_$t /" | tee -a "$out"
+  done
 done
 python3 - "$out" <<'PY'
 import json, statistics, sys
-rows = {}
+rows, alone = {}, {}
 for line in open(sys.argv[1]):
     tag, js = line.split(" ", 1)
-    rows.setdefault(tag, []).append(json.loads(js))
+    (alone if tag.startswith("ar_") else rows).setdefault(tag, []).append(json.loads(js))
 med = lambda t, f: statistics.median(r[f] for r in rows[t])
 sps = {t: med(t, "samples_per_s") for t in rows}
 ar = {t: round(med(t, "allreduce_ms_per_step"), 3) for t in rows if t != "w1"}
@@ -78,5 +85,9 @@ print(json.dumps({
     "bf16_over_f32_allreduce_own_ms": ratio(own, "bf16", "f32"),
     "gloo_bf16_over_f32_allreduce_ms": ratio(ar, "gloo_bf16", "gloo_f32"),
     "gloo_bf16_over_f32_samples_per_s": round(sps["gloo_bf16"] / sps["gloo_f32"], 3),
-    "gm4_over_f32_samples_per_s": round(sps["gm4"] / sps["f32"], 3)}))
+    "gm4_over_f32_samples_per_s": round(sps["gm4"] / sps["f32"], 3),
+    "allreduce_alone_ms": {t: statistics.median(r["allreduce_ms"] for r in alone[t]) for t in alone},
+    "bf16_over_f32_allreduce_alone_ms": round(
+        statistics.median(r["allreduce_ms"] for r in alone["ar_bf16"]) /
+        statistics.median(r["allreduce_ms"] for r in alone["ar_f32"]), 3)}))
 PY
