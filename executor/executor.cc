@@ -33,6 +33,7 @@
 #include "framework/runtime/cuda_backend.h"
 #include "framework/runtime/cuda_graph.h"
 #include "framework/runtime/device.h"
+#include "framework/runtime/half_convert.h"
 #include "framework/runtime/row_init.h"
 
 DEFINE_bool(check_nan_inf, false,
@@ -92,6 +93,17 @@ int64_t FirstNonFinite(const Tensor& t) {
   for (int64_t i = 0, n = t.numel(); i < n; ++i)
     if (!std::isfinite(p[i])) return i;
   return -1;
+}
+
+// A float16 / bfloat16 host tensor's values as float32 (exact).
+Tensor WidenedOnHost(const Tensor& t) {
+  Tensor wide(DType::kFloat32, t.dims());
+  if (t.dtype() == DType::kBFloat16) {
+    WidenN(t.data<bfloat16>(), wide.data<float>(), t.numel());
+  } else {
+    WidenN(t.data<float16>(), wide.data<float>(), t.numel());
+  }
+  return wide;
 }
 
 }  // namespace
@@ -685,13 +697,15 @@ void Executor::RunOp(Plan& plan, int i) {
         for (size_t k = 0; k < slot.vars.size(); ++k) {
           if (!slot.vars[k] || !slot.vars[k]->tensor().initialized()) continue;
           const Tensor& t = slot.vars[k]->tensor();
-          if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat64) continue;
+          const bool half = t.dtype() == DType::kBFloat16 || t.dtype() == DType::kFloat16;
+          if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat64 && !half) continue;
           Tensor host = t.place().is_cpu() ? t : t.Clone(CPUPlace());
-          int64_t bad = t.dtype() == DType::kFloat32 ? FirstNonFinite<float>(host)
-                                                     : FirstNonFinite<double>(host);
+          if (half) host = WidenedOnHost(host);  // a 16-bit output (AMP, a narrowed gradient)
+          int64_t bad = host.dtype() == DType::kFloat32 ? FirstNonFinite<float>(host)
+                                                        : FirstNonFinite<double>(host);
           if (bad < 0) continue;
           double v =
-              t.dtype() == DType::kFloat32 ? host.data<float>()[bad] : host.data<double>()[bad];
+              host.dtype() == DType::kFloat32 ? host.data<float>()[bad] : host.data<double>()[bad];
           KEEL_THROW("FLAGS_check_nan_inf: output ", slot.name, " '", names[k], "' ",
                      t.dims().str(), " holds ", std::isnan(v) ? "NaN" : "Inf", " (element ", bad,
                      " is ", v, "), the first op to produce one");

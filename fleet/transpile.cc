@@ -162,7 +162,8 @@ void CopyLowWeights(Program& main, Program& startup, const DistributedStrategy& 
 // make them 16-bit are made so there (transpiler/narrow_grads_pass.h), without the casts around
 // the all-reduce. Not on GPUs: cuBLAS has no float32 GEMM with a 16-bit result, so the narrowing
 // would be the cast's own pass, and the widening updates would lose the merged multi-tensor
-// launch. Not for pipelines or tensor parallelism, whose passes read the gradients after this one.
+// launch. Not for pipelines (a stage's accumulators read its gradients) or tensor parallelism
+// (its pass runs after this one and is not written for 16-bit gradients).
 bool NarrowsGrads(const DistributedStrategy& strategy, const Topology& topo,
                   const transpiler::GradAllReduceOptions& o) {
   return strategy.fp16_allreduce && o.comm_dtype == DType::kBFloat16 && o.rings.device < 0 &&

@@ -32,10 +32,10 @@
 //     loss gradient is not scaled; each all-reduced float32 var (a gradient, or a fused buffer:
 //     fusion groups and fuses as above) is cast to "<var>.cast_fp16" / ".cast_bf16" right before
 //     its c_sync_calc_stream, that var is all-reduced, then cast back into <var> and scaled by
-//     1/nranks in float32 right after the all-reduce. A bfloat16 gradient under bfloat16 (one
-//     NarrowGradsPass made so where it is computed) is all-reduced as it is, fused with the other
-//     bfloat16 ones; a gradient of another dtype is a keel::Error naming it. With gradient merge
-//     or hierarchy it is a keel::Error (not built).
+//     1/nranks in float32 right after the all-reduce. A bfloat16 gradient under bfloat16 (as
+//     NarrowGradsPass makes them where they are computed, or any other) is all-reduced as it is,
+//     fused with the other bfloat16 ones; a gradient of another dtype is a keel::Error naming it.
+//     With gradient merge or hierarchy it is a keel::Error (not built).
 //   with options.amp_low_precision_grads: a parameter gradient whose last writer is a cast (cast
 //     or cast_grad) from a float16/bfloat16 var that no other op reads is replaced, for all of the
 //     above, by that 16-bit var (its writer takes the op_role_var pair), and the cast moves to

@@ -12,8 +12,8 @@
 // widens it as it reads it (OpTraits::widens_inputs: sgd, momentum, adam, adamw), this pass makes
 // the gradient's var 16-bit. GradAllReducePass then all-reduces it, or the fused buffer of such
 // gradients, as it is, with no cast before or after. The update computes what it did with the
-// casts, bit for bit: the gradient rounded once, summed across the ranks the same way, widened
-// exactly.
+// casts, bit for bit: the gradient rounded once, summed across the ranks the same way (where a
+// ring sums each element in rank order: shared memory, and any ring of 2 ranks), widened exactly.
 //
 // Requires: a float32 training program, backward and the updates appended (op_role_var pairs on
 //   the gradients' writers, as append_backward leaves them), before GradAllReducePass, which runs

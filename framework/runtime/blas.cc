@@ -112,9 +112,13 @@ class PieceScratch {
 // float32 scratch of about 512 KB, which stays in the core's L2 cache, and rounded into C from
 // there. (Rounding the float32 GEMM's own pieces, 1280 x 160 for the seed MLP's largest weight
 // gradient, 800 KB, saved nothing over a separate cast: 2.32 against 2.10 + 0.27 ms; blocks of
-// whole rows of C took 2.06-2.13 ms on the same Zen 5 core.) An element's value is the same
-// K-long sum however the rows are blocked: oneDNN's sgemm adds its K products in the same order
-// for any M and N (blas_test checks the bits against the float32 GEMM's, rounded).
+// whole rows of C took 2.06-2.13 ms on the same Zen 5 core.) Blocks have a multiple of 16 rows
+// (99-row blocks took 2.13-2.17 ms); the last one takes a remainder under 16 rows in with it, so
+// no block has fewer than 16 rows but a C of fewer: a block of a row or two might take oneDNN's
+// matrix-vector path. Blocked so, an element's value is
+// the same K-long sum as in the float32 GEMM's pieces: oneDNN's sgemm adds its K products in the
+// same order (NarrowingGemm.IsTheFloat32GemmRoundedBitForBit checks the bits, rounded, on shapes
+// with even and uneven blocks).
 template <typename TC>
 void NarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
@@ -123,9 +127,11 @@ void NarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
                beta);
   if (M == 0 || N == 0) return;
   constexpr int64_t kBlockFloats = 128 * 1024;
-  const int64_t rows = std::min(M, std::max<int64_t>(16, kBlockFloats / N / 16 * 16));
-  cpu_threads::ParallelFor((M + rows - 1) / rows, [&](int64_t b) {
-    const int64_t begin = b * rows, n = std::min(rows, M - begin);
+  const int64_t rows = std::max<int64_t>(16, kBlockFloats / N / 16 * 16);
+  // The last block takes a remainder under 16 rows in with it.
+  const int64_t blocks = std::max<int64_t>(1, M % rows >= 16 ? M / rows + 1 : M / rows);
+  cpu_threads::ParallelFor(blocks, [&](int64_t b) {
+    const int64_t begin = b * rows, n = b + 1 == blocks ? M - begin : rows;
     const PieceScratch s(n * N);
     OneDnnSgemm(ta, tb, n, N, K, alpha, ta ? A + begin : A + begin * lda, lda, B, ldb, 0.0f,
                 s.data(), N);

@@ -451,13 +451,14 @@ TEST(KeelBench, AllReduceTimesAFloat32OrA16BitBuffer) {
        {std::tuple<std::string, std::string, std::string>{"", "float32", "4000"},
         {" --fp16_allreduce=bf16", "bfloat16", "2000"},
         {" --fp16_allreduce=fp16", "float16", "2000"}}) {
-    auto r = RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + Keel() +
-                        " bench allreduce --bench_steps=3 --bench_warmup=1 --bench_numel=1000" +
-                        flag);
+    auto r =
+        RunCommand(Keel() + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " + Keel() +
+                   " bench allreduce --bench_steps=3 --bench_warmup=1 --bench_numel=1000" + flag);
     ASSERT_EQ(r.exit_code, 0) << flag << "\n" << r.output;
     EXPECT_NE(r.output.find("\"dtype\": \"" + dtype + "\", \"bytes\": " + bytes + ","),
               std::string::npos)
-        << flag << "\n" << r.output;
+        << flag << "\n"
+        << r.output;
     EXPECT_NE(r.output.find("\"allreduce_ms\": "), std::string::npos) << r.output;
   }
   auto bad = RunCommand(Keel() + " bench allreduce --fp16_allreduce=int8");

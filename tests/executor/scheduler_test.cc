@@ -307,6 +307,30 @@ TEST(CheckNanInf, StopsAtTheFirstOpProducingInfAndNamesIt) {
   EXPECT_FALSE(exe.local_scope().FindVar(out.name())->tensor().initialized());  // scale never ran
 }
 
+// 16-bit outputs are checked too (AMP's, and gradients fp16_allreduce makes bfloat16 where they
+// are computed): a cast whose bfloat16 result overflows to Inf is named.
+TEST(CheckNanInf, NamesA16BitOutputHoldingInf) {
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    Program main, startup;
+    Var low;
+    {
+      ProgramGuard g(main, startup);
+      Var x = layers::data("x", {-1});
+      low = layers::cast(x, dt);
+    }
+    Executor exe;
+    // 3.4e38 is a finite float32 above bfloat16's largest finite value (3.3895e38), so both casts
+    // round it to Inf.
+    FeedMap feed{{"x", Tensor::FromVector<float>({1, 3.4e38f}, {2})}};
+    FLAGS_check_nan_inf = true;
+    const std::string e = ErrorOf([&] { exe.Run(main, feed); });
+    FLAGS_check_nan_inf = false;
+    EXPECT_NE(e.find("'" + low.name() + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find("Inf (element 1"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace keel
 

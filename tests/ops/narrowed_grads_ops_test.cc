@@ -51,14 +51,17 @@ void CheckNarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(TC)), 0);
 }
 
-// The seed MLP's weight gradients (X' * dY: 1280 x 1280 over a batch of 128, and its first and
-// last layers'), blocks with tails, a single row or column, and every transpose; on one thread and
-// on two (the blocks are cut by the shape alone).
+// The seed MLP's weight gradients (X' * dY: 1280 x 1280 over a batch of 128, in 13 blocks of 96
+// rows and one of 32; its first and last layers'), uneven blocks (129 rows of 1031 columns: 112
+// and 17) and remainders under 16 rows the last block takes in (129 rows of 1024 columns, 113 of
+// 1031, 17 of 200,000: one block each), a single row or column, and every transpose; on one
+// thread and on two (the blocks are cut by the shape alone).
 TEST(NarrowingGemm, IsTheFloat32GemmRoundedBitForBit) {
   const struct {
     int64_t M, N, K;
-  } shapes[] = {{1280, 1280, 128}, {32, 1280, 128}, {1280, 2, 128}, {1, 300, 7},
-                {300, 1, 9},       {17, 33, 1},     {129, 1031, 65}};
+  } shapes[] = {{1280, 1280, 128}, {32, 1280, 128}, {1280, 2, 128},  {1, 300, 7},
+                {300, 1, 9},       {17, 33, 1},     {129, 1031, 65}, {129, 1024, 65},
+                {113, 1031, 65},   {17, 200000, 3}};
   const int budget = cpu_threads::Budget();
   for (int threads : {1, 2}) {
     cpu_threads::SetBudget(threads);
