@@ -771,9 +771,11 @@ TEST_F(CudaKernels2, NarrowedGradientsAndWideningUpdatesFollowTheCpu) {
     }
   SKIP_WITHOUT_GPU();
   for (const auto& [key, want] : cpu) {
-    SCOPED_TRACE(key.first + (key.second ? " fused epilogue" : " mul and add"));
+    const std::string opt = key.first;
+    const bool fuse = key.second;
+    SCOPED_TRACE(opt + (fuse ? " fused epilogue" : " mul and add"));
     std::vector<double> gpu;
-    ASSERT_EQ(ErrorOf([&] { gpu = losses(key.first, key.second, CUDAPlace(0)); }), "");
+    ASSERT_EQ(ErrorOf([&] { gpu = losses(opt, fuse, CUDAPlace(0)); }), "");
     for (size_t s = 0; s < want.size(); ++s)
       EXPECT_NEAR(gpu[s], want[s], 2e-3 * std::max(1.0, std::abs(want[s]))) << "step " << s;
   }
