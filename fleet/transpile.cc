@@ -2,6 +2,7 @@
 
 #include "transpiler/amp_weight_copy_pass.h"
 #include "transpiler/fuse_gemm_epilogue_pass.h"
+#include "transpiler/fuse_grad_accumulation_pass.h"
 #include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/narrow_grads_pass.h"
@@ -116,6 +117,8 @@ void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedSt
 void TranspileFuseGemmEpilogue(Program& main, Program& startup,
                                const DistributedStrategy& strategy) {
   if (strategy.fuse_gemm_epilogue) transpiler::FuseGemmEpiloguePass().Apply(main, startup);
+  // Gradient merge's accumulation done by the gradients' ops, once they are the fused ones.
+  if (strategy.gradient_merge) transpiler::FuseGradAccumulationPass().Apply(main, startup);
 }
 
 void Transpile(Program& main, Program& startup, const DistributedStrategy& strategy,

@@ -64,7 +64,8 @@ void TranspileGradientMerge(Program& main, Program& startup, const DistributedSt
 // after gradient merge, which refuses ring ops); nothing otherwise.
 void TranspileSyncBatchNorm(Program& main, Program& startup, const DistributedStrategy& strategy);
 // Step 1c: FuseGemmEpiloguePass when strategy.fuse_gemm_epilogue, with any number of workers, after
-// gradient merge and sync batch norm, before the parameter-server or collective passes.
+// gradient merge and sync batch norm, before the parameter-server or collective passes; then, with
+// gradient merge, FuseGradAccumulationPass (the gradients' ops add into the merge buffers).
 void TranspileFuseGemmEpilogue(Program& main, Program& startup,
                                const DistributedStrategy& strategy);
 // Under sharding: the owner of each optimizer state var of this rank's main program, as its index

@@ -27,6 +27,7 @@
 #include "framework/op/op_registry.h"
 #include "framework/runtime/float16.h"
 #include "framework/runtime/place.h"
+#include "ops/functors/elementwise_functors.h"
 #include "ops/functors/hd.h"
 
 namespace keel {
@@ -95,10 +96,6 @@ struct OnDevice {
 
 // ---------------------------------------------------------------- narrowed outputs
 
-namespace fn {
-struct BroadcastMid;  // ops/functors/elementwise_functors.h
-}  // namespace fn
-
 // The type a kernel computing in T stores output `slot`'s i-th var in: float16 or bfloat16 where T
 // is float32, the op narrows the slot (OpTraits::narrows_outputs) and the program declares the var
 // so (transpiler/narrow_grads_pass.h); T otherwise.
@@ -111,12 +108,42 @@ DType StoredDType(const ExecutionContext& ctx, const std::string& slot, int i = 
   return DTypeOf<T>::value;
 }
 
+// Whether the op adds output `slot` into the values its var holds (OpTraits::accumulates_outputs,
+// selected by the op's attribute accumulate_into).
+inline bool AccumulatesInto(const ExecutionContext& ctx, const std::string& slot) {
+  if (!OpRegistry::Traits(ctx.op().type()).AccumulatesOutput(slot)) return false;
+  const auto& slots = ctx.op().Attr<std::vector<std::string>>("accumulate_into");
+  for (const std::string& s : slots)
+    if (s == slot) return true;
+  return false;
+}
+
+// The values output `slot`'s tensor `out` holds, which the op adds its M x N result into
+// (AccumulatesInto): a keel::Error naming the op and the var where they are not there.
+template <typename T>
+T* AccumulatedData(const ExecutionContext& ctx, const std::string& slot, Tensor* out, int64_t n) {
+  KEEL_ENFORCE(out->initialized() && out->numel() == n && out->dtype() == DTypeOf<T>::value,
+               ctx.op().type(), ": output ", slot, " '", ctx.op().Output(slot)[0],
+               "' accumulates (accumulate_into) but holds ",
+               out->initialized() ? out->dims().str() + " " + DTypeName(out->dtype())
+                                  : std::string("nothing"),
+               ", not the ", n, " ", DTypeName(DTypeOf<T>::value),
+               " values to add into (run the startup program first)");
+  return out->mutable_data<T>(ctx.place());
+}
+
 // out = alpha op(A) op(B) over contiguous matrices (Device::Gemm, beta 0), stored into output
-// `slot`'s tensor `out` in its StoredDType: a narrowed one gets the float32 result rounded once.
+// `slot`'s tensor `out` in its StoredDType: a narrowed one gets the float32 result rounded once;
+// or, where the op accumulates the slot (AccumulatesInto), out += alpha op(A) op(B) (beta 1).
 template <typename D, typename T>
 void GemmInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out, bool ta, bool tb,
               int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A, const T* B) {
   const Place& place = ctx.place();
+  if (AccumulatesInto(ctx, slot)) {
+    Device<D>::Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, Acc<T>(1),
+                    AccumulatedData<T>(ctx, slot, out, M * N), 0);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
     const DType stored = StoredDType<T>(ctx, slot);
     if (stored == DType::kBFloat16)
@@ -131,11 +158,23 @@ void GemmInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out,
 }
 
 // Device::SumBroadcast(ctx, m, out's data, f) into output `slot`'s tensor `out` in its
-// StoredDType: the Acc<T> sums rounded once to the stored type.
+// StoredDType: the Acc<T> sums rounded once to the stored type; or, where the op accumulates the
+// slot (AccumulatesInto), the sums rounded to T and added into out's values, as a sum op after
+// the op would add them.
 template <typename D, typename T, typename F>
 void SumBroadcastInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out,
                       const fn::BroadcastMid& m, const F& f) {
   const Place& place = ctx.place();
+  if (AccumulatesInto(ctx, slot)) {
+    T* acc = AccumulatedData<T>(ctx, slot, out, m.n);
+    Tensor sums;
+    T* s = static_cast<T*>(sums.Alloc(DTypeOf<T>::value, DDim{m.n}, place));
+    Device<D>::SumBroadcast(ctx, m, s, f);
+    Device<D>::ForEach(ctx, m.n, [=] KEEL_HD_LAMBDA(int64_t j) {
+      acc[j] = Narrow<T>(Widen(acc[j]) + Widen(s[j]));
+    });
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
     const DType stored = StoredDType<T>(ctx, slot);
     if (stored == DType::kBFloat16)

@@ -61,7 +61,9 @@ KEEL_REGISTER_OP(fused_gemm_epilogue)
 KEEL_REGISTER_GRAD_OP(fused_gemm_epilogue_grad, fused_gemm_epilogue)
     .ComputesOutputsApart()
     .NarrowsOutput("Y@GRAD")
-    .NarrowsOutput("Bias@GRAD");
+    .NarrowsOutput("Bias@GRAD")
+    .AccumulatesOutput("Y@GRAD")
+    .AccumulatesOutput("Bias@GRAD");
 KEEL_REGISTER_KERNEL(CPU, fused_gemm_epilogue, FusedGemmEpilogueKernel, float, double, bfloat16,
                      float16);
 KEEL_REGISTER_KERNEL(CPU, fused_gemm_epilogue_grad, FusedGemmEpilogueGradKernel, float, double,

@@ -146,7 +146,10 @@ KEEL_REGISTER_OP(mul)
     .Attr<int>("y_num_col_dims", 1, "leading dims of Y that become rows", AtLeastOne())
     .Shape(MulShape)
     .DefaultGrad();
-KEEL_REGISTER_GRAD_OP(mul_grad, mul).ComputesOutputsApart().NarrowsOutput("Y@GRAD");
+KEEL_REGISTER_GRAD_OP(mul_grad, mul)
+    .ComputesOutputsApart()
+    .NarrowsOutput("Y@GRAD")
+    .AccumulatesOutput("Y@GRAD");
 KEEL_REGISTER_KERNEL(CPU, mul, MulKernel, float, double, bfloat16, float16);
 KEEL_REGISTER_KERNEL(CPU, mul_grad, MulGradKernel, float, double, bfloat16, float16);
 

@@ -111,6 +111,15 @@ struct OpTraits {
   // Input slots that may be float16 or bfloat16 where the op computes in float32: the kernel
   // widens each value as it reads it, what a cast before the op would give, bit for bit.
   std::vector<std::string> widens_inputs;
+  // Output slots whose results the op can add into the values their vars already hold, instead of
+  // overwriting them, when its attribute "accumulate_into" lists the slot (a pass sets it:
+  // transpiler/fuse_grad_accumulation_pass.h makes a gradient's op add it into gradient merge's
+  // buffer): what a sum of the var and the result right after the op would give.
+  std::vector<std::string> accumulates_outputs;
+  bool AccumulatesOutput(const std::string& slot) const {
+    return std::find(accumulates_outputs.begin(), accumulates_outputs.end(), slot) !=
+           accumulates_outputs.end();
+  }
   bool NarrowsOutput(const std::string& slot) const {
     return std::find(narrows_outputs.begin(), narrows_outputs.end(), slot) != narrows_outputs.end();
   }
@@ -222,6 +231,16 @@ class OpSchema {
   }
   OpSchema& NarrowsOutput(std::string slot) {
     traits_.narrows_outputs.push_back(std::move(slot));
+    return *this;
+  }
+  // Declares the trait and, once, the attribute "accumulate_into" that selects the slots.
+  OpSchema& AccumulatesOutput(std::string slot) {
+    if (traits_.accumulates_outputs.empty())
+      Attr<std::vector<std::string>>(
+          "accumulate_into", {},
+          "output slots whose results are added into the values their vars hold instead of "
+          "overwriting them (gradient merge's buffers: transpiler/fuse_grad_accumulation_pass.h)");
+    traits_.accumulates_outputs.push_back(std::move(slot));
     return *this;
   }
   OpSchema& WidensInput(std::string slot) {
