@@ -247,6 +247,20 @@ struct Device<CUDADevice> {
                    Acc<T> alpha, const T* A, int64_t sa, const T* B, int64_t sb, Acc<T> beta, TC* C,
                    int64_t sc, int64_t batch = 1);
 
+  // The product into a scratch, then added: what the CPU's GemmAdd computes (the product rounded
+  // to T before the addition).
+  template <typename T>
+  static void GemmAdd(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N,
+                      int64_t K, Acc<T> alpha, const T* A, const T* B, T* C) {
+    if (M == 0 || N == 0 || K == 0) return;  // an empty product adds nothing
+    const int64_t n = M * N;
+    Tensor scratch;
+    T* p = static_cast<T*>(scratch.Alloc(DTypeOf<T>::value, DDim{n}, ctx.place()));
+    Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, Acc<T>(0), p, 0);
+    keel::ForEach(ctx, n,
+                  [=] __device__(int64_t i) { C[i] = Narrow<T>(Widen(C[i]) + Widen(p[i])); });
+  }
+
   using Scalar = DeviceScalar;
   static Scalar ScalarOf(const Tensor& t) {
     KEEL_ENFORCE(t.numel() == 1, "expected one element, got ", t.dims().str());

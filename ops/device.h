@@ -66,6 +66,9 @@ struct CUDADevice {
 //                                   at b * stride (0: shared by the batch); K == 0 is allowed.
 //                                   alpha, beta: Acc<T>; C: T, or float32 for 16-bit A and B
 //                                   (float32 accumulation on every device)
+//   GemmAdd(ctx, ta, tb, M, N, K, alpha, A, B, C)
+//                                   C += alpha op(A) op(B), contiguous, the product rounded to T
+//                                   before it is added (a GEMM then a sum, bit for bit)
 //   Scalar, ScalarOf(t)             a one-element float tensor (a learning rate) as device code
 //                                   reads it: Get() gives a double; CPU: read at once
 //   Reports                         where kernels record bad input (an id or label out of range)
@@ -134,14 +137,15 @@ T* AccumulatedData(const ExecutionContext& ctx, const std::string& slot, Tensor*
 
 // out = alpha op(A) op(B) over contiguous matrices (Device::Gemm, beta 0), stored into output
 // `slot`'s tensor `out` in its StoredDType: a narrowed one gets the float32 result rounded once;
-// or, where the op accumulates the slot (AccumulatesInto), out += alpha op(A) op(B) (beta 1).
+// or, where the op accumulates the slot (AccumulatesInto), out += alpha op(A) op(B) (GemmAdd: the
+// product rounded before it is added, as a sum op after the GEMM would add it).
 template <typename D, typename T>
 void GemmInto(const ExecutionContext& ctx, const std::string& slot, Tensor* out, bool ta, bool tb,
               int64_t M, int64_t N, int64_t K, Acc<T> alpha, const T* A, const T* B) {
   const Place& place = ctx.place();
   if (AccumulatesInto(ctx, slot)) {
-    Device<D>::Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, Acc<T>(1),
-                    AccumulatedData<T>(ctx, slot, out, M * N), 0);
+    Device<D>::GemmAdd(ctx, ta, tb, M, N, K, alpha, A, B,
+                       AccumulatedData<T>(ctx, slot, out, M * N));
     return;
   }
   if constexpr (std::is_same_v<T, float>) {

@@ -149,6 +149,22 @@ struct Device<CPUDevice> {
       Gemm1(ta, tb, M, N, K, alpha, A + b * sa, B + b * sb, beta, C + b * sc);
   }
 
+  // C += alpha op(A) op(B) over contiguous matrices, the product rounded to T before it is added
+  // (a GEMM into a temporary and a sum after, bit for bit): float32 without the temporary
+  // (blas::GemmAccumulate).
+  template <typename T>
+  static void GemmAdd(const ExecutionContext& ctx, bool ta, bool tb, int64_t M, int64_t N,
+                      int64_t K, Acc<T> alpha, const T* A, const T* B, T* C) {
+    if (M == 0 || N == 0 || K == 0) return;  // an empty product adds nothing
+    if constexpr (std::is_same_v<T, float>) {
+      blas::GemmAccumulate(ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, C, N);
+    } else {
+      std::vector<T> product(static_cast<size_t>(M * N));
+      Gemm(ctx, ta, tb, M, N, K, alpha, A, 0, B, 0, Acc<T>(0), product.data(), 0);
+      for (int64_t i = 0; i < M * N; ++i) C[i] = Narrow<T>(Widen(C[i]) + Widen(product[i]));
+    }
+  }
+
   // A one-element float tensor's value, read at once.
   struct Scalar {
     double v;

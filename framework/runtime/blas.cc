@@ -109,22 +109,20 @@ class PieceScratch {
 };
 
 // Blocks of C's rows, a function of the shape alone, each computed by one oneDNN sgemm into a
-// float32 scratch of about 512 KB, which stays in the core's L2 cache, and rounded into C from
-// there. (Rounding the float32 GEMM's own pieces, 1280 x 160 for the seed MLP's largest weight
-// gradient, 800 KB, saved nothing over a separate cast: 2.32 against 2.10 + 0.27 ms; blocks of
-// whole rows of C took 2.06-2.13 ms on the same Zen 5 core.) Blocks have a multiple of 16 rows
-// (99-row blocks took 2.13-2.17 ms); the last one takes a remainder under 16 rows in with it, so
-// no block has fewer than 16 rows but a C of fewer: a block of a row or two might take oneDNN's
-// matrix-vector path. Blocked so, an element's value is
-// the same K-long sum as in the float32 GEMM's pieces: oneDNN's sgemm adds its K products in the
-// same order (NarrowingGemm.IsTheFloat32GemmRoundedBitForBit checks the bits, rounded, on shapes
-// with even and uneven blocks).
-template <typename TC>
-void NarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                   int64_t lda, const float* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
-  KEEL_ENFORCE(beta == 0.0f, "GEMM of ", M, "x", N, "x", K,
-               " from float32 operands into a 16-bit C: beta must be 0 (C is not read), got ",
-               beta);
+// float32 scratch of about 512 KB, which stays in the core's L2 cache, and handed to
+// store(scratch, first row, rows) from there: rounded into a 16-bit C (NarrowingGemm), or added
+// into C (GemmAccumulate). (Rounding the float32 GEMM's own pieces, 1280 x 160 for the seed MLP's
+// largest weight gradient, 800 KB, saved nothing over a separate cast: 2.32 against 2.10 + 0.27
+// ms; blocks of whole rows of C took 2.06-2.13 ms on the same Zen 5 core.) Blocks have a multiple
+// of 16 rows (99-row blocks took 2.13-2.17 ms); the last one takes a remainder under 16 rows in
+// with it, so no block has fewer than 16 rows but a C of fewer: a block of a row or two might
+// take oneDNN's matrix-vector path. Blocked so, an element's value is the same K-long sum as in
+// the float32 GEMM's pieces: oneDNN's sgemm adds its K products in the same order
+// (NarrowingGemm.IsTheFloat32GemmRoundedBitForBit checks the bits on shapes with even and uneven
+// blocks).
+template <typename Store>
+void BlockedGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, const Store& store) {
   if (M == 0 || N == 0) return;
   constexpr int64_t kBlockFloats = 128 * 1024;
   const int64_t rows = std::max<int64_t>(16, kBlockFloats / N / 16 * 16);
@@ -135,8 +133,20 @@ void NarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
     const PieceScratch s(n * N);
     OneDnnSgemm(ta, tb, n, N, K, alpha, ta ? A + begin : A + begin * lda, lda, B, ldb, 0.0f,
                 s.data(), N);
-    NarrowRows(s.data(), N, C + begin * ldc, ldc, n, N);
+    store(s.data(), begin, n);
   });
+}
+
+template <typename TC>
+void NarrowingGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, TC* C, int64_t ldc) {
+  KEEL_ENFORCE(beta == 0.0f, "GEMM of ", M, "x", N, "x", K,
+               " from float32 operands into a 16-bit C: beta must be 0 (C is not read), got ",
+               beta);
+  BlockedGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb,
+              [&](const float* s, int64_t begin, int64_t n) {
+                NarrowRows(s, N, C + begin * ldc, ldc, n, N);
+              });
 }
 
 }  // namespace
@@ -149,6 +159,18 @@ void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float16* C, int64_t ldc) {
   NarrowingGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void GemmAccumulate(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+  BlockedGemm(ta, tb, M, N, K, alpha, A, lda, B, ldb,
+              [&](const float* s, int64_t begin, int64_t n) {
+                for (int64_t r = 0; r < n; ++r) {
+                  float* c = C + (begin + r) * ldc;
+                  const float* p = s + r * N;
+                  for (int64_t j = 0; j < N; ++j) c[j] += p[j];
+                }
+              });
 }
 
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,

@@ -49,6 +49,15 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float16* C, int64_t ldc);
 
+// C += alpha * op(A) * op(B), float32, the product rounded to float32 before it is added: the bits
+// of a GEMM into a temporary and a sum after, without the temporary written to memory and read
+// back (blocks of C's rows computed into a per-thread scratch that stays in the cache, as above).
+// Gradient merge's buffers, which the gradients' ops add into
+// (transpiler/fuse_grad_accumulation_pass.h).
+void GemmAccumulate(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                    int64_t ldc);
+
 // Contiguous convenience form: lda = trans_a ? M : K, ldb = trans_b ? K : N, ldc = N. C is of A's
 // type, or float32 for 16-bit A and B, or 16-bit for float32 A and B (beta 0).
 template <typename T, typename TC>

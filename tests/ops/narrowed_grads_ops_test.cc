@@ -1,5 +1,6 @@
 // Narrowed outputs and widened inputs (OpTraits::narrows_outputs, widens_inputs), what
-// transpiler/narrow_grads_pass.h builds fp16_allreduce's casts out of:
+// transpiler/narrow_grads_pass.h builds fp16_allreduce's casts out of, and the GEMM that adds into
+// gradient merge's buffers (transpiler/fuse_grad_accumulation_pass.h):
 //   - blas's GEMM from float32 operands into a 16-bit C is the float32 GEMM rounded, bit for bit,
 //     on every shape, transpose and thread count tried;
 //   - fused_gemm_epilogue_grad, mul_grad and elementwise_add_grad store a weight or bias gradient
@@ -70,6 +71,38 @@ TEST(NarrowingGemm, IsTheFloat32GemmRoundedBitForBit) {
         for (bool tb : {false, true}) {
           CheckNarrowingGemm<bfloat16>(ta, tb, s.M, s.N, s.K);
           CheckNarrowingGemm<float16>(ta, tb, s.M, s.N, s.K);
+        }
+  }
+  cpu_threads::SetBudget(budget);
+}
+
+// blas::GemmAccumulate (gradient merge's buffers, which the gradients' ops add into): C plus the
+// float32 GEMM's product, bit for bit as a GEMM into a temporary and a sum after, on the same
+// shapes, transposes and thread counts.
+TEST(GemmAccumulate, IsTheGemmThenASumBitForBit) {
+  const struct {
+    int64_t M, N, K;
+  } shapes[] = {{1280, 1280, 128}, {32, 1280, 128}, {1280, 2, 128}, {129, 1031, 65}, {17, 33, 1}};
+  const int budget = cpu_threads::Budget();
+  for (int threads : {1, 2}) {
+    cpu_threads::SetBudget(threads);
+    for (const auto& g : shapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          SCOPED_TRACE(std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K) +
+                       (ta ? " A'" : "") + (tb ? " B'" : ""));
+          const Tensor a = RandomTensor(DDim({g.M * g.K}), DType::kFloat32, -1, 1, 21);
+          const Tensor b = RandomTensor(DDim({g.K * g.N}), DType::kFloat32, -1, 1, 22);
+          const Tensor c0 = RandomTensor(DDim({g.M * g.N}), DType::kFloat32, -1, 1, 23);
+          std::vector<float> product(static_cast<size_t>(g.M * g.N));
+          blas::Gemm<float, float>(ta, tb, g.M, g.N, g.K, 0.5f, a.data<float>(), b.data<float>(),
+                                   0.0f, product.data());
+          std::vector<float> want(c0.data<float>(), c0.data<float>() + g.M * g.N);
+          for (size_t i = 0; i < want.size(); ++i) want[i] += product[i];
+          std::vector<float> got(c0.data<float>(), c0.data<float>() + g.M * g.N);
+          blas::GemmAccumulate(ta, tb, g.M, g.N, g.K, 0.5f, a.data<float>(), ta ? g.M : g.K,
+                               b.data<float>(), tb ? g.K : g.N, got.data(), g.N);
+          EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
         }
   }
   cpu_threads::SetBudget(budget);
