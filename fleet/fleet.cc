@@ -626,6 +626,12 @@ std::vector<ParamGrad> DistributedOptimizer::minimize(Var loss, Program* startup
   for (const transpiler::WeightCopy& wc : transpiler::FindWeightCopies(main))
     for (ParamGrad& p : pg)
       if (p.first == wc.weight) p.second = wc.grad;
+  // A gradient whose op adds it into gradient merge's buffer (FuseGradAccumulationPass) has no
+  // var of its own any more: the buffer, which holds the merge cycle's sum so far, stands for it.
+  for (ParamGrad& p : pg)
+    if (main.global_block().FindVar(p.second) == nullptr &&
+        main.global_block().FindVar(p.second + "@GRAD_MERGED") != nullptr)
+      p.second += "@GRAD_MERGED";
   State().main = &main;
   State().startup = startup;
   AttachExecutionStrategy(main, strategy_.exec_strategy);  // the executor running main uses it

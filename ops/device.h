@@ -114,7 +114,10 @@ DType StoredDType(const ExecutionContext& ctx, const std::string& slot, int i = 
 // Whether the op adds output `slot` into the values its var holds (OpTraits::accumulates_outputs,
 // selected by the op's attribute accumulate_into).
 inline bool AccumulatesInto(const ExecutionContext& ctx, const std::string& slot) {
-  if (!OpRegistry::Traits(ctx.op().type()).AccumulatesOutput(slot)) return false;
+  // (A program loaded from a file may lack the attribute: nothing accumulates then.)
+  if (!OpRegistry::Traits(ctx.op().type()).AccumulatesOutput(slot) ||
+      !ctx.op().HasAttr("accumulate_into"))
+    return false;
   const auto& slots = ctx.op().Attr<std::vector<std::string>>("accumulate_into");
   for (const std::string& s : slots)
     if (s == slot) return true;
@@ -125,13 +128,15 @@ inline bool AccumulatesInto(const ExecutionContext& ctx, const std::string& slot
 // (AccumulatesInto): a keel::Error naming the op and the var where they are not there.
 template <typename T>
 T* AccumulatedData(const ExecutionContext& ctx, const std::string& slot, Tensor* out, int64_t n) {
-  KEEL_ENFORCE(out->initialized() && out->numel() == n && out->dtype() == DTypeOf<T>::value,
+  KEEL_ENFORCE(out->initialized() && out->numel() == n && out->dtype() == DTypeOf<T>::value &&
+                   out->place() == ctx.place(),
                ctx.op().type(), ": output ", slot, " '", ctx.op().Output(slot)[0],
                "' accumulates (accumulate_into) but holds ",
-               out->initialized() ? out->dims().str() + " " + DTypeName(out->dtype())
-                                  : std::string("nothing"),
-               ", not the ", n, " ", DTypeName(DTypeOf<T>::value),
-               " values to add into (run the startup program first)");
+               out->initialized()
+                   ? out->dims().str() + " " + DTypeName(out->dtype()) + " on " + out->place().str()
+                   : std::string("nothing"),
+               ", not the ", n, " ", DTypeName(DTypeOf<T>::value), " values on ", ctx.place().str(),
+               " to add into (run the startup program first)");
   return out->mutable_data<T>(ctx.place());
 }
 

@@ -103,6 +103,11 @@ bool MatchLayer(const Block& block, int b, size_t i, const Uses& uses, Match* m)
                op.Input("X") == std::vector<std::string>{t}) {
       m->add_grad = u.op;
     } else if (op.type() == "mul_grad" && m->mul_grad == std::string::npos) {
+      // One that adds into gradient merge's buffer (FuseGradAccumulationPass ran first) is left
+      // whole: the fused op would take the add_grad's attributes and overwrite the buffer.
+      if (op.HasAttr("accumulate_into") &&
+          !op.Attr<std::vector<std::string>>("accumulate_into").empty())
+        return false;
       m->mul_grad = u.op;
     } else {
       return false;  // another reader of the product

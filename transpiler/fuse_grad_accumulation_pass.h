@@ -11,7 +11,9 @@
 // calls this gradient accumulation fusion.)
 //
 // Requires: GradientMergePass has run (its sums in the global block, the buffers persistable and
-//   zeroed by startup); before the data-parallel passes.
+//   zeroed by startup); after FuseGemmEpiloguePass when that runs (which leaves a mul_grad that
+//   accumulates whole), before the data-parallel passes. Fleet's minimize runs it with gradient
+//   merge (fleet/transpile.h) and maps the (parameter, gradient) pairs it returns to the buffers.
 // Guarantees: for each sum op of the global block with X = [B, G] and Out = B, B persistable and
 //   named G + "@GRAD_MERGED", when G is written by exactly one op W of the global block, through an
 //   output slot W's type accumulates, and read by the sum alone, and W's kernel dtype is G's:

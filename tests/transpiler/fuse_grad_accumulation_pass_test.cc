@@ -9,9 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "executor/executor.h"
+#include "fleet/distributed_strategy.h"
+#include "fleet/fleet.h"
 #include "framework/dsl/layers.h"
 #include "framework/dsl/optimizer.h"
 #include "framework/dsl/program_guard.h"
@@ -127,6 +130,68 @@ TEST(FuseGradAccumulation, TrainsBitForBitAsTheSumsDo) {
       EXPECT_EQ(worst, 0.0);
     }
   }
+}
+
+// FuseGemmEpiloguePass after this pass leaves a mul_grad that adds into its buffer whole (fusing it
+// would take the add's attributes and overwrite the buffer): training stays the sums', bit for bit.
+TEST(FuseGradAccumulation, TheEpilogueFusionAfterItLeavesAccumulatingOpsWhole) {
+  Model sums, fused;
+  optimizer::SGD s1(0.1f), s2(0.1f);
+  Build(sums, s1, /*fuse=*/false);
+  Build(fused, s2, /*fuse=*/false);
+  ASSERT_EQ(Fused(fused).size(), 2u);
+  transpiler::FuseGemmEpiloguePass().Apply(fused.main, fused.startup);
+  EXPECT_EQ(Count(fused.main, "mul_grad"), 2);
+  Executor a, b;
+  a.Run(sums.startup);
+  b.Run(fused.startup);
+  for (int step = 0; step < 8; ++step) {
+    const float la =
+        a.Run(sums.main, testing::AmpMlpBatch(step), {sums.loss.name()})[0].item<float>();
+    const float lb =
+        b.Run(fused.main, testing::AmpMlpBatch(step), {fused.loss.name()})[0].item<float>();
+    EXPECT_EQ(la, lb) << "step " << step;
+  }
+}
+
+// A grad op without the attribute (a program loaded from a file saved before it existed) runs and
+// overwrites its output, as it always did.
+TEST(FuseGradAccumulation, AnOpWithoutTheAttributeOverwritesItsOutput) {
+  Model m;
+  optimizer::SGD sgd(0.1f);
+  Build(m, sgd);
+  for (auto& op : m.main.global_block().ops()) op->RemoveAttr("accumulate_into");
+  Executor exe;
+  exe.Run(m.startup);
+  EXPECT_EQ(testing::ErrorOf([&] { exe.Run(m.main, testing::AmpMlpBatch(0)); }), "");
+}
+
+// Through fleet (one worker, gradient merge): the (parameter, gradient) pairs minimize returns
+// name vars of the program, the merge buffers for the fused gradients.
+TEST(FuseGradAccumulation, FleetsPairsNameTheBuffersOfFusedGradients) {
+  Program main, startup;
+  std::vector<std::pair<std::string, std::string>> pairs;
+  {
+    ProgramGuard guard(main, startup);
+    Var loss = testing::AmpMlpLoss();
+    fleet::init();
+    fleet::DistributedStrategy s;
+    s.gradient_merge = true;
+    s.gradient_merge_configs.k_steps = 2;
+    s.fuse_gemm_epilogue = true;
+    for (const auto& pg :
+         fleet::distributed_optimizer(optimizer::SGD(0.1f), s).minimize(loss, &startup))
+      pairs.emplace_back(pg.first, pg.second);
+  }
+  ASSERT_EQ(pairs.size(), 6u);
+  int buffers = 0;
+  for (const auto& [param, grad] : pairs) {
+    EXPECT_NE(fleet::main_program().global_block().FindVar(grad), nullptr) << param << " " << grad;
+    const std::string suffix = "@GRAD_MERGED";
+    buffers += grad.size() > suffix.size() &&
+               grad.compare(grad.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+  EXPECT_EQ(buffers, 4);  // the fc layers'; the layer norm's keep their gradients
 }
 
 // A merge buffer that holds nothing (cleared after startup): the op names itself and the var.
