@@ -2,7 +2,8 @@
 // activations: losses, layer_norm, dropout, reductions, lookup_table, shape ops, fills, random
 // initializers, cast, compare/logical, lr schedules, metrics, coalesce_tensor, the global-norm
 // clip, loss scaling and fused_gemm_epilogue; gradients narrowed to 16 bits where they are computed
-// and the updates that widen them. Every case runs on CPUPlace and CUDAPlace(0) from the
+// and the updates that widen them; gradient merge's buffers added into by the gradients' ops. Every
+// case runs on CPUPlace and CUDAPlace(0) from the
 // same random inputs, forward and gradient, with every new allocation poisoned
 // (FLAGS_init_allocated_mem: an output element a kernel leaves unwritten is NaN and fails the
 // comparison) and the host fallback off (a case that would run through it is an error). Float32
@@ -29,6 +30,8 @@
 #include "tests/util/op_test_util.h"
 #include "tests/util/transpiler_fixtures.h"
 #include "transpiler/fuse_gemm_epilogue_pass.h"
+#include "transpiler/fuse_grad_accumulation_pass.h"
+#include "transpiler/gradient_merge_pass.h"
 #include "transpiler/merge_optimizer_pass.h"
 #include "transpiler/narrow_grads_pass.h"
 
@@ -778,6 +781,53 @@ TEST_F(CudaKernels2, NarrowedGradientsAndWideningUpdatesFollowTheCpu) {
     ASSERT_EQ(ErrorOf([&] { gpu = losses(opt, fuse, CUDAPlace(0)); }), "");
     for (size_t s = 0; s < want.size(); ++s)
       EXPECT_NEAR(gpu[s], want[s], 2e-3 * std::max(1.0, std::abs(want[s]))) << "step " << s;
+  }
+}
+
+// Gradient merge with the gradients' ops adding into the merge buffers
+// (transpiler/fuse_grad_accumulation_pass.h: Device::GemmAdd on CUDA is a GEMM into a scratch and
+// an add; the bias sums added): the GPU follows the CPU over two merge cycles, fc fused and not.
+TEST_F(CudaKernels2, FusedGradientAccumulationFollowsTheCpu) {
+  FLAGS_init_allocated_mem = false;
+  auto losses = [](bool fuse, const Place& place) {
+    models::ModelConfig cfg;
+    cfg.name = "mlp";
+    cfg.seed = 3;
+    cfg.hidden = 64;
+    cfg.batch_size = 16;
+    cfg.make_optimizer = [](const std::string&, float) {
+      return std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
+    };
+    models::TrainableModel m = models::BuildModel(cfg);
+    transpiler::GradientMergeOptions o;
+    o.k_steps = 2;
+    transpiler::GradientMergePass(o).Apply(*m.main, *m.startup);
+    if (fuse) transpiler::FuseGemmEpiloguePass().Apply(*m.main, *m.startup);
+    transpiler::FuseGradAccumulationPass pass;
+    pass.Apply(*m.main, *m.startup);
+    EXPECT_EQ(pass.fused().size(), fuse ? 6u : 3u);
+    Executor exe(place);
+    exe.Run(*m.startup);
+    std::vector<double> r;
+    for (int s = 0; s < 8; ++s) {
+      FeedMap feed;
+      m.next_batch(16, &feed);
+      r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
+    }
+    return r;
+  };
+  // The CPU halves run everywhere; the GPU halves need a device.
+  const std::vector<double> cpu_fused = losses(true, CPUPlace());
+  const std::vector<double> cpu_plain = losses(false, CPUPlace());
+  for (double v : cpu_fused) EXPECT_TRUE(std::isfinite(v));
+  SKIP_WITHOUT_GPU();
+  for (bool fuse : {true, false}) {
+    SCOPED_TRACE(fuse ? "fused epilogue" : "mul and add");
+    const std::vector<double>& want = fuse ? cpu_fused : cpu_plain;
+    std::vector<double> gpu;
+    ASSERT_EQ(ErrorOf([&] { gpu = losses(fuse, CUDAPlace(0)); }), "");
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(gpu[s], want[s], 1e-4 * std::max(1.0, std::abs(want[s]))) << "step " << s;
   }
 }
 
