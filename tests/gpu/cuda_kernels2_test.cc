@@ -671,6 +671,38 @@ TEST_F(CudaKernels2, MlpAndTransformerTrainWithoutHostFallbackAndFollowTheCpu) {
   }
 }
 
+// The zoo's MLP (64 wide, batch 16, seed 3) trained by `opt` (sgd, momentum, adam or adamw), for
+// the program-level twin tests below.
+models::TrainableModel ZooMlp(const std::string& opt) {
+  models::ModelConfig cfg;
+  cfg.name = "mlp";
+  cfg.seed = 3;
+  cfg.hidden = 64;
+  cfg.batch_size = 16;
+  cfg.make_optimizer = [opt](const std::string&, float) {
+    std::unique_ptr<optimizer::Optimizer> o;
+    if (opt == "sgd") o = std::make_unique<optimizer::SGD>(0.05f);
+    if (opt == "momentum") o = std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
+    if (opt == "adam") o = std::make_unique<optimizer::Adam>(0.01f);
+    if (opt == "adamw") o = std::make_unique<optimizer::AdamW>(0.01f, 0.1f);
+    return o;
+  };
+  return models::BuildModel(cfg);
+}
+
+// Losses of `steps` steps of `m` on `place` from its startup, batches of 16.
+std::vector<double> Losses(models::TrainableModel& m, const Place& place, int steps) {
+  Executor exe(place);
+  exe.Run(*m.startup);
+  std::vector<double> r;
+  for (int s = 0; s < steps; ++s) {
+    FeedMap feed;
+    m.next_batch(16, &feed);
+    r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
+  }
+  return r;
+}
+
 // Fused gradients (coalesce_tensor views) and one merged update per group, as a data-parallel
 // program with fusion has them: the GPU follows the CPU step by step, for every optimizer.
 TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
@@ -679,21 +711,8 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
   for (const char* opt : {"sgd", "momentum", "adam", "adamw"}) {
     SCOPED_TRACE(opt);
     auto losses = [&](const Place& place) {
-      models::ModelConfig cfg;
-      cfg.name = "mlp";
-      cfg.seed = 3;
-      cfg.hidden = 64;
-      cfg.batch_size = 16;
       const std::string name = opt;
-      cfg.make_optimizer = [name](const std::string&, float) {
-        std::unique_ptr<optimizer::Optimizer> o;
-        if (name == "sgd") o = std::make_unique<optimizer::SGD>(0.05f);
-        if (name == "momentum") o = std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
-        if (name == "adam") o = std::make_unique<optimizer::Adam>(0.01f);
-        if (name == "adamw") o = std::make_unique<optimizer::AdamW>(0.01f, 0.1f);
-        return o;
-      };
-      models::TrainableModel m = models::BuildModel(cfg);
+      models::TrainableModel m = ZooMlp(name);
       Block& b = m.main->global_block();
       std::vector<std::string> grads;
       std::vector<int64_t> numels;
@@ -708,15 +727,7 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
       int merged = 0;
       for (auto& op : b.ops()) merged += op->type() == "merged_" + name;
       EXPECT_EQ(merged, 1);
-      Executor exe(place);
-      exe.Run(*m.startup);
-      std::vector<double> r;
-      for (int s = 0; s < 10; ++s) {
-        FeedMap feed;
-        m.next_batch(16, &feed);
-        r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
-      }
-      return r;
+      return Losses(m, place, 10);
     };
     const std::vector<double> cpu = losses(CPUPlace());
     std::vector<double> gpu;
@@ -735,33 +746,12 @@ TEST_F(CudaKernels2, FusedGradientsWithMergedUpdatesFollowTheCpu) {
 TEST_F(CudaKernels2, NarrowedGradientsAndWideningUpdatesFollowTheCpu) {
   FLAGS_init_allocated_mem = false;
   auto losses = [](const std::string& opt, bool fuse, const Place& place) {
-    models::ModelConfig cfg;
-    cfg.name = "mlp";
-    cfg.seed = 3;
-    cfg.hidden = 64;
-    cfg.batch_size = 16;
-    cfg.make_optimizer = [opt](const std::string&, float) {
-      std::unique_ptr<optimizer::Optimizer> o;
-      if (opt == "sgd") o = std::make_unique<optimizer::SGD>(0.05f);
-      if (opt == "momentum") o = std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
-      if (opt == "adam") o = std::make_unique<optimizer::Adam>(0.01f);
-      if (opt == "adamw") o = std::make_unique<optimizer::AdamW>(0.01f, 0.1f);
-      return o;
-    };
-    models::TrainableModel m = models::BuildModel(cfg);
+    models::TrainableModel m = ZooMlp(opt);
     if (fuse) transpiler::FuseGemmEpiloguePass().Apply(*m.main, *m.startup);
     transpiler::NarrowGradsPass pass;
     pass.Apply(*m.main, *m.startup);
     EXPECT_EQ(pass.narrowed().size(), 6u);
-    Executor exe(place);
-    exe.Run(*m.startup);
-    std::vector<double> r;
-    for (int s = 0; s < 10; ++s) {
-      FeedMap feed;
-      m.next_batch(16, &feed);
-      r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
-    }
-    return r;
+    return Losses(m, place, 10);
   };
   // The CPU halves run everywhere (the rewrite applies and trains); the GPU halves need a device.
   std::map<std::pair<std::string, bool>, std::vector<double>> cpu;
@@ -790,15 +780,7 @@ TEST_F(CudaKernels2, NarrowedGradientsAndWideningUpdatesFollowTheCpu) {
 TEST_F(CudaKernels2, FusedGradientAccumulationFollowsTheCpu) {
   FLAGS_init_allocated_mem = false;
   auto losses = [](bool fuse, const Place& place) {
-    models::ModelConfig cfg;
-    cfg.name = "mlp";
-    cfg.seed = 3;
-    cfg.hidden = 64;
-    cfg.batch_size = 16;
-    cfg.make_optimizer = [](const std::string&, float) {
-      return std::make_unique<optimizer::Momentum>(0.05f, 0.9f);
-    };
-    models::TrainableModel m = models::BuildModel(cfg);
+    models::TrainableModel m = ZooMlp("momentum");
     transpiler::GradientMergeOptions o;
     o.k_steps = 2;
     transpiler::GradientMergePass(o).Apply(*m.main, *m.startup);
@@ -806,15 +788,7 @@ TEST_F(CudaKernels2, FusedGradientAccumulationFollowsTheCpu) {
     transpiler::FuseGradAccumulationPass pass;
     pass.Apply(*m.main, *m.startup);
     EXPECT_EQ(pass.fused().size(), fuse ? 6u : 3u);
-    Executor exe(place);
-    exe.Run(*m.startup);
-    std::vector<double> r;
-    for (int s = 0; s < 8; ++s) {
-      FeedMap feed;
-      m.next_batch(16, &feed);
-      r.push_back(ToDouble(exe.Run(*m.main, feed, {m.loss})[0])[0]);
-    }
-    return r;
+    return Losses(m, place, 8);
   };
   // The CPU halves run everywhere; the GPU halves need a device.
   const std::vector<double> cpu_fused = losses(true, CPUPlace());

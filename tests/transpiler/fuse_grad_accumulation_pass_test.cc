@@ -36,13 +36,7 @@ struct Model {
 // x[-1, 6] -> fc(8, relu) -> layer_norm -> fc(3) -> softmax_with_cross_entropy -> mean, minimized
 // by `opt`, gradients merged over 4 runs (avg); with `fuse`, each fc one fused_gemm_epilogue.
 void Build(Model& m, optimizer::Optimizer& opt, bool fuse = true) {
-  {
-    ProgramGuard guard(m.main, m.startup);
-    m.main.set_random_seed(5);
-    m.startup.set_random_seed(5);
-    m.loss = testing::AmpMlpLoss();
-    opt.minimize(m.loss);
-  }
+  m.loss = testing::MinimizedAmpMlp(m.main, m.startup, opt);
   transpiler::GradientMergeOptions o;
   o.k_steps = 4;
   transpiler::GradientMergePass(o).Apply(m.main, m.startup);

@@ -38,13 +38,7 @@ struct Model {
 // x[-1, 6] -> fc(8, relu) -> layer_norm -> fc(3) -> softmax_with_cross_entropy -> mean, minimized
 // by `opt`; with `fuse`, each fc's mul and bias add as one fused_gemm_epilogue.
 void Build(Model& m, optimizer::Optimizer& opt, bool fuse = true) {
-  {
-    ProgramGuard guard(m.main, m.startup);
-    m.main.set_random_seed(5);
-    m.startup.set_random_seed(5);
-    m.loss = testing::AmpMlpLoss();
-    opt.minimize(m.loss);
-  }
+  m.loss = testing::MinimizedAmpMlp(m.main, m.startup, opt);
   if (fuse) transpiler::FuseGemmEpiloguePass().Apply(m.main, m.startup);
 }
 

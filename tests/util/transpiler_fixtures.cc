@@ -5,6 +5,7 @@
 #include "framework/dsl/layers.h"
 #include "framework/dsl/nn_layers.h"
 #include "framework/dsl/optimizer.h"
+#include "framework/dsl/program_guard.h"
 
 namespace keel::testing {
 
@@ -55,6 +56,15 @@ FeedMap AmpMlpBatch(int step) {
     x.data<float>()[i] = 0.1f * static_cast<float>((i * 7 + step * 3) % 13) - 0.6f;
   for (int i = 0; i < 8; ++i) y.data<int64_t>()[i] = (i * 5 + step) % 3;
   return {{"x", x}, {"y", y}};
+}
+
+Var MinimizedAmpMlp(Program& main, Program& startup, optimizer::Optimizer& opt) {
+  ProgramGuard guard(main, startup);
+  main.set_random_seed(5);
+  startup.set_random_seed(5);
+  Var loss = AmpMlpLoss();
+  opt.minimize(loss);
+  return loss;
 }
 
 std::vector<std::pair<std::string, std::function<std::unique_ptr<optimizer::Optimizer>()>>>

@@ -34,6 +34,8 @@ void InsertFusedGradients(Block& b, const std::vector<std::string>& grads,
 Var AmpMlpLoss();
 // Its batch of step `step`: 8 rows of x (a fixed pattern) and labels in 0..2.
 FeedMap AmpMlpBatch(int step);
+// That model in (main, startup), both seeded 5, minimized by `opt`; returns the loss.
+Var MinimizedAmpMlp(Program& main, Program& startup, optimizer::Optimizer& opt);
 
 // The optimizers the bit-for-bit training tests of the passes run, by name: SGD, Momentum,
 // Nesterov, Adam and AdamW, each making a fresh optimizer.
