@@ -1,57 +1,16 @@
 #include "transpiler/amp_weight_copy_pass.h"
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/var_uses.h"
 
 namespace keel {
 namespace transpiler {
 namespace {
-
-// An op of the program: its block and index there.
-struct At {
-  int block;
-  size_t index;
-  bool operator==(const At& o) const { return block == o.block && index == o.index; }
-};
-
-// Every op that reads, and every op that writes, each var, over all blocks; and the fused
-// buffers each var is a slice of (OpTraits::slices_slot / fused_slot: coalesce_tensor's).
-struct Uses {
-  std::map<std::string, std::vector<At>> readers, writers;
-  std::map<std::string, std::vector<std::string>> buffers;
-  const std::vector<At>& Readers(const std::string& v) const { return Of(readers, v); }
-  const std::vector<At>& Writers(const std::string& v) const { return Of(writers, v); }
-
- private:
-  static const std::vector<At>& Of(const std::map<std::string, std::vector<At>>& m,
-                                   const std::string& v) {
-    static const std::vector<At> none;
-    auto it = m.find(v);
-    return it == m.end() ? none : it->second;
-  }
-};
-
-Uses Collect(const Program& program) {
-  Uses u;
-  for (int b = 0; b < program.num_blocks(); ++b) {
-    const Block& block = program.block(b);
-    for (size_t i = 0; i < block.num_ops(); ++i) {
-      const OpDesc& op = *block.op(i);
-      for (const std::string& v : op.InputArgumentNames()) u.readers[v].push_back({b, i});
-      for (const std::string& v : op.OutputArgumentNames()) u.writers[v].push_back({b, i});
-      const OpTraits& t = OpRegistry::Traits(op.type());
-      if (t.slices_slot.empty()) continue;
-      for (const std::string& slice : op.Output(t.slices_slot))
-        for (const std::string& fused : op.Output(t.fused_slot)) u.buffers[slice].push_back(fused);
-    }
-  }
-  return u;
-}
 
 bool IsLow(DType t) { return t == DType::kBFloat16 || t == DType::kFloat16; }
 
@@ -67,7 +26,7 @@ struct Copy {
 };
 
 // The rewrite of the update at `u`, when the header's conditions hold.
-std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, size_t u) {
+std::optional<Copy> Plan(const Block& block, const Block& sb, const VarUses& uses, size_t u) {
   const OpDesc& update = *block.op(u);
   const OpSchema* schema = OpRegistry::Find(update.type());
   if (schema == nullptr || schema->FindInput("MasterParam") == nullptr) return std::nullopt;
@@ -82,40 +41,39 @@ std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, 
   if (w == nullptr || !w->persistable() || w->dtype() != DType::kFloat32 ||
       !Single(update.Output("ParamOut"), p.w) || sb.FindVar(p.w) == nullptr)
     return std::nullopt;
-  const At here{0, u};
-  if (uses.Writers(p.w) != std::vector<At>{here}) return std::nullopt;
+  if (!OnlyBy(uses.Writers(p.w), 0, u)) return std::nullopt;
   // g: written by one cast_grad gc -> g before U (and rewritten in place by ops that only
   // order); read by U and those ops.
-  auto only_orders = [&](const At& at) {
+  auto only_orders = [&](const VarUse& at) {
     if (at.block != 0) return false;
-    const OpDesc& op = *block.op(at.index);
+    const OpDesc& op = *block.op(at.op);
     return OpRegistry::Traits(op.type()).only_orders && Single(op.Input("X"), p.g) &&
            Single(op.Output("Out"), p.g);
   };
-  std::vector<At> gw;
-  for (const At& wr : uses.Writers(p.g))
+  std::vector<VarUse> gw;
+  for (const VarUse& wr : uses.Writers(p.g))
     if (!only_orders(wr)) gw.push_back(wr);
-  if (gw.size() != 1 || gw[0].block != 0 || gw[0].index >= u) return std::nullopt;
-  p.cast_grad = gw[0].index;
+  if (gw.size() != 1 || gw[0].block != 0 || gw[0].op >= u) return std::nullopt;
+  p.cast_grad = gw[0].op;
   const OpDesc& b = *block.op(p.cast_grad);
   if (b.type() != "cast_grad" || b.Input(GradVarName("Out")).size() != 1 ||
       !Single(b.Output(GradVarName("X")), p.g))
     return std::nullopt;
   p.gc = b.Input(GradVarName("Out"))[0];
-  for (const At& r : uses.Readers(p.g)) {
-    if (r == here) continue;
+  for (const VarUse& r : uses.Readers(p.g)) {
+    if (r.Is(0, u)) continue;
     if (!only_orders(r)) return std::nullopt;
-    p.orders.push_back(r.index);
+    p.orders.push_back(r.op);
   }
   // w: read by U, B (when it kept X for the dtype) and one forward cast w -> c.
   bool found_cast = false;
-  for (const At& r : uses.Readers(p.w)) {
-    if (r == here || r == At{0, p.cast_grad}) continue;  // B kept X for its dtype
+  for (const VarUse& r : uses.Readers(p.w)) {
+    if (r.Is(0, u) || r.Is(0, p.cast_grad)) continue;  // B kept X for its dtype
     if (found_cast || r.block != 0) return std::nullopt;
-    const OpDesc& op = *block.op(r.index);
+    const OpDesc& op = *block.op(r.op);
     if (op.type() != "cast" || !Single(op.Input("X"), p.w) || op.Output("Out").size() != 1)
       return std::nullopt;
-    p.cast = r.index;
+    p.cast = r.op;
     p.c = op.Output("Out")[0];
     found_cast = true;
   }
@@ -125,18 +83,17 @@ std::optional<Copy> Plan(const Block& block, const Block& sb, const Uses& uses, 
   if (c == nullptr || gc == nullptr || c->persistable() || !IsLow(c->dtype()) ||
       gc->dtype() != c->dtype() || sb.FindVar(p.c) != nullptr)
     return std::nullopt;
-  if (uses.Writers(p.c) != std::vector<At>{At{0, p.cast}}) return std::nullopt;
-  for (const At& r : uses.Readers(p.c))
-    if (r.block != 0 || r.index <= p.cast || r.index >= u) return std::nullopt;
+  if (!OnlyBy(uses.Writers(p.c), 0, p.cast)) return std::nullopt;
+  for (const VarUse& r : uses.Readers(p.c))
+    if (r.block != 0 || r.op <= p.cast || r.op >= u) return std::nullopt;
   // gc keeps, from B to U, the value B read: nothing writes it there, nor a fused buffer it is a
   // slice of (coalesce_tensor's FusedOutput: an all-reduce of the buffer writes its slices).
   std::vector<std::string> holders = {p.gc};
-  auto fused = uses.buffers.find(p.gc);
-  if (fused != uses.buffers.end())
-    holders.insert(holders.end(), fused->second.begin(), fused->second.end());
+  const std::vector<std::string>& fused = uses.Buffers(p.gc);
+  holders.insert(holders.end(), fused.begin(), fused.end());
   for (const std::string& h : holders)
-    for (const At& wr : uses.Writers(h))
-      if (wr.block != 0 || (wr.index > p.cast_grad && wr.index < u)) return std::nullopt;
+    for (const VarUse& wr : uses.Writers(h))
+      if (wr.block != 0 || (wr.op > p.cast_grad && wr.op < u)) return std::nullopt;
   return p;
 }
 
@@ -180,7 +137,7 @@ void RestoreWeightCasts(Program& program) {
 void AmpWeightCopyPass::Apply(Program& main, Program& startup) const {
   Block& block = main.global_block();
   Block& sb = startup.global_block();
-  const Uses uses = Collect(main);
+  const VarUses uses(main);
   std::vector<Copy> copies;
   for (size_t i = 0; i < block.num_ops(); ++i)
     if (std::optional<Copy> p = Plan(block, sb, uses, i)) copies.push_back(std::move(*p));

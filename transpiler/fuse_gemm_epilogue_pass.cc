@@ -1,46 +1,18 @@
 #include "transpiler/fuse_gemm_epilogue_pass.h"
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/var_uses.h"
 
 namespace keel {
 namespace transpiler {
 
 namespace {
-
-struct Use {
-  int block;
-  size_t op;
-};
-
-// Who reads and who writes each var, over every block of the program.
-struct Uses {
-  std::map<std::string, std::vector<Use>> readers, writers;
-  explicit Uses(const Program& p) {
-    for (int b = 0; b < p.num_blocks(); ++b)
-      for (size_t i = 0; i < p.block(b).num_ops(); ++i) {
-        const OpDesc& op = *p.block(b).op(i);
-        for (const std::string& v : op.InputArgumentNames()) readers[v].push_back({b, i});
-        for (const std::string& v : op.OutputArgumentNames()) writers[v].push_back({b, i});
-      }
-  }
-  const std::vector<Use>& Readers(const std::string& v) const { return Get(readers, v); }
-  const std::vector<Use>& Writers(const std::string& v) const { return Get(writers, v); }
-
- private:
-  static const std::vector<Use>& Get(const std::map<std::string, std::vector<Use>>& m,
-                                     const std::string& v) {
-    static const std::vector<Use> none;
-    auto it = m.find(v);
-    return it == m.end() ? none : it->second;
-  }
-};
 
 bool Single(const std::vector<std::string>& args) { return args.size() == 1; }
 
@@ -68,7 +40,7 @@ struct Match {
 };
 
 // The layer whose mul is op `i` of `block`, if it matches the header's pattern.
-bool MatchLayer(const Block& block, int b, size_t i, const Uses& uses, Match* m) {
+bool MatchLayer(const Block& block, int b, size_t i, const VarUses& uses, Match* m) {
   const OpDesc& mul = *block.op(i);
   if (mul.type() != "mul" || !Single(mul.Input("X")) || !Single(mul.Input("Y")) ||
       !Single(mul.Output("Out")) || mul.Attr<int>("y_num_col_dims") != 1)
@@ -84,7 +56,7 @@ bool MatchLayer(const Block& block, int b, size_t i, const Uses& uses, Match* m)
   m->mul = i;
   bool have_add = false;
   std::string b_name;
-  for (const Use& u : uses.Readers(t)) {
+  for (const VarUse& u : uses.Readers(t)) {
     if (u.block != b) return false;
     const OpDesc& op = *block.op(u.op);
     if (op.type() == "elementwise_add" && !have_add) {
@@ -148,7 +120,7 @@ void CopyAttrs(const OpDesc& from, OpDesc* to, int xk) {
 void FuseGemmEpiloguePass::Apply(Program& main, Program& /*startup*/) const {
   for (int b = 0; b < main.num_blocks(); ++b) {
     Block& block = main.block(b);
-    const Uses uses(main);
+    const VarUses uses(main);
     std::vector<Match> matches;
     for (size_t i = 0; i < block.num_ops(); ++i) {
       Match m;

@@ -1,21 +1,14 @@
 #include "transpiler/fuse_grad_accumulation_pass.h"
 
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "framework/op/op_registry.h"
+#include "transpiler/var_uses.h"
 
 namespace keel {
 namespace transpiler {
 namespace {
-
-// Where an op of the global block writes a var: the op and the output slot.
-struct Write {
-  size_t op;
-  std::string slot;
-};
 
 // Whether `slot` of `op` writes `var` and nothing else.
 bool WritesOnly(const OpDesc& op, const std::string& slot, const std::string& var) {
@@ -28,23 +21,9 @@ bool WritesOnly(const OpDesc& op, const std::string& slot, const std::string& va
 void FuseGradAccumulationPass::Apply(Program& main, Program& /*startup*/) const {
   fused_.clear();
   Block& block = main.global_block();
-  // Readers and writers of every var, over all blocks (a sub-block's use keeps a var as it is).
-  std::map<std::string, int> reads;
-  std::map<std::string, std::vector<Write>> writes;
-  std::set<std::string> elsewhere;
-  for (size_t i = 0; i < block.num_ops(); ++i) {
-    const OpDesc& op = *block.op(i);
-    for (const std::string& v : op.InputArgumentNames()) ++reads[v];
-    for (const auto& [slot, args] : op.outputs())
-      for (const std::string& v : args) writes[v].push_back({i, slot});
-  }
-  for (int b = 1; b < main.num_blocks(); ++b)
-    for (const auto& op : main.block(b).ops()) {
-      // The merge step's sub-block reads and writes the buffers: that is expected. Only the
-      // gradients themselves must not appear there.
-      for (const std::string& v : op->InputArgumentNames()) elsewhere.insert(v);
-      for (const std::string& v : op->OutputArgumentNames()) elsewhere.insert(v);
-    }
+  // The merge step's sub-block reads and writes the buffers: that is expected. Only the gradients
+  // themselves must not appear there.
+  const VarUses uses(main);
   std::vector<size_t> sums;  // the sums to remove, in order
   std::vector<std::string> grads;
   for (size_t i = 0; i < block.num_ops(); ++i) {
@@ -57,13 +36,13 @@ void FuseGradAccumulationPass::Apply(Program& main, Program& /*startup*/) const 
     const VarDesc* gv = block.FindVar(g);
     if (sum.Output("Out")[0] != buffer || buffer != g + "@GRAD_MERGED" || bv == nullptr ||
         gv == nullptr || !bv->persistable() || gv->persistable() || gv->row_sparse() ||
-        bv->dtype() != gv->dtype() || elsewhere.count(g) || reads[g] != 1)
+        bv->dtype() != gv->dtype() || uses.InSubBlock(g) || uses.Readers(g).size() != 1)
       continue;
-    auto w = writes.find(g);
-    if (w == writes.end() || w->second.size() != 1) continue;
-    OpDesc& writer = *block.op(w->second[0].op);
-    const std::string& slot = w->second[0].slot;
-    if (w->second[0].op >= i || !OpRegistry::Traits(writer.type()).AccumulatesOutput(slot) ||
+    const std::vector<VarUse>& w = uses.Writers(g);
+    if (w.size() != 1) continue;
+    OpDesc& writer = *block.op(w[0].op);
+    const std::string slot = w[0].slot;
+    if (w[0].op >= i || !OpRegistry::Traits(writer.type()).AccumulatesOutput(slot) ||
         !WritesOnly(writer, slot, g) || OpRegistry::KernelDType(writer, block) != gv->dtype())
       continue;
     writer.SetOutput(slot, {buffer});

@@ -1,63 +1,32 @@
 #include "transpiler/narrow_grads_pass.h"
 
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "framework/error.h"
 #include "framework/op/op_registry.h"
+#include "transpiler/var_uses.h"
 
 namespace keel {
 namespace transpiler {
 namespace {
 
-// How an op of the global block touches a var: through which of its input or output slots.
-struct Touch {
-  size_t op;
-  std::string slot;
-};
-
-// Every (op, slot) of the global block that reads, and that writes, each var; and the vars some
-// op of another block touches.
-struct Uses {
-  std::map<std::string, std::vector<Touch>> reads, writes;
-  std::set<std::string> elsewhere;
-};
-
-Uses Collect(const Program& program) {
-  Uses u;
-  const Block& block = program.global_block();
-  for (size_t i = 0; i < block.num_ops(); ++i) {
-    const OpDesc& op = *block.op(i);
-    for (const auto& [slot, args] : op.inputs())
-      for (const std::string& v : args) u.reads[v].push_back({i, slot});
-    for (const auto& [slot, args] : op.outputs())
-      for (const std::string& v : args) u.writes[v].push_back({i, slot});
-  }
-  for (int b = 1; b < program.num_blocks(); ++b)
-    for (const auto& op : program.block(b).ops()) {
-      for (const std::string& v : op->InputArgumentNames()) u.elsewhere.insert(v);
-      for (const std::string& v : op->OutputArgumentNames()) u.elsewhere.insert(v);
-    }
-  return u;
-}
-
 // Whether the header's conditions hold for gradient `g`.
-bool Narrowable(const Block& block, const Uses& uses, const std::string& g) {
+bool Narrowable(const Block& block, const VarUses& uses, const std::string& g) {
   const VarDesc* v = block.FindVar(g);
   if (v == nullptr || v->dtype() != DType::kFloat32 || v->persistable() || v->row_sparse() ||
-      uses.elsewhere.count(g))
+      uses.InSubBlock(g))
     return false;
-  auto w = uses.writes.find(g);
-  if (w == uses.writes.end() || w->second.size() != 1) return false;
-  const OpDesc& writer = *block.op(w->second[0].op);
-  if (!OpRegistry::Traits(writer.type()).NarrowsOutput(w->second[0].slot) ||
+  const std::vector<VarUse>& w = uses.Writers(g);
+  if (w.size() != 1) return false;
+  const OpDesc& writer = *block.op(w[0].op);
+  if (!OpRegistry::Traits(writer.type()).NarrowsOutput(w[0].slot) ||
       OpRegistry::KernelDType(writer, block) != DType::kFloat32)
     return false;
-  auto r = uses.reads.find(g);
-  if (r == uses.reads.end()) return false;
-  for (const Touch& t : r->second)
+  const std::vector<VarUse>& r = uses.Readers(g);
+  if (r.empty()) return false;
+  for (const VarUse& t : r)
     if (!OpRegistry::Traits(block.op(t.op)->type()).WidensInput(t.slot)) return false;
   return true;
 }
@@ -73,7 +42,7 @@ void NarrowGradsPass::Apply(Program& main, Program& /*startup*/) const {
                    : "");
   narrowed_.clear();
   Block& block = main.global_block();
-  const Uses uses = Collect(main);
+  const VarUses uses(main);
   std::set<std::string> seen;
   for (const auto& op : block.ops()) {
     if (!op->HasAttr(kOpRoleVarAttr)) continue;
