@@ -95,7 +95,8 @@ bool HalfGemmIsNative(DType dtype);
 std::string HalfGemmImplementation(DType dtype, bool trans_a, bool trans_b, int64_t M, int64_t N,
                                    int64_t K, int64_t lda, int64_t ldb, int64_t ldc);
 
-// How many pieces a float GEMM of this shape is split into (1: one call).
+// How many pieces a float GEMM of this shape is split into (1: one call): 1, 2, 4 or 8, from the
+// shape alone, so the bits do not depend on the thread count.
 int64_t GemmPieces(int64_t M, int64_t N, int64_t K);
 const char* Backend();  // "onednn"
 

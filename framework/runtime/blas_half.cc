@@ -343,7 +343,8 @@ void GemmBatchedImpl(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   };
   if (M == 0 || N == 0 || batch <= 0) return;
   if (batch == 1 || K == 0 || sa == 0 || GemmPieces(M, N, K) > 1) return one_by_one();
-  // Runs of about 32 MFLOP, at most 8 (GemmPieces' rule over the whole batch).
+  // Runs of about 32 MFLOP over the whole batch, at most 8: small products, whose call costs
+  // more than the repacking that makes GemmPieces cut larger ones less often.
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) *
                        static_cast<double>(K) * static_cast<double>(batch);
   const int64_t runs =

@@ -297,13 +297,14 @@ void CheckGemms() {
   // Large enough for several pieces on the thread budget (blas::GemmPieces): cut along N, along
   // M and, for a square C, along the side that needs fewer copies; every piece's strided operands
   // and C copied to dense buffers (beta: C copied in as well).
-  ASSERT_GT(blas::GemmPieces(300, 260, 520), 1);
-  ASSERT_GT(blas::GemmPieces(320, 320, 640), 1);
+  ASSERT_GT(blas::GemmPieces(520, 260, 520), 1);
+  ASSERT_GT(blas::GemmPieces(260, 520, 520), 1);
+  ASSERT_GT(blas::GemmPieces(384, 384, 520), 1);
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      CheckGemm<H, H>(ta, tb, 300, 260, 520, 1.0f, 0.0f);
-      CheckGemm<H, float>(ta, tb, 260, 300, 520, 1.0f, 0.5f);
-      CheckGemm<H, H>(ta, tb, 320, 320, 640, 0.5f, 1.0f);
+      CheckGemm<H, H>(ta, tb, 520, 260, 520, 1.0f, 0.0f);
+      CheckGemm<H, float>(ta, tb, 260, 520, 520, 1.0f, 0.5f);
+      CheckGemm<H, H>(ta, tb, 384, 384, 520, 0.5f, 1.0f);
     }
 }
 
@@ -371,7 +372,8 @@ void CheckGemmsBatched() {
   // 17 products of 16.8 MFLOP: 8 runs asked for, 6 made (5 of 3, the last of 2).
   CheckGemmBatched<H, H>(false, false, 64, 64, 2048, 17, false, 0.0f);
   // Too large to batch: one by one, in pieces.
-  CheckGemmBatched<H, H>(false, false, 300, 260, 520, 2, true, 0.0f);
+  ASSERT_GT(blas::GemmPieces(520, 260, 520), 1);
+  CheckGemmBatched<H, H>(false, false, 520, 260, 520, 2, true, 0.0f);
 }
 
 TEST(LowpGemm, BatchedBFloat16AndFloat16MatchAFloat64ReferenceOnAnyThreadCount) {
@@ -381,6 +383,35 @@ TEST(LowpGemm, BatchedBFloat16AndFloat16MatchAFloat64ReferenceOnAnyThreadCount) 
 // float32's batched GEMMs take the same path (float32 C: a few ulps).
 TEST(LowpGemm, BatchedFloat32MatchesAFloat64ReferenceOnAnyThreadCount) {
   CheckGemmsBatched<float>();
+}
+
+// How a GEMM is cut: by its shape alone, into 1, 2, 4 or 8 pieces of about 64 MFLOP or more
+// (a power of two: even shares on 2, 4 or 8 threads), each at least 64 rows or columns; and a
+// float32 GEMM cut into pieces gives the same bits on one thread and on three.
+TEST(LowpGemm, PiecesFollowTheShapeAloneAndKeepTheBitsOnAnyThreadCount) {
+  EXPECT_EQ(blas::GemmPieces(128, 1280, 1280), 4);  // the seed MLP's 419 MFLOP: 6 -> 4
+  EXPECT_EQ(blas::GemmPieces(1280, 1280, 128), 4);
+  EXPECT_EQ(blas::GemmPieces(128, 1280, 700), 2);  // 229 MFLOP: 3 -> 2
+  EXPECT_EQ(blas::GemmPieces(256, 256, 512), 1);   // 67 MFLOP
+  EXPECT_EQ(blas::GemmPieces(2048, 2048, 2048), 8);
+  EXPECT_EQ(blas::GemmPieces(100, 100, 100000), 1);  // 2 GFLOP, but fewer than 128 rows or columns
+  for (int64_t m : {64, 200, 700, 1500, 5000})
+    for (int64_t k : {64, 1000, 9000}) {
+      const int64_t p = blas::GemmPieces(m, 3 * m / 2, k);
+      EXPECT_TRUE(p == 1 || p == 2 || p == 4 || p == 8) << m << " " << k << ": " << p;
+    }
+  const int64_t M = 128, N = 1280, K = 1280;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> a(M * K), b(K * N), one(M * N), three(M * N);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  cpu_threads::SetBudget(1);
+  blas::Gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, one.data(), N);
+  cpu_threads::SetBudget(3);
+  blas::Gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, three.data(), N);
+  cpu_threads::SetBudget(1);
+  EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)));
 }
 
 // The pieces of a GEMM cut for the thread budget run the kernel oneDNN picks for the whole dense
