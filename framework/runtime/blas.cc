@@ -57,7 +57,7 @@ int64_t GemmPieces(int64_t M, int64_t N, int64_t K) {
   // About 64 MFLOP or more per piece (~0.4 ms on one core), each >= 64 rows or columns, at most
   // 8, and a power of two, so that 2, 4 or 8 threads get even shares. A piece is a GEMM of its
   // own that packs the whole operand it does not cut again: the seed MLP's 128x1280x1280 products
-  // ran 19 % slower in 8 pieces than whole on one thread, 12 % in 4 (docs/performance.md).
+  // ran 23 % slower in 8 pieces than whole on one thread, 14 % in 4 (docs/performance.md).
   const double flops =
       2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   int64_t pieces = static_cast<int64_t>(flops / 64e6);
