@@ -81,7 +81,7 @@ const std::vector<Command>& Commands() {
        {{"this node",
          {"nproc_per_node", "selected_gpus", "gpu_comm_backend",
           "log_dir=log|Workers' output goes to DIR/workerlog.N.", "grace_period_s", "server_num",
-          "worker_num", "cpu_sched"}},
+          "worker_num", "cpu_sched", "cpu_bind"}},
         {"several nodes",
          {"nnodes", "node_rank", "cluster_node_ips", "node_ip", "started_port", "master_addr",
           "master_port"}}},

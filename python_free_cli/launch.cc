@@ -53,6 +53,9 @@ DEFINE_int32(worker_num, 0, "Trainers on this node, with --server_num.");
 DEFINE_string(cpu_sched, "auto",
               "Workers' CPU policy: batch (SCHED_BATCH), normal, or auto: batch in a "
               "parameter-server job.");
+DEFINE_string(cpu_bind, "none",
+              "Workers' CPUs: none (the OS places them), or cores: each process on this node "
+              "bound to its own run of the launcher's CPUs.");
 DEFINE_string(servers, "", "Every parameter server, ip:port,... (fleetrun's; any node count).");
 DEFINE_string(workers, "", "Every trainer, ip:port,...; a node starts those at its --node_ip.");
 
@@ -114,6 +117,7 @@ LaunchInput InputFromFlags(const std::vector<std::string>& command,
   in.master_port = FLAGS_master_port;
   in.grace_period_s = FLAGS_grace_period_s;
   in.cpu_sched = FLAGS_cpu_sched;
+  in.cpu_bind = FLAGS_cpu_bind;
   in.max_restarts = FLAGS_max_restarts;
   in.stopped_timeout_s = FLAGS_stopped_timeout_s;
   in.comm_timeout_s = FLAGS_comm_timeout_s;
@@ -139,6 +143,7 @@ LaunchHost SystemHost() {
   host.free_ports = FreePorts;
   host.resolve_executable = ResolveExecutable;
   host.cpu_count = CpuCount;
+  host.cpus = AffinityCpus;
   host.random_token = RandomToken;
   host.is_worker_flag = [](const std::string& name) {
     gflags::CommandLineFlagInfo info;

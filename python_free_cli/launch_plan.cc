@@ -17,7 +17,7 @@ bool IsLaunchFlag(const std::string& name) {
       "cluster_node_ips", "node_ip",          "started_port", "nproc_per_node",    "nnodes",
       "node_rank",        "master_addr",      "master_port",  "grace_period_s",    "log_dir",
       "selected_gpus",    "cpu_math_threads", "max_restarts", "stopped_timeout_s", "server_num",
-      "worker_num",       "servers",          "workers",      "cpu_sched"};
+      "worker_num",       "servers",          "workers",      "cpu_sched",         "cpu_bind"};
   return own.count(name) > 0;
 }
 
@@ -28,6 +28,23 @@ bool SchedBatch(const LaunchInput& in, bool parameter_server) {
   KEEL_ENFORCE(in.cpu_sched == "auto" || in.cpu_sched == "batch" || in.cpu_sched == "normal",
                "--cpu_sched must be auto, batch or normal, got '", in.cpu_sched, "'");
   return in.cpu_sched == "batch" || (in.cpu_sched == "auto" && parameter_server);
+}
+
+// --cpu_bind=cores: the launcher's CPUs dealt to this node's processes in contiguous runs, in
+// local rank order (the earlier runs one CPU shorter when they do not divide evenly).
+void BindCpus(const LaunchInput& in, const LaunchHost& host, LaunchPlan* plan) {
+  KEEL_ENFORCE(in.cpu_bind == "none" || in.cpu_bind == "cores",
+               "--cpu_bind must be none or cores, got '", in.cpu_bind, "'");
+  if (in.cpu_bind == "none") return;
+  const std::vector<int> cpus = host.cpus();
+  const size_t n = plan->workers.size();
+  KEEL_ENFORCE(cpus.size() >= n, "--cpu_bind=cores gives each of the ", n,
+               " processes of this node CPUs of its own, but keel launch may run on only ",
+               cpus.size(), " CPU(s); use --cpu_bind=none");
+  for (size_t i = 0; i < n; ++i)
+    plan->workers[i].cpus.assign(
+        cpus.begin() + static_cast<std::ptrdiff_t>(i * cpus.size() / n),
+        cpus.begin() + static_cast<std::ptrdiff_t>((i + 1) * cpus.size() / n));
 }
 
 // The value of `name` in `env` as getenv(3) finds it (the first entry), nullptr when unset.
@@ -331,6 +348,7 @@ LaunchPlan MakePsLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
                      .string();
     plan.workers.push_back(std::move(w));
   }
+  BindCpus(in, host, &plan);
   return plan;
 }
 
@@ -498,6 +516,7 @@ LaunchPlan MakeLaunchPlan(const LaunchInput& in, const LaunchHost& host) {
         (std::filesystem::path(plan.log_dir) / ("workerlog." + std::to_string(local))).string();
     plan.workers.push_back(std::move(w));
   }
+  BindCpus(in, host, &plan);
   return plan;
 }
 

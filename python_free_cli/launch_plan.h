@@ -28,6 +28,9 @@ struct LaunchInput {
   // The workers' CPU scheduling policy: "batch" (SCHED_BATCH), "normal" (SCHED_OTHER, as the
   // launcher runs), or "auto" (batch for a parameter-server job, normal otherwise).
   std::string cpu_sched = "auto";
+  // The workers' CPUs: "none" (the OS places them) or "cores" (each process of this node bound to
+  // its own contiguous run of the launcher's CPUs, LaunchWorker::cpus).
+  std::string cpu_bind = "none";
   // Parameter-server mode (docs/parameter-server.md): server_num servers and worker_num trainers
   // on this node, with Paddle's parameter-server variables; 0 and 0: a collective job.
   int server_num = 0, worker_num = 0;
@@ -52,8 +55,9 @@ struct LaunchHost {
   // `command` as execve needs it: a path with a '/' as is, else the first executable found in
   // `path` (the PATH variable's value; nullptr when unset). A keel::Error when there is none.
   std::function<std::string(const std::string& command, const char* path)> resolve_executable;
-  // The cores this process may run on.
+  // The cores this process may run on: how many, and their ids in increasing order.
   std::function<int()> cpu_count;
+  std::function<std::vector<int>()> cpus;
   // A fresh random job token.
   std::function<std::string()> random_token;
   // Whether the workers may be given flag `name`: a flag keel defines (not gflags' own, such as
@@ -68,7 +72,9 @@ struct LaunchWorker {
   // supervisor adds the restart count of each attempt, the status pipe and, for rank 0, the
   // store's listening socket (launch_supervisor.cc).
   std::vector<std::string> env;
-  std::string role;      // parameter-server mode: "server 1", "trainer 0" (how errors name it)
+  std::string role;  // parameter-server mode: "server 1", "trainer 0" (how errors name it)
+  // The CPUs it is bound to (--cpu_bind=cores); empty: wherever the OS puts it.
+  std::vector<int> cpus;
   std::string log_path;  // LOG_DIR/workerlog.<local> (parameter-server mode: serverlog.<i> for
                          // server i, workerlog.<j> for trainer j)
 };

@@ -199,6 +199,14 @@ class Supervisor {
     envp.push_back(nullptr);
     // Written by the child with write(2) only, if execve fails.
     std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
+    // Built here: the child only calls async-signal-safe functions between fork and execve.
+    cpu_set_t bind;
+    CPU_ZERO(&bind);
+    for (int c : plan_.workers[w->local].cpus) CPU_SET(c, &bind);
+    const bool bound = !plan_.workers[w->local].cpus.empty();
+    const std::string bind_error = StrCat("keel launch: this worker could not be bound to CPUs ",
+                                          StrJoin(plan_.workers[w->local].cpus, ","),
+                                          " (--cpu_bind=cores): ", "it runs unbound\n");
     const std::string sched_error =
         "keel launch: this worker could not be put under SCHED_BATCH (--cpu_sched); it runs "
         "under the normal policy\n";
@@ -231,6 +239,8 @@ class Supervisor {
       dup2(out_fd, 1);
       dup2(out_fd, 2);
       sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+      if (bound && sched_setaffinity(0, sizeof(bind), &bind) != 0)
+        WriteAll(2, bind_error.data(), bind_error.size());
       if (plan_.sched_batch) {
         struct sched_param none = {};
         if (sched_setscheduler(0, SCHED_BATCH, &none) != 0)

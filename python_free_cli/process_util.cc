@@ -152,6 +152,18 @@ int CpuCount() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::vector<int> AffinityCpus() {
+  cpu_set_t set;
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  if (cpus.empty())
+    for (int c = 0; c < CpuCount(); ++c) cpus.push_back(c);
+  return cpus;
+}
+
 std::string RandomToken() {
   std::random_device rd;  // /dev/urandom (getrandom) on Linux
   static const char* kHex = "0123456789abcdef";

@@ -41,6 +41,8 @@ std::string ResolveExecutable(const std::string& cmd, const char* path);
 
 // The CPUs this process may run on (its affinity mask).
 int CpuCount();
+// Their ids, in increasing order.
+std::vector<int> AffinityCpus();
 
 // 32 random hex digits (from /dev/urandom).
 std::string RandomToken();

@@ -17,6 +17,7 @@
 # Prints every row, `uptime` before each round, then medians and the ratios the goals are stated in:
 # scaling = 2-worker samples/s / one worker's, bf16 all-reduce ms / float32's, gm4 / f32 samples/s.
 #   tests/bench/compare_dp_lowp.sh KEEL_BINARY [ROUNDS] [STEPS]
+# LAUNCH_FLAGS: more flags for every `keel launch` (e.g. --cpu_bind=cores).
 set -euo pipefail
 keel=${1:?usage: compare_dp_lowp.sh KEEL_BINARY [ROUNDS] [STEPS]}
 rounds=${2:-3}
@@ -28,7 +29,7 @@ out=$tmp/results
 two() {  # TAG flags...: a 2-worker bench row with rank 0's all-reduce ms per step
   local tag=$1
   shift
-  "$keel" launch --nproc_per_node=2 --log_dir="$tmp/log" "$keel" bench mlp --bench_steps="$steps" \
+  "$keel" launch --nproc_per_node=2 ${LAUNCH_FLAGS:-} --log_dir="$tmp/log" "$keel" bench mlp --bench_steps="$steps" \
     --profile="$tmp/prof.json" "$@" >"$tmp/run.txt" 2>&1
   local ar own
   ar=$(awk -v s="$steps" '$1 == "comm" && $2 == "c_allreduce_sum" {print $4 / s; exit}' "$tmp/run.txt")
@@ -60,7 +61,7 @@ for r in $(seq "$rounds"); do
   FLAGS_cpu_comm_backend=gloo two gloo_f32
   FLAGS_cpu_comm_backend=gloo two gloo_bf16 --fp16_allreduce=bf16
   for t in f32 bf16; do  # the all-reduce alone, of the MLP's 1.68 M gradients
-    "$keel" launch --nproc_per_node=2 --log_dir="$tmp/log" "$keel" bench allreduce \
+    "$keel" launch --nproc_per_node=2 ${LAUNCH_FLAGS:-} --log_dir="$tmp/log" "$keel" bench allreduce \
       --bench_steps="$steps" --fp16_allreduce="$([ $t = f32 ] && echo off || echo $t)" |
       grep '^{' | sed "s/^/ar_$t /" | tee -a "$out"
   done

@@ -279,6 +279,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"cluster_node_ips", "KeelLaunch.MultiNodeRanksAndEndpoints"},
       {"grace_period_s", "KeelLaunch.WorkersIgnoringSigtermAreKilledAfterTheGracePeriod"},
       {"cpu_sched", "KeelLaunch.CpuSchedPutsTheWorkersUnderSchedBatch"},
+      {"cpu_bind", "KeelLaunch.CpuBindGivesEachWorkerItsOwnCpus"},
       {"master_addr", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"master_port", "KeelLaunch.MultiNodeByMasterAddressWithoutClusterIps"},
       {"nnodes", "KeelLaunch.MultiNodeRanksAndEndpoints"},

@@ -39,6 +39,7 @@ struct FakeHost {
       return "/bin/" + cmd;
     };
     host.cpu_count = [] { return 8; };
+    host.cpus = [] { return std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}; };
     host.random_token = [] { return std::string("feedc0de"); };
     host.is_worker_flag = [this](const std::string& name) {
       for (const std::string& k : known_flags)
@@ -439,6 +440,43 @@ TEST(LaunchPlan, CpuSchedIsBatchForParameterServerJobsUnlessSaidOtherwise) {
     keel::testing::ExpectErrorContainsAll(
         ErrorOf([&] { MakeLaunchPlan(*bad, fake.Host()); }),
         {"--cpu_sched must be auto, batch or normal, got 'fifo'"});
+  }
+}
+
+// --cpu_bind=cores: the launcher's CPUs dealt out in contiguous runs, in local rank order, to the
+// workers (or the servers and trainers of this node); none binds nothing; fewer CPUs than
+// processes, or another value, is an error naming the flag.
+TEST(LaunchPlan, CpuBindDealsTheLaunchersCpusOutInRuns) {
+  FakeHost fake;
+  auto cpus_of = [](const LaunchPlan& plan) {
+    std::vector<std::vector<int>> out;
+    for (const LaunchWorker& w : plan.workers) out.push_back(w.cpus);
+    return out;
+  };
+  LaunchInput in = Input(3);
+  EXPECT_EQ(cpus_of(MakeLaunchPlan(in, fake.Host())),
+            (std::vector<std::vector<int>>{{}, {}, {}}));  // none, the default
+  in.cpu_bind = "cores";
+  EXPECT_EQ(cpus_of(MakeLaunchPlan(in, fake.Host())),
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3, 4}, {5, 6, 7}}));
+  LaunchHost odd = fake.Host();
+  odd.cpus = [] { return std::vector<int>{2, 3, 6, 7}; };  // a launcher under taskset -c 2,3,6,7
+  in.nproc_per_node = 2;
+  EXPECT_EQ(cpus_of(MakeLaunchPlan(in, odd)), (std::vector<std::vector<int>>{{2, 3}, {6, 7}}));
+  LaunchInput ps = Input();
+  ps.server_num = 1;
+  ps.worker_num = 3;
+  ps.cpu_bind = "cores";
+  EXPECT_EQ(cpus_of(MakeLaunchPlan(ps, fake.Host())),
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  in.nproc_per_node = 5;
+  keel::testing::ExpectErrorContainsAll(
+      ErrorOf([&] { MakeLaunchPlan(in, odd); }),
+      {"--cpu_bind=cores", "5 processes", "only 4 CPU(s)", "--cpu_bind=none"});
+  for (LaunchInput* bad : {&in, &ps}) {
+    bad->cpu_bind = "numa";
+    keel::testing::ExpectErrorContainsAll(ErrorOf([&] { MakeLaunchPlan(*bad, fake.Host()); }),
+                                          {"--cpu_bind must be none or cores, got 'numa'"});
   }
 }
 

@@ -296,6 +296,50 @@ TEST(KeelLaunch, CpuSchedPutsTheWorkersUnderSchedBatch) {
   EXPECT_EQ(Trimmed(r.output), "0") << r.output;
 }
 
+// The CPU ids of a /proc/PID/status Cpus_allowed_list line in `text` ("0-3,6"); empty if none.
+std::vector<int> AllowedCpus(const std::string& text) {
+  const std::string key = "Cpus_allowed_list:";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return {};
+  std::istringstream list(text.substr(at + key.size(), text.find('\n', at) - at - key.size()));
+  std::vector<int> cpus;
+  std::string range;
+  while (std::getline(list, range, ',')) {
+    const size_t dash = range.find('-');
+    const int lo = std::stoi(range),
+              hi = dash == std::string::npos ? lo : std::stoi(range.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// --cpu_bind=cores: each worker runs on its own run of the launcher's CPUs, and what it starts
+// inherits them; the default (none) leaves every worker the launcher's.
+TEST(KeelLaunch, CpuBindGivesEachWorkerItsOwnCpus) {
+  const std::vector<int> mine = AllowedCpus(ReadText("/proc/self/status"));
+  if (mine.size() < 2) GTEST_SKIP() << "needs 2 CPUs, this test may run on " << mine.size();
+  const std::string env = "env -u KEEL_JOB_TOKEN -u FLAGS_cpu_math_threads ";
+  const std::string show = " sh -c 'grep Cpus_allowed_list /proc/self/status' > /dev/null 2>&1";
+  for (const std::string bind : {"cores", "none"}) {
+    SCOPED_TRACE(bind);
+    std::string dir = MakeTempDir();
+    auto r = RunCommand(env + Keel() + " launch --nproc_per_node=2 --cpu_bind=" + bind +
+                        " --log_dir=" + dir + show);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<int> w0 = AllowedCpus(ReadText(dir + "/workerlog.0"));
+    const std::vector<int> w1 = AllowedCpus(ReadText(dir + "/workerlog.1"));
+    const size_t half = mine.size() / 2;
+    if (bind == "cores") {
+      EXPECT_EQ(w0, std::vector<int>(mine.begin(), mine.begin() + half));
+      EXPECT_EQ(w1, std::vector<int>(mine.begin() + half, mine.end()));
+    } else {
+      EXPECT_EQ(w0, mine);
+      EXPECT_EQ(w1, mine);
+    }
+    RunCommand("rm -rf " + dir);
+  }
+}
+
 TEST(KeelLaunch, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
   std::string dir = MakeTempDir();
   auto t = RunTimed(Keel() + " launch --nproc_per_node=2 --grace_period_s=1 --log_dir=" + dir +
