@@ -20,6 +20,7 @@
 #include "framework/runtime/device.h"
 #include "models/model_zoo.h"
 #include "python_free_cli/commands.h"
+#include "python_free_cli/process_util.h"
 #include "python_free_cli/train_flags.h"
 
 DECLARE_int32(batch_size);
@@ -256,11 +257,13 @@ int Bench(const std::vector<std::string>& args) {
       "\"workers\": %d, "
       "\"blas\": \"%s\", \"batch\": %d, \"steps\": %d, \"step_ms\": %.3f, "
       "\"step_ms_mean\": %.3f, \"samples_per_s\": %.1f, \"allreduce_bytes_per_step\": %.0f, "
-      "\"loss\": %.5f, \"cpu_sched\": \"%s\"%s%s}\n",
+      "\"loss\": %.5f, \"cpu_sched\": \"%s\", \"cpus\": %d%s%s}\n",
       args[0].c_str(), world, FLAGS_cpu_math_threads, exe.WorkersFor(*m.main), blas::Backend(),
       FLAGS_batch_size, FLAGS_bench_steps, median, mean, samples_per_s, allreduce_bytes, loss,
-      // The policy the steps ran under (keel launch --cpu_sched): numbers differ by it.
-      sched_getscheduler(0) == SCHED_BATCH ? "batch" : "normal", ps_fields.c_str(), gpu.c_str());
+      // The policy the steps ran under (keel launch --cpu_sched) and the CPUs this rank may run
+      // on (its affinity mask: keel launch --cpu_bind=cores narrows it): numbers differ by both.
+      sched_getscheduler(0) == SCHED_BATCH ? "batch" : "normal", CpuCount(), ps_fields.c_str(),
+      gpu.c_str());
   return 0;
 }
 

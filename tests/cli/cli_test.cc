@@ -435,12 +435,18 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
   }
 }
 
+// With the scheduling policy and the CPUs it may run on (`taskset -c 0` narrows them to one).
 TEST(KeelBench, PrintsOneJsonLine) {
   auto r = RunCommand(Keel() + " bench mlp --bench_steps=3 --bench_warmup=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("\"system\": \"keel\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"step_ms\": "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\"cpu_sched\": \""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"cpus\": "), std::string::npos) << r.output;
+  if (RunCommand("taskset -c 0 true").exit_code != 0) GTEST_SKIP() << "no taskset here";
+  r = RunCommand("taskset -c 0 " + Keel() + " bench mlp --bench_steps=1 --bench_warmup=0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"cpus\": 1}"), std::string::npos) << r.output;
 }
 
 // keel bench allreduce on 2 workers: a float32 buffer of --bench_numel values, or with
