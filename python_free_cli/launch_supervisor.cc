@@ -200,10 +200,14 @@ class Supervisor {
     // Written by the child with write(2) only, if execve fails.
     std::string exec_error = "keel launch: cannot execute '" + plan_.executable + "': ";
     // Built here: the child only calls async-signal-safe functions between fork and execve.
-    cpu_set_t bind;
-    CPU_ZERO(&bind);
-    for (int c : plan_.workers[w->local].cpus) CPU_SET(c, &bind);
-    const bool bound = !plan_.workers[w->local].cpus.empty();
+    const std::vector<int>& cpus = plan_.workers[w->local].cpus;
+    const bool bound = !cpus.empty();
+    std::vector<cpu_set_t> bind(
+        bound ? static_cast<size_t>(*std::max_element(cpus.begin(), cpus.end()) / CPU_SETSIZE + 1)
+              : 1);
+    const size_t bind_bytes = bind.size() * sizeof(cpu_set_t);
+    CPU_ZERO_S(bind_bytes, bind.data());
+    for (int c : cpus) CPU_SET_S(c, bind_bytes, bind.data());
     const std::string bind_error = StrCat("keel launch: this worker could not be bound to CPUs ",
                                           StrJoin(plan_.workers[w->local].cpus, ","),
                                           " (--cpu_bind=cores): ", "it runs unbound\n");
@@ -239,7 +243,7 @@ class Supervisor {
       dup2(out_fd, 1);
       dup2(out_fd, 2);
       sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-      if (bound && sched_setaffinity(0, sizeof(bind), &bind) != 0)
+      if (bound && sched_setaffinity(0, bind_bytes, bind.data()) != 0)
         WriteAll(2, bind_error.data(), bind_error.size());
       if (plan_.sched_batch) {
         struct sched_param none = {};

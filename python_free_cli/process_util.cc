@@ -153,11 +153,18 @@ int CpuCount() {
 }
 
 std::vector<int> AffinityCpus() {
-  cpu_set_t set;
   std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  // A mask as large as the kernel's: it refuses a smaller one (EINVAL) on machines of more than
+  // CPU_SETSIZE (1024) CPUs.
+  for (size_t sets = 1; sets <= 1024 && cpus.empty(); sets *= 2) {
+    std::vector<cpu_set_t> mask(sets);
+    const size_t bytes = sets * sizeof(cpu_set_t);
+    if (sched_getaffinity(0, bytes, mask.data()) != 0) {
+      if (errno == EINVAL) continue;
+      break;
+    }
+    for (int c = 0; c < static_cast<int>(sets) * CPU_SETSIZE; ++c)
+      if (CPU_ISSET_S(c, bytes, mask.data())) cpus.push_back(c);
   }
   if (cpus.empty())
     for (int c = 0; c < CpuCount(); ++c) cpus.push_back(c);

@@ -66,6 +66,10 @@ int64_t GemmPieces(int64_t M, int64_t N, int64_t K) {
   return pieces;
 }
 
+int64_t GemmPieceLength(int64_t len, int64_t pieces) {
+  return ((len + pieces - 1) / pieces + 15) / 16 * 16;
+}
+
 void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
@@ -75,7 +79,7 @@ void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   // way whatever the number of threads.
   const bool split_n = N >= M;
   const int64_t len = split_n ? N : M;
-  const int64_t step = (len / pieces + 15) / 16 * 16;
+  const int64_t step = GemmPieceLength(len, pieces);
   cpu_threads::ParallelFor((len + step - 1) / step, [&](int64_t p) {
     const int64_t begin = p * step, n = std::min(step, len - begin);
     if (split_n) {

@@ -98,6 +98,10 @@ std::string HalfGemmImplementation(DType dtype, bool trans_a, bool trans_b, int6
 // How many pieces a float GEMM of this shape is split into (1: one call): 1, 2, 4 or 8, from the
 // shape alone, so the bits do not depend on the thread count.
 int64_t GemmPieces(int64_t M, int64_t N, int64_t K);
+// The length of each piece but the last when a side of `len` is cut into `pieces`: len / pieces
+// rounded up, then up to a multiple of 16, so the cut makes `pieces` pieces at most (fewer only
+// when the rounding to 16 leaves none for the last).
+int64_t GemmPieceLength(int64_t len, int64_t pieces);
 const char* Backend();  // "onednn"
 
 }  // namespace blas

@@ -238,7 +238,7 @@ struct Cut {
     const int64_t copies_m = (a_rows_dense ? 0 : M * K) + (ldc == N ? 0 : M * N);
     split_n = N != M ? N > M : copies_n <= copies_m;
     len = split_n ? N : M;
-    step = pieces == 1 ? len : (len / pieces + 15) / 16 * 16;
+    step = pieces == 1 ? len : GemmPieceLength(len, pieces);
   }
 };
 

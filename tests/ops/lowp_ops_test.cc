@@ -386,8 +386,9 @@ TEST(LowpGemm, BatchedFloat32MatchesAFloat64ReferenceOnAnyThreadCount) {
 }
 
 // How a GEMM is cut: by its shape alone, into 1, 2, 4 or 8 pieces of about 64 MFLOP or more
-// (a power of two: even shares on 2, 4 or 8 threads), each at least 64 rows or columns; and a
-// float32 GEMM cut into pieces gives the same bits on one thread and on three.
+// (a power of two: even shares on 2, 4 or 8 threads), each at least 64 rows or columns, and no
+// more pieces than that; and a float32 GEMM cut into pieces gives the same bits on one thread
+// and on three.
 TEST(LowpGemm, PiecesFollowTheShapeAloneAndKeepTheBitsOnAnyThreadCount) {
   EXPECT_EQ(blas::GemmPieces(128, 1280, 1280), 4);  // the seed MLP's 419 MFLOP: 6 -> 4
   EXPECT_EQ(blas::GemmPieces(1280, 1280, 128), 4);
@@ -400,6 +401,16 @@ TEST(LowpGemm, PiecesFollowTheShapeAloneAndKeepTheBitsOnAnyThreadCount) {
       const int64_t p = blas::GemmPieces(m, 3 * m / 2, k);
       EXPECT_TRUE(p == 1 || p == 2 || p == 4 || p == 8) << m << " " << k << ": " << p;
     }
+  // The cut makes that many pieces at most, never a sliver more: 1281 columns in 4 were cut
+  // 320 + 320 + 320 + 320 + 1 when the length was rounded down before the multiple of 16.
+  for (int64_t len : {1280, 1281, 1295, 1296, 1297, 2049, 4095, 640, 641})
+    for (int64_t pieces : {2, 4, 8}) {
+      const int64_t step = blas::GemmPieceLength(len, pieces);
+      EXPECT_EQ(step % 16, 0) << len << " in " << pieces;
+      EXPECT_LE((len + step - 1) / step, pieces) << len << " in " << pieces << ": " << step;
+      EXPECT_GE((len + step - 1) / step, pieces - 1) << len << " in " << pieces << ": " << step;
+    }
+  EXPECT_EQ(blas::GemmPieceLength(1280, 4), 320);  // the seed MLP's: 4 of 320
   const int64_t M = 128, N = 1280, K = 1280;
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
