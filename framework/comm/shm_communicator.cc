@@ -19,11 +19,14 @@
 // its peers map (sparse: a block's pages are reserved when AllocateShared gives it and punched out
 // when it comes back). The executor places there what a ring all-reduces in place (fused gradient
 // buffers, the 16-bit copies of fp16_allreduce), and keeps it from step to step. When every rank's
-// tensor lies in its shared memory, each rank's intent says where, and rank r reduces the r-th
-// 1/N slice straight from the ranks' buffers (in rank order, through a small block on its stack)
-// and writes the result into all of them; a second barrier ends it. That moves half the bytes of
-// the slot path and needs 2 barriers instead of 2 per MiB. The bits are the slot path's: each
-// element is reduced by one rank, in rank order.
+// tensor lies in its shared memory, each rank's intent says where, and each rank takes pieces of
+// 64 KiB from its share of the tensor, reduces each straight from the ranks' buffers (in rank
+// order, through a small block on the stack) and writes the result into all of them, then helps
+// with the others' shares; it ends when the ranks' counts say every piece is reduced. That moves
+// half the bytes of the slot path and needs one barrier instead of 2 per MiB, and a rank that
+// arrives last does not wait for a peer asleep in that barrier to wake up and do a share: it takes
+// the pieces itself. The bits are the slot path's: each element is reduced by one rank, in rank
+// order.
 //
 // Point-to-point transfers (Send / Recv, the pipeline's send_v2 / recv_v2): every rank has one
 // more memfd, for what it sends, which its peers map at setup: a channel per receiving peer (a
@@ -81,9 +84,14 @@ namespace keel {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6b65656c73686d33ull;  // "keelshm3" (rank lines carry p2p_maps)
+constexpr uint64_t kMagic = 0x6b65656c73686d34ull;  // "keelshm4" (zero-copy pieces are claimed)
 constexpr size_t kSlotBytes = size_t{1} << 20;      // per rank and buffer
 constexpr int kMaxShmRanks = 64;
+// A zero-copy all-reduce's unit of work (AllReduceShared): small enough that a rank that wakes
+// late still finds pieces to take, large enough that taking one costs nothing beside reducing it.
+// A rank's range holds at most kMaxRangePieces (they grow for tensors of more than 4 GiB a rank).
+constexpr size_t kZeroCopyPieceBytes = size_t{64} << 10;
+constexpr uint64_t kMaxRangePieces = 0xffff;
 
 // What a rank runs, posted before a collective's first barrier and compared by its peers.
 struct Intent {
@@ -123,6 +131,11 @@ struct alignas(64) RankLine {
   // By collective parity: a rank posts collective k+1's intent while slower peers may still be
   // reading collective k's.
   Intent intent[2];
+  // Zero-copy all-reduce (AllReduceShared): this rank's range of pieces, as the collective's
+  // number (32 bits) | pieces taken from the front, by this rank (16) | from the back, by the
+  // others (16); and the pieces this rank has reduced over the ring's life.
+  alignas(64) std::atomic<uint64_t> range;
+  alignas(64) std::atomic<uint64_t> reduced;
 };
 
 struct Header {
@@ -130,7 +143,8 @@ struct Header {
   uint64_t nonce;
   int32_t nranks;
   alignas(64) std::atomic<uint32_t> wake;  // futex word: bumped at every arrival
-  std::atomic<uint32_t> sleepers;
+  std::atomic<uint32_t> sleepers;          // in barriers
+  std::atomic<uint32_t> piece_sleepers;    // waiting for a zero-copy all-reduce's last pieces
   alignas(64) RankLine ranks[kMaxShmRanks];
 };
 
@@ -690,8 +704,15 @@ class ShmCommunicator : public Communicator {
     }
   }
 
-  // Every rank's tensor lies in its shared memory (the intents of this collective say where):
-  // rank r reduces slice r of all of them and stores the result into each.
+  // Every rank's tensor lies in its shared memory (the intents of this collective say where).
+  // The tensor is cut into pieces of at least kZeroCopyPieceBytes, and rank r owns the r-th 1/N
+  // of them: it takes its pieces from the front of its range, one at a time (a compare-and-swap on
+  // its header line), reduces each over every rank's tensor in rank order and stores the result
+  // into each. A rank done with its own range takes pieces from the back of the others'. The
+  // collective ends for each rank when every piece is reduced: no second barrier, and no rank
+  // waits for a peer to wake up and do its share (the last to arrive often does all of a small
+  // tensor before its peers are back on a CPU). The bits do not depend on who reduces what: each
+  // element is reduced once, in rank order.
   template <typename T>
   void AllReduceShared(size_t n, ReduceOp op) {
     const int parity = static_cast<int>(seq_ & 1);
@@ -699,9 +720,61 @@ class ShmCommunicator : public Communicator {
     for (int j = 0; j < nranks_; ++j)
       p[j] = reinterpret_cast<T*>(static_cast<char*>(peer_shared_[j].base) +
                                   header_->ranks[j].intent[parity].shared_off);
-    const size_t lo = n * rank_ / nranks_, hi = n * (rank_ + 1) / nranks_;
-    // Through a block on the stack: an element is fully reduced before any rank's copy of it is
-    // overwritten.
+    const uint64_t ranks = static_cast<uint64_t>(nranks_);
+    const uint64_t piece =
+        std::max<uint64_t>(kZeroCopyPieceBytes / sizeof(T),
+                           (n + kMaxRangePieces * ranks - 1) / (kMaxRangePieces * ranks));
+    const uint64_t pieces = (n + piece - 1) / piece;
+    uint64_t mine = 0;
+    auto reduce = [&](uint64_t k) {
+      ReducePieceShared(p, k * piece, std::min<uint64_t>(n, (k + 1) * piece), op);
+      header_->ranks[rank_].reduced.store(++reduced_, std::memory_order_release);
+      ++mine;
+    };
+    FaultDelay("shm_pieces");  // a test holds a rank back here: the others take its pieces
+    for (int64_t k; (k = TakePiece(rank_, pieces, /*front=*/true)) >= 0;) reduce(k);
+    for (int d = 1; d < nranks_; ++d)
+      for (int64_t k; (k = TakePiece((rank_ + d) % nranks_, pieces, false)) >= 0;) reduce(k);
+    // Pieces are counted over the ring's life; every rank runs the same zero-copy all-reduces.
+    pieces_ += pieces;
+    auto all_reduced = [&] {
+      uint64_t r = 0;
+      for (int j = 0; j < nranks_; ++j)
+        r += header_->ranks[j].reduced.load(std::memory_order_acquire);
+      return r >= pieces_;
+    };
+    if (mine > 0) Wake(&header_->piece_sleepers);
+    Await(&header_->piece_sleepers, "every rank's reduced pieces", all_reduced, [&] {
+      return std::string("pieces taken but not reduced (a peer stopped in the middle of one?)");
+    });
+    zero_copy_collectives_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // The number of the next piece of rank r's range in this collective (of `pieces`), taken from
+  // its front (only rank r does) or its back; -1 when the range is used up. A line still marked
+  // with another collective's number counts as used up: its owner has gone on to the next
+  // collective, so every piece of this one is reduced.
+  int64_t TakePiece(int r, uint64_t pieces, bool front) {
+    const uint64_t lo = pieces * static_cast<uint64_t>(r) / static_cast<uint64_t>(nranks_);
+    const uint64_t size =
+        pieces * static_cast<uint64_t>(r + 1) / static_cast<uint64_t>(nranks_) - lo;
+    std::atomic<uint64_t>& range = header_->ranks[r].range;
+    uint64_t w = range.load(std::memory_order_acquire);
+    while (true) {
+      if (w >> 32 != static_cast<uint32_t>(seq_)) return -1;
+      const uint64_t f = w >> 16 & 0xffff, b = w & 0xffff;
+      if (f + b >= size) return -1;
+      if (range.compare_exchange_weak(w, w + (front ? uint64_t{1} << 16 : 1),
+                                      std::memory_order_acq_rel, std::memory_order_acquire))
+        return static_cast<int64_t>(front ? lo + f : lo + size - 1 - b);
+    }
+  }
+
+  // Elements [lo, hi) of every rank's tensor, reduced in rank order and stored into each, through
+  // a small block on the stack: an element is fully reduced before any rank's copy of it is
+  // overwritten.
+  template <typename T>
+  void ReducePieceShared(const std::vector<T*>& p, size_t lo, size_t hi, ReduceOp op) {
     constexpr size_t kBlock = 16384 / sizeof(T);
     alignas(64) T acc[kBlock];
     for (size_t s = lo; s < hi; s += kBlock) {
@@ -712,8 +785,6 @@ class ShmCommunicator : public Communicator {
         for (size_t i = 0; i < m; ++i) acc[i] = DivideElem(acc[i], nranks_);
       for (int j = 0; j < nranks_; ++j) std::memcpy(p[j] + s, acc, m * sizeof(T));
     }
-    Arrive("every rank's reduced slice");
-    zero_copy_collectives_.fetch_add(1, std::memory_order_relaxed);
   }
 
   template <typename T>
@@ -812,8 +883,12 @@ class ShmCommunicator : public Communicator {
       Intent& m = header_->ranks[rank_].intent[parity];
       int64_t shared_off = -1;
       if (kind == kAllReduce && nranks_ > 1 && t.initialized() && t.nbytes() > 0 &&
-          IsShared(t.raw_data(), t.nbytes()))
+          IsShared(t.raw_data(), t.nbytes())) {
         shared_off = static_cast<const char*>(t.raw_data()) - arena_->base();
+        // A fresh range of pieces for AllReduceShared, before any peer can take from it.
+        header_->ranks[rank_].range.store(uint64_t{static_cast<uint32_t>(seq_)} << 32,
+                                          std::memory_order_release);
+      }
       m = Intent{seq_,
                  kind,
                  static_cast<uint32_t>(t.initialized() ? t.dtype() : DType{}),
@@ -842,16 +917,39 @@ class ShmCommunicator : public Communicator {
   void Arrive(const char* waiting_for) {
     const uint64_t target = ++arrived_;
     header_->ranks[rank_].arrived.store(target, std::memory_order_release);
+    Wake(&header_->sleepers);
+    Await(
+        &header_->sleepers, waiting_for,
+        [&] {
+          for (int j = 0; j < nranks_; ++j)
+            if (header_->ranks[j].arrived.load(std::memory_order_acquire) < target) return false;
+          return true;
+        },
+        [&] {
+          std::string missing;
+          for (int j = 0; j < nranks_; ++j)
+            if (header_->ranks[j].arrived.load(std::memory_order_acquire) < target)
+              missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+          return StrCat("rank(s) ", missing,
+                        " did not arrive (a peer stopped or runs another program?)");
+        });
+  }
+
+  // Tells the ranks asleep in Await that something they wait for may have happened; the
+  // system call only when `sleepers` (the count of those that wait for it) says one sleeps.
+  void Wake(const std::atomic<uint32_t>* sleepers) {
     header_->wake.fetch_add(1, std::memory_order_release);
-    if (header_->sleepers.load(std::memory_order_acquire) > 0)
+    if (sleepers->load(std::memory_order_acquire) > 0)
       Futex(&header_->wake, FUTEX_WAKE, INT32_MAX, nullptr);
-    auto all_here = [&] {
-      for (int j = 0; j < nranks_; ++j)
-        if (header_->ranks[j].arrived.load(std::memory_order_acquire) < target) return false;
-      return true;
-    };
+  }
+
+  // Waits until `done()`: a short spin, then sleeps on the header's futex word (woken by Wake).
+  // Every ~50 ms it checks the peers: one that exited is an error naming it; at the ring's timeout
+  // the error says what `missing()` says is missing.
+  template <typename Done, typename Missing>
+  void Await(std::atomic<uint32_t>* sleepers, const char* waiting_for, Done done, Missing missing) {
     for (int i = 0; i < spin_; ++i) {
-      if (all_here()) return;
+      if (done()) return;
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
@@ -864,26 +962,23 @@ class ShmCommunicator : public Communicator {
     }
     while (true) {
       uint32_t w = header_->wake.load(std::memory_order_acquire);
-      if (all_here()) return;
+      if (done()) return;
       if (watched_ && watch_.interrupted()) KEEL_THROW(CollectiveWatch::Get().Verdict());
-      header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+      sleepers->fetch_add(1, std::memory_order_acq_rel);
       timespec ts{0, 50 * 1000 * 1000};
-      if (!all_here()) Futex(&header_->wake, FUTEX_WAIT, w, &ts);
-      header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
-      if (all_here()) return;
-      std::string missing;
+      if (!done()) Futex(&header_->wake, FUTEX_WAIT, w, &ts);
+      sleepers->fetch_sub(1, std::memory_order_acq_rel);
+      if (done()) return;
       for (int j = 0; j < nranks_; ++j) {
-        if (header_->ranks[j].arrived.load(std::memory_order_acquire) >= target) continue;
+        if (j == rank_) continue;
         int pid = header_->ranks[j].pid.load();
         if (pid > 0 && !Alive(pid))
           KEEL_THROW("rank ", j, " (pid ", pid, ") exited while this rank waited for ",
                      waiting_for);
-        missing += (missing.empty() ? "" : ", ") + std::to_string(j);
       }
       if (std::chrono::steady_clock::now() >= deadline)
         KEEL_THROW("timed out after ", timeout_.count() / 1000.0, " s waiting for ", waiting_for,
-                   "; rank(s) ", missing,
-                   " did not arrive (a peer stopped or runs another program?)");
+                   "; ", missing());
     }
   }
 
@@ -913,6 +1008,8 @@ class ShmCommunicator : public Communicator {
   std::vector<Mapping> peer_shared_;
   bool shared_ready_ = false;
   bool all_shared_ = false;
+  // Zero-copy pieces: of the ring's all-reduces so far, and reduced by this rank.
+  uint64_t pieces_ = 0, reduced_ = 0;
   // Point-to-point: this rank's file (nullptr: none), every peer's mapped here (index = rank;
   // none: that peer's sends come through the store), and whether each peer mapped this rank's.
   std::shared_ptr<SharedArena> p2p_arena_;
