@@ -19,10 +19,11 @@
 // its peers map (sparse: a block's pages are reserved when AllocateShared gives it and punched out
 // when it comes back). The executor places there what a ring all-reduces in place (fused gradient
 // buffers, the 16-bit copies of fp16_allreduce), and keeps it from step to step. When every rank's
-// tensor lies in its shared memory, each rank's intent says where, and each rank takes pieces of
-// 64 KiB from its share of the tensor, reduces each straight from the ranks' buffers (in rank
-// order, through a small block on the stack) and writes the result into all of them, then helps
-// with the others' shares; it ends when the ranks' counts say every piece is reduced. That moves
+// tensor lies in its shared memory, each rank's intent says where, and the tensor is cut into
+// pieces (64 KiB; larger beyond 4 GiB a rank), the r-th 1/N of them rank r's. Each rank takes its
+// own pieces, then the others' that remain, reduces each straight from the ranks' buffers (in rank
+// order, through a small block on the stack) and writes the result into all of them; it ends when
+// the ranks' counts say every piece is reduced. That moves
 // half the bytes of the slot path and needs one barrier instead of 2 per MiB, and a rank that
 // arrives last does not wait for a peer asleep in that barrier to wake up and do a share: it takes
 // the pieces itself. The bits are the slot path's: each element is reduced by one rank, in rank
@@ -44,7 +45,8 @@
 // (Communicator::MailboxSend), each side deciding the same way from the bits of the header.
 //
 // While waiting, a rank checks its peers' pids: a peer that exited (killed, crashed) is an error
-// naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks.
+// naming it within ~50 ms, and a peer that never arrives is a timeout naming the missing ranks
+// (pieces of a zero-copy all-reduce that a peer took and never reduced: a timeout saying so).
 // Before the first barrier of each collective the ranks compare what they run (collective, dtype,
 // bytes): ranks running different programs fail naming both collectives instead of mixing data.
 // A collective whose wait outlasts the spin tells the collective watch (collective_watch.h) what
@@ -142,9 +144,11 @@ struct Header {
   uint64_t magic;
   uint64_t nonce;
   int32_t nranks;
-  alignas(64) std::atomic<uint32_t> wake;  // futex word: bumped at every arrival
-  std::atomic<uint32_t> sleepers;          // in barriers
-  std::atomic<uint32_t> piece_sleepers;    // waiting for a zero-copy all-reduce's last pieces
+  // The futex word every wait sleeps on: bumped at every arrival at a barrier, and when a rank
+  // has reduced its last piece of a zero-copy all-reduce. The ranks asleep on it, by what for:
+  alignas(64) std::atomic<uint32_t> wake;
+  std::atomic<uint32_t> sleepers;        // a barrier
+  std::atomic<uint32_t> piece_sleepers;  // a zero-copy all-reduce's last pieces
   alignas(64) RankLine ranks[kMaxShmRanks];
 };
 
@@ -343,10 +347,11 @@ class ShmCommunicator : public Communicator {
     slots_ = base_ + (sizeof(Header) + 4095) / 4096 * 4096;
     // Long spins only pay when every rank's ring thread has a core of its own: collectives run on
     // a ring thread beside the rank's compute threads (its CPU budget), and a spinning waiter
-    // would take the core that compute needs. Otherwise a short one (~20 us): within a collective
-    // the peers are mostly a memcpy away, and a futex sleep and wake-up costs more than that on a
-    // VM. Measured, 2 workers of the seed MLP on 2 cores, interleaved: 16.0-16.4 k samples/s with
-    // 1000 rounds, 15.0-15.6 k with none.
+    // would take the core that compute needs. Otherwise a short one (1000 pauses, 10-40 us by the
+    // CPU): within a collective the peers are mostly a memcpy or a piece away, and a futex sleep
+    // and wake-up costs more than that on a VM. Measured (with two barriers per zero-copy
+    // all-reduce, before its pieces), 2 workers of the seed MLP on 2 cores, interleaved: 16.0-16.4
+    // k samples/s with 1000 rounds, 15.0-15.6 k with none.
     cpu_set_t cpus;
     int ncpu = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     spin_ = nranks * (cpu_threads::Budget() + 1) <= ncpu ? 20000 : 1000;
@@ -705,14 +710,16 @@ class ShmCommunicator : public Communicator {
   }
 
   // Every rank's tensor lies in its shared memory (the intents of this collective say where).
-  // The tensor is cut into pieces of at least kZeroCopyPieceBytes, and rank r owns the r-th 1/N
-  // of them: it takes its pieces from the front of its range, one at a time (a compare-and-swap on
-  // its header line), reduces each over every rank's tensor in rank order and stores the result
-  // into each. A rank done with its own range takes pieces from the back of the others'. The
-  // collective ends for each rank when every piece is reduced: no second barrier, and no rank
-  // waits for a peer to wake up and do its share (the last to arrive often does all of a small
-  // tensor before its peers are back on a CPU). The bits do not depend on who reduces what: each
-  // element is reduced once, in rank order.
+  // The tensor is cut into pieces of kZeroCopyPieceBytes (larger when a rank's 1/N would be more
+  // than kMaxRangePieces of them; the last one shorter), and rank r owns the r-th 1/N of them
+  // (none, when there are fewer pieces than ranks): it takes its pieces from the front of its
+  // range, one at a time (a compare-and-swap on its header line), reduces each over every rank's
+  // tensor in rank order and stores the result into each. A rank done with its own range takes
+  // pieces from the back of the others'. The collective ends for each rank when every piece is
+  // reduced: no second barrier, and no rank waits for a peer to wake up and do its share (the
+  // last to arrive often does all of a small tensor before its peers are back on a CPU). The bits
+  // do not depend on who reduces what: each element is reduced once, in rank order. (A rank that
+  // fails after arriving has its pieces reduced by the others, which fail at the next collective.)
   template <typename T>
   void AllReduceShared(size_t n, ReduceOp op) {
     const int parity = static_cast<int>(seq_ & 1);
@@ -868,7 +875,8 @@ class ShmCommunicator : public Communicator {
     KEEL_ENFORCE(dead_.empty(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
     watch_.Note(seq_);
-    // Arrive marks the collective active for the watch once it has to wait; it ends here.
+    // Await marks the collective active for the watch while a wait of it outlasts the spin; a
+    // collective that fails ends it here.
     struct Watched {
       explicit Watched(ShmCommunicator* c) : c(c) { c->in_collective_ = true; }
       ~Watched() {
@@ -936,16 +944,23 @@ class ShmCommunicator : public Communicator {
   }
 
   // Tells the ranks asleep in Await that something they wait for may have happened; the
-  // system call only when `sleepers` (the count of those that wait for it) says one sleeps.
+  // system call only when `sleepers` (the count of those that wait for it) says one sleeps. (Both
+  // kinds of sleeper share the futex word, so the other kind wakes too, finds nothing and sleeps
+  // again.)
   void Wake(const std::atomic<uint32_t>* sleepers) {
     header_->wake.fetch_add(1, std::memory_order_release);
+    // Orders the bump before the read of `sleepers`, as Await orders its count before its check.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (sleepers->load(std::memory_order_acquire) > 0)
       Futex(&header_->wake, FUTEX_WAKE, INT32_MAX, nullptr);
   }
 
-  // Waits until `done()`: a short spin, then sleeps on the header's futex word (woken by Wake).
-  // Every ~50 ms it checks the peers: one that exited is an error naming it; at the ring's timeout
-  // the error says what `missing()` says is missing.
+  // Waits until `done()`: a short spin, then sleeps on the header's futex word (woken by Wake),
+  // counted in `sleepers`. A wait that outlasts the spin is posted to the collective watch until
+  // it ends (not until the collective does: a zero-copy all-reduce's peers may go on to the next
+  // collective while this rank still reduces pieces of this one). Every ~50 ms it checks the
+  // peers: one that exited before `done()` is an error naming it; at the ring's timeout the error
+  // says what `missing()` says is missing.
   template <typename Done, typename Missing>
   void Await(std::atomic<uint32_t>* sleepers, const char* waiting_for, Done done, Missing missing) {
     for (int i = 0; i < spin_; ++i) {
@@ -960,25 +975,34 @@ class ShmCommunicator : public Communicator {
       watch_.Begin(seq_, start);
       watched_ = true;
     }
-    while (true) {
-      uint32_t w = header_->wake.load(std::memory_order_acquire);
-      if (done()) return;
+    auto checked = start;
+    while (!done()) {
+      const uint32_t w = header_->wake.load(std::memory_order_acquire);
+      if (done()) break;
       if (watched_ && watch_.interrupted()) KEEL_THROW(CollectiveWatch::Get().Verdict());
       sleepers->fetch_add(1, std::memory_order_acq_rel);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       timespec ts{0, 50 * 1000 * 1000};
       if (!done()) Futex(&header_->wake, FUTEX_WAIT, w, &ts);
       sleepers->fetch_sub(1, std::memory_order_acq_rel);
-      if (done()) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (done() || now - checked < std::chrono::milliseconds(50)) continue;
+      checked = now;
       for (int j = 0; j < nranks_; ++j) {
         if (j == rank_) continue;
-        int pid = header_->ranks[j].pid.load();
-        if (pid > 0 && !Alive(pid))
+        const int pid = header_->ranks[j].pid.load();
+        // A peer that saw `done()` may have finished and exited since this rank last looked.
+        if (pid > 0 && !Alive(pid) && !done())
           KEEL_THROW("rank ", j, " (pid ", pid, ") exited while this rank waited for ",
                      waiting_for);
       }
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (now >= deadline && !done())
         KEEL_THROW("timed out after ", timeout_.count() / 1000.0, " s waiting for ", waiting_for,
                    "; ", missing());
+    }
+    if (watched_) {
+      watch_.End();
+      watched_ = false;
     }
   }
 
@@ -1000,7 +1024,7 @@ class ShmCommunicator : public Communicator {
   int buffer_ = 0;
   uint64_t arrived_ = 0;
   std::string dead_;
-  // A collective runs (Run), and it is marked active for the collective watch (Arrive).
+  // A collective runs (Run), and a wait of it is posted to the collective watch (Await).
   bool in_collective_ = false, watched_ = false;
   // Zero-copy: this rank's shared memory, every rank's mapped here (index = rank), whether all
   // of them are, and whether the collective in flight uses them.
