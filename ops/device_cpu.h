@@ -24,15 +24,18 @@ struct Device<CPUDevice> {
   // no loop was vectorized: sgd's update of the seed MLP's 1280 x 1280 weight ran one float at a
   // time. The copy's address does not escape, so the pointers stay in registers and GCC
   // vectorizes (checking at run time that output and inputs do not overlap). The bits do not
-  // change: without -ffast-math each element is computed by the same operations.
+  // change: without -ffast-math each element is computed by the same operations. The copy must be
+  // cheap (it is made per piece): the lambdas capture pointers and small functors.
   template <typename F>
   static void ForEach(const ExecutionContext&, int64_t n, const F& f) {
+    static_assert(std::is_trivially_copyable_v<F>, "copied per piece: capture pointers");
     const F local = f;
     for (int64_t i = 0; i < n; ++i) local(i);
   }
 
   template <typename F>
   static void ForEachInPieces(const ExecutionContext&, int64_t n, int64_t grain, const F& f) {
+    static_assert(std::is_trivially_copyable_v<F>, "copied per piece: capture pointers");
     cpu_threads::ParallelForRange(n, grain, [&](int64_t b, int64_t e) {
       const F local = f;
       for (int64_t i = b; i < e; ++i) local(i);
@@ -43,6 +46,7 @@ struct Device<CPUDevice> {
   // (post == 1), so no index is divided per element; in pieces of the flat index.
   template <typename F>
   static void ForEachBroadcast(const ExecutionContext&, const fn::BroadcastMid& m, const F& f) {
+    static_assert(std::is_trivially_copyable_v<F>, "copied per piece: capture pointers");
     cpu_threads::ParallelForRange(
         m.pre * m.n * m.post, cpu_threads::kElementwiseGrain, [&](int64_t b, int64_t e) {
           const F local = f;
@@ -67,6 +71,7 @@ struct Device<CPUDevice> {
   // Acc<T>), rounded to T once at the end.
   template <typename T, typename F>
   static void SumBroadcast(const ExecutionContext&, const fn::BroadcastMid& m, T* out, const F& f) {
+    static_assert(std::is_trivially_copyable_v<F>, "copied per piece: capture pointers");
     using A = Acc<T>;
     const int64_t grain =
         std::max<int64_t>(1, cpu_threads::kElementwiseGrain / std::max<int64_t>(1, m.pre * m.post));
