@@ -9,6 +9,8 @@
 #include <string>
 #include <thread>
 
+#include "framework/error.h"
+
 namespace keel {
 
 void FaultPoint(const char* name) {
@@ -36,8 +38,21 @@ void FaultDelay(const std::string& name) {
   const std::string list = std::string(",") + want;
   const size_t at = list.find("," + me);
   if (at == std::string::npos) return;
-  const long ms = std::strtol(list.c_str() + at + 1 + me.size(), nullptr, 10);
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  char* end = nullptr;
+  const long ms = std::strtol(list.c_str() + at + 1 + me.size(), &end, 10);
+  if (*end != '@') {
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return;
+  }
+  // "name@rank:ms@PATH": until PATH exists, at most ms.
+  const size_t from = static_cast<size_t>(end + 1 - list.c_str());
+  const std::string path = list.substr(from, list.find(',', from) - from);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (::access(path.c_str(), F_OK) != 0) {
+    KEEL_ENFORCE(std::chrono::steady_clock::now() < deadline, "KEEL_FAULT_DELAY ", name, ": ", path,
+                 " did not appear within ", ms, " ms");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace keel

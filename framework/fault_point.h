@@ -14,6 +14,8 @@ void FaultPoint(const char* name);
 // Delay injection for tests of races between processes: FaultDelay("name") sleeps when the
 // environment variable KEEL_FAULT_DELAY lists "name@rank:ms" (comma-separated entries; rank as
 // above) for this process, so that a test can force one order of messages between processes.
+// "name@rank:ms@PATH" waits until the file PATH exists instead, and throws a keel::Error naming it
+// when that takes longer than ms (a test's proof that another process got on without this one).
 // Costs one getenv when unset.
 void FaultDelay(const std::string& name);
 
