@@ -86,6 +86,16 @@ void WatchedWait::End() {
   if (posted) CollectiveWatch::Get().Repost();
 }
 
+void WatchedWait::SetProbe(std::function<std::string()> probe) {
+  std::lock_guard<std::mutex> lk(mu_);
+  probe_ = std::move(probe);
+}
+
+std::string WatchedWait::broken() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return broken_;
+}
+
 bool WatchedWait::active() const {
   std::lock_guard<std::mutex> lk(mu_);
   return active_;
@@ -284,11 +294,13 @@ void CollectiveWatch::Repost() {
 void CollectiveWatch::Tick() {
   std::lock_guard<std::mutex> io(io_mu_);
   if (decided_.load(std::memory_order_acquire)) {
-    InterruptActive();  // waits begun since the report
+    InterruptActive();  // waits begun since the report, and those that have yet to end
     return;
   }
+  const Clock::time_point now = Clock::now();
+  ProbeWaits(now);
   if (broken_) return;
-  const std::vector<PostedWait> mine = SlowWaits(Clock::now());
+  const std::vector<PostedWait> mine = SlowWaits(now);
   if (mine.empty() && posted_.empty()) {
     read_at_ = -1;
     candidate_.clear();
@@ -345,11 +357,30 @@ void CollectiveWatch::Decide(const std::string& report) {
   InterruptActive();
 }
 
+void CollectiveWatch::ProbeWaits(Clock::time_point now) {
+  const auto grace = Grace();
+  std::lock_guard<std::mutex> lk(list_mu_);
+  for (WatchedWait* w : waits_) {
+    std::lock_guard<std::mutex> wl(w->mu_);
+    if (!w->active_ || !w->probe_ || now - w->since_ < grace) continue;
+    if (w->broken_.empty()) {
+      w->broken_ = w->probe_();
+      if (w->broken_.empty()) continue;
+      LOG(ERROR) << "collective watch: " << w->where_ << " is broken (" << w->broken_
+                 << "); ending its wait";
+    }
+    // Again at each look until the wait ends.
+    w->interrupted_.store(true, std::memory_order_release);
+    if (w->interrupt_) w->interrupt_();
+  }
+}
+
 void CollectiveWatch::InterruptActive() {
   std::lock_guard<std::mutex> lk(list_mu_);
   for (WatchedWait* w : waits_) {
     std::lock_guard<std::mutex> wl(w->mu_);
-    if (!w->active_ || w->interrupted_.load(std::memory_order_acquire)) continue;
+    if (!w->active_) continue;
+    // A wait already interrupted that is still active is nudged again.
     w->interrupted_.store(true, std::memory_order_release);
     if (w->interrupt_) w->interrupt_();
   }

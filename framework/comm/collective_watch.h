@@ -27,6 +27,10 @@
 // on the store has its connection shut. A wait that failed otherwise (a peer that left because of
 // the mismatch) is explained by the published report too (Explain).
 //
+// Besides, a wait whose transport can fail without waking it has a probe (WatchedWait::SetProbe),
+// which the watch's thread asks at each look once the wait has lasted past the grace period; a
+// wait found broken is interrupted there, with no report and no store traffic.
+//
 // Program collectives on NCCL rings are not watched (their waits run on the GPU).
 #pragma once
 
@@ -115,9 +119,19 @@ class WatchedWait {
   WatchedWait& operator=(const WatchedWait&) = delete;
 
   void SetNames(std::string channel, std::string where);
-  // Ends this wait when the watch finds a mismatch: called by the watch's thread, under this
-  // wait's lock and only while the wait is active (so whatever it uses is alive).
+  // Ends this wait when the watch finds a mismatch, or when the probe finds the transport broken:
+  // called by the watch's thread, under this wait's lock and only while the wait is active (so
+  // whatever it uses is alive); again at each look while the wait stays active (a transport may
+  // need a nudge per thing it waits for).
   void SetInterrupt(std::function<void()> interrupt);
+  // Says whether the transport under this wait has failed ("" when sound, else why): called by
+  // the watch's thread at each look while the wait has lasted past the grace period, under this
+  // wait's lock. A wait whose probe answers is interrupted at once, by this rank alone (the
+  // others learn of it as their transports fail). For a transport that can fail a connection
+  // without waking the waits on it (Gloo's, for a send it had begun writing).
+  void SetProbe(std::function<std::string()> probe);
+  // What the probe answered when it ended this wait, or "".
+  std::string broken() const;
 
   // The wait for call number `seq` on this channel starts (it started at `since`); the call is
   // CollectiveCall::Current() of this thread.
@@ -137,6 +151,8 @@ class WatchedWait {
   std::string channel_, where_;
   bool exclusive_;
   std::function<void()> interrupt_;
+  std::function<std::string()> probe_;
+  std::string broken_;
   bool active_ = false, posted_ = false;
   uint64_t seq_ = 0;
   std::chrono::steady_clock::time_point since_;
@@ -195,6 +211,8 @@ class CollectiveWatch {
   void Publish(const std::vector<PostedWait>& mine);
   // At exit (std::atexit): posts that this rank has left.
   void PostExit();
+  // Asks the probes of the waits past the grace period; interrupts those it finds broken.
+  void ProbeWaits(std::chrono::steady_clock::time_point now);
   // Records `report` and ends every active wait with it.
   void Decide(const std::string& report);
   void InterruptActive();

@@ -1,7 +1,11 @@
 // Gloo backend: CPU tensors over TCP. Our store is adapted to gloo::rendezvous::Store so that
 // connectFullMesh's waits honour our timeout (Debian's Gloo snapshot otherwise waits a fixed 30 s).
 // Every collective is marked active for the collective watch while it runs; when the watch finds
-// a mismatch it fails the ring's pending operations (AbortContext).
+// a mismatch it fails the ring's pending operations (AbortContext) and wakes the waits on the
+// collective's buffers (Interrupt). The watch also asks this ring, while a collective has waited
+// past --collective_check_s, whether Gloo has failed one of its connections (BrokenConnection):
+// Gloo fails what waits on a broken connection except a send it had begun writing (a peer killed
+// mid-transfer), whose wait would otherwise last the whole comm timeout.
 //
 // Point-to-point (Send / Recv) goes over the ring's own connections with Gloo's unbound buffers,
 // not through the store: a transfer is a fixed-size header (dtype, dims) and the tensor's bytes,
@@ -25,6 +29,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -100,7 +105,9 @@ class GlooCommunicator : public Communicator {
       context_->setTimeout(o.timeout);
       GlooStoreAdapter adapter(store, o.prefix + "ring" + std::to_string(ring_id) + "/", o.timeout);
       context_->connectFullMesh(adapter, device_);
-      watch_.SetInterrupt([this] { AbortContext(); });
+      PostProbes();
+      watch_.SetInterrupt([this] { Interrupt(); });
+      watch_.SetProbe([this] { return BrokenConnection(); });
     } catch (const Error& e) {
       KEEL_THROW("gloo ring ", ring_id, " (rank ", rank, " of ", nranks,
                  "): setup failed: ", e.what());
@@ -126,8 +133,9 @@ class GlooCommunicator : public Communicator {
           KEEL_THROW("allreduce of bool tensors is not supported; cast to int32");
         } else {
           gloo::AllreduceOptions opts(context_);
+          LiveBuffers live(this);
           T* p = t->data<T>();
-          opts.setOutput(p, static_cast<size_t>(t->numel()));
+          opts.setOutput<T>(live.Add(p, t->nbytes()));
           opts.setReduceFunction(PickReduce<T>(op));
           opts.setTimeout(timeout_);
           opts.setTag(static_cast<uint32_t>(seq_));
@@ -145,7 +153,8 @@ class GlooCommunicator : public Communicator {
                  ")");
     Run("broadcast", [&] {
       gloo::BroadcastOptions opts(context_);
-      opts.setOutput(static_cast<uint8_t*>(t->raw_data()), t->nbytes());
+      LiveBuffers live(this);
+      opts.setOutput<uint8_t>(live.Add(t->raw_data(), t->nbytes()));
       opts.setRoot(root);
       opts.setTimeout(timeout_);
       opts.setTag(static_cast<uint32_t>(seq_));
@@ -157,8 +166,9 @@ class GlooCommunicator : public Communicator {
     AllocateGathered(in, out);
     Run("allgather", [&] {
       gloo::AllgatherOptions opts(context_);
-      opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in.raw_data())), in.nbytes());
-      opts.setOutput(static_cast<uint8_t*>(out->raw_data()), out->nbytes());
+      LiveBuffers live(this);
+      opts.setInput<uint8_t>(live.Add(const_cast<void*>(in.raw_data()), in.nbytes()));
+      opts.setOutput<uint8_t>(live.Add(out->raw_data(), out->nbytes()));
       opts.setTimeout(timeout_);
       opts.setTag(static_cast<uint32_t>(seq_));
       gloo::allgather(opts);
@@ -201,6 +211,11 @@ class GlooCommunicator : public Communicator {
       KEEL_THROW(Where(what), ": ", CollectiveWatch::Get().Explain(e.what()));
     } catch (const std::exception& e) {
       std::string msg = e.what();
+      const std::string broken = watch_.broken();
+      if (!broken.empty()) {
+        dead_ = "failed: " + broken;
+        KEEL_THROW(Where(what), ": ", dead_);
+      }
       // Ended by the collective watch here, or by a peer that found the mismatch and left.
       const std::string explained = CollectiveWatch::Get().Explain(msg);
       if (explained != msg) {
@@ -215,6 +230,80 @@ class GlooCommunicator : public Communicator {
                    " s (a peer crashed, stopped or runs another program?): ", msg);
       KEEL_THROW(Where(what), ": failed (a peer crashed or stopped?): ", msg);
     }
+    // Gloo's waits return, unfinished, when the watch interrupts them.
+    if (interrupted_.load(std::memory_order_acquire)) {
+      const std::string broken = watch_.broken();
+      dead_ = broken.empty() ? CollectiveWatch::Get().Explain("interrupted by the collective watch")
+                             : "failed: " + broken;
+      KEEL_THROW(Where(what), ": ", dead_);
+    }
+  }
+
+  // The unbound buffers of the collective in progress. Created here rather than by Gloo's
+  // options so that an interrupt can wake the waits on them: when a connection fails, Gloo's tcp
+  // transport fails the pending operations on it but not a send it had begun writing, whose wait
+  // then lasts the whole comm timeout. Declared after the options, so that it forgets the buffers
+  // before the options free them.
+  class LiveBuffers {
+   public:
+    explicit LiveBuffers(GlooCommunicator* c) : c_(c) {}
+    ~LiveBuffers() {
+      std::lock_guard<std::mutex> lk(c_->live_mu_);
+      c_->live_.clear();
+    }
+    LiveBuffers(const LiveBuffers&) = delete;
+    LiveBuffers& operator=(const LiveBuffers&) = delete;
+    std::unique_ptr<gloo::transport::UnboundBuffer> Add(void* ptr, size_t bytes) {
+      auto buf = c_->context_->createUnboundBuffer(ptr, bytes);
+      std::lock_guard<std::mutex> lk(c_->live_mu_);
+      c_->live_.push_back(buf.get());
+      return buf;
+    }
+
+   private:
+    GlooCommunicator* c_;
+  };
+
+  // The collective watch's interrupt: fails the ring's connections (AbortContext) and wakes the
+  // waits on the collective's buffers. Called again at each look while the collective runs (an
+  // abort wakes one wait). Under the wait's lock, while the collective is in progress.
+  void Interrupt() {
+    interrupted_.store(true, std::memory_order_release);
+    AbortContext();
+    std::lock_guard<std::mutex> lk(live_mu_);
+    for (gloo::transport::UnboundBuffer* buf : live_) {
+      buf->abortWaitSend();
+      buf->abortWaitRecv();
+    }
+  }
+
+  // One receive per peer, posted when the ring connects, on a slot nobody sends to: when a
+  // connection fails, Gloo fails the operations pending on it, this one too.
+  void PostProbes() {
+    constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;  // no transfer uses this prefix
+    probe_bytes_.resize(static_cast<size_t>(nranks_));
+    probes_.resize(static_cast<size_t>(nranks_));
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      probes_[r] = context_->createUnboundBuffer(&probe_bytes_[r], 1);
+      probes_[r]->recv(r, kProbeSlot);
+    }
+  }
+
+  // The watch's probe: the first of the ring's connections that Gloo has failed, or "". A wait on
+  // a probe that is aborted first returns at once, or throws the connection's error.
+  std::string BrokenConnection() {
+    for (int r = 0; r < nranks_; ++r) {
+      if (probes_[r] == nullptr) continue;
+      try {
+        probes_[r]->abortWaitRecv();
+        probes_[r]->waitRecv(nullptr, timeout_);
+      } catch (const std::exception& e) {
+        return StrCat("the connection to rank ", r,
+                      " failed (its process ended, or the network failed): ", e.what());
+      }
+    }
+    return "";
   }
 
   // Gloo has no call that wakes a thread blocked in a collective, but a receive that times out
@@ -263,6 +352,11 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::string dead_;
+  std::atomic<bool> interrupted_{false};
+  std::mutex live_mu_;
+  std::vector<gloo::transport::UnboundBuffer*> live_;                    // LiveBuffers
+  std::vector<char> probe_bytes_;                                        // PostProbes
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> probes_;  // by peer
   std::once_flag announced_;
   std::mutex send_mu_;
   std::condition_variable send_cv_;

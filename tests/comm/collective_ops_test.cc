@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "tests/util/files.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/subprocess.h"
 
@@ -204,6 +205,27 @@ TEST(CollectiveOps, ARankThatNeverArrivesIsATimeoutNotAHang) {
   EXPECT_NE(r.output.find("rank 0 waited for rank 1 to compare the ring configuration"),
             std::string::npos)
       << r.output;
+}
+
+// Rank 1 dies (SIGKILL) with most of a 256 MiB broadcast from rank 0 unread, so rank 0's send is
+// half written when the connection breaks. Gloo fails the connection but never wakes a wait for
+// a send it had begun writing: rank 0 would wait out the comm timeout (120 s here). Started by
+// hand, with no launcher to stop rank 0 when rank 1 dies, rank 0 must end by itself, naming the
+// broken connection.
+TEST(GlooRing, APeerKilledInTheMiddleOfASendEndsTheSendersWait) {
+  const std::string dir = MakeTempDir();
+  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(FreePort()) +
+                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=120 "
+                          "KEEL_TEST_MODE=killed_mid_send ";
+  const std::string worker = " timeout 60 " + BinPath("collective_worker");
+  auto r = RunCommand("(RANK=1 " + env + worker + " > " + dir + "/rank1.txt 2>&1 &); RANK=0 " +
+                      env + worker);
+  const std::string rank1 = ReadText(dir + "/rank1.txt");
+  RunCommand("rm -rf " + dir);
+  EXPECT_EQ(r.exit_code, 1) << r.output << "\nrank 1:\n" << rank1;
+  EXPECT_NE(r.output.find("the connection to rank 1 failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("the broadcast returned"), std::string::npos) << r.output;
 }
 
 TEST(CollectiveOps, AHandStartedMultiRankJobWithoutATokenIsRefused) {

@@ -7,7 +7,9 @@
 // all-reduce), "exit" (rank 1 exits cleanly right after setup), "stall" (rank 1 sleeps 30 s before
 // its first collective), "shm_names" (print how many /dev/shm names of this job remain), "p2p"
 // (point-to-point transfers, RunP2P), "pieces_nap" (two zero-copy all-reduces while
-// KEEL_FAULT_DELAY holds a rank back until another has returned).
+// KEEL_FAULT_DELAY holds a rank back until another has returned), "killed_mid_send" (rank 0
+// broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
+// arrived, the rest unread: rank 0's send is then half written when the connection breaks).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -16,6 +18,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -344,6 +347,24 @@ int main(int argc, char** argv) {
       }
       if (releaser.joinable()) releaser.join();
       return g_failures ? 1 : 0;
+    }
+    if (mode == "killed_mid_send") {
+      constexpr int64_t kFloats = int64_t{64} << 20;
+      Tensor t(DType::kFloat32, {kFloats});
+      float* p = t.data<float>();
+      std::fill(p, p + kFloats, rank == 0 ? 1.0f : 0.0f);
+      std::thread killer;
+      if (rank == 1)
+        killer = std::thread([p] {
+          // Gloo receives straight into the tensor, from the front.
+          while (*static_cast<volatile float*>(p) == 0.0f) {
+          }
+          std::raise(SIGKILL);
+        });
+      RingRegistry::Get().At(0, "collective_worker").Broadcast(&t, 0);
+      std::printf("rank %d: the broadcast returned\n", rank);
+      if (killer.joinable()) killer.join();
+      return 0;
     }
     if (!mode.empty()) {
       if (rank == 1 && mode == "exit") return 0;
