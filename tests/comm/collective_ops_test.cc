@@ -228,6 +228,18 @@ TEST(GlooRing, APeerKilledInTheMiddleOfASendEndsTheSendersWait) {
   EXPECT_EQ(r.output.find("the broadcast returned"), std::string::npos) << r.output;
 }
 
+// The probe that ends the wait above must not end a wait on a sound ring: rank 0 waits 3 s for
+// rank 1's all-reduce (the watch asks the probe every 250 ms after the first second) and both
+// finish it.
+TEST(GlooRing, ALongWaitOnASoundRingCompletes) {
+  const WorkerRun w = RunWorker("late", "FLAGS_cpu_comm_backend=gloo");
+  const std::string& out = w.result.output;
+  EXPECT_EQ(w.result.exit_code, 0) << out;
+  EXPECT_NE(out.find("rank 0: fault mode late ran to the end"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1: fault mode late ran to the end"), std::string::npos) << out;
+  EXPECT_EQ(out.find("broken"), std::string::npos) << out;
+}
+
 TEST(CollectiveOps, AHandStartedMultiRankJobWithoutATokenIsRefused) {
   auto r = RunCommand(
       "env -u KEEL_JOB_TOKEN -u OMPI_MCA_orte_precondition_transports RANK=0 "

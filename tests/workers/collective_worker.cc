@@ -7,7 +7,8 @@
 // all-reduce), "exit" (rank 1 exits cleanly right after setup), "stall" (rank 1 sleeps 30 s before
 // its first collective), "shm_names" (print how many /dev/shm names of this job remain), "p2p"
 // (point-to-point transfers, RunP2P), "pieces_nap" (two zero-copy all-reduces while
-// KEEL_FAULT_DELAY holds a rank back until another has returned), "killed_mid_send" (rank 0
+// KEEL_FAULT_DELAY holds a rank back until another has returned), "late" (rank 1 sleeps 3 s before
+// its first collective, which then completes), "killed_mid_send" (rank 0
 // broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
 // arrived, the rest unread: rank 0's send is then half written when the connection breaks).
 #include <keel/keel.h>
@@ -369,6 +370,7 @@ int main(int argc, char** argv) {
     if (!mode.empty()) {
       if (rank == 1 && mode == "exit") return 0;
       if (rank == 1 && mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(30));
+      if (rank == 1 && mode == "late") std::this_thread::sleep_for(std::chrono::seconds(3));
       Program p;
       Block& b = p.global_block();
       VarDesc* x = b.Var("x");
