@@ -5,7 +5,9 @@ batch 64 (eager). One JSON line per run
 with the median step time (CUDA-synchronised) and torch.cuda.max_memory_allocated.
 With the argument `amp`: the same three models eager under torch.autocast, float16 (with a
 GradScaler, as keel's fp16 loss scaling) and bfloat16. With `large`: ResNet-20 at batch 1024 and
-the MLP 8192 wide at batch 4096, float32 and autocast float16 (compute-bound sizes)."""
+the MLP 8192 wide at batch 4096, float32 and autocast float16 (compute-bound sizes), and ResNet-20
+at batch 1024 once more in channels-last (NHWC) memory format: keel's convolutions are NCHW only,
+and these rows say what NHWC, which cuDNN's half-precision Tensor Core kernels want, buys."""
 import json, os, statistics, sys, time
 
 import torch
@@ -21,15 +23,20 @@ def mlp(hidden=1280):
                          nn.Linear(hidden, 2))
 
 
-def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False, amp=None):
+def bench(name, model, shape, classes, opt, steps=200, compile_mode=None, tokens=False, amp=None,
+          channels_last=False):
     dev = torch.device("cuda")
     model = model.to(dev)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optim = opt(model.parameters())
     if tokens:  # ids [N, L]; a label per position
         x = torch.randint(0, classes, shape, device=dev)
         y = torch.randint(0, classes, (shape[0] * shape[1],), device=dev)
     else:
         x = torch.rand(*shape, device=dev)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
         y = torch.randint(0, classes, (shape[0],), device=dev)
 
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
@@ -78,6 +85,9 @@ def main():
             bench("mlp8192_b4096_" + tag, mlp(8192), (4096, 32), 2, sgd(0.01), steps=30, amp=dt)
             bench("resnet20_b1024_" + tag, ResNet20(), (1024, 3, 32, 32), 10, sgd(0.05, 0.9),
                   steps=30, amp=dt)
+        for tag, dt in (("f32", None), ("fp16", torch.float16)):
+            bench("resnet20_b1024_nhwc_" + tag, ResNet20(), (1024, 3, 32, 32), 10,
+                  sgd(0.05, 0.9), steps=30, amp=dt, channels_last=True)
         return
     if sys.argv[1:] == ["amp"]:
         for tag, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
