@@ -5,7 +5,8 @@
 // collective's buffers (Interrupt). The watch also asks this ring, while a collective has waited
 // past --collective_check_s, whether Gloo has failed one of its connections (BrokenConnection):
 // Gloo fails what waits on a broken connection except a send it had begun writing (a peer killed
-// mid-transfer), whose wait would otherwise last the whole comm timeout.
+// mid-transfer), whose wait would otherwise last the whole comm timeout. Draining the queued
+// point-to-point sends (at exit) asks it too.
 //
 // Point-to-point (Send / Recv) goes over the ring's own connections with Gloo's unbound buffers,
 // not through the store: a transfer is a fixed-size header (dtype, dims) and the tensor's bytes,
@@ -293,6 +294,7 @@ class GlooCommunicator : public Communicator {
   // The watch's probe: the first of the ring's connections that Gloo has failed, or "". A wait on
   // a probe that is aborted first returns at once, or throws the connection's error.
   std::string BrokenConnection() {
+    std::lock_guard<std::mutex> lk(probe_mu_);  // the watch's thread, and DrainSends
     for (int r = 0; r < nranks_; ++r) {
       if (probes_[r] == nullptr) continue;
       try {
@@ -354,7 +356,8 @@ class GlooCommunicator : public Communicator {
   std::string dead_;
   std::atomic<bool> interrupted_{false};
   std::mutex live_mu_;
-  std::vector<gloo::transport::UnboundBuffer*> live_;                    // LiveBuffers
+  std::vector<gloo::transport::UnboundBuffer*> live_;  // LiveBuffers
+  std::mutex probe_mu_;
   std::vector<char> probe_bytes_;                                        // PostProbes
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> probes_;  // by peer
   std::once_flag announced_;
@@ -490,10 +493,28 @@ void GlooCommunicator::ReapSends() {
 }
 
 void GlooCommunicator::DrainSends() {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
   std::unique_lock<std::mutex> lk(send_mu_);
-  if (!send_cv_.wait_for(lk, timeout_, [&] { return pending_.empty() || stop_; }))
-    LOG(WARNING) << name_ << ": " << pending_.size()
-                 << " point-to-point sends were not received within the comm timeout";
+  auto drained = [&] { return pending_.empty() || stop_; };
+  while (!send_cv_.wait_for(lk, std::chrono::milliseconds(250), drained)) {
+    // A send Gloo had begun writing when its peer's connection failed never ends (the top of the
+    // file): give the queue up once a connection has failed.
+    lk.unlock();
+    const std::string broken = BrokenConnection();
+    lk.lock();
+    if (drained()) return;
+    if (!broken.empty()) {
+      LOG(WARNING) << name_ << ": " << pending_.size()
+                   << " point-to-point sends will not be received: " << broken;
+      if (reaping_ != nullptr) reaping_->abortWaitSend();
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      LOG(WARNING) << name_ << ": " << pending_.size()
+                   << " point-to-point sends were not received within the comm timeout";
+      return;
+    }
+  }
 }
 
 std::string GlooCommunicator::TimedOutTransfer(int peer) {

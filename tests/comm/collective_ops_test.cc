@@ -228,6 +228,25 @@ TEST(GlooRing, APeerKilledInTheMiddleOfASendEndsTheSendersWait) {
   EXPECT_EQ(r.output.find("the broadcast returned"), std::string::npos) << r.output;
 }
 
+// The same for a point-to-point send: rank 0 queues 256 MiB for rank 1 and returns from main; its
+// exit waits for queued sends to be received (up to the comm timeout, 120 s here), but gives up on
+// this one as soon as the connection to rank 1 is found failed.
+TEST(GlooRing, AnExitDoesNotWaitForASendToAPeerKilledInTheMiddleOfIt) {
+  const std::string dir = MakeTempDir();
+  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(FreePort()) +
+                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=120 "
+                          "KEEL_TEST_MODE=killed_mid_p2p ";
+  const std::string worker = " timeout 60 " + BinPath("collective_worker");
+  auto r = RunCommand("(RANK=1 " + env + worker + " > " + dir + "/rank1.txt 2>&1 &); RANK=0 " +
+                      env + worker);
+  const std::string rank1 = ReadText(dir + "/rank1.txt");
+  RunCommand("rm -rf " + dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output << "\nrank 1:\n" << rank1;
+  EXPECT_NE(r.output.find("rank 0: sent, exiting"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the connection to rank 1 failed"), std::string::npos) << r.output;
+}
+
 // The probe that ends the wait above must not end a wait on a sound ring: rank 0 waits 3 s for
 // rank 1's all-reduce (the watch asks the probe every 250 ms after the first second) and both
 // finish it.

@@ -10,7 +10,8 @@
 // KEEL_FAULT_DELAY holds a rank back until another has returned), "late" (rank 1 sleeps 3 s before
 // its first collective, which then completes), "killed_mid_send" (rank 0
 // broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
-// arrived, the rest unread: rank 0's send is then half written when the connection breaks).
+// arrived, the rest unread: rank 0's send is then half written when the connection breaks),
+// "killed_mid_p2p" (the same with a point-to-point send of rank 0, which then exits).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -349,7 +350,7 @@ int main(int argc, char** argv) {
       if (releaser.joinable()) releaser.join();
       return g_failures ? 1 : 0;
     }
-    if (mode == "killed_mid_send") {
+    if (mode == "killed_mid_send" || mode == "killed_mid_p2p") {
       constexpr int64_t kFloats = int64_t{64} << 20;
       Tensor t(DType::kFloat32, {kFloats});
       float* p = t.data<float>();
@@ -357,13 +358,24 @@ int main(int argc, char** argv) {
       std::thread killer;
       if (rank == 1)
         killer = std::thread([p] {
-          // Gloo receives straight into the tensor, from the front.
+          // Gloo receives straight into the tensor, from the front (a receive of a tensor of the
+          // same shape reuses its memory).
           while (*static_cast<volatile float*>(p) == 0.0f) {
           }
           std::raise(SIGKILL);
         });
-      RingRegistry::Get().At(0, "collective_worker").Broadcast(&t, 0);
-      std::printf("rank %d: the broadcast returned\n", rank);
+      Communicator& ring = RingRegistry::Get().At(0, "collective_worker");
+      if (mode == "killed_mid_send") {
+        ring.Broadcast(&t, 0);
+        std::printf("rank %d: the broadcast returned\n", rank);
+      } else if (rank == 0) {
+        // The send is queued; the process then exits, and its exit waits for queued sends.
+        ring.Send(t, 1, 7);
+        std::printf("rank 0: sent, exiting\n");
+      } else {
+        ring.Recv(&t, 0, 7);
+      }
+      std::fflush(stdout);
       if (killer.joinable()) killer.join();
       return 0;
     }
