@@ -29,7 +29,9 @@
 //
 // Besides, a wait whose transport can fail without waking it has a probe (WatchedWait::SetProbe),
 // which the watch's thread asks at each look once the wait has lasted past the grace period; a
-// wait found broken is interrupted there, with no report and no store traffic.
+// wait found broken is interrupted there by this rank alone (no report is published for it; a
+// report the others publish still explains the failure, CollectiveWatch::Explain). With
+// --collective_check_s=0 there is no watch thread, and no probe either.
 //
 // Program collectives on NCCL rings are not watched (their waits run on the GPU).
 #pragma once

@@ -38,6 +38,7 @@
 #include <set>
 #include <thread>
 
+#include "framework/base/strings.h"
 #include "framework/comm/communicator.h"
 #include "framework/comm/gloo_store.h"
 #include "framework/comm/store.h"
@@ -212,16 +213,17 @@ class GlooCommunicator : public Communicator {
       KEEL_THROW(Where(what), ": ", CollectiveWatch::Get().Explain(e.what()));
     } catch (const std::exception& e) {
       std::string msg = e.what();
-      const std::string broken = watch_.broken();
-      if (!broken.empty()) {
-        dead_ = "failed: " + broken;
-        KEEL_THROW(Where(what), ": ", dead_);
-      }
-      // Ended by the collective watch here, or by a peer that found the mismatch and left.
+      // Ended by the collective watch here, or by a peer that found the mismatch and left (which
+      // closes its connections: the report, not the probe, says why).
       const std::string explained = CollectiveWatch::Get().Explain(msg);
       if (explained != msg) {
         dead_ = explained;
         KEEL_THROW(Where(what), ": ", explained);
+      }
+      const std::string broken = watch_.broken();
+      if (!broken.empty()) {
+        dead_ = "failed: " + broken;
+        KEEL_THROW(Where(what), ": ", dead_);
       }
       bool timeout =
           msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
@@ -234,8 +236,8 @@ class GlooCommunicator : public Communicator {
     // Gloo's waits return, unfinished, when the watch interrupts them.
     if (interrupted_.load(std::memory_order_acquire)) {
       const std::string broken = watch_.broken();
-      dead_ = broken.empty() ? CollectiveWatch::Get().Explain("interrupted by the collective watch")
-                             : "failed: " + broken;
+      dead_ = CollectiveWatch::Get().Explain(broken.empty() ? "interrupted by the collective watch"
+                                                            : "failed: " + broken);
       KEEL_THROW(Where(what), ": ", dead_);
     }
   }
@@ -295,17 +297,27 @@ class GlooCommunicator : public Communicator {
   // a probe that is aborted first returns at once, or throws the connection's error.
   std::string BrokenConnection() {
     std::lock_guard<std::mutex> lk(probe_mu_);  // the watch's thread, and DrainSends
+    std::vector<int> failed;
+    std::string first;
     for (int r = 0; r < nranks_; ++r) {
       if (probes_[r] == nullptr) continue;
       try {
         probes_[r]->abortWaitRecv();
         probes_[r]->waitRecv(nullptr, timeout_);
       } catch (const std::exception& e) {
-        return StrCat("the connection to rank ", r,
-                      " failed (its process ended, or the network failed): ", e.what());
+        failed.push_back(r);
+        if (first.empty()) first = e.what();
       }
     }
-    return "";
+    if (failed.empty()) return "";
+    // A wait of this process that timed out closes every connection of the ring.
+    if (first.find("Application timeout") != std::string::npos)
+      return "this rank closed the ring's connections when one of its waits ran out the comm "
+             "timeout: " +
+             first;
+    return StrCat(failed.size() == 1 ? "the connection to rank " : "the connections to ranks ",
+                  StrJoin(failed, ", "),
+                  " failed (a process ended, or the network failed): ", first);
   }
 
   // Gloo has no call that wakes a thread blocked in a collective, but a receive that times out
@@ -315,12 +327,18 @@ class GlooCommunicator : public Communicator {
   void AbortContext() {
     constexpr uint64_t kAbortSlot = uint64_t{0xfe} << 56;  // no collective uses this prefix
     char byte = 0;
-    try {
-      auto buf = context_->createUnboundBuffer(&byte, 1);
-      buf->recv(nranks_ > 1 ? (rank_ + 1) % nranks_ : 0, kAbortSlot);
-      buf->waitRecv(std::chrono::milliseconds(1));
-    } catch (const std::exception& e) {
-      VLOG(1) << "gloo ring " << ring_id_ << " aborted: " << e.what();
+    // Posted to a peer whose connection already failed, the receive throws at once and closes
+    // nothing: try the next peer (the rank before a dead one would otherwise keep its sound
+    // connections, and a collective it was woken from could go on over them with stale data).
+    for (int d = 1; d < nranks_; ++d) {
+      try {
+        auto buf = context_->createUnboundBuffer(&byte, 1);
+        buf->recv((rank_ + d) % nranks_, kAbortSlot);
+        buf->waitRecv(std::chrono::milliseconds(1));
+      } catch (const std::exception& e) {
+        VLOG(1) << "gloo ring " << ring_id_ << " aborted: " << e.what();
+        if (std::string(e.what()).find("Timed out") != std::string::npos) return;
+      }
     }
   }
 

@@ -247,6 +247,30 @@ TEST(GlooRing, AnExitDoesNotWaitForASendToAPeerKilledInTheMiddleOfIt) {
   EXPECT_NE(r.output.find("the connection to rank 1 failed"), std::string::npos) << r.output;
 }
 
+// A rank whose wait is ended because a connection failed must close its other connections
+// before Gloo goes on: woken in a broadcast before it received anything, rank 1 would otherwise
+// forward its own stale tensor to rank 3, whose broadcast would return it as a success.
+TEST(GlooRing, ARankWokenByAFailedConnectionForwardsNothingStale) {
+  const std::string dir = MakeTempDir();
+  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(FreePort()) +
+                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=30 "
+                          "KEEL_TEST_MODE=stale_relay ";
+  const std::string worker = " timeout 60 " + BinPath("collective_worker");
+  std::string cmd;
+  for (int r = 1; r < 4; ++r)
+    cmd += "(RANK=" + std::to_string(r) + " " + env + worker + " > " + dir + "/rank" +
+           std::to_string(r) + ".txt 2>&1 &); ";
+  auto r0 = RunCommand(cmd + "RANK=0 " + env + worker + "; sleep 1");
+  std::string all = r0.output;
+  for (int r = 1; r < 4; ++r)
+    all += "\n--- rank " + std::to_string(r) + "\n" +
+           ReadText(dir + "/rank" + std::to_string(r) + ".txt");
+  RunCommand("rm -rf " + dir);
+  EXPECT_NE(all.find("the connection to rank 2 failed"), std::string::npos) << all;
+  EXPECT_EQ(all.find("rank 3: the broadcast returned 0"), std::string::npos) << all;
+}
+
 // The probe that ends the wait above must not end a wait on a sound ring: rank 0 waits 3 s for
 // rank 1's all-reduce (the watch asks the probe every 250 ms after the first second) and both
 // finish it.

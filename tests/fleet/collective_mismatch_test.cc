@@ -18,20 +18,20 @@ namespace {
 struct Outcome {
   CommandResult result;
   double seconds = 0;
-  std::string log[2];
+  std::string log[3];
 };
 
 // --comm_timeout_s=60: without the watch every case below would fail only after a minute.
-Outcome RunCase(const std::string& c, const std::string& backend) {
+Outcome RunCase(const std::string& c, const std::string& backend, int nproc = 2) {
   const std::string dir = MakeTempDir();
   const auto t0 = std::chrono::steady_clock::now();
   Outcome o;
   o.result = RunCommand(
       "FLAGS_cpu_math_threads=1 FLAGS_comm_timeout_s=60 FLAGS_cpu_comm_backend=" + backend +
-      " timeout 150 " + BinPath("keel") + " launch --nproc_per_node=2 --log_dir=" + dir + "/log " +
-      BinPath("mismatch_worker") + " --case=" + c);
+      " timeout 150 " + BinPath("keel") + " launch --nproc_per_node=" + std::to_string(nproc) +
+      " --log_dir=" + dir + "/log " + BinPath("mismatch_worker") + " --case=" + c);
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < nproc; ++r) {
     std::ifstream in(dir + "/log/workerlog." + std::to_string(r));
     o.log[r].assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
@@ -90,6 +90,25 @@ TEST(CollectiveMismatch, AMetricOnRankZeroAgainstATrainingStepOnRankOneFailsAtOn
                    "op c_allreduce_sum of ");
     for (int r = 0; r < 2; ++r)
       EXPECT_TRUE(Contains(o.log[r], " in run 3 of its program (ring 0, collective #")) << o.log[r];
+  }
+}
+
+// Three ranks on Gloo: rank 0 in the metric, ranks 1 and 2 in the step's all-reduce. The rank
+// that finds the mismatch closes its ring's connections; the other rank in the all-reduce then
+// finds a failed connection under its wait, and must still say why: the report, not the broken
+// connection.
+TEST(CollectiveMismatch, OnThreeGlooRanksEveryRankGivesTheReportNotTheClosedConnection) {
+  const Outcome o = RunCase("sum_vs_step", "gloo", 3);
+  const std::string all = o.result.output + "\n--- rank 0\n" + o.log[0] + "\n--- rank 1\n" +
+                          o.log[1] + "\n--- rank 2\n" + o.log[2];
+  EXPECT_NE(o.result.exit_code, 0) << all;
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_TRUE(Contains(o.log[r], "collective mismatch: ranks 0 and 1 wait in collective calls"))
+        << all;
+    EXPECT_FALSE(Contains(o.log[r], "rank " + std::to_string(r) + ": ") &&
+                 Contains(o.log[r], "failed: the connection"))
+        << all;
   }
 }
 

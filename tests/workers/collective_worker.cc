@@ -11,7 +11,8 @@
 // its first collective, which then completes), "killed_mid_send" (rank 0
 // broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
 // arrived, the rest unread: rank 0's send is then half written when the connection breaks),
-// "killed_mid_p2p" (the same with a point-to-point send of rank 0, which then exits).
+// "killed_mid_p2p" (the same with a point-to-point send of rank 0, which then exits),
+// "stale_relay" (see there).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -349,6 +350,22 @@ int main(int argc, char** argv) {
       }
       if (releaser.joinable()) releaser.join();
       return g_failures ? 1 : 0;
+    }
+    if (mode == "stale_relay") {
+      // 4 ranks, a broadcast from rank 0 (Gloo's binomial tree: 0 -> 1, then 0 -> 2 and
+      // 1 -> 3). Rank 2 dies at once; rank 0 comes 5 s late, so rank 1's wait for it is probed
+      // (after 1 s) and ended, as its connection to rank 2 failed; rank 3 comes 0.5 s late, so
+      // its own wait (for rank 1) is probed only 0.5 s after rank 1's. Rank 1, woken with
+      // nothing received, must not pass its stale tensor on to rank 3.
+      RingRegistry::Get().At(1, "collective_worker").Barrier();  // every ring is set up
+      if (rank == 2) std::raise(SIGKILL);
+      if (rank == 0) std::this_thread::sleep_for(std::chrono::seconds(5));
+      if (rank == 3) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      Tensor t(DType::kFloat32, {8});
+      std::fill(t.data<float>(), t.data<float>() + 8, rank == 0 ? 1.0f : 0.0f);
+      RingRegistry::Get().At(0, "collective_worker").Broadcast(&t, 0);
+      std::printf("rank %d: the broadcast returned %g\n", rank, t.data<float>()[0]);
+      return 0;
     }
     if (mode == "killed_mid_send" || mode == "killed_mid_p2p") {
       constexpr int64_t kFloats = int64_t{64} << 20;
