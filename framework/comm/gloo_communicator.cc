@@ -6,7 +6,8 @@
 // past --collective_check_s, whether Gloo has failed one of its connections (BrokenConnection):
 // Gloo fails what waits on a broken connection except a send it had begun writing (a peer killed
 // mid-transfer), whose wait would otherwise last the whole comm timeout. Draining the queued
-// point-to-point sends (at exit) asks it too.
+// point-to-point sends (at exit) asks it too. A barrier's buffers are Gloo's own: its one-byte
+// transfers are never half-written, but one queued behind a half-written send is not woken.
 //
 // Point-to-point (Send / Recv) goes over the ring's own connections with Gloo's unbound buffers,
 // not through the store: a transfer is a fixed-size header (dtype, dims) and the tensor's bytes,
