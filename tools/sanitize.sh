@@ -38,7 +38,7 @@ esac
 # suites (dozens of TSan processes each) are left to the ASan job and the plain build.
 case $job in
   asan) select=(-E '^(Docs/DocCommands.RunAsWritten/docs_install|FaultTest|WorkerFaultTest|LaunchSecurityTest|MultiHostTest|MpirunTest|KeelBench|CrashTest|FleetFaults|Cuda|Cudnn|Gpu|GraphCapture|ExecutorCudaGraph)') ;;
-  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|StoreHandshake[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB|ParameterServer[.]|ParameterServerAsync[.]|ParameterServerGeo[.]|ParameterServerSparse[.]|ParameterServerCli[.]AsyncDistributedTablePrefetchesWhileTheCommunicatorPushes|WorkerFaultTest[.]TheStoreOutlivesARankZeroThatFinishesFirst|PointToPoint[.]|LaunchSecurityTest[.])'
+  tsan) select=(-R '^(SchedulerTest|DependencyGraph|EventPlan|Executor[.]|EagerDeletion|OpTraits|Store[.]|StoreHandshake[.]|DataLoader|CachingAllocator|CpuAllocator|CpuThreads|ProfilerTest|Tensor[.]|Scope[.]|FdIo|DataParallel[.]NRanksOnBOverNRowsMatchOneRankOnB|ParameterServer[.]|ParameterServerAsync[.]|ParameterServerGeo[.]|ParameterServerSparse[.]|ParameterServerCli[.]AsyncDistributedTablePrefetchesWhileTheCommunicatorPushes|WorkerFaultTest[.]TheStoreOutlivesARankZeroThatFinishesFirst|PointToPoint[.]|GlooRing[.]|LaunchSecurityTest[.])'
                 -E 'HazardEdgeKeepsTheAnswerAndRemovingItBreaksIt') ;;  # races on purpose
 esac
 if [ -n "${KEEL_SANITIZE_TESTS:-}" ]; then select=(-R "$KEEL_SANITIZE_TESTS"); fi

@@ -413,7 +413,7 @@ GlooCommunicator::~GlooCommunicator() {
     if (reaping_ != nullptr) reaping_->abortWaitSend();
   }
   send_cv_.notify_all();
-  reaper_.join();
+  if (reaper_.joinable()) reaper_.join();  // DrainSends joins it when it gives the queue up
 }
 
 void GlooCommunicator::AnnounceNativeP2P() {
@@ -525,7 +525,13 @@ void GlooCommunicator::DrainSends() {
     if (!broken.empty()) {
       LOG(WARNING) << name_ << ": " << pending_.size()
                    << " point-to-point sends will not be received: " << broken;
+      // The reaper ends (nothing queued will go out) and is joined: a thread left finished but
+      // unjoined at exit is a leak.
+      stop_ = true;
       if (reaping_ != nullptr) reaping_->abortWaitSend();
+      send_cv_.notify_all();
+      lk.unlock();
+      if (reaper_.joinable()) reaper_.join();
       return;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
