@@ -96,6 +96,9 @@ ReduceFn<T> PickReduce(ReduceOp op) {
   }
 }
 
+class GlooCommunicator;
+void AddLiveRing(GlooCommunicator* c);  // for DrainLiveRings, at exit
+
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(int ring_id, int rank, int nranks, StoreClient& store, const CommOptions& o)
@@ -109,6 +112,7 @@ class GlooCommunicator : public Communicator {
       GlooStoreAdapter adapter(store, o.prefix + "ring" + std::to_string(ring_id) + "/", o.timeout);
       context_->connectFullMesh(adapter, device_);
       PostProbes();
+      AddLiveRing(this);
       watch_.SetInterrupt([this] { Interrupt(); });
       watch_.SetProbe([this] { return BrokenConnection(); });
     } catch (const Error& e) {
@@ -126,6 +130,25 @@ class GlooCommunicator : public Communicator {
   void Recv(Tensor* t, int peer, int tag) override;
   // Waits (at most the comm timeout) until the peers received every queued send.
   void DrainSends();
+  // Completes every peer's probe of this rank, when this rank leaves the ring cleanly (at exit,
+  // or when the ring goes): no collective of the ring in progress, none failed. Its connections
+  // then close without being taken for failed ones. Waits at most a second for the bytes to go.
+  void SayGoodbye() {
+    if (!dead_.empty() || running_.load(std::memory_order_acquire) || probes_.empty()) return;
+    constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;
+    static char bye = 0;
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sent;
+    try {
+      for (int r = 0; r < nranks_; ++r) {
+        if (r == rank_) continue;
+        sent.push_back(context_->createUnboundBuffer(&bye, 1));
+        sent.back()->send(r, kProbeSlot);
+      }
+      for (auto& b : sent) b->waitSend(std::chrono::milliseconds(1000));
+    } catch (const std::exception& e) {
+      VLOG(1) << name_ << ": goodbye not sent to every peer: " << e.what();
+    }
+  }
 
   void AllReduce(Tensor* t, ReduceOp op) override {
     CountAllReduce(*t);
@@ -208,6 +231,11 @@ class GlooCommunicator : public Communicator {
     KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
     WaitScope watched(&watch_, seq_);
+    struct Running {
+      explicit Running(std::atomic<bool>* r) : r(r) { r->store(true, std::memory_order_release); }
+      ~Running() { r->store(false, std::memory_order_release); }
+      std::atomic<bool>* r;
+    } running(&running_);
     try {
       f();
     } catch (const Error& e) {
@@ -294,14 +322,16 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // The watch's probe: the first of the ring's connections that Gloo has failed, or "". A wait on
-  // a probe that is aborted first returns at once, or throws the connection's error.
-  std::string BrokenConnection() {
+  // The watch's probe: the ring's connections (to the peers in `only`, when given) that Gloo has
+  // failed, or "". A wait on a probe that is aborted first returns at once, or throws the
+  // connection's error; a probe whose peer said goodbye (SayGoodbye) has completed instead, so a
+  // peer that left the ring cleanly is not taken for a failed one.
+  std::string BrokenConnection(const std::vector<bool>* only = nullptr) {
     std::lock_guard<std::mutex> lk(probe_mu_);  // the watch's thread, and DrainSends
     std::vector<int> failed;
     std::string first;
     for (int r = 0; r < nranks_; ++r) {
-      if (probes_[r] == nullptr) continue;
+      if (probes_[r] == nullptr || (only != nullptr && !(*only)[r])) continue;
       try {
         probes_[r]->abortWaitRecv();
         probes_[r]->waitRecv(nullptr, timeout_);
@@ -374,6 +404,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::string dead_;
   std::atomic<bool> interrupted_{false};
+  std::atomic<bool> running_{false};  // a collective is in progress (Run)
   std::mutex live_mu_;
   std::vector<gloo::transport::UnboundBuffer*> live_;  // LiveBuffers
   std::mutex probe_mu_;
@@ -397,7 +428,19 @@ std::set<GlooCommunicator*>* g_live = nullptr;
 void DrainLiveRings() {
   std::lock_guard<std::mutex> lk(g_live_mu);
   if (g_live == nullptr) return;
-  for (GlooCommunicator* c : *g_live) c->DrainSends();
+  for (GlooCommunicator* c : *g_live) {
+    c->DrainSends();
+    c->SayGoodbye();
+  }
+}
+
+void AddLiveRing(GlooCommunicator* c) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  if (g_live == nullptr) {
+    g_live = new std::set<GlooCommunicator*>;
+    std::atexit(DrainLiveRings);
+  }
+  g_live->insert(c);
 }
 
 GlooCommunicator::~GlooCommunicator() {
@@ -405,26 +448,23 @@ GlooCommunicator::~GlooCommunicator() {
     std::lock_guard<std::mutex> lk(g_live_mu);
     if (g_live != nullptr) g_live->erase(this);
   }
-  if (!reaper_.joinable()) return;
-  DrainSends();
-  {
-    std::lock_guard<std::mutex> lk(send_mu_);
-    stop_ = true;
-    if (reaping_ != nullptr) reaping_->abortWaitSend();
+  if (reaper_.joinable()) {
+    DrainSends();
+    {
+      std::lock_guard<std::mutex> lk(send_mu_);
+      stop_ = true;
+      if (reaping_ != nullptr) reaping_->abortWaitSend();
+    }
+    send_cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();  // DrainSends joins it when it gives the queue up
   }
-  send_cv_.notify_all();
-  if (reaper_.joinable()) reaper_.join();  // DrainSends joins it when it gives the queue up
+  SayGoodbye();
 }
 
 void GlooCommunicator::AnnounceNativeP2P() {
   std::call_once(announced_, [this] {
     LOG(INFO) << name_ << ": point-to-point transfers over gloo (native, not through the store)";
-    std::lock_guard<std::mutex> lk(g_live_mu);
-    if (g_live == nullptr) {
-      g_live = new std::set<GlooCommunicator*>;
-      std::atexit(DrainLiveRings);
-    }
-    g_live->insert(this);
+    std::lock_guard<std::mutex> lk(g_live_mu);  // DrainLiveRings reads reaper_
     reaper_ = std::thread([this] { ReapSends(); });
   });
 }
@@ -470,7 +510,14 @@ bool GlooCommunicator::WaitSent(gloo::transport::UnboundBuffer* buf) {
     if (stop_) return false;
     reaping_ = buf;
   }
-  const bool done = buf->waitSend(timeout_);
+  bool done = false;
+  try {
+    done = buf->waitSend(timeout_);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(send_mu_);
+    reaping_ = nullptr;  // the caller frees the buffer
+    throw;
+  }
   std::lock_guard<std::mutex> lk(send_mu_);
   reaping_ = nullptr;
   return done;
@@ -517,9 +564,11 @@ void GlooCommunicator::DrainSends() {
   auto drained = [&] { return pending_.empty() || stop_; };
   while (!send_cv_.wait_for(lk, std::chrono::milliseconds(250), drained)) {
     // A send Gloo had begun writing when its peer's connection failed never ends (the top of the
-    // file): give the queue up once a connection has failed.
+    // file): give the queue up once the connection to a peer it sends to has failed.
+    std::vector<bool> peers(static_cast<size_t>(nranks_), false);
+    for (const auto& q : pending_) peers[q->peer] = true;
     lk.unlock();
-    const std::string broken = BrokenConnection();
+    const std::string broken = BrokenConnection(&peers);
     lk.lock();
     if (drained()) return;
     if (!broken.empty()) {

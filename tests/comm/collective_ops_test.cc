@@ -271,6 +271,22 @@ TEST(GlooRing, ARankWokenByAFailedConnectionForwardsNothingStale) {
   EXPECT_EQ(all.find("rank 3: the broadcast returned 0"), std::string::npos) << all;
 }
 
+// A rank that leaves cleanly closes its connections too, which Gloo then fails: its peers must
+// not take that for a failure. Rank 2 leaves once its part is done while rank 0 waits for rank 1,
+// 2.5 s late: in a broadcast (rank 0's wait is probed), and with a point-to-point send that rank
+// 0's exit waits to see received. A ring left cleanly says goodbye on its probes' slot.
+TEST(GlooRing, APeerThatLeftCleanlyIsNotAFailedConnection) {
+  for (std::string mode : {"early_leaver", "p2p_early_leaver"}) {
+    SCOPED_TRACE(mode);
+    const WorkerRun w = RunWorker(mode, "FLAGS_cpu_comm_backend=gloo", 3);
+    const std::string& out = w.result.output;
+    EXPECT_EQ(w.result.exit_code, 0) << out;
+    EXPECT_NE(out.find("rank 0: done, 1"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank 1: done, 1"), std::string::npos) << out;
+    EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+  }
+}
+
 // The probe that ends the wait above must not end a wait on a sound ring: rank 0 waits 3 s for
 // rank 1's all-reduce (the watch asks the probe every 250 ms after the first second) and both
 // finish it.

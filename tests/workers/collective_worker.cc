@@ -12,7 +12,7 @@
 // broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
 // arrived, the rest unread: rank 0's send is then half written when the connection breaks),
 // "killed_mid_p2p" (the same with a point-to-point send of rank 0, which then exits),
-// "stale_relay" (see there).
+// "stale_relay", "early_leaver" and "p2p_early_leaver" (see there).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -350,6 +350,26 @@ int main(int argc, char** argv) {
       }
       if (releaser.joinable()) releaser.join();
       return g_failures ? 1 : 0;
+    }
+    if (mode == "early_leaver" || mode == "p2p_early_leaver") {
+      // 3 ranks; rank 2 leaves as soon as its part is done, cleanly, while rank 0 still waits
+      // for rank 1, 2.5 s late: its closed connections must not be taken for failed ones.
+      // early_leaver: a broadcast from rank 0 (rank 2's part is to receive it). p2p_early_leaver:
+      // rank 2 takes no part; rank 0 sends to rank 1 and exits, which waits for the receive.
+      RingRegistry::Get().At(1, "collective_worker").Barrier();  // every ring is set up
+      Communicator& ring = RingRegistry::Get().At(0, "collective_worker");
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      Tensor t(DType::kFloat32, {8});
+      std::fill(t.data<float>(), t.data<float>() + 8, rank == 0 ? 1.0f : 0.0f);
+      if (mode == "early_leaver") {
+        ring.Broadcast(&t, 0);
+      } else if (rank == 0) {
+        ring.Send(t, 1, 5);
+      } else if (rank == 1) {
+        ring.Recv(&t, 0, 5);
+      }
+      std::printf("rank %d: done, %g\n", rank, t.data<float>()[0]);
+      return 0;
     }
     if (mode == "stale_relay") {
       // 4 ranks, a broadcast from rank 0 (Gloo's binomial tree: 0 -> 1, then 0 -> 2 and
