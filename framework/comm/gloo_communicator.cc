@@ -130,23 +130,41 @@ class GlooCommunicator : public Communicator {
   void Recv(Tensor* t, int peer, int tag) override;
   // Waits (at most the comm timeout) until the peers received every queued send.
   void DrainSends();
-  // Completes every peer's probe of this rank, when this rank leaves the ring cleanly (at exit,
-  // or when the ring goes): no collective of the ring in progress, none failed. Its connections
-  // then close without being taken for failed ones. Waits at most a second for the bytes to go.
+  // Completes every peer's probe of this rank when this rank leaves the ring cleanly (at exit,
+  // or when the ring goes): no collective or receive of the ring in progress, none failed, no
+  // send left in the queue. Its connections then close without being taken for failed ones. A
+  // peer whose connection failed already is skipped; the bytes get a second, all peers together,
+  // to go. After it the ring takes no more transfers.
   void SayGoodbye() {
-    if (!dead_.empty() || running_.load(std::memory_order_acquire) || probes_.empty()) return;
+    uint32_t idle = 0;
+    if (!use_.compare_exchange_strong(idle, kLeft, std::memory_order_acq_rel)) return;
+    if (failed_.load(std::memory_order_acquire) || probes_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lk(send_mu_);
+      if (!pending_.empty() || !send_error_.empty()) return;
+    }
     constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;
     static char bye = 0;
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sent;
-    try {
-      for (int r = 0; r < nranks_; ++r) {
-        if (r == rank_) continue;
-        sent.push_back(context_->createUnboundBuffer(&bye, 1));
-        sent.back()->send(r, kProbeSlot);
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      try {
+        auto buf = context_->createUnboundBuffer(&bye, 1);
+        buf->send(r, kProbeSlot);
+        sent.push_back(std::move(buf));
+      } catch (const std::exception& e) {
+        VLOG(1) << name_ << ": no goodbye to rank " << r << ": " << e.what();
       }
-      for (auto& b : sent) b->waitSend(std::chrono::milliseconds(1000));
-    } catch (const std::exception& e) {
-      VLOG(1) << name_ << ": goodbye not sent to every peer: " << e.what();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (auto& buf : sent) {
+      try {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        buf->waitSend(std::max(left, std::chrono::milliseconds(1)));
+      } catch (const std::exception& e) {
+        VLOG(1) << name_ << ": a goodbye was not sent: " << e.what();
+      }
     }
   }
 
@@ -230,12 +248,8 @@ class GlooCommunicator : public Communicator {
     ++seq_;
     KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
+    InUse busy(this, Where(what));
     WaitScope watched(&watch_, seq_);
-    struct Running {
-      explicit Running(std::atomic<bool>* r) : r(r) { r->store(true, std::memory_order_release); }
-      ~Running() { r->store(false, std::memory_order_release); }
-      std::atomic<bool>* r;
-    } running(&running_);
     try {
       f();
     } catch (const Error& e) {
@@ -247,16 +261,19 @@ class GlooCommunicator : public Communicator {
       const std::string explained = CollectiveWatch::Get().Explain(msg);
       if (explained != msg) {
         dead_ = explained;
+        failed_.store(true, std::memory_order_release);
         KEEL_THROW(Where(what), ": ", explained);
       }
       const std::string broken = watch_.broken();
       if (!broken.empty()) {
         dead_ = "failed: " + broken;
+        failed_.store(true, std::memory_order_release);
         KEEL_THROW(Where(what), ": ", dead_);
       }
       bool timeout =
           msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
       dead_ = msg;
+      failed_.store(true, std::memory_order_release);
       if (timeout)
         KEEL_THROW(Where(what), ": timed out after ", timeout_.count() / 1000.0,
                    " s (a peer crashed, stopped or runs another program?): ", msg);
@@ -267,9 +284,28 @@ class GlooCommunicator : public Communicator {
       const std::string broken = watch_.broken();
       dead_ = CollectiveWatch::Get().Explain(broken.empty() ? "interrupted by the collective watch"
                                                             : "failed: " + broken);
+      failed_.store(true, std::memory_order_release);
       KEEL_THROW(Where(what), ": ", dead_);
     }
   }
+
+  // A collective (Run), a receive or a send of this ring in progress: SayGoodbye sends nothing
+  // meanwhile, and none starts after it.
+  class InUse {
+   public:
+    InUse(GlooCommunicator* c, const std::string& what) : c_(c) {
+      if (c_->use_.fetch_add(1, std::memory_order_acq_rel) & kLeft) {
+        c_->use_.fetch_sub(1, std::memory_order_acq_rel);
+        KEEL_THROW(what, ": this rank has left the ring (it is going, or the process exits)");
+      }
+    }
+    ~InUse() { c_->use_.fetch_sub(1, std::memory_order_acq_rel); }
+    InUse(const InUse&) = delete;
+    InUse& operator=(const InUse&) = delete;
+
+   private:
+    GlooCommunicator* c_;
+  };
 
   // The unbound buffers of the collective in progress. Created here rather than by Gloo's
   // options so that an interrupt can wake the waits on them: when a connection fails, Gloo's tcp
@@ -404,7 +440,10 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::string dead_;
   std::atomic<bool> interrupted_{false};
-  std::atomic<bool> running_{false};  // a collective is in progress (Run)
+  // InUse: the transfers in progress, and kLeft once SayGoodbye ran.
+  static constexpr uint32_t kLeft = uint32_t{1} << 31;
+  std::atomic<uint32_t> use_{0};
+  std::atomic<bool> failed_{false};  // a collective failed (dead_, which only Run's thread reads)
   std::mutex live_mu_;
   std::vector<gloo::transport::UnboundBuffer*> live_;  // LiveBuffers
   std::mutex probe_mu_;
@@ -471,6 +510,7 @@ void GlooCommunicator::AnnounceNativeP2P() {
 
 void GlooCommunicator::Send(const Tensor& t, int peer, int tag) {
   const uint64_t n = NextP2P(true, peer, tag);
+  InUse busy(this, P2PWhere("send to", peer, tag, n));
   KEEL_ENFORCE(t.place().is_cpu(), P2PWhere("send to", peer, tag, n),
                ": a CPU ring cannot send a tensor on ", t.place().str());
   KEEL_ENFORCE(static_cast<int>(t.dims().size()) <= P2PHeader::kMaxDims,
@@ -606,6 +646,7 @@ std::string GlooCommunicator::TimedOutTransfer(int peer) {
 
 void GlooCommunicator::Recv(Tensor* t, int peer, int tag) {
   const uint64_t n = NextP2P(false, peer, tag);
+  InUse busy(this, P2PWhere("receive from", peer, tag, n));
   AnnounceNativeP2P();
   CommTimer timer(&comm_ns_);
   {

@@ -12,7 +12,7 @@
 // broadcasts 256 MiB on a Gloo ring; rank 1 kills itself with SIGKILL once the first bytes
 // arrived, the rest unread: rank 0's send is then half written when the connection breaks),
 // "killed_mid_p2p" (the same with a point-to-point send of rank 0, which then exits),
-// "stale_relay", "early_leaver" and "p2p_early_leaver" (see there).
+// "stale_relay", "early_leaver", "p2p_early_leaver" and "staggered_leavers" (see there).
 #include <keel/keel.h>
 
 #include <dirent.h>
@@ -368,6 +368,21 @@ int main(int argc, char** argv) {
       } else if (rank == 1) {
         ring.Recv(&t, 0, 5);
       }
+      std::printf("rank %d: done, %g\n", rank, t.data<float>()[0]);
+      return 0;
+    }
+    if (mode == "staggered_leavers") {
+      // 4 ranks, a broadcast from rank 2 (Gloo's binomial tree: 2 -> 3, then 2 -> 0 and
+      // 3 -> 1), rank 1 2.5 s late: rank 3's send to it waits and is probed. Rank 0 leaves as
+      // soon as it has received; rank 2 leaves 0.5 s after its sends, when its connection to rank
+      // 0 has closed: its goodbye must still reach rank 3 (rank 0 is the first peer it says
+      // goodbye to).
+      RingRegistry::Get().At(1, "collective_worker").Barrier();  // every ring is set up
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      Tensor t(DType::kFloat32, {8});
+      std::fill(t.data<float>(), t.data<float>() + 8, rank == 2 ? 1.0f : 0.0f);
+      RingRegistry::Get().At(0, "collective_worker").Broadcast(&t, 2);
+      if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));
       std::printf("rank %d: done, %g\n", rank, t.data<float>()[0]);
       return 0;
     }
