@@ -207,68 +207,64 @@ TEST(CollectiveOps, ARankThatNeverArrivesIsATimeoutNotAHang) {
       << r.output;
 }
 
+// The worker started by hand on Gloo rings, without keel launch (so that nobody stops a rank when
+// another dies): ranks 1..n-1 in the background, rank 0 in front, in KEEL_TEST_MODE `mode`.
+struct HandRun {
+  CommandResult rank0;  // rank 0's exit code and output
+  std::string all;      // rank 0's output, then every other rank's
+};
+HandRun RunByHand(const std::string& mode, int n, int comm_timeout_s) {
+  const std::string dir = MakeTempDir();
+  const std::string env =
+      "KEEL_JOB_TOKEN=t WORLD_SIZE=" + std::to_string(n) +
+      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(FreePort()) +
+      " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=" + std::to_string(comm_timeout_s) +
+      " KEEL_TEST_MODE=" + mode + " ";
+  const std::string worker = " timeout 60 " + BinPath("collective_worker");
+  std::string cmd;
+  for (int r = 1; r < n; ++r)
+    cmd += "(RANK=" + std::to_string(r) + " " + env + worker + " > " + dir + "/rank" +
+           std::to_string(r) + ".txt 2>&1 &); ";
+  // A second for the others to finish writing what they say.
+  HandRun h;
+  h.rank0 = RunCommand(cmd + "RANK=0 " + env + worker + "; rc=$?; sleep 1; exit $rc");
+  h.all = h.rank0.output;
+  for (int r = 1; r < n; ++r)
+    h.all += "\n--- rank " + std::to_string(r) + "\n" +
+             ReadText(dir + "/rank" + std::to_string(r) + ".txt");
+  RunCommand("rm -rf " + dir);
+  return h;
+}
+
 // Rank 1 dies (SIGKILL) with most of a 256 MiB broadcast from rank 0 unread, so rank 0's send is
 // half written when the connection breaks. Gloo fails the connection but never wakes a wait for
 // a send it had begun writing: rank 0 would wait out the comm timeout (120 s here). Started by
 // hand, with no launcher to stop rank 0 when rank 1 dies, rank 0 must end by itself, naming the
 // broken connection.
 TEST(GlooRing, APeerKilledInTheMiddleOfASendEndsTheSendersWait) {
-  const std::string dir = MakeTempDir();
-  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(FreePort()) +
-                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=120 "
-                          "KEEL_TEST_MODE=killed_mid_send ";
-  const std::string worker = " timeout 60 " + BinPath("collective_worker");
-  auto r = RunCommand("(RANK=1 " + env + worker + " > " + dir + "/rank1.txt 2>&1 &); RANK=0 " +
-                      env + worker);
-  const std::string rank1 = ReadText(dir + "/rank1.txt");
-  RunCommand("rm -rf " + dir);
-  EXPECT_EQ(r.exit_code, 1) << r.output << "\nrank 1:\n" << rank1;
-  EXPECT_NE(r.output.find("the connection to rank 1 failed"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("the broadcast returned"), std::string::npos) << r.output;
+  const HandRun h = RunByHand("killed_mid_send", 2, 120);
+  EXPECT_EQ(h.rank0.exit_code, 1) << h.all;
+  EXPECT_NE(h.rank0.output.find("the connection to rank 1 failed"), std::string::npos) << h.all;
+  EXPECT_EQ(h.rank0.output.find("the broadcast returned"), std::string::npos) << h.all;
 }
 
 // The same for a point-to-point send: rank 0 queues 256 MiB for rank 1 and returns from main; its
 // exit waits for queued sends to be received (up to the comm timeout, 120 s here), but gives up on
 // this one as soon as the connection to rank 1 is found failed.
 TEST(GlooRing, AnExitDoesNotWaitForASendToAPeerKilledInTheMiddleOfIt) {
-  const std::string dir = MakeTempDir();
-  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(FreePort()) +
-                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=120 "
-                          "KEEL_TEST_MODE=killed_mid_p2p ";
-  const std::string worker = " timeout 60 " + BinPath("collective_worker");
-  auto r = RunCommand("(RANK=1 " + env + worker + " > " + dir + "/rank1.txt 2>&1 &); RANK=0 " +
-                      env + worker);
-  const std::string rank1 = ReadText(dir + "/rank1.txt");
-  RunCommand("rm -rf " + dir);
-  EXPECT_EQ(r.exit_code, 0) << r.output << "\nrank 1:\n" << rank1;
-  EXPECT_NE(r.output.find("rank 0: sent, exiting"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("the connection to rank 1 failed"), std::string::npos) << r.output;
+  const HandRun h = RunByHand("killed_mid_p2p", 2, 120);
+  EXPECT_EQ(h.rank0.exit_code, 0) << h.all;
+  EXPECT_NE(h.rank0.output.find("rank 0: sent, exiting"), std::string::npos) << h.all;
+  EXPECT_NE(h.rank0.output.find("the connection to rank 1 failed"), std::string::npos) << h.all;
 }
 
 // A rank whose wait is ended because a connection failed must close its other connections
 // before Gloo goes on: woken in a broadcast before it received anything, rank 1 would otherwise
 // forward its own stale tensor to rank 3, whose broadcast would return it as a success.
 TEST(GlooRing, ARankWokenByAFailedConnectionForwardsNothingStale) {
-  const std::string dir = MakeTempDir();
-  const std::string env = "KEEL_JOB_TOKEN=t WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(FreePort()) +
-                          " FLAGS_cpu_comm_backend=gloo FLAGS_comm_timeout_s=30 "
-                          "KEEL_TEST_MODE=stale_relay ";
-  const std::string worker = " timeout 60 " + BinPath("collective_worker");
-  std::string cmd;
-  for (int r = 1; r < 4; ++r)
-    cmd += "(RANK=" + std::to_string(r) + " " + env + worker + " > " + dir + "/rank" +
-           std::to_string(r) + ".txt 2>&1 &); ";
-  auto r0 = RunCommand(cmd + "RANK=0 " + env + worker + "; sleep 1");
-  std::string all = r0.output;
-  for (int r = 1; r < 4; ++r)
-    all += "\n--- rank " + std::to_string(r) + "\n" +
-           ReadText(dir + "/rank" + std::to_string(r) + ".txt");
-  RunCommand("rm -rf " + dir);
-  EXPECT_NE(all.find("the connection to rank 2 failed"), std::string::npos) << all;
-  EXPECT_EQ(all.find("rank 3: the broadcast returned 0"), std::string::npos) << all;
+  const HandRun h = RunByHand("stale_relay", 4, 30);
+  EXPECT_NE(h.all.find("the connection to rank 2 failed"), std::string::npos) << h.all;
+  EXPECT_EQ(h.all.find("rank 3: the broadcast returned 0"), std::string::npos) << h.all;
 }
 
 // A rank that leaves cleanly closes its connections too, which Gloo then fails: its peers must
