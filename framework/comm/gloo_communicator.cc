@@ -143,7 +143,6 @@ class GlooCommunicator : public Communicator {
       std::lock_guard<std::mutex> lk(send_mu_);
       if (!pending_.empty() || !send_error_.empty()) return;
     }
-    constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;
     static char bye = 0;
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sent;
     for (int r = 0; r < nranks_; ++r) {
@@ -248,7 +247,7 @@ class GlooCommunicator : public Communicator {
     ++seq_;
     KEEL_ENFORCE(!dead_.size(), Where(what), ": the ring is dead after an earlier failure (", dead_,
                  ")");
-    InUse busy(this, Where(what));
+    InUse busy(this, [&] { return Where(what); });
     WaitScope watched(&watch_, seq_);
     try {
       f();
@@ -260,20 +259,15 @@ class GlooCommunicator : public Communicator {
       // closes its connections: the report, not the probe, says why).
       const std::string explained = CollectiveWatch::Get().Explain(msg);
       if (explained != msg) {
-        dead_ = explained;
-        failed_.store(true, std::memory_order_release);
-        KEEL_THROW(Where(what), ": ", explained);
+        KEEL_THROW(Where(what), ": ", MarkDead(explained));
       }
       const std::string broken = watch_.broken();
       if (!broken.empty()) {
-        dead_ = "failed: " + broken;
-        failed_.store(true, std::memory_order_release);
-        KEEL_THROW(Where(what), ": ", dead_);
+        KEEL_THROW(Where(what), ": ", MarkDead("failed: " + broken));
       }
       bool timeout =
           msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
-      dead_ = msg;
-      failed_.store(true, std::memory_order_release);
+      MarkDead(msg);
       if (timeout)
         KEEL_THROW(Where(what), ": timed out after ", timeout_.count() / 1000.0,
                    " s (a peer crashed, stopped or runs another program?): ", msg);
@@ -282,21 +276,30 @@ class GlooCommunicator : public Communicator {
     // Gloo's waits return, unfinished, when the watch interrupts them.
     if (interrupted_.load(std::memory_order_acquire)) {
       const std::string broken = watch_.broken();
-      dead_ = CollectiveWatch::Get().Explain(broken.empty() ? "interrupted by the collective watch"
-                                                            : "failed: " + broken);
-      failed_.store(true, std::memory_order_release);
-      KEEL_THROW(Where(what), ": ", dead_);
+      KEEL_THROW(
+          Where(what), ": ",
+          MarkDead(CollectiveWatch::Get().Explain(
+              broken.empty() ? "interrupted by the collective watch" : "failed: " + broken)));
     }
+  }
+
+  // The ring is dead after a failed collective: later ones fail at once, and it says no goodbye.
+  const std::string& MarkDead(std::string why) {
+    dead_ = std::move(why);
+    failed_.store(true, std::memory_order_release);
+    return dead_;
   }
 
   // A collective (Run), a receive or a send of this ring in progress: SayGoodbye sends nothing
   // meanwhile, and none starts after it.
   class InUse {
    public:
-    InUse(GlooCommunicator* c, const std::string& what) : c_(c) {
+    // what(): the transfer, as errors name it (made only when it fails).
+    template <typename What>
+    InUse(GlooCommunicator* c, What&& what) : c_(c) {
       if (c_->use_.fetch_add(1, std::memory_order_acq_rel) & kLeft) {
         c_->use_.fetch_sub(1, std::memory_order_acq_rel);
-        KEEL_THROW(what, ": this rank has left the ring (it is going, or the process exits)");
+        KEEL_THROW(what(), ": this rank has left the ring (it is going, or the process exits)");
       }
     }
     ~InUse() { c_->use_.fetch_sub(1, std::memory_order_acq_rel); }
@@ -348,7 +351,6 @@ class GlooCommunicator : public Communicator {
   // One receive per peer, posted when the ring connects, on a slot nobody sends to: when a
   // connection fails, Gloo fails the operations pending on it, this one too.
   void PostProbes() {
-    constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;  // no transfer uses this prefix
     probe_bytes_.resize(static_cast<size_t>(nranks_));
     probes_.resize(static_cast<size_t>(nranks_));
     for (int r = 0; r < nranks_; ++r) {
@@ -446,6 +448,8 @@ class GlooCommunicator : public Communicator {
   std::atomic<bool> failed_{false};  // a collective failed (dead_, which only Run's thread reads)
   std::mutex live_mu_;
   std::vector<gloo::transport::UnboundBuffer*> live_;  // LiveBuffers
+  // The probes' slot (PostProbes, SayGoodbye): no transfer uses this prefix.
+  static constexpr uint64_t kProbeSlot = uint64_t{0xfc} << 56;
   std::mutex probe_mu_;
   std::vector<char> probe_bytes_;                                        // PostProbes
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> probes_;  // by peer
@@ -510,7 +514,7 @@ void GlooCommunicator::AnnounceNativeP2P() {
 
 void GlooCommunicator::Send(const Tensor& t, int peer, int tag) {
   const uint64_t n = NextP2P(true, peer, tag);
-  InUse busy(this, P2PWhere("send to", peer, tag, n));
+  InUse busy(this, [&] { return P2PWhere("send to", peer, tag, n); });
   KEEL_ENFORCE(t.place().is_cpu(), P2PWhere("send to", peer, tag, n),
                ": a CPU ring cannot send a tensor on ", t.place().str());
   KEEL_ENFORCE(static_cast<int>(t.dims().size()) <= P2PHeader::kMaxDims,
@@ -646,7 +650,7 @@ std::string GlooCommunicator::TimedOutTransfer(int peer) {
 
 void GlooCommunicator::Recv(Tensor* t, int peer, int tag) {
   const uint64_t n = NextP2P(false, peer, tag);
-  InUse busy(this, P2PWhere("receive from", peer, tag, n));
+  InUse busy(this, [&] { return P2PWhere("receive from", peer, tag, n); });
   AnnounceNativeP2P();
   CommTimer timer(&comm_ns_);
   {
