@@ -195,7 +195,7 @@ TrainableModel BuildResnet(const ModelConfig& cfg) {
     ProgramGuard guard(*m.main, *m.startup);
     Var image = layers::data("image", {-1, 3, 32, 32});
     Var label = layers::data("label", {-1, 1}, DType::kInt64);
-    ClassifierOutputs out = resnet_cifar(image, label, 20, 10, cfg.pp_degree);
+    ClassifierOutputs out = resnet_cifar(image, label, 20, 10, cfg.pp_degree, cfg.data_format);
     m.inputs = {image.name()};
     m.prediction = out.logits.name();
     m.accuracy = out.accuracy.name();

@@ -37,11 +37,12 @@ struct ModelConfig {
   // the ranks' shards of one permutation are disjoint. 0: seed (0 again: nondeterministic, which
   // only one rank may use).
   uint64_t shuffle_seed = 0;
-  int hidden = 1280;              // mlp: width of the two hidden layers
-  int pp_degree = 1;              // mlp, transformer: > 1 places their layers on pipeline stages
-  TransformerConfig transformer;  // transformer: sizes and dropout
-  CtrConfig ctr;                  // ctr: the table's rows
-  std::string data;               // lenet: "mnist:DIR"; ctr: "criteo:FILE" (default: synthetic)
+  int hidden = 1280;                 // mlp: width of the two hidden layers
+  int pp_degree = 1;                 // mlp, transformer: > 1 places their layers on pipeline stages
+  std::string data_format = "NCHW";  // resnet: NCHW or NHWC, its layers' image layout
+  TransformerConfig transformer;     // transformer: sizes and dropout
+  CtrConfig ctr;                     // ctr: the table's rows
+  std::string data;                  // lenet: "mnist:DIR"; ctr: "criteo:FILE" (default: synthetic)
   int64_t batch_size = 128;
   int rank = 0, nranks = 1;    // data sharding for models with a finite training set
   MinimizeFn minimize;         // empty: plain opt.minimize

@@ -19,17 +19,21 @@ DType ParamDType(DType x) {
   return x == DType::kFloat16 || x == DType::kBFloat16 ? DType::kFloat32 : x;
 }
 
-// X [N, C, ...] with Scale, Bias, Mean, Variance of [C]; Y like X; the stats outputs [C].
+// X [N, C, ...] (NHWC: [N, ..., C]) with Scale, Bias, Mean, Variance of [C]; Y like X; the stats
+// outputs [C].
 void BatchNormShape(InferShapeContext& ctx) {
+  const ImageLayout layout = ParseImageLayout(ctx.Attr<std::string>("data_layout"));
   const DDim x = ctx.GetInputDim("X");
-  KEEL_SHAPE_CHECK(x.size() >= 2 && x.size() <= 5,
-                   "X must be [N, C] or [N, C, H, W] (rank 2 to 5), got X ", x);
-  const int64_t C = x[1];
+  KEEL_SHAPE_CHECK(x.size() >= 2 && x.size() <= 5, "X must be [N, C] or ", ImageDimsName(layout),
+                   " (rank 2 to 5, data_layout ", ImageLayoutName(layout), "), got X ", x);
+  const int axis = ChannelAxis(layout, x.size());
+  const int64_t C = x[axis];
   const DType xt = ctx.GetInputDType("X"), pt = ParamDType(xt);
   for (const char* slot : {"Scale", "Bias", "Mean", "Variance"}) {
     const DDim d = ctx.GetInputDim(slot);
     KEEL_SHAPE_CHECK(d.size() == 1 && ctx.DimEq(d[0], C), slot, " ", d,
-                     " must be [C] with C = X's dim 1 (X ", x, ")");
+                     " must be [C] with C = X's dim ", axis, " (X ", x, ", data_layout ",
+                     ImageLayoutName(layout), ")");
     KEEL_SHAPE_CHECK(ctx.GetInputDType(slot) == pt, slot, " is ",
                      DTypeName(ctx.GetInputDType(slot)), " but must be ", DTypeName(pt),
                      " for X of ", DTypeName(xt),
@@ -47,7 +51,7 @@ void BatchNormShape(InferShapeContext& ctx) {
 // ---------------------------------------------------------------- registration
 
 OpSchema& BatchNormSchema(OpSchema& schema, const std::string& grad_type) {
-  return schema.Input("X", "[N, C] or [N, C, H, W]")
+  return schema.Input("X", "[N, C] or [N, C, H, W] (NHWC: [N, H, W, C])")
       .Input("Scale", "[C]")
       .Input("Bias", "[C]")
       .Input("Mean", "[C], the moving mean (persistable)")
@@ -63,7 +67,10 @@ OpSchema& BatchNormSchema(OpSchema& schema, const std::string& grad_type) {
       .Attr<bool>("use_global_stats", false,
                   "training too normalizes with the moving stats, leaves them unchanged and "
                   "backpropagates through them as constants (fine-tuning with frozen statistics)")
-      .Attr<std::string>("data_layout", "NCHW", "only NCHW", OneOf({"NCHW", "AnyLayout"}))
+      .Attr<std::string>("data_layout", "NCHW",
+                         "NCHW (channels on dim 1), or NHWC (channels on the last dim); AnyLayout "
+                         "reads as NCHW",
+                         OneOf({"NCHW", "NHWC", "AnyLayout"}))
       .Shape(BatchNormShape)
       .Grad(GradMaker(grad_type, {"X", "Scale", "Bias", "SavedMean", "SavedVariance"}, {"Y"},
                       {"X", "Scale", "Bias"}));
@@ -71,7 +78,8 @@ OpSchema& BatchNormSchema(OpSchema& schema, const std::string& grad_type) {
 
 [[maybe_unused]] static OpSchema& keel_schema_batch_norm = BatchNormSchema(
     OpRegistry::Register("batch_norm")
-        .Doc("Y = Scale * (X - mean) / sqrt(var + epsilon) + Bias per channel (dim 1). Training "
+        .Doc("Y = Scale * (X - mean) / sqrt(var + epsilon) + Bias per channel (dim 1; NHWC: the "
+             "last dim). Training "
              "uses the batch's mean and biased variance and updates the moving stats in place "
              "(MeanOut is Mean, VarianceOut is Variance); is_test uses the moving stats."),
     "batch_norm_grad");

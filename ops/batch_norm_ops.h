@@ -6,6 +6,9 @@
 // Legend: N = batch, C = channels, S = the spatial size per channel (H * W, 1 for [N, C]),
 // m = N * S (the values one channel sees).
 //
+// Channels last (data_layout NHWC: X [N, ..., C]) the math sees X as [N * ..., C] (PerChannelView,
+// framework/op/image_layout.h): the same values per channel, in memory as they lie.
+//
 // Mixed precision: X and Y (and their gradients) may be float16 or bfloat16 while Scale, Bias, the
 // moving and saved statistics and the parameter gradients stay float32 (P = Acc<T>), as Paddle
 // allows; the math is float32.
@@ -15,6 +18,7 @@
 #include <functional>
 #include <string>
 
+#include "framework/op/image_layout.h"
 #include "ops/device.h"
 
 namespace keel {
@@ -68,11 +72,17 @@ struct BatchNormGradIO {
 template <typename D, typename T>
 class BatchNormMath;
 
+// The layout of X the op names.
+inline ImageLayout BatchNormLayout(const OpDesc& op) {
+  return ParseImageLayout(op.Attr<std::string>("data_layout"));
+}
+
 template <typename D, typename T>
 class BatchNormKernel : public OpKernel {
  public:
   explicit BatchNormKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)),
+        layout_(BatchNormLayout(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
@@ -87,18 +97,20 @@ class BatchNormKernel : public OpKernel {
     io.saved_mean = ctx.Output("SavedMean")->mutable_data<P>(ctx.place());
     io.saved_inv_std = ctx.Output("SavedVariance")->mutable_data<P>(ctx.place());
     io.y = ctx.Output("Y")->mutable_data<T>(ctx.place());
-    math_.Forward(ctx, x.dims(), io);
+    math_.Forward(ctx, PerChannelView(x.dims(), layout_), io);
   }
 
  protected:
   BatchNormMath<D, T> math_;
+  ImageLayout layout_;
 };
 
 template <typename D, typename T>
 class BatchNormGradKernel : public OpKernel {
  public:
   explicit BatchNormGradKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)),
+        layout_(BatchNormLayout(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
@@ -116,11 +128,12 @@ class BatchNormGradKernel : public OpKernel {
     io.dx = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     io.dscale = dscale ? dscale->mutable_data<P>(ctx.place()) : nullptr;
     io.dbias = dbias ? dbias->mutable_data<P>(ctx.place()) : nullptr;
-    math_.Backward(ctx, x.dims(), io);
+    math_.Backward(ctx, PerChannelView(x.dims(), layout_), io);
   }
 
  protected:
   BatchNormMath<D, T> math_;
+  ImageLayout layout_;
 };
 
 }  // namespace keel

@@ -210,11 +210,11 @@ void RefuseReference(DT dt, const char* impl) {
 bool ConvShape::operator==(const ConvShape& o) const {
   return N == o.N && C == o.C && H == o.H && W == o.W && M == o.M && kh == o.kh && kw == o.kw &&
          sh == o.sh && sw == o.sw && ph == o.ph && pw == o.pw && dh == o.dh && dw == o.dw &&
-         groups == o.groups && Ho == o.Ho && Wo == o.Wo;
+         groups == o.groups && Ho == o.Ho && Wo == o.Wo && nhwc == o.nhwc;
 }
 
 struct ConvPrimitives::Impl {
-  memory::desc src_md, w_md, dst_md;  // NCHW, OIHW (GOIHW with groups), NCHW
+  memory::desc src_md, w_md, dst_md;  // NCHW (NHWC), OIHW (GOIHW with groups), NCHW (NHWC)
   memory::desc dw_md;                 // the filter gradient's: float32 OIHW (GOIHW)
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
@@ -233,8 +233,9 @@ ConvPrimitives::ConvPrimitives(const ConvShape& s, bool backward, DT dt) : shape
   auto impl = std::make_shared<Impl>();
   Impl& p = *impl;
   p.backward = backward;
-  p.src_md = memory::desc(Dims({s.N, s.C, s.H, s.W}), dt, Tag::nchw);
-  p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), dt, Tag::nchw);
+  const Tag data_tag = s.nhwc ? Tag::nhwc : Tag::nchw;
+  p.src_md = memory::desc(Dims({s.N, s.C, s.H, s.W}), dt, data_tag);
+  p.dst_md = memory::desc(Dims({s.N, s.M, s.Ho, s.Wo}), dt, data_tag);
   const memory::dims w_dims = s.groups == 1
                                   ? Dims({s.M, s.C, s.kh, s.kw})
                                   : Dims({s.groups, s.M / s.groups, s.C / s.groups, s.kh, s.kw});

@@ -21,10 +21,12 @@
 namespace keel {
 namespace onednn {
 
-// NCHW input [N, C, H, W] and filter [M, C / groups, kh, kw]; paddings are symmetric and
-// dilations count from 1 (keel's convention).
+// Input [N, C, H, W] and filter [M, C / groups, kh, kw]; paddings are symmetric and dilations
+// count from 1 (keel's convention). nhwc: input and output lie channels last in memory ([N, H, W,
+// C]; the dims above still name N, C, H, W), the filter as always.
 struct ConvShape {
   int64_t N, C, H, W, M, kh, kw, sh, sw, ph, pw, dh, dw, groups, Ho, Wo;
+  bool nhwc = false;
   bool operator==(const ConvShape& o) const;
 };
 

@@ -33,10 +33,12 @@
 #include <vector>
 
 #include "framework/op/execution_context.h"
+#include "framework/op/image_layout.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/blas.h"
 #include "framework/runtime/cpu_threads.h"
 #include "ops/conv_onednn.h"
+#include "ops/image_layout_cpu.h"
 #include "ops/op_util.h"
 
 DEFINE_bool(conv_onednn, true,
@@ -52,10 +54,10 @@ constexpr int64_t kMinGemmCols = 256;
 // Cap on the unfolded buffer of one batch, in elements (64 MiB of float).
 constexpr int64_t kMaxColElems = int64_t{16} << 20;
 
-AttrCheckFn NchwOnly() {
+AttrCheckFn LayoutName() {
   return [](const Attribute& a) -> std::string {
     const auto& s = std::get<std::string>(a);
-    return s == "NCHW" || s == "AnyLayout" ? "" : "only NCHW is supported, got '" + s + "'";
+    return IsImageLayoutName(s) ? "" : "must be NCHW or NHWC (AnyLayout: NCHW), got '" + s + "'";
   };
 }
 
@@ -67,6 +69,7 @@ struct ConvGeom {
   int64_t groups, Cg, Mg, K;
   int64_t Ho, Wo, P;
   bool one_by_one;  // 1x1, stride 1, no padding: col == input plane
+  bool nhwc;        // Input and Output are channels last (the dims above are still N, C, H, W)
 };
 
 // Output extent of one spatial dim; -1 when the input extent is unknown (build time), 0 when the
@@ -92,6 +95,7 @@ ConvGeom MakeGeom(const DDim& x, const DDim& f, const std::vector<int>& strides,
   g.Wo = ConvOutSize(g.W, g.kw, g.sw, g.pw, g.dw);
   g.P = g.Ho * g.Wo;
   g.one_by_one = g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0;
+  g.nhwc = false;
   return g;
 }
 
@@ -103,37 +107,41 @@ int64_t ImagesPerGemm(const ConvGeom& g) {
   return std::max<int64_t>(1, std::min(b, g.N));
 }
 
-// Input [N, C, H, W] * Filter [M, C / groups, kh, kw] = Output [N, M, Ho, Wo].
+// Input [N, C, H, W] * Filter [M, C / groups, kh, kw] = Output [N, M, Ho, Wo]; channels last,
+// Input [N, H, W, C] and Output [N, Ho, Wo, M] with the same Filter.
 void Conv2DShape(InferShapeContext& ctx) {
-  const DDim x = ctx.GetInputDim("Input"), f = ctx.GetInputDim("Filter");
+  const ImageLayout layout = ParseImageLayout(ctx.Attr<std::string>("data_format"));
+  const DDim given = ctx.GetInputDim("Input"), f = ctx.GetInputDim("Filter");
+  const DDim x = ToNchw(given, layout);
   const auto& strides = ctx.Attr<std::vector<int>>("strides");
   const auto& paddings = ctx.Attr<std::vector<int>>("paddings");
   const auto& dilations = ctx.Attr<std::vector<int>>("dilations");
   const int groups = ctx.Attr<int>("groups");
-  KEEL_SHAPE_CHECK(x.size() == 4, "Input must be 4-D [N, C, H, W], got Input ", x, " (Filter ", f,
-                   ")");
+  KEEL_SHAPE_CHECK(x.size() == 4, "Input must be 4-D ", ImageDimsName(layout), " (data_format ",
+                   ImageLayoutName(layout), "), got Input ", given, " (Filter ", f, ")");
   KEEL_SHAPE_CHECK(f.size() == 4, "Filter must be 4-D [M, C / groups, kh, kw], got Filter ", f,
-                   " (Input ", x, ")");
+                   " (Input ", given, ")");
   KEEL_SHAPE_CHECK(ctx.GetInputDType("Input") == ctx.GetInputDType("Filter"), "Input is ",
                    DTypeName(ctx.GetInputDType("Input")), " but Filter is ",
                    DTypeName(ctx.GetInputDType("Filter")));
   KEEL_SHAPE_CHECK(f[0] > 0 && f[1] > 0 && f[2] > 0 && f[3] > 0, "Filter ", f,
-                   " must be fully known (Input ", x, ")");
+                   " must be fully known (Input ", given, ")");
   KEEL_SHAPE_CHECK(f[0] % groups == 0, "Filter's ", f[0], " output channels must divide into ",
-                   groups, " groups (Input ", x, ", Filter ", f, ")");
+                   groups, " groups (Input ", given, ", Filter ", f, ")");
   KEEL_SHAPE_CHECK(ctx.DimEq(x[1], f[1] * groups), "Input's ", x[1],
                    " channels must equal Filter's in-channels ", f[1], " * groups ", groups,
-                   " (Input ", x, ", Filter ", f, ")");
+                   " (Input ", given, ", Filter ", f, ", data_format ", ImageLayoutName(layout),
+                   ")");
   DDim out{x[0], f[0], -1, -1};
   for (int d = 0; d < 2; ++d) {
     const int64_t o = ConvOutSize(x[2 + d], f[2 + d], strides[d], paddings[d], dilations[d]);
     KEEL_SHAPE_CHECK(x[2 + d] < 0 || o > 0, "the ", d == 0 ? "height" : "width",
-                     " of Input is too small for the filter: Input ", x, ", Filter ", f,
+                     " of Input is too small for the filter: Input ", given, ", Filter ", f,
                      ", strides ", IntsStr(strides), ", paddings ", IntsStr(paddings),
                      ", dilations ", IntsStr(dilations), " give output size ", o);
     out[2 + d] = o;
   }
-  ctx.SetOutputDim("Output", out);
+  ctx.SetOutputDim("Output", FromNchw(out, layout));
   ctx.SetOutputDType("Output", ctx.GetInputDType("Input"));
 }
 
@@ -360,12 +368,16 @@ struct ConvAttrs {
       : strides(op.Attr<std::vector<int>>("strides")),
         paddings(op.Attr<std::vector<int>>("paddings")),
         dilations(op.Attr<std::vector<int>>("dilations")),
-        groups(op.Attr<int>("groups")) {}
+        groups(op.Attr<int>("groups")),
+        layout(ParseImageLayout(op.Attr<std::string>("data_format"))) {}
   ConvGeom Geom(const Tensor& x, const Tensor& f) const {
-    return MakeGeom(x.dims(), f.dims(), strides, paddings, dilations, groups);
+    ConvGeom g = MakeGeom(ToNchw(x.dims(), layout), f.dims(), strides, paddings, dilations, groups);
+    g.nhwc = layout == ImageLayout::kNHWC;
+    return g;
   }
   std::vector<int> strides, paddings, dilations;
   int groups;
+  ImageLayout layout;
 };
 
 // Unfolds output rows [oh0, oh1) of images [n0, n0 + b) of group gi into col ([K, b * cols],
@@ -382,6 +394,13 @@ void UnfoldBatch(const T* x, const ConvGeom& g, int64_t n0, int64_t b, int64_t g
 template <typename T>
 struct ConvScratch {
   ScratchVector<T> col, prod, dft, dw;
+};
+// A conv kernel's scratch: its pieces', and the NCHW copies of channels-last tensors that the
+// im2col + GEMM loops read and write.
+template <typename T>
+struct ConvScratches {
+  std::vector<std::unique_ptr<ConvScratch<T>>> pieces;
+  ScratchVector<T> x, y, dy, dx;
 };
 
 // The batch is cut into pieces of whole images that run on the CPU thread budget; the cut
@@ -405,8 +424,30 @@ void GrowScratch(std::vector<std::unique_ptr<ConvScratch<T>>>* scratch, size_t n
 
 // The geometry as oneDNN's primitives take it (ops/conv_onednn.h), for n images.
 onednn::ConvShape OneDnnShape(const ConvGeom& g) {
-  return {g.N,  g.C,  g.H,  g.W,  g.M,  g.kh,     g.kw, g.sh,
-          g.sw, g.ph, g.pw, g.dh, g.dw, g.groups, g.Ho, g.Wo};
+  return {g.N,  g.C,  g.H,  g.W,  g.M,      g.kh, g.kw, g.sh,  g.sw,
+          g.ph, g.pw, g.dh, g.dw, g.groups, g.Ho, g.Wo, g.nhwc};
+}
+
+// A channels-last tensor of n images of C channels and HW positions, copied to NCHW into `copy`
+// for the loops; an NCHW one as it is.
+template <typename T>
+const T* Planar(const ConvGeom& g, const T* p, int64_t C, int64_t HW, ScratchVector<T>* copy) {
+  if (!g.nhwc) return p;
+  copy->resize(static_cast<size_t>(g.N * C * HW));
+  NhwcToNchw(p, copy->data(), g.N, C, HW);
+  return copy->data();
+}
+// Where the loops write an output of n images of C channels and HW positions: `p` for NCHW, else
+// `copy` (Unplanar then moves it to `p`).
+template <typename T>
+T* PlanarOut(const ConvGeom& g, T* p, int64_t C, int64_t HW, ScratchVector<T>* copy) {
+  if (!g.nhwc || p == nullptr) return p;
+  copy->resize(static_cast<size_t>(g.N * C * HW));
+  return copy->data();
+}
+template <typename T>
+void Unplanar(const ConvGeom& g, const T* planar, T* p, int64_t C, int64_t HW) {
+  if (g.nhwc && p != nullptr) NchwToNhwc(planar, p, g.N, C, HW);
 }
 
 namespace {
@@ -528,44 +569,50 @@ void RunBackward(const ConvGeom& g, const T* xd, const T* fd, const T* gd, T* dx
   }
 }
 
-// float32 by oneDNN's primitives (in the same pieces of whole images) when they take the
-// geometry, else and for float64 im2col + GEMM.
+// float32 by oneDNN's primitives (in the same pieces of whole images, either layout) when they
+// take the geometry, else and for float64 im2col + GEMM (channels last: over NCHW copies).
 template <typename T>
-void ConvForward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
-                 onednn::PiecedConv& onednn, const Tensor& x, const Tensor& f, T* od) {
+void ConvForward(const ConvAttrs& attrs, ConvScratches<T>* ss, onednn::PiecedConv& onednn,
+                 const Tensor& x, const Tensor& f, T* od) {
   const ConvGeom g = attrs.Geom(x, f);
-  const T* xd = x.data<T>();
   const T* fd = f.data<T>();
   if constexpr (std::is_same_v<T, float>) {
-    if (FLAGS_conv_onednn && onednn.Forward(OneDnnShape(g), ImagesPerPiece(g), xd, fd, od)) return;
+    if (FLAGS_conv_onednn && onednn.Forward(OneDnnShape(g), ImagesPerPiece(g), x.data<T>(), fd, od))
+      return;
   }
+  const T* xd = Planar(g, x.data<T>(), g.C, g.H * g.W, &ss->x);
+  T* yd = PlanarOut(g, od, g.M, g.P, &ss->y);
   const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
+  std::vector<std::unique_ptr<ConvScratch<T>>>* scratch = &ss->pieces;
   GrowScratch(scratch, static_cast<size_t>(pieces));
   cpu_threads::ParallelFor(pieces, [&](int64_t p) {
     ConvGeom gp = g;
     gp.N = std::min(per, g.N - p * per);
-    RunForward(gp, xd + p * per * g.C * g.H * g.W, fd, od + p * per * g.M * g.P, *(*scratch)[p]);
+    RunForward(gp, xd + p * per * g.C * g.H * g.W, fd, yd + p * per * g.M * g.P, *(*scratch)[p]);
   });
+  Unplanar(g, yd, od, g.M, g.P);
 }
 
 template <typename T>
-void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratch<T>>>* scratch,
-                  onednn::PiecedConv& onednn, const Tensor& x, const Tensor& f, const Tensor& dout,
-                  T* dxd, T* dfd) {
+void ConvBackward(const ConvAttrs& attrs, ConvScratches<T>* ss, onednn::PiecedConv& onednn,
+                  const Tensor& x, const Tensor& f, const Tensor& dout, T* dxd, T* dfd) {
   const ConvGeom g = attrs.Geom(x, f);
-  KEEL_ENFORCE(dout.dims() == DDim({g.N, g.M, g.Ho, g.Wo}), "Output@GRAD ", dout.dims(),
-               " must have the output's shape ", DDim({g.N, g.M, g.Ho, g.Wo}), " (Input ", x.dims(),
-               ", Filter ", f.dims(), ")");
-  const T* xd = x.data<T>();
+  const DDim out = FromNchw(DDim({g.N, g.M, g.Ho, g.Wo}), attrs.layout);
+  KEEL_ENFORCE(dout.dims() == out, "Output@GRAD ", dout.dims(), " must have the output's shape ",
+               out, " (Input ", x.dims(), ", Filter ", f.dims(), ")");
   const T* fd = f.data<T>();
-  const T* gd = dout.data<T>();
   if constexpr (std::is_same_v<T, float>) {
-    if (FLAGS_conv_onednn &&
-        onednn.Backward(OneDnnShape(g), ImagesPerPiece(g), xd, fd, gd, dxd, dfd))
+    if (FLAGS_conv_onednn && onednn.Backward(OneDnnShape(g), ImagesPerPiece(g), x.data<T>(), fd,
+                                             dout.data<T>(), dxd, dfd))
       return;
   }
+  const T* xd = Planar(g, x.data<T>(), g.C, g.H * g.W, &ss->x);
+  const T* gd = Planar(g, dout.data<T>(), g.M, g.P, &ss->dy);
+  T* const dx_user = dxd;
+  dxd = PlanarOut(g, dxd, g.C, g.H * g.W, &ss->dx);
   const int64_t per = ImagesPerPiece(g), pieces = (g.N + per - 1) / per;
   const int64_t fsize = g.M * g.Cg * g.kh * g.kw;
+  std::vector<std::unique_ptr<ConvScratch<T>>>* scratch = &ss->pieces;
   GrowScratch(scratch, static_cast<size_t>(pieces));
   cpu_threads::ParallelFor(pieces, [&](int64_t p) {
     ConvScratch<T>& s = *(*scratch)[p];
@@ -585,6 +632,7 @@ void ConvBackward(const ConvAttrs& attrs, std::vector<std::unique_ptr<ConvScratc
     for (int64_t p = 1; p < pieces; ++p)
       for (int64_t i = 0; i < fsize; ++i) dfd[i] += (*scratch)[p]->dw[i];
   }
+  Unplanar(g, dxd, dx_user, g.C, g.H * g.W);
 }
 
 }  // namespace
@@ -644,7 +692,7 @@ class ConvMath<CPUDevice, T> {
   }
 
   ConvAttrs attrs_;
-  std::vector<std::unique_ptr<ConvScratch<A>>> scratch_;
+  ConvScratches<A> scratch_;
   onednn::PiecedConv onednn_{dnnl::memory::data_type::f32};  // float32's primitives
   onednn::PiecedConv half_{dnnl::memory::data_type::bf16};   // bfloat16's
   Tensor x_, f_, out_, dx_, df_;  // the 16-bit types' float32 copies (widened path)
@@ -654,15 +702,15 @@ class ConvMath<CPUDevice, T> {
 
 KEEL_REGISTER_OP(conv2d)
     .Doc(
-        "2-D convolution (cross-correlation), NCHW. Input [8, 3, 32, 32] with "
-        "Filter "
-        "[16, 3, 3, 3], strides {1, 1}, paddings {1, 1} gives Output [8, 16, "
-        "32, 32]; groups g "
-        "splits the channels into g independent convolutions (Filter [M, C / "
-        "g, kh, kw]).")
-    .Input("Input", "[N, C, H, W]")
-    .Input("Filter", "[M, C / groups, kh, kw]")
-    .Output("Output", "[N, M, Ho, Wo], Ho = (H + 2 * ph - (dh * (kh - 1) + 1)) / sh + 1")
+        "2-D convolution (cross-correlation), NCHW or (data_format NHWC) channels last. Input "
+        "[8, 3, 32, 32] with Filter [16, 3, 3, 3], strides {1, 1}, paddings {1, 1} gives Output "
+        "[8, 16, 32, 32] (NHWC: Input [8, 32, 32, 3], Output [8, 32, 32, 16]); groups g splits "
+        "the channels into g independent convolutions (Filter [M, C / g, kh, kw]).")
+    .Input("Input", "[N, C, H, W] (NHWC: [N, H, W, C])")
+    .Input("Filter", "[M, C / groups, kh, kw], in either layout")
+    .Output("Output",
+            "[N, M, Ho, Wo] (NHWC: [N, Ho, Wo, M]), Ho = (H + 2 * ph - (dh * (kh - 1) + 1)) / sh "
+            "+ 1")
     .Attr<std::vector<int>>("strides", {1, 1}, "(sh, sw)", PairAtLeast(1))
     .Attr<std::vector<int>>("paddings", {0, 0}, "(ph, pw): zeros added on each side",
                             PairAtLeast(0))
@@ -672,7 +720,10 @@ KEEL_REGISTER_OP(conv2d)
                [](const Attribute& a) -> std::string {
                  return std::get<int>(a) >= 1 ? "" : "must be >= 1";
                })
-    .Attr<std::string>("data_format", "NCHW", "only NCHW (AnyLayout reads as NCHW)", NchwOnly())
+    .Attr<std::string>("data_format", "NCHW",
+                       "NCHW, or NHWC (channels last: Input [N, H, W, C], Output [N, Ho, Wo, M], "
+                       "the same Filter); AnyLayout reads as NCHW",
+                       LayoutName())
     .Shape(Conv2DShape)
     .Grad(GradMaker("conv2d_grad", {"Input", "Filter"}, {"Output"}, {"Input", "Filter"}));
 KEEL_REGISTER_GRAD_OP(conv2d_grad, conv2d).ComputesOutputsApart();

@@ -1,8 +1,11 @@
 // conv2d on CUDA through cuDNN: the kernels are conv_ops.h's; here is the math (cross-correlation,
-// NCHW, groups, strides, paddings, dilations as the CPU op). Each direction's algorithm is chosen
-// once per shape and cached process-wide: cuDNN's heuristic ranking, or with
-// FLAGS_cudnn_exhaustive_search a timed search; the choice skips algorithms that need more
-// workspace than FLAGS_conv_workspace_size_limit, that are not deterministic under
+// NCHW or NHWC, groups, strides, paddings, dilations as the CPU op). Channels last, cuDNN reads
+// and writes the data as it lies, and the filter (which keeps Paddle's [M, C / groups, kh, kw] in
+// every layout) is copied to [M, kh, kw, C / groups] for it, its gradient back: cuDNN's NHWC
+// Tensor Core kernels want the filter channels last too, and a filter is small beside the data.
+// Each direction's algorithm is chosen once per shape and cached process-wide: cuDNN's heuristic
+// ranking, or with FLAGS_cudnn_exhaustive_search a timed search; the choice skips algorithms that
+// need more workspace than FLAGS_conv_workspace_size_limit, that are not deterministic under
 // FLAGS_cudnn_deterministic, or that use TF32 unless FLAGS_allow_tf32 (cuDNN's default math allows
 // TF32 on Ampere and later, so keel asks for FMA math). Workspace comes from the device's caching
 // allocator.
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/op/image_layout.h"
 #include "ops/algo_cache.h"
 #include "ops/conv_ops.h"
 #include "ops/cuda_util.cuh"
@@ -55,6 +59,23 @@ std::vector<ConvAlgoPerf> ToPerfs(const Perf* p, int n) {
   return v;
 }
 
+// A filter between [M, Cg, R] (keel's, R = kh * kw) and [M, R, Cg] (cuDNN's channels last):
+// dst[m, r, c] = src[m, c, r], or the other way round with to_last false.
+template <typename T>
+__global__ void PermuteFilter(int64_t M, int64_t Cg, int64_t R, bool to_last, const T* src,
+                              T* dst) {
+  const int64_t n = M * Cg * R;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(blockDim.x) * gridDim.x) {
+    const int64_t m = i / (Cg * R), c = (i / R) % Cg, r = i % R;  // i indexes [M, Cg, R]
+    const int64_t last = (m * R + r) * Cg + c;
+    if (to_last)
+      dst[last] = src[i];
+    else
+      dst[i] = src[last];
+  }
+}
+
 // One conv2d op's descriptors (set when the shapes change) and its algorithm choices.
 template <typename T>
 class CudnnConv {
@@ -63,7 +84,10 @@ class CudnnConv {
       : strides_(op.Attr<std::vector<int>>("strides")),
         paddings_(op.Attr<std::vector<int>>("paddings")),
         dilations_(op.Attr<std::vector<int>>("dilations")),
-        groups_(op.Attr<int>("groups")) {}
+        groups_(op.Attr<int>("groups")),
+        layout_(ParseImageLayout(op.Attr<std::string>("data_format"))) {}
+
+  bool nhwc() const { return layout_ == ImageLayout::kNHWC; }
 
   // Describes Input x, Filter w and Output y; false when there is nothing to compute (an empty
   // batch or plane).
@@ -75,9 +99,11 @@ class CudnnConv {
                    " elements is more than cuDNN's int32 indexing allows (Input ", x, ", Filter ",
                    w, ", Output ", y, ")");
     constexpr cudnnDataType_t t = CudnnType<T>();
-    xd_.Set4d(t, x);
-    yd_.Set4d(t, y);
-    wd_.Set(t, w);
+    const cudnnTensorFormat_t format = nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    const DDim xn = ToNchw(x, layout_), yn = ToNchw(y, layout_);
+    xd_.Set4d(t, xn, format);
+    yd_.Set4d(t, yn, format);
+    wd_.Set(t, w, format);
     // The 16-bit types accumulate in float32.
     constexpr cudnnDataType_t compute = kIsHalf<T> ? CUDNN_DATA_FLOAT : t;
     KEEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
@@ -87,7 +113,7 @@ class CudnnConv {
     int n, c, h, wo;  // cuDNN's idea of the output must be the shape inference's
     KEEL_CUDNN_CHECK(
         cudnnGetConvolution2dForwardOutputDim(conv_.get(), xd_.get(), wd_.get(), &n, &c, &h, &wo));
-    CHECK(n == y[0] && c == y[1] && h == y[2] && wo == y[3])
+    CHECK(n == yn[0] && c == yn[1] && h == yn[2] && wo == yn[3])
         << "cuDNN's conv output " << n << "x" << c << "x" << h << "x" << wo << " vs " << y.str();
     x_ = x;
     w_ = w;
@@ -131,7 +157,8 @@ class CudnnConv {
                    FLAGS_cudnn_deterministic,
                    FLAGS_cudnn_exhaustive_search,
                    static_cast<int64_t>(limit),
-                   groups_};
+                   groups_,
+                   static_cast<int64_t>(layout_)};
     for (const DDim* d : {&x_, &w_})
       for (int i = 0; i < 4; ++i) key.push_back((*d)[i]);
     for (const auto* v : {&strides_, &paddings_, &dilations_})
@@ -187,7 +214,8 @@ class CudnnConv {
     }
     ConvAlgoChoice c =
         PickConvAlgo(perfs, limit, FLAGS_cudnn_deterministic, cu.allow_tf32(), DirName(dir),
-                     StrCat("(Input ", x_, ", Filter ", w_, ", groups ", groups_, ")"));
+                     StrCat("(Input ", x_, ", Filter ", w_, ", groups ", groups_, ", data_format ",
+                            ImageLayoutName(layout_), ")"));
     // The heuristic's memory column is an estimate: ask for the exact size under the math type.
     KEEL_CUDNN_CHECK(
         cudnnSetConvolutionMathType(conv_.get(), static_cast<cudnnMathType_t>(c.math_type)));
@@ -212,6 +240,7 @@ class CudnnConv {
 
   std::vector<int> strides_, paddings_, dilations_;
   int groups_;
+  ImageLayout layout_;
   DDim x_, w_;
   ConvAlgoChoice chosen_[3];  // per ConvDir at the current shape
   bool have_[3] = {false, false, false};
@@ -233,11 +262,11 @@ class ConvMath<CUDADevice, T> {
       KEEL_CUDA_CHECK(cudaMemsetAsync(yd, 0, y.nbytes(), Cuda(ctx).stream()));
       return;
     }
-    const ConvAlgoChoice c =
-        conv_.Algo(ctx, ConvDir::kForward, x.data<T>(), w.data<T>(), nullptr, yd);
+    const T* wd = Filter(ctx, w);
+    const ConvAlgoChoice c = conv_.Algo(ctx, ConvDir::kForward, x.data<T>(), wd, nullptr, yd);
     const CudnnScalars<T> s;
     KEEL_CUDNN_CHECK(cudnnConvolutionForward(
-        Cuda(ctx).cudnn(), &s.one, conv_.xd().get(), x.data<T>(), conv_.wd().get(), w.data<T>(),
+        Cuda(ctx).cudnn(), &s.one, conv_.xd().get(), x.data<T>(), conv_.wd().get(), wd,
         conv_.conv().get(), static_cast<cudnnConvolutionFwdAlgo_t>(c.algo),
         Cuda(ctx).Workspace(c.workspace_bytes), c.workspace_bytes, &s.zero, conv_.yd().get(), yd));
   }
@@ -253,27 +282,52 @@ class ConvMath<CUDADevice, T> {
     const CudnnScalars<T> s;
     cudnnHandle_t h = Cuda(ctx).cudnn();
     if (dxd) {
+      const T* wd = Filter(ctx, w);
       const ConvAlgoChoice c =
-          conv_.Algo(ctx, ConvDir::kBackwardData, nullptr, w.data<T>(), dy.data<T>(), dxd);
+          conv_.Algo(ctx, ConvDir::kBackwardData, nullptr, wd, dy.data<T>(), dxd);
       KEEL_CUDNN_CHECK(cudnnConvolutionBackwardData(
-          h, &s.one, conv_.wd().get(), w.data<T>(), conv_.yd().get(), dy.data<T>(),
-          conv_.conv().get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+          h, &s.one, conv_.wd().get(), wd, conv_.yd().get(), dy.data<T>(), conv_.conv().get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
           Cuda(ctx).Workspace(c.workspace_bytes), c.workspace_bytes, &s.zero, conv_.xd().get(),
           dxd));
     }
     if (dwd) {
+      // Channels last, cuDNN writes the gradient as [M, kh, kw, C / groups] into scratch.
+      T* dlast = conv_.nhwc() ? Sized(ctx, dw->dims(), &dw_last_) : dwd;
       const ConvAlgoChoice c =
-          conv_.Algo(ctx, ConvDir::kBackwardFilter, x.data<T>(), nullptr, dy.data<T>(), dwd);
+          conv_.Algo(ctx, ConvDir::kBackwardFilter, x.data<T>(), nullptr, dy.data<T>(), dlast);
       KEEL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
           h, &s.one, conv_.xd().get(), x.data<T>(), conv_.yd().get(), dy.data<T>(),
           conv_.conv().get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
           Cuda(ctx).Workspace(c.workspace_bytes), c.workspace_bytes, &s.zero, conv_.wd().get(),
-          dwd));
+          dlast));
+      if (conv_.nhwc()) Permute(ctx, dw->dims(), /*to_last=*/false, dlast, dwd);
     }
   }
 
  private:
+  // The filter as cuDNN reads it: as it is for NCHW; channels last, copied to [M, kh, kw, C / g].
+  const T* Filter(const ExecutionContext& ctx, const Tensor& w) {
+    if (!conv_.nhwc()) return w.data<T>();
+    T* last = Sized(ctx, w.dims(), &w_last_);
+    Permute(ctx, w.dims(), /*to_last=*/true, w.data<T>(), last);
+    return last;
+  }
+  static void Permute(const ExecutionContext& ctx, const DDim& w, bool to_last, const T* src,
+                      T* dst) {
+    const int64_t n = w.numel();
+    if (n == 0) return;
+    PermuteFilter<T>
+        <<<GridFor(n), 256, 0, Cuda(ctx).stream()>>>(w[0], w[1], w[2] * w[3], to_last, src, dst);
+    KEEL_CUDA_LAUNCH_CHECK();
+  }
+  static T* Sized(const ExecutionContext& ctx, const DDim& d, Tensor* t) {
+    t->Resize(d);
+    return t->mutable_data<T>(ctx.place());
+  }
+
   CudnnConv<T> conv_;
+  Tensor w_last_, dw_last_;  // channels last: the filter and its gradient as cuDNN has them
 };
 
 int64_t CudnnConvAlgoSearches() { return ConvAlgos().searches(); }

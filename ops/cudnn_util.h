@@ -37,13 +37,16 @@ class TensorDesc {
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
   TensorDesc(const TensorDesc&) = delete;
   TensorDesc& operator=(const TensorDesc&) = delete;
-  // [n, c, h, w], packed NCHW.
-  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w) {
-    KEEL_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, t, int(n), int(c), int(h), int(w)));
+  // [n, c, h, w], packed NCHW, or with CUDNN_TENSOR_NHWC packed channels last (the dims still
+  // name n, c, h, w).
+  void Set(cudnnDataType_t t, int64_t n, int64_t c, int64_t h, int64_t w,
+           cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
+    KEEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d_, format, t, int(n), int(c), int(h), int(w)));
   }
-  // A 4-D [N, C, H, W] tensor.
-  void Set4d(cudnnDataType_t t, const DDim& d) { Set(t, d[0], d[1], d[2], d[3]); }
+  // A 4-D [N, C, H, W] tensor (its NCHW dims), laid out as `format` says.
+  void Set4d(cudnnDataType_t t, const DDim& d, cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
+    Set(t, d[0], d[1], d[2], d[3], format);
+  }
   // [N, C, ...] as [N, C, S, 1] with S the product of the trailing dims (1 for [N, C]): what a
   // per-channel op such as batch_norm sees is the same.
   void SetPerChannel(cudnnDataType_t t, const DDim& d) {
@@ -61,9 +64,10 @@ class FilterDesc {
   ~FilterDesc() { cudnnDestroyFilterDescriptor(d_); }
   FilterDesc(const FilterDesc&) = delete;
   FilterDesc& operator=(const FilterDesc&) = delete;
-  void Set(cudnnDataType_t t, const DDim& f) {  // [M, C / groups, kh, kw]
-    KEEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d_, t, CUDNN_TENSOR_NCHW, int(f[0]), int(f[1]),
-                                                int(f[2]), int(f[3])));
+  // [M, C / groups, kh, kw]; CUDNN_TENSOR_NHWC: the memory holds [M, kh, kw, C / groups].
+  void Set(cudnnDataType_t t, const DDim& f, cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW) {
+    KEEL_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(d_, t, format, int(f[0]), int(f[1]), int(f[2]), int(f[3])));
   }
   cudnnFilterDescriptor_t get() const { return d_; }
 

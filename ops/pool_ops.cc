@@ -8,37 +8,43 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "framework/op/execution_context.h"
 #include "framework/op/op_registry.h"
 #include "framework/runtime/cpu_threads.h"
 #include "ops/functors/elementwise_functors.h"
+#include "ops/image_layout_cpu.h"
 #include "ops/op_util.h"
 
 namespace keel {
 namespace {
 
-// X [N, C, H, W] -> Out [N, C, Ho, Wo]; global_pooling: Out [N, C, 1, 1].
+// X [N, C, H, W] -> Out [N, C, Ho, Wo]; global_pooling: Out [N, C, 1, 1]. Channels last, X [N, H,
+// W, C] -> Out [N, Ho, Wo, C].
 void Pool2DShape(InferShapeContext& ctx) {
-  const DDim x = ctx.GetInputDim("X");
+  const ImageLayout layout = ParseImageLayout(ctx.Attr<std::string>("data_format"));
+  const DDim given = ctx.GetInputDim("X");
+  const DDim x = ToNchw(given, layout);
   const auto& ksize = ctx.Attr<std::vector<int>>("ksize");
   const auto& strides = ctx.Attr<std::vector<int>>("strides");
   const auto& paddings = ctx.Attr<std::vector<int>>("paddings");
   const bool global = ctx.Attr<bool>("global_pooling");
   const bool ceil_mode = ctx.Attr<bool>("ceil_mode");
-  KEEL_SHAPE_CHECK(x.size() == 4, "X must be 4-D [N, C, H, W], got X ", x);
+  KEEL_SHAPE_CHECK(x.size() == 4, "X must be 4-D ", ImageDimsName(layout), " (data_format ",
+                   ImageLayoutName(layout), "), got X ", given);
   DDim out{x[0], x[1], 1, 1};
   if (!global) {
     for (int d = 0; d < 2; ++d) {
       const int64_t o = PoolOutSize(x[2 + d], ksize[d], strides[d], paddings[d], ceil_mode);
       KEEL_SHAPE_CHECK(x[2 + d] < 0 || o > 0, "the ", d == 0 ? "height" : "width",
-                       " of X is too small: X ", x, ", ksize ", IntsStr(ksize), ", strides ",
+                       " of X is too small: X ", given, ", ksize ", IntsStr(ksize), ", strides ",
                        IntsStr(strides), ", paddings ", IntsStr(paddings), " give output size ", o);
       out[2 + d] = o;
     }
   }
-  ctx.SetOutputDim("Out", out);
+  ctx.SetOutputDim("Out", FromNchw(out, layout));
   ctx.SetOutputDType("Out", ctx.GetInputDType("X"));
 }
 
@@ -60,41 +66,66 @@ inline bool Is2x2Tiling(const PoolGeom& g) {
 
 }  // namespace
 
-// Direct loops over the windows, in the order of comparison and summation the grad relies on; the
-// 16-bit types run them in float32 over widened copies.
+// Direct loops over the NCHW windows, in the order of comparison and summation the grad relies
+// on; the 16-bit types run them in float32 over widened copies (the grad sums the overlapping
+// windows' shares in float32, rounded once), channels last over NCHW copies.
 template <typename T>
 class PoolMath<CPUDevice, T> {
+  using V = std::conditional_t<kIsHalf<T>, float, T>;
+
  public:
   explicit PoolMath(const PoolAttrs& a) : a_(a) {}
 
   void Forward(const ExecutionContext&, const Tensor& x, const Tensor& out, T* od) {
     const PoolGeom g = a_.Geom(x.dims());
-    if constexpr (kIsHalf<T>) {  // float32 loops over widened values, rounded once
-      Widened(x, &x_);
-      out_.resize(static_cast<size_t>(out.numel()));
-      Loops(g, x_.data(), out_.data());
-      NarrowInPieces(out_.data(), od, out.numel());
-    } else {
-      Loops(g, x.data<T>(), od);
-    }
+    V* ov = Out(od, out.numel(), &out_);
+    Loops(g, In(g, x, g.H * g.W, &x_), ov);
+    Finish(g, ov, od, out.numel(), g.Ho * g.Wo);
   }
 
   void Backward(const ExecutionContext&, const Tensor& x, const Tensor& out, const Tensor& dout,
                 const Tensor& dx, T* dxd) {
     const PoolGeom g = a_.Geom(x.dims());
-    if constexpr (kIsHalf<T>) {  // float32 sums of the overlapping windows' shares, rounded once
-      Widened(x, &x_);
-      Widened(out, &out_);
-      Widened(dout, &dout_);
-      dx_.resize(static_cast<size_t>(dx.numel()));
-      GradLoops(g, x_.data(), out_.data(), dout_.data(), dx_.data());
-      NarrowInPieces(dx_.data(), dxd, dx.numel());
-    } else {
-      GradLoops(g, x.data<T>(), out.data<T>(), dout.data<T>(), dxd);
-    }
+    V* dv = Out(dxd, dx.numel(), &dx_);
+    GradLoops(g, In(g, x, g.H * g.W, &x_), In(g, out, g.Ho * g.Wo, &out_),
+              In(g, dout, g.Ho * g.Wo, &dout_), dv);
+    Finish(g, dv, dxd, dx.numel(), g.H * g.W);
   }
 
  private:
+  bool Planar() const { return a_.layout == ImageLayout::kNCHW; }
+  // `t` (HW positions per plane) as the loops read it: float32 and float64 NCHW in place; else
+  // a copy in `buf`, widened and, channels last, in NCHW.
+  const V* In(const PoolGeom& g, const Tensor& t, int64_t HW, ScratchVector<V>* buf) const {
+    if constexpr (!kIsHalf<T>) {
+      if (Planar()) return t.data<T>();
+    }
+    buf->resize(static_cast<size_t>(t.numel()));
+    if constexpr (kIsHalf<T>) {
+      if (Planar()) {
+        WidenInPieces(t.data<T>(), buf->data(), t.numel());
+        return buf->data();
+      }
+    }
+    NhwcToNchw(t.data<T>(), buf->data(), g.N, g.C, HW);
+    return buf->data();
+  }
+  // Where the loops write an output of n values: `p`, or `buf` when Finish must move it there.
+  V* Out(T* p, int64_t n, ScratchVector<V>* buf) const {
+    if constexpr (!kIsHalf<T>) {
+      if (Planar()) return p;
+    }
+    buf->resize(static_cast<size_t>(n));
+    return buf->data();
+  }
+  void Finish(const PoolGeom& g, const V* v, T* p, int64_t n, int64_t HW) const {
+    if (!Planar()) {
+      NchwToNhwc(v, p, g.N, g.C, HW);
+    } else if constexpr (kIsHalf<T>) {
+      NarrowInPieces(v, p, n);
+    }
+  }
+
   template <typename V>
   void Loops(const PoolGeom& g, const V* xd, V* od) const {
     if (Is2x2Tiling(g)) {
@@ -227,27 +258,23 @@ class PoolMath<CPUDevice, T> {
     });
   }
 
-  static void Widened(const Tensor& t, ScratchVector<float>* v) {
-    v->resize(static_cast<size_t>(t.numel()));
-    WidenInPieces(t.data<T>(), v->data(), t.numel());
-  }
-
   PoolAttrs a_;
-  ScratchVector<float> x_, out_, dout_, dx_;  // the 16-bit types' float32 copies
+  ScratchVector<V> x_, out_, dout_, dx_;  // the copies In and Out make
 };
 
 // ---------------------------------------------------------------- registration
 
 KEEL_REGISTER_OP(pool2d)
     .Doc(
-        "2-D max or average pooling, NCHW. X [8, 16, 32, 32] with ksize {2, "
+        "2-D max or average pooling, NCHW or (data_format NHWC) channels last. X [8, 16, 32, 32] "
+        "with ksize {2, "
         "2}, strides {2, 2} "
         "gives Out [8, 16, 16, 16]; Ho = (H - kh + 2 * ph) / sh + 1, or with "
         "ceil_mode "
         "(H - kh + 2 * ph + sh - 1) / sh + 1. Windows are clipped to the "
         "input.")
-    .Input("X", "[N, C, H, W]")
-    .Output("Out", "[N, C, Ho, Wo]")
+    .Input("X", "[N, C, H, W] (NHWC: [N, H, W, C])")
+    .Output("Out", "[N, C, Ho, Wo] (NHWC: [N, Ho, Wo, C])")
     .Attr<std::string>("pooling_type", "max", "\"max\" or \"avg\"", OneOf({"max", "avg"}))
     .Attr<std::vector<int>>("ksize", {1, 1}, "(kh, kw); ignored with global_pooling",
                             PairAtLeast(1))
@@ -256,7 +283,10 @@ KEEL_REGISTER_OP(pool2d)
     .Attr<bool>("global_pooling", false, "pool each whole plane to 1 x 1")
     .Attr<bool>("ceil_mode", false, "round the output size up instead of down")
     .Attr<bool>("exclusive", true, "avg divides by the window's in-input size, not kh * kw")
-    .Attr<std::string>("data_format", "NCHW", "only NCHW", OneOf({"NCHW", "AnyLayout"}))
+    .Attr<std::string>("data_format", "NCHW",
+                       "NCHW, or NHWC (channels last: X [N, H, W, C], Out [N, Ho, Wo, C]); "
+                       "AnyLayout reads as NCHW",
+                       OneOf({"NCHW", "NHWC", "AnyLayout"}))
     .Shape(Pool2DShape)
     .Grad(GradMaker("pool2d_grad", {"X", "Out"}, {"Out"}, {"X"}));
 KEEL_REGISTER_GRAD_OP(pool2d_grad, pool2d);

@@ -1,4 +1,5 @@
-// pool2d on CUDA through cuDNN: the kernels are pool_ops.h's; here is the math. cuDNN pools whole
+// pool2d on CUDA through cuDNN: the kernels are pool_ops.h's; here is the math, in either layout
+// (cuDNN's NHWC descriptors read channels-last tensors as they lie). cuDNN pools whole
 // windows inside the symmetrically padded input, which is the CPU kernel's result except for
 // ceil_mode's extra partial window and paddings as large as the window: those are refused
 // (cudnn_plan.h says why), never approximated. Max pooling uses cuDNN's deterministic mode.
@@ -45,12 +46,15 @@ class PoolMath<CUDADevice, T> {
 
  private:
   // Describes X and Out; a keel::Error naming the attribute when cuDNN cannot pool like the CPU.
-  void Prepare(const ExecutionContext& ctx, const DDim& x, const DDim& y) {
-    if (x == x_) return;
+  void Prepare(const ExecutionContext& ctx, const DDim& given, const DDim& given_y) {
+    if (given == x_) return;
+    const DDim x = ToNchw(given, a_.layout), y = ToNchw(given_y, a_.layout);
+    const cudnnTensorFormat_t format =
+        a_.layout == ImageLayout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     const std::string why =
         CudnnPoolUnsupported(x, a_.ksize, a_.strides, a_.paddings, a_.global, a_.ceil_mode);
-    KEEL_ENFORCE(why.empty(), "pool2d on ", ctx.place().str(), " (X ", x, "): ", why);
-    KEEL_ENFORCE(x.numel() < INT_MAX, "pool2d on ", ctx.place().str(), ": X ", x,
+    KEEL_ENFORCE(why.empty(), "pool2d on ", ctx.place().str(), " (X ", given, "): ", why);
+    KEEL_ENFORCE(x.numel() < INT_MAX, "pool2d on ", ctx.place().str(), ": X ", given,
                  " has more elements than cuDNN's int32 indexing allows");
     const PoolWindow w = Window(x, a_.ksize, a_.strides, a_.paddings, a_.global);
     const cudnnPoolingMode_t mode = a_.max         ? CUDNN_POOLING_MAX_DETERMINISTIC
@@ -59,13 +63,13 @@ class PoolMath<CUDADevice, T> {
     KEEL_CUDNN_CHECK(cudnnSetPooling2dDescriptor(pool_.get(), mode, CUDNN_PROPAGATE_NAN, int(w.kh),
                                                  int(w.kw), int(w.ph), int(w.pw), int(w.sh),
                                                  int(w.sw)));
-    xd_.Set4d(CudnnType<T>(), x);
-    yd_.Set4d(CudnnType<T>(), y);
+    xd_.Set4d(CudnnType<T>(), x, format);
+    yd_.Set4d(CudnnType<T>(), y, format);
     int n, c, h, wo;
     KEEL_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(pool_.get(), xd_.get(), &n, &c, &h, &wo));
     CHECK(n == y[0] && c == y[1] && h == y[2] && wo == y[3])
         << "cuDNN's pool output " << n << "x" << c << "x" << h << "x" << wo << " vs " << y.str();
-    x_ = x;
+    x_ = given;
   }
 
   PoolAttrs a_;

@@ -3,18 +3,23 @@
 // descriptors live in it): direct loops on the CPU, cuDNN on CUDA.
 //
 // Legend: N = batch, C = channels, H x W = input plane, Ho x Wo = output plane.
+//
+// Channels last (data_format NHWC, framework/op/image_layout.h): X [N, H, W, C] and Out [N, Ho,
+// Wo, C]; cuDNN pools them as they lie, the CPU loops run over NCHW copies.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "framework/op/image_layout.h"
 #include "ops/device.h"
 
 namespace keel {
 
 struct PoolGeom {
   int64_t planes, H, W;  // planes = N * C
+  int64_t N, C;
   int64_t kh, kw, sh, sw, ph, pw;
   int64_t Ho, Wo;
 };
@@ -28,7 +33,7 @@ inline int64_t PoolOutSize(int64_t in, int64_t k, int64_t s, int64_t p, bool cei
   return (in - k + 2 * p + (ceil_mode ? s - 1 : 0)) / s + 1;
 }
 
-// The effective window: global_pooling covers the whole plane with no padding.
+// The effective window: global_pooling covers the whole plane with no padding. x: NCHW dims.
 struct PoolWindow {
   int64_t kh, kw, sh, sw, ph, pw;
 };
@@ -47,12 +52,17 @@ struct PoolAttrs {
         paddings(op.Attr<std::vector<int>>("paddings")),
         global(op.Attr<bool>("global_pooling")),
         ceil_mode(op.Attr<bool>("ceil_mode")),
-        exclusive(op.Attr<bool>("exclusive")) {}
-  PoolGeom Geom(const DDim& x) const {
+        exclusive(op.Attr<bool>("exclusive")),
+        layout(ParseImageLayout(op.Attr<std::string>("data_format"))) {}
+  // The geometry of X of `given` dims (in the op's layout).
+  PoolGeom Geom(const DDim& given) const {
+    const DDim x = ToNchw(given, layout);
     const PoolWindow w = Window(x, ksize, strides, paddings, global);
     return PoolGeom{x[0] * x[1],
                     x[2],
                     x[3],
+                    x[0],
+                    x[1],
                     w.kh,
                     w.kw,
                     w.sh,
@@ -65,6 +75,7 @@ struct PoolAttrs {
   bool max;
   std::vector<int> ksize, strides, paddings;
   bool global, ceil_mode, exclusive;
+  ImageLayout layout;
 };
 
 // The device math, constructed from the attrs:

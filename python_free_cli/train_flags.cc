@@ -61,6 +61,9 @@ DEFINE_string(pp_schedule, "1f1b",
               "fthenb (every forward, then every backward).");
 
 // ---- the built-in models' settings
+DEFINE_string(data_format, "NCHW",
+              "resnet: NCHW | NHWC (channels last), its conv, batch norm and pooling layers' "
+              "image layout (docs/channels-last.md).");
 DEFINE_double(dropout, 0, "transformer: dropout after attention and feed-forward; 0: none.");
 DEFINE_int32(vocab, 10, "transformer: vocabulary size; ctr: table rows (unset: 1000001).");
 DEFINE_string(ctr_table, "",
@@ -237,6 +240,12 @@ void ModelSettingsFromFlags(models::ModelConfig* cfg, bool parameter_server) {
   KEEL_ENFORCE(FLAGS_pp_degree == 1 || model != "ctr", "--pp_degree=", FLAGS_pp_degree, ": model ",
                model, " places no pipeline stages (mlp, lenet, resnet and transformer do)");
   cfg->pp_degree = FLAGS_pp_degree;
+  KEEL_ENFORCE(FLAGS_data_format == "NCHW" || FLAGS_data_format == "NHWC",
+               "--data_format=", FLAGS_data_format, ": NCHW or NHWC");
+  KEEL_ENFORCE(!FlagIsSet("data_format") || model == "resnet",
+               "--data_format is a setting of the resnet model; model ", model,
+               " has no such setting");
+  cfg->data_format = FLAGS_data_format;
   const char* sizes[] = {"vocab", "seq_len", "d_model", "heads", "d_ff", "layers", "dropout"};
   KEEL_ENFORCE(!FlagIsSet("ctr_table") || model == "ctr",
                "--ctr_table is a setting of the ctr "

@@ -1,6 +1,7 @@
 #include "framework/dsl/nn_layers.h"
 
 #include "framework/dsl/tensor_parallel.h"
+#include "framework/op/image_layout.h"
 
 namespace keel {
 namespace layers {
@@ -17,22 +18,34 @@ void StopGradient(const std::vector<std::string>& names) {
   for (auto& n : names) Main().global_block().MustFindVar(n)->set_stop_gradient(true);
 }
 
-// The channel count of an NCHW input, which must be known to size parameters.
-int64_t Channels(const char* layer, Var input, int min_rank) {
+// The layout `attr` (data_format or data_layout) names; a keel::Error for any other value.
+ImageLayout LayoutOf(const char* layer, Var input, const char* attr, const std::string& value) {
+  KEEL_ENFORCE(IsImageLayoutName(value), "layers::", layer, "(", input.name(), "): ", attr, " '",
+               value, "' must be NCHW or NHWC");
+  return ParseImageLayout(value);
+}
+
+// The channel count of an input in `layout` (dim 1, or the last), which must be known to size
+// parameters.
+int64_t Channels(const char* layer, Var input, int min_rank,
+                 ImageLayout layout = ImageLayout::kNCHW) {
   const DDim d = input.shape();
   KEEL_ENFORCE(d.size() >= min_rank, "layers::", layer, "(", input.name(), "): input has shape ",
-               d.str(), ", needs rank >= ", min_rank, " (NCHW)");
-  KEEL_ENFORCE(d[1] > 0, "layers::", layer, "(", input.name(), "): input shape ", d.str(),
-               " has an unknown channel dim 1");
-  return d[1];
+               d.str(), ", needs rank >= ", min_rank, " (", ImageLayoutName(layout), ")");
+  const int axis = ChannelAxis(layout, d.size());
+  KEEL_ENFORCE(d[axis] > 0, "layers::", layer, "(", input.name(), "): input shape ", d.str(),
+               " has an unknown channel dim ", axis, " (", ImageLayoutName(layout), ")");
+  return d[axis];
 }
 
 }  // namespace
 
 Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding, int dilation,
            int groups, const std::string& act, const ParamAttr& param_attr,
-           const ParamAttr& bias_attr, bool with_bias, Parallel parallel) {
-  const int64_t C = Channels("conv2d", input, 4);
+           const ParamAttr& bias_attr, bool with_bias, Parallel parallel,
+           const std::string& data_format) {
+  const ImageLayout layout = LayoutOf("conv2d", input, "data_format", data_format);
+  const int64_t C = Channels("conv2d", input, 4, layout);
   KEEL_ENFORCE(num_filters > 0 && filter_size > 0 && groups > 0, "layers::conv2d(", input.name(),
                "): num_filters ", num_filters, ", filter_size ", filter_size, " and groups ",
                groups, " must be positive");
@@ -67,7 +80,8 @@ Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding,
            {{"strides", std::vector<int>{stride, stride}},
             {"paddings", std::vector<int>{padding, padding}},
             {"dilations", std::vector<int>{dilation, dilation}},
-            {"groups", groups}});
+            {"groups", groups},
+            {"data_format", std::string(ImageLayoutName(layout))}});
   if (row) out = mp_allreduce_sum(Var(&block, out)).name();
   if (with_bias) {
     Var b = column ? create_sharded_parameter({num_filters}, 0, dt, layer, "b_0", bias_attr,
@@ -76,14 +90,16 @@ Var conv2d(Var input, int num_filters, int filter_size, int stride, int padding,
                                       initializer::Constant(0.0f));
     std::string sum = prog.UniqueName(layer + ".tmp");
     AppendOp(block, "elementwise_add", {{"X", {out}}, {"Y", {b.name()}}}, {{"Out", {sum}}},
-             {{"axis", 1}});
+             {{"axis", ChannelAxis(layout, 4)}});
     out = sum;
   }
   return activation(Var(&block, out), act);
 }
 
 Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stride,
-           int pool_padding, bool global_pooling, bool ceil_mode, bool exclusive) {
+           int pool_padding, bool global_pooling, bool ceil_mode, bool exclusive,
+           const std::string& data_format) {
+  const ImageLayout layout = LayoutOf("pool2d", input, "data_format", data_format);
   Program& prog = Main();
   Block& block = prog.global_block();
   std::string out = TmpName(prog.UniqueName("pool2d"));
@@ -94,14 +110,16 @@ Var pool2d(Var input, int pool_size, const std::string& pool_type, int pool_stri
             {"paddings", std::vector<int>{pool_padding, pool_padding}},
             {"global_pooling", global_pooling},
             {"ceil_mode", ceil_mode},
-            {"exclusive", exclusive}});
+            {"exclusive", exclusive},
+            {"data_format", std::string(ImageLayoutName(layout))}});
   return Var(&block, out);
 }
 
 Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, float epsilon,
                const ParamAttr& param_attr, const ParamAttr& bias_attr, bool use_global_stats,
-               bool sync, bool channels_sharded) {
-  const int64_t C = Channels("batch_norm", input, 2);
+               bool sync, bool channels_sharded, const std::string& data_layout) {
+  const ImageLayout layout = LayoutOf("batch_norm", input, "data_layout", data_layout);
+  const int64_t C = Channels("batch_norm", input, 2, layout);
   Program& prog = Main();
   Block& block = prog.global_block();
   const std::string layer = prog.UniqueName("batch_norm");
@@ -140,7 +158,8 @@ Var batch_norm(Var input, const std::string& act, bool is_test, float momentum, 
            {{"momentum", momentum},
             {"epsilon", epsilon},
             {"is_test", is_test},
-            {"use_global_stats", use_global_stats}});
+            {"use_global_stats", use_global_stats},
+            {"data_layout", std::string(ImageLayoutName(layout))}});
   StopGradient({saved_mean, saved_var});
   return activation(Var(&block, y), act);
 }

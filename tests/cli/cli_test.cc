@@ -302,6 +302,7 @@ TEST(KeelFlags, EveryFlagIsReadOrRefused) {
       {"micro_batches", "InspectStrategy.PipelineGolden, KeelTrain.PipelineFlags"},
       {"pp_schedule", "KeelTrain.PipelineFlags"},
       {"dropout", "KeelTrain.TransformerSizeFlagsReachTheModel"},
+      {"data_format", "Resnet20.ChannelsLastTrainsLikeNchw"},
       {"vocab", "KeelTrain.TransformerSizeFlagsReachTheModel"},
       {"ctr_table",
        "ParameterServerCli.CtrWithADistributedTableTrains, ParameterServerCli.RefusalsNameTheFlag"},

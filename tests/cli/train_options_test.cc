@@ -431,8 +431,8 @@ TEST(CommandHelp, GroupedShortAndListsEveryTrainFlag) {
   // 135 before the transformer's sizes and --tp_degree, 145 before --sync_batch_norm and
   // --sharding_stage, 155 before --pp_degree, --micro_batches and --pp_schedule, 162 before
   // --fp16_allreduce and the ctr model, 166 before --ctr_table, 169 before --fuse_gemm_epilogue,
-  // 173 before --ps_max_staleness.
-  EXPECT_LT(lines, 178) << train.output;
+  // 173 before --ps_max_staleness, 178 before --data_format.
+  EXPECT_LT(lines, 180) << train.output;
   for (const char* group :
        {"\noptimizer:\n", "\nlearning-rate schedule:\n", "\nwatching:\n", "\nseveral workers"})
     EXPECT_NE(train.output.find(group), std::string::npos) << group;

@@ -76,8 +76,8 @@ OpCase Pool(std::string name, const DDim& x, std::string type, std::vector<int> 
 }
 
 OpCase BatchNorm(std::string name, const DDim& x, bool is_test, bool global_stats,
-                 float momentum = 0.9f, float eps = 1e-5f) {
-  const DDim c{x[1]};
+                 float momentum = 0.9f, float eps = 1e-5f, bool nhwc = false) {
+  const DDim c{x[nhwc ? x.size() - 1 : 1]};
   OpCase o;
   o.name = std::move(name);
   o.type = "batch_norm";
@@ -92,8 +92,17 @@ OpCase BatchNorm(std::string name, const DDim& x, bool is_test, bool global_stat
              {"use_global_stats", global_stats},
              {"momentum", momentum},
              {"epsilon", eps}};
+  if (nhwc) o.attrs["data_layout"] = std::string("NHWC");
   o.no_grad_inputs = {"Mean", "Variance"};
   return o;
+}
+
+// The case channels last: X / Input given in [N, H, W, C].
+OpCase Nhwc(OpCase c) {
+  c.name += "_nhwc";
+  c.attrs[c.type == "conv2d" || c.type == "pool2d" ? "data_format" : "data_layout"] =
+      std::string("NHWC");
+  return c;
 }
 
 std::vector<TwinCase> Cases() {
@@ -127,6 +136,22 @@ std::vector<TwinCase> Cases() {
   add(Pool("max_ceil_mode_same_size", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, false, true,
            true),
       1e-6);
+  // Channels last (cuDNN's NHWC descriptors; the conv's filter permuted to [M, kh, kw, C / g] and
+  // its gradient back), the inputs given as [N, H, W, C].
+  add(Nhwc(Conv("conv_3x3_pad1", {2, 8, 8, 3}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1)), 1e-4);
+  add(Nhwc(Conv("conv_stride2_asym_pad", {2, 9, 7, 4}, {6, 4, 3, 2}, {2, 2}, {0, 1}, {1, 1}, 1)),
+      1e-4);
+  add(Nhwc(Conv("conv_groups2", {2, 6, 6, 4}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2)), 1e-4);
+  add(Nhwc(Conv("conv_resnet_stride2", {4, 16, 16, 16}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1)),
+      1e-4);
+  add(Nhwc(Conv("conv_1x1", {3, 5, 5, 8}, {16, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1)), 1e-4);
+  add(Nhwc(Conv("conv_float64", {2, 7, 7, 3}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, f64)),
+      1e-10);
+  add(Nhwc(Pool("max_3x3_s2_pad1", {2, 9, 9, 3}, "max", {3, 3}, {2, 2}, {1, 1})), 1e-6);
+  add(Nhwc(Pool("avg_3x3_pad1_exclusive", {2, 7, 6, 3}, "avg", {3, 3}, {1, 1}, {1, 1})), 1e-5);
+  add(Nhwc(Pool("avg_global", {2, 8, 8, 64}, "avg", {1, 1}, {1, 1}, {0, 0}, true)), 1e-5);
+  add(BatchNorm("bn_train_nhwc", {8, 16, 16, 32}, false, false, 0.9f, 1e-5f, true), 1e-4);
+  add(BatchNorm("bn_is_test_nhwc", {4, 5, 5, 3}, true, false, 0.9f, 1e-5f, true), 1e-5);
   add(BatchNorm("bn_train_nchw", {4, 3, 5, 5}, false, false), 1e-4);
   add(BatchNorm("bn_train_nc", {16, 6}, false, false, 0.5f, 1e-3f), 1e-4);
   add(BatchNorm("bn_train_wide", {8, 32, 16, 16}, false, false), 1e-4);
@@ -138,8 +163,10 @@ std::vector<TwinCase> Cases() {
            {"sync_bn_train_nchw", {4, 3, 5, 5}, false},
            {"sync_bn_train_wide", {8, 32, 16, 16}, false},
            {"sync_bn_train_nc", {16, 6}, false},
-           {"sync_bn_is_test", {4, 3, 5, 5}, true}}) {
-    OpCase c = BatchNorm(name, x, is_test, false);
+           {"sync_bn_is_test", {4, 3, 5, 5}, true},
+           {"sync_bn_train_nhwc", {4, 5, 5, 3}, false}}) {
+    const bool nhwc = name.find("nhwc") != std::string::npos;
+    OpCase c = BatchNorm(name, x, is_test, false, 0.9f, 1e-5f, nhwc);
     c.type = "sync_batch_norm";
     c.attrs["ring_id"] = 0;
     add(c, 1e-4);

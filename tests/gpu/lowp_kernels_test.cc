@@ -62,6 +62,13 @@ TEST_F(LowpKernels, LargerGemmsAndConvolutions) {
                {{"Input", {rnd({8, 64, 16, 16}, 5)}}, {"Filter", {rnd({64, 64, 3, 3}, 6)}}},
                {{"Output", 1}}, {{"paddings", std::vector<int>{1, 1}}});
   cases.push_back(conv);
+  // Channels last: cuDNN's NHWC Tensor Core kernels, the filter permuted for them.
+  LowpCase conv_nhwc;
+  conv_nhwc.op = Op("conv_64_nhwc", "conv2d",
+                    {{"Input", {rnd({8, 16, 16, 64}, 7)}}, {"Filter", {rnd({64, 64, 3, 3}, 8)}}},
+                    {{"Output", 1}},
+                    {{"paddings", std::vector<int>{1, 1}}, {"data_format", std::string("NHWC")}});
+  cases.push_back(conv_nhwc);
   for (const LowpCase& c : cases)
     for (DType dt : kHalfTypes) ExpectMatchesFloat32(c, dt, CUDAPlace(0));
 }

@@ -299,9 +299,9 @@ TEST(Conv2DOp, BadShapesAreBuildErrors) {
   ExpectErrorContainsAll(ForwardError(c), {"conv2d", "[3, 5, 5]", "[4, 3, 3, 3]", "4-D"});
 
   c = ConvCase(p, DType::kFloat32);
-  c.name = "nhwc";
-  c.attrs["data_format"] = std::string("NHWC");
-  ExpectErrorContainsAll(ForwardError(c), {"conv2d", "data_format", "NHWC", "NCHW"});
+  c.name = "ncdhw";  // NHWC is channels_last_test.cc's
+  c.attrs["data_format"] = std::string("NCDHW");
+  ExpectErrorContainsAll(ForwardError(c), {"conv2d", "data_format", "NCDHW", "NHWC", "NCHW"});
 
   c = ConvCase(p, DType::kFloat32);
   c.name = "zero_stride";

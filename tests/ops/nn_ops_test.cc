@@ -356,9 +356,9 @@ TEST(BatchNormOp, BadShapesAreBuildErrors) {
   ExpectErrorContainsAll(ForwardError(c), {"batch_norm", "X [3]"});
 
   c = BatchNormCase(kBatchNormCases[0], DType::kFloat32);
-  c.name = "nhwc";
-  c.attrs["data_layout"] = std::string("NHWC");
-  ExpectErrorContainsAll(ForwardError(c), {"batch_norm", "data_layout", "NHWC"});
+  c.name = "ndhwc";  // NHWC is channels_last_test.cc's
+  c.attrs["data_layout"] = std::string("NDHWC");
+  ExpectErrorContainsAll(ForwardError(c), {"batch_norm", "data_layout", "NDHWC"});
 }
 
 // ------------------------------------------------------------------------------------ dropout
