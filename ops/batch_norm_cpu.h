@@ -127,6 +127,21 @@ class BatchNormMath<CPUDevice, T> {
     return ScratchVector<float>(kIsHalf<T> ? static_cast<size_t>(k * S) : 0);
   }
 
+  // S == 1: X is rows of C values ([N, C], and channels last's [N * H * W, C] view, where a
+  // plane per (row, channel) would cost a loop per value). fn(n, k) for blocks of k rows from row n
+  // on in [n0, n1): rows of a piece one after another, a block's k * C values as InBlock converts
+  // them (as many rows as fit 2 Ki floats for the 16-bit types). The per-channel sums then add
+  // along the rows, a row at a time, in the channels' order: vectorized over the channels.
+  template <typename Fn>
+  static void ForRowBlocks(int64_t n0, int64_t n1, int64_t C, const Fn& fn) {
+    const int64_t R = kIsHalf<T> ? RowsPerBlock(C) : n1 - n0;
+    for (int64_t n = n0; n < n1; n += R) fn(n, std::min(R, n1 - n));
+  }
+  // Rows per block of the 16-bit types (their buffers' rows); 0 for float32 and float64.
+  static int64_t RowsPerBlock(int64_t C) {
+    return kIsHalf<T> ? std::max<int64_t>(1, 2048 / std::max<int64_t>(C, 1)) : 0;
+  }
+
   void ForwardP(const DDim& x, const BatchNormIO<T>& io) {
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     const T* xd = io.x;
@@ -150,6 +165,8 @@ class BatchNormMath<CPUDevice, T> {
       }
     } else if (sync_.all_reduce) {
       SyncedStats(N, C, S, xd, mean_in, var_in, mean_out, var_out);
+    } else if (S == 1) {
+      RowStats(N, C, xd, mean_in, var_in, mean_out, var_out);
     } else {
       const double m = static_cast<double>(N * S);
       // Two passes (mean, then squared deviations): exact enough in float for large m. Pieces of
@@ -198,6 +215,7 @@ class BatchNormMath<CPUDevice, T> {
       mean_[c] = scale[c] * inv_std;
       var_[c] = bias[c] - saved_mean[c] * mean_[c];
     }
+    if (S == 1) return RowAffine(N, C, xd, yd);
     const int64_t K = PlanesPerBlock(C, S);
     SamplePieces(N, C, S).Run(N, [&](int64_t n0, int64_t n1, int64_t) {
       ScratchVector<float> buf = Buffers(2 * K, S);
@@ -215,6 +233,65 @@ class BatchNormMath<CPUDevice, T> {
     });
   }
 
+  // Training, S == 1: mean_ and var_ (biased) in two passes, as the planes' path, each value added
+  // in double; the moving stats.
+  void RowStats(int64_t N, int64_t C, const T* xd, const P* mean_in, const P* var_in, P* mean_out,
+                P* var_out) {
+    const double m = static_cast<double>(N);
+    const SamplePieces pieces(N, C, 1);
+    for (int pass = 0; pass < 2; ++pass) {
+      partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
+      pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
+        double* acc = partial_.data() + p * C;
+        const double* mean = mean_.data();
+        ScratchVector<float> buf = Buffers(RowsPerBlock(C), C);
+        ForRowBlocks(n0, n1, C, [&](int64_t n, int64_t k) {
+          const P* x = InBlock(xd + n * C, k * C, buf.data());
+          for (int64_t r = 0; r < k; ++r, x += C) {
+            if (pass == 0) {
+              for (int64_t c = 0; c < C; ++c) acc[c] += x[c];
+            } else {
+              for (int64_t c = 0; c < C; ++c) {
+                const double d = x[c] - mean[c];
+                acc[c] += d * d;
+              }
+            }
+          }
+        });
+      });
+      double* out = pass == 0 ? mean_.data() : var_.data();
+      SumPieces(partial_, pieces.count, C, out);
+      for (int64_t c = 0; c < C; ++c) out[c] = m > 0 ? out[c] / m : 0.0;
+    }
+    const double mom = momentum_;
+    for (int64_t c = 0; c < C; ++c) {
+      mean_out[c] = fn::MovingStat(mom, mean_in[c], mean_[c]);
+      var_out[c] = fn::MovingStat(mom, var_in[c], var_[c]);
+    }
+  }
+
+  // S == 1: y = x * a + b per channel (a, b in mean_ and var_ by then), a row at a time.
+  void RowAffine(int64_t N, int64_t C, const T* xd, T* yd) {
+    coef_a_.resize(C), coef_b_.resize(C);
+    for (int64_t c = 0; c < C; ++c) {
+      coef_a_[c] = static_cast<P>(mean_[c]);
+      coef_b_[c] = static_cast<P>(var_[c]);
+    }
+    const P* a = coef_a_.data();
+    const P* b = coef_b_.data();
+    SamplePieces(N, C, 1).Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      const int64_t R = RowsPerBlock(C);
+      ScratchVector<float> buf = Buffers(2 * R, C);
+      ForRowBlocks(n0, n1, C, [&](int64_t n, int64_t k) {
+        const P* x = InBlock(xd + n * C, k * C, buf.data());
+        P* y = OutBlock(yd + n * C, Plane(buf, R, C));
+        for (int64_t r = 0; r < k; ++r)
+          for (int64_t c = 0; c < C; ++c) y[r * C + c] = x[r * C + c] * a[c] + b[c];
+        FinishOutBlock(yd + n * C, k * C, Plane(buf, R, C));
+      });
+    });
+  }
+
   // Training under BatchNormSync: mean_ and var_ (biased) of every rank's values together, in
   // one pass and one all-reduce of [sum(x), sum(x^2), m]; the moving variance takes the unbiased
   // variance. An empty global batch (M = 0) has mean 0 and variance 0, as batch_norm's.
@@ -225,6 +302,19 @@ class BatchNormMath<CPUDevice, T> {
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
       double* sx = partial_.data() + p * C;
       double* sxx = partial_.data() + (pieces.count + p) * C;
+      if (S == 1) {
+        ScratchVector<float> buf = Buffers(RowsPerBlock(C), C);
+        ForRowBlocks(n0, n1, C, [&](int64_t n, int64_t k) {
+          const P* x = InBlock(xd + n * C, k * C, buf.data());
+          for (int64_t r = 0; r < k; ++r, x += C)
+            for (int64_t c = 0; c < C; ++c) {
+              const double v = x[c];
+              sx[c] += v;
+              sxx[c] += v * v;
+            }
+        });
+        return;
+      }
       ScratchVector<float> buf = Buffers(1, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c = 0; c < C; ++c) {
@@ -265,6 +355,20 @@ class BatchNormMath<CPUDevice, T> {
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
       double* dy_acc = partial_.data() + p * C;
       double* dyxc_acc = partial_.data() + (pieces.count + p) * C;
+      if (S == 1) {
+        const int64_t R = RowsPerBlock(C);
+        ScratchVector<float> buf = Buffers(2 * R, C);
+        ForRowBlocks(n0, n1, C, [&](int64_t n, int64_t k) {
+          const P* g = InBlock(gd + n * C, k * C, buf.data());
+          const P* x = InBlock(xd + n * C, k * C, Plane(buf, R, C));
+          for (int64_t r = 0; r < k; ++r, g += C, x += C)
+            for (int64_t c = 0; c < C; ++c) {
+              dy_acc[c] += g[c];
+              dyxc_acc[c] += static_cast<double>(g[c]) * (static_cast<double>(x[c]) - mean[c]);
+            }
+        });
+        return;
+      }
       ScratchVector<float> buf = Buffers(2 * K, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c0 = 0; c0 < C; c0 += K) {
@@ -311,6 +415,20 @@ class BatchNormMath<CPUDevice, T> {
       coef_d_[c] = static_cast<P>(is_test_ ? 0.0 : -B * mean[c] - A * sum_dy_[c] / m);
     }
     pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t) {
+      if (S == 1) {
+        const int64_t R = RowsPerBlock(C);
+        ScratchVector<float> buf = Buffers(3 * R, C);
+        const P *a = coef_a_.data(), *b = coef_b_.data(), *d = coef_d_.data();
+        ForRowBlocks(n0, n1, C, [&](int64_t n, int64_t k) {
+          const P* g = InBlock(gd + n * C, k * C, buf.data());
+          const P* x = InBlock(xd + n * C, k * C, Plane(buf, R, C));
+          P* dx = OutBlock(dxd + n * C, Plane(buf, 2 * R, C));
+          for (int64_t i = 0; i < k * C; i += C)
+            for (int64_t c = 0; c < C; ++c) dx[i + c] = g[i + c] * a[c] + x[i + c] * b[c] + d[c];
+          FinishOutBlock(dxd + n * C, k * C, Plane(buf, 2 * R, C));
+        });
+        return;
+      }
       ScratchVector<float> buf = Buffers(3 * K, S);
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t c0 = 0; c0 < C; c0 += K) {
