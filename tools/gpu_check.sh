@@ -274,19 +274,20 @@ if [ "${RESULT[build]}" != "FAILED (see build.log)" ]; then
   if [ "$ONLY" = all ] || [ "$ONLY" = large ]; then
     log "benchmarks at compute-bound sizes"
     # Compute-bound sizes, where 16-bit Tensor Cores can pay: the MLP 8192 wide at batch 4096 and
-    # ResNet-20 at batch 1024 (PyTorch's twins: gpu_torch_bench.py large).
-    for spec in "mlp:4096:--mlp_hidden=8192" "resnet:1024:"; do
-      IFS=: read -r m b extra <<<"$spec"
+    # ResNet-20 at batch 1024, NCHW and channels last (PyTorch's twins: gpu_torch_bench.py large).
+    for spec in "mlp:4096:--mlp_hidden=8192:mlp" "resnet:1024::resnet" \
+        "resnet:1024:--data_format=NHWC:resnet_nhwc"; do
+      IFS=: read -r m b extra label <<<"$spec"
       row=""
       for a in off:O1 fp16:O1 fp16:O2 bf16:O1; do
         IFS=: read -r dt lvl <<<"$a"
-        f=$OUT/keel_${m}_large_${dt}_$lvl
+        f=$OUT/keel_${label}_large_${dt}_$lvl
         FLAGS_selected_gpus=0 timeout -k 5 "${GPU_BENCH_TIMEOUT:-45}" "$KEEL_BIN" bench $m --batch_size=$b $extra \
           --bench_steps=30 --bench_warmup=3 --amp=$dt $([ $dt = off ] || echo --amp_level=$lvl) >"$f.json" 2>"$f.log"
         ms=$(grep -o '"step_ms": [0-9.]*' "$f.json" | tail -1 | cut -d' ' -f2)
         row="$row ${a/off:O1/f32}=${ms:-failed($(grep -m1 -iE 'error|fault|abort' "$f.log" | cut -c1-120))}"
       done
-      RESULT[keel_${m}_large]="batch $b $extra step_ms$row"
+      RESULT[keel_${label}_large]="batch $b $extra step_ms$row"
     done
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
       PYTHONUNBUFFERED=1 timeout -k 5 "${GPU_TORCH_TIMEOUT:-120}" python3 tests/bench/gpu_torch_bench.py large >"$OUT/torch_large.json" 2>"$OUT/torch_large.log"
@@ -302,7 +303,7 @@ echo "| --- | --- |"
 TEST_KEYS=()
 for spec in "${GPU_TESTS[@]}"; do TEST_KEYS+=("test_${spec%%:*}"); done
 for k in build "${TEST_KEYS[@]}" memcheck keel_mlp keel_mlp_graph keel_resnet keel_resnet_graph \
-    keel_transformer keel_transformer_graph keel_mlp_amp keel_resnet_amp keel_transformer_amp keel_resnet_tuned keel_mlp_large keel_resnet_large torch torch_large \
+    keel_transformer keel_transformer_graph keel_mlp_amp keel_resnet_amp keel_transformer_amp keel_resnet_tuned keel_mlp_large keel_resnet_large keel_resnet_nhwc_large torch torch_large \
     torch_amp launch profile_mlp_off profile_mlp_fp16 profile_resnet_off profile_resnet_fp16 \
     profile_transformer_off profile_transformer_fp16; do
   echo "| $k | ${RESULT[$k]:-not run} |"
