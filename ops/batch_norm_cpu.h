@@ -59,18 +59,19 @@ inline void SumPieces(const ScratchVector<double>& partial, int64_t pieces, int6
 template <typename T>
 class BatchNormMath<CPUDevice, T> {
  public:
-  BatchNormMath(float momentum, float epsilon, bool fixed_stats)
-      : momentum_(momentum), epsilon_(epsilon), is_test_(fixed_stats) {}
+  BatchNormMath(float momentum, float epsilon, bool fixed_stats, ImageLayout layout)
+      : momentum_(momentum), epsilon_(epsilon), is_test_(fixed_stats), layout_(layout) {}
 
   // Makes training sum over the ranks (BatchNormSync); an empty hook: this batch alone.
   void set_sync(BatchNormSync sync) { sync_ = std::move(sync); }
 
+  // x: X's dims; channels last, the math runs on its [N * ..., C] view.
   void Forward(const ExecutionContext&, const DDim& x, const BatchNormIO<T>& io) {
-    ForwardP(x, io);
+    ForwardP(PerChannelView(x, layout_), io);
   }
 
   void Backward(const ExecutionContext&, const DDim& x, const BatchNormGradIO<T>& io) {
-    BackwardP(x, io);
+    BackwardP(PerChannelView(x, layout_), io);
   }
 
  private:
@@ -447,6 +448,7 @@ class BatchNormMath<CPUDevice, T> {
 
   float momentum_, epsilon_;
   bool is_test_;
+  ImageLayout layout_;
   BatchNormSync sync_;
   ScratchVector<double> reduced_;  // what the sync hook sums: 2C + 1 values
   // Forward, per channel: the mean and variance, then the affine coefficients a and b.

@@ -7,7 +7,14 @@
 //
 // Legend: N = batch, C = channels, S = spatial size per channel, m = N * S; M = the sum of m
 // over the ranks.
+//
+// Channels last (data_layout NHWC): cuDNN gets X as an NHWC tensor [N, C, S, 1] (the real batch:
+// cuDNN's batch norms refuse batches of about a million, which N * S would make for ResNet-20 at
+// batch 1024) and trains in CUDNN_BATCHNORM_SPATIAL_PERSISTENT, the mode its fast channels-last
+// kernels are selected in (as PyTorch does for channels-last training; float64 keeps SPATIAL);
+// keel's own kernels index X as its [N * S, C] view (PerChannelView).
 #include <climits>
+#include <type_traits>
 
 #include "ops/batch_norm_ops.h"
 #include "ops/cuda_util.cuh"
@@ -18,14 +25,19 @@
 namespace keel {
 namespace {
 
-// The descriptors of X ([N, C, S, 1]) and of the per-channel parameters cuDNN derives from it.
+// The descriptors of X ([N, C, S, 1], NCHW or NHWC) and of the per-channel parameters cuDNN
+// derives from it.
 template <typename T>
 struct BatchNormDescs {
-  void Set(const DDim& x) {
+  void Set(const DDim& x, ImageLayout layout) {
     if (x == dims) return;
     KEEL_ENFORCE(x.numel() < INT_MAX, "batch_norm on CUDA: X ", x,
                  " has more elements than cuDNN's int32 indexing allows");
-    xd.SetPerChannel(CudnnType<T>(), x);
+    if (layout == ImageLayout::kNHWC && x.size() > 2) {
+      xd.Set(CudnnType<T>(), x[0], x[x.size() - 1], x.prod(1, x.size() - 1), 1, CUDNN_TENSOR_NHWC);
+    } else {
+      xd.SetPerChannel(CudnnType<T>(), x);
+    }
     KEEL_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn.get(), xd.get(), CUDNN_BATCHNORM_SPATIAL));
     dims = x;
   }
@@ -146,8 +158,8 @@ __global__ void SyncedStats(int64_t C, double momentum, double epsilon, const do
 template <typename T>
 class BatchNormMath<CUDADevice, T> {
  public:
-  BatchNormMath(float momentum, float epsilon, bool fixed_stats)
-      : momentum_(momentum), epsilon_(epsilon), fixed_stats_(fixed_stats) {}
+  BatchNormMath(float momentum, float epsilon, bool fixed_stats, ImageLayout layout)
+      : momentum_(momentum), epsilon_(epsilon), fixed_stats_(fixed_stats), layout_(layout) {}
   ~BatchNormMath() {
     if (after_compute_) cudaEventDestroy(after_compute_);
   }
@@ -158,12 +170,14 @@ class BatchNormMath<CUDADevice, T> {
     ring_ = ring;
   }
 
-  void Forward(const ExecutionContext& ctx, const DDim& x, const BatchNormIO<T>& io) {
+  // given: X's dims (in the op's layout).
+  void Forward(const ExecutionContext& ctx, const DDim& given, const BatchNormIO<T>& io) {
+    const DDim x = PerChannelView(given, layout_);
     if (synced_ && !fixed_stats_) return SyncedForward(ctx, x, io);
     const int64_t C = x[1];
     cudaStream_t stream = Cuda(ctx).stream();
     const bool empty = x.numel() == 0;
-    if (!empty) d_.Set(x);
+    if (!empty) d_.Set(given, layout_);
     const CudnnScalars<T> s;
     if (fixed_stats_) {
       if (!empty)
@@ -177,16 +191,17 @@ class BatchNormMath<CUDADevice, T> {
     }
     if (!empty)  // no running stats for cuDNN (it would use the unbiased variance): ours below
       KEEL_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          Cuda(ctx).cudnn(), CUDNN_BATCHNORM_SPATIAL, &s.one, &s.zero, d_.xd.get(), io.x,
-          d_.xd.get(), io.y, d_.bn.get(), io.scale, io.bias, 0.0, nullptr, nullptr, epsilon_,
-          io.saved_mean, io.saved_inv_std));
+          Cuda(ctx).cudnn(), TrainingMode(), &s.one, &s.zero, d_.xd.get(), io.x, d_.xd.get(), io.y,
+          d_.bn.get(), io.scale, io.bias, 0.0, nullptr, nullptr, epsilon_, io.saved_mean,
+          io.saved_inv_std));
     UpdateMovingStats<P><<<GridFor(C), 256, 0, stream>>>(C, empty, momentum_, epsilon_, io.mean_in,
                                                          io.var_in, io.mean_out, io.var_out,
                                                          io.saved_mean, io.saved_inv_std);
     KEEL_CUDA_LAUNCH_CHECK();
   }
 
-  void Backward(const ExecutionContext& ctx, const DDim& x, const BatchNormGradIO<T>& io) {
+  void Backward(const ExecutionContext& ctx, const DDim& given, const BatchNormGradIO<T>& io) {
+    const DDim x = PerChannelView(given, layout_);
     if (synced_ && !fixed_stats_) return SyncedBackward(ctx, x, io);
     const int64_t N = x[0], C = x[1], S = x.prod(2, x.size());
     T* dxd = io.dx;
@@ -214,12 +229,12 @@ class BatchNormMath<CUDADevice, T> {
     if (!dxd) dxd = Scratch<T>(ctx, &scratch_dx_, x);
     if (!dsd) dsd = Scratch<P>(ctx, &scratch_dscale_, DDim{C});
     if (!dbd) dbd = Scratch<P>(ctx, &scratch_dbias_, DDim{C});
-    d_.Set(x);
+    d_.Set(given, layout_);
     const CudnnScalars<T> s;
     KEEL_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-        Cuda(ctx).cudnn(), CUDNN_BATCHNORM_SPATIAL, &s.one, &s.zero, &s.one, &s.zero, d_.xd.get(),
-        xd, d_.xd.get(), gd, d_.xd.get(), dxd, d_.bn.get(), scale, dsd, dbd, epsilon_,
-        io.saved_mean, inv_std));
+        Cuda(ctx).cudnn(), TrainingMode(), &s.one, &s.zero, &s.one, &s.zero, d_.xd.get(), xd,
+        d_.xd.get(), gd, d_.xd.get(), dxd, d_.bn.get(), scale, dsd, dbd, epsilon_, io.saved_mean,
+        inv_std));
   }
 
  private:
@@ -306,6 +321,13 @@ class BatchNormMath<CUDADevice, T> {
   }
 
  private:
+  // Training's mode, the same forward and backward: channels last, cuDNN's persistent kernels
+  // (float64 has none).
+  cudnnBatchNormMode_t TrainingMode() const {
+    return layout_ == ImageLayout::kNHWC && !std::is_same_v<T, double>
+               ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT
+               : CUDNN_BATCHNORM_SPATIAL;
+  }
   template <typename V>
   V* Scratch(const ExecutionContext& ctx, Tensor* t, const DDim& d) {
     t->Resize(d);
@@ -313,6 +335,7 @@ class BatchNormMath<CUDADevice, T> {
   }
   double momentum_, epsilon_;
   bool fixed_stats_;
+  ImageLayout layout_;
   BatchNormDescs<T> d_;
   Tensor scratch_dx_, scratch_dscale_, scratch_dbias_;
   // sync_batch_norm.

@@ -6,8 +6,10 @@
 // Legend: N = batch, C = channels, S = the spatial size per channel (H * W, 1 for [N, C]),
 // m = N * S (the values one channel sees).
 //
-// Channels last (data_layout NHWC: X [N, ..., C]) the math sees X as [N * ..., C] (PerChannelView,
-// framework/op/image_layout.h): the same values per channel, in memory as they lie.
+// Channels last (data_layout NHWC: X [N, ..., C]) the CPU math and keel's own CUDA kernels see X
+// as [N * ..., C] (PerChannelView, framework/op/image_layout.h): the same values per channel, in
+// memory as they lie; cuDNN gets an NHWC descriptor with the real batch N (its batch norms refuse
+// an N of a million, which the flattened view would give).
 //
 // Mixed precision: X and Y (and their gradients) may be float16 or bfloat16 while Scale, Bias, the
 // moving and saved statistics and the parameter gradients stay float32 (P = Acc<T>), as Paddle
@@ -65,7 +67,7 @@ struct BatchNormGradIO {
 };
 
 // The device math, constructed from the attrs (momentum, epsilon, fixed stats: is_test or
-// use_global_stats):
+// use_global_stats, the layout of X):
 //   Forward(ctx, x_dims, io)   training: the batch's mean and biased variance normalize and update
 //                              the moving stats; fixed stats: the moving stats normalize
 //   Backward(ctx, x_dims, io)
@@ -81,8 +83,8 @@ template <typename D, typename T>
 class BatchNormKernel : public OpKernel {
  public:
   explicit BatchNormKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)),
-        layout_(BatchNormLayout(op)) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op),
+              BatchNormLayout(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
@@ -97,20 +99,19 @@ class BatchNormKernel : public OpKernel {
     io.saved_mean = ctx.Output("SavedMean")->mutable_data<P>(ctx.place());
     io.saved_inv_std = ctx.Output("SavedVariance")->mutable_data<P>(ctx.place());
     io.y = ctx.Output("Y")->mutable_data<T>(ctx.place());
-    math_.Forward(ctx, PerChannelView(x.dims(), layout_), io);
+    math_.Forward(ctx, x.dims(), io);
   }
 
  protected:
   BatchNormMath<D, T> math_;
-  ImageLayout layout_;
 };
 
 template <typename D, typename T>
 class BatchNormGradKernel : public OpKernel {
  public:
   explicit BatchNormGradKernel(const OpDesc& op)
-      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op)),
-        layout_(BatchNormLayout(op)) {}
+      : math_(op.Attr<float>("momentum"), op.Attr<float>("epsilon"), HasFixedStats(op),
+              BatchNormLayout(op)) {}
   void Compute(ExecutionContext& ctx) override {
     using P = Acc<T>;
     const Tensor& x = ctx.Input("X");
@@ -128,12 +129,11 @@ class BatchNormGradKernel : public OpKernel {
     io.dx = dx ? dx->mutable_data<T>(ctx.place()) : nullptr;
     io.dscale = dscale ? dscale->mutable_data<P>(ctx.place()) : nullptr;
     io.dbias = dbias ? dbias->mutable_data<P>(ctx.place()) : nullptr;
-    math_.Backward(ctx, PerChannelView(x.dims(), layout_), io);
+    math_.Backward(ctx, x.dims(), io);
   }
 
  protected:
   BatchNormMath<D, T> math_;
-  ImageLayout layout_;
 };
 
 }  // namespace keel

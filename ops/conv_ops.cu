@@ -14,6 +14,7 @@
 
 #include <climits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "framework/op/image_layout.h"
@@ -92,6 +93,11 @@ class CudnnConv {
   // Describes Input x, Filter w and Output y; false when there is nothing to compute (an empty
   // batch or plane).
   bool Prepare(const DDim& x, const DDim& w, const DDim& y) {
+    // cuDNN has no channels-last float64 convolutions (PyTorch runs them in NCHW).
+    KEEL_ENFORCE(!(nhwc() && std::is_same_v<T, double>),
+                 "conv2d on CUDA: float64 with data_format NHWC is not supported (cuDNN has no "
+                 "channels-last float64 convolutions); use NCHW, or float32 (Input ",
+                 x, ", Filter ", w, ")");
     if (x.numel() == 0 || y.numel() == 0) return false;
     if (x == x_ && w == w_) return true;
     for (const DDim* d : {&x, &w, &y})

@@ -1,6 +1,7 @@
 // What the cuDNN op files share (CUDA builds only): the cuDNN data type of T, owning descriptor
-// wrappers, and NCHW tensor descriptors from DDims. cuDNN 9 keeps this "legacy" descriptor API
-// beside its graph API; keel uses it because conv, pool and batch_norm map onto it one call each.
+// wrappers, and NCHW or NHWC tensor descriptors from DDims. cuDNN 9 keeps this "legacy" descriptor
+// API beside its graph API; keel uses it because conv, pool and batch_norm map onto it one call
+// each.
 #pragma once
 
 #include <cudnn.h>

@@ -21,7 +21,7 @@ void StopGradient(const std::vector<std::string>& names) {
 // The layout `attr` (data_format or data_layout) names; a keel::Error for any other value.
 ImageLayout LayoutOf(const char* layer, Var input, const char* attr, const std::string& value) {
   KEEL_ENFORCE(IsImageLayoutName(value), "layers::", layer, "(", input.name(), "): ", attr, " '",
-               value, "' must be NCHW or NHWC");
+               value, "' must be NCHW or NHWC (AnyLayout: NCHW)");
   return ParseImageLayout(value);
 }
 

@@ -76,16 +76,17 @@ OpCase Pool(std::string name, const DDim& x, std::string type, std::vector<int> 
 }
 
 OpCase BatchNorm(std::string name, const DDim& x, bool is_test, bool global_stats,
-                 float momentum = 0.9f, float eps = 1e-5f, bool nhwc = false) {
+                 float momentum = 0.9f, float eps = 1e-5f, bool nhwc = false,
+                 DType dt = DType::kFloat32) {
   const DDim c{x[nhwc ? x.size() - 1 : 1]};
   OpCase o;
   o.name = std::move(name);
   o.type = "batch_norm";
-  o.inputs = {{"X", {R(x, -2, 3, 31)}},
-              {"Scale", {R(c, 0.5, 1.5, 32)}},
-              {"Bias", {R(c, -1, 1, 33)}},
-              {"Mean", {R(c, -0.5, 0.5, 34)}},
-              {"Variance", {R(c, 0.5, 2, 35)}}};
+  o.inputs = {{"X", {R(x, -2, 3, 31, dt)}},
+              {"Scale", {R(c, 0.5, 1.5, 32, dt)}},
+              {"Bias", {R(c, -1, 1, 33, dt)}},
+              {"Mean", {R(c, -0.5, 0.5, 34, dt)}},
+              {"Variance", {R(c, 0.5, 2, 35, dt)}}};
   o.outputs = {
       {"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}};
   o.attrs = {{"is_test", is_test},
@@ -145,13 +146,20 @@ std::vector<TwinCase> Cases() {
   add(Nhwc(Conv("conv_resnet_stride2", {4, 16, 16, 16}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1)),
       1e-4);
   add(Nhwc(Conv("conv_1x1", {3, 5, 5, 8}, {16, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1)), 1e-4);
-  add(Nhwc(Conv("conv_float64", {2, 7, 7, 3}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, f64)),
-      1e-10);
   add(Nhwc(Pool("max_3x3_s2_pad1", {2, 9, 9, 3}, "max", {3, 3}, {2, 2}, {1, 1})), 1e-6);
   add(Nhwc(Pool("avg_3x3_pad1_exclusive", {2, 7, 6, 3}, "avg", {3, 3}, {1, 1}, {1, 1})), 1e-5);
   add(Nhwc(Pool("avg_global", {2, 8, 8, 64}, "avg", {1, 1}, {1, 1}, {0, 0}, true)), 1e-5);
   add(BatchNorm("bn_train_nhwc", {8, 16, 16, 32}, false, false, 0.9f, 1e-5f, true), 1e-4);
   add(BatchNorm("bn_is_test_nhwc", {4, 5, 5, 3}, true, false, 0.9f, 1e-5f, true), 1e-5);
+  add(BatchNorm("bn_use_global_stats_nhwc", {4, 5, 5, 3}, false, true, 0.9f, 1e-5f, true), 1e-4);
+  add(BatchNorm("bn_train_nhwc_float64", {4, 5, 5, 3}, false, false, 0.9f, 1e-5f, true, f64),
+      1e-10);
+  // Batches whose N * H * W passes cuDNN's limits on its batch norms' N (some 880 K rows in
+  // training, 64 K in inference): cuDNN must see the real batch, not the [N * H * W, C] view.
+  add(BatchNorm("bn_train_nhwc_1024x32x32", {1024, 32, 32, 16}, false, false, 0.9f, 1e-5f, true),
+      1e-4);
+  add(BatchNorm("bn_is_test_nhwc_64x32x32", {64, 32, 32, 16}, true, false, 0.9f, 1e-5f, true),
+      1e-5);
   add(BatchNorm("bn_train_nchw", {4, 3, 5, 5}, false, false), 1e-4);
   add(BatchNorm("bn_train_nc", {16, 6}, false, false, 0.5f, 1e-3f), 1e-4);
   add(BatchNorm("bn_train_wide", {8, 32, 16, 16}, false, false), 1e-4);
@@ -220,6 +228,15 @@ TEST(CudnnOps, PoolingCudnnCannotDoIsRefusedNamingTheAttribute) {
     RunForward(Pool("pad", {1, 2, 7, 7}, "avg", {2, 2}, {1, 1}, {2, 2}), CUDAPlace(0));
   });
   ExpectErrorContainsAll(msg, {"pool2d", "paddings {2, 2}", "ksize {2, 2}"});
+}
+
+// cuDNN has no channels-last float64 convolutions: refused, naming the type and the layout.
+TEST(CudnnOps, Float64ChannelsLastConvolutionIsRefusedNamingTheLayout) {
+  SKIP_WITHOUT_GPU();
+  OpCase c = Nhwc(
+      Conv("conv_float64", {2, 7, 7, 3}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, DType::kFloat64));
+  ExpectErrorContainsAll(ErrorOf([&] { RunForward(c, CUDAPlace(0)); }),
+                         {"conv2d", "float64", "NHWC"});
 }
 
 TEST(CudnnModels, LenetAndResnetTrainThirtyStepsLikeOnTheCpu) {

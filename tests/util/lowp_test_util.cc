@@ -300,6 +300,17 @@ std::vector<LowpCase> LowpCases() {
             {"paddings", V({1, 1})}}));
   add(Case("avg_pool_global", "pool2d", {{"X", {Rnd({2, 5, 6, 6})}}}, {{"Out", 1}},
            {{"pooling_type", std::string("avg")}, {"global_pooling", true}}));
+  // Channels last (X [N, H, W, C]).
+  add(Case("max_pool_3x3_s2_nhwc", "pool2d", {{"X", {Rnd({2, 9, 9, 3})}}}, {{"Out", 1}},
+           {{"pooling_type", std::string("max")},
+            {"ksize", V({3, 3})},
+            {"strides", V({2, 2})},
+            {"paddings", V({1, 1})},
+            {"data_format", std::string("NHWC")}}));
+  add(Case("avg_pool_global_nhwc", "pool2d", {{"X", {Rnd({2, 6, 6, 5})}}}, {{"Out", 1}},
+           {{"pooling_type", std::string("avg")},
+            {"global_pooling", true},
+            {"data_format", std::string("NHWC")}}));
   // Normalizations: 16-bit X and Y, float32 parameters and statistics.
   for (bool is_test : {false, true}) {
     LowpCase c =
@@ -313,6 +324,11 @@ std::vector<LowpCase> LowpCases() {
              {{"is_test", is_test}});
     c.keep_f32 = {"Scale", "Bias", "Mean", "Variance"};
     c.op.no_grad_inputs = {"Mean", "Variance"};
+    add(c);
+    // Channels last: X [N, H, W, C].
+    c.op.name += "_nhwc";
+    c.op.inputs[0].second[0] = Rnd({4, 5, 5, 3}, -2, 3);
+    c.op.attrs["data_layout"] = std::string("NHWC");
     add(c);
   }
   {
@@ -374,6 +390,17 @@ std::vector<LowpCase> LowpCases() {
   add(Case("conv2d_16ch", "conv2d",
            {{"Input", {Rnd({2, 16, 12, 12})}}, {"Filter", {Rnd({16, 16, 3, 3}, -1, 1, 2)}}},
            {{"Output", 1}}, {{"paddings", V({1, 1})}}));
+  // Channels last: Input [N, H, W, C], the filter as in NCHW (stride 2 and groups too).
+  add(Case("conv2d_16ch_nhwc", "conv2d",
+           {{"Input", {Rnd({2, 12, 12, 16})}}, {"Filter", {Rnd({16, 16, 3, 3}, -1, 1, 2)}}},
+           {{"Output", 1}}, {{"paddings", V({1, 1})}, {"data_format", std::string("NHWC")}}));
+  add(Case("conv2d_s2_groups_nhwc", "conv2d",
+           {{"Input", {Rnd({3, 8, 7, 4})}}, {"Filter", {Rnd({6, 2, 3, 3}, -1, 1, 2)}}},
+           {{"Output", 1}},
+           {{"strides", V({2, 2})},
+            {"paddings", V({1, 1})},
+            {"groups", 2},
+            {"data_format", std::string("NHWC")}}));
   // Casts back to float32 (the pass's cast of the loss); its gradient is the 16-bit cast.
   add(Case("cast_to_f32", "cast", {{"X", {Rnd({7, 5})}}}, {{"Out", 1}},
            {{"out_dtype", static_cast<int>(DType::kFloat32)}}));
