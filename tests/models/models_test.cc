@@ -87,7 +87,8 @@ TEST(Resnet20, LossFalls) {
 // Channels last (--data_format=NHWC) is the same network with the same parameters: the images
 // transposed once, every conv, batch norm and the pooling in NHWC. Its losses follow NCHW's to
 // rounding over the first steps (training at batch 16 amplifies rounding by the tenth step, to
-// about 1 %), which a wrong layout anywhere in forward or backward would not.
+// about 1 %), which a wrong layout anywhere in forward or backward would not; and it resumes an
+// NCHW checkpoint.
 TEST(Resnet20, ChannelsLastTrainsLikeNchw) {
   std::vector<double> loss[2];
   for (int nhwc = 0; nhwc < 2; ++nhwc) {
@@ -100,6 +101,27 @@ TEST(Resnet20, ChannelsLastTrainsLikeNchw) {
     ASSERT_EQ(loss[nhwc].size(), 3u) << r.output;
   }
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(loss[1][i], loss[0][i], 1e-4 * loss[0][i]) << i;
+  // The parameters are the same in either layout: a checkpoint of NCHW training resumes in NHWC
+  // (steps 2 and 3 of 4 against NCHW's own).
+  const std::string dir = MakeTempDir();
+  const std::string common =
+      " train --model=resnet --batch_size=16 --seed=1 --fetch_frequency=1 --save_dir=" + dir;
+  auto first = RunCommand(BinPath("keel") + common + " --steps=2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto resumed =
+      RunCommand(BinPath("keel") + common + " --steps=4 --auto_resume --data_format=NHWC");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  const std::vector<double> after = Column(resumed.output, "step %lld loss %lf");
+  ASSERT_EQ(after.size(), 2u) << resumed.output;
+  auto nchw4 = RunCommand(BinPath("keel") +
+                          " train --model=resnet --batch_size=16 --seed=1 --fetch_frequency=1 "
+                          "--steps=4");
+  ASSERT_EQ(nchw4.exit_code, 0) << nchw4.output;
+  const std::vector<double> want = Column(nchw4.output, "step %lld loss %lf");
+  ASSERT_EQ(want.size(), 4u) << nchw4.output;
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(after[i], want[2 + i], 1e-4 * want[2 + i]) << i;
+  RunCommand("rm -rf " + dir);
   auto r = RunCommand(BinPath("keel") + " train --model=mlp --steps=1 --data_format=NHWC");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--data_format is a setting of the resnet model"), std::string::npos)
