@@ -299,6 +299,13 @@ const TransposeParams kTransposeCases[] = {
     {"heads", {2, 3, 4, 5}, {0, 2, 1, 3}},
     {"two_kept_dims", {3, 2, 4, 5}, {1, 0, 2, 3}},
     {"all_kept_rank3", {2, 3, 4}, {0, 1, 2}},
+    // Two blocks of trailing dims swapped (batched 2-D transposes, tiles of 16): NCHW to NHWC and
+    // back, planes and channels past a tile, a matrix, two leading dims kept.
+    {"nchw_to_nhwc", {2, 3, 5, 7}, {0, 2, 3, 1}},
+    {"nhwc_to_nchw", {2, 5, 7, 3}, {0, 3, 1, 2}},
+    {"nchw_to_nhwc_tiles", {2, 35, 6, 3}, {0, 2, 3, 1}},
+    {"matrix_tiles", {33, 17}, {1, 0}},
+    {"kept_then_swapped", {2, 3, 4, 5, 6}, {0, 1, 4, 2, 3}},
 };
 
 OpCase TransposeCase(const TransposeParams& p, DType dt) {
