@@ -132,7 +132,8 @@ class BatchNormMath<CPUDevice, T> {
   // plane per (row, channel) would cost a loop per value). fn(n, k) for blocks of k rows from row n
   // on in [n0, n1): rows of a piece one after another, a block's k * C values as InBlock converts
   // them (as many rows as fit 2 Ki floats for the 16-bit types). The per-channel sums then add
-  // along the rows, a row at a time, in the channels' order: vectorized over the channels.
+  // along the rows in the channels' order, vectorized over the channels, kRowChunk rows in P at a
+  // time, then into double (AddRows).
   template <typename Fn>
   static void ForRowBlocks(int64_t n0, int64_t n1, int64_t C, const Fn& fn) {
     const int64_t R = kIsHalf<T> ? RowsPerBlock(C) : n1 - n0;

@@ -1,7 +1,8 @@
 // batch_norm on CUDA: the kernels are batch_norm_ops.h's; here is the math. cuDNN's spatial mode
-// normalizes; the moving mean and variance are updated by keel's own per-channel kernel with the
-// CPU op's formula (momentum, and the biased batch variance where cuDNN would use the unbiased
-// one). sync_batch_norm's training (sync_batch_norm_ops.h) is keel's own kernels instead, the
+// normalizes (its persistent variant for channels-last training in float32 and float16); the
+// moving mean and variance are updated by keel's own per-channel kernel with the CPU op's formula
+// (momentum, and the biased batch variance where cuDNN would use the unbiased one).
+// sync_batch_norm's training (sync_batch_norm_ops.h) is keel's own kernels instead, the
 // per-channel sums all-reduced over the ring between them, with the CPU math's formulas
 // (sync_batch_norm_ops.cc); its kernels are registered here, where the math is.
 //
@@ -11,7 +12,9 @@
 // Channels last (data_layout NHWC): cuDNN gets X as an NHWC tensor [N, C, S, 1] (the real batch:
 // cuDNN's batch norms refuse batches of about a million, which N * S would make for ResNet-20 at
 // batch 1024) and trains in CUDNN_BATCHNORM_SPATIAL_PERSISTENT, the mode its fast channels-last
-// kernels are selected in (as PyTorch does for channels-last training; float64 keeps SPATIAL);
+// kernels are selected in (as PyTorch does for channels-last training in float32 and float16;
+// float64 and bfloat16, which PyTorch does not send to cuDNN, keep SPATIAL until a GPU run has
+// checked them);
 // keel's own kernels index X as its [N * S, C] view (PerChannelView).
 #include <climits>
 #include <type_traits>
@@ -29,7 +32,7 @@ namespace {
 // derives from it.
 template <typename T>
 struct BatchNormDescs {
-  void Set(const DDim& x, ImageLayout layout) {
+  void Set(const DDim& x, ImageLayout layout, cudnnBatchNormMode_t mode) {
     if (x == dims) return;
     KEEL_ENFORCE(x.numel() < INT_MAX, "batch_norm on CUDA: X ", x,
                  " has more elements than cuDNN's int32 indexing allows");
@@ -38,7 +41,7 @@ struct BatchNormDescs {
     } else {
       xd.SetPerChannel(CudnnType<T>(), x);
     }
-    KEEL_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn.get(), xd.get(), CUDNN_BATCHNORM_SPATIAL));
+    KEEL_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn.get(), xd.get(), mode));
     dims = x;
   }
   DDim dims;
@@ -177,7 +180,7 @@ class BatchNormMath<CUDADevice, T> {
     const int64_t C = x[1];
     cudaStream_t stream = Cuda(ctx).stream();
     const bool empty = x.numel() == 0;
-    if (!empty) d_.Set(given, layout_);
+    if (!empty) d_.Set(given, layout_, TrainingMode(given));
     const CudnnScalars<T> s;
     if (fixed_stats_) {
       if (!empty)
@@ -191,8 +194,8 @@ class BatchNormMath<CUDADevice, T> {
     }
     if (!empty)  // no running stats for cuDNN (it would use the unbiased variance): ours below
       KEEL_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-          Cuda(ctx).cudnn(), TrainingMode(), &s.one, &s.zero, d_.xd.get(), io.x, d_.xd.get(), io.y,
-          d_.bn.get(), io.scale, io.bias, 0.0, nullptr, nullptr, epsilon_, io.saved_mean,
+          Cuda(ctx).cudnn(), TrainingMode(given), &s.one, &s.zero, d_.xd.get(), io.x, d_.xd.get(),
+          io.y, d_.bn.get(), io.scale, io.bias, 0.0, nullptr, nullptr, epsilon_, io.saved_mean,
           io.saved_inv_std));
     UpdateMovingStats<P><<<GridFor(C), 256, 0, stream>>>(C, empty, momentum_, epsilon_, io.mean_in,
                                                          io.var_in, io.mean_out, io.var_out,
@@ -229,10 +232,10 @@ class BatchNormMath<CUDADevice, T> {
     if (!dxd) dxd = Scratch<T>(ctx, &scratch_dx_, x);
     if (!dsd) dsd = Scratch<P>(ctx, &scratch_dscale_, DDim{C});
     if (!dbd) dbd = Scratch<P>(ctx, &scratch_dbias_, DDim{C});
-    d_.Set(given, layout_);
+    d_.Set(given, layout_, TrainingMode(given));
     const CudnnScalars<T> s;
     KEEL_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-        Cuda(ctx).cudnn(), TrainingMode(), &s.one, &s.zero, &s.one, &s.zero, d_.xd.get(), xd,
+        Cuda(ctx).cudnn(), TrainingMode(given), &s.one, &s.zero, &s.one, &s.zero, d_.xd.get(), xd,
         d_.xd.get(), gd, d_.xd.get(), dxd, d_.bn.get(), scale, dsd, dbd, epsilon_, io.saved_mean,
         inv_std));
   }
@@ -321,10 +324,11 @@ class BatchNormMath<CUDADevice, T> {
   }
 
  private:
-  // Training's mode, the same forward and backward: channels last, cuDNN's persistent kernels
-  // (float64 has none).
-  cudnnBatchNormMode_t TrainingMode() const {
-    return layout_ == ImageLayout::kNHWC && !std::is_same_v<T, double>
+  // Training's mode for X of `given` dims, the same forward and backward: cuDNN's persistent
+  // kernels where X has an NHWC descriptor (channels last, rank 3 or more) in float32 or float16.
+  cudnnBatchNormMode_t TrainingMode(const DDim& given) const {
+    constexpr bool kPersistentType = std::is_same_v<T, float> || std::is_same_v<T, float16>;
+    return kPersistentType && layout_ == ImageLayout::kNHWC && given.size() > 2
                ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT
                : CUDNN_BATCHNORM_SPATIAL;
   }

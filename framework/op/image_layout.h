@@ -9,7 +9,8 @@
 // ops/image_layout_cpu.h). conv2d's Filter stays [M, C / groups, kh, kw] in both layouts (Paddle's
 // convention): a model changes layout without changing its parameters or checkpoints.
 // batch_norm over NHWC is batch_norm over [N * H * W, C] (PerChannelView): the same values per
-// channel, channels innermost, which every device's [N, C] path already normalizes.
+// channel, channels innermost, which the CPU math and keel's CUDA kernels normalize as they do
+// [N, C]; cuDNN alone is given the real batch (ops/batch_norm_ops.cu says why).
 #pragma once
 
 #include <cstdint>

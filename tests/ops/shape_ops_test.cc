@@ -306,6 +306,9 @@ const TransposeParams kTransposeCases[] = {
     {"nchw_to_nhwc_tiles", {2, 35, 6, 3}, {0, 2, 3, 1}},
     {"matrix_tiles", {33, 17}, {1, 0}},
     {"kept_then_swapped", {2, 3, 4, 5, 6}, {0, 1, 4, 2, 3}},
+    // Not block swaps (the odometer): reversals.
+    {"reversed_after_one", {2, 3, 4, 5}, {0, 3, 2, 1}},
+    {"reversed", {3, 4, 5}, {2, 1, 0}},
 };
 
 OpCase TransposeCase(const TransposeParams& p, DType dt) {
