@@ -23,6 +23,7 @@
 #include "ops/cudnn_plan.h"
 #include "tests/util/gpu_test_util.h"
 #include "tests/util/grad_checker.h"
+#include "tests/util/image_op_cases.h"
 #include "tests/util/op_test_util.h"
 #include "tests/util/test_data.h"
 
@@ -55,23 +56,6 @@ OpCase Conv(std::string name, const DDim& x, const DDim& w, std::vector<int> str
   c.inputs = {{"Input", {R(x, -1, 1, 11, dt)}}, {"Filter", {R(w, -1, 1, 12, dt)}}};
   c.outputs = {{"Output", 1}};
   c.attrs = {{"strides", strides}, {"paddings", pads}, {"dilations", dils}, {"groups", groups}};
-  return c;
-}
-
-OpCase Pool(std::string name, const DDim& x, std::string type, std::vector<int> k,
-            std::vector<int> s, std::vector<int> p, bool global = false, bool exclusive = true,
-            bool ceil_mode = false) {
-  OpCase c;
-  c.name = std::move(name);
-  c.type = "pool2d";
-  c.inputs = {{"X", {R(x, -2, 2, 21)}}};
-  c.attrs = {{"pooling_type", type},
-             {"ksize", k},
-             {"strides", s},
-             {"paddings", p},
-             {"global_pooling", global},
-             {"exclusive", exclusive},
-             {"ceil_mode", ceil_mode}};
   return c;
 }
 
@@ -119,23 +103,23 @@ std::vector<TwinCase> Cases() {
   add(Conv("conv_resnet_stride2", {4, 16, 16, 16}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1),
       1e-4);
   add(Conv("conv_float64", {2, 3, 7, 7}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, f64), 1e-10);
-  add(Pool("max_2x2", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}), 1e-6);
-  add(Pool("max_3x3_s2_pad1", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1}), 1e-6);
+  add(PoolCase("max_2x2", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}), 1e-6);
+  add(PoolCase("max_3x3_s2_pad1", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1}), 1e-6);
   for (bool tiled : {true, false}) {  // a NaN is the max of its windows, and takes the gradient
-    OpCase c = tiled ? Pool("max_2x2_nan", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0})
-                     : Pool("max_3x3_nan", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1});
+    OpCase c = tiled ? PoolCase("max_2x2_nan", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0})
+                     : PoolCase("max_3x3_nan", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1});
     Tensor& x = c.inputs[0].second[0];
     for (int64_t i : {int64_t{5}, int64_t{70}, x.numel() - 3})
       x.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
     add(c, 1e-6);
   }
-  add(Pool("avg_3x3_pad1_exclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}), 1e-5);
-  add(Pool("avg_3x3_pad1_inclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, false, false),
+  add(PoolCase("avg_3x3_pad1_exclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}), 1e-5);
+  add(PoolCase("avg_3x3_pad1_inclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, false, false),
       1e-5);
-  add(Pool("avg_global", {2, 5, 8, 8}, "avg", {1, 1}, {1, 1}, {0, 0}, true), 1e-5);
-  add(Pool("max_global", {2, 5, 7, 3}, "max", {1, 1}, {1, 1}, {0, 0}, true), 1e-6);
-  add(Pool("max_ceil_mode_same_size", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, false, true,
-           true),
+  add(PoolCase("avg_global", {2, 5, 8, 8}, "avg", {1, 1}, {1, 1}, {0, 0}, true), 1e-5);
+  add(PoolCase("max_global", {2, 5, 7, 3}, "max", {1, 1}, {1, 1}, {0, 0}, true), 1e-6);
+  add(PoolCase("max_ceil_mode_same_size", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, false, true,
+               true),
       1e-6);
   // Channels last (cuDNN's NHWC descriptors; the conv's filter permuted to [M, kh, kw, C / g] and
   // its gradient back), the inputs given as [N, H, W, C].
@@ -146,9 +130,9 @@ std::vector<TwinCase> Cases() {
   add(Nhwc(Conv("conv_resnet_stride2", {4, 16, 16, 16}, {32, 16, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1)),
       1e-4);
   add(Nhwc(Conv("conv_1x1", {3, 5, 5, 8}, {16, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1)), 1e-4);
-  add(Nhwc(Pool("max_3x3_s2_pad1", {2, 9, 9, 3}, "max", {3, 3}, {2, 2}, {1, 1})), 1e-6);
-  add(Nhwc(Pool("avg_3x3_pad1_exclusive", {2, 7, 6, 3}, "avg", {3, 3}, {1, 1}, {1, 1})), 1e-5);
-  add(Nhwc(Pool("avg_global", {2, 8, 8, 64}, "avg", {1, 1}, {1, 1}, {0, 0}, true)), 1e-5);
+  add(Nhwc(PoolCase("max_3x3_s2_pad1", {2, 9, 9, 3}, "max", {3, 3}, {2, 2}, {1, 1})), 1e-6);
+  add(Nhwc(PoolCase("avg_3x3_pad1_exclusive", {2, 7, 6, 3}, "avg", {3, 3}, {1, 1}, {1, 1})), 1e-5);
+  add(Nhwc(PoolCase("avg_global", {2, 8, 8, 64}, "avg", {1, 1}, {1, 1}, {0, 0}, true)), 1e-5);
   add(BatchNorm("bn_train_nhwc", {8, 16, 16, 32}, false, false, 0.9f, 1e-5f, true), 1e-4);
   add(BatchNorm("bn_is_test_nhwc", {4, 5, 5, 3}, true, false, 0.9f, 1e-5f, true), 1e-5);
   add(BatchNorm("bn_use_global_stats_nhwc", {4, 5, 5, 3}, false, true, 0.9f, 1e-5f, true), 1e-4);
@@ -219,13 +203,13 @@ TEST(CudnnOps, EveryCaseMatchesItsCpuTwinForwardAndGrad) {
 TEST(CudnnOps, PoolingCudnnCannotDoIsRefusedNamingTheAttribute) {
   SKIP_WITHOUT_GPU();
   std::string msg = ErrorOf([] {
-    RunForward(Pool("ceil", {1, 2, 7, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, true),
+    RunForward(PoolCase("ceil", {1, 2, 7, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, true),
                CUDAPlace(0));
   });
   ExpectErrorContainsAll(msg,
                          {"pool2d", "CUDAPlace(0)", "ceil_mode=true", "4 windows instead of 3"});
   msg = ErrorOf([] {
-    RunForward(Pool("pad", {1, 2, 7, 7}, "avg", {2, 2}, {1, 1}, {2, 2}), CUDAPlace(0));
+    RunForward(PoolCase("pad", {1, 2, 7, 7}, "avg", {2, 2}, {1, 1}, {2, 2}), CUDAPlace(0));
   });
   ExpectErrorContainsAll(msg, {"pool2d", "paddings {2, 2}", "ksize {2, 2}"});
 }

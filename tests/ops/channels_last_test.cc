@@ -17,6 +17,7 @@
 
 #include "framework/error.h"
 #include "tests/util/grad_checker.h"
+#include "tests/util/image_op_cases.h"
 #include "tests/util/lowp_test_util.h"
 #include "tests/util/op_test_util.h"
 
@@ -24,13 +25,6 @@ DECLARE_bool(conv_onednn);
 
 namespace keel::testing {
 namespace {
-
-// Uniform in [lo, hi), any float type (16-bit: float32's values rounded).
-Tensor Random(const DDim& dims, DType dt, double lo, double hi, uint64_t seed) {
-  if (dt == DType::kBFloat16 || dt == DType::kFloat16)
-    return ConvertTensor(RandomTensor(dims, DType::kFloat32, lo, hi, seed), dt);
-  return RandomTensor(dims, dt, lo, hi, seed);
-}
 
 // A 4-D tensor moved between NCHW and NHWC, any dtype (the bytes of each element move).
 Tensor Permuted(const Tensor& t, bool to_nhwc) {
@@ -81,13 +75,6 @@ void ExpectSame(const Tensor& got, const Tensor& want, double tol, const std::st
 
 // ------------------------------------------------------------------------------------- conv2d
 
-struct ConvParams {
-  std::string name;
-  DDim x, filter;  // NCHW [N, C, H, W], [M, C / groups, kh, kw]
-  std::vector<int> strides, paddings, dilations;
-  int groups;
-};
-
 const ConvParams kConvCases[] = {
     {"basic", {2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
     {"pad1_stride2", {2, 3, 7, 6}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1},
@@ -100,17 +87,10 @@ const ConvParams kConvCases[] = {
     {"lenet_conv1", {4, 1, 28, 28}, {6, 1, 5, 5}, {1, 1}, {0, 0}, {1, 1}, 1},
 };
 
-OpCase ConvCase(const ConvParams& p, DType dt) {
-  OpCase c;
-  c.name = p.name + "_" + DTypeName(dt);
-  c.type = "conv2d";
-  c.inputs = {{"Input", {Random(p.x, dt, -1, 1, 101)}},
-              {"Filter", {Random(p.filter, dt, -1, 1, 102)}}};
-  c.outputs = {{"Output", 1}};
-  c.attrs = {{"strides", p.strides},
-             {"paddings", p.paddings},
-             {"dilations", p.dilations},
-             {"groups", p.groups}};
+// ConvCase named for its dtype too.
+OpCase TypedConvCase(const ConvParams& p, DType dt) {
+  OpCase c = ConvCase(p, dt);
+  c.name += std::string("_") + DTypeName(dt);
   return c;
 }
 
@@ -135,11 +115,11 @@ std::vector<Tensor> ConvResults(const OpCase& fwd, const Tensor& dout_nchw) {
 void ExpectConvTwins(DType dt, bool onednn, double tol) {
   FLAGS_conv_onednn = onednn;
   for (const ConvParams& p : kConvCases) {
-    const OpCase nchw = ConvCase(p, dt);
+    const OpCase nchw = TypedConvCase(p, dt);
     SCOPED_TRACE(nchw.name + (onednn ? " (oneDNN)" : " (im2col + GEMM)"));
     const OpCase nhwc = ChannelsLast(nchw, {"Input"}, "data_format");
     const Tensor y = RunForward(nchw)["Output"][0];
-    const Tensor dout = Random(y.dims(), dt, -1, 1, 103);
+    const Tensor dout = RandomFloats(y.dims(), dt, -1, 1, 103);
     const std::vector<Tensor> want = ConvResults(nchw, dout), got = ConvResults(nhwc, dout);
     ExpectSame(got[0], want[0], tol, "Output");
     ExpectSame(got[1], want[1], tol, "Input@GRAD");
@@ -149,7 +129,7 @@ void ExpectConvTwins(DType dt, bool onednn, double tol) {
 }
 
 TEST(ChannelsLastConv, OutputShapeIsNhwcAndTheFilterKeepsItsLayout) {
-  OpCase c = ChannelsLast(ConvCase(kConvCases[1], DType::kFloat32), {"Input"}, "data_format");
+  OpCase c = ChannelsLast(TypedConvCase(kConvCases[1], DType::kFloat32), {"Input"}, "data_format");
   EXPECT_EQ(c.inputs[0].second[0].dims(), DDim({2, 7, 6, 3}));
   EXPECT_EQ(c.inputs[1].second[0].dims(), DDim({4, 3, 3, 3}));
   EXPECT_EQ(RunForward(c)["Output"][0].dims(), DDim({2, 4, 3, 4}));
@@ -175,51 +155,39 @@ TEST(ChannelsLastConv, BFloat16EqualsNchwToItsRounding) {
 TEST(ChannelsLastConv, GradMatchesFiniteDifferences) {
   for (const ConvParams& p : kConvCases)
     if (p.x.numel() + p.filter.numel() <= 400)
-      CheckGrad(ChannelsLast(ConvCase(p, DType::kFloat64), {"Input"}, "data_format"));
+      CheckGrad(ChannelsLast(TypedConvCase(p, DType::kFloat64), {"Input"}, "data_format"));
 }
 
 TEST(ChannelsLastConv, BadShapesAndLayoutsAreNamed) {
-  OpCase c = ChannelsLast(ConvCase(kConvCases[0], DType::kFloat32), {"Input"}, "data_format");
+  OpCase c = ChannelsLast(TypedConvCase(kConvCases[0], DType::kFloat32), {"Input"}, "data_format");
   c.inputs[0].second[0] = Tensor(DType::kFloat32, {2, 5, 5, 2});  // 2 channels last, Filter's 3
   ExpectErrorContainsAll(ForwardError(c),
                          {"conv2d", "[2, 5, 5, 2]", "[4, 3, 3, 3]", "channels", "NHWC"});
-  c = ChannelsLast(ConvCase(kConvCases[0], DType::kFloat32), {"Input"}, "data_format");
+  c = ChannelsLast(TypedConvCase(kConvCases[0], DType::kFloat32), {"Input"}, "data_format");
   c.inputs[0].second[0] = Tensor(DType::kFloat32, {5, 5, 3});
   ExpectErrorContainsAll(ForwardError(c), {"conv2d", "[5, 5, 3]", "4-D", "[N, H, W, C]"});
-  c = ConvCase(kConvCases[0], DType::kFloat32);
+  c = TypedConvCase(kConvCases[0], DType::kFloat32);
   c.attrs["data_format"] = std::string("NCDHW");
   ExpectErrorContainsAll(ForwardError(c), {"conv2d", "data_format", "NCDHW", "NHWC"});
 }
 
 // ------------------------------------------------------------------------------------- pool2d
 
-OpCase PoolCase(std::string name, const DDim& x, const std::string& type, std::vector<int> k,
-                std::vector<int> s, std::vector<int> p, DType dt, bool global = false,
-                bool exclusive = true, bool ceil_mode = false) {
-  OpCase c;
-  c.name = std::move(name) + "_" + DTypeName(dt);
-  c.type = "pool2d";
-  c.inputs = {{"X", {Random(x, dt, -2, 2, 21)}}};
-  c.attrs = {{"pooling_type", type},
-             {"ksize", k},
-             {"strides", s},
-             {"paddings", p},
-             {"global_pooling", global},
-             {"exclusive", exclusive},
-             {"ceil_mode", ceil_mode}};
-  return c;
-}
-
 std::vector<OpCase> PoolCases(DType dt) {
-  return {PoolCase("max_2x2", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, dt),
-          PoolCase("max_2x2_odd", {2, 3, 9, 7}, "max", {2, 2}, {2, 2}, {0, 0}, dt),
-          PoolCase("max_3x3_s2_pad1", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1}, dt),
-          PoolCase("avg_3x3_pad1_exclusive", {2, 17, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, dt),
-          PoolCase("avg_3x3_pad1_inclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, dt, false,
-                   false),
-          PoolCase("avg_global", {4, 64, 8, 8}, "avg", {1, 1}, {1, 1}, {0, 0}, dt, true),
-          PoolCase("max_ceil_mode", {2, 3, 7, 7}, "max", {2, 2}, {2, 2}, {0, 0}, dt, false, true,
-                   true)};
+  std::vector<OpCase> v = {
+      PoolCase("max_2x2", {2, 3, 8, 8}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, false, dt),
+      PoolCase("max_2x2_odd", {2, 3, 9, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, false, dt),
+      PoolCase("max_3x3_s2_pad1", {2, 3, 9, 9}, "max", {3, 3}, {2, 2}, {1, 1}, false, true, false,
+               dt),
+      PoolCase("avg_3x3_pad1_exclusive", {2, 17, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, false, true,
+               false, dt),
+      PoolCase("avg_3x3_pad1_inclusive", {2, 3, 7, 6}, "avg", {3, 3}, {1, 1}, {1, 1}, false, false,
+               false, dt),
+      PoolCase("avg_global", {4, 64, 8, 8}, "avg", {1, 1}, {1, 1}, {0, 0}, true, true, false, dt),
+      PoolCase("max_ceil_mode", {2, 3, 7, 7}, "max", {2, 2}, {2, 2}, {0, 0}, false, true, true,
+               dt)};
+  for (OpCase& c : v) c.name += std::string("_") + DTypeName(dt);
+  return v;
 }
 
 // Out and X@GRAD, NCHW, for a given Out@GRAD (NCHW).
@@ -241,7 +209,7 @@ TEST(ChannelsLastPool, EqualsNchwBitForBitForwardAndGrad) {
     for (const OpCase& nchw : PoolCases(dt)) {
       SCOPED_TRACE(nchw.name);
       const OpCase nhwc = ChannelsLast(nchw, {"X"}, "data_format");
-      const Tensor dout = Random(RunForward(nchw)["Out"][0].dims(), dt, -1, 1, 22);
+      const Tensor dout = RandomFloats(RunForward(nchw)["Out"][0].dims(), dt, -1, 1, 22);
       const std::vector<Tensor> want = PoolResults(nchw, dout), got = PoolResults(nhwc, dout);
       ExpectSame(got[0], want[0], 0, "Out");
       ExpectSame(got[1], want[1], 0, "X@GRAD");
@@ -268,11 +236,11 @@ OpCase BatchNormCase(const std::string& name, const DDim& x, DType dt, bool is_t
   o.name = name + "_" + DTypeName(dt);
   o.type = type;
   const DType pt = dt == DType::kFloat64 ? dt : DType::kFloat32;
-  o.inputs = {{"X", {Random(x, dt, -2, 3, 31)}},
-              {"Scale", {Random(c, pt, 0.5, 1.5, 32)}},
-              {"Bias", {Random(c, pt, -1, 1, 33)}},
-              {"Mean", {Random(c, pt, -0.5, 0.5, 34)}},
-              {"Variance", {Random(c, pt, 0.5, 2, 35)}}};
+  o.inputs = {{"X", {RandomFloats(x, dt, -2, 3, 31)}},
+              {"Scale", {RandomFloats(c, pt, 0.5, 1.5, 32)}},
+              {"Bias", {RandomFloats(c, pt, -1, 1, 33)}},
+              {"Mean", {RandomFloats(c, pt, -0.5, 0.5, 34)}},
+              {"Variance", {RandomFloats(c, pt, 0.5, 2, 35)}}};
   o.outputs = {
       {"Y", 1}, {"MeanOut", 1}, {"VarianceOut", 1}, {"SavedMean", 1}, {"SavedVariance", 1}};
   o.attrs = {{"is_test", is_test}};
@@ -317,7 +285,7 @@ TEST(ChannelsLastBatchNorm, EqualsNchwToRoundingTrainingAndTest) {
               BatchNormCase(type + (is_test ? "_test" : "_train"), x, dt, is_test, type);
           SCOPED_TRACE(nchw.name + " " + x.str());
           const OpCase nhwc = ChannelsLast(nchw, {"X"}, "data_layout");
-          const Tensor dy = Random(x, dt, -1, 1, 36);
+          const Tensor dy = RandomFloats(x, dt, -1, 1, 36);
           const std::vector<Tensor> want = BatchNormResults(nchw, dy),
                                     got = BatchNormResults(nhwc, dy);
           const double tol = dt == DType::kFloat64 ? 1e-12 : dt == DType::kFloat32 ? 2e-5 : 1e-2;

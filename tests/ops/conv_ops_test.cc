@@ -18,6 +18,7 @@
 #include "framework/runtime/cpu_threads.h"
 #include "ops/conv_onednn.h"
 #include "tests/util/grad_checker.h"
+#include "tests/util/image_op_cases.h"
 #include "tests/util/op_test_util.h"
 
 DECLARE_bool(conv_onednn);
@@ -29,13 +30,6 @@ namespace {
 constexpr double kF32Tol = 1e-5;
 
 // ------------------------------------------------------------------------------------- conv2d
-
-struct ConvParams {
-  std::string name;
-  DDim x, filter;  // [N, C, H, W], [M, C / groups, kh, kw]
-  std::vector<int> strides, paddings, dilations;
-  int groups;
-};
 
 const ConvParams kConvCases[] = {
     {"basic", {2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
@@ -100,20 +94,6 @@ std::vector<double> NaiveConv(const ConvParams& p, const std::vector<double>& x,
   std::vector<double> out(ConvOutDims(p).numel(), 0.0);
   ForEachTap(p, [&](int64_t oi, int64_t xi, int64_t fi) { out[oi] += x[xi] * f[fi]; });
   return out;
-}
-
-OpCase ConvCase(const ConvParams& p, DType dt) {
-  OpCase c;
-  c.name = p.name;
-  c.type = "conv2d";
-  c.inputs = {{"Input", {RandomTensor(p.x, dt, -1, 1, 101)}},
-              {"Filter", {RandomTensor(p.filter, dt, -1, 1, 102)}}};
-  c.outputs = {{"Output", 1}};
-  c.attrs = {{"strides", p.strides},
-             {"paddings", p.paddings},
-             {"dilations", p.dilations},
-             {"groups", p.groups}};
-  return c;
 }
 
 TEST(Conv2DOp, ForwardMatchesReference) {
