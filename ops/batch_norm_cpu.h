@@ -258,9 +258,10 @@ class BatchNormMath<CPUDevice, T> {
     const SamplePieces pieces(N, C, 1);
     for (int pass = 0; pass < 2; ++pass) {
       partial_.assign(static_cast<size_t>(pieces.count * C), 0.0);
-      // The mean in P, as the planes' path subtracts it.
-      coef_a_.resize(C);
-      for (int64_t c = 0; c < C; ++c) coef_a_[c] = static_cast<P>(mean_[c]);
+      if (pass == 1) {  // the mean in P, as the planes' path subtracts it
+        coef_a_.resize(C);
+        for (int64_t c = 0; c < C; ++c) coef_a_[c] = static_cast<P>(mean_[c]);
+      }
       pieces.Run(N, [&](int64_t n0, int64_t n1, int64_t p) {
         double* acc = partial_.data() + p * C;
         const P* mean = coef_a_.data();

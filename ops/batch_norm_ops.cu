@@ -10,12 +10,12 @@
 // over the ranks.
 //
 // Channels last (data_layout NHWC): cuDNN gets X as an NHWC tensor [N, C, S, 1] (the real batch:
-// cuDNN's batch norms refuse batches of about a million, which N * S would make for ResNet-20 at
-// batch 1024) and trains in CUDNN_BATCHNORM_SPATIAL_PERSISTENT, the mode its fast channels-last
-// kernels are selected in (as PyTorch does for channels-last training in float32 and float16;
-// float64 and bfloat16, which PyTorch does not send to cuDNN, keep SPATIAL until a GPU run has
-// checked them);
-// keel's own kernels index X as its [N * S, C] view (PerChannelView).
+// PyTorch keeps batches past some 880 K rows in training, 64 K in inference, from cuDNN's batch
+// norms, which fail on them; N * S would make a million for ResNet-20 at batch 1024) and trains in
+// CUDNN_BATCHNORM_SPATIAL_PERSISTENT, the mode its fast channels-last kernels are selected in (as
+// PyTorch does for channels-last training in float32 and float16; float64 and bfloat16, which
+// PyTorch does not send to cuDNN, keep SPATIAL until a GPU run has checked them); keel's own
+// kernels index X as its [N * S, C] view (PerChannelView).
 #include <climits>
 #include <type_traits>
 
